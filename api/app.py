@@ -1,0 +1,83 @@
+"""The application factory. Everything the app needs is built here from one settings object,
+and started and stopped by the lifespan."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+from redis.asyncio import BlockingConnectionPool, Redis
+from starlette.applications import Starlette
+from starlette.routing import Route
+
+from api.catalog import Catalog
+from api.discovery import endpoints
+from api.execute import ExecuteEndpoint
+from api.executions import Executions
+from api.hub import EventHub
+from api.settings import ApiSettings
+from carmy_worker import keys
+from carmy_worker.janitor import Janitor
+
+# A bounded pool: 500 waiting executions share these, since waiting holds no connection.
+MAX_REDIS_CONNECTIONS = 16
+
+
+def connect(settings: ApiSettings) -> Redis:
+    pool = BlockingConnectionPool.from_url(
+        settings.redis_url, max_connections=MAX_REDIS_CONNECTIONS, timeout=1.0,
+        socket_connect_timeout=0.5, socket_timeout=1.0,
+    )
+    return Redis(connection_pool=pool)
+
+
+def create_app(settings: ApiSettings | None = None) -> Starlette:
+    """The carmy/1 HTTP app. Serve it with uvicorn, or mount it in a host app.
+
+    Its background work (catalog refresh, shared pub/sub connection, janitor) runs in its
+    lifespan: when mounted, enter ``app.router.lifespan_context(app)`` from the host's own
+    lifespan (see the README).
+    """
+    settings = settings or ApiSettings.from_env()
+    redis = connect(settings)
+    catalog = Catalog(redis=redis, server_name=settings.server_name, dead_after=settings.dead_after,
+                      refresh_interval=settings.catalog_refresh)
+    # The pub/sub connection waits for messages indefinitely: no read timeout on it.
+    listener = Redis.from_url(settings.redis_url, socket_connect_timeout=0.5)
+    hub = EventHub(listener, on_broadcast={keys.CATALOG_CHANNEL: catalog.notify})
+    executions = Executions(redis, settings)
+    janitor = Janitor(redis, retention=settings.retention, dead_after=settings.dead_after)
+    execute = ExecuteEndpoint(settings=settings, catalog=catalog, executions=executions, hub=hub)
+    discovery, tools = endpoints(catalog)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await hub.start()
+        tasks = [asyncio.create_task(catalog.run()), asyncio.create_task(janitor.run())]
+        # Serve with the catalog already known when Redis is there; never block start-up on it.
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(catalog.refresh(), 2.0)
+        try:
+            yield
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await hub.close()
+            await listener.aclose()
+            await redis.aclose()
+
+    app = Starlette(
+        routes=[
+            Route("/.well-known/agent", discovery, methods=["GET"]),
+            Route("/agent/tools", tools, methods=["GET"]),
+            Route("/agent/execute", execute, methods=["POST"]),
+        ],
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.catalog = catalog
+    app.state.hub = hub
+    app.state.redis = redis
+    return app

@@ -1,0 +1,159 @@
+"""The catalog as the API serves it: merged from what live workers published.
+
+Workers publish a ``WorkerInfo`` each and heartbeat. This module keeps a ``CatalogView``
+(documents serialized once per catalog version, compiled argument validators, and which
+workers' queues serve each tool) and swaps it atomically when anything changes: on a
+notification from a worker, and on a short timer that notices silent deaths.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import jsonschema
+from redis.asyncio import Redis
+
+from carmy_worker import keys, scripts
+from carmy_worker.wire import (
+    CatalogDocument,
+    DiscoveryDocument,
+    ToolSpec,
+    WorkerInfo,
+    json_encoder,
+    worker_info_decoder,
+)
+
+log = logging.getLogger("carmy.api")
+
+CAPABILITIES = ["tools", "streaming", "idempotency"]
+
+
+@dataclass(frozen=True)
+class Document:
+    """A JSON document serialized once, with its strong ETag."""
+
+    body: bytes
+    etag: str
+
+    @classmethod
+    def of(cls, value: Any) -> Document:
+        body = json_encoder.encode(value)
+        return cls(body=body, etag=f'"{hashlib.sha256(body).hexdigest()}"')
+
+
+@dataclass(frozen=True)
+class CatalogTool:
+    spec: ToolSpec
+    timeout: float
+    validator: Any  # a compiled jsonschema validator for the arguments
+    groups: tuple[str, ...]  # worker groups with a live worker serving it, newest first
+
+
+@dataclass(frozen=True)
+class CatalogView:
+    tools: dict[str, CatalogTool]
+    catalog: Document
+    discovery: Document
+    live_workers: int = 0
+
+    def get(self, name: str) -> CatalogTool | None:
+        return self.tools.get(name)
+
+
+def build_view(server_name: str, workers: list[tuple[WorkerInfo, bool]],
+               validators: dict[bytes, Any]) -> CatalogView:
+    """Merge workers' catalogs: for a tool defined twice, the newest worker's definition wins."""
+    specs: dict[str, tuple[ToolSpec, float]] = {}
+    groups: dict[str, list[str]] = {}
+    for info, live in sorted(workers, key=lambda w: w[0].started_ms, reverse=True):
+        for tool in info.tools:
+            specs.setdefault(tool.spec.name, (tool.spec, tool.timeout))
+            if live and info.group not in groups.setdefault(tool.spec.name, []):
+                groups[tool.spec.name].append(info.group)
+    names = sorted(specs)
+    catalog = Document.of(CatalogDocument(tools=[specs[n][0] for n in names]))
+    discovery = Document.of(DiscoveryDocument(
+        protocol="carmy/1", server=server_name, capabilities=CAPABILITIES, tools_url="/agent/tools",
+        tools_version=catalog.etag.strip('"'), execute_url="/agent/execute",
+    ))
+    tools = {}
+    for name in names:
+        spec, timeout = specs[name]
+        schema_key = json_encoder.encode(spec.input_schema)
+        if schema_key not in validators:
+            cls = jsonschema.validators.validator_for(spec.input_schema, default=jsonschema.Draft202012Validator)
+            validators[schema_key] = cls(spec.input_schema)
+        tools[name] = CatalogTool(spec=spec, timeout=timeout, validator=validators[schema_key],
+                                  groups=tuple(groups.get(name, ())))
+    return CatalogView(tools=tools, catalog=catalog, discovery=discovery,
+                       live_workers=sum(1 for _, live in workers if live))
+
+
+@dataclass
+class Catalog:
+    """Keeps ``view`` current. ``view`` is replaced, never mutated, so readers need no lock."""
+
+    redis: Redis
+    server_name: str
+    dead_after: float
+    refresh_interval: float
+    view: CatalogView = field(init=False)
+    _infos: dict[str, WorkerInfo] = field(default_factory=dict)
+    _validators: dict[bytes, Any] = field(default_factory=dict)
+    _changed: asyncio.Event = field(default_factory=asyncio.Event)
+    _ok: bool = False
+
+    def __post_init__(self) -> None:
+        self.view = build_view(self.server_name, [], self._validators)
+        self._workers = self.redis.register_script(scripts.WORKERS)
+
+    @property
+    def reachable(self) -> bool:
+        """Whether the last refresh reached Redis."""
+        return self._ok
+
+    def notify(self, _: bytes = b"") -> None:
+        """A worker came or went: refresh now."""
+        self._changed.set()
+
+    async def run(self) -> None:
+        while True:
+            self._changed.clear()
+            try:
+                await self.refresh()
+                self._ok = True
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if self._ok:
+                    log.warning("catalog refresh failed: %s", exc)
+                self._ok = False
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), self.refresh_interval)
+
+    async def refresh(self) -> None:
+        reply = await self._workers(keys=[keys.WORKERS])
+        now = int(reply[0])
+        scores = {reply[i].decode(): float(reply[i + 1]) for i in range(1, len(reply), 2)}
+        missing = [w for w in scores if w not in self._infos]
+        if missing:
+            for worker_id, raw in zip(missing, await self.redis.mget([keys.worker(w) for w in missing]), strict=True):
+                if raw is not None:
+                    self._infos[worker_id] = worker_info_decoder.decode(raw)
+        for gone in [w for w in self._infos if w not in scores]:
+            del self._infos[gone]
+        cutoff = now - self.dead_after * 1000
+        workers = [(info, scores[w] >= cutoff) for w, info in self._infos.items()]
+        view = build_view(self.server_name, workers, self._validators)
+        old = self.view
+        if view.catalog.etag != old.catalog.etag:
+            log.info("catalog changed: %d tools, version %s", len(view.tools), view.catalog.etag)
+        elif all(view.tools[n].groups == old.tools[n].groups for n in view.tools) \
+                and view.live_workers == old.live_workers:
+            return  # keep the old documents: same bytes, same objects
+        self.view = view

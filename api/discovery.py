@@ -1,0 +1,44 @@
+"""``GET /.well-known/agent`` and ``GET /agent/tools``: documents serialized once per catalog
+version, with a strong ETag and conditional requests."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from api.catalog import Catalog, Document
+
+CACHE_CONTROL = "private, max-age=60"
+
+
+def etag_matches(header: str, etag: str) -> bool:
+    """``If-None-Match``: a comma list; ``*`` matches anything; a ``W/`` prefix is ignored."""
+    for candidate in header.split(","):
+        candidate = candidate.strip()
+        if candidate == "*":
+            return True
+        if candidate.startswith("W/"):
+            candidate = candidate[2:]
+        if candidate == etag:
+            return True
+    return False
+
+
+def serve(document: Document, request: Request) -> Response:
+    headers = {"etag": document.etag, "cache-control": CACHE_CONTROL, "content-type": "application/json"}
+    condition = request.headers.get("if-none-match")
+    if condition is not None and etag_matches(condition, document.etag):
+        return Response(status_code=304, headers=headers)
+    return Response(document.body, headers=headers)
+
+
+def endpoints(catalog: Catalog) -> tuple[Callable[[Request], Response], Callable[[Request], Response]]:
+    def discovery(request: Request) -> Response:
+        return serve(catalog.view.discovery, request)
+
+    def tools(request: Request) -> Response:
+        return serve(catalog.view.catalog, request)
+
+    return discovery, tools

@@ -1,0 +1,19 @@
+"""Responses for rejected envelopes, and the headers every execute answer carries. The
+category-to-status mapping lives in ``carmy_worker.errors``, one place for both packages."""
+
+from __future__ import annotations
+
+from starlette.responses import Response
+
+from carmy_worker.errors import ErrorCode, error, http_status
+from carmy_worker.wire import EnvelopeError, json_encoder
+
+NO_STORE = {"cache-control": "no-store"}
+
+
+def envelope_error(code: ErrorCode, message: str, *, reason: str | None = None,
+                   headers: dict[str, str] | None = None) -> Response:
+    """A rejected envelope (or request): ``{"error": ...}`` alone, no execution."""
+    err = error(code, message, details={"reason": reason} if reason else None)
+    return Response(json_encoder.encode(EnvelopeError(err)), http_status(err), {**NO_STORE, **(headers or {})},
+                    media_type="application/json")

@@ -1,0 +1,62 @@
+"""Settings of the HTTP front end, read once from the environment at the entry point."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+import msgspec
+from msgspec import Struct
+
+from carmy_worker.settings import DEFAULT_REDIS_URL, SettingsError, env_float, env_int
+
+
+class ApiKey(Struct, frozen=True, forbid_unknown_fields=True):
+    """What one bearer token stands for (``CARMY_API_KEYS``)."""
+
+    principal: str
+    permissions: frozenset[str] = frozenset()
+
+
+class ApiSettings(Struct, frozen=True, kw_only=True):
+    """Settings of one API process (DESIGN §2). Build with ``from_env`` or directly in tests."""
+
+    redis_url: str = DEFAULT_REDIS_URL
+    host: str = "127.0.0.1"
+    port: int = 8000
+    server_name: str = "carmy"
+    api_keys: dict[str, ApiKey] | None = None  # token -> key; None: no authentication
+    max_pending: int = 1000  # queued-or-running executions, across all API processes
+    retention: int = 86400  # seconds final records and idempotency records are kept
+    queue_timeout: float = 60.0  # seconds an execution may wait for a worker before it is dropped
+    max_body: int = 1_048_576
+    sse_keepalive: float = 15.0  # seconds between keep-alive comments on an idle stream
+    dead_after: float = 3.0  # a worker silent this long is dead (matches the worker's heartbeat)
+    catalog_refresh: float = 1.0  # seconds between catalog and liveness checks
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> ApiSettings:
+        env = os.environ if env is None else env
+        return cls(
+            redis_url=env.get("CARMY_REDIS_URL") or DEFAULT_REDIS_URL,
+            host=env.get("CARMY_HOST") or "127.0.0.1",
+            port=env_int(env, "CARMY_PORT", 8000, minimum=0),
+            server_name=env.get("CARMY_SERVER_NAME") or "carmy",
+            api_keys=parse_api_keys(env.get("CARMY_API_KEYS")),
+            max_pending=env_int(env, "CARMY_MAX_PENDING", 1000),
+            retention=env_int(env, "CARMY_RETENTION", 86400),
+            queue_timeout=env_float(env, "CARMY_QUEUE_TIMEOUT", 60.0),
+        )
+
+
+def parse_api_keys(raw: str | None) -> dict[str, ApiKey] | None:
+    """``{"<token>": {"principal": "...", "permissions": [...]}}``, or None when unset."""
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        keys = msgspec.json.decode(raw, type=dict[str, ApiKey])
+    except msgspec.DecodeError as exc:
+        raise SettingsError(f"CARMY_API_KEYS is not valid: {exc}") from None
+    if not keys or any(len(token) < 16 for token in keys):
+        raise SettingsError("CARMY_API_KEYS needs at least one token, each at least 16 characters")
+    return keys

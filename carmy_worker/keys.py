@@ -1,0 +1,81 @@
+"""Redis key and channel names, in one place.
+
+Nothing a request sends reaches a key name raw: identities are hashed, and execution ids are
+generated here (the API checks the format of any id a client sends back).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import uuid
+
+import msgspec
+
+PREFIX = "carmy:"
+PENDING = PREFIX + "pending"  # zset exec_id -> admission deadline (ms): queued or running
+QUEUED = PREFIX + "queued"  # zset exec_id -> start-by (ms): accepted and not yet started
+WORKERS = PREFIX + "workers"  # zset worker_id -> last heartbeat (ms)
+WAKE_CHANNEL = PREFIX + "wake"  # a message here makes idle workers look at their queue now
+CATALOG_CHANNEL = PREFIX + "catalog"  # a worker came or went
+CANCEL_CHANNEL = PREFIX + "cancel"  # exec_id of an execution to cancel, for every worker
+
+_EXECUTION_ID = re.compile(r"exec_[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}")
+
+
+def new_execution_id() -> str:
+    return f"exec_{uuid.uuid4()}"
+
+
+def is_execution_id(value: str) -> bool:
+    return _EXECUTION_ID.fullmatch(value) is not None
+
+
+def execution(exec_id: str) -> str:
+    """Hash of an execution's live state: tool, owner, attempt, state, worker, cancel."""
+    return f"{PREFIX}exe:{exec_id}"
+
+
+RECORD_PREFIX = PREFIX + "rec:"
+
+
+def record(exec_id: str) -> str:
+    """The final record, written once."""
+    return RECORD_PREFIX + exec_id
+
+
+def events(exec_id: str) -> str:
+    """The pub/sub channel of one execution's events."""
+    return f"{PREFIX}ev:{exec_id}"
+
+
+def worker(worker_id: str) -> str:
+    return f"{PREFIX}worker:{worker_id}"
+
+
+def running(worker_id: str) -> str:
+    """Set of executions a worker has claimed and not settled."""
+    return f"{PREFIX}running:{worker_id}"
+
+
+def lock(tool: str) -> str:
+    return f"{PREFIX}lock:{tool}"
+
+
+def _digest(*parts: str | None) -> str:
+    return hashlib.sha256(msgspec.msgpack.encode(parts)).hexdigest()
+
+
+def idempotency(principal: str | None, session: str | None, request_id: str) -> str:
+    """The key of an idempotency record: a hash of (principal, session, request_id)."""
+    return f"{PREFIX}idem:{_digest(principal, session, request_id)}"
+
+
+def owner(principal: str | None) -> str:
+    """How an execution records who may see it, without storing the principal itself."""
+    return _digest(principal)[:32]
+
+
+def fingerprint(tool: str, canonical_arguments: bytes) -> str:
+    """Same tool and same arguments (canonical JSON) give the same fingerprint."""
+    return hashlib.sha256(tool.encode() + b"\0" + canonical_arguments).hexdigest()

@@ -1,0 +1,150 @@
+"""The one module that knows arq.
+
+arq gives us the queue layout, job leasing (its in-progress keys), retries after a crash and
+graceful shutdown. Everything else (records, events, fencing) is ours, so replacing arq later
+means rewriting this file only. Three things differ from arq's defaults:
+
+* jobs are msgpack (msgspec), never pickle;
+* the API writes jobs itself, inside the same Lua script that reserves idempotency and
+  admission (one round trip), in exactly the layout ``ArqRedis.enqueue_job`` would write;
+* workers wait on a pub/sub wake-up channel instead of sleeping 0.5 s between polls, so a job
+  starts within milliseconds on an idle worker. The 0.5 s poll stays as a fallback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import msgspec
+from arq.connections import ArqRedis
+from arq.constants import in_progress_key_prefix, job_key_prefix
+from arq.worker import Worker, func
+from redis.asyncio import ConnectionPool
+
+log = logging.getLogger("carmy.queue")
+
+FUNCTION = "carmy_execute"
+# arq retries jobs itself; we count attempts in our own execution hash and settle repeated
+# interruptions there, so arq's own limit only has to be out of the way.
+_ARQ_MAX_TRIES = 1000
+
+_encoder = msgspec.msgpack.Encoder(enc_hook=repr)  # arq may hand us exceptions to store
+_decoder = msgspec.msgpack.Decoder()
+
+
+def serialize(obj: dict[str, Any]) -> bytes:
+    return _encoder.encode(obj)
+
+
+def deserialize(data: bytes) -> dict[str, Any]:
+    return _decoder.decode(data)  # type: ignore[no-any-return]
+
+
+def queue_name(group: str) -> str:
+    """The arq queue of a group of workers serving the same catalog."""
+    return f"carmy:queue:{group}"
+
+
+def wake_channel(queue: str) -> str:
+    return queue + ":wake"
+
+
+def job_key(exec_id: str) -> str:
+    return job_key_prefix + exec_id
+
+
+def in_progress_key(exec_id: str) -> str:
+    return in_progress_key_prefix + exec_id
+
+
+def encode_job(payload: bytes, enqueue_ms: int) -> bytes:
+    """The job as ``ArqRedis.enqueue_job`` would store it (job id = execution id)."""
+    return serialize({"t": 1, "f": FUNCTION, "a": [payload], "k": {}, "et": enqueue_ms})
+
+
+Handler = Callable[[bytes, int], Awaitable[None]]
+
+
+class WakeableWorker(Worker):
+    """An arq worker that polls when told to (and every ``poll_delay`` s as a fallback)."""
+
+    _wake: asyncio.Event
+
+    async def main(self) -> None:
+        self._wake = asyncio.Event()
+        if self._pool is None:  # pragma: no cover - we always pass a pool
+            raise RuntimeError("WakeableWorker needs redis_pool")
+        self.ctx["redis"] = self.pool
+        if self.on_startup:
+            await self.on_startup(self.ctx)
+        listener = asyncio.create_task(self._listen())
+        try:
+            while True:
+                self._wake.clear()
+                await self._poll_iteration()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), self.poll_delay_s)
+        finally:
+            listener.cancel()
+
+    def _release_sem_dec_counter_on_complete(self) -> None:
+        super()._release_sem_dec_counter_on_complete()
+        self._wake.set()  # a slot is free: more may be waiting
+
+    async def _listen(self) -> None:
+        channel = wake_channel(self.queue_name or "")
+        while True:
+            pubsub = self.pool.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(channel)
+                self._wake.set()  # anything queued while we were not listening
+                async for _ in pubsub.listen():
+                    self._wake.set()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the connection dropped: the poll covers us meanwhile
+                log.warning("wake-up channel lost (%s); resubscribing", exc)
+                await asyncio.sleep(0.5)
+            finally:
+                await pubsub.aclose()
+
+
+def build_worker(
+    handler: Handler,
+    *,
+    pool: ArqRedis,
+    group: str,
+    concurrency: int,
+    max_timeout: float,
+    drain_seconds: float,
+    on_shutdown: Callable[[dict[str, Any]], Awaitable[None]] | None = None,
+) -> WakeableWorker:
+    """An arq worker that calls ``handler(payload, job_try)`` for each job of ``group``."""
+
+    async def carmy_execute(ctx: dict[str, Any], payload: bytes) -> None:
+        await handler(payload, ctx["job_try"])
+
+    return WakeableWorker(
+        functions=[func(carmy_execute, name=FUNCTION, max_tries=_ARQ_MAX_TRIES,
+                        # Our runtime enforces each tool's timeout; arq's only backs it up.
+                        timeout=max_timeout + 15)],
+        redis_pool=pool,
+        queue_name=queue_name(group),
+        max_jobs=concurrency,
+        keep_result=0,  # results are our records, not arq's
+        job_serializer=serialize,
+        job_deserializer=deserialize,
+        job_completion_wait=int(drain_seconds) + 1,
+        on_shutdown=on_shutdown,
+        log_results=False,
+        health_check_interval=3600,
+    )
+
+
+def connect(url: str, **options: Any) -> ArqRedis:
+    """A redis-py client for ``url`` that arq's worker accepts as its pool."""
+    return ArqRedis(connection_pool=ConnectionPool.from_url(url, **options))

@@ -1,0 +1,156 @@
+"""What a worker does with one job: claim it, run the tool, record the outcome once."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import msgspec
+from redis.asyncio import Redis
+
+from carmy_worker import keys, queue, records, scripts
+from carmy_worker.context import AgentContext, Context
+from carmy_worker.errors import error
+from carmy_worker.invoke import Outcome, invoke
+from carmy_worker.publisher import ProgressPublisher
+from carmy_worker.settings import WorkerSettings
+from carmy_worker.toolbox import Tool
+from carmy_worker.wire import Event, ExecutionJob, Record, job_decoder, json_encoder, msgpack_encoder
+
+log = logging.getLogger("carmy.worker")
+
+# An idempotent execution interrupted this many times is given up as uncertain.
+MAX_ATTEMPTS = 3
+
+
+class StartedData(msgspec.Struct):
+    execution_id: str
+    tool: str
+
+
+class CompletedData(msgspec.Struct):
+    execution_id: str
+    tool: str
+    duration_ms: int
+    ok: bool
+
+
+class Runtime:
+    """Runs the jobs of one worker process. Built once, shared by all its jobs."""
+
+    def __init__(self, *, redis: Redis, tools: dict[str, Tool], settings: WorkerSettings, worker_id: str) -> None:
+        self.redis = redis
+        self.tools = tools
+        self.settings = settings
+        self.worker_id = worker_id
+        self._running_key = keys.running(worker_id)
+        # Twice the concurrency: threads of timed-out sync tools may still be finishing.
+        self._threads = ThreadPoolExecutor(max_workers=settings.concurrency * 2, thread_name_prefix="carmy-tool")
+        self._cancels: dict[str, asyncio.Event] = {}
+        self._claim = redis.register_script(scripts.CLAIM)
+        self._settle = redis.register_script(scripts.SETTLE)
+        self._reap = redis.register_script(scripts.REAP)
+
+    def cancel(self, exec_id: str) -> None:
+        """The caller of ``exec_id`` went away; stop it if it runs here."""
+        event = self._cancels.get(exec_id)
+        if event is not None:
+            event.set()
+
+    def close(self) -> None:
+        self._threads.shutdown(wait=False, cancel_futures=True)
+
+    async def handle(self, payload: bytes, job_try: int) -> None:
+        """Entry point for one arq job. Never raises, except to let a shutdown through."""
+        try:
+            job = job_decoder.decode(payload)
+        except msgspec.DecodeError as exc:
+            log.error("dropping an undecodable job: %s", exc)
+            return
+        tool = self.tools.get(job.tool)
+        started = msgpack_encoder.encode(
+            Event("tool.started", json_encoder.encode(StartedData(job.execution_id, job.tool))))
+        verdict, attempt = await self._claim(
+            keys=[keys.execution(job.execution_id), keys.record(job.execution_id), self._running_key, keys.QUEUED],
+            args=[job.execution_id, self.worker_id, MAX_ATTEMPTS, keys.events(job.execution_id), started],
+        )
+        verdict = verdict.decode()
+        exec_id, name = job.execution_id, job.tool
+        if verdict == "run":
+            if tool is None:  # the catalog and this worker disagree (a rolling deploy)
+                await self._record(job, attempt, records.failed(exec_id, name, error(
+                    "TOOL_NOT_FOUND", f"No tool named {name!r} on this worker.")))
+            else:
+                await self._run(job, tool, attempt)
+        elif verdict == "cancelled":
+            await self._record(job, attempt, records.cancelled(exec_id, name, started=False))
+        elif verdict == "uncertain":
+            await self._record(job, attempt, records.uncertain(exec_id, name, "its worker stopped"))
+        elif verdict == "expired":
+            await self._record(job, attempt, records.never_started(exec_id, name))
+
+    async def _run(self, job: ExecutionJob, tool: Tool, attempt: int) -> None:
+        loop = asyncio.get_running_loop()
+        publisher = ProgressPublisher(self.redis, keys.events(job.execution_id), loop)
+        agent = AgentContext(
+            principal=job.principal, session=job.session, permissions=frozenset(job.permissions), metadata=job.metadata
+        )
+        ctx = Context(execution_id=job.execution_id, tool=tool.name, request_id=job.request_id, agent=agent,
+                      emit=publisher.emit)
+        timeout = tool.timeout or self.settings.default_timeout
+        cancelled = self._cancels[job.execution_id] = asyncio.Event()
+        start = time.perf_counter()
+        try:
+            outcome = await invoke(tool, ctx, job.arguments, timeout=timeout, executor=self._threads,
+                                   cancelled=cancelled)
+        except asyncio.CancelledError:
+            # The worker is shutting down past its drain time. A tool that may not run twice
+            # is settled uncertain now; any other goes back to the queue for another worker.
+            await asyncio.shield(self._give_back(job))
+            raise
+        finally:
+            del self._cancels[job.execution_id]
+            await publisher.close()
+        duration_ms = round((time.perf_counter() - start) * 1000)
+        record = self._record_of(job, tool, outcome, timeout, duration_ms)
+        done = msgpack_encoder.encode(Event("tool.completed", json_encoder.encode(
+            CompletedData(job.execution_id, tool.name, duration_ms, outcome.data is not None))))
+        await self._record(job, attempt, record, done)
+        log.info("execution %s tool=%s status=%s%s duration_ms=%d", job.execution_id, tool.name, record.status,
+                 f" error={record.error_code}" if record.error_code else "", duration_ms)
+
+    def _record_of(self, job: ExecutionJob, tool: Tool, outcome: Outcome, timeout: float, duration_ms: int) -> Record:
+        exec_id = job.execution_id
+        if outcome.data is not None:
+            return records.completed(exec_id, tool.name, outcome.data, cacheable=records.is_cacheable(tool.spec),
+                                     duration_ms=duration_ms)
+        if outcome.error is not None:
+            return records.failed(exec_id, tool.name, outcome.error, duration_ms=duration_ms)
+        if outcome.timed_out:
+            return records.timed_out(exec_id, tool.name, timeout, duration_ms=duration_ms)
+        return records.cancelled(exec_id, tool.name, started=True, duration_ms=duration_ms)
+
+    async def _record(self, job: ExecutionJob, attempt: int, record: Record, completed_event: bytes = b"") -> bool:
+        stored, final = records.final_event(record)
+        exec_id = job.execution_id
+        written = await self._settle(
+            keys=[keys.execution(exec_id), keys.record(exec_id), keys.PENDING, self._running_key, keys.QUEUED],
+            args=[exec_id, attempt, stored, self.settings.retention, keys.events(exec_id), final, completed_event],
+        )
+        if not written:
+            log.warning("execution %s was already settled elsewhere; this attempt's outcome is dropped", exec_id)
+        return bool(written)
+
+    async def _give_back(self, job: ExecutionJob) -> None:
+        exec_id = job.execution_id
+        record, final = records.final_event(records.uncertain(exec_id, job.tool, "its worker shut down"))
+        try:
+            await self._reap(
+                keys=[keys.execution(exec_id), keys.record(exec_id), keys.PENDING, self._running_key,
+                      queue.in_progress_key(exec_id)],
+                args=[exec_id, self.worker_id, record, self.settings.retention, keys.events(exec_id), final],
+            )
+        except Exception as exc:  # the janitor of another process will do it
+            log.warning("could not hand execution %s back: %s", exec_id, exc)

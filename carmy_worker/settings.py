@@ -1,0 +1,65 @@
+"""Settings, read from the environment once at the entry point and passed down.
+
+Constructors elsewhere never read the environment, so tests build settings directly.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from msgspec import Struct
+
+DEFAULT_REDIS_URL = "redis://localhost:6379/0"
+
+
+class SettingsError(ValueError):
+    """A setting has a value that cannot be used; the message names it."""
+
+
+def env_int(env: Mapping[str, str], name: str, default: int, *, minimum: int = 1) -> int:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise SettingsError(f"{name} must be an integer, got {raw!r}") from None
+    if value < minimum:
+        raise SettingsError(f"{name} must be at least {minimum}, got {value}")
+    return value
+
+
+def env_float(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SettingsError(f"{name} must be a number, got {raw!r}") from None
+    if not 0 < value < float("inf"):
+        raise SettingsError(f"{name} must be a positive number, got {raw!r}")
+    return value
+
+
+class WorkerSettings(Struct, frozen=True, kw_only=True):
+    """Settings of one worker process (DESIGN §2)."""
+
+    redis_url: str = DEFAULT_REDIS_URL
+    concurrency: int = 16  # executions at once in this process
+    default_timeout: float = 30.0  # seconds, for tools that set none
+    retention: int = 86400  # seconds final records are kept
+    # Liveness: a heartbeat every `heartbeat` s; a worker silent for `dead_after` s is dead.
+    heartbeat: float = 1.0
+    dead_after: float = 3.0
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> WorkerSettings:
+        env = os.environ if env is None else env
+        return cls(
+            redis_url=env.get("CARMY_REDIS_URL") or DEFAULT_REDIS_URL,
+            concurrency=env_int(env, "CARMY_CONCURRENCY", 16),
+            default_timeout=env_float(env, "CARMY_DEFAULT_TIMEOUT", 30.0),
+            retention=env_int(env, "CARMY_RETENTION", 86400),
+        )

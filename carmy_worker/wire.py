@@ -1,0 +1,163 @@
+"""Every type that crosses a process boundary: HTTP bodies, queue payloads, pub/sub events,
+records in Redis. Both packages import them from here.
+
+Request bodies forbid unknown fields (the protocol says so). Queue and Redis types tolerate
+them and give new fields defaults, so an API and a worker of different versions keep talking
+during a rolling deploy.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+from msgspec import UNSET, Struct, UnsetType, field
+
+Category = Literal[
+    "validation", "permission", "not_found", "cancelled", "conflict", "internal", "capacity", "timeout"
+]
+Effect = Literal["none", "read", "write", "external_write", "destructive"]
+Confirmation = Literal["none", "required"]
+Status = Literal["completed", "failed", "cancelled", "timed_out"]
+EventName = Literal["tool.started", "tool.progress", "tool.completed", "final"]
+
+# --- HTTP ------------------------------------------------------------------------------------
+
+
+class ExecuteRequest(Struct, forbid_unknown_fields=True):
+    """The body of ``POST /agent/execute``."""
+
+    tool: str
+    arguments: dict[str, Any] = {}
+    request_id: str | None = None
+
+
+class ErrorBody(Struct, omit_defaults=True, kw_only=True):
+    """The protocol's error object; ``recoverable`` and ``retryable`` are always present."""
+
+    code: str
+    message: str
+    category: Category
+    recoverable: bool
+    retryable: bool
+    retry_after: int | None = None
+    suggested_action: str | None = None
+    details: Any = None
+
+
+class AgentHints(Struct):
+    cacheable: bool
+    next_actions: list[Any]
+
+
+class ResultBody(Struct, omit_defaults=True, kw_only=True):
+    """A result: ``data`` on success, ``error`` otherwise, never both."""
+
+    execution_id: str
+    status: Status
+    data: Any | UnsetType = UNSET
+    error: ErrorBody | None = None
+    agent: AgentHints = field(name="_agent")
+
+
+class EnvelopeError(Struct):
+    """The body of a rejected envelope: the error alone, no execution."""
+
+    error: ErrorBody
+
+
+class ToolSpec(Struct, kw_only=True):
+    """One entry of the catalog document (``GET /agent/tools``)."""
+
+    name: str
+    description: str
+    input_schema: dict[str, Any]
+    output_schema: dict[str, Any]
+    effect: Effect
+    idempotent: bool
+    parallel_safe: bool
+    confirmation: Confirmation
+
+
+class CatalogDocument(Struct):
+    tools: list[ToolSpec]
+
+
+class DiscoveryDocument(Struct, kw_only=True):
+    protocol: str
+    server: str
+    capabilities: list[str]
+    tools_url: str
+    tools_version: str
+    execute_url: str
+
+
+# --- queue and Redis -------------------------------------------------------------------------
+
+
+class WorkerTool(Struct, kw_only=True):
+    """What a worker publishes about one tool: the public spec and what only the backend needs."""
+
+    spec: ToolSpec
+    timeout: float
+
+
+class WorkerInfo(Struct, kw_only=True):
+    """Published by each worker at start; the API merges these into the catalog."""
+
+    worker_id: str
+    started_ms: int
+    tools: list[WorkerTool]
+    group: str  # workers with the same tools share an arq queue named after this digest
+    host: str = ""
+    pid: int = 0
+
+
+class ExecutionJob(Struct, kw_only=True):
+    """The payload of one queued execution."""
+
+    execution_id: str
+    tool: str
+    # Canonical JSON of the arguments (sorted keys, compact): the worker decodes it straight
+    # into the tool's input type, and the API fingerprints it.
+    arguments: bytes
+    request_id: str | None = None
+    principal: str | None = None
+    session: str | None = None
+    permissions: list[str] = []
+    metadata: dict[str, Any] = {}
+    # A job still queued at this instant (Redis clock, ms) ends as TIMEOUT without running.
+    start_by_ms: int = 0
+
+
+class Record(Struct, kw_only=True):
+    """The one final record of an execution, replayed byte for byte."""
+
+    status_code: int
+    body: bytes  # the JSON result body exactly as first sent
+    tool: str
+    status: Status
+    error_code: str | None = None
+    retry_after: int | None = None  # sent as the Retry-After header too
+    duration_ms: int | None = None
+
+
+class Event(Struct, array_like=True):
+    """One message on an execution's pub/sub channel.
+
+    ``data`` is the compact JSON the SSE relay sends as is; for ``final`` it is the record.
+    """
+
+    name: EventName
+    data: bytes
+
+
+msgpack_encoder = msgspec.msgpack.Encoder()
+json_encoder = msgspec.json.Encoder()
+canonical_json_encoder = msgspec.json.Encoder(order="sorted")
+
+job_decoder = msgspec.msgpack.Decoder(ExecutionJob)
+record_decoder = msgspec.msgpack.Decoder(Record)
+event_decoder = msgspec.msgpack.Decoder(Event)
+worker_info_decoder = msgspec.msgpack.Decoder(WorkerInfo)
+request_decoder = msgspec.json.Decoder(ExecuteRequest)
