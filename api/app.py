@@ -66,7 +66,7 @@ def create_app(settings: ApiSettings | None = None) -> Starlette:
             await asyncio.gather(*tasks, return_exceptions=True)
             await hub.close()
             await listener.aclose()
-            await redis.aclose()
+            await redis.aclose(close_connection_pool=True)
 
     app = Starlette(
         routes=[

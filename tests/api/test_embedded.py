@@ -1,0 +1,80 @@
+"""The app mounted inside a host Starlette app, with host middleware supplying the context."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+from starlette.responses import PlainTextResponse
+from starlette.routing import Mount, Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from api import create_app
+from api.settings import ApiSettings
+from carmy_worker import AgentContext
+from tests.support import Stack
+
+
+class TrustedContext:
+    """What a host's auth middleware would do: turn its own session into an AgentContext."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            headers = dict(scope["headers"])
+            if headers.get(b"x-host-user") == b"alice":
+                scope["carmy.context"] = AgentContext(
+                    principal="alice", session="s-1", permissions=frozenset({"confirm:wipe"}),
+                    metadata={"plan": "pro"},
+                )
+        await self.app(scope, receive, send)
+
+
+def host_app(settings: ApiSettings) -> Starlette:
+    carmy = create_app(settings)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async with carmy.router.lifespan_context(carmy):  # a mounted app gets no lifespan of its own
+            yield
+
+    host = Starlette(
+        routes=[Route("/", lambda r: PlainTextResponse("host")), Mount("/carmy", app=carmy)],
+        lifespan=lifespan,
+    )
+    host.add_middleware(TrustedContext)
+    return host
+
+
+@pytest.fixture(scope="module")
+async def client(stack: Stack) -> AsyncIterator[httpx.AsyncClient]:
+    stack.worker()
+    app = host_app(ApiSettings(redis_url=stack.redis_url))
+    async with app.router.lifespan_context(app):
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://host.test") as c:
+            yield c
+
+
+async def test_host_routes_still_work(client: httpx.AsyncClient) -> None:
+    assert (await client.get("/")).text == "host"
+    assert (await client.get("/carmy/.well-known/agent")).json()["protocol"] == "carmy/1"
+
+
+async def test_host_context_grants_confirmation(client: httpx.AsyncClient) -> None:
+    refused = await client.post("/carmy/agent/execute", json={"tool": "wipe"})
+    assert refused.status_code == 403
+    granted = await client.post("/carmy/agent/execute", json={"tool": "wipe"}, headers={"x-host-user": "alice"})
+    assert granted.status_code == 200, granted.text
+    assert granted.json()["data"] == {"n": 0}
+
+
+async def test_tool_sees_the_host_context(client: httpx.AsyncClient) -> None:
+    r = await client.post("/carmy/agent/execute", json={"tool": "whoami", "request_id": "q1"},
+                          headers={"x-host-user": "alice"})
+    assert r.json()["data"] == {"principal": "alice", "session": "s-1", "permissions": ["confirm:wipe"],
+                                "request_id": "q1"}

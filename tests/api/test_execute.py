@@ -1,0 +1,252 @@
+"""POST /agent/execute through the in-process app, against real Redis and a real worker."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+
+from api.settings import ApiSettings
+from tests.conftest import app_client
+from tests.support import Stack
+
+MIB = 1_048_576
+
+
+@pytest.fixture(scope="module")
+async def client(stack: Stack) -> AsyncIterator[httpx.AsyncClient]:
+    stack.worker()
+    async with app_client(ApiSettings(redis_url=stack.redis_url)) as c:
+        yield c
+
+
+async def execute(client: httpx.AsyncClient, body: Any, **kw: Any) -> httpx.Response:
+    return await client.post("/agent/execute", json=body, **kw)
+
+
+def assert_result_shape(body: dict[str, Any], status: str) -> None:
+    assert body["execution_id"].startswith("exec_")
+    assert body["status"] == status
+    assert body["_agent"]["next_actions"] == []
+    if status == "completed":
+        assert "error" not in body
+    else:
+        assert "data" not in body
+        assert set(body["error"]) >= {"code", "message", "category", "recoverable", "retryable"}
+
+
+async def test_success_json(client: httpx.AsyncClient) -> None:
+    r = await execute(client, {"tool": "echo", "arguments": {"text": "ab", "times": 2}})
+    assert r.status_code == 200
+    assert r.headers["cache-control"] == "no-store"
+    assert r.headers["content-type"] == "application/json"
+    body = r.json()
+    assert_result_shape(body, "completed")
+    assert body["data"] == {"text": "abab"}
+    assert body["_agent"]["cacheable"] is True
+    assert list(body) == ["execution_id", "status", "data", "_agent"]
+
+
+async def test_arguments_default_to_empty_object(client: httpx.AsyncClient) -> None:
+    r = await execute(client, {"tool": "noop"})
+    assert r.status_code == 200
+    assert r.json()["data"] == {}
+
+
+async def test_sync_tool(client: httpx.AsyncClient) -> None:
+    r = await execute(client, {"tool": "echo_sync", "arguments": {"text": "x", "times": 3}})
+    assert r.status_code == 200
+    assert r.json()["data"] == {"text": "xxx"}
+
+
+async def test_cacheable_only_for_idempotent_reads(client: httpx.AsyncClient) -> None:
+    write = await execute(client, {"tool": "tally", "arguments": {"name": "cacheable"}})
+    assert write.status_code == 200
+    assert write.json()["_agent"]["cacheable"] is False
+    failure = await execute(client, {"tool": "refuse"})
+    assert failure.json()["_agent"]["cacheable"] is False
+    read = await execute(client, {"tool": "whoami"})
+    assert read.json()["_agent"]["cacheable"] is True
+
+
+@pytest.mark.parametrize(("raw", "reason_part"), [
+    (b"{not json", "malformed"),
+    (b"[]", "Expected `object`"),
+    (b'{"tool": 5}', "Expected `str`"),
+    (b'{"arguments": {}}', "missing required field `tool`"),
+    (b'{"tool": "echo", "context": {"principal": "root"}}', "unknown field `context`"),
+    (b'{"tool": "echo", "permissions": ["confirm:wipe"]}', "unknown field `permissions`"),
+    (b'{"tool": "echo", "arguments": []}', "Expected `object`"),
+    (b'{"tool": "echo", "arguments": {"text": NaN}}', "malformed"),
+    (b'{"tool": "echo", "request_id": 7}', "Expected `str | null`"),
+    (b"", "truncated"),
+    (b'{"tool": "anything", "arguments": {"value": ' + b"[" * 100_000 + b"]" * 100_000 + b"}}", "deep"),
+])
+async def test_invalid_request(client: httpx.AsyncClient, raw: bytes, reason_part: str) -> None:
+    r = await client.post("/agent/execute", content=raw, headers={"content-type": "application/json"})
+    assert r.status_code == 400
+    body = r.json()
+    assert list(body) == ["error"]
+    assert body["error"]["code"] == "INVALID_REQUEST"
+    assert body["error"]["category"] == "validation"
+    assert reason_part.lower() in body["error"]["details"]["reason"].lower()
+
+
+def padded(size: int) -> bytes:
+    """A valid execute body of exactly ``size`` bytes (JSON allows trailing white space)."""
+    body = b'{"tool": "noop"}'
+    return body + b" " * (size - len(body))
+
+
+async def test_body_of_exactly_one_mib_is_accepted(client: httpx.AsyncClient) -> None:
+    r = await client.post("/agent/execute", content=padded(MIB))
+    assert r.status_code == 200, r.text
+
+
+async def test_one_byte_more_is_refused(client: httpx.AsyncClient) -> None:
+    r = await client.post("/agent/execute", content=padded(MIB + 1))
+    assert r.status_code == 413
+    assert r.json()["error"]["code"] == "PAYLOAD_TOO_LARGE"
+    assert r.json()["error"]["category"] == "capacity"
+
+
+async def test_limit_holds_without_content_length(client: httpx.AsyncClient) -> None:
+    def chunks(size: int) -> Any:
+        data = padded(size)
+        async def gen() -> AsyncIterator[bytes]:
+            for i in range(0, len(data), 65536):
+                yield data[i:i + 65536]
+        return gen()
+
+    ok = await client.post("/agent/execute", content=chunks(MIB))
+    assert ok.status_code == 200
+    too_big = await client.post("/agent/execute", content=chunks(MIB + 1))
+    assert "content-length" not in too_big.request.headers
+    assert too_big.status_code == 413
+
+
+@pytest.mark.parametrize(("request_id", "status"), [
+    ("", 400), ("r" * 256, 200), ("r" * 257, 400), ("é" * 128, 200), ("é" * 129, 400),
+])
+async def test_request_id_length(client: httpx.AsyncClient, request_id: str, status: int) -> None:
+    r = await execute(client, {"tool": "noop", "request_id": request_id})
+    assert r.status_code == status
+    if status == 400:
+        body = r.json()
+        assert_result_shape(body, "failed")
+        assert body["error"]["code"] == "INVALID_ID"
+
+
+async def test_tool_not_found(client: httpx.AsyncClient) -> None:
+    r = await execute(client, {"tool": "no_such_tool"})
+    assert r.status_code == 404
+    body = r.json()
+    assert_result_shape(body, "failed")
+    assert body["error"]["code"] == "TOOL_NOT_FOUND"
+    assert body["error"]["category"] == "not_found"
+
+
+@pytest.mark.parametrize(("arguments", "path"), [
+    ({}, "$"),
+    ({"text": 5}, "$.text"),
+    ({"text": "a", "times": "2"}, "$.times"),
+    ({"text": "a", "hallucinated": True}, "$"),
+])
+async def test_invalid_arguments(client: httpx.AsyncClient, arguments: dict[str, Any], path: str) -> None:
+    r = await execute(client, {"tool": "echo", "arguments": arguments})
+    assert r.status_code == 400
+    body = r.json()
+    assert_result_shape(body, "failed")
+    assert body["error"]["code"] == "INVALID_ARGUMENTS"
+    assert body["error"]["details"]["path"] == path
+    if "hallucinated" in arguments:
+        assert "hallucinated" in body["error"]["details"]["reason"]
+
+
+async def test_no_input_tool_refuses_arguments(client: httpx.AsyncClient) -> None:
+    r = await execute(client, {"tool": "noop", "arguments": {"x": 1}})
+    assert r.status_code == 400
+    assert r.json()["error"]["code"] == "INVALID_ARGUMENTS"
+
+
+async def test_invalid_output(client: httpx.AsyncClient) -> None:
+    r = await execute(client, {"tool": "bad_output"})
+    assert r.status_code == 500
+    body = r.json()
+    assert_result_shape(body, "failed")
+    assert body["error"]["code"] == "INVALID_OUTPUT"
+    assert body["error"]["category"] == "internal"
+
+
+@pytest.mark.parametrize("tool", ["wipe", "publish"])
+async def test_confirmation_required(client: httpx.AsyncClient, tool: str) -> None:
+    r = await execute(client, {"tool": tool})
+    assert r.status_code == 403
+    body = r.json()
+    assert_result_shape(body, "failed")
+    assert body["error"]["code"] == "CONFIRMATION_REQUIRED"
+    assert f"confirm:{tool}" in body["error"]["message"]
+
+
+async def test_timeout_async(client: httpx.AsyncClient, stack: Stack) -> None:
+    start = time.monotonic()
+    r = await execute(client, {"tool": "sleepy", "arguments": {"seconds": 5, "tag": "t1"}})
+    elapsed = time.monotonic() - start
+    assert r.status_code == 504
+    body = r.json()
+    assert_result_shape(body, "timed_out")
+    assert body["error"]["code"] == "TIMEOUT"
+    assert body["error"]["category"] == "timeout"
+    assert "may have committed" in body["error"]["message"]
+    assert elapsed < 3
+    assert (stack.tmp / "sleepy-cancelled-t1").exists()  # the tool itself was stopped
+
+
+async def test_timeout_sync_answers_on_time(client: httpx.AsyncClient) -> None:
+    start = time.monotonic()
+    r = await execute(client, {"tool": "sleepy_sync", "arguments": {"seconds": 3}})
+    elapsed = time.monotonic() - start
+    assert r.status_code == 504
+    assert r.json()["status"] == "timed_out"
+    assert elapsed < 2  # the timeout is 0.5 s; the thread itself sleeps 3 s
+
+
+async def test_tool_panic_hides_exception_text(client: httpx.AsyncClient, stack: Stack) -> None:
+    r = await execute(client, {"tool": "explode"})
+    assert r.status_code == 500
+    body = r.json()
+    assert_result_shape(body, "failed")
+    assert body["error"]["code"] == "TOOL_PANIC"
+    assert "hunter2" not in r.text
+    assert "may have committed" in body["error"]["message"]
+    # The operator sees it, with the execution id.
+    logs = "".join(p.output() for p in stack.procs)
+    assert "hunter2" in logs
+    assert body["execution_id"] in logs
+
+
+async def test_tool_error_is_passed_through(client: httpx.AsyncClient) -> None:
+    r = await execute(client, {"tool": "refuse"})
+    assert r.status_code == 409
+    assert r.headers["retry-after"] == "7"
+    body = r.json()
+    assert_result_shape(body, "failed")
+    assert body["error"] == {
+        "code": "OUT_OF_STOCK", "message": "Nothing left.", "category": "conflict", "recoverable": True,
+        "retryable": True, "retry_after": 7, "suggested_action": "wait", "details": {"sku": "KB-01"},
+    }
+
+
+async def test_trusted_context_cannot_come_from_the_body(client: httpx.AsyncClient) -> None:
+    r = await execute(client, {"tool": "whoami"})
+    assert r.json()["data"] == {"principal": None, "session": None, "permissions": [], "request_id": None}
+    r = await execute(client, {"tool": "whoami", "request_id": "abc"})
+    assert r.json()["data"]["request_id"] == "abc"
+
+
+async def test_unknown_route_and_method(client: httpx.AsyncClient) -> None:
+    assert (await client.get("/agent/execute")).status_code == 405
+    assert (await client.get("/nope")).status_code == 404

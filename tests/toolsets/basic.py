@@ -1,0 +1,176 @@
+"""Tools the tests run in real worker processes. Side effects that tests count are written to
+files (``CARMY_TEST_DIR``), outside Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from carmy_worker import Context, Toolbox, ToolError
+
+tools = Toolbox()
+OUT = Path(os.environ.get("CARMY_TEST_DIR", "/tmp"))
+
+
+def mark(name: str, line: str = "x") -> None:
+    """Append a line to a file the test reads: proof that something ran, counted outside Redis."""
+    with (OUT / name).open("a") as f:
+        f.write(line + "\n")
+
+
+class Empty(msgspec.Struct):
+    pass
+
+
+class EchoInput(msgspec.Struct):
+    text: str
+    times: int = 1
+
+
+class EchoOutput(msgspec.Struct):
+    text: str
+
+
+class SleepInput(msgspec.Struct):
+    seconds: float
+    tag: str = ""
+
+
+class Count(msgspec.Struct):
+    n: int
+
+
+@tools.tool(effect="none", idempotent=True, parallel_safe=True)
+async def noop(ctx: Context) -> Empty:
+    """Does nothing."""
+    return Empty()
+
+
+@tools.tool(effect="read", idempotent=True, parallel_safe=True)
+async def echo(ctx: Context, input: EchoInput) -> EchoOutput:
+    """Echo the text."""
+    return EchoOutput(text=input.text * input.times)
+
+
+@tools.tool(effect="read", idempotent=True, parallel_safe=True)
+def echo_sync(ctx: Context, input: EchoInput) -> EchoOutput:
+    """Echo the text from a thread."""
+    return EchoOutput(text=input.text * input.times)
+
+
+@tools.tool(effect="none", idempotent=True, parallel_safe=True, timeout=1)
+async def sleepy(ctx: Context, input: SleepInput) -> Empty:
+    """Sleep (async), noting start, end and cancellation in files."""
+    mark(f"sleepy-start-{input.tag}", str(time.time()))
+    try:
+        await asyncio.sleep(input.seconds)
+    except asyncio.CancelledError:
+        mark(f"sleepy-cancelled-{input.tag}", str(time.time()))
+        raise
+    mark(f"sleepy-end-{input.tag}", str(time.time()))
+    return Empty()
+
+
+@tools.tool(effect="none", idempotent=True, parallel_safe=True, timeout=0.5)
+def sleepy_sync(ctx: Context, input: SleepInput) -> Empty:
+    """Sleep in a thread; the timeout must still answer on time."""
+    time.sleep(input.seconds)
+    mark(f"sleepy-sync-end-{input.tag}")
+    return Empty()
+
+
+@tools.tool(effect="none", idempotent=True, parallel_safe=True)
+async def progress(ctx: Context, input: Count) -> Count:
+    """Report progress n times, then a partial result."""
+    for i in range(input.n):
+        ctx.progress(i + 1, total=input.n, message=f"step {i + 1}")
+    ctx.partial({"so_far": input.n})
+    return Count(n=input.n)
+
+
+@tools.tool(effect="none", idempotent=True, parallel_safe=True)
+def progress_sync(ctx: Context, input: Count) -> Count:
+    """Report progress n times from a thread."""
+    for i in range(input.n):
+        ctx.progress(i + 1, total=input.n)
+    return Count(n=input.n)
+
+
+@tools.tool(effect="none")
+async def explode(ctx: Context) -> Empty:
+    """Raise an unexpected error with a secret in its text."""
+    raise RuntimeError("secret-database-password-hunter2")
+
+
+@tools.tool(effect="none")
+async def refuse(ctx: Context) -> Empty:
+    """Fail with a structured ToolError."""
+    raise ToolError("OUT_OF_STOCK", "Nothing left.", category="conflict", retryable=True, retry_after=7,
+                    suggested_action="wait", details={"sku": "KB-01"})
+
+
+@tools.tool(effect="none")
+async def bad_output(ctx: Context) -> Count:
+    """Return something that is not a Count."""
+    return Count(n="not a number")  # type: ignore[arg-type]
+
+
+@tools.tool(effect="destructive", idempotent=True)
+async def wipe(ctx: Context) -> Count:
+    """Destructive: needs confirm:wipe."""
+    return Count(n=0)
+
+
+@tools.tool(effect="write", confirmation="required")
+async def publish(ctx: Context) -> Count:
+    """Needs confirmation although not destructive."""
+    return Count(n=1)
+
+
+class WhoAmI(msgspec.Struct):
+    principal: str | None
+    session: str | None
+    permissions: list[str]
+    request_id: str | None
+
+
+@tools.tool(effect="none", idempotent=True, parallel_safe=True)
+async def whoami(ctx: Context) -> WhoAmI:
+    """Return the trusted context the tool saw."""
+    return WhoAmI(ctx.principal, ctx.session, sorted(ctx.permissions), ctx.request_id)
+
+
+class AnyInput(msgspec.Struct):
+    value: Any = None
+
+
+@tools.tool(effect="none", idempotent=True, parallel_safe=True)
+async def anything(ctx: Context, input: AnyInput) -> AnyInput:
+    """Echo any JSON value."""
+    return input
+
+
+class TallyInput(msgspec.Struct):
+    name: str
+    seconds: float = 0.0
+
+
+@tools.tool(effect="write", timeout=10)
+async def tally(ctx: Context, input: TallyInput) -> Count:
+    """Not idempotent: appends a line to a file (the side effect), then sleeps."""
+    mark(f"tally-{input.name}", ctx.execution_id)
+    await asyncio.sleep(input.seconds)
+    return Count(n=len((OUT / f"tally-{input.name}").read_text().splitlines()))
+
+
+@tools.tool(effect="write", idempotent=True, timeout=10)
+async def tally_idem(ctx: Context, input: TallyInput) -> Count:
+    """Idempotent by declaration: may be run again after a crash."""
+    mark(f"tally-idem-{input.name}", ctx.execution_id)
+    await asyncio.sleep(input.seconds)
+    return Count(n=len((OUT / f"tally-idem-{input.name}").read_text().splitlines()))
