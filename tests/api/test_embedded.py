@@ -55,9 +55,9 @@ def host_app(settings: ApiSettings) -> Starlette:
 async def client(stack: Stack) -> AsyncIterator[httpx.AsyncClient]:
     stack.worker()
     app = host_app(ApiSettings(redis_url=stack.redis_url))
-    async with app.router.lifespan_context(app):
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://host.test") as c:
-            yield c
+    transport = httpx.ASGITransport(app=app)
+    async with app.router.lifespan_context(app), httpx.AsyncClient(transport=transport, base_url="http://h.test") as c:
+        yield c
 
 
 async def test_host_routes_still_work(client: httpx.AsyncClient) -> None:
