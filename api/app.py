@@ -9,8 +9,9 @@ from collections.abc import AsyncIterator
 
 from redis.asyncio import BlockingConnectionPool, Redis
 from starlette.applications import Starlette
-from starlette.routing import Route
+from starlette.routing import Route, request_response
 
+from api.auth import ApiKeys, RequireApiKey
 from api.catalog import Catalog
 from api.discovery import endpoints
 from api.execute import ExecuteEndpoint
@@ -68,11 +69,12 @@ def create_app(settings: ApiSettings | None = None) -> Starlette:
             await listener.aclose()
             await redis.aclose(close_connection_pool=True)
 
+    api_keys = ApiKeys(settings.api_keys) if settings.api_keys is not None else None
     app = Starlette(
         routes=[
             Route("/.well-known/agent", discovery, methods=["GET"]),
-            Route("/agent/tools", tools, methods=["GET"]),
-            Route("/agent/execute", execute, methods=["POST"]),
+            Route("/agent/tools", RequireApiKey(request_response(tools), api_keys), methods=["GET"]),
+            Route("/agent/execute", RequireApiKey(execute, api_keys), methods=["POST"]),
         ],
         lifespan=lifespan,
     )

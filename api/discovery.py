@@ -3,7 +3,7 @@ version, with a strong ETag and conditional requests."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -34,11 +34,15 @@ def serve(document: Document, request: Request) -> Response:
     return Response(document.body, headers=headers)
 
 
-def endpoints(catalog: Catalog) -> tuple[Callable[[Request], Response], Callable[[Request], Response]]:
-    def discovery(request: Request) -> Response:
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+
+def endpoints(catalog: Catalog) -> tuple[Endpoint, Endpoint]:
+    # async: a plain def would be sent to a thread pool for a dictionary lookup.
+    async def discovery(request: Request) -> Response:
         return serve(catalog.view.discovery, request)
 
-    def tools(request: Request) -> Response:
+    async def tools(request: Request) -> Response:
         return serve(catalog.view.catalog, request)
 
     return discovery, tools

@@ -15,6 +15,7 @@ from redis.exceptions import RedisError
 from starlette.types import Receive, Scope, Send
 
 from api import relay
+from api.auth import CONTEXT_SCOPE_KEY
 from api.body import BodyTooLarge, ClientGone, read_body
 from api.catalog import Catalog, CatalogTool
 from api.executions import Executions, Submission
@@ -28,7 +29,6 @@ from carmy_worker.wire import ErrorBody, ExecuteRequest, Record, canonical_json_
 
 log = logging.getLogger("carmy.api")
 
-CONTEXT_SCOPE_KEY = "carmy.context"
 MAX_ID_BYTES = 256
 _NO_CONTEXT = AgentContext()
 

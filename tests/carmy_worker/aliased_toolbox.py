@@ -1,0 +1,21 @@
+"""Fixture for ``load_tools``: one Toolbox bound to two names, plus a second Toolbox."""
+
+from __future__ import annotations
+
+from carmy_worker import Context, Toolbox
+
+tools = Toolbox()
+also_tools = tools
+more = Toolbox()
+
+
+@tools.tool(effect="none")
+def ping(ctx: Context) -> str:
+    """Answer pong."""
+    return "pong"
+
+
+@more.tool(effect="read")
+def pong(ctx: Context) -> str:
+    """Answer ping."""
+    return "ping"
