@@ -112,8 +112,10 @@ redis.call('PUBLISH', ARGV[4], ARGV[5])
 return 'cancelled'
 """
 
-# An execution whose worker stopped heartbeating. An idempotent one goes back to the queue
-# at once (arq would wait for its in-progress key to expire); any other is settled uncertain.
+# An execution whose worker stopped heartbeating. Its arq lease (the in-progress key) is
+# dropped so a live worker takes the job at once instead of after arq's expiry: an idempotent
+# execution simply runs again; any other is settled uncertain first, so the re-delivered job
+# finds it settled and never runs the tool a second time.
 # KEYS: exe, record, pending, running set, arq in-progress key
 # ARGV: exec_id, worker_id, record, retention s, events channel, final event
 REAP = """
@@ -121,10 +123,10 @@ redis.call('SREM', KEYS[4], ARGV[1])
 if redis.call('EXISTS', KEYS[2]) == 1 then return 'settled' end
 local h = redis.call('HMGET', KEYS[1], 'worker', 'state', 'idem', 'wake')
 if h[1] ~= ARGV[2] or h[2] ~= 'running' then return 'moved' end
+redis.call('DEL', KEYS[5])
+if h[4] then redis.call('PUBLISH', h[4], '') end
 if h[3] == '1' then
-  redis.call('DEL', KEYS[5])
   redis.call('HSET', KEYS[1], 'state', 'queued')
-  redis.call('PUBLISH', h[4], '')
   return 'requeued'
 end
 redis.call('HINCRBY', KEYS[1], 'attempt', 1)

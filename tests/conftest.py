@@ -57,3 +57,16 @@ async def app_client(settings: ApiSettings) -> AsyncIterator[httpx.AsyncClient]:
 @pytest.fixture
 def tmp_dir(stack: Stack) -> Path:
     return stack.tmp
+
+
+@pytest.fixture
+def fresh_stack(redis_server: RedisServer) -> Iterator[Stack]:
+    """Processes for one test only, against a flushed Redis (crash tests kill them)."""
+    client = redis_server.client()
+    client.flushall()
+    client.close()
+    tmp = new_tmp()
+    s = Stack(redis_server.url, tmp)
+    yield s
+    s.close()
+    shutil.rmtree(tmp, ignore_errors=True)

@@ -1,0 +1,121 @@
+"""At most once and one final status, with real worker processes killed and paused.
+
+The tools append a line to a file for every run: that count, outside Redis, is the truth.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from typing import Any
+
+import httpx
+import redis
+
+from tests.support import Proc, Stack, wait_until
+
+
+def lines(stack: Stack, name: str) -> int:
+    path = stack.tmp / name
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+class Call(threading.Thread):
+    """A POST that runs in the background, as an agent waiting on its call."""
+
+    def __init__(self, url: str, body: dict[str, Any]) -> None:
+        super().__init__(daemon=True)
+        self.url, self.body = url, body
+        self.response: httpx.Response | None = None
+        self.finished_at = 0.0
+        self.start()
+
+    def run(self) -> None:
+        self.response = httpx.post(self.url + "/agent/execute", json=self.body, timeout=60)
+        self.finished_at = time.monotonic()
+
+    def result(self, timeout: float = 30) -> httpx.Response:
+        self.join(timeout)
+        assert self.response is not None, "the call did not finish"
+        return self.response
+
+
+def start(stack: Stack) -> tuple[Proc, str]:
+    first = stack.worker()
+    _, base = stack.api()
+    wait_until(lambda: "tally" in httpx.get(base + "/agent/tools").text)
+    return first, base
+
+
+def test_kill9_mid_non_idempotent_tool_runs_it_once(fresh_stack: Stack, sync_redis: redis.Redis) -> None:
+    stack = fresh_stack
+    worker_a, base = start(stack)
+    body = {"tool": "tally", "arguments": {"name": "k9", "seconds": 8}, "request_id": "k9"}
+    call = Call(base, body)
+    wait_until(lambda: lines(stack, "tally-k9") == 1)
+    killed_at = time.monotonic()
+    worker_a.kill()
+    stack.worker()
+
+    r = call.result()
+    assert call.finished_at - killed_at < 8  # heartbeats, not arq's in-progress expiry (55 s here)
+    assert r.status_code == 409
+    body_json = r.json()
+    assert body_json["status"] == "failed"
+    assert body_json["error"]["code"] == "EXECUTION_UNCERTAIN"
+    assert body_json["error"]["category"] == "conflict"
+    assert "before calling again" in body_json["error"]["message"]
+
+    retry = httpx.post(base + "/agent/execute", json=body)
+    assert retry.status_code == 409
+    assert retry.content == r.content
+    # The job went back to arq's queue and reached the new worker, which dropped it unrun.
+    exec_id = body_json["execution_id"]
+    wait_until(lambda: not sync_redis.exists(f"arq:job:{exec_id}"), 10)
+    assert lines(stack, "tally-k9") == 1
+
+
+def test_kill9_mid_idempotent_tool_completes(fresh_stack: Stack) -> None:
+    stack = fresh_stack
+    worker_a, base = start(stack)
+    call = Call(base, {"tool": "tally_idem", "arguments": {"name": "k9i", "seconds": 2}, "request_id": "k9i"})
+    wait_until(lambda: lines(stack, "tally-idem-k9i") == 1)
+    worker_a.kill()
+    stack.worker()
+    r = call.result()
+    assert r.status_code == 200, r.text
+    assert r.json()["data"] == {"n": 2}  # it ran again, on the new worker
+    assert lines(stack, "tally-idem-k9i") == 2
+
+
+def settle_while_paused(stack: Stack, tool: str, name: str, sync_redis: redis.Redis) -> tuple[httpx.Response, Proc]:
+    worker_a, base = start(stack)
+    call = Call(base, {"tool": tool, "arguments": {"name": name, "seconds": 3}})
+    wait_until(lambda: lines(stack, f"{tool.replace('_', '-')}-{name}") == 1)
+    worker_a.signal(signal.SIGSTOP)
+    stack.worker()
+    return call.result(), worker_a
+
+
+def test_paused_worker_cannot_overwrite_an_idempotent_rerun(fresh_stack: Stack, sync_redis: redis.Redis) -> None:
+    r, paused = settle_while_paused(fresh_stack, "tally_idem", "stop", sync_redis)
+    assert r.status_code == 200
+    assert r.json()["data"] == {"n": 2}  # the re-run on the other worker settled it
+    key = f"carmy:rec:{r.json()['execution_id']}"
+    before = sync_redis.get(key)
+    paused.signal(signal.SIGCONT)
+    wait_until(lambda: "already settled elsewhere" in paused.output(), 10)
+    assert sync_redis.get(key) == before
+
+
+def test_paused_worker_cannot_overwrite_uncertain(fresh_stack: Stack, sync_redis: redis.Redis) -> None:
+    r, paused = settle_while_paused(fresh_stack, "tally", "stop", sync_redis)
+    assert r.status_code == 409
+    assert r.json()["error"]["code"] == "EXECUTION_UNCERTAIN"
+    key = f"carmy:rec:{r.json()['execution_id']}"
+    before = sync_redis.get(key)
+    paused.signal(signal.SIGCONT)
+    wait_until(lambda: "already settled elsewhere" in paused.output(), 10)
+    assert sync_redis.get(key) == before
+    assert lines(fresh_stack, "tally-stop") == 1  # the paused run finished; nothing ran it again
