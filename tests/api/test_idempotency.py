@@ -76,9 +76,9 @@ async def test_sse_replay_sends_two_events(client: httpx.AsyncClient, stack: Sta
 async def test_fingerprint_ignores_key_order_and_white_space(client: httpx.AsyncClient) -> None:
     request_id = rid()
     a = await client.post("/agent/execute", content=(
-        '{"tool":"echo","arguments":{"text":"x","times":2},"request_id":"%s"}' % request_id))
+        '{"tool":"echo","arguments":{"text":"x","times":2},"request_id":"' + request_id + '"}'))
     b = await client.post("/agent/execute", content=(
-        '{ "request_id" : "%s", "arguments" : { "times" : 2 , "text" : "x" } , "tool" : "echo" }' % request_id))
+        '{ "request_id" : "' + request_id + '", "arguments" : { "times" : 2 , "text" : "x" } , "tool" : "echo" }'))
     assert a.status_code == 200
     assert b.content == a.content
 
