@@ -1,0 +1,66 @@
+"""``python -m carmy_worker.health``: is a worker on this host alive? For container health checks.
+
+Exit 0 when a worker process on this host heartbeated within ``dead_after`` seconds, else exit 1
+with one line on stderr saying why. It asks Redis, not the process: the heartbeat is what the
+API and the janitor go by, so a worker whose heartbeat stopped is dead to them whatever its
+process is doing. Each Redis call gives up after 2 s, so a check never hangs.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+from typing import cast
+
+import msgspec
+import redis
+
+from carmy_worker import keys, scripts
+from carmy_worker.presence import Roster
+from carmy_worker.settings import SettingsError, WorkerSettings
+from carmy_worker.wire import worker_info_decoder
+
+TIMEOUT = 2.0  # seconds, per connect and per reply
+
+
+def check(settings: WorkerSettings, host: str) -> str | None:
+    """None when a worker on ``host`` is alive, else the reason it is not."""
+    try:
+        client = redis.Redis.from_url(settings.redis_url, socket_timeout=TIMEOUT, socket_connect_timeout=TIMEOUT)
+    except ValueError as exc:
+        return f"CARMY_REDIS_URL cannot be used: {exc}"
+    try:
+        # Scores are compared with Redis's clock, as the API does: this host's may differ.
+        roster = Roster.parse(client.register_script(scripts.WORKERS)(keys=[keys.WORKERS, keys.DRAINING]))
+        live = [w for w in roster.last_seen if roster.alive(w, settings.dead_after)]
+        # The sync client's stubs type every reply as "maybe awaitable".
+        infos = cast("list[bytes | None]", client.mget([keys.worker(w) for w in live])) if live else []
+    except redis.RedisError as exc:
+        return f"cannot query Redis: {exc}"
+    finally:
+        client.close()
+    for raw in infos:
+        try:
+            if raw is not None and worker_info_decoder.decode(raw).host == host:
+                return None
+        except msgspec.DecodeError:
+            continue  # another version's record: not ours to judge
+    return (f"no worker on {host} has heartbeated in the last {settings.dead_after:g} s "
+            f"({len(live)} live elsewhere)")
+
+
+def main() -> int:
+    try:
+        settings = WorkerSettings.from_env()
+    except SettingsError as exc:
+        reason: str | None = str(exc)
+    else:
+        reason = check(settings, socket.gethostname())
+    if reason is None:
+        return 0
+    print(f"carmy_worker.health: {reason}", file=sys.stderr)
+    return 1  # not 2: Docker reserves it
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,69 @@
+"""``python -m carmy_worker.health``, the worker container's health check, against real workers."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from carmy_worker import keys, scripts
+from carmy_worker.settings import WorkerSettings
+from carmy_worker.wire import WorkerInfo, msgpack_encoder
+from tests.support import ROOT, Stack, free_port
+
+DEAD_AFTER = WorkerSettings().dead_after
+
+
+def health(stack: Stack, redis_url: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = stack.env({"CARMY_REDIS_URL": redis_url} if redis_url else None)
+    return subprocess.run([sys.executable, "-m", "carmy_worker.health"], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=15)
+
+
+def test_healthy_while_a_worker_heartbeats_and_unhealthy_once_it_is_dead(stack: Stack) -> None:
+    worker = stack.worker()
+    alive = health(stack)
+    assert alive.returncode == 0, alive.stderr
+    assert alive.stderr == ""
+
+    worker.kill()  # SIGKILL: no deregistration, only the heartbeat stops
+    time.sleep(DEAD_AFTER + 0.5)  # its last heartbeat is now older than dead_after
+    dead = health(stack)
+    assert dead.returncode == 1
+    assert "no worker on" in dead.stderr
+    assert len(dead.stderr.strip().splitlines()) == 1
+
+
+def test_a_live_worker_on_another_host_does_not_count(stack: Stack, sync_redis: redis.Redis) -> None:
+    info = WorkerInfo(worker_id="elsewhere-1", started_ms=0, tools=[], group="g", host="elsewhere", pid=1)
+    sync_redis.set(keys.worker(info.worker_id), msgpack_encoder.encode(info))
+    heartbeat = sync_redis.register_script(scripts.HEARTBEAT)
+    heartbeat(keys=[keys.WORKERS, keys.worker(info.worker_id)], args=[info.worker_id, 0])
+    result = health(stack)
+    assert result.returncode == 1
+    assert f"no worker on {socket.gethostname()}" in result.stderr
+    assert "1 live elsewhere" in result.stderr
+
+
+@pytest.fixture
+def silent_server() -> Iterator[str]:
+    """A port that accepts connections and never answers, like a Redis behind a dead network."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(8)
+        yield f"redis://127.0.0.1:{server.getsockname()[1]}/0"
+
+
+@pytest.mark.parametrize("target", ["refused", "silent"])
+def test_unreachable_redis_is_unhealthy_within_seconds(stack: Stack, silent_server: str, target: str) -> None:
+    url = f"redis://127.0.0.1:{free_port()}/0" if target == "refused" else silent_server
+    started = time.monotonic()
+    result = health(stack, url)
+    assert time.monotonic() - started < 5
+    assert result.returncode == 1
+    assert result.stderr.startswith("carmy_worker.health: cannot query Redis")
