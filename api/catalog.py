@@ -19,6 +19,7 @@ import jsonschema
 from redis.asyncio import Redis
 
 from carmy_worker import keys, scripts
+from carmy_worker.presence import Roster
 from carmy_worker.wire import (
     CatalogDocument,
     DiscoveryDocument,
@@ -137,9 +138,8 @@ class Catalog:
                 await asyncio.wait_for(self._changed.wait(), self.refresh_interval)
 
     async def refresh(self) -> None:
-        reply = await self._workers(keys=[keys.WORKERS])
-        now = int(reply[0])
-        scores = {reply[i].decode(): float(reply[i + 1]) for i in range(1, len(reply), 2)}
+        roster = Roster.parse(await self._workers(keys=[keys.WORKERS, keys.DRAINING]))
+        scores = roster.last_seen
         missing = [w for w in scores if w not in self._infos]
         if missing:
             for worker_id, raw in zip(missing, await self.redis.mget([keys.worker(w) for w in missing]), strict=True):
@@ -147,8 +147,7 @@ class Catalog:
                     self._infos[worker_id] = worker_info_decoder.decode(raw)
         for gone in [w for w in self._infos if w not in scores]:
             del self._infos[gone]
-        cutoff = now - self.dead_after * 1000
-        workers = [(info, scores[w] >= cutoff) for w, info in self._infos.items()]
+        workers = [(info, roster.serving(w, self.dead_after)) for w, info in self._infos.items()]
         view = build_view(self.server_name, workers, self._validators)
         old = self.view
         if view.catalog.etag != old.catalog.etag:

@@ -41,7 +41,7 @@ class Janitor:
     async def sweep(self) -> int:
         """One pass; returns how many executions it settled or re-queued."""
         held, late = await self._scan(
-            keys=[keys.WORKERS, keys.QUEUED],
+            keys=[keys.WORKERS, keys.QUEUED, keys.DRAINING],
             args=[self.dead_after_ms, DEPARTED_MEMORY_S * 1000, keys.running(""), keys.execution(""), keys.worker("")],
         )
         acted = 0

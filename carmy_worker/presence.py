@@ -1,4 +1,5 @@
-"""A worker's presence in Redis: what it serves, and that it is still alive.
+"""A worker's presence in Redis: what it serves, that it is alive, and whether it still takes
+work.
 
 The heartbeat runs in its own thread with its own connection, so a tool that hogs the event
 loop does not make a live worker look dead; a killed or paused process stops it at once.
@@ -12,8 +13,10 @@ import os
 import socket
 import threading
 import uuid
+from typing import Any
 
 import redis as sync_redis
+from msgspec import Struct
 from redis.asyncio import Redis
 
 from carmy_worker import keys, scripts
@@ -40,6 +43,30 @@ def group_of(described: list[WorkerTool]) -> str:
     return hashlib.sha256(msgpack_encoder.encode(described)).hexdigest()[:16]
 
 
+class Roster(Struct, frozen=True):
+    """Who heartbeats, as of Redis's clock (the reply of ``scripts.WORKERS``)."""
+
+    now: int
+    last_seen: dict[str, float]
+    draining: frozenset[str]
+
+    @classmethod
+    def parse(cls, reply: list[Any]) -> Roster:
+        pairs = reply[1]
+        return cls(
+            now=int(reply[0]),
+            last_seen={pairs[i].decode(): float(pairs[i + 1]) for i in range(0, len(pairs), 2)},
+            draining=frozenset(w.decode() for w in reply[2]),
+        )
+
+    def alive(self, worker_id: str, dead_after: float) -> bool:
+        return self.last_seen.get(worker_id, 0) >= self.now - dead_after * 1000
+
+    def serving(self, worker_id: str, dead_after: float) -> bool:
+        """Alive and taking new work."""
+        return worker_id not in self.draining and self.alive(worker_id, dead_after)
+
+
 class Presence:
     """Registers a worker, keeps its heartbeat, and deregisters it on a clean stop."""
 
@@ -47,13 +74,14 @@ class Presence:
         self.redis = redis
         self.settings = settings
         self.info = info
+        self._info_key = keys.worker(info.worker_id)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._heartbeat = redis.register_script(scripts.HEARTBEAT)
 
     async def register(self) -> None:
-        heartbeat = self.redis.register_script(scripts.HEARTBEAT)
-        await self.redis.set(keys.worker(self.info.worker_id), msgpack_encoder.encode(self.info))
-        await heartbeat(keys=[keys.WORKERS], args=[self.info.worker_id, 0])
+        await self.redis.set(self._info_key, msgpack_encoder.encode(self.info))
+        await self._heartbeat(keys=[keys.WORKERS, self._info_key], args=[self.info.worker_id, 0])
         await self.redis.publish(keys.CATALOG_CHANNEL, self.info.worker_id)
         self._thread = threading.Thread(target=self._beat, name="carmy-heartbeat", daemon=True)
         self._thread.start()
@@ -61,27 +89,34 @@ class Presence:
     def _beat(self) -> None:
         client = sync_redis.Redis.from_url(self.settings.redis_url, socket_timeout=2, socket_connect_timeout=2)
         heartbeat = client.register_script(scripts.HEARTBEAT)
-        was_down = False
+        failing = False
         while not self._stop.wait(self.settings.heartbeat):
             try:
-                heartbeat(keys=[keys.WORKERS], args=[self.info.worker_id, 0])
-                if was_down:  # Redis came back, maybe empty: say again who we are
-                    client.set(keys.worker(self.info.worker_id), msgpack_encoder.encode(self.info))
+                if not heartbeat(keys=[keys.WORKERS, self._info_key], args=[self.info.worker_id, 0]):
+                    # Redis came back empty: say again who we are.
+                    client.set(self._info_key, msgpack_encoder.encode(self.info))
                     client.publish(keys.CATALOG_CHANNEL, self.info.worker_id)
+                    log.info("registered again after Redis lost this worker")
+                if failing:
                     log.info("heartbeat restored")
-                was_down = False
+                failing = False
             except sync_redis.RedisError as exc:
-                if not was_down:
+                if not failing:
                     log.warning("heartbeat failed: %s", exc)
-                was_down = True
+                failing = True
         client.close()
+
+    async def drain(self) -> None:
+        """Stop being offered new work; keep heartbeating for what still runs."""
+        await self.redis.sadd(keys.DRAINING, self.info.worker_id)
+        await self.redis.publish(keys.CATALOG_CHANNEL, self.info.worker_id)
 
     async def deregister(self) -> None:
         """Mark this worker departed (its tools are remembered a while, as unavailable)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
-        heartbeat = self.redis.register_script(scripts.HEARTBEAT)
         offset = -int(self.settings.dead_after * 1000) - 1
-        await heartbeat(keys=[keys.WORKERS], args=[self.info.worker_id, offset])
+        await self._heartbeat(keys=[keys.WORKERS, self._info_key], args=[self.info.worker_id, offset])
+        await self.redis.srem(keys.DRAINING, self.info.worker_id)
         await self.redis.publish(keys.CATALOG_CHANNEL, self.info.worker_id)

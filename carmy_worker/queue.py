@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
+from signal import Signals
 from typing import Any
 
 import msgspec
@@ -24,6 +25,7 @@ from arq.connections import ArqRedis
 from arq.constants import in_progress_key_prefix, job_key_prefix
 from arq.worker import Worker, func
 from redis.asyncio import ConnectionPool
+from redis.exceptions import RedisError
 
 log = logging.getLogger("carmy.queue")
 
@@ -70,9 +72,12 @@ Handler = Callable[[bytes, int], Awaitable[None]]
 
 
 class WakeableWorker(Worker):
-    """An arq worker that polls when told to (and every ``poll_delay`` s as a fallback)."""
+    """An arq worker that polls when told to (and every ``poll_delay`` s as a fallback), keeps
+    going through Redis outages (arq's own loop exits on the first connection error), and
+    tells us when a signal starts its graceful shutdown."""
 
     _wake: asyncio.Event
+    on_drain: Callable[[], None] | None = None
 
     async def main(self) -> None:
         self._wake = asyncio.Event()
@@ -82,14 +87,30 @@ class WakeableWorker(Worker):
         if self.on_startup:
             await self.on_startup(self.ctx)
         listener = asyncio.create_task(self._listen())
+        backoff = 0.0
         try:
             while True:
                 self._wake.clear()
-                await self._poll_iteration()
+                try:
+                    await self._poll_iteration()
+                    if backoff:
+                        log.info("queue reachable again")
+                    backoff = 0.0
+                except (RedisError, OSError) as exc:
+                    if not backoff:
+                        log.warning("queue unreachable (%s); retrying", exc)
+                    backoff = min(backoff * 2 or 0.1, 2.0)
+                    await asyncio.sleep(backoff)
+                    continue
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), self.poll_delay_s)
         finally:
             listener.cancel()
+
+    def handle_sig_wait_for_completion(self, signum: Signals) -> None:
+        if self.allow_pick_jobs and self.on_drain is not None:
+            self.on_drain()
+        super().handle_sig_wait_for_completion(signum)
 
     def _release_sem_dec_counter_on_complete(self) -> None:
         super()._release_sem_dec_counter_on_complete()
@@ -122,13 +143,14 @@ def build_worker(
     max_timeout: float,
     drain_seconds: float,
     on_shutdown: Callable[[dict[str, Any]], Awaitable[None]] | None = None,
+    on_drain: Callable[[], None] | None = None,
 ) -> WakeableWorker:
     """An arq worker that calls ``handler(payload, job_try)`` for each job of ``group``."""
 
     async def carmy_execute(ctx: dict[str, Any], payload: bytes) -> None:
         await handler(payload, ctx["job_try"])
 
-    return WakeableWorker(
+    worker = WakeableWorker(
         functions=[func(carmy_execute, name=FUNCTION, max_tries=_ARQ_MAX_TRIES,
                         # Our runtime enforces each tool's timeout; arq's only backs it up.
                         timeout=max_timeout + 15)],
@@ -143,8 +165,10 @@ def build_worker(
         log_results=False,
         health_check_interval=3600,
     )
+    worker.on_drain = on_drain
+    return worker
 
 
 def connect(url: str, **options: Any) -> ArqRedis:
     """A redis-py client for ``url`` that arq's worker accepts as its pool."""
-    return ArqRedis(connection_pool=ConnectionPool.from_url(url, **options))
+    return ArqRedis(connection_pool=ConnectionPool.from_url(url, socket_connect_timeout=1.0, **options))

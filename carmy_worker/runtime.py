@@ -53,6 +53,10 @@ class Runtime:
         self._settle = redis.register_script(scripts.SETTLE)
         self._reap = redis.register_script(scripts.REAP)
 
+    @property
+    def running(self) -> int:
+        return len(self._cancels)
+
     def cancel(self, exec_id: str) -> None:
         """The caller of ``exec_id`` went away; stop it if it runs here."""
         event = self._cancels.get(exec_id)

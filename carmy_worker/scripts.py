@@ -156,24 +156,23 @@ redis.call('PUBLISH', ARGV[4], ARGV[5])
 return 1
 """
 
-# Heartbeat of a worker, on the Redis clock.
-# KEYS: workers zset; ARGV: worker_id, offset ms (0 alive; negative marks it departed)
+# Heartbeat of a worker, on the Redis clock. Returns whether its info is still there (a Redis
+# that restarted empty has lost it, and the worker must publish it again).
+# KEYS: workers zset, worker info; ARGV: worker_id, offset ms (0 alive; negative marks it departed)
 HEARTBEAT = _NOW + """
 redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
-return now
+return redis.call('EXISTS', KEYS[2])
 """
 
-# Live and remembered workers: {now, id1, score1, id2, score2, ...}.
-# KEYS: workers zset
+# Everything the API needs to know who serves what: {now, {id, score, ...}, {draining ids}}.
+# KEYS: workers zset, draining set
 WORKERS = _NOW + """
-local out = {now}
-for _, v in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')) do table.insert(out, v) end
-return out
+return {now, redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES'), redis.call('SMEMBERS', KEYS[2])}
 """
 
 # What the janitor has to look at: executions held by dead workers, executions that were
 # never started in time. Forgets workers that departed more than `memory` ms ago.
-# KEYS: workers zset, queued zset
+# KEYS: workers zset, queued zset, draining set
 # ARGV: dead after ms, memory ms, running prefix, execution prefix, worker prefix
 JANITOR_SCAN = _NOW + """
 local held = {}
@@ -188,6 +187,7 @@ for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now - tonumber(
   if redis.call('SCARD', ARGV[3] .. id) == 0 then
     redis.call('DEL', ARGV[5] .. id)
     redis.call('ZREM', KEYS[1], id)
+    redis.call('SREM', KEYS[3], id)
   end
 end
 local late = {}

@@ -62,10 +62,14 @@ async def serve(tools: list[Tool], settings: WorkerSettings) -> None:
             await presence.deregister()
         runtime.close()
 
+    def on_drain() -> None:
+        log.info("stopping: no new work; draining %d running executions", runtime.running)
+        background.append(asyncio.create_task(presence.drain()))
+
     longest = max(t.timeout for t in described)
     worker = queue.build_worker(
         runtime.handle, pool=redis, group=info.group, concurrency=settings.concurrency,
-        max_timeout=longest, drain_seconds=longest, on_shutdown=on_shutdown,
+        max_timeout=longest, drain_seconds=longest, on_shutdown=on_shutdown, on_drain=on_drain,
     )
     log.info("worker %s serving %d tools (%s) on queue %s", info.worker_id, len(tools),
              ", ".join(t.name for t in tools), queue.queue_name(info.group))
