@@ -10,12 +10,14 @@ from typing import Literal
 
 from msgspec import Struct
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 
 from api.catalog import CatalogTool
 from api.hub import RESYNC
 from api.settings import ApiSettings
 from carmy_worker import keys, queue, records, scripts
 from carmy_worker.context import AgentContext
+from carmy_worker.errors import error
 from carmy_worker.wire import Event, ExecutionJob, Record, event_decoder, msgpack_encoder, record_decoder
 
 # How often a waiter re-reads the record when no event came: a safety net, not the path.
@@ -95,19 +97,32 @@ class Executions:
         return None
 
     async def follow(self, exec_id: str, tool: str, messages: asyncio.Queue[bytes], *,
-                     tick: float = RECHECK_S) -> AsyncIterator[Event | Record | None]:
+                     tick: float = RECHECK_S, patience: float = 60.0) -> AsyncIterator[Event | Record | None]:
         """The execution's events as they come, then its record (always last).
 
         Yields None after ``tick`` seconds without a message (for keep-alives); each such
-        tick, and each reconnection of the hub, also re-reads the record.
+        tick, and each reconnection of the hub, also re-reads the record. While Redis cannot be
+        reached it keeps waiting, up to ``patience`` seconds, then ends with a (not stored)
+        ``STORE_UNAVAILABLE`` result: the caller can retry with its request_id later.
         """
+        unreachable_since: float | None = None
+        loop = asyncio.get_running_loop()
         while True:
             try:
-                message = await asyncio.wait_for(messages.get(), tick)
+                message: bytes | None = await asyncio.wait_for(messages.get(), tick)
             except TimeoutError:
                 message = None
             if message is None or message == RESYNC:
-                record = await self.settled(exec_id, tool)
+                try:
+                    record = await self.settled(exec_id, tool)
+                    unreachable_since = None
+                except RedisError:
+                    record = None
+                    unreachable_since = unreachable_since or loop.time()
+                    if loop.time() - unreachable_since > patience:
+                        record = records.failed(exec_id, tool, error(
+                            "STORE_UNAVAILABLE", "The execution store cannot be reached; retry with the same "
+                            "request_id to get the result once it is back.", retry_after=5))
                 if record is not None:
                     yield record
                     return

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Any
 
@@ -42,13 +43,14 @@ def decode_input(tool: Tool, arguments: bytes) -> Any:
 
 async def invoke(
     tool: Tool, ctx: Context, arguments: bytes, *, timeout: float, executor: Executor,
-    cancelled: asyncio.Event,
+    cancelled: asyncio.Event, on_end: Callable[[], object] | None = None,
 ) -> Outcome:
     """Run ``tool`` once. Returns when it finished, timed out, or ``cancelled`` was set.
 
     A sync tool runs in ``executor``; on timeout or cancellation the caller is answered at once
     and the thread is left to finish on its own (a thread cannot be killed), with
-    ``ctx.cancelled`` telling it to stop.
+    ``ctx.cancelled`` telling it to stop. ``on_end`` is called when the call has really ended,
+    which for such a thread may be after ``invoke`` returned.
     """
     try:
         value = decode_input(tool, arguments)
@@ -57,10 +59,16 @@ async def invoke(
             "INVALID_ARGUMENTS", f"The arguments do not match the input schema: {exc}", details={"reason": str(exc)}
         ))
     args = (ctx,) if tool.input_decoder is None else (ctx, value)
+    if timeout <= 0:
+        if on_end is not None:
+            on_end()
+        return Outcome(timed_out=True)
     if tool.is_async:
         call: asyncio.Future[Any] = asyncio.ensure_future(tool.fn(*args))
     else:
         call = asyncio.get_running_loop().run_in_executor(executor, tool.fn, *args)
+    if on_end is not None:
+        call.add_done_callback(lambda _: on_end())
     stop = asyncio.ensure_future(cancelled.wait())
     try:
         await asyncio.wait((call, stop), timeout=timeout, return_when=asyncio.FIRST_COMPLETED)

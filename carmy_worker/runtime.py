@@ -9,11 +9,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 import msgspec
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 
 from carmy_worker import keys, queue, records, scripts
 from carmy_worker.context import AgentContext, Context
 from carmy_worker.errors import error
 from carmy_worker.invoke import Outcome, invoke
+from carmy_worker.lock import ToolLock
 from carmy_worker.publisher import ProgressPublisher
 from carmy_worker.settings import WorkerSettings
 from carmy_worker.toolbox import Tool
@@ -23,6 +25,8 @@ log = logging.getLogger("carmy.worker")
 
 # An idempotent execution interrupted this many times is given up as uncertain.
 MAX_ATTEMPTS = 3
+# Recording an outcome is retried through a Redis restart (about a minute with the backoff).
+SETTLE_TRIES = 40
 
 
 class StartedData(msgspec.Struct):
@@ -49,6 +53,7 @@ class Runtime:
         # Twice the concurrency: threads of timed-out sync tools may still be finishing.
         self._threads = ThreadPoolExecutor(max_workers=settings.concurrency * 2, thread_name_prefix="carmy-tool")
         self._cancels: dict[str, asyncio.Event] = {}
+        self._releases: set[asyncio.Task[None]] = set()  # lock releases still in flight
         self._claim = redis.register_script(scripts.CLAIM)
         self._settle = redis.register_script(scripts.SETTLE)
         self._reap = redis.register_script(scripts.REAP)
@@ -107,8 +112,7 @@ class Runtime:
         cancelled = self._cancels[job.execution_id] = asyncio.Event()
         start = time.perf_counter()
         try:
-            outcome = await invoke(tool, ctx, job.arguments, timeout=timeout, executor=self._threads,
-                                   cancelled=cancelled)
+            outcome = await self._invoke(job, tool, ctx, timeout, cancelled)
         except asyncio.CancelledError:
             # The worker is shutting down past its drain time. A tool that may not run twice
             # is settled uncertain now; any other goes back to the queue for another worker.
@@ -125,6 +129,26 @@ class Runtime:
         log.info("execution %s tool=%s status=%s%s duration_ms=%d", job.execution_id, tool.name, record.status,
                  f" error={record.error_code}" if record.error_code else "", duration_ms)
 
+    async def _invoke(self, job: ExecutionJob, tool: Tool, ctx: Context, timeout: float,
+                      cancelled: asyncio.Event) -> Outcome:
+        if tool.spec.parallel_safe:
+            return await invoke(tool, ctx, job.arguments, timeout=timeout, executor=self._threads,
+                                cancelled=cancelled)
+        # One at a time across all workers; the wait counts against the timeout.
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        lock = ToolLock(self.redis, tool.name, job.execution_id)
+        if not await lock.acquire(timeout, cancelled):
+            return Outcome(cancelled=True) if cancelled.is_set() else Outcome(timed_out=True)
+        # Released when the call has really ended: a timed-out sync tool's thread still holds it.
+        def release() -> None:
+            task = loop.create_task(lock.release())
+            self._releases.add(task)
+            task.add_done_callback(self._releases.discard)
+
+        return await invoke(tool, ctx, job.arguments, timeout=deadline - loop.time(), executor=self._threads,
+                            cancelled=cancelled, on_end=release)
+
     def _record_of(self, job: ExecutionJob, tool: Tool, outcome: Outcome, timeout: float, duration_ms: int) -> Record:
         exec_id = job.execution_id
         if outcome.data is not None:
@@ -139,10 +163,22 @@ class Runtime:
     async def _record(self, job: ExecutionJob, attempt: int, record: Record, completed_event: bytes = b"") -> bool:
         stored, final = records.final_event(record)
         exec_id = job.execution_id
-        written = await self._settle(
-            keys=[keys.execution(exec_id), keys.record(exec_id), keys.PENDING, self._running_key, keys.QUEUED],
-            args=[exec_id, attempt, stored, self.settings.retention, keys.events(exec_id), final, completed_event],
-        )
+        delay = 0.1
+        for _ in range(SETTLE_TRIES):
+            try:
+                written = await self._settle(
+                    keys=[keys.execution(exec_id), keys.record(exec_id), keys.PENDING, self._running_key, keys.QUEUED],
+                    args=[exec_id, attempt, stored, self.settings.retention, keys.events(exec_id), final,
+                          completed_event],
+                )
+                break
+            except RedisError as exc:  # Redis is restarting: the outcome is worth waiting for
+                log.warning("cannot record execution %s yet (%s); retrying", exec_id, exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+        else:
+            log.error("gave up recording execution %s after %d tries", exec_id, SETTLE_TRIES)
+            return False
         if not written:
             log.warning("execution %s was already settled elsewhere; this attempt's outcome is dropped", exec_id)
         return bool(written)

@@ -174,3 +174,28 @@ async def tally_idem(ctx: Context, input: TallyInput) -> Count:
     mark(f"tally-idem-{input.name}", ctx.execution_id)
     await asyncio.sleep(input.seconds)
     return Count(n=len((OUT / f"tally-idem-{input.name}").read_text().splitlines()))
+
+
+class ExclusiveInput(msgspec.Struct):
+    seconds: float = 0.2
+
+
+@tools.tool(effect="write", idempotent=True, parallel_safe=False, timeout=5)
+async def exclusive(ctx: Context, input: ExclusiveInput) -> Empty:
+    """Not parallel-safe: records its start and end times, which must never overlap."""
+    start = time.time()
+    await asyncio.sleep(input.seconds)
+    mark("exclusive", f"{start} {time.time()}")
+    return Empty()
+
+
+@tools.tool(effect="none", idempotent=True, parallel_safe=True, timeout=30)
+async def linger(ctx: Context, input: SleepInput) -> Empty:
+    """Sleep up to 30 s, noting when it started and when it was cancelled (unix time)."""
+    mark(f"linger-start-{input.tag}", str(time.time()))
+    try:
+        await asyncio.sleep(input.seconds)
+    except asyncio.CancelledError:
+        mark(f"linger-cancelled-{input.tag}", str(time.time()))
+        raise
+    return Empty()

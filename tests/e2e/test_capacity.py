@@ -1,0 +1,108 @@
+"""Admission across API processes, one-at-a-time tools across workers, and NO_WORKERS."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import signal
+import threading
+import time
+
+import httpx
+
+from tests.support import Stack, wait_until
+
+
+async def burst(urls: list[str], body: dict[str, object], n: int) -> list[httpx.Response]:
+    async with httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_connections=200)) as client:
+        return await asyncio.gather(*(client.post(urls[i % len(urls)] + "/agent/execute", json=body)
+                                      for i in range(n)))
+
+
+def test_burst_over_max_pending_gets_503_then_capacity_returns(fresh_stack: Stack) -> None:
+    fresh_stack.worker(env={"CARMY_CONCURRENCY": "8"})
+    _, base = fresh_stack.api({"CARMY_MAX_PENDING": "4"})
+    wait_until(lambda: "linger" in httpx.get(base + "/agent/tools").text)
+    body = {"tool": "linger", "arguments": {"seconds": 1}}
+    responses = asyncio.run(burst([base], body, 12))
+    accepted = [r for r in responses if r.status_code == 200]
+    refused = [r for r in responses if r.status_code == 503]
+    assert len(accepted) == 4 and len(refused) == 8
+    for r in refused:
+        assert r.headers["retry-after"] == "1"
+        error = r.json()["error"]
+        assert error["code"] == "QUEUE_FULL"
+        assert error["retryable"] is True and error["retry_after"] == 1
+    # Every accepted call completed, and the slots came back.
+    again = asyncio.run(burst([base], {"tool": "linger", "arguments": {"seconds": 0.5}}, 4))
+    assert [r.status_code for r in again] == [200] * 4
+
+
+def test_two_api_processes_share_one_limit(fresh_stack: Stack) -> None:
+    fresh_stack.worker(env={"CARMY_CONCURRENCY": "8"})
+    _, a = fresh_stack.api({"CARMY_MAX_PENDING": "4"})
+    _, b = fresh_stack.api({"CARMY_MAX_PENDING": "4"})
+    for url in (a, b):
+        wait_until(lambda url=url: "linger" in httpx.get(url + "/agent/tools").text)
+    responses = asyncio.run(burst([a, b], {"tool": "linger", "arguments": {"seconds": 1}}, 12))
+    assert sorted(r.status_code for r in responses) == [200] * 4 + [503] * 8
+
+
+def test_not_parallel_safe_tool_never_overlaps_across_workers(fresh_stack: Stack) -> None:
+    fresh_stack.worker()
+    fresh_stack.worker()
+    _, base = fresh_stack.api()
+    wait_until(lambda: "exclusive" in httpx.get(base + "/agent/tools").text)
+    responses = asyncio.run(burst([base], {"tool": "exclusive", "arguments": {"seconds": 0.15}}, 8))
+    assert [r.status_code for r in responses] == [200] * 8
+    spans = sorted(tuple(map(float, line.split())) for line in
+                   (fresh_stack.tmp / "exclusive").read_text().splitlines())
+    assert len(spans) == 8
+    for (_, end), (start, _) in itertools.pairwise(spans):
+        assert start >= end, "two executions of a parallel_safe=False tool overlapped"
+    # Both workers took part (the lock is across processes, not within one).
+    logs = [p.output() for p in fresh_stack.procs[:2]]
+    assert all("tool=exclusive" in log for log in logs)
+
+
+def test_no_workers_at_once_after_the_last_worker_dies(fresh_stack: Stack) -> None:
+    worker = fresh_stack.worker()
+    _, base = fresh_stack.api()
+    wait_until(lambda: "noop" in httpx.get(base + "/agent/tools").text)
+    assert httpx.post(base + "/agent/execute", json={"tool": "noop"}).status_code == 200
+    worker.kill()
+
+    def refused() -> bool:
+        return httpx.post(base + "/agent/execute", json={"tool": "noop"}).status_code == 503
+
+    start = time.monotonic()
+    wait_until(refused, 8)
+    assert time.monotonic() - start < 6  # heartbeats stop counting within a few seconds
+    r = httpx.post(base + "/agent/execute", json={"tool": "noop"})
+    took = r.elapsed.total_seconds()
+    assert r.json()["error"]["code"] == "NO_WORKERS"
+    assert r.headers["retry-after"] == "2"
+    assert took < 0.5  # at once, not after a timeout
+    # The tool is still listed: it is unavailable, not unknown.
+    assert "noop" in httpx.get(base + "/agent/tools").text
+
+
+def test_sigterm_drains_then_deregisters(fresh_stack: Stack) -> None:
+    worker = fresh_stack.worker()
+    _, base = fresh_stack.api()
+    wait_until(lambda: "linger" in httpx.get(base + "/agent/tools").text)
+    with httpx.Client(timeout=30) as client:
+        result: list[httpx.Response] = []
+        call = threading.Thread(target=lambda: result.append(client.post(
+            base + "/agent/execute", json={"tool": "linger", "arguments": {"seconds": 1.5, "tag": "drain"}})))
+        call.start()
+        wait_until((fresh_stack.tmp / "linger-start-drain").exists, 5)
+        worker.signal(signal.SIGTERM)
+        # While it drains it takes no new work: a new call is refused at once.
+        wait_until(lambda: httpx.post(base + "/agent/execute", json={"tool": "noop"}).status_code == 503, 3)
+        call.join(10)
+    assert result[0].status_code == 200  # the running execution finished
+    assert worker.popen.wait(10) == 0
+    assert not (fresh_stack.tmp / "linger-cancelled-drain").exists()
+    r = httpx.post(base + "/agent/execute", json={"tool": "noop"})
+    assert r.json()["error"]["code"] == "NO_WORKERS"

@@ -1,0 +1,114 @@
+"""Redis killed and restarted under light load: fast 503s while it is gone, then recovery with
+no process restarted, and every accepted execution ends with a final status."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import httpx
+import pytest
+
+from tests.support import RedisServer, Stack, new_tmp, wait_until
+
+
+@dataclass
+class Sample:
+    sent: float
+    took: float
+    status: int
+    code: str | None
+
+
+@pytest.fixture
+def durable_stack() -> Iterator[tuple[RedisServer, Stack]]:
+    tmp = new_tmp()
+    server = RedisServer(tmp, durable=True)  # AOF everysec, as bin/run and compose use
+    server.start()
+    stack = Stack(server.url, tmp)
+    yield server, stack
+    stack.close()
+    server.stop()
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+class Load(threading.Thread):
+    """A call every 50 ms, each in its own thread (a slow one never holds up the next),
+    alternating a no-op and a 0.3 s tool."""
+
+    def __init__(self, base: str) -> None:
+        super().__init__(daemon=True)
+        self.base = base
+        self.samples: list[Sample] = []
+        self.failures: list[str] = []
+        self.stop = threading.Event()
+        self.calls: list[threading.Thread] = []
+        self.start()
+
+    def call(self, i: int) -> None:
+        body = ({"tool": "noop"} if i % 2 else
+                {"tool": "linger", "arguments": {"seconds": 0.3, "tag": f"l{i}"}}) | {"request_id": f"load-{i}"}
+        sent = time.monotonic()
+        try:
+            r = httpx.post(self.base + "/agent/execute", json=body, timeout=90)
+            code = r.json().get("error", {}).get("code")
+            self.samples.append(Sample(sent, time.monotonic() - sent, r.status_code, code))
+        except httpx.HTTPError as exc:
+            self.failures.append(repr(exc))
+
+    def run(self) -> None:
+        i = 0
+        while not self.stop.is_set():
+            thread = threading.Thread(target=self.call, args=(i,), daemon=True)
+            thread.start()
+            self.calls.append(thread)
+            i += 1
+            time.sleep(0.05)
+
+    def finish(self) -> None:
+        self.stop.set()
+        self.join(5)
+        for thread in self.calls:
+            thread.join(90)
+
+
+def test_redis_restart(durable_stack: tuple[RedisServer, Stack]) -> None:
+    server, stack = durable_stack
+    worker = stack.worker()
+    api, base = stack.api()
+    wait_until(lambda: "linger" in httpx.get(base + "/agent/tools").text)
+    load = Load(base)
+    time.sleep(1.0)
+    killed = time.monotonic()
+    server.stop()  # SIGKILL
+    time.sleep(2.0)
+    server.start()
+    restarted = time.monotonic()
+
+    def recovered() -> bool:
+        return any(s.status == 200 and s.sent > restarted for s in load.samples)
+
+    wait_until(recovered, 15)
+    load.finish()
+
+    assert not load.failures
+    assert all(s.status != 500 for s in load.samples)
+    during = [s for s in load.samples if killed + 0.1 < s.sent and s.sent + s.took < restarted]
+    assert during, "no call was made while Redis was down"
+    for s in during:
+        assert (s.status, s.code) == (503, "STORE_UNAVAILABLE")
+        assert s.took < 1.0
+    assert worker.popen.poll() is None and api.popen.poll() is None  # nobody was restarted
+
+    # Every execution Redis knows of has reached its final status.
+    client = server.client()
+
+    def all_settled() -> bool:
+        states = [client.hget(k, "state") for k in client.scan_iter("carmy:exe:*")]
+        return bool(states) and all(s == b"done" for s in states)
+
+    wait_until(all_settled, 10)
+    client.close()
