@@ -108,7 +108,7 @@ class Presence:
 
     async def drain(self) -> None:
         """Stop being offered new work; keep heartbeating for what still runs."""
-        await self.redis.sadd(keys.DRAINING, self.info.worker_id)
+        await self.redis.sadd(keys.DRAINING, self.info.worker_id)  # type: ignore[misc]  # redis-py's union
         await self.redis.publish(keys.CATALOG_CHANNEL, self.info.worker_id)
 
     async def deregister(self) -> None:
@@ -118,5 +118,5 @@ class Presence:
             self._thread.join(timeout=5)
         offset = -int(self.settings.dead_after * 1000) - 1
         await self._heartbeat(keys=[keys.WORKERS, self._info_key], args=[self.info.worker_id, offset])
-        await self.redis.srem(keys.DRAINING, self.info.worker_id)
+        await self.redis.srem(keys.DRAINING, self.info.worker_id)  # type: ignore[misc]  # redis-py's union
         await self.redis.publish(keys.CATALOG_CHANNEL, self.info.worker_id)

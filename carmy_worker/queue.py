@@ -18,7 +18,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from signal import Signals
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import msgspec
 from arq.connections import ArqRedis
@@ -26,6 +26,9 @@ from arq.constants import in_progress_key_prefix, job_key_prefix
 from arq.worker import Worker, func
 from redis.asyncio import ConnectionPool
 from redis.exceptions import RedisError
+
+if TYPE_CHECKING:
+    from arq.typing import StartupShutdown
 
 log = logging.getLogger("carmy.queue")
 
@@ -161,7 +164,7 @@ def build_worker(
         job_serializer=serialize,
         job_deserializer=deserialize,
         job_completion_wait=int(drain_seconds) + 1,
-        on_shutdown=on_shutdown,
+        on_shutdown=cast("StartupShutdown | None", on_shutdown),
         log_results=False,
         health_check_interval=3600,
     )
