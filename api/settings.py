@@ -8,7 +8,7 @@ from collections.abc import Mapping
 import msgspec
 from msgspec import Struct
 
-from carmy_worker.settings import DEFAULT_REDIS_URL, SettingsError, env_float, env_int
+from carmy_worker.settings import DEFAULT_REDIS_URL, SettingsError, env_bool, env_choice, env_float, env_int
 
 
 class ApiKey(Struct, frozen=True, forbid_unknown_fields=True):
@@ -33,6 +33,12 @@ class ApiSettings(Struct, frozen=True, kw_only=True):
     sse_keepalive: float = 15.0  # seconds between keep-alive comments on an idle stream
     dead_after: float = 3.0  # a worker silent this long is dead (matches the worker's heartbeat)
     catalog_refresh: float = 1.0  # seconds between catalog and liveness checks
+    # HTTP hardening (see api/server.py and api/headers.py).
+    header_timeout: float = 15.0  # seconds a connection may take to send a request's headers
+    max_header_bytes: int = 65536  # a request whose headers are larger is refused (431)
+    security_headers: bool = False  # nosniff, frame-ancestors 'none', no-referrer, ...
+    cors_origins: tuple[str, ...] = ()  # origins allowed by CORS; empty: CORS off
+    log_format: str = "json"  # "json" (one object a line) or "text"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> ApiSettings:
@@ -46,6 +52,9 @@ class ApiSettings(Struct, frozen=True, kw_only=True):
             max_pending=env_int(env, "CARMY_MAX_PENDING", 1000),
             retention=env_int(env, "CARMY_RETENTION", 86400),
             queue_timeout=env_float(env, "CARMY_QUEUE_TIMEOUT", 60.0),
+            security_headers=env_bool(env, "CARMY_SECURITY_HEADERS", False),
+            cors_origins=tuple(o.strip() for o in (env.get("CARMY_CORS_ORIGINS") or "").split(",") if o.strip()),
+            log_format=env_choice(env, "CARMY_LOG_FORMAT", ("json", "text")),
         )
 
 

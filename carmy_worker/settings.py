@@ -43,6 +43,25 @@ def env_float(env: Mapping[str, str], name: str, default: float) -> float:
     return value
 
 
+def env_bool(env: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = (env.get(name) or "").strip().lower()
+    if raw == "":
+        return default
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    if raw in ("0", "false", "no", "off"):
+        return False
+    raise SettingsError(f"{name} must be true or false, got {raw!r}")
+
+
+def env_choice(env: Mapping[str, str], name: str, choices: tuple[str, ...]) -> str:
+    """One of ``choices``; the first is the default."""
+    raw = (env.get(name) or "").strip().lower() or choices[0]
+    if raw not in choices:
+        raise SettingsError(f"{name} must be one of {', '.join(choices)}, got {raw!r}")
+    return raw
+
+
 class WorkerSettings(Struct, frozen=True, kw_only=True):
     """Settings of one worker process (DESIGN §2)."""
 
@@ -53,6 +72,7 @@ class WorkerSettings(Struct, frozen=True, kw_only=True):
     # Liveness: a heartbeat every `heartbeat` s; a worker silent for `dead_after` s is dead.
     heartbeat: float = 1.0
     dead_after: float = 3.0
+    log_format: str = "json"  # "json" (one object a line) or "text"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> WorkerSettings:
@@ -62,4 +82,5 @@ class WorkerSettings(Struct, frozen=True, kw_only=True):
             concurrency=env_int(env, "CARMY_CONCURRENCY", 16),
             default_timeout=env_float(env, "CARMY_DEFAULT_TIMEOUT", 30.0),
             retention=env_int(env, "CARMY_RETENTION", 86400),
+            log_format=env_choice(env, "CARMY_LOG_FORMAT", ("json", "text")),
         )
