@@ -17,6 +17,7 @@ from api.discovery import endpoints
 from api.execute import ExecuteEndpoint
 from api.executions import Executions
 from api.hub import EventHub
+from api.ops import ApiMetrics, Ops
 from api.settings import ApiSettings
 from carmy_worker import keys
 from carmy_worker.janitor import Janitor
@@ -49,7 +50,10 @@ def create_app(settings: ApiSettings | None = None) -> Starlette:
     hub = EventHub(listener, on_broadcast={keys.CATALOG_CHANNEL: catalog.notify})
     executions = Executions(redis, settings)
     janitor = Janitor(redis, retention=settings.retention, dead_after=settings.dead_after)
-    execute = ExecuteEndpoint(settings=settings, catalog=catalog, executions=executions, hub=hub)
+    api_metrics = ApiMetrics()
+    ops = Ops(redis, catalog, api_metrics)
+    execute = ExecuteEndpoint(settings=settings, catalog=catalog, executions=executions, hub=hub,
+                              metrics=api_metrics)
     discovery, tools = endpoints(catalog)
 
     @contextlib.asynccontextmanager
@@ -75,6 +79,9 @@ def create_app(settings: ApiSettings | None = None) -> Starlette:
             Route("/.well-known/agent", discovery, methods=["GET"]),
             Route("/agent/tools", RequireApiKey(request_response(tools), api_keys), methods=["GET"]),
             Route("/agent/execute", RequireApiKey(execute, api_keys), methods=["POST"]),
+            Route("/health", ops.health, methods=["GET"]),
+            Route("/ready", ops.ready, methods=["GET"]),
+            Route("/metrics", RequireApiKey(request_response(ops.metrics_text), api_keys), methods=["GET"]),
         ],
         lifespan=lifespan,
     )

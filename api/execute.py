@@ -6,7 +6,10 @@ its own limit and keep listening for the client's disconnect while the tool runs
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
+from dataclasses import dataclass
 from typing import Any
 
 import jsonschema
@@ -20,11 +23,13 @@ from api.body import BodyTooLarge, ClientGone, read_body
 from api.catalog import Catalog, CatalogTool
 from api.executions import Executions, Submission
 from api.hub import EventHub, HubUnavailable
+from api.ops import ApiMetrics
 from api.responses import envelope_error
 from api.settings import ApiSettings
 from carmy_worker import keys, records
 from carmy_worker.context import AgentContext
 from carmy_worker.errors import error
+from carmy_worker.logs import request_id_hash
 from carmy_worker.wire import ErrorBody, ExecuteRequest, Record, canonical_json_encoder, request_decoder
 
 log = logging.getLogger("carmy.api")
@@ -89,25 +94,65 @@ def check_arguments(tool: CatalogTool, arguments: dict[str, Any]) -> None:
         ))
 
 
+@dataclass
+class Answer:
+    """What one execute request was answered with: for the request log and the metrics."""
+
+    outcome: str  # completed, failed, refused, replayed, joined, disconnected, invalid
+    status_code: int
+    tool: str | None = None
+    execution_id: str | None = None
+    error_code: str | None = None
+    request_id: str | None = None
+
+    @classmethod
+    def of(cls, outcome: str, record: Record | None, execution_id: str, request: ExecuteRequest) -> Answer:
+        if record is None:
+            return cls(outcome, 499, request.tool, execution_id, None, request.request_id)
+        if outcome == "answered":
+            outcome = "completed" if record.status == "completed" else "failed"
+        return cls(outcome, record.status_code, record.tool, execution_id, record.error_code, request.request_id)
+
+
 class ExecuteEndpoint:
-    def __init__(self, *, settings: ApiSettings, catalog: Catalog, executions: Executions, hub: EventHub) -> None:
+    def __init__(self, *, settings: ApiSettings, catalog: Catalog, executions: Executions, hub: EventHub,
+                 metrics: ApiMetrics) -> None:
         self.settings = settings
         self.catalog = catalog
         self.executions = executions
         self.hub = hub
+        self.metrics = metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        start = time.perf_counter()
+        self.metrics.in_flight.inc()
+        try:
+            answer = await self._handle(scope, receive, send)
+        finally:
+            self.metrics.in_flight.dec()
+        self.metrics.responses.labels(str(answer.status_code), answer.outcome).inc()
+        duration_ms = round((time.perf_counter() - start) * 1000, 1)
+        log.info("request", extra={"carmy": {
+            "event": "request", "execution_id": answer.execution_id, "tool": answer.tool,
+            "request_id_hash": request_id_hash(answer.request_id), "outcome": answer.outcome,
+            "status_code": answer.status_code, "error_code": answer.error_code,
+            "replayed": answer.outcome in ("replayed", "joined"), "duration_ms": duration_ms,
+        }})
+
+    async def _handle(self, scope: Scope, receive: Receive, send: Send) -> Answer:
         try:
             body = await read_body(scope, receive, self.settings.max_body)
         except BodyTooLarge:
-            return await envelope_error("PAYLOAD_TOO_LARGE", f"The body exceeds {self.settings.max_body} bytes.")(
+            await envelope_error("PAYLOAD_TOO_LARGE", f"The body exceeds {self.settings.max_body} bytes.")(
                 scope, receive, send)
+            return Answer("invalid", 413, error_code="PAYLOAD_TOO_LARGE")
         except ClientGone:
-            return
+            return Answer("disconnected", 499)
         request = decode_envelope(body)
         if isinstance(request, str):
-            return await envelope_error("INVALID_REQUEST", "The request body is not a valid execute request.",
-                                        reason=request)(scope, receive, send)
+            await envelope_error("INVALID_REQUEST", "The request body is not a valid execute request.",
+                                 reason=request)(scope, receive, send)
+            return Answer("invalid", 400, error_code="INVALID_REQUEST")
         agent = scope.get(CONTEXT_SCOPE_KEY) or _NO_CONTEXT
         sse = wants_sse(scope)
         try:
@@ -118,49 +163,54 @@ class ExecuteEndpoint:
                                      suggested_action="list the tools at /agent/tools"))
             check_policy(tool, agent)
             check_arguments(tool, request.arguments)
-            await self._execute(request, tool, agent, sse, receive, send)
+            return await self._execute(request, tool, agent, sse, receive, send)
         except Rejected as rejected:
-            await self._answer_rejection(request.tool, rejected.error, sse, send)
+            return await self._refuse(request, rejected.error, sse, send)
         except (RedisError, HubUnavailable, OSError) as exc:
             log.warning("store unavailable: %s", exc)
-            await self._answer_rejection(request.tool, error(
+            return await self._refuse(request, error(
                 "STORE_UNAVAILABLE", "The execution store cannot be reached.", retry_after=1), sse, send)
 
-    async def _answer_rejection(self, tool: str, err: ErrorBody, sse: bool, send: Send) -> None:
+    async def _refuse(self, request: ExecuteRequest, err: ErrorBody, sse: bool, send: Send) -> Answer:
+        """Answer a call refused before it reached a worker (nothing is recorded)."""
         exec_id = keys.new_execution_id()
-        record = records.failed(exec_id, tool, err)
+        record = records.failed(exec_id, request.tool, err)
         if sse:
-            await relay.send_sse_record(send, exec_id, tool, record, replayed=False)
+            await relay.send_sse_record(send, exec_id, request.tool, record, replayed=False)
         else:
             await relay.send_json(send, record)
+        return Answer.of("refused", record, exec_id, request)
 
     async def _execute(self, request: ExecuteRequest, tool: CatalogTool, agent: AgentContext, sse: bool,
-                       receive: Receive, send: Send) -> None:
+                       receive: Receive, send: Send) -> Answer:
         arguments = canonical_json_encoder.encode(request.arguments)
         exec_id = keys.new_execution_id()
         async with self.hub.subscribe(keys.events(exec_id)) as messages:
             sub = await self.executions.submit(
                 exec_id=exec_id, tool=tool, arguments=arguments, request_id=request.request_id, agent=agent)
-            if sub.kind == "join":  # someone else's execution of the same request: follow that one
+            if sub.kind in ("conflict", "full", "no_workers"):
+                raise Rejected(self._refusal(sub, tool.spec.name))
+            if sub.kind == "replay" and sub.record is not None:
+                return await self._replay(request, sub.execution_id, sub.record, sse, send)
+            if sub.kind == "join":  # the same request is running: follow that execution instead
                 async with self.hub.subscribe(keys.events(sub.execution_id)) as joined:
                     record = await self.executions.settled(sub.execution_id, tool.spec.name)
-                    await self._answer(sub, tool, record, joined, sse, receive, send)
-                return
-            await self._answer(sub, tool, sub.record, messages, sse, receive, send)
+                    if record is not None:
+                        return await self._replay(request, sub.execution_id, record, sse, send)
+                    return await self._follow(request, sub.execution_id, tool, joined, sse, receive, send,
+                                              joined=True)
+            return await self._follow(request, exec_id, tool, messages, sse, receive, send, joined=False)
 
-    async def _answer(self, sub: Submission, tool: CatalogTool, record: Record | None, messages: Any,
-                      sse: bool, receive: Receive, send: Send) -> None:
+    async def _replay(self, request: ExecuteRequest, exec_id: str, record: Record, sse: bool, send: Send) -> Answer:
+        if sse:
+            await relay.send_sse_record(send, exec_id, record.tool, record, replayed=True)
+        else:
+            await relay.send_json(send, record)
+        return Answer.of("replayed", record, exec_id, request)
+
+    async def _follow(self, request: ExecuteRequest, exec_id: str, tool: CatalogTool, messages: asyncio.Queue[bytes],
+                      sse: bool, receive: Receive, send: Send, *, joined: bool) -> Answer:
         name = tool.spec.name
-        if sub.kind in ("conflict", "full", "no_workers"):
-            raise Rejected(self._refusal(sub, name))
-        replayed = sub.kind != "new"
-        if record is not None:  # a finished execution of the same request
-            if sse:
-                await relay.send_sse_record(send, sub.execution_id, name, record, replayed=True)
-            else:
-                await relay.send_json(send, record)
-            return
-        exec_id = sub.execution_id
         events = self.executions.follow(exec_id, name, messages, tick=min(self.settings.sse_keepalive, 5.0))
 
         async def cancel() -> None:
@@ -170,13 +220,21 @@ class ExecuteEndpoint:
                 log.warning("could not cancel %s: %s", exec_id, exc)
 
         # Only the request that started an execution cancels it by going away.
-        on_disconnect = None if replayed else cancel
-        if sse:
-            work = relay.stream_sse(send, relay.started_frame(exec_id, name), events, replayed=replayed,
-                                    keepalive=self.settings.sse_keepalive)
+        on_disconnect = None if joined else cancel
+        if not sse:
+            record = await relay.race_disconnect(relay.answer_json(send, events), receive, on_disconnect)
         else:
-            work = relay.answer_json(send, events)
-        await relay.race_disconnect(work, receive, on_disconnect)
+            self.metrics.sse_streams.inc()
+            try:
+                record = await relay.race_disconnect(
+                    relay.stream_sse(send, relay.started_frame(exec_id, name), events, replayed=joined,
+                                     keepalive=self.settings.sse_keepalive),
+                    receive, on_disconnect)
+            finally:
+                self.metrics.sse_streams.dec()
+        if record is None:
+            return Answer.of("disconnected", None, exec_id, request)
+        return Answer.of("joined" if joined else "answered", record, exec_id, request)
 
     def _refusal(self, sub: Submission, name: str) -> ErrorBody:
         if sub.kind == "conflict":

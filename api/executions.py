@@ -15,7 +15,7 @@ from redis.exceptions import RedisError
 from api.catalog import CatalogTool
 from api.hub import RESYNC
 from api.settings import ApiSettings
-from carmy_worker import keys, queue, records, scripts
+from carmy_worker import keys, metrics, queue, records, scripts
 from carmy_worker.context import AgentContext
 from carmy_worker.errors import error
 from carmy_worker.wire import Event, ExecutionJob, Record, event_decoder, msgpack_encoder, record_decoder
@@ -78,10 +78,12 @@ class Executions:
 
     async def cancel(self, exec_id: str, tool: str) -> None:
         """Cancel for a caller that went away: at once if queued, else via its worker."""
-        stored, final = records.final_event(records.cancelled(exec_id, tool, started=False))
+        record = records.cancelled(exec_id, tool, started=False)
+        stored, final = records.final_event(record)
         await self._cancel(
             keys=[keys.execution(exec_id), keys.record(exec_id), keys.PENDING, keys.QUEUED],
-            args=[exec_id, stored, self.settings.retention, keys.events(exec_id), final, keys.CANCEL_CHANNEL],
+            args=[exec_id, stored, self.settings.retention, keys.events(exec_id), final, keys.CANCEL_CHANNEL,
+                  metrics.label(record)],
         )
 
     async def settled(self, exec_id: str, tool: str) -> Record | None:

@@ -39,9 +39,12 @@ async def until_disconnect(receive: Receive) -> None:
         pass
 
 
-async def race_disconnect(work: Awaitable[None], receive: Receive,
-                          on_disconnect: Callable[[], Awaitable[None]] | None) -> None:
-    """Run ``work``; if the client disconnects first, stop it and call ``on_disconnect``."""
+async def race_disconnect(work: Awaitable[Record | None], receive: Receive,
+                          on_disconnect: Callable[[], Awaitable[None]] | None) -> Record | None:
+    """Run ``work``; if the client disconnects first, stop it and call ``on_disconnect``.
+
+    Returns what ``work`` returned (the record it answered with), or None if the client left.
+    """
     task = asyncio.ensure_future(work)
     gone = asyncio.ensure_future(until_disconnect(receive))
     try:
@@ -51,12 +54,13 @@ async def race_disconnect(work: Awaitable[None], receive: Receive,
             t.cancel()
     if task.done() and not task.cancelled():
         with contextlib.suppress(OSError):
-            task.result()
-        return
+            return task.result()
+        return None
     with contextlib.suppress(asyncio.CancelledError, OSError):
         await task
     if on_disconnect is not None:
         await asyncio.shield(on_disconnect())
+    return None
 
 
 async def send_json(send: Send, record: Record) -> None:
@@ -68,15 +72,16 @@ async def send_json(send: Send, record: Record) -> None:
     await send({"type": "http.response.body", "body": record.body})
 
 
-async def answer_json(send: Send, events: AsyncIterator[Event | Record | None]) -> None:
+async def answer_json(send: Send, events: AsyncIterator[Event | Record | None]) -> Record | None:
     async for item in events:
         if isinstance(item, Record):
             await send_json(send, item)
-            return
+            return item
+    return None
 
 
 async def stream_sse(send: Send, first: bytes, events: AsyncIterator[Event | Record | None], *,
-                     replayed: bool, keepalive: float) -> None:
+                     replayed: bool, keepalive: float) -> Record | None:
     await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
     await send({"type": "http.response.body", "body": first, "more_body": True})
     last_write = time.monotonic()
@@ -87,11 +92,12 @@ async def stream_sse(send: Send, first: bytes, events: AsyncIterator[Event | Rec
             chunk = b": keep-alive\n\n"
         elif isinstance(item, Record):
             await send({"type": "http.response.body", "body": completed_frame(item, replayed=replayed)})
-            return
+            return item
         else:
             chunk = frame(item.name, item.data)
         await send({"type": "http.response.body", "body": chunk, "more_body": True})
         last_write = time.monotonic()
+    return None
 
 
 async def send_sse_record(send: Send, exec_id: str, tool: str, record: Record, *, replayed: bool) -> None:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
-import logging
 import sys
 
+from carmy_worker import logs
 from carmy_worker.service import serve
 from carmy_worker.settings import SettingsError, WorkerSettings
 from carmy_worker.toolbox import Tool, Toolbox, ToolDefinitionError
@@ -34,10 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m carmy_worker", description=__doc__)
     parser.add_argument("module", help="importable module with a Toolbox, e.g. examples.shop")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    logging.getLogger("arq").setLevel(logging.WARNING)
     try:
         settings = WorkerSettings.from_env()
+        logs.configure(settings.log_format)
         tools = load_tools(args.module)
     except (SettingsError, ToolDefinitionError, ImportError) as exc:
         print(f"carmy_worker: {exc}", file=sys.stderr)

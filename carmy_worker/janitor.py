@@ -9,7 +9,7 @@ import logging
 
 from redis.asyncio import Redis
 
-from carmy_worker import keys, queue, records, scripts
+from carmy_worker import keys, metrics, queue, records, scripts
 
 log = logging.getLogger("carmy.janitor")
 
@@ -47,20 +47,22 @@ class Janitor:
         acted = 0
         for i in range(0, len(held), 3):
             worker_id, exec_id, tool = (v.decode() for v in held[i:i + 3])
-            stored, final = records.final_event(records.uncertain(exec_id, tool, "its worker stopped responding"))
+            record = records.uncertain(exec_id, tool, "its worker stopped responding")
+            stored, final = records.final_event(record)
             outcome = await self._reap(
                 keys=[keys.execution(exec_id), keys.record(exec_id), keys.PENDING, keys.running(worker_id),
                       queue.in_progress_key(exec_id)],
-                args=[exec_id, worker_id, stored, self.retention, keys.events(exec_id), final],
+                args=[exec_id, worker_id, stored, self.retention, keys.events(exec_id), final, metrics.label(record)],
             )
             log.warning("execution %s of dead worker %s: %s", exec_id, worker_id, outcome.decode())
             acted += 1
         for i in range(0, len(late), 2):
             exec_id, tool = (v.decode() for v in late[i:i + 2])
-            stored, final = records.final_event(records.never_started(exec_id, tool))
+            record = records.never_started(exec_id, tool)
+            stored, final = records.final_event(record)
             if await self._expire(
                 keys=[keys.execution(exec_id), keys.record(exec_id), keys.PENDING, keys.QUEUED],
-                args=[exec_id, stored, self.retention, keys.events(exec_id), final],
+                args=[exec_id, stored, self.retention, keys.events(exec_id), final, metrics.label(record)],
             ):
                 log.warning("execution %s never started before its deadline", exec_id)
                 acted += 1

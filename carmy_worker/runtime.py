@@ -6,16 +6,18 @@ import asyncio
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import msgspec
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from carmy_worker import keys, queue, records, scripts
+from carmy_worker import keys, metrics, queue, records, scripts
 from carmy_worker.context import AgentContext, Context
 from carmy_worker.errors import error
 from carmy_worker.invoke import Outcome, invoke
 from carmy_worker.lock import ToolLock
+from carmy_worker.logs import request_id_hash
 from carmy_worker.publisher import ProgressPublisher
 from carmy_worker.settings import WorkerSettings
 from carmy_worker.toolbox import Tool
@@ -27,6 +29,16 @@ log = logging.getLogger("carmy.worker")
 MAX_ATTEMPTS = 3
 # Recording an outcome is retried through a Redis restart (about a minute with the backoff).
 SETTLE_TRIES = 40
+
+
+@dataclass
+class Run:
+    """One attempt at an execution, as this worker sees it."""
+
+    job: ExecutionJob
+    attempt: int
+    queue_wait_ms: int
+    run_ms: int | None = None
 
 
 class StartedData(msgspec.Struct):
@@ -78,29 +90,29 @@ class Runtime:
         except msgspec.DecodeError as exc:
             log.error("dropping an undecodable job: %s", exc)
             return
-        tool = self.tools.get(job.tool)
-        started = msgpack_encoder.encode(
-            Event("tool.started", json_encoder.encode(StartedData(job.execution_id, job.tool))))
-        verdict, attempt = await self._claim(
-            keys=[keys.execution(job.execution_id), keys.record(job.execution_id), self._running_key, keys.QUEUED],
-            args=[job.execution_id, self.worker_id, MAX_ATTEMPTS, keys.events(job.execution_id), started],
-        )
-        verdict = verdict.decode()
         exec_id, name = job.execution_id, job.tool
-        if verdict == "run":
-            if tool is None:  # the catalog and this worker disagree (a rolling deploy)
-                await self._record(job, attempt, records.failed(exec_id, name, error(
-                    "TOOL_NOT_FOUND", f"No tool named {name!r} on this worker.")))
-            else:
-                await self._run(job, tool, attempt)
+        started = msgpack_encoder.encode(Event("tool.started", json_encoder.encode(StartedData(exec_id, name))))
+        verdict, attempt, waited = await self._claim(
+            keys=[keys.execution(exec_id), keys.record(exec_id), self._running_key, keys.QUEUED],
+            args=[exec_id, self.worker_id, MAX_ATTEMPTS, keys.events(exec_id), started, name],
+        )
+        run = Run(job=job, attempt=attempt, queue_wait_ms=waited)
+        verdict = verdict.decode()
+        tool = self.tools.get(name)
+        if verdict == "run" and tool is not None:
+            await self._run(run, tool)
+        elif verdict == "run":  # the catalog and this worker disagree (a rolling deploy)
+            await self._record(run, records.failed(exec_id, name, error(
+                "TOOL_NOT_FOUND", f"No tool named {name!r} on this worker.")))
         elif verdict == "cancelled":
-            await self._record(job, attempt, records.cancelled(exec_id, name, started=False))
+            await self._record(run, records.cancelled(exec_id, name, started=False))
         elif verdict == "uncertain":
-            await self._record(job, attempt, records.uncertain(exec_id, name, "its worker stopped"))
+            await self._record(run, records.uncertain(exec_id, name, "its worker stopped"))
         elif verdict == "expired":
-            await self._record(job, attempt, records.never_started(exec_id, name))
+            await self._record(run, records.never_started(exec_id, name))
 
-    async def _run(self, job: ExecutionJob, tool: Tool, attempt: int) -> None:
+    async def _run(self, run: Run, tool: Tool) -> None:
+        job = run.job
         loop = asyncio.get_running_loop()
         publisher = ProgressPublisher(self.redis, keys.events(job.execution_id), loop)
         agent = AgentContext(
@@ -121,13 +133,11 @@ class Runtime:
         finally:
             del self._cancels[job.execution_id]
             await publisher.close()
-        duration_ms = round((time.perf_counter() - start) * 1000)
-        record = self._record_of(job, tool, outcome, timeout, duration_ms)
+        run.run_ms = round((time.perf_counter() - start) * 1000)
+        record = self._record_of(job, tool, outcome, timeout, run.run_ms)
         done = msgpack_encoder.encode(Event("tool.completed", json_encoder.encode(
-            CompletedData(job.execution_id, tool.name, duration_ms, outcome.data is not None))))
-        await self._record(job, attempt, record, done)
-        log.info("execution %s tool=%s status=%s%s duration_ms=%d", job.execution_id, tool.name, record.status,
-                 f" error={record.error_code}" if record.error_code else "", duration_ms)
+            CompletedData(job.execution_id, tool.name, run.run_ms, outcome.data is not None))))
+        await self._record(run, record, done)
 
     async def _invoke(self, job: ExecutionJob, tool: Tool, ctx: Context, timeout: float,
                       cancelled: asyncio.Event) -> Outcome:
@@ -160,17 +170,19 @@ class Runtime:
             return records.timed_out(exec_id, tool.name, timeout, duration_ms=duration_ms)
         return records.cancelled(exec_id, tool.name, started=True, duration_ms=duration_ms)
 
-    async def _record(self, job: ExecutionJob, attempt: int, record: Record, completed_event: bytes = b"") -> bool:
+    async def _record(self, run: Run, record: Record, completed_event: bytes = b"") -> bool:
+        """Write the record if this attempt still owns the execution; log the execution line."""
         stored, final = records.final_event(record)
-        exec_id = job.execution_id
+        exec_id = run.job.execution_id
         delay = 0.1
         for _ in range(SETTLE_TRIES):
             try:
-                written = await self._settle(
+                written = bool(await self._settle(
                     keys=[keys.execution(exec_id), keys.record(exec_id), keys.PENDING, self._running_key, keys.QUEUED],
-                    args=[exec_id, attempt, stored, self.settings.retention, keys.events(exec_id), final,
-                          completed_event],
-                )
+                    args=[exec_id, run.attempt, stored, self.settings.retention, keys.events(exec_id), final,
+                          completed_event, metrics.label(record), record.tool,
+                          "" if run.run_ms is None else run.run_ms],
+                ))
                 break
             except RedisError as exc:  # Redis is restarting: the outcome is worth waiting for
                 log.warning("cannot record execution %s yet (%s); retrying", exec_id, exc)
@@ -178,19 +190,27 @@ class Runtime:
                 delay = min(delay * 2, 2.0)
         else:
             log.error("gave up recording execution %s after %d tries", exec_id, SETTLE_TRIES)
-            return False
+            written = False
+        log.info("execution", extra={"carmy": {
+            "event": "execution", "execution_id": exec_id, "request_id_hash": request_id_hash(run.job.request_id),
+            "tool": record.tool, "status": record.status, "error_code": record.error_code,
+            "queue_wait_ms": run.queue_wait_ms, "run_ms": run.run_ms, "attempt": run.attempt,
+            "worker": self.worker_id, "recorded": written,
+        }})
         if not written:
             log.warning("execution %s was already settled elsewhere; this attempt's outcome is dropped", exec_id)
-        return bool(written)
+        return written
 
     async def _give_back(self, job: ExecutionJob) -> None:
         exec_id = job.execution_id
-        record, final = records.final_event(records.uncertain(exec_id, job.tool, "its worker shut down"))
+        record = records.uncertain(exec_id, job.tool, "its worker shut down")
+        stored, final = records.final_event(record)
         try:
             await self._reap(
                 keys=[keys.execution(exec_id), keys.record(exec_id), keys.PENDING, self._running_key,
                       queue.in_progress_key(exec_id)],
-                args=[exec_id, self.worker_id, record, self.settings.retention, keys.events(exec_id), final],
+                args=[exec_id, self.worker_id, stored, self.settings.retention, keys.events(exec_id), final,
+                      metrics.label(record)],
             )
         except Exception as exc:  # the janitor of another process will do it
             log.warning("could not hand execution %s back: %s", exec_id, exc)

@@ -12,6 +12,9 @@ Time comes from Redis (``TIME``), so API and worker clocks never have to agree.
 
 from __future__ import annotations
 
+from carmy_worker.metrics import LUA_COUNT as _COUNT
+from carmy_worker.metrics import LUA_OBSERVE as _OBSERVE
+
 _NOW = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -42,7 +45,7 @@ if #KEYS == 6 then
 end
 local start_by = now + tonumber(ARGV[7])
 redis.call('HSET', KEYS[1], 'tool', ARGV[9], 'owner', ARGV[10], 'idem', ARGV[11],
-           'state', 'queued', 'attempt', 0, 'start_by', start_by, 'wake', ARGV[13])
+           'state', 'queued', 'attempt', 0, 'start_by', start_by, 'wake', ARGV[13], 'queued_at', now)
 redis.call('EXPIRE', KEYS[1], retention)
 redis.call('ZADD', KEYS[2], now + tonumber(ARGV[6]), ARGV[1])
 redis.call('ZADD', KEYS[3], start_by, ARGV[1])
@@ -53,28 +56,32 @@ return {'new', ARGV[1]}
 """
 
 # KEYS: exe, record, running set, queued
-# ARGV: exec_id, worker_id, max attempts, events channel, tool.started event
-CLAIM = _NOW + """
+# ARGV: exec_id, worker_id, max attempts, events channel, tool.started event, tool
+# Returns {verdict, attempt, ms it waited in the queue}.
+CLAIM = _NOW + _OBSERVE + """
 if redis.call('EXISTS', KEYS[2]) == 1 then return {'settled', 0} end
 if redis.call('EXISTS', KEYS[1]) == 0 then return {'gone', 0} end
 redis.call('ZREM', KEYS[4], ARGV[1])
 local attempt = redis.call('HINCRBY', KEYS[1], 'attempt', 1)
-local h = redis.call('HMGET', KEYS[1], 'cancel', 'idem', 'start_by')
-if h[1] == '1' then return {'cancelled', attempt} end
-if attempt > 1 and h[2] ~= '1' then return {'uncertain', attempt} end
-if attempt > tonumber(ARGV[3]) then return {'uncertain', attempt} end
-if attempt == 1 and tonumber(h[3]) < now then return {'expired', attempt} end
+local h = redis.call('HMGET', KEYS[1], 'cancel', 'idem', 'start_by', 'queued_at')
+local waited = now - tonumber(h[4] or now)
+if h[1] == '1' then return {'cancelled', attempt, waited} end
+if attempt > 1 and h[2] ~= '1' then return {'uncertain', attempt, waited} end
+if attempt > tonumber(ARGV[3]) then return {'uncertain', attempt, waited} end
+if attempt == 1 and tonumber(h[3]) < now then return {'expired', attempt, waited} end
 redis.call('HSET', KEYS[1], 'state', 'running', 'worker', ARGV[2])
 redis.call('SADD', KEYS[3], ARGV[1])
 redis.call('PUBLISH', ARGV[4], ARGV[5])
-return {'run', attempt}
+if attempt == 1 then observe('queue_wait', ARGV[6], waited) end
+return {'run', attempt, waited}
 """
 
 # Writes the record if none exists and the caller owns the current attempt ('*': whoever does;
 # the attempt is then bumped so a late writer of the old one is fenced out).
 # KEYS: exe, record, pending, running set, queued
-# ARGV: exec_id, attempt or '*', record, retention s, events channel, final event, tool.completed event or ''
-SETTLE = """
+# ARGV: exec_id, attempt or '*', record, retention s, events channel, final event, tool.completed event or '',
+#       metrics label, tool, run ms or ''
+SETTLE = _COUNT + _OBSERVE + """
 if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
 if ARGV[2] == '*' then
   redis.call('HINCRBY', KEYS[1], 'attempt', 1)
@@ -88,14 +95,16 @@ redis.call('SREM', KEYS[4], ARGV[1])
 redis.call('ZREM', KEYS[5], ARGV[1])
 if ARGV[7] ~= '' then redis.call('PUBLISH', ARGV[5], ARGV[7]) end
 redis.call('PUBLISH', ARGV[5], ARGV[6])
+count(ARGV[8])
+if ARGV[10] ~= '' then observe('run', ARGV[9], tonumber(ARGV[10])) end
 return 1
 """
 
 # Cancels an execution for its caller. One never started is settled here and now; a running
 # one is signalled to every worker (the one running it answers with the record).
 # KEYS: exe, record, pending, queued
-# ARGV: exec_id, record, retention s, events channel, final event, cancel channel
-CANCEL = """
+# ARGV: exec_id, record, retention s, events channel, final event, cancel channel, metrics label
+CANCEL = _COUNT + """
 if redis.call('EXISTS', KEYS[2]) == 1 then return 'settled' end
 if redis.call('EXISTS', KEYS[1]) == 0 then return 'gone' end
 redis.call('HSET', KEYS[1], 'cancel', 1)
@@ -109,6 +118,7 @@ redis.call('HSET', KEYS[1], 'state', 'done')
 redis.call('ZREM', KEYS[3], ARGV[1])
 redis.call('ZREM', KEYS[4], ARGV[1])
 redis.call('PUBLISH', ARGV[4], ARGV[5])
+count(ARGV[7])
 return 'cancelled'
 """
 
@@ -117,8 +127,8 @@ return 'cancelled'
 # execution simply runs again; any other is settled uncertain first, so the re-delivered job
 # finds it settled and never runs the tool a second time.
 # KEYS: exe, record, pending, running set, arq in-progress key
-# ARGV: exec_id, worker_id, record, retention s, events channel, final event
-REAP = """
+# ARGV: exec_id, worker_id, record, retention s, events channel, final event, metrics label
+REAP = _COUNT + """
 redis.call('SREM', KEYS[4], ARGV[1])
 if redis.call('EXISTS', KEYS[2]) == 1 then return 'settled' end
 local h = redis.call('HMGET', KEYS[1], 'worker', 'state', 'idem', 'wake')
@@ -134,13 +144,14 @@ redis.call('SET', KEYS[2], ARGV[3], 'EX', tonumber(ARGV[4]))
 redis.call('HSET', KEYS[1], 'state', 'done')
 redis.call('ZREM', KEYS[3], ARGV[1])
 redis.call('PUBLISH', ARGV[5], ARGV[6])
+count(ARGV[7])
 return 'uncertain'
 """
 
 # An accepted execution that no worker started before its start-by instant.
 # KEYS: exe, record, pending, queued
-# ARGV: exec_id, record, retention s, events channel, final event
-EXPIRE_UNSTARTED = _NOW + """
+# ARGV: exec_id, record, retention s, events channel, final event, metrics label
+EXPIRE_UNSTARTED = _NOW + _COUNT + """
 local h = redis.call('HMGET', KEYS[1], 'state', 'start_by')
 if h[1] ~= 'queued' or redis.call('EXISTS', KEYS[2]) == 1 then
   redis.call('ZREM', KEYS[4], ARGV[1])
@@ -153,6 +164,7 @@ redis.call('SET', KEYS[2], ARGV[2], 'EX', tonumber(ARGV[3]))
 redis.call('HSET', KEYS[1], 'state', 'done')
 redis.call('ZREM', KEYS[3], ARGV[1])
 redis.call('PUBLISH', ARGV[4], ARGV[5])
+count(ARGV[6])
 return 1
 """
 

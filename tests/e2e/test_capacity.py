@@ -62,7 +62,7 @@ def test_not_parallel_safe_tool_never_overlaps_across_workers(fresh_stack: Stack
         assert start >= end, "two executions of a parallel_safe=False tool overlapped"
     # Both workers took part (the lock is across processes, not within one).
     logs = [p.output() for p in fresh_stack.procs[:2]]
-    assert all("tool=exclusive" in log for log in logs)
+    assert all('"tool": "exclusive"' in log for log in logs)
 
 
 def test_no_workers_at_once_after_the_last_worker_dies(fresh_stack: Stack) -> None:

@@ -1,0 +1,142 @@
+"""Operating endpoints: ``/health`` (the process lives), ``/ready`` (it can serve: Redis
+answers and a worker is alive) and ``/metrics`` (Prometheus text).
+
+Execution counts and latency histograms come from Redis (``carmy_worker.metrics``), so they
+cover every worker and are the same on every API replica; the ``carmy_api_*`` figures belong
+to the process that was scraped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from api.catalog import Catalog
+from carmy_worker import keys, metrics
+from carmy_worker.errors import error
+from carmy_worker.wire import ErrorBody
+
+CHECK_TIMEOUT_S = 1.0
+
+
+@dataclass
+class ApiMetrics:
+    """Figures of this API process."""
+
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+
+    def __post_init__(self) -> None:
+        self.in_flight = Gauge("carmy_api_executions_in_flight", "Execute requests this process is answering",
+                               registry=self.registry)
+        self.sse_streams = Gauge("carmy_api_sse_streams_open", "SSE streams open on this process",
+                                 registry=self.registry)
+        self.responses = Counter("carmy_api_execute_responses", "Execute responses by HTTP status and outcome",
+                                 ["status_code", "outcome"], registry=self.registry)
+
+
+def _split(field_name: bytes) -> list[str]:
+    return field_name.decode().split(metrics.SEP)
+
+
+class ClusterCollector(Collector):
+    """Renders one snapshot of the Redis-side figures."""
+
+    def __init__(self, snapshot: dict[str, Any]) -> None:
+        self.snapshot = snapshot
+
+    def collect(self) -> Iterator[Metric]:
+        s = self.snapshot
+        executions = CounterMetricFamily("carmy_executions", "Executions settled, by tool, status and error code",
+                                         labels=["tool", "status", "code"])
+        for name, value in s["executions"].items():
+            executions.add_metric(_split(name), float(value))
+        yield executions
+        for hist, doc in (("run", "Time tools ran"), ("queue_wait", "Time executions waited for a worker")):
+            yield self._histogram(f"carmy_execution_{hist}_seconds", doc, s[hist])
+        yield GaugeMetricFamily("carmy_queue_depth", "Executions accepted and not yet started", value=s["queued"])
+        yield GaugeMetricFamily("carmy_pending_executions", "Executions queued or running (admission)",
+                                value=s["pending"])
+        yield GaugeMetricFamily("carmy_workers_live", "Worker processes heartbeating and taking work",
+                                value=s["workers"])
+
+    @staticmethod
+    def _histogram(name: str, doc: str, raw: dict[bytes, bytes]) -> HistogramMetricFamily:
+        family = HistogramMetricFamily(name, doc, labels=["tool"])
+        per_tool: dict[str, dict[str, int]] = {}
+        for key, value in raw.items():
+            tool, part = _split(key)
+            per_tool.setdefault(tool, {})[part] = int(value)
+        for tool, parts in sorted(per_tool.items()):
+            cumulative, buckets = 0, []
+            for i, edge in enumerate((*metrics.BUCKETS_MS, float("inf"))):
+                cumulative += parts.get(str(i), 0)
+                buckets.append(("+Inf" if edge == float("inf") else str(edge / 1000), float(cumulative)))
+            family.add_metric([tool], buckets, sum_value=parts.get("sum", 0) / 1000)
+        return family
+
+
+async def cluster_snapshot(redis: Redis, catalog: Catalog) -> dict[str, Any]:
+    async with redis.pipeline(transaction=False) as pipe:
+        pipe.hgetall(metrics.EXECUTIONS)
+        pipe.hgetall(metrics.HISTOGRAMS["run"])
+        pipe.hgetall(metrics.HISTOGRAMS["queue_wait"])
+        pipe.zcard(keys.QUEUED)
+        pipe.zcard(keys.PENDING)
+        executions, run, queue_wait, queued, pending = await pipe.execute()
+    return {"executions": executions, "run": run, "queue_wait": queue_wait, "queued": queued, "pending": pending,
+            "workers": catalog.view.live_workers}
+
+
+class Ops:
+    def __init__(self, redis: Redis, catalog: Catalog, api_metrics: ApiMetrics) -> None:
+        self.redis = redis
+        self.catalog = catalog
+        self.metrics = api_metrics
+
+    async def health(self, request: Request) -> Response:
+        return JSONResponse({"ok": True}, headers={"cache-control": "no-store"})
+
+    async def ready(self, request: Request) -> Response:
+        checks: dict[str, Any] = {}
+        try:
+            await asyncio.wait_for(self.redis.ping(), CHECK_TIMEOUT_S)
+            checks["redis"] = {"ok": True}
+        except (RedisError, OSError, TimeoutError) as exc:
+            checks["redis"] = {"ok": False, "error": _wire(error(
+                "STORE_UNAVAILABLE", f"Redis does not answer: {type(exc).__name__}", retry_after=1))}
+        live = self.catalog.view.live_workers
+        if checks["redis"]["ok"] and self.catalog.reachable and live:
+            checks["workers"] = {"ok": True, "live": live}
+        else:
+            checks["workers"] = {"ok": False, "live": live, "error": _wire(error(
+                "NO_WORKERS", "No worker is alive.", retry_after=2))}
+        ready = all(c["ok"] for c in checks.values())
+        return JSONResponse({"ready": ready, "checks": checks}, status_code=200 if ready else 503,
+                            headers={"cache-control": "no-store"})
+
+    async def metrics_text(self, request: Request) -> Response:
+        parts: list[bytes] = [generate_latest(self.metrics.registry)]
+        try:
+            snapshot = await asyncio.wait_for(cluster_snapshot(self.redis, self.catalog), CHECK_TIMEOUT_S)
+        except (RedisError, OSError, TimeoutError):
+            snapshot = None  # this process's own figures are still worth serving
+        if snapshot is not None:
+            registry = CollectorRegistry()
+            registry.register(ClusterCollector(snapshot))
+            parts.append(generate_latest(registry))
+        return Response(b"".join(parts), media_type=CONTENT_TYPE_LATEST, headers={"cache-control": "no-store"})
+
+
+def _wire(err: ErrorBody) -> dict[str, Any]:
+    return msgspec.to_builtins(err)  # type: ignore[no-any-return]

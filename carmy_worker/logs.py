@@ -1,0 +1,61 @@
+"""Logging for both processes: one JSON object a line by default, readable text on request.
+
+Execution lines carry their fields in ``extra={"carmy": {...}}``; the JSON formatter puts them
+at the top level. Argument values and results are never logged; request ids only as a hash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import sys
+import time
+from typing import Any
+
+_BASE = {"ts", "level", "logger", "message", "exc"}
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, Any] = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        fields = getattr(record, "carmy", None)
+        if isinstance(fields, dict):
+            line.update((k, v) for k, v in fields.items() if k not in _BASE)
+        if record.exc_info:
+            line["exc"] = self.formatException(record.exc_info)
+        return json.dumps(line, default=str)
+
+
+class TextFormatter(logging.Formatter):
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        fields = getattr(record, "carmy", None)
+        if isinstance(fields, dict):
+            text += " " + " ".join(f"{k}={v}" for k, v in fields.items() if v is not None)
+        return text
+
+
+def configure(fmt: str) -> None:
+    """Send every log line to stderr in ``fmt`` ("json" or "text")."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.INFO)
+    logging.getLogger("arq").setLevel(logging.WARNING)
+
+
+def request_id_hash(request_id: str | None) -> str | None:
+    """Enough to correlate the lines of one request id, not enough to read it."""
+    if request_id is None:
+        return None
+    return hashlib.sha256(request_id.encode(errors="surrogatepass")).hexdigest()[:16]
