@@ -17,6 +17,7 @@ from api.discovery import endpoints
 from api.execute import ExecuteEndpoint
 from api.executions import Executions
 from api.hub import EventHub
+from api.lookup import ExecutionRoutes
 from api.ops import ApiMetrics, Ops
 from api.settings import ApiSettings
 from carmy_worker import keys
@@ -54,6 +55,7 @@ def create_app(settings: ApiSettings | None = None) -> Starlette:
     ops = Ops(redis, catalog, api_metrics)
     execute = ExecuteEndpoint(settings=settings, catalog=catalog, executions=executions, hub=hub,
                               metrics=api_metrics)
+    lookup = ExecutionRoutes(settings=settings, executions=executions, hub=hub)
     discovery, tools = endpoints(catalog)
 
     @contextlib.asynccontextmanager
@@ -79,6 +81,12 @@ def create_app(settings: ApiSettings | None = None) -> Starlette:
             Route("/.well-known/agent", discovery, methods=["GET"]),
             Route("/agent/tools", RequireApiKey(request_response(tools), api_keys), methods=["GET"]),
             Route("/agent/execute", RequireApiKey(execute, api_keys), methods=["POST"]),
+            Route("/agent/executions/{execution_id}", RequireApiKey(request_response(lookup.get), api_keys),
+                  methods=["GET"]),
+            Route("/agent/executions/{execution_id}", RequireApiKey(request_response(lookup.delete), api_keys),
+                  methods=["DELETE"]),
+            Route("/agent/executions/{execution_id}/events", RequireApiKey(lookup.events, api_keys),
+                  methods=["GET"]),
             Route("/health", ops.health, methods=["GET"]),
             Route("/ready", ops.ready, methods=["GET"]),
             Route("/metrics", RequireApiKey(request_response(ops.metrics_text), api_keys), methods=["GET"]),
@@ -89,4 +97,5 @@ def create_app(settings: ApiSettings | None = None) -> Starlette:
     app.state.catalog = catalog
     app.state.hub = hub
     app.state.redis = redis
+    app.state.executions = executions
     return app

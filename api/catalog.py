@@ -31,7 +31,7 @@ from carmy_worker.wire import (
 
 log = logging.getLogger("carmy.api")
 
-CAPABILITIES = ["tools", "streaming", "idempotency"]
+CAPABILITIES = ["tools", "streaming", "idempotency", "async"]
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from api.body import BodyTooLarge, ClientGone, read_body
 from api.catalog import Catalog, CatalogTool
 from api.executions import Executions, Submission
 from api.hub import EventHub, HubUnavailable
+from api.lookup import accepted
 from api.ops import ApiMetrics
 from api.responses import envelope_error
 from api.settings import ApiSettings
@@ -47,6 +48,15 @@ class Rejected(Exception):
 
 def wants_sse(scope: Scope) -> bool:
     return any(name == b"accept" and b"text/event-stream" in value for name, value in scope["headers"])
+
+
+def prefers_async(scope: Scope) -> bool:
+    """``Prefer: respond-async`` (RFC 7240), among any other preferences."""
+    for name, value in scope["headers"]:
+        if name == b"prefer" and any(p.split(b";")[0].strip().lower() == b"respond-async"
+                                     for p in value.split(b",")):
+            return True
+    return False
 
 
 def decode_envelope(body: bytes) -> ExecuteRequest | str:
@@ -163,6 +173,8 @@ class ExecuteEndpoint:
                                      suggested_action="list the tools at /agent/tools"))
             check_policy(tool, agent)
             check_arguments(tool, request.arguments)
+            if prefers_async(scope):
+                return await self._accept(request, tool, agent, sse, (scope, receive, send))
             return await self._execute(request, tool, agent, sse, receive, send)
         except Rejected as rejected:
             return await self._refuse(request, rejected.error, sse, send)
@@ -200,6 +212,28 @@ class ExecuteEndpoint:
                     return await self._follow(request, sub.execution_id, tool, joined, sse, receive, send,
                                               joined=True)
             return await self._follow(request, exec_id, tool, messages, sse, receive, send, joined=False)
+
+    async def _accept(self, request: ExecuteRequest, tool: CatalogTool, agent: AgentContext, sse: bool,
+                      asgi: tuple[Scope, Receive, Send]) -> Answer:
+        """``Prefer: respond-async``: 202 and a Location to poll; leaving does not cancel it.
+
+        A retry of a finished execution is answered with its result at once (RFC 7240 lets a
+        server answer synchronously when it can).
+        """
+        arguments = canonical_json_encoder.encode(request.arguments)
+        exec_id = keys.new_execution_id()
+        sub = await self.executions.submit(
+            exec_id=exec_id, tool=tool, arguments=arguments, request_id=request.request_id, agent=agent)
+        if sub.kind in ("conflict", "full", "no_workers"):
+            raise Rejected(self._refusal(sub, tool.spec.name))
+        found = None
+        if sub.kind != "new":
+            found = await self.executions.lookup(sub.execution_id, agent.principal)
+        record = sub.record or (found.record if found else None)
+        if record is not None:
+            return await self._replay(request, sub.execution_id, record, sse, asgi[2])
+        await accepted(sub.execution_id, found.state if found else "queued")(*asgi)
+        return Answer("accepted", 202, tool.spec.name, sub.execution_id, None, request.request_id)
 
     async def _replay(self, request: ExecuteRequest, exec_id: str, record: Record, sse: bool, send: Send) -> Answer:
         if sse:

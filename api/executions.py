@@ -36,6 +36,13 @@ class Submission(Struct):
     pending: int = 0
 
 
+class Found(Struct):
+    execution_id: str
+    tool: str
+    state: str  # queued, running or done
+    record: Record | None
+
+
 class Executions:
     def __init__(self, redis: Redis, settings: ApiSettings) -> None:
         self.redis = redis
@@ -71,6 +78,17 @@ class Executions:
         if kind == "full":
             return Submission("full", pending=int(reply[1]))
         return Submission(kind, reply[1].decode() if len(reply) > 1 else "")
+
+    async def lookup(self, exec_id: str, principal: str | None) -> Found | None:
+        """The execution if it exists and belongs to ``principal``, else None."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hmget(keys.execution(exec_id), ["owner", "state", "tool"])
+            pipe.get(keys.record(exec_id))
+            (owner, state, tool), raw = await pipe.execute()
+        if owner is None or owner.decode() != keys.owner(principal):
+            return None  # unknown, expired, or someone else's: indistinguishable on purpose
+        record = None if raw is None else record_decoder.decode(raw)
+        return Found(exec_id, tool.decode(), "done" if record else state.decode(), record)
 
     async def record(self, exec_id: str) -> Record | None:
         raw = await self.redis.get(keys.record(exec_id))

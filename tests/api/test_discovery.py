@@ -36,7 +36,7 @@ async def test_discovery_document(client: httpx.AsyncClient) -> None:
     assert r.json() == {
         "protocol": "carmy/1",
         "server": "shop-test",
-        "capabilities": ["tools", "streaming", "idempotency"],
+        "capabilities": ["tools", "streaming", "idempotency", "async"],
         "tools_url": "/agent/tools",
         "tools_version": tools.headers["etag"].strip('"'),
         "execute_url": "/agent/execute",

@@ -1,0 +1,131 @@
+"""Asynchronous executions, once accepted with ``Prefer: respond-async``:
+
+* ``GET /agent/executions/{id}``: 202 and the status while queued or running; once finished,
+  exactly the status and body a synchronous call would have received.
+* ``GET /agent/executions/{id}/events``: the live events from now on, always ending with
+  ``execution.completed`` (read from the record if it had already finished).
+* ``DELETE /agent/executions/{id}``: cancel it; answers with the cancelled result, or with the
+  result if it had already finished.
+
+An execution belongs to the principal that created it: anyone else gets the same 404 as for an
+id that never existed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from redis.exceptions import RedisError
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from api import relay
+from api.auth import CONTEXT_SCOPE_KEY
+from api.executions import Executions, Found
+from api.hub import EventHub, HubUnavailable
+from api.responses import NO_STORE, envelope_error
+from api.settings import ApiSettings
+from carmy_worker import keys
+from carmy_worker.context import AgentContext
+from carmy_worker.wire import Record, json_encoder
+
+log = logging.getLogger("carmy.api")
+
+# How long DELETE waits for the worker running an execution to record its cancellation.
+CANCEL_WAIT_S = 10.0
+_NO_CONTEXT = AgentContext()
+
+
+def accepted(exec_id: str, state: str) -> Response:
+    """202 for an execution still in progress, with where and when to look again."""
+    body = json_encoder.encode({"execution_id": exec_id, "status": "running" if state == "running" else "queued"})
+    return Response(body, 202, {**NO_STORE, "location": f"/agent/executions/{exec_id}", "retry-after": "1"},
+                    media_type="application/json")
+
+
+def not_found() -> Response:
+    return envelope_error("EXECUTION_NOT_FOUND", "No such execution (or it expired).")
+
+
+def unavailable() -> Response:
+    return envelope_error("STORE_UNAVAILABLE", "The execution store cannot be reached.", headers={"retry-after": "1"})
+
+
+def record_response(record: Record) -> Response:
+    headers = NO_STORE if record.retry_after is None else {**NO_STORE, "retry-after": str(record.retry_after)}
+    return Response(record.body, record.status_code, headers, media_type="application/json")
+
+
+class ExecutionRoutes:
+    def __init__(self, *, settings: ApiSettings, executions: Executions, hub: EventHub) -> None:
+        self.settings = settings
+        self.executions = executions
+        self.hub = hub
+
+    async def _find(self, scope: Scope) -> Found | None:
+        exec_id = scope["path_params"]["execution_id"]
+        if not keys.is_execution_id(exec_id):
+            return None
+        agent: AgentContext = scope.get(CONTEXT_SCOPE_KEY) or _NO_CONTEXT
+        return await self.executions.lookup(exec_id, agent.principal)
+
+    async def get(self, request: Request) -> Response:
+        try:
+            found = await self._find(request.scope)
+        except RedisError:
+            return unavailable()
+        if found is None:
+            return not_found()
+        if found.record is not None:
+            return record_response(found.record)
+        return accepted(found.execution_id, found.state)
+
+    async def delete(self, request: Request) -> Response:
+        try:
+            found = await self._find(request.scope)
+            if found is None:
+                return not_found()
+            if found.record is not None:
+                return record_response(found.record)
+            async with self.hub.subscribe(keys.events(found.execution_id)) as messages:
+                await self.executions.cancel(found.execution_id, found.tool)
+                record = await self._wait(found, messages)
+        except (RedisError, HubUnavailable):
+            return unavailable()
+        if record is None:  # the worker did not answer in time; it will record the cancellation
+            return accepted(found.execution_id, "running")
+        return record_response(record)
+
+    async def _wait(self, found: Found, messages: asyncio.Queue[bytes]) -> Record | None:
+        async def final() -> Record | None:
+            async for item in self.executions.follow(found.execution_id, found.tool, messages, tick=1.0):
+                if isinstance(item, Record):
+                    return item
+            return None
+
+        with contextlib.suppress(TimeoutError):
+            return await asyncio.wait_for(final(), CANCEL_WAIT_S)
+        return None
+
+    async def events(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """ASGI: an SSE stream that keeps listening for the client's disconnect."""
+        try:
+            found = await self._find(scope)
+            if found is None:
+                return await not_found()(scope, receive, send)
+            exec_id = found.execution_id
+            async with self.hub.subscribe(keys.events(exec_id)) as messages:
+                record = found.record or await self.executions.settled(exec_id, found.tool)
+                if record is not None:
+                    return await relay.send_sse_record(send, exec_id, found.tool, record, replayed=True)
+                stream = relay.stream_sse(
+                    send, relay.started_frame(exec_id, found.tool),
+                    self.executions.follow(exec_id, found.tool, messages, tick=min(self.settings.sse_keepalive, 5.0)),
+                    replayed=False, keepalive=self.settings.sse_keepalive)
+                # Watching is not owning: a watcher that leaves does not cancel the execution.
+                await relay.race_disconnect(stream, receive, None)
+        except (RedisError, HubUnavailable):
+            await unavailable()(scope, receive, send)
