@@ -59,8 +59,8 @@ return {'new', ARGV[1]}
 # ARGV: exec_id, worker_id, max attempts, events channel, tool.started event, tool
 # Returns {verdict, attempt, ms it waited in the queue}.
 CLAIM = _NOW + _OBSERVE + """
-if redis.call('EXISTS', KEYS[2]) == 1 then return {'settled', 0} end
-if redis.call('EXISTS', KEYS[1]) == 0 then return {'gone', 0} end
+if redis.call('EXISTS', KEYS[2]) == 1 then return {'settled', 0, 0} end
+if redis.call('EXISTS', KEYS[1]) == 0 then return {'gone', 0, 0} end
 redis.call('ZREM', KEYS[4], ARGV[1])
 local attempt = redis.call('HINCRBY', KEYS[1], 'attempt', 1)
 local h = redis.call('HMGET', KEYS[1], 'cancel', 'idem', 'start_by', 'queued_at')

@@ -78,3 +78,5 @@ def test_abandoned_queued_execution_never_starts(base: str, stack: Stack) -> Non
     time.sleep(0.5)  # the worker is free again and has looked at its queue
     assert not (stack.tmp / "linger-start-queued").exists()
     assert_cancelled_record(base, queued, started=False)
+    # The worker found the settled job and dropped it quietly.
+    assert "Traceback" not in stack.procs[0].output()
