@@ -1,0 +1,1 @@
+"""Benchmarks of Carmy against its baselines: ``python -m bench.run`` (see bench/README.md)."""

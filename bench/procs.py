@@ -1,0 +1,271 @@
+"""The processes a benchmark scenario needs, each on a free port: a private redis-server, our
+API and workers, the baselines' uvicorn and arq workers. (Same ideas as tests/support.py;
+bench/ does not import tests/.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import redis
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class StartError(RuntimeError):
+    """A process did not come up; the message carries the end of its log."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_until(check: Callable[[], object], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    last: BaseException | None = None
+    while time.monotonic() < deadline:
+        try:
+            if check():
+                return
+        except Exception as exc:  # not ready yet
+            last = exc
+        time.sleep(0.02)
+    raise StartError(f"{what}: not ready after {timeout}s (last error: {last!r})")
+
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+_ERROR_MARKS = ('"level": "error"', '"level": "critical"', " ERROR ", " CRITICAL ", "Traceback (most recent")
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) a process has used so far, from /proc/PID/stat."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime and stime (fields 14, 15)
+
+
+def machine_busy_seconds() -> float:
+    """CPU time all CPUs of the machine spent busy so far (everything but idle and iowait)."""
+    with open("/proc/stat") as f:
+        ticks = [int(v) for v in f.readline().split()[1:]]
+    return (sum(ticks[:8]) - ticks[3] - ticks[4]) / CLOCK_TICKS  # user..steal, minus idle and iowait
+
+
+def children_cpu_seconds() -> float:
+    """CPU time used so far by this process's children that have exited (such as wrk runs)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+class Proc:
+    """A child process whose output goes to a log file in the run's work directory."""
+
+    def __init__(self, name: str, args: list[str], env: dict[str, str], workdir: Path, kind: str = "") -> None:
+        self.name = name
+        self.kind = kind or name
+        self.log = workdir / f"{name}.log"
+        self._file = self.log.open("wb")
+        self.popen = subprocess.Popen(args, env=env, cwd=ROOT, stdout=self._file, stderr=subprocess.STDOUT)
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def output(self) -> str:
+        if not self._file.closed:
+            self._file.flush()
+        return self.log.read_text(errors="replace")
+
+    def error_lines(self) -> list[str]:
+        """Lines logged at error level or worse (JSON or text logs), and tracebacks."""
+        return [line for line in self.output().splitlines()
+                if any(mark in line for mark in _ERROR_MARKS)]
+
+    def fail(self, problem: str) -> StartError:
+        return StartError(f"{self.name} {problem}; its log ({self.log}) ends with:\n{self.output()[-2000:]}")
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """SIGTERM (so servers drain and exit cleanly), then SIGKILL if it lingers."""
+        if self.alive():
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(5)
+        self._file.close()
+
+
+class CpuMeter:
+    """Percent of one core each process (and wrk, a reaped child) used inside the ``with``, and
+    what the rest of the machine used meanwhile ("other": on a shared machine, noise)."""
+
+    def __init__(self, procs: list[Proc]) -> None:
+        self.procs = [p for p in procs if p.alive()]
+        self.summary = ""
+
+    def __enter__(self) -> CpuMeter:
+        self._start = time.monotonic()
+        self._before = [cpu_seconds(p.pid) for p in self.procs]
+        self._children = children_cpu_seconds()
+        self._machine = machine_busy_seconds()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        elapsed = time.monotonic() - self._start
+        by_kind: dict[str, list[str]] = {}
+        ours = children_cpu_seconds() - self._children  # wrk
+        for proc, before in zip(self.procs, self._before, strict=True):
+            if proc.alive():
+                used = cpu_seconds(proc.pid) - before
+                ours += used
+                by_kind.setdefault(proc.kind, []).append(f"{used / elapsed:.0%}")
+        by_kind["wrk"] = [f"{(children_cpu_seconds() - self._children) / elapsed:.0%}"]
+        other = max(0.0, machine_busy_seconds() - self._machine - ours)
+        by_kind["other"] = [f"{other / elapsed:.0%}"]
+        self.summary = ", ".join(f"{kind} {'+'.join(shares)}" for kind, shares in by_kind.items())
+
+
+def child_env(redis_url: str, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a child: ours minus any CARMY_* setting, plus the run's own."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CARMY_")}
+    env.update({"CARMY_REDIS_URL": redis_url, "BENCH_REDIS_URL": redis_url, "PYTHONPATH": str(ROOT),
+                "PYTHONUNBUFFERED": "1"})
+    env.update(extra or {})
+    return env
+
+
+class RedisServer:
+    """A private redis-server without persistence, so disk writes never show in the numbers."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise StartError("redis-server is not installed (Debian: apt-get install redis-server)")
+        self.proc = Proc("redis", [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                                   "--appendonly", "no", "--dir", str(workdir)], dict(os.environ), workdir)
+        with self.client() as client:
+            wait_until(client.ping, 10, "redis-server")
+
+    def client(self) -> redis.Redis:
+        return redis.Redis.from_url(self.url)
+
+    def flush(self) -> None:
+        """Forget the previous scenario's records, jobs and results."""
+        with self.client() as client:
+            client.flushall()
+
+    def stop(self) -> None:
+        self.proc.stop()
+
+
+def log_message(line: str) -> str:
+    """The message of a JSON log line (without its traceback), or the line itself."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return line
+    return str(record.get("message", line)) if isinstance(record, dict) else line
+
+
+class Processes:
+    """Starts the servers of one scenario and stops them all when the scenario is over."""
+
+    def __init__(self, workdir: Path, redis_url: str, scenario: str) -> None:
+        self.workdir = workdir
+        self.redis_url = redis_url
+        self.scenario = scenario  # prefixes the log names, so scenarios keep their own logs
+        self.procs: list[Proc] = []
+        self._count = 0
+
+    def __enter__(self) -> Processes:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for proc in reversed(self.procs):
+            proc.stop()
+
+    def log_errors(self) -> list[str]:
+        """One line per process that logged errors: how many, and the first of them."""
+        found = []
+        for proc in self.procs:
+            lines = proc.error_lines()
+            if lines:
+                found.append(f"{proc.name}: {len(lines)} error lines; first: {log_message(lines[0])[:300]}")
+        return found
+
+
+    def start(self, kind: str, args: list[str], env: dict[str, str] | None = None) -> Proc:
+        self._count += 1
+        proc = Proc(f"{self.scenario}-{kind}-{self._count}", args, child_env(self.redis_url, env), self.workdir, kind)
+        self.procs.append(proc)
+        return proc
+
+    def wait_for_log(self, proc: Proc, text: str, timeout: float = 20) -> None:
+        wait_until(lambda: text in proc.output() or not proc.alive(), timeout, proc.name)
+        if not proc.alive():
+            raise proc.fail("exited at start")
+
+    def wait_for_http(self, proc: Proc, url: str, timeout: float = 20) -> None:
+        def up() -> bool:
+            if not proc.alive():
+                raise proc.fail("exited at start")
+            return httpx.get(url, timeout=1).status_code == 200
+
+        try:
+            wait_until(up, timeout, proc.name)
+        except StartError as exc:
+            raise proc.fail(str(exc)) from exc
+
+    # Our stack --------------------------------------------------------------------------------
+
+    def carmy_worker(self, module: str = "bench.tools", env: dict[str, str] | None = None) -> Proc:
+        proc = self.start("worker", [sys.executable, "-m", "carmy_worker", module], env)
+        self.wait_for_log(proc, "serving")
+        return proc
+
+    def carmy_api(self, env: dict[str, str] | None = None, tool: str = "noop") -> tuple[Proc, str]:
+        """``python -m api``, returned once its catalog lists ``tool`` (so the workers are known)."""
+        port = free_port()
+        proc = self.start("api", [sys.executable, "-m", "api"], {"CARMY_PORT": str(port), **(env or {})})
+        base = f"http://127.0.0.1:{port}"
+        self.wait_for_http(proc, base + "/.well-known/agent")
+        wait_until(lambda: f'"name":"{tool}"' in httpx.get(base + "/agent/tools", timeout=1).text, 10,
+                   f"{proc.name} catalog listing {tool}")
+        return proc, base
+
+    # Baselines --------------------------------------------------------------------------------
+
+    def uvicorn(self, app: str) -> tuple[Proc, str]:
+        """A baseline app under uvicorn with the same options ``python -m api`` uses."""
+        port = free_port()
+        proc = self.start("uvicorn", [
+            sys.executable, "-m", "uvicorn", app, "--host", "127.0.0.1", "--port", str(port),
+            "--log-level", "warning", "--no-access-log", "--no-server-header", "--timeout-keep-alive", "5",
+        ])
+        base = f"http://127.0.0.1:{port}"
+        self.wait_for_http(proc, base + "/health")
+        return proc, base
+
+    def arq_worker(self) -> Proc:
+        # arq's own CLI, as its documentation runs it.
+        proc = self.start("arq", [sys.executable, "-m", "arq", "bench.baselines.ArqWorkerSettings"])
+        self.wait_for_log(proc, "Starting worker")
+        return proc

@@ -1,0 +1,150 @@
+"""Collects the numbers of a run and prints them as markdown: the main table, ratios, the
+scale-out curve, the in-flight check and the targets of the performance issue."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from bench.inflight import InflightResult
+
+# The performance targets (issue: "Targets").
+TARGET_P50_MS = 2.0
+TARGET_RPS = 1000.0
+TARGET_VS_ARQ = 10.0
+TARGET_RSS_MIB = 150.0
+TARGET_REDIS_CONNECTIONS = 20
+
+
+def times(ratio: float) -> str:
+    return f"{ratio:.2f}×" if ratio < 1 else f"{ratio:.1f}×"
+
+
+@dataclass(frozen=True)
+class Row:
+    key: str  # how ratios refer to the row
+    label: str
+    clients: int
+    p50_ms: float
+    p99_ms: float
+    rps: float | None  # None where calls per second mean nothing (latency-only rows)
+    errors: int = 0
+    cpu: str = ""  # share of one core each process used while measured, e.g. "api 95%, worker 40%+38%"
+
+
+@dataclass(frozen=True)
+class ScalePoint:
+    workers: int
+    row: Row
+    ideal_rps: float  # what the worker slots allow: min(clients, workers × concurrency) / tool time
+
+
+@dataclass
+class Report:
+    header: list[str]
+    rows: list[Row] = field(default_factory=list)
+    scale: list[ScalePoint] = field(default_factory=list)
+    inflight: InflightResult | None = None
+    problems: list[str] = field(default_factory=list)
+    log_errors: list[str] = field(default_factory=list)  # reported, but not a failure of the run
+
+    def get(self, key: str) -> Row | None:
+        return next((row for row in self.rows if row.key == key), None)
+
+    def render(self) -> str:
+        parts = [self.header_lines(), self.table(), self.ratios(), self.scale_table(), self.inflight_lines(),
+                 self.targets(), self.log_error_lines(), self.problem_lines()]
+        return "\n\n".join(part for part in parts if part) + "\n"
+
+    def header_lines(self) -> str:
+        return "\n".join(self.header)
+
+    def table(self) -> str:
+        lines = ["| scenario | clients | p50 ms | p99 ms | req/s | errors | CPU (of one core) |",
+                 "|---|--:|--:|--:|--:|--:|---|"]
+        for r in self.rows:
+            rps = "" if r.rps is None else f"{r.rps:,.0f}"
+            lines.append(f"| {r.label} | {r.clients} | {r.p50_ms:.3f} | {r.p99_ms:.3f} | {rps} | {r.errors} "
+                         f"| {r.cpu} |")
+        return "\n".join(lines)
+
+    def ratio(self, text: str, top: str, bottom: str, *, by_rps: bool) -> str | None:
+        a, b = self.get(top), self.get(bottom)
+        if a is None or b is None:
+            return None
+        if by_rps:
+            if not a.rps or not b.rps:
+                return None
+            return f"- {text}: **{times(a.rps / b.rps)}** ({a.rps:,.0f} vs {b.rps:,.0f} req/s)"
+        return (f"- {text}: **{times(a.p50_ms / b.p50_ms)}** ({a.p50_ms:.3f} vs {b.p50_ms:.3f} ms, "
+                f"{a.p50_ms - b.p50_ms:+.3f} ms)")
+
+    def ratios(self) -> str:
+        lines = [
+            self.ratio("Carmy vs arq textbook, throughput at 64 clients", "ours_64", "arq_64", by_rps=True),
+            self.ratio("Carmy vs bare Starlette, throughput at 64 clients", "ours_64", "bare_64", by_rps=True),
+            self.ratio("arq textbook vs Carmy, p50 at 1 client", "arq_1", "ours_1", by_rps=False),
+            self.ratio("Carmy vs bare Starlette, p50 at 1 client", "ours_1", "bare_1", by_rps=False),
+            self.ratio("Carmy vs Redis round-trip floor, p50 at 1 client", "ours_1", "floor", by_rps=False),
+            self.ratio("Discovery with If-None-Match (304) vs without (200), throughput at 64 clients",
+                       "discovery_304_64", "discovery_200_64", by_rps=True),
+        ]
+        found = [line for line in lines if line]
+        return "Ratios:\n\n" + "\n".join(found) if found else ""
+
+    def scale_table(self) -> str:
+        if not self.scale:
+            return ""
+        lines = ["Scale-out (tool sleeps 50 ms, 1 API, 64 clients):", "",
+                 "| workers | req/s | p50 ms | p99 ms | slots allow req/s | errors | CPU (of one core) |",
+                 "|--:|--:|--:|--:|--:|--:|---|"]
+        lines += [f"| {p.workers} | {p.row.rps or 0:,.0f} | {p.row.p50_ms:.1f} | {p.row.p99_ms:.1f} "
+                  f"| {p.ideal_rps:,.0f} | {p.row.errors} | {p.row.cpu} |" for p in self.scale]
+        return "\n".join(lines)
+
+    def inflight_lines(self) -> str:
+        r = self.inflight
+        if r is None:
+            return ""
+        p = r.peak
+        return "\n".join([
+            f"In flight on one API process ({r.calls} concurrent calls of a 2 s tool, "
+            f"peak over {p.samples} samples):", "",
+            f"- answered 200 completed: {r.ok}/{r.calls}",
+            f"- HTTP connections open on the API: {p.http_connections}",
+            f"- API RSS: {p.rss_mib:.1f} MiB while in flight (VmHWM over its life: {r.hwm_mib:.1f} MiB)",
+            f"- API connections to Redis: {p.redis_connections} (/proc), {p.redis_clients} (Redis CLIENT LIST)",
+        ])
+
+    def targets(self) -> str:
+        checks: list[tuple[str, str, bool]] = []
+        if (ours_1 := self.get("ours_1")) is not None:
+            checks.append((f"no-op, 1 client: p50 ≤ {TARGET_P50_MS:g} ms", f"{ours_1.p50_ms:.3f} ms",
+                           ours_1.p50_ms <= TARGET_P50_MS))
+        ours_64, arq_64 = self.get("ours_64"), self.get("arq_64")
+        if ours_64 is not None and ours_64.rps is not None:
+            checks.append((f"no-op, 64 clients, 1 API + 2 workers: ≥ {TARGET_RPS:,.0f}/s", f"{ours_64.rps:,.0f}/s",
+                           ours_64.rps >= TARGET_RPS))
+            if arq_64 is not None and arq_64.rps:
+                vs_arq = ours_64.rps / arq_64.rps
+                checks.append((f"same, ≥ {TARGET_VS_ARQ:g}× arq's textbook pattern", times(vs_arq),
+                               vs_arq >= TARGET_VS_ARQ))
+        if (r := self.inflight) is not None:
+            checks.append((f"{r.calls} in flight: API RSS ≤ {TARGET_RSS_MIB:g} MiB", f"{r.peak.rss_mib:.1f} MiB",
+                           r.peak.rss_mib <= TARGET_RSS_MIB))
+            conns = max(r.peak.redis_connections, r.peak.redis_clients)
+            checks.append((f"{r.calls} in flight: ≤ {TARGET_REDIS_CONNECTIONS} Redis connections from the API",
+                           str(conns), conns <= TARGET_REDIS_CONNECTIONS))
+        if not checks:
+            return ""
+        lines = ["| target | measured | met |", "|---|--:|:-:|"]
+        lines += [f"| {name} | {value} | {'yes' if ok else '**no**'} |" for name, value, ok in checks]
+        return "Targets:\n\n" + "\n".join(lines)
+
+    def log_error_lines(self) -> str:
+        if not self.log_errors:
+            return ""
+        return ("Errors in the servers' logs (callers saw them only where a row counts errors):\n\n"
+                + "\n".join(f"- {line}" for line in self.log_errors))
+
+    def problem_lines(self) -> str:
+        return "Problems:\n\n" + "\n".join(f"- {p}" for p in self.problems) if self.problems else ""

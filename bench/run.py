@@ -1,0 +1,113 @@
+"""``python -m bench.run [--quick] [--json FILE]``: run every benchmark scenario on this machine
+and print one markdown report (see bench/README.md).
+
+Exits 1 when something failed to respond (an error, a non-200, a process that did not start);
+missing a performance target is reported, not an error: this is a benchmark, not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: python bench/run.py
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench import scenarios, wrk
+from bench.procs import ROOT, RedisServer
+from bench.report import Report
+
+
+def command_output(*args: str) -> str:
+    """The first line a command prints (stdout, else stderr), "" when it prints nothing or fails."""
+    try:
+        done = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    lines = (done.stdout.strip() or done.stderr.strip()).splitlines()
+    return lines[0] if lines else ""
+
+
+def header(config: scenarios.Config, quick: bool) -> list[str]:
+    commit = command_output("git", "rev-parse", "--short", "HEAD") or "unknown commit"
+    if command_output("git", "status", "--porcelain", "--untracked-files=no"):
+        commit += " (with uncommitted changes)"
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    redis_version = command_output("redis-server", "--version").split(" sha=")[0]
+    wrk_version = command_output("wrk", "--version").split(" [")[0]
+    return [
+        f"# Carmy benchmark{' (quick smoke run: numbers not meaningful)' if quick else ''}",
+        "",
+        f"- commit {commit}, {now}",
+        f"- {os.cpu_count()} CPUs, {platform.system()} {platform.release()}, Python {platform.python_version()}, "
+        f"{redis_version}, {wrk_version}",
+        f"- each load measurement: wrk for {config.seconds:g} s"
+        + (f" after a {config.warmup:g} s warm-up" if config.warmup else "")
+        + "; 1 client = wrk -t1 -c1, 64 clients = wrk -t2 -c64",
+    ]
+
+
+def preflight() -> str | None:
+    """Why the benchmark cannot run here, or None."""
+    if not wrk.available():
+        return wrk.INSTALL_HINT
+    if shutil.which("redis-server") is None:
+        return "redis-server is not installed: apt-get install redis-server (Debian/Ubuntu)"
+    return None
+
+
+def run(config: scenarios.Config, quick: bool, only: list[str]) -> Report:
+    report = Report(header=header(config, quick))
+    workdir = Path(tempfile.mkdtemp(prefix="carmy-bench-"))
+    redis = RedisServer(workdir)
+    bench = scenarios.Bench(config, workdir, redis, report)
+    try:
+        for scenario in scenarios.ALL:
+            if only and scenario.__name__ not in only:
+                continue
+            started = time.monotonic()
+            print(f"… {scenario.__name__}", file=sys.stderr, flush=True)
+            try:
+                scenario(bench)
+            except Exception as exc:  # one broken scenario must not hide the others' numbers
+                traceback.print_exc()
+                report.problems.append(f"{scenario.__name__}: {type(exc).__name__}: {exc}")
+            print(f"  {scenario.__name__} took {time.monotonic() - started:.1f} s", file=sys.stderr, flush=True)
+    finally:
+        redis.stop()
+    report.log_errors = bench.log_errors()
+    report.header.append(f"- process logs: {workdir}")
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a tiny smoke run (< 30 s): checks everything answers")
+    parser.add_argument("--json", type=Path, help="also write the numbers to this file")
+    parser.add_argument("--only", action="append", default=[], choices=[s.__name__ for s in scenarios.ALL],
+                        help="run only this scenario (repeatable)")
+    args = parser.parse_args(argv)
+    problem = preflight()
+    if problem:
+        print(f"bench: {problem}", file=sys.stderr)
+        return 2
+    report = run(scenarios.QUICK if args.quick else scenarios.FULL, args.quick, args.only)
+    print(report.render())
+    if args.json:
+        args.json.write_text(json.dumps(dataclasses.asdict(report), indent=2))
+    return 1 if report.problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,167 @@
+"""The scenarios of a run. Each starts the processes it needs, measures, adds rows to the
+report and stops its processes, so no scenario competes with another for the CPUs."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from bench import inflight, latency, redis_floor, wrk
+from bench.procs import CpuMeter, Processes, RedisServer
+from bench.report import Report, Row, ScalePoint
+
+JSON = (("content-type", "application/json"),)
+COMPLETED = '"status":"completed"'
+CLIENTS = 64
+WORKER_CONCURRENCY = 16  # CARMY_CONCURRENCY's default, passed explicitly so the scale-out bound is right
+SLEEP50_SECONDS = 0.05
+
+
+def execute(tool: str) -> wrk.Request:
+    return wrk.Request("/agent/execute", method="POST", body=f'{{"tool":"{tool}","arguments":{{}}}}',
+                       headers=JSON, expect_text=COMPLETED)
+
+
+@dataclass(frozen=True)
+class Config:
+    seconds: float  # each wrk measurement
+    warmup: float  # a wrk run before each measurement, not counted (0: none)
+    sse_calls: int
+    floor_round_trips: int
+    inflight_calls: int
+    scale_workers: tuple[int, ...]
+
+
+FULL = Config(seconds=5, warmup=1, sse_calls=200, floor_round_trips=2000, inflight_calls=500,
+              scale_workers=(1, 2, 4))
+QUICK = Config(seconds=1, warmup=0, sse_calls=20, floor_round_trips=200, inflight_calls=50, scale_workers=(1, 2))
+
+
+class Bench:
+    """What every scenario shares: the configuration, the private Redis, the report."""
+
+    def __init__(self, config: Config, workdir: Path, redis: RedisServer, report: Report) -> None:
+        self.config = config
+        self.workdir = workdir
+        self.redis = redis
+        self.report = report
+        self.started: list[Processes] = []
+
+    def processes(self, scenario: str) -> Processes:
+        procs = Processes(self.workdir, self.redis.url, scenario)
+        self.started.append(procs)
+        return procs
+
+    def log_errors(self) -> list[str]:
+        """Errors the servers logged during the run (read once they have all stopped)."""
+        return [line for procs in self.started for line in procs.log_errors()]
+
+    def load(self, key: str, label: str, base: str, request: wrk.Request, clients: int, procs: Processes,
+             *, in_table: bool = True) -> Row:
+        """Warm up, measure with wrk, add the row (to the main table unless ``in_table`` is false);
+        unexpected answers become problems.
+
+        The CPU each process used during the measurement goes with the row: on a small machine
+        it tells which process is the bottleneck.
+        """
+        if self.config.warmup:
+            wrk.run(base, request, clients=clients, seconds=self.config.warmup, workdir=self.workdir)
+        with CpuMeter([*procs.procs, self.redis.proc]) as cpu:
+            result = wrk.run(base, request, clients=clients, seconds=self.config.seconds, workdir=self.workdir)
+        row = Row(key, label, clients, result.p50_ms, result.p99_ms, result.rps, result.errors, cpu.summary)
+        if in_table:
+            self.report.rows.append(row)
+        if result.errors or not result.requests:
+            self.report.problems.append(f"{label}, {clients} clients: {result.requests} answers, "
+                                        f"{result.errors} errors; first unexpected answer: {result.sample!r}")
+        return row
+
+
+def carmy(b: Bench) -> None:
+    """Ours end to end: 1 API + 1 worker at 1 client (plus SSE), then a second worker at 64 clients."""
+    with b.processes("carmy") as procs:
+        procs.carmy_worker(env={"CARMY_CONCURRENCY": str(WORKER_CONCURRENCY)})
+        _, base = procs.carmy_api()
+        b.load("ours_1", "Carmy, no-op over HTTP (1 API + 1 worker)", base, execute("noop"), 1, procs)
+        first, total = latency.sse_latency(base, "noop", b.config.sse_calls)
+        b.report.rows.append(Row("sse_first", "Carmy SSE: time to first event", 1, first.p50_ms, first.p99_ms, None))
+        b.report.rows.append(Row("sse_total", "Carmy SSE: time to execution.completed", 1, total.p50_ms,
+                                 total.p99_ms, None))
+        procs.carmy_worker(env={"CARMY_CONCURRENCY": str(WORKER_CONCURRENCY)})
+        b.load("ours_64", "Carmy, no-op over HTTP (1 API + 2 workers)", base, execute("noop"), CLIENTS, procs)
+        discovery(b, base, procs)
+    b.redis.flush()
+
+
+def discovery(b: Bench, base: str, procs: Processes) -> None:
+    """``GET /.well-known/agent`` in full, and revalidated with its ETag (304, no body)."""
+    etag = httpx.get(base + "/.well-known/agent").headers["etag"]
+    full = wrk.Request("/.well-known/agent", expect_text='"tools_version"')
+    cached = wrk.Request("/.well-known/agent", headers=(("if-none-match", etag),), expect_status=304)
+    for clients in (1, CLIENTS):
+        b.load(f"discovery_200_{clients}", "Carmy discovery GET, 200", base, full, clients, procs)
+        b.load(f"discovery_304_{clients}", "Carmy discovery GET + If-None-Match, 304", base, cached, clients, procs)
+
+
+def bare(b: Bench) -> None:
+    """The same tool called in-process by a bare Starlette endpoint: the HTTP upper bound."""
+    with b.processes("bare") as procs:
+        _, base = procs.uvicorn("bench.baselines:bare_app")
+        b.load("bare_1", "bare Starlette, no-op in-process", base, execute("noop"), 1, procs)
+        b.load("bare_64", "bare Starlette, no-op in-process", base, execute("noop"), CLIENTS, procs)
+
+
+def arq_textbook(b: Bench) -> None:
+    """arq's textbook pattern, arq defaults: 1 API + 1 arq worker at 1 client, + 1 worker at 64."""
+    with b.processes("arq_textbook") as procs:
+        procs.arq_worker()
+        _, base = procs.uvicorn("bench.baselines:arq_app")
+        b.load("arq_1", "arq textbook (1 API + 1 arq worker)", base, execute("noop"), 1, procs)
+        procs.arq_worker()
+        b.load("arq_64", "arq textbook (1 API + 2 arq workers)", base, execute("noop"), CLIENTS, procs)
+    b.redis.flush()
+
+
+def floor(b: Bench) -> None:
+    """The raw Redis round trip between two processes, with no HTTP and no records."""
+    result = redis_floor.measure(b.redis.url, b.config.floor_round_trips)
+    b.report.rows.append(Row("floor", "Redis floor: LPUSH → BLPOP (other process) → PUBLISH → receive", 1,
+                             result.p50_us / 1000, result.p99_us / 1000, 1e6 / result.mean_us))
+    b.redis.flush()
+
+
+def scale_out(b: Bench) -> None:
+    """A 50 ms tool at 64 clients, with 1, 2, 4… workers behind one API."""
+    with b.processes("scale_out") as procs:
+        workers, base = 0, ""
+        for target in b.config.scale_workers:
+            while workers < target:
+                procs.carmy_worker(env={"CARMY_CONCURRENCY": str(WORKER_CONCURRENCY)})
+                workers += 1
+            if not base:
+                _, base = procs.carmy_api(tool="sleep50")
+            row = b.load(f"scale_{workers}", f"Carmy, 50 ms tool, {workers} worker(s)", base, execute("sleep50"),
+                         CLIENTS, procs, in_table=False)
+            ideal = min(CLIENTS, workers * WORKER_CONCURRENCY) / SLEEP50_SECONDS
+            b.report.scale.append(ScalePoint(workers, row, ideal))
+    b.redis.flush()
+
+
+def in_flight(b: Bench) -> None:
+    """Many executions waiting at once on one API process: its memory and Redis connections."""
+    calls = b.config.inflight_calls
+    with b.processes("in_flight") as procs:
+        procs.carmy_worker(env={"CARMY_CONCURRENCY": str(calls + 100)})
+        api, base = procs.carmy_api(env={"CARMY_MAX_PENDING": str(calls * 4)}, tool="sleep2s")
+        result = asyncio.run(inflight.hold(base, api.pid, b.redis.url, calls=calls, tool="sleep2s"))
+    b.report.inflight = result
+    if result.ok != calls:
+        b.report.problems.append(f"in flight: {calls - result.ok} of {calls} calls did not answer 200 completed; "
+                                 f"first failures: {result.failures}")
+    b.redis.flush()
+
+
+ALL = (carmy, bare, arq_textbook, floor, scale_out, in_flight)

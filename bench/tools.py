@@ -1,0 +1,41 @@
+"""The tools the benchmark runs, served by ``python -m carmy_worker bench.tools``.
+
+The baselines in ``bench.baselines`` call the very same functions, so every scenario measures
+the same work and differs only in how the call reaches it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import msgspec
+
+from carmy_worker import Context, Toolbox
+
+tools = Toolbox()
+
+
+class Empty(msgspec.Struct):
+    pass
+
+
+# parallel_safe=True: the default (False) would allow one execution at a time across all
+# workers, which is a locking benchmark, not a throughput one.
+@tools.tool(effect="none", idempotent=True, parallel_safe=True)
+async def noop(ctx: Context) -> Empty:
+    """Do nothing: measures the cost of the call itself."""
+    return Empty()
+
+
+@tools.tool(effect="none", idempotent=True, parallel_safe=True)
+async def sleep50(ctx: Context) -> Empty:
+    """Sleep 50 ms: a tool whose time is spent waiting, for the scale-out curve."""
+    await asyncio.sleep(0.05)
+    return Empty()
+
+
+@tools.tool(effect="none", idempotent=True, parallel_safe=True, timeout=10)
+async def sleep2s(ctx: Context) -> Empty:
+    """Sleep 2 s: keeps hundreds of executions in flight for the memory check."""
+    await asyncio.sleep(2)
+    return Empty()
