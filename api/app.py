@@ -16,6 +16,7 @@ from api.catalog import Catalog
 from api.discovery import endpoints
 from api.execute import ExecuteEndpoint
 from api.executions import Executions
+from api.headers import middleware
 from api.hub import EventHub
 from api.lookup import ExecutionRoutes
 from api.ops import ApiMetrics, Ops
@@ -91,6 +92,7 @@ def create_app(settings: ApiSettings | None = None) -> Starlette:
             Route("/ready", ops.ready, methods=["GET"]),
             Route("/metrics", RequireApiKey(request_response(ops.metrics_text), api_keys), methods=["GET"]),
         ],
+        middleware=middleware(settings),
         lifespan=lifespan,
     )
     app.state.settings = settings

@@ -52,6 +52,7 @@ class ApiSettings(Struct, frozen=True, kw_only=True):
             max_pending=env_int(env, "CARMY_MAX_PENDING", 1000),
             retention=env_int(env, "CARMY_RETENTION", 86400),
             queue_timeout=env_float(env, "CARMY_QUEUE_TIMEOUT", 60.0),
+            header_timeout=env_float(env, "CARMY_HEADER_TIMEOUT", 15.0),
             security_headers=env_bool(env, "CARMY_SECURITY_HEADERS", False),
             cors_origins=tuple(o.strip() for o in (env.get("CARMY_CORS_ORIGINS") or "").split(",") if o.strip()),
             log_format=env_choice(env, "CARMY_LOG_FORMAT", ("json", "text")),
