@@ -23,8 +23,10 @@ from typing import TYPE_CHECKING, Any, cast
 import msgspec
 from arq.connections import ArqRedis
 from arq.constants import in_progress_key_prefix, job_key_prefix
+from arq.utils import timestamp_ms
 from arq.worker import Worker, func
 from redis.asyncio import ConnectionPool
+from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError
 
 if TYPE_CHECKING:
@@ -73,6 +75,24 @@ def encode_job(payload: bytes, enqueue_ms: int) -> bytes:
 
 Handler = Callable[[bytes, int], Awaitable[None]]
 
+# Leases up to ARGV[3] of the given jobs in one round trip: those still queued, due, and not
+# leased by another worker. arq does the same per job with WATCH/EXISTS/ZSCORE/MULTI/EXEC
+# (four round trips each); the in-progress keys it sets are exactly arq's.
+# KEYS: queue; ARGV: in-progress key prefix, lease ms, how many, now ms, job ids...
+_LEASE = """
+local out = {}
+local want, now = tonumber(ARGV[3]), tonumber(ARGV[4])
+for i = 5, #ARGV do
+  if #out >= want * 2 then break end
+  local score = redis.call('ZSCORE', KEYS[1], ARGV[i])
+  if score and tonumber(score) <= now and redis.call('SET', ARGV[1] .. ARGV[i], '1', 'NX', 'PX', ARGV[2]) then
+    table.insert(out, ARGV[i])
+    table.insert(out, score)
+  end
+end
+return out
+"""
+
 
 class WakeableWorker(Worker):
     """An arq worker that polls when told to (and every ``poll_delay`` s as a fallback), keeps
@@ -80,6 +100,7 @@ class WakeableWorker(Worker):
     tells us when a signal starts its graceful shutdown."""
 
     _wake: asyncio.Event
+    _lease: AsyncScript
     on_drain: Callable[[], None] | None = None
 
     async def main(self) -> None:
@@ -87,6 +108,7 @@ class WakeableWorker(Worker):
         if self._pool is None:  # pragma: no cover - we always pass a pool
             raise RuntimeError("WakeableWorker needs redis_pool")
         self.ctx["redis"] = self.pool
+        self._lease = self.pool.register_script(_LEASE)
         if self.on_startup:
             await self.on_startup(self.ctx)
         listener = asyncio.create_task(self._listen())
@@ -114,6 +136,22 @@ class WakeableWorker(Worker):
         if self.allow_pick_jobs and self.on_drain is not None:
             self.on_drain()
         super().handle_sig_wait_for_completion(signum)
+
+    async def start_jobs(self, job_ids: list[bytes]) -> None:
+        free = self.max_jobs - self.job_counter
+        if free <= 0 or not job_ids:
+            return
+        leased = await self._lease(
+            keys=[self.queue_name or ""],
+            args=[in_progress_key_prefix, int(self.in_progress_timeout_s * 1000), free, timestamp_ms(), *job_ids],
+        )
+        for i in range(0, len(leased), 2):
+            job_id = leased[i].decode()
+            await self.sem.acquire()
+            self.job_counter += 1
+            task = self.loop.create_task(self.run_job(job_id, int(float(leased[i + 1]))))
+            task.add_done_callback(lambda _: self._release_sem_dec_counter_on_complete())
+            self.tasks[job_id] = task
 
     def _release_sem_dec_counter_on_complete(self) -> None:
         super()._release_sem_dec_counter_on_complete()
