@@ -80,3 +80,9 @@ def owner(principal: str | None) -> str:
 def fingerprint(tool: str, canonical_arguments: bytes) -> str:
     """Same tool and same arguments (canonical JSON) give the same fingerprint."""
     return hashlib.sha256(tool.encode() + b"\0" + canonical_arguments).hexdigest()
+
+
+def mcp_call(principal: str | None, session: str | None, mcp_session: str, request_id: str) -> str:
+    """Which execution an MCP ``tools/call`` started, so that its ``notifications/cancelled``
+    (which may reach another API replica) can find it: (caller, MCP session, JSON-RPC id), hashed."""
+    return f"{PREFIX}mcpcall:{_digest(principal, session, mcp_session, request_id)}"

@@ -199,3 +199,14 @@ async def linger(ctx: Context, input: SleepInput) -> Empty:
         mark(f"linger-cancelled-{input.tag}", str(time.time()))
         raise
     return Empty()
+
+
+class NotifyInput(msgspec.Struct):
+    to: str
+
+
+@tools.tool(effect="external_write")
+async def notify(ctx: Context, input: NotifyInput) -> Count:
+    """Tell someone outside (an external write): appends a line to a file."""
+    mark(f"notify-{input.to}", ctx.execution_id)
+    return Count(n=1)
