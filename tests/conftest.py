@@ -3,7 +3,6 @@ from __future__ import annotations
 import contextlib
 import shutil
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 
 import httpx
 import pytest
@@ -24,17 +23,41 @@ def redis_server() -> Iterator[RedisServer]:
     shutil.rmtree(workdir, ignore_errors=True)
 
 
-@pytest.fixture(scope="module")
-def stack(redis_server: RedisServer) -> Iterator[Stack]:
-    """Processes for one test module, against a flushed Redis."""
-    client = redis_server.client()
+@contextlib.contextmanager
+def flushed_stack(server: RedisServer) -> Iterator[Stack]:
+    """A Stack against ``server`` after emptying it; its processes and files go afterwards."""
+    client = server.client()
     client.flushall()
     client.close()
     tmp = new_tmp()
-    s = Stack(redis_server.url, tmp)
-    yield s
-    s.close()
-    shutil.rmtree(tmp, ignore_errors=True)
+    s = Stack(server.url, tmp)
+    try:
+        yield s
+    finally:
+        s.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def private_stack(*, durable: bool = False) -> Iterator[tuple[RedisServer, Stack]]:
+    """A redis-server of the test's own (which it may stop and start) and a Stack against it."""
+    tmp = new_tmp()
+    server = RedisServer(tmp, durable=durable)
+    server.start()
+    s = Stack(server.url, tmp)
+    try:
+        yield server, s
+    finally:
+        s.close()
+        server.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def stack(redis_server: RedisServer) -> Iterator[Stack]:
+    """Processes for one test module, against a flushed Redis."""
+    with flushed_stack(redis_server) as s:
+        yield s
 
 
 @pytest.fixture
@@ -55,18 +78,7 @@ async def app_client(settings: ApiSettings) -> AsyncIterator[httpx.AsyncClient]:
 
 
 @pytest.fixture
-def tmp_dir(stack: Stack) -> Path:
-    return stack.tmp
-
-
-@pytest.fixture
 def fresh_stack(redis_server: RedisServer) -> Iterator[Stack]:
     """Processes for one test only, against a flushed Redis (crash tests kill them)."""
-    client = redis_server.client()
-    client.flushall()
-    client.close()
-    tmp = new_tmp()
-    s = Stack(redis_server.url, tmp)
-    yield s
-    s.close()
-    shutil.rmtree(tmp, ignore_errors=True)
+    with flushed_stack(redis_server) as s:
+        yield s

@@ -4,26 +4,20 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import time
 from collections.abc import Iterator
 
 import httpx
 import pytest
 
-from tests.support import Proc, RedisServer, Stack, new_tmp, wait_until
+from tests.conftest import private_stack
+from tests.support import Proc, RedisServer, Stack, wait_until
 
 
 @pytest.fixture
 def own_redis() -> Iterator[tuple[RedisServer, Stack]]:
-    tmp = new_tmp()
-    server = RedisServer(tmp)
-    server.start()
-    stack = Stack(server.url, tmp)
-    yield server, stack
-    stack.close()
-    server.stop()
-    shutil.rmtree(tmp, ignore_errors=True)
+    with private_stack() as pair:
+        yield pair
 
 
 def metric(text: str, name: str, **labels: str) -> float:

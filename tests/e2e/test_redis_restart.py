@@ -3,7 +3,6 @@ no process restarted, and every accepted execution ends with a final status."""
 
 from __future__ import annotations
 
-import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -12,7 +11,8 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
-from tests.support import RedisServer, Stack, new_tmp, wait_until
+from tests.conftest import private_stack
+from tests.support import RedisServer, Stack, wait_until
 
 
 @dataclass
@@ -25,14 +25,8 @@ class Sample:
 
 @pytest.fixture
 def durable_stack() -> Iterator[tuple[RedisServer, Stack]]:
-    tmp = new_tmp()
-    server = RedisServer(tmp, durable=True)  # AOF everysec, as bin/run and compose use
-    server.start()
-    stack = Stack(server.url, tmp)
-    yield server, stack
-    stack.close()
-    server.stop()
-    shutil.rmtree(tmp, ignore_errors=True)
+    with private_stack(durable=True) as pair:  # AOF everysec, as bin/run and compose use
+        yield pair
 
 
 class Load(threading.Thread):
