@@ -20,6 +20,19 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 """
 
+# Writes a record in place of whoever holds the execution (the janitor, a cancel): bumping the
+# attempt fences out a late writer of the old one.
+_IMPOSE = _COUNT + """
+local function impose(exe, rec, pending, exec_id, stored, retention, channel, final, label)
+  redis.call('HINCRBY', exe, 'attempt', 1)
+  redis.call('SET', rec, stored, 'EX', tonumber(retention))
+  redis.call('HSET', exe, 'state', 'done')
+  redis.call('ZREM', pending, exec_id)
+  redis.call('PUBLISH', channel, final)
+  count(label)
+end
+"""
+
 # KEYS: exe, pending, queued, arq job, arq queue, [idempotency]
 # ARGV: exec_id, fingerprint, arq job bytes, retention s, max pending, admission deadline ms,
 #       queue wait ms, workers alive (1/0), tool, owner, idempotent (1/0), record prefix, wake channel
@@ -76,18 +89,14 @@ if attempt == 1 then observe('queue_wait', ARGV[6], waited) end
 return {'run', attempt, waited}
 """
 
-# Writes the record if none exists and the caller owns the current attempt ('*': whoever does;
-# the attempt is then bumped so a late writer of the old one is fenced out).
+# A worker writes the record of its attempt: only if none exists and it still owns the
+# current attempt (a paused worker waking up late finds another attempt and writes nothing).
 # KEYS: exe, record, pending, running set, queued
-# ARGV: exec_id, attempt or '*', record, retention s, events channel, final event, tool.completed event or '',
+# ARGV: exec_id, attempt, record, retention s, events channel, final event, tool.completed event or '',
 #       metrics label, tool, run ms or ''
 SETTLE = _COUNT + _OBSERVE + """
 if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
-if ARGV[2] == '*' then
-  redis.call('HINCRBY', KEYS[1], 'attempt', 1)
-elseif redis.call('HGET', KEYS[1], 'attempt') ~= ARGV[2] then
-  return 0
-end
+if redis.call('HGET', KEYS[1], 'attempt') ~= ARGV[2] then return 0 end
 redis.call('SET', KEYS[2], ARGV[3], 'EX', tonumber(ARGV[4]))
 redis.call('HSET', KEYS[1], 'state', 'done')
 redis.call('ZREM', KEYS[3], ARGV[1])
@@ -104,7 +113,7 @@ return 1
 # one is signalled to every worker (the one running it answers with the record).
 # KEYS: exe, record, pending, queued
 # ARGV: exec_id, record, retention s, events channel, final event, cancel channel, metrics label
-CANCEL = _COUNT + """
+CANCEL = _IMPOSE + """
 if redis.call('EXISTS', KEYS[2]) == 1 then return 'settled' end
 if redis.call('EXISTS', KEYS[1]) == 0 then return 'gone' end
 redis.call('HSET', KEYS[1], 'cancel', 1)
@@ -112,13 +121,8 @@ if redis.call('HGET', KEYS[1], 'state') == 'running' then
   redis.call('PUBLISH', ARGV[6], ARGV[1])
   return 'signalled'
 end
-redis.call('HINCRBY', KEYS[1], 'attempt', 1)
-redis.call('SET', KEYS[2], ARGV[2], 'EX', tonumber(ARGV[3]))
-redis.call('HSET', KEYS[1], 'state', 'done')
-redis.call('ZREM', KEYS[3], ARGV[1])
 redis.call('ZREM', KEYS[4], ARGV[1])
-redis.call('PUBLISH', ARGV[4], ARGV[5])
-count(ARGV[7])
+impose(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[7])
 return 'cancelled'
 """
 
@@ -128,7 +132,7 @@ return 'cancelled'
 # finds it settled and never runs the tool a second time.
 # KEYS: exe, record, pending, running set, arq in-progress key
 # ARGV: exec_id, worker_id, record, retention s, events channel, final event, metrics label
-REAP = _COUNT + """
+REAP = _IMPOSE + """
 redis.call('SREM', KEYS[4], ARGV[1])
 if redis.call('EXISTS', KEYS[2]) == 1 then return 'settled' end
 local h = redis.call('HMGET', KEYS[1], 'worker', 'state', 'idem', 'wake')
@@ -139,19 +143,14 @@ if h[3] == '1' then
   redis.call('HSET', KEYS[1], 'state', 'queued')
   return 'requeued'
 end
-redis.call('HINCRBY', KEYS[1], 'attempt', 1)
-redis.call('SET', KEYS[2], ARGV[3], 'EX', tonumber(ARGV[4]))
-redis.call('HSET', KEYS[1], 'state', 'done')
-redis.call('ZREM', KEYS[3], ARGV[1])
-redis.call('PUBLISH', ARGV[5], ARGV[6])
-count(ARGV[7])
+impose(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7])
 return 'uncertain'
 """
 
 # An accepted execution that no worker started before its start-by instant.
 # KEYS: exe, record, pending, queued
 # ARGV: exec_id, record, retention s, events channel, final event, metrics label
-EXPIRE_UNSTARTED = _NOW + _COUNT + """
+EXPIRE_UNSTARTED = _NOW + _IMPOSE + """
 local h = redis.call('HMGET', KEYS[1], 'state', 'start_by')
 if h[1] ~= 'queued' or redis.call('EXISTS', KEYS[2]) == 1 then
   redis.call('ZREM', KEYS[4], ARGV[1])
@@ -159,12 +158,7 @@ if h[1] ~= 'queued' or redis.call('EXISTS', KEYS[2]) == 1 then
 end
 if tonumber(h[2]) > now then return 0 end
 redis.call('ZREM', KEYS[4], ARGV[1])
-redis.call('HINCRBY', KEYS[1], 'attempt', 1)
-redis.call('SET', KEYS[2], ARGV[2], 'EX', tonumber(ARGV[3]))
-redis.call('HSET', KEYS[1], 'state', 'done')
-redis.call('ZREM', KEYS[3], ARGV[1])
-redis.call('PUBLISH', ARGV[4], ARGV[5])
-count(ARGV[6])
+impose(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6])
 return 1
 """
 
