@@ -19,6 +19,7 @@ from api.executions import Executions
 from api.headers import middleware
 from api.hub import EventHub
 from api.lookup import ExecutionRoutes
+from api.mcp import attach as attach_mcp
 from api.ops import ApiMetrics, Ops
 from api.settings import ApiSettings
 from carmy_worker import keys
@@ -100,4 +101,5 @@ def create_app(settings: ApiSettings | None = None) -> Starlette:
     app.state.hub = hub
     app.state.redis = redis
     app.state.executions = executions
+    attach_mcp(app)  # MCP over Streamable HTTP at /mcp, on the same executions
     return app

@@ -31,7 +31,7 @@ from carmy_worker.wire import (
 
 log = logging.getLogger("carmy.api")
 
-CAPABILITIES = ["tools", "streaming", "idempotency", "async"]
+CAPABILITIES = ["tools", "streaming", "idempotency", "async", "mcp"]
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ def build_view(server_name: str, workers: list[tuple[WorkerInfo, bool]],
     catalog = Document.of(CatalogDocument(tools=[specs[n][0] for n in names]))
     discovery = Document.of(DiscoveryDocument(
         protocol="carmy/1", server=server_name, capabilities=CAPABILITIES, tools_url="/agent/tools",
-        tools_version=catalog.etag.strip('"'), execute_url="/agent/execute",
+        tools_version=catalog.etag.strip('"'), execute_url="/agent/execute", mcp_url="/mcp",
     ))
     tools = {}
     for name in names:

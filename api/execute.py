@@ -104,6 +104,21 @@ def check_arguments(tool: CatalogTool, arguments: dict[str, Any]) -> None:
         ))
 
 
+def refusal(sub: Submission, name: str) -> ErrorBody:
+    """The error of a submission Redis did not accept (conflict, queue full, no workers)."""
+    if sub.kind == "conflict":
+        return error(
+            "IDEMPOTENCY_CONFLICT",
+            "This request_id was already used with another tool or other arguments.",
+            suggested_action="use a new request_id for a different call",
+            details={"execution_id": sub.execution_id},
+        )
+    if sub.kind == "full":
+        return error("QUEUE_FULL", f"Too many executions in progress ({sub.pending}); try again shortly.",
+                     retry_after=1)
+    return error("NO_WORKERS", f"No live worker serves {name} right now.", retry_after=2)
+
+
 @dataclass
 class Answer:
     """What one execute request was answered with: for the request log and the metrics."""
@@ -201,7 +216,7 @@ class ExecuteEndpoint:
             sub = await self.executions.submit(
                 exec_id=exec_id, tool=tool, arguments=arguments, request_id=request.request_id, agent=agent)
             if sub.kind in ("conflict", "full", "no_workers"):
-                raise Rejected(self._refusal(sub, tool.spec.name))
+                raise Rejected(refusal(sub, tool.spec.name))
             if sub.kind == "replay" and sub.record is not None:
                 return await self._replay(request, sub.execution_id, sub.record, sse, send)
             if sub.kind == "join":  # the same request is running: follow that execution instead
@@ -225,7 +240,7 @@ class ExecuteEndpoint:
         sub = await self.executions.submit(
             exec_id=exec_id, tool=tool, arguments=arguments, request_id=request.request_id, agent=agent)
         if sub.kind in ("conflict", "full", "no_workers"):
-            raise Rejected(self._refusal(sub, tool.spec.name))
+            raise Rejected(refusal(sub, tool.spec.name))
         found = None
         if sub.kind != "new":
             found = await self.executions.lookup(sub.execution_id, agent.principal)
@@ -269,16 +284,3 @@ class ExecuteEndpoint:
         if record is None:
             return Answer.of("disconnected", None, exec_id, request)
         return Answer.of("joined" if joined else "answered", record, exec_id, request)
-
-    def _refusal(self, sub: Submission, name: str) -> ErrorBody:
-        if sub.kind == "conflict":
-            return error(
-                "IDEMPOTENCY_CONFLICT",
-                "This request_id was already used with another tool or other arguments.",
-                suggested_action="use a new request_id for a different call",
-                details={"execution_id": sub.execution_id},
-            )
-        if sub.kind == "full":
-            return error("QUEUE_FULL", f"Too many executions in progress ({sub.pending}); try again shortly.",
-                         retry_after=1)
-        return error("NO_WORKERS", f"No live worker serves {name} right now.", retry_after=2)

@@ -90,6 +90,7 @@ class DiscoveryDocument(Struct, kw_only=True):
     tools_url: str
     tools_version: str
     execute_url: str
+    mcp_url: str
 
 
 # --- queue and Redis -------------------------------------------------------------------------

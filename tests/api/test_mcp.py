@@ -1,0 +1,347 @@
+"""MCP at /mcp with the SDK's own client, against the app served by uvicorn (a real server, so
+that a client going away is a real disconnect), real Redis and a real worker.
+
+Most tests run in both protocol eras the SDK speaks: ``legacy`` (the initialize handshake,
+2025-11-25) and ``auto``, which negotiates the stateless 2026-07-28 protocol.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import httpx2
+import pytest
+import uvicorn
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+from mcp_types import CallToolResult
+from starlette.applications import Starlette
+
+from api.app import create_app
+from api.mcp import attach
+from api.settings import ApiKey, ApiSettings
+from tests.support import Stack, free_port, wait_until
+
+MODES = ["legacy", "auto"]
+TOKEN = "alice-token-0123456789"
+
+
+@contextlib.contextmanager
+def serving(app: Starlette) -> Iterator[str]:
+    """The app under uvicorn in a thread of its own; yields its /mcp URL."""
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+                                           timeout_graceful_shutdown=2))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    wait_until(lambda: server.started or not thread.is_alive(), 15)
+    if not server.started:
+        raise RuntimeError("uvicorn did not start")
+    try:
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        server.should_exit = True
+        thread.join(15)
+
+
+def app_with_mcp(settings: ApiSettings) -> Starlette:
+    app = create_app(settings)
+    attach(app)  # a no-op once create_app attaches MCP itself
+    return app
+
+
+@pytest.fixture(scope="module")
+def url(stack: Stack) -> Iterator[str]:
+    stack.worker()
+    with serving(app_with_mcp(ApiSettings(redis_url=stack.redis_url))) as u:
+        yield u
+
+
+@pytest.fixture(scope="module")
+def other_url(stack: Stack, url: str) -> Iterator[str]:
+    """A second API replica on the same Redis."""
+    with serving(app_with_mcp(ApiSettings(redis_url=stack.redis_url))) as u:
+        yield u
+
+
+@pytest.fixture(scope="module")
+def keyed_url(stack: Stack, url: str) -> Iterator[str]:
+    keys = {TOKEN: ApiKey(principal="alice", permissions=frozenset({"confirm:wipe"}))}
+    with serving(app_with_mcp(ApiSettings(redis_url=stack.redis_url, api_keys=keys))) as u:
+        yield u
+
+
+@contextlib.asynccontextmanager
+async def connect(url: str, mode: str = "auto", token: str | None = None) -> AsyncIterator[Client]:
+    headers = {"authorization": f"Bearer {token}"} if token else None
+    async with httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(10, read=60)) as http, \
+            Client(streamable_http_client(url, http_client=http), mode=mode) as client:
+        yield client
+
+
+async def appears(path: Path, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while not path.exists() and time.monotonic() < deadline:
+        await anyio.sleep(0.02)
+    return path.exists()
+
+
+def error_of(result: CallToolResult) -> dict[str, Any]:
+    """The error object of a failed call, checking that text and structured content agree."""
+    assert result.is_error
+    assert len(result.content) == 1 and result.content[0].type == "text"
+    err: dict[str, Any] = json.loads(result.content[0].text)
+    assert result.structured_content == {"error": err}
+    assert result.meta is not None and result.meta["carmy/execution_id"].startswith("exec_")
+    return err
+
+
+async def test_initialize_and_ping(url: str) -> None:
+    async with connect(url, "legacy") as client:
+        assert client.protocol_version == "2025-11-25"
+        assert client.server_info is not None and client.server_info.name == "carmy"
+        assert client.server_capabilities.tools is not None
+        assert "carmy/request_id" in (client.instructions or "")
+        await client.session.send_ping()
+
+
+async def test_auto_negotiates_the_stateless_protocol(url: str) -> None:
+    async with connect(url) as client:
+        assert client.protocol_version == "2026-07-28"
+        assert client.server_capabilities.tools is not None
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_tools_list(url: str, mode: str) -> None:
+    async with connect(url, mode) as client:
+        tools = {t.name: t for t in (await client.list_tools()).tools}
+    assert list(tools) == sorted(tools)
+
+    wipe = tools["wipe"]
+    assert wipe.annotations is not None
+    assert wipe.annotations.model_dump(by_alias=True, exclude_none=True) == {
+        "readOnlyHint": False, "destructiveHint": True, "idempotentHint": True, "openWorldHint": False}
+    assert wipe.meta == {"carmy/effect": "destructive", "carmy/confirmation": "none", "carmy/parallel_safe": False}
+
+    echo = tools["echo"]
+    assert echo.description == "Echo the text."
+    assert echo.annotations is not None
+    assert echo.annotations.model_dump(by_alias=True, exclude_none=True) == {
+        "readOnlyHint": True, "destructiveHint": False, "idempotentHint": True, "openWorldHint": False}
+    assert echo.meta == {"carmy/effect": "read", "carmy/confirmation": "none", "carmy/parallel_safe": True}
+    assert echo.input_schema["type"] == "object"
+    assert echo.input_schema["additionalProperties"] is False
+    assert echo.output_schema is not None and echo.output_schema["type"] == "object"
+
+    notify = tools["notify"]
+    assert notify.annotations is not None
+    assert notify.annotations.model_dump(by_alias=True, exclude_none=True) == {
+        "readOnlyHint": False, "destructiveHint": False, "idempotentHint": False, "openWorldHint": True}
+    assert notify.meta == {"carmy/effect": "external_write", "carmy/confirmation": "none",
+                           "carmy/parallel_safe": False}
+
+    assert tools["publish"].meta == {"carmy/effect": "write", "carmy/confirmation": "required",
+                                     "carmy/parallel_safe": False}
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_call_returns_structured_content_and_json_text(url: str, mode: str) -> None:
+    async with connect(url, mode) as client:
+        result = await client.call_tool("echo", {"text": "ab", "times": 2})
+    assert not result.is_error
+    assert result.structured_content == {"text": "abab"}
+    assert len(result.content) == 1 and result.content[0].type == "text"
+    assert json.loads(result.content[0].text) == {"text": "abab"}
+    assert result.meta is not None
+    assert result.meta["carmy/execution_id"].startswith("exec_")
+    assert result.meta["carmy/replayed"] is False
+
+
+async def test_tool_without_input(url: str) -> None:
+    async with connect(url) as client:
+        result = await client.call_tool("noop")
+    assert not result.is_error and result.structured_content == {}
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_tool_error_is_the_error_object(url: str, mode: str) -> None:
+    async with connect(url, mode) as client:
+        result = await client.call_tool("refuse")
+    assert error_of(result) == {
+        "code": "OUT_OF_STOCK", "message": "Nothing left.", "category": "conflict", "recoverable": True,
+        "retryable": True, "retry_after": 7, "suggested_action": "wait", "details": {"sku": "KB-01"},
+    }
+
+
+async def test_confirmation_required(url: str) -> None:
+    async with connect(url) as client:
+        result = await client.call_tool("wipe")
+    err = error_of(result)
+    assert err["code"] == "CONFIRMATION_REQUIRED"
+    assert err["category"] == "permission"
+
+
+async def test_unknown_tool(url: str) -> None:
+    async with connect(url) as client:
+        result = await client.call_tool("no_such_tool", {})
+    err = error_of(result)
+    assert err["code"] == "TOOL_NOT_FOUND"
+    assert err["category"] == "not_found"
+
+
+@pytest.mark.parametrize(("arguments", "path"), [
+    ({"text": 5}, "$.text"),
+    ({"text": "a", "hallucinated": True}, "$"),
+    ({}, "$"),
+])
+async def test_invalid_arguments(url: str, arguments: dict[str, Any], path: str) -> None:
+    async with connect(url) as client:
+        result = await client.call_tool("echo", arguments)
+    err = error_of(result)
+    assert err["code"] == "INVALID_ARGUMENTS"
+    assert err["details"]["path"] == path
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_progress_notifications_in_order(url: str, mode: str) -> None:
+    seen: list[tuple[float, float | None, str | None]] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        seen.append((progress, total, message))
+
+    async with connect(url, mode) as client:
+        result = await client.call_tool("progress", {"n": 3}, progress_callback=on_progress)
+    assert result.structured_content == {"n": 3}
+    # The partial result that follows step 3 has no MCP counterpart: three notifications.
+    assert seen == [(1, 3, "step 1"), (2, 3, "step 2"), (3, 3, "step 3")]
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_cancel_cancels_the_running_tool(url: str, stack: Stack, mode: str) -> None:
+    tag = f"mcp-{mode}"
+    async with connect(url, mode) as client:
+        async with anyio.create_task_group() as calls:
+            calls.start_soon(client.call_tool, "linger", {"seconds": 20, "tag": tag})
+            assert await appears(stack.tmp / f"linger-start-{tag}", 10)
+            calls.cancel_scope.cancel()
+        # Still connected: the cancellation itself stopped the tool, not the client leaving.
+        assert await appears(stack.tmp / f"linger-cancelled-{tag}", 2)
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_request_id_replays(url: str, stack: Stack, mode: str) -> None:
+    name = f"mcp-replay-{mode}"
+    meta: Any = {"carmy/request_id": f"order-{mode}"}
+    async with connect(url, mode) as client:
+        first = await client.call_tool("tally", {"name": name}, meta=meta)
+        again = await client.call_tool("tally", {"name": name}, meta=meta)
+        other = await client.call_tool("tally", {"name": name + "-other"}, meta=meta)
+    assert first.structured_content == again.structured_content == {"n": 1}
+    assert first.meta is not None and again.meta is not None
+    assert again.meta["carmy/execution_id"] == first.meta["carmy/execution_id"]
+    assert (first.meta["carmy/replayed"], again.meta["carmy/replayed"]) == (False, True)
+    assert len((stack.tmp / f"tally-{name}").read_text().splitlines()) == 1
+    assert error_of(other)["code"] == "IDEMPOTENCY_CONFLICT"
+
+
+@pytest.mark.parametrize("request_id", [7, "", "x" * 257])
+async def test_bad_request_id(url: str, request_id: Any) -> None:
+    meta: Any = {"carmy/request_id": request_id}
+    async with connect(url) as client:
+        result = await client.call_tool("echo", {"text": "a"}, meta=meta)
+    assert error_of(result)["code"] == "INVALID_ID"
+
+
+# --- notifications/cancelled in a POST of its own (handshake versions), as plain HTTP --------
+
+ACCEPT = {"accept": "application/json, text/event-stream"}
+
+
+def rpc(method: str, params: dict[str, Any], id: int | None = None) -> dict[str, Any]:
+    message: dict[str, Any] = {"jsonrpc": "2.0", "method": method, "params": params}
+    return message if id is None else {**message, "id": id}
+
+
+async def handshake(http: httpx.AsyncClient, url: str) -> dict[str, str]:
+    """Initialize; the headers of the session's later requests."""
+    r = await http.post(url, headers=ACCEPT, json=rpc("initialize", {
+        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}, id=0))
+    assert r.status_code == 200
+    headers = {**ACCEPT, "mcp-session-id": r.headers["mcp-session-id"], "mcp-protocol-version": "2025-11-25"}
+    assert (await http.post(url, headers=headers, json=rpc("notifications/initialized", {}))).status_code == 202
+    return headers
+
+
+def call_error(response: httpx.Response) -> dict[str, Any]:
+    """The error object in the JSON-RPC answer to a tools/call (an SSE stream or JSON)."""
+    if response.headers["content-type"].startswith("text/event-stream"):
+        data = [line[5:] for line in response.text.splitlines() if line.startswith("data:") and line[5:].strip()]
+        message = json.loads(data[-1])
+    else:
+        message = response.json()
+    result = message["result"]
+    assert result["isError"] is True
+    err: dict[str, Any] = result["structuredContent"]["error"]
+    return err
+
+
+async def test_cancelled_notification_at_another_replica(url: str, other_url: str, stack: Stack) -> None:
+    tag = "mcp-replica"
+    async with httpx.AsyncClient(timeout=10) as http:
+        headers = await handshake(http, url)
+        call = rpc("tools/call", {"name": "linger", "arguments": {"seconds": 20, "tag": tag}}, id=7)
+        async with http.stream("POST", url, headers=headers, json=call) as answer:
+            assert await appears(stack.tmp / f"linger-start-{tag}", 10)
+            # The call's stream stays open: only the notification, at the other replica, cancels it.
+            cancel = rpc("notifications/cancelled", {"requestId": 7})
+            assert (await http.post(other_url, headers=headers, json=cancel)).status_code == 202
+            assert await appears(stack.tmp / f"linger-cancelled-{tag}", 2)
+            await answer.aread()
+    assert call_error(answer)["code"] == "CANCELLED"
+
+
+async def test_cancelled_notification_before_its_call(url: str) -> None:
+    async with httpx.AsyncClient(timeout=10) as http:
+        headers = await handshake(http, url)
+        cancel = rpc("notifications/cancelled", {"requestId": 9})
+        assert (await http.post(url, headers=headers, json=cancel)).status_code == 202
+        call = rpc("tools/call", {"name": "linger", "arguments": {"seconds": 20, "tag": "mcp-overtaken"}}, id=9)
+        started = time.monotonic()
+        r = await http.post(url, headers=headers, json=call)
+    assert time.monotonic() - started < 5
+    assert call_error(r)["code"] == "CANCELLED"
+
+
+async def test_no_server_stream(url: str) -> None:
+    async with httpx.AsyncClient(timeout=10) as http:
+        headers = await handshake(http, url)
+        r = await http.get(url, headers=headers)
+    assert r.status_code == 405
+
+
+async def test_api_keys(keyed_url: str) -> None:
+    async with httpx.AsyncClient() as http:
+        r = await http.post(keyed_url, json={"jsonrpc": "2.0", "id": 1, "method": "ping"},
+                            headers={"accept": "application/json, text/event-stream"})
+    assert r.status_code == 401
+    assert r.json()["error"]["code"] == "UNAUTHENTICATED"
+    with pytest.raises(BaseExceptionGroup) as refused:
+        async with connect(keyed_url, "legacy", token="wrong-token-0123456789"):
+            pass
+    assert refused.group_contains(MCPError, depth=None)
+
+    async with connect(keyed_url, token=TOKEN) as client:
+        who = await client.call_tool("whoami")
+        wiped = await client.call_tool("wipe")  # the key grants confirm:wipe
+    assert who.structured_content == {"principal": "alice", "session": None, "permissions": ["confirm:wipe"],
+                                      "request_id": None}
+    assert not wiped.is_error
