@@ -55,7 +55,7 @@ def serving(app: Starlette) -> Iterator[str]:
 
 def app_with_mcp(settings: ApiSettings) -> Starlette:
     app = create_app(settings)
-    attach(app)  # a no-op once create_app attaches MCP itself
+    attach(app)  # create_app attached it already: checks that attaching twice is harmless
     return app
 
 
