@@ -10,9 +10,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
 
-import jsonschema
 import msgspec
 from redis.exceptions import RedisError
 from starlette.types import Receive, Scope, Send
@@ -21,7 +19,8 @@ from api import relay
 from api.auth import CONTEXT_SCOPE_KEY
 from api.body import BodyTooLarge, ClientGone, read_body
 from api.catalog import Catalog, CatalogTool
-from api.executions import Executions, Submission
+from api.checks import Rejected, check_arguments, check_policy, check_request_id, refusal
+from api.executions import Executions
 from api.hub import EventHub, HubUnavailable
 from api.lookup import accepted
 from api.ops import ApiMetrics
@@ -35,15 +34,7 @@ from carmy_worker.wire import ErrorBody, ExecuteRequest, Record, canonical_json_
 
 log = logging.getLogger("carmy.api")
 
-MAX_ID_BYTES = 256
 _NO_CONTEXT = AgentContext()
-
-
-class Rejected(Exception):
-    """A call refused after its envelope was decoded (answered with a full result body)."""
-
-    def __init__(self, err: ErrorBody) -> None:
-        self.error = err
 
 
 def wants_sse(scope: Scope) -> bool:
@@ -67,56 +58,6 @@ def decode_envelope(body: bytes) -> ExecuteRequest | str:
         return str(exc)
     except RecursionError:
         return "JSON is nested too deeply"
-
-
-def check_request_id(request_id: str | None) -> None:
-    if request_id is None:
-        return
-    try:
-        size = len(request_id.encode())
-    except UnicodeEncodeError:
-        size = 0
-    if not 1 <= size <= MAX_ID_BYTES:
-        raise Rejected(error("INVALID_ID", f"request_id must be 1 to {MAX_ID_BYTES} bytes of UTF-8."))
-
-
-def check_policy(tool: CatalogTool, agent: AgentContext) -> None:
-    spec = tool.spec
-    if (spec.effect == "destructive" or spec.confirmation == "required") \
-            and f"confirm:{spec.name}" not in agent.permissions:
-        raise Rejected(error(
-            "CONFIRMATION_REQUIRED",
-            f"{spec.name} needs confirmation: the caller's context must grant confirm:{spec.name}.",
-            suggested_action="ask the user to confirm, then call again with that permission",
-        ))
-
-
-def check_arguments(tool: CatalogTool, arguments: dict[str, Any]) -> None:
-    try:
-        problem = jsonschema.exceptions.best_match(tool.validator.iter_errors(arguments))
-    except RecursionError:
-        raise Rejected(error("INVALID_ARGUMENTS", "The arguments are nested too deeply.")) from None
-    if problem is not None:
-        path = "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in problem.absolute_path)
-        raise Rejected(error(
-            "INVALID_ARGUMENTS", f"The arguments do not match the input schema at {path}: {problem.message}",
-            details={"path": path, "reason": problem.message},
-        ))
-
-
-def refusal(sub: Submission, name: str) -> ErrorBody:
-    """The error of a submission Redis did not accept (conflict, queue full, no workers)."""
-    if sub.kind == "conflict":
-        return error(
-            "IDEMPOTENCY_CONFLICT",
-            "This request_id was already used with another tool or other arguments.",
-            suggested_action="use a new request_id for a different call",
-            details={"execution_id": sub.execution_id},
-        )
-    if sub.kind == "full":
-        return error("QUEUE_FULL", f"Too many executions in progress ({sub.pending}); try again shortly.",
-                     retry_after=1)
-    return error("NO_WORKERS", f"No live worker serves {name} right now.", retry_after=2)
 
 
 @dataclass

@@ -34,7 +34,7 @@ from starlette.types import Receive, Scope, Send
 from api.auth import CONTEXT_SCOPE_KEY, ApiKeys, RequireApiKey
 from api.body import BodyTooLarge, ClientGone, read_body
 from api.catalog import Catalog, CatalogTool
-from api.execute import Rejected, check_arguments, check_policy, check_request_id, refusal
+from api.checks import Rejected, check_arguments, check_policy, check_request_id, refusal
 from api.executions import ADMISSION_GRACE_S, Executions
 from api.hub import EventHub, HubUnavailable
 from api.mcp_cancel import SESSION_HEADER, CallRegistry, assigning_session_id, cancelled_request, replaying

@@ -1,0 +1,75 @@
+"""What every call must pass before it reaches a worker, whichever door it came in by
+(``POST /agent/execute`` or MCP's ``tools/call``): a valid request id, the tool's policy, its
+input schema, and Redis's admission. A refusal is data (``Rejected`` carries the error)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jsonschema
+
+from api.catalog import CatalogTool
+from api.executions import Submission
+from carmy_worker.context import AgentContext
+from carmy_worker.errors import error
+from carmy_worker.wire import ErrorBody
+
+MAX_ID_BYTES = 256
+
+
+class Rejected(Exception):
+    """A call refused after its envelope was decoded (answered with a full result body)."""
+
+    def __init__(self, err: ErrorBody) -> None:
+        self.error = err
+
+
+
+def check_request_id(request_id: str | None) -> None:
+    if request_id is None:
+        return
+    try:
+        size = len(request_id.encode())
+    except UnicodeEncodeError:
+        size = 0
+    if not 1 <= size <= MAX_ID_BYTES:
+        raise Rejected(error("INVALID_ID", f"request_id must be 1 to {MAX_ID_BYTES} bytes of UTF-8."))
+
+
+def check_policy(tool: CatalogTool, agent: AgentContext) -> None:
+    spec = tool.spec
+    if (spec.effect == "destructive" or spec.confirmation == "required") \
+            and f"confirm:{spec.name}" not in agent.permissions:
+        raise Rejected(error(
+            "CONFIRMATION_REQUIRED",
+            f"{spec.name} needs confirmation: the caller's context must grant confirm:{spec.name}.",
+            suggested_action="ask the user to confirm, then call again with that permission",
+        ))
+
+
+def check_arguments(tool: CatalogTool, arguments: dict[str, Any]) -> None:
+    try:
+        problem = jsonschema.exceptions.best_match(tool.validator.iter_errors(arguments))
+    except RecursionError:
+        raise Rejected(error("INVALID_ARGUMENTS", "The arguments are nested too deeply.")) from None
+    if problem is not None:
+        path = "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in problem.absolute_path)
+        raise Rejected(error(
+            "INVALID_ARGUMENTS", f"The arguments do not match the input schema at {path}: {problem.message}",
+            details={"path": path, "reason": problem.message},
+        ))
+
+
+def refusal(sub: Submission, name: str) -> ErrorBody:
+    """The error of a submission Redis did not accept (conflict, queue full, no workers)."""
+    if sub.kind == "conflict":
+        return error(
+            "IDEMPOTENCY_CONFLICT",
+            "This request_id was already used with another tool or other arguments.",
+            suggested_action="use a new request_id for a different call",
+            details={"execution_id": sub.execution_id},
+        )
+    if sub.kind == "full":
+        return error("QUEUE_FULL", f"Too many executions in progress ({sub.pending}); try again shortly.",
+                     retry_after=1)
+    return error("NO_WORKERS", f"No live worker serves {name} right now.", retry_after=2)
