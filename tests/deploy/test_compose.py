@@ -132,7 +132,7 @@ def test_api_listens_on_all_interfaces_and_publishes_its_port(compose: Compose) 
     container_ports = [str(p).rsplit(":", 1)[-1] for p in api["ports"]]
     assert env["CARMY_PORT"] in container_ports
     check = healthcheck_text(api)
-    assert f"127.0.0.1:{env['CARMY_PORT']}/.well-known/agent" in check
+    assert f"127.0.0.1:{env['CARMY_PORT']}/health" in check
 
 
 def test_api_settings_pass_through_and_default_when_unset(compose: Compose) -> None:

@@ -105,7 +105,7 @@ def run_check(command: str, port: int) -> int:
 
 def test_healthcheck_passes_on_a_live_api_and_fails_without_one(dockerfile: list[Instruction], stack: Stack) -> None:
     command = healthcheck_command(dockerfile)
-    assert "/.well-known/agent" in command
+    assert "/health" in command
     _, base = stack.api()
     assert run_check(command, int(base.rsplit(":", 1)[1])) == 0
     assert run_check(command, free_port()) != 0
