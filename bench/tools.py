@@ -7,6 +7,9 @@ the same work and differs only in how the call reaches it.
 from __future__ import annotations
 
 import asyncio
+import os
+import time
+from pathlib import Path
 
 import msgspec
 
@@ -38,4 +41,20 @@ async def sleep50(ctx: Context) -> Empty:
 async def sleep2s(ctx: Context) -> Empty:
     """Sleep 2 s: keeps hundreds of executions in flight for the memory check."""
     await asyncio.sleep(2)
+    return Empty()
+
+
+class LingerInput(msgspec.Struct):
+    tag: str
+
+
+@tools.tool(effect="none", idempotent=True, parallel_safe=True, timeout=30)
+async def linger(ctx: Context, input: LingerInput) -> Empty:
+    """Wait to be cancelled; write the instant (unix time) CancelledError arrived to a file."""
+    try:
+        await asyncio.sleep(25)
+    except asyncio.CancelledError:
+        marks = Path(os.environ.get("BENCH_MARKS", "/tmp"))
+        (marks / f"cancelled-{input.tag}").write_text(repr(time.time()))
+        raise
     return Empty()
