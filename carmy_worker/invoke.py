@@ -93,7 +93,7 @@ def _finish(tool: Tool, ctx: Context, call: asyncio.Future[Any]) -> Outcome:
     except asyncio.CancelledError:
         # The tool cancelled itself (or swallowed our cancel and re-raised late).
         return Outcome(cancelled=True)
-    except Exception:
+    except BaseException:  # SystemExit from a sync tool's thread too: it must not stop the worker
         log.exception("tool %s raised (execution %s)", tool.name, ctx.execution_id)
         return Outcome(error=error(
             "TOOL_PANIC", f"The tool failed with an unexpected error. {MAY_HAVE_COMMITTED}"

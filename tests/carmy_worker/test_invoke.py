@@ -140,6 +140,12 @@ async def gives_up(ctx: Context) -> Count:
     raise asyncio.CancelledError
 
 
+@tools.tool(effect="none")
+def quits(ctx: Context) -> None:
+    """Calls sys.exit, as careless code does."""
+    raise SystemExit(3)
+
+
 def tool(name: str) -> Tool:
     found = tools.get(name)
     assert found is not None
@@ -331,3 +337,9 @@ async def test_events_after_timeout_are_dropped(executor: ThreadPoolExecutor) ->
     await call.run(executor, timeout=0.05)
     call.ctx.progress(99)
     assert call.events == []
+
+
+async def test_system_exit_in_a_sync_tool_is_a_panic_not_a_worker_exit(executor: ThreadPoolExecutor) -> None:
+    assert (await run("quits", executor)).error == ErrorBody(
+        code="TOOL_PANIC", message=f"The tool failed with an unexpected error. {MAY_HAVE_COMMITTED}",
+        category="internal", recoverable=False, retryable=False)
