@@ -91,26 +91,35 @@ class EventHub:
                 self._confirms.pop(channel, None)
 
     async def _read_forever(self) -> None:
-        delay = 0.1
+        delay, reconnecting = 0.1, False
         while True:
             pubsub = self._redis.pubsub()
             try:
                 await pubsub.subscribe(*self._broadcast, *self._queues)
                 self._pubsub = pubsub
+                if reconnecting:  # back: let every waiter re-read its record now, not at its next tick
+                    log.info("pub/sub connection restored")
+                    self._resync()
+                delay, reconnecting = 0.1, False
                 await self._read(pubsub)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                log.warning("pub/sub connection lost (%s); reconnecting", exc)
+                if not reconnecting:
+                    log.warning("pub/sub connection lost (%s); reconnecting", exc)
+                reconnecting = True
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)
             finally:
                 self._pubsub = None
                 with contextlib.suppress(Exception):
                     await pubsub.aclose()
-                for queues in self._queues.values():  # whatever was in flight may be lost
-                    for queue in queues:
-                        queue.put_nowait(RESYNC)
+                self._resync()  # whatever was in flight may be lost
+
+    def _resync(self) -> None:
+        for queues in self._queues.values():
+            for queue in queues:
+                queue.put_nowait(RESYNC)
 
     async def _read(self, pubsub: PubSub) -> None:
         while True:
