@@ -99,7 +99,8 @@ class ExecuteEndpoint:
         self.metrics.responses.labels(str(answer.status_code), answer.outcome).inc()
         duration_ms = round((time.perf_counter() - start) * 1000, 1)
         log.info("request", extra={"carmy": {
-            "event": "request", "execution_id": answer.execution_id, "tool": answer.tool,
+            # An unknown tool's name is the caller's text: keep the line short whatever they sent.
+            "event": "request", "execution_id": answer.execution_id, "tool": (answer.tool or "")[:128] or None,
             "request_id_hash": request_id_hash(answer.request_id), "outcome": answer.outcome,
             "status_code": answer.status_code, "error_code": answer.error_code,
             "replayed": answer.outcome in ("replayed", "joined"), "duration_ms": duration_ms,

@@ -210,3 +210,11 @@ async def notify(ctx: Context, input: NotifyInput) -> Count:
     """Tell someone outside (an external write): appends a line to a file."""
     mark(f"notify-{input.to}", ctx.execution_id)
     return Count(n=1)
+
+
+@tools.tool(effect="write", parallel_safe=False, timeout=20)
+async def exclusive_slow(ctx: Context, input: SleepInput) -> Empty:
+    """Not parallel-safe and not idempotent: notes when it started and in which process, then sleeps."""
+    mark(f"exclusive-slow-start-{input.tag}", f"{time.time()} {os.getpid()}")
+    await asyncio.sleep(input.seconds)
+    return Empty()
