@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any, cast
 import msgspec
 from arq.connections import ArqRedis
 from arq.constants import in_progress_key_prefix, job_key_prefix
-from arq.utils import timestamp_ms
 from arq.worker import Worker, func
 from redis.asyncio import ConnectionPool
 from redis.commands.core import AsyncScript
@@ -75,22 +74,24 @@ def encode_job(payload: bytes, enqueue_ms: int) -> bytes:
 
 Handler = Callable[[bytes, int], Awaitable[None]]
 
-# Leases up to ARGV[3] of the given jobs in one round trip: those still queued, due, and not
-# leased by another worker. arq does the same per job with WATCH/EXISTS/ZSCORE/MULTI/EXEC
-# (four round trips each); the in-progress keys it sets are exactly arq's.
-# KEYS: queue; ARGV: in-progress key prefix, lease ms, how many, now ms, job ids...
+# Takes up to ARGV[2] jobs in one round trip: the due ones at the head of the queue (by Redis's
+# clock, like the scores SUBMIT writes) that no other worker has leased. arq polls with the
+# worker's clock, then takes each job with WATCH/EXISTS/ZSCORE/MULTI/EXEC (four round trips
+# each); the in-progress keys set here are exactly arq's. Returns {id, score, id, score, ...}.
+# KEYS: queue; ARGV: in-progress key prefix, how many, lease ms, how far down the queue to look
 _LEASE = """
-local out = {}
-local want, now = tonumber(ARGV[3]), tonumber(ARGV[4])
-for i = 5, #ARGV do
-  if #out >= want * 2 then break end
-  local score = redis.call('ZSCORE', KEYS[1], ARGV[i])
-  if score and tonumber(score) <= now and redis.call('SET', ARGV[1] .. ARGV[i], '1', 'NX', 'PX', ARGV[2]) then
-    table.insert(out, ARGV[i])
-    table.insert(out, score)
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[4]))
+local leased, want = {}, tonumber(ARGV[2]) * 2
+for i = 1, #due, 2 do
+  if #leased >= want then break end
+  if redis.call('SET', ARGV[1] .. due[i], '1', 'NX', 'PX', ARGV[3]) then
+    table.insert(leased, due[i])
+    table.insert(leased, due[i + 1])
   end
 end
-return out
+return leased
 """
 
 
@@ -137,21 +138,24 @@ class WakeableWorker(Worker):
             self.on_drain()
         super().handle_sig_wait_for_completion(signum)
 
-    async def start_jobs(self, job_ids: list[bytes]) -> None:
+    async def _poll_iteration(self) -> None:
+        """Take what is due (one script call), then tidy finished tasks, as arq's does."""
         free = self.max_jobs - self.job_counter
-        if free <= 0 or not job_ids:
-            return
-        leased = await self._lease(
-            keys=[self.queue_name or ""],
-            args=[in_progress_key_prefix, int(self.in_progress_timeout_s * 1000), free, timestamp_ms(), *job_ids],
-        )
-        for i in range(0, len(leased), 2):
-            job_id = leased[i].decode()
-            await self.sem.acquire()
-            self.job_counter += 1
-            task = self.loop.create_task(self.run_job(job_id, int(float(leased[i + 1]))))
-            task.add_done_callback(lambda _: self._release_sem_dec_counter_on_complete())
-            self.tasks[job_id] = task
+        if self.allow_pick_jobs and free > 0:
+            leased = await self._lease(keys=[self.queue_name or ""], args=[
+                in_progress_key_prefix, free, int(self.in_progress_timeout_s * 1000), self.queue_read_limit])
+            for i in range(0, len(leased), 2):
+                job_id = leased[i].decode()
+                await self.sem.acquire()
+                self.job_counter += 1
+                task = self.loop.create_task(self.run_job(job_id, int(float(leased[i + 1]))))
+                task.add_done_callback(lambda _: self._release_sem_dec_counter_on_complete())
+                self.tasks[job_id] = task
+        for job_id, task in list(self.tasks.items()):
+            if task.done():
+                del self.tasks[job_id]
+                task.result()  # arq's way of surfacing an error of run_job itself
+        await self.heart_beat()
 
     def _release_sem_dec_counter_on_complete(self) -> None:
         super()._release_sem_dec_counter_on_complete()
