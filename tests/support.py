@@ -9,9 +9,11 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import redis
@@ -154,3 +156,23 @@ class Stack:
 
 def new_tmp() -> Path:
     return Path(tempfile.mkdtemp(prefix="carmy-test-"))
+
+
+class Call(threading.Thread):
+    """A POST that runs in the background, as an agent waiting on its call."""
+
+    def __init__(self, url: str, body: dict[str, Any]) -> None:
+        super().__init__(daemon=True)
+        self.url, self.body = url, body
+        self.response: httpx.Response | None = None
+        self.finished_at = 0.0
+        self.start()
+
+    def run(self) -> None:
+        self.response = httpx.post(self.url + "/agent/execute", json=self.body, timeout=60)
+        self.finished_at = time.monotonic()
+
+    def result(self, timeout: float = 30) -> httpx.Response:
+        self.join(timeout)
+        assert self.response is not None, "the call did not finish"
+        return self.response

@@ -6,39 +6,17 @@ The tools append a line to a file for every run: that count, outside Redis, is t
 from __future__ import annotations
 
 import signal
-import threading
 import time
-from typing import Any
 
 import httpx
 import redis
 
-from tests.support import Proc, Stack, wait_until
+from tests.support import Call, Proc, Stack, wait_until
 
 
 def lines(stack: Stack, name: str) -> int:
     path = stack.tmp / name
     return len(path.read_text().splitlines()) if path.exists() else 0
-
-
-class Call(threading.Thread):
-    """A POST that runs in the background, as an agent waiting on its call."""
-
-    def __init__(self, url: str, body: dict[str, Any]) -> None:
-        super().__init__(daemon=True)
-        self.url, self.body = url, body
-        self.response: httpx.Response | None = None
-        self.finished_at = 0.0
-        self.start()
-
-    def run(self) -> None:
-        self.response = httpx.post(self.url + "/agent/execute", json=self.body, timeout=60)
-        self.finished_at = time.monotonic()
-
-    def result(self, timeout: float = 30) -> httpx.Response:
-        self.join(timeout)
-        assert self.response is not None, "the call did not finish"
-        return self.response
 
 
 def start(stack: Stack) -> tuple[Proc, str]:
