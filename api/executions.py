@@ -90,10 +90,6 @@ class Executions:
         record = None if raw is None else record_decoder.decode(raw)
         return Found(exec_id, tool.decode(), "done" if record else state.decode(), record)
 
-    async def record(self, exec_id: str) -> Record | None:
-        raw = await self.redis.get(keys.record(exec_id))
-        return None if raw is None else record_decoder.decode(raw)
-
     async def cancel(self, exec_id: str, tool: str) -> None:
         """Cancel for a caller that went away: at once if queued, else via its worker."""
         record = records.cancelled(exec_id, tool, started=False)

@@ -36,10 +36,6 @@ class EventHub:
         self._broadcast = dict(on_broadcast or {})
         self._reader: asyncio.Task[None] | None = None
 
-    @property
-    def open_subscriptions(self) -> int:
-        return sum(len(q) for q in self._queues.values())
-
     async def start(self) -> None:
         self._reader = asyncio.create_task(self._read_forever())
 

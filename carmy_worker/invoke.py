@@ -28,10 +28,6 @@ class Outcome(Struct, kw_only=True):
     cancelled: bool = False
 
 
-class CancelledByCaller(Exception):
-    """Set on a running call's task when its caller went away (not a worker shutdown)."""
-
-
 def decode_input(tool: Tool, arguments: bytes) -> Any:
     """The tool's input value; raises ``msgspec.ValidationError`` on bad arguments."""
     if tool.input_decoder is None:

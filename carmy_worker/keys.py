@@ -17,7 +17,6 @@ PENDING = PREFIX + "pending"  # zset exec_id -> admission deadline (ms): queued 
 QUEUED = PREFIX + "queued"  # zset exec_id -> start-by (ms): accepted and not yet started
 WORKERS = PREFIX + "workers"  # zset worker_id -> last heartbeat (ms)
 DRAINING = PREFIX + "draining"  # set of workers finishing their work before they stop
-WAKE_CHANNEL = PREFIX + "wake"  # a message here makes idle workers look at their queue now
 CATALOG_CHANNEL = PREFIX + "catalog"  # a worker came or went
 CANCEL_CHANNEL = PREFIX + "cancel"  # exec_id of an execution to cancel, for every worker
 

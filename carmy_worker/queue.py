@@ -72,7 +72,7 @@ def encode_job(payload: bytes, enqueue_ms: int) -> bytes:
     return serialize({"t": 1, "f": FUNCTION, "a": [payload], "k": {}, "et": enqueue_ms})
 
 
-Handler = Callable[[bytes, int], Awaitable[None]]
+Handler = Callable[[bytes], Awaitable[None]]
 
 # Takes up to ARGV[2] jobs in one round trip: the due ones at the head of the queue (by Redis's
 # clock, like the scores SUBMIT writes) that no other worker has leased. arq polls with the
@@ -190,10 +190,10 @@ def build_worker(
     on_shutdown: Callable[[dict[str, Any]], Awaitable[None]] | None = None,
     on_drain: Callable[[], None] | None = None,
 ) -> WakeableWorker:
-    """An arq worker that calls ``handler(payload, job_try)`` for each job of ``group``."""
+    """An arq worker that calls ``handler(payload)`` for each job of ``group``."""
 
     async def carmy_execute(ctx: dict[str, Any], payload: bytes) -> None:
-        await handler(payload, ctx["job_try"])
+        await handler(payload)  # attempts are counted in our execution hash, not by arq's job_try
 
     worker = WakeableWorker(
         functions=[func(carmy_execute, name=FUNCTION, max_tries=_ARQ_MAX_TRIES,

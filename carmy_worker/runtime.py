@@ -83,7 +83,7 @@ class Runtime:
     def close(self) -> None:
         self._threads.shutdown(wait=False, cancel_futures=True)
 
-    async def handle(self, payload: bytes, job_try: int) -> None:
+    async def handle(self, payload: bytes) -> None:
         """Entry point for one arq job. Never raises, except to let a shutdown through."""
         try:
             job = job_decoder.decode(payload)

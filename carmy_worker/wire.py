@@ -127,8 +127,6 @@ class ExecutionJob(Struct, kw_only=True):
     session: str | None = None
     permissions: list[str] = []
     metadata: dict[str, Any] = {}
-    # A job still queued at this instant (Redis clock, ms) ends as TIMEOUT without running.
-    start_by_ms: int = 0
 
 
 class Record(Struct, kw_only=True):
