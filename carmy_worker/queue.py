@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, cast
 import msgspec
 from arq.connections import ArqRedis
 from arq.constants import in_progress_key_prefix, job_key_prefix
-from arq.worker import Worker, func
+from arq.worker import Retry, Worker, func
 from redis.asyncio import ConnectionPool
 from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError
@@ -193,7 +193,13 @@ def build_worker(
     """An arq worker that calls ``handler(payload)`` for each job of ``group``."""
 
     async def carmy_execute(ctx: dict[str, Any], payload: bytes) -> None:
-        await handler(payload)  # attempts are counted in our execution hash, not by arq's job_try
+        try:
+            await handler(payload)  # attempts are counted in our execution hash, not by arq's job_try
+        except RedisError as exc:
+            # Redis failed us before the outcome was recorded: put the job back (arq would drop
+            # a job that raised). Our scripts decide on the next try whether it may run again.
+            log.warning("job %s goes back to the queue: %s", ctx.get("job_id"), exc)
+            raise Retry(defer=1) from exc
 
     worker = WakeableWorker(
         functions=[func(carmy_execute, name=FUNCTION, max_tries=_ARQ_MAX_TRIES,

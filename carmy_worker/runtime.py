@@ -84,7 +84,8 @@ class Runtime:
         self._threads.shutdown(wait=False, cancel_futures=True)
 
     async def handle(self, payload: bytes) -> None:
-        """Entry point for one arq job. Never raises, except to let a shutdown through."""
+        """Entry point for one arq job. Failures are recorded as data; only a shutdown
+        (CancelledError) or Redis failing before anything could be recorded gets out."""
         try:
             job = job_decoder.decode(payload)
         except msgspec.DecodeError as exc:
