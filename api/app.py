@@ -12,6 +12,7 @@ from starlette.applications import Starlette
 from starlette.routing import Route, request_response
 
 from api.auth import ApiKeys, RequireApiKey
+from api.calls import Calls
 from api.catalog import Catalog
 from api.discovery import endpoints
 from api.execute import ExecuteEndpoint
@@ -55,8 +56,8 @@ def create_app(settings: ApiSettings | None = None) -> Starlette:
     janitor = Janitor(redis, retention=settings.retention, dead_after=settings.dead_after)
     api_metrics = ApiMetrics()
     ops = Ops(redis, catalog, api_metrics)
-    execute = ExecuteEndpoint(settings=settings, catalog=catalog, executions=executions, hub=hub,
-                              metrics=api_metrics)
+    calls = Calls(catalog=catalog, executions=executions, hub=hub)
+    execute = ExecuteEndpoint(settings=settings, calls=calls, metrics=api_metrics)
     lookup = ExecutionRoutes(settings=settings, executions=executions, hub=hub)
     discovery, tools = endpoints(catalog)
 
@@ -101,5 +102,6 @@ def create_app(settings: ApiSettings | None = None) -> Starlette:
     app.state.hub = hub
     app.state.redis = redis
     app.state.executions = executions
+    app.state.calls = calls
     attach_mcp(app)  # MCP over Streamable HTTP at /mcp, on the same executions
     return app

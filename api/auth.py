@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+from collections.abc import Mapping
+from typing import Any
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -17,6 +19,13 @@ from api.settings import ApiKey
 from carmy_worker.context import AgentContext
 
 CONTEXT_SCOPE_KEY = "carmy.context"
+_NO_CONTEXT = AgentContext()
+
+
+def trusted_context(scope: Mapping[str, Any]) -> AgentContext:
+    """The caller as API-key auth or the host's middleware established it; anonymous otherwise."""
+    agent = scope.get(CONTEXT_SCOPE_KEY)
+    return agent if isinstance(agent, AgentContext) else _NO_CONTEXT
 
 
 def _digest(token: bytes) -> bytes:

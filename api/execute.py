@@ -6,7 +6,6 @@ its own limit and keep listening for the client's disconnect while the tool runs
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from dataclasses import dataclass
@@ -16,12 +15,12 @@ from redis.exceptions import RedisError
 from starlette.types import Receive, Scope, Send
 
 from api import relay
-from api.auth import CONTEXT_SCOPE_KEY
+from api.auth import trusted_context
 from api.body import BodyTooLarge, ClientGone, read_body
-from api.catalog import Catalog, CatalogTool
-from api.checks import Rejected, check_arguments, check_policy, check_request_id, refusal
-from api.executions import Executions
-from api.hub import EventHub, HubUnavailable
+from api.calls import Calls, Started
+from api.catalog import CatalogTool
+from api.checks import Rejected, refusal
+from api.hub import HubUnavailable
 from api.lookup import accepted
 from api.ops import ApiMetrics
 from api.responses import envelope_error
@@ -34,7 +33,6 @@ from carmy_worker.wire import ErrorBody, ExecuteRequest, Record, canonical_json_
 
 log = logging.getLogger("carmy.api")
 
-_NO_CONTEXT = AgentContext()
 
 
 def wants_sse(scope: Scope) -> bool:
@@ -81,12 +79,10 @@ class Answer:
 
 
 class ExecuteEndpoint:
-    def __init__(self, *, settings: ApiSettings, catalog: Catalog, executions: Executions, hub: EventHub,
-                 metrics: ApiMetrics) -> None:
+    def __init__(self, *, settings: ApiSettings, calls: Calls, metrics: ApiMetrics) -> None:
         self.settings = settings
-        self.catalog = catalog
-        self.executions = executions
-        self.hub = hub
+        self.calls = calls
+        self.executions = calls.executions
         self.metrics = metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -120,19 +116,16 @@ class ExecuteEndpoint:
             await envelope_error("INVALID_REQUEST", "The request body is not a valid execute request.",
                                  reason=request)(scope, receive, send)
             return Answer("invalid", 400, error_code="INVALID_REQUEST")
-        agent = scope.get(CONTEXT_SCOPE_KEY) or _NO_CONTEXT
+        agent = trusted_context(scope)
         sse = wants_sse(scope)
         try:
-            check_request_id(request.request_id)
-            tool = self.catalog.view.get(request.tool)
-            if tool is None:
-                raise Rejected(error("TOOL_NOT_FOUND", f"No tool named {request.tool[:128]!r}.",
-                                     suggested_action="list the tools at /agent/tools"))
-            check_policy(tool, agent)
-            check_arguments(tool, request.arguments)
+            tool = self.calls.admit(request.tool, request.arguments, request.request_id, agent)
             if prefers_async(scope):
                 return await self._accept(request, tool, agent, sse, (scope, receive, send))
-            return await self._execute(request, tool, agent, sse, receive, send)
+            async with self.calls.start(tool, request.arguments, request.request_id, agent) as started:
+                if started.record is not None:
+                    return await self._replay(request, started.execution_id, started.record, sse, send)
+                return await self._follow(request, started, tool, sse, receive, send)
         except Rejected as rejected:
             return await self._refuse(request, rejected.error, sse, send)
         except (RedisError, HubUnavailable, OSError) as exc:
@@ -149,26 +142,6 @@ class ExecuteEndpoint:
         else:
             await relay.send_json(send, record)
         return Answer.of("refused", record, exec_id, request)
-
-    async def _execute(self, request: ExecuteRequest, tool: CatalogTool, agent: AgentContext, sse: bool,
-                       receive: Receive, send: Send) -> Answer:
-        arguments = canonical_json_encoder.encode(request.arguments)
-        exec_id = keys.new_execution_id()
-        async with self.hub.subscribe(keys.events(exec_id)) as messages:
-            sub = await self.executions.submit(
-                exec_id=exec_id, tool=tool, arguments=arguments, request_id=request.request_id, agent=agent)
-            if sub.kind in ("conflict", "full", "no_workers"):
-                raise Rejected(refusal(sub, tool.spec.name))
-            if sub.kind == "replay" and sub.record is not None:
-                return await self._replay(request, sub.execution_id, sub.record, sse, send)
-            if sub.kind == "join":  # the same request is running: follow that execution instead
-                async with self.hub.subscribe(keys.events(sub.execution_id)) as joined:
-                    record = await self.executions.settled(sub.execution_id, tool.spec.name)
-                    if record is not None:
-                        return await self._replay(request, sub.execution_id, record, sse, send)
-                    return await self._follow(request, sub.execution_id, tool, joined, sse, receive, send,
-                                              joined=True)
-            return await self._follow(request, exec_id, tool, messages, sse, receive, send, joined=False)
 
     async def _accept(self, request: ExecuteRequest, tool: CatalogTool, agent: AgentContext, sse: bool,
                       asgi: tuple[Scope, Receive, Send]) -> Answer:
@@ -199,10 +172,10 @@ class ExecuteEndpoint:
             await relay.send_json(send, record)
         return Answer.of("replayed", record, exec_id, request)
 
-    async def _follow(self, request: ExecuteRequest, exec_id: str, tool: CatalogTool, messages: asyncio.Queue[bytes],
-                      sse: bool, receive: Receive, send: Send, *, joined: bool) -> Answer:
-        name = tool.spec.name
-        events = self.executions.follow(exec_id, name, messages, tick=min(self.settings.sse_keepalive, 5.0))
+    async def _follow(self, request: ExecuteRequest, started: Started, tool: CatalogTool, sse: bool,
+                      receive: Receive, send: Send) -> Answer:
+        name, exec_id, joined = tool.spec.name, started.execution_id, not started.owner
+        events = self.executions.follow(exec_id, name, started.messages, tick=min(self.settings.sse_keepalive, 5.0))
 
         async def cancel() -> None:
             try:

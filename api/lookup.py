@@ -23,20 +23,18 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from api import relay
-from api.auth import CONTEXT_SCOPE_KEY
+from api.auth import trusted_context
 from api.executions import Executions, Found
 from api.hub import EventHub, HubUnavailable
 from api.responses import NO_STORE, envelope_error
 from api.settings import ApiSettings
 from carmy_worker import keys
-from carmy_worker.context import AgentContext
 from carmy_worker.wire import Record, json_encoder
 
 log = logging.getLogger("carmy.api")
 
 # How long DELETE waits for the worker running an execution to record its cancellation.
 CANCEL_WAIT_S = 10.0
-_NO_CONTEXT = AgentContext()
 
 
 def accepted(exec_id: str, state: str) -> Response:
@@ -69,8 +67,7 @@ class ExecutionRoutes:
         exec_id = scope["path_params"]["execution_id"]
         if not keys.is_execution_id(exec_id):
             return None
-        agent: AgentContext = scope.get(CONTEXT_SCOPE_KEY) or _NO_CONTEXT
-        return await self.executions.lookup(exec_id, agent.principal)
+        return await self.executions.lookup(exec_id, trusted_context(scope).principal)
 
     async def get(self, request: Request) -> Response:
         try:

@@ -31,19 +31,20 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from api.auth import CONTEXT_SCOPE_KEY, ApiKeys, RequireApiKey
+from api.auth import ApiKeys, RequireApiKey, trusted_context
 from api.body import BodyTooLarge, ClientGone, read_body
-from api.catalog import Catalog, CatalogTool
-from api.checks import Rejected, check_arguments, check_policy, check_request_id, refusal
-from api.executions import ADMISSION_GRACE_S, Executions
-from api.hub import EventHub, HubUnavailable
+from api.calls import Calls, Started
+from api.catalog import CatalogTool
+from api.checks import Rejected
+from api.executions import ADMISSION_GRACE_S
+from api.hub import HubUnavailable
 from api.mcp_cancel import SESSION_HEADER, CallRegistry, assigning_session_id, cancelled_request, replaying
 from api.mcp_wire import META_EXECUTION_ID, META_REPLAYED, META_REQUEST_ID, call_result, mcp_tool, progress_decoder
 from api.settings import ApiSettings
 from carmy_worker import keys, records
 from carmy_worker.context import AgentContext
 from carmy_worker.errors import error
-from carmy_worker.wire import ErrorBody, Record, canonical_json_encoder
+from carmy_worker.wire import ErrorBody, Record
 
 log = logging.getLogger("carmy.api")
 
@@ -55,19 +56,18 @@ INSTRUCTIONS = (
     "id with the same arguments returns the first call's result instead of running the tool again."
 )
 
-_NO_CONTEXT = AgentContext()
 Ctx = ServerRequestContext[Any, Any]
 
 
 class McpServer:
     """The MCP endpoint: ``asgi`` serves ``/mcp`` while ``lifespan()`` is entered."""
 
-    def __init__(self, *, settings: ApiSettings, catalog: Catalog, executions: Executions, hub: EventHub) -> None:
+    def __init__(self, *, settings: ApiSettings, calls: Calls) -> None:
         self.settings = settings
-        self.catalog = catalog
-        self.executions = executions
-        self.hub = hub
-        self.calls = CallRegistry(executions.redis)
+        self.calls = calls
+        self.catalog = calls.catalog
+        self.executions = calls.executions
+        self.registry = CallRegistry(calls.executions.redis)
         self.server: Server[Any] = Server(
             settings.server_name, version=_version(), instructions=INSTRUCTIONS,
             on_list_tools=self._list_tools, on_call_tool=self._call_tool,
@@ -163,50 +163,24 @@ class McpServer:
         return result
 
     async def _answer(self, ctx: Ctx, params: types.CallToolRequestParams) -> types.CallToolResult:
-        agent = _agent(getattr(ctx.request, "scope", {}))
+        agent = trusted_context(getattr(ctx.request, "scope", {}))
         name = params.name
         try:
             request_id = _request_id(params.meta)
-            check_request_id(request_id)
-            tool = self.catalog.view.get(name)
-            if tool is None:
-                raise Rejected(error("TOOL_NOT_FOUND", f"No tool named {name[:128]!r}.",
-                                     suggested_action="list the tools with tools/list"))
-            check_policy(tool, agent)
             arguments = params.arguments or {}
-            check_arguments(tool, arguments)
-            return await self._execute(ctx, tool, arguments, request_id, agent)
+            tool = self.calls.admit(name, arguments, request_id, agent)
+            async with self.calls.start(tool, arguments, request_id, agent) as started:
+                record = started.record or await self._follow(ctx, started, tool, agent)
+                return call_result(record, replayed=not started.owner)
         except Rejected as rejected:
             return _refused(name, rejected.error)
         except (RedisError, HubUnavailable, OSError) as exc:
             log.warning("store unavailable: %s", exc)
             return _refused(name, error("STORE_UNAVAILABLE", "The execution store cannot be reached.", retry_after=1))
 
-    async def _execute(self, ctx: Ctx, tool: CatalogTool, arguments: dict[str, Any], request_id: str | None,
-                       agent: AgentContext) -> types.CallToolResult:
-        name = tool.spec.name
-        exec_id = keys.new_execution_id()
-        async with self.hub.subscribe(keys.events(exec_id)) as messages:
-            sub = await self.executions.submit(
-                exec_id=exec_id, tool=tool, arguments=canonical_json_encoder.encode(arguments),
-                request_id=request_id, agent=agent)
-            if sub.kind in ("conflict", "full", "no_workers"):
-                raise Rejected(refusal(sub, name))
-            if sub.kind == "replay" and sub.record is not None:
-                return call_result(sub.record, replayed=True)
-            if sub.kind == "join":  # the same request is running: follow that execution instead
-                async with self.hub.subscribe(keys.events(sub.execution_id)) as joined:
-                    record = await self.executions.settled(sub.execution_id, name)
-                    if record is None:
-                        record = await self._follow(ctx, sub.execution_id, tool, joined, agent, owner=False)
-                    return call_result(record, replayed=True)
-            record = await self._follow(ctx, exec_id, tool, messages, agent, owner=True)
-            return call_result(record, replayed=False)
-
-    async def _follow(self, ctx: Ctx, exec_id: str, tool: CatalogTool, messages: asyncio.Queue[bytes],
-                      agent: AgentContext, *, owner: bool) -> Record:
+    async def _follow(self, ctx: Ctx, started: Started, tool: CatalogTool, agent: AgentContext) -> Record:
         """Relay the execution's progress until its record; cancel it if this call is cancelled."""
-        name = tool.spec.name
+        name, exec_id, messages, owner = tool.spec.name, started.execution_id, started.messages, started.owner
         try:
             if owner:
                 await self._remember(ctx, agent, exec_id, tool)
@@ -244,7 +218,7 @@ class McpServer:
             return
         ttl = int(self.settings.queue_timeout + tool.timeout + ADMISSION_GRACE_S)
         try:
-            overtaken = await self.calls.remember(agent, session, ctx.request_id, exec_id, tool.spec.name, ttl)
+            overtaken = await self.registry.remember(agent, session, ctx.request_id, exec_id, tool.spec.name, ttl)
         except RedisError as exc:  # the call goes on; only a cancellation could not find it
             log.warning("could not record MCP call %s: %s", exec_id, exc)
             return
@@ -256,7 +230,7 @@ class McpServer:
         if session is None or request_id is None:
             return
         try:
-            started = await self.calls.cancelled(_agent(scope), session, request_id)
+            started = await self.registry.cancelled(trusted_context(scope), session, request_id)
         except RedisError as exc:
             log.warning("could not cancel an MCP call: %s", exc)
             return
@@ -274,8 +248,7 @@ def attach(app: Starlette) -> McpServer:
     if isinstance(existing, McpServer):
         return existing
     settings: ApiSettings = state.settings
-    executions = getattr(state, "executions", None) or Executions(state.redis, settings)
-    server = McpServer(settings=settings, catalog=state.catalog, executions=executions, hub=state.hub)
+    server = McpServer(settings=settings, calls=state.calls)
     api_keys = ApiKeys(settings.api_keys) if settings.api_keys is not None else None
     app.router.routes.append(Route(MCP_PATH, RequireApiKey(server.asgi, api_keys)))
     outer = app.router.lifespan_context
@@ -301,12 +274,6 @@ def _request_id(meta: types.RequestParamsMeta | None) -> str | None:
     if value is not None and not isinstance(value, str):
         raise Rejected(error("INVALID_ID", f"_meta.{META_REQUEST_ID} must be a string."))
     return value
-
-
-def _agent(scope: Mapping[str, Any]) -> AgentContext:
-    """The trusted context that API-key auth or host middleware put into the HTTP scope."""
-    agent = scope.get(CONTEXT_SCOPE_KEY)
-    return agent if isinstance(agent, AgentContext) else _NO_CONTEXT
 
 
 def _header(scope: Scope, name: str) -> str | None:

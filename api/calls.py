@@ -1,0 +1,75 @@
+"""The one path every call takes to a worker, whichever door it came in by
+(``POST /agent/execute`` or MCP's ``tools/call``): ``admit`` it (request id, tool, policy,
+arguments), then ``start`` it (subscribe, submit, and send a retry to the execution it repeats).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from api.catalog import Catalog, CatalogTool
+from api.checks import Rejected, check_arguments, check_policy, check_request_id, refusal
+from api.executions import Executions
+from api.hub import EventHub
+from carmy_worker import keys
+from carmy_worker.context import AgentContext
+from carmy_worker.errors import error
+from carmy_worker.wire import Record, canonical_json_encoder
+
+
+@dataclass(frozen=True)
+class Started:
+    """An accepted call: the execution it is about, and how to follow it."""
+
+    execution_id: str
+    messages: asyncio.Queue[bytes]  # that execution's events, subscribed before anything ran
+    record: Record | None  # set when it had already finished (a replay)
+    owner: bool  # this call started it; a retry that joined it did not (and never cancels it)
+
+
+class Calls:
+    def __init__(self, *, catalog: Catalog, executions: Executions, hub: EventHub) -> None:
+        self.catalog = catalog
+        self.executions = executions
+        self.hub = hub
+
+    def admit(self, name: str, arguments: dict[str, Any], request_id: str | None, agent: AgentContext,
+              ) -> CatalogTool:
+        """The tool to run, or ``Rejected`` with the reason (nothing is recorded for it)."""
+        check_request_id(request_id)
+        tool = self.catalog.view.get(name)
+        if tool is None:
+            raise Rejected(error("TOOL_NOT_FOUND", f"No tool named {name[:128]!r}.",
+                                 suggested_action="list the tools (GET /agent/tools or tools/list)"))
+        check_policy(tool, agent)
+        check_arguments(tool, arguments)
+        return tool
+
+    @contextlib.asynccontextmanager
+    async def start(self, tool: CatalogTool, arguments: dict[str, Any], request_id: str | None,
+                    agent: AgentContext) -> AsyncIterator[Started]:
+        """Submit the call, subscribed to its events first so none is missed.
+
+        A retry of the same request yields the execution it repeats: finished (with its record)
+        or still running (subscribed to that one instead). Refusals raise ``Rejected``.
+        """
+        exec_id = keys.new_execution_id()
+        async with self.hub.subscribe(keys.events(exec_id)) as messages:
+            sub = await self.executions.submit(
+                exec_id=exec_id, tool=tool, arguments=canonical_json_encoder.encode(arguments),
+                request_id=request_id, agent=agent)
+            if sub.kind in ("conflict", "full", "no_workers"):
+                raise Rejected(refusal(sub, tool.spec.name))
+            if sub.kind == "new":
+                yield Started(exec_id, messages, None, owner=True)
+            elif sub.record is not None:
+                yield Started(sub.execution_id, messages, sub.record, owner=False)
+            else:
+                async with self.hub.subscribe(keys.events(sub.execution_id)) as joined:
+                    # It may have finished between the submit and the subscription.
+                    record = await self.executions.settled(sub.execution_id, tool.spec.name)
+                    yield Started(sub.execution_id, joined, record, owner=False)
