@@ -52,11 +52,6 @@ def unavailable() -> Response:
     return envelope_error("STORE_UNAVAILABLE", "The execution store cannot be reached.", headers={"retry-after": "1"})
 
 
-def record_response(record: Record) -> Response:
-    headers = NO_STORE if record.retry_after is None else {**NO_STORE, "retry-after": str(record.retry_after)}
-    return Response(record.body, record.status_code, headers, media_type="application/json")
-
-
 class ExecutionRoutes:
     def __init__(self, *, settings: ApiSettings, executions: Executions, hub: EventHub) -> None:
         self.settings = settings
@@ -77,7 +72,7 @@ class ExecutionRoutes:
         if found is None:
             return not_found()
         if found.record is not None:
-            return record_response(found.record)
+            return relay.RecordResponse(found.record)
         return accepted(found.execution_id, found.state)
 
     async def delete(self, request: Request) -> Response:
@@ -86,7 +81,7 @@ class ExecutionRoutes:
             if found is None:
                 return not_found()
             if found.record is not None:
-                return record_response(found.record)
+                return relay.RecordResponse(found.record)
             async with self.hub.subscribe(keys.events(found.execution_id)) as messages:
                 await self.executions.cancel(found.execution_id, found.tool)
                 record = await self._wait(found, messages)
@@ -94,7 +89,7 @@ class ExecutionRoutes:
             return unavailable()
         if record is None:  # the worker did not answer in time; it will record the cancellation
             return accepted(found.execution_id, "running")
-        return record_response(record)
+        return relay.RecordResponse(record)
 
     async def _wait(self, found: Found, messages: asyncio.Queue[bytes]) -> Record | None:
         async def final() -> Record | None:

@@ -9,7 +9,8 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-from starlette.types import Receive, Send
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
 
 from carmy_worker.wire import Event, Record, json_encoder
 
@@ -70,6 +71,17 @@ async def send_json(send: Send, record: Record) -> None:
         headers.append((b"retry-after", str(record.retry_after).encode()))
     await send({"type": "http.response.start", "status": record.status_code, "headers": headers})
     await send({"type": "http.response.body", "body": record.body})
+
+
+class RecordResponse(Response):
+    """A record as a Starlette response, for endpoints (polling, DELETE) that return one."""
+
+    def __init__(self, record: Record) -> None:
+        super().__init__()
+        self.record = record
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send_json(send, self.record)
 
 
 async def answer_json(send: Send, events: AsyncIterator[Event | Record | None]) -> Record | None:
