@@ -105,6 +105,7 @@ class Catalog:
     refresh_interval: float
     view: CatalogView = field(init=False)
     _infos: dict[str, WorkerInfo] = field(default_factory=dict)
+    _serving: dict[str, bool] | None = None  # what the current view was built from
     _validators: dict[bytes, Any] = field(default_factory=dict)
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
     _ok: bool = False
@@ -147,12 +148,11 @@ class Catalog:
                     self._infos[worker_id] = worker_info_decoder.decode(raw)
         for gone in [w for w in self._infos if w not in scores]:
             del self._infos[gone]
-        workers = [(info, roster.serving(w, self.dead_after)) for w, info in self._infos.items()]
-        view = build_view(self.server_name, workers, self._validators)
-        old = self.view
-        if view.catalog.etag != old.catalog.etag:
+        serving = {w: roster.serving(w, self.dead_after) for w in self._infos}
+        if serving == self._serving:
+            return  # same workers, same liveness: the view is still right (the common case)
+        view = build_view(self.server_name, [(self._infos[w], live) for w, live in serving.items()], self._validators)
+        if view.catalog.etag != self.view.catalog.etag:
             log.info("catalog changed: %d tools, version %s", len(view.tools), view.catalog.etag)
-        elif all(view.tools[n].groups == old.tools[n].groups for n in view.tools) \
-                and view.live_workers == old.live_workers:
-            return  # keep the old documents: same bytes, same objects
         self.view = view
+        self._serving = serving
