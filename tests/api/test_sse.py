@@ -81,3 +81,13 @@ async def test_envelope_errors_are_plain_json_even_for_sse(client: httpx.AsyncCl
     r = await client.post("/agent/execute", content=b"{", headers=SSE)
     assert r.status_code == 400
     assert r.json()["error"]["code"] == "INVALID_REQUEST"
+
+
+async def test_keep_alive_comments_while_the_tool_is_quiet(stack: Stack) -> None:
+    async with app_client(ApiSettings(redis_url=stack.redis_url, sse_keepalive=0.2)) as c:
+        r = await c.post("/agent/execute", json={"tool": "linger", "arguments": {"seconds": 0.9, "tag": "ka"}},
+                         headers=SSE)
+    assert r.text.count(": keep-alive\n\n") >= 2
+    # Comments are not events: the event sequence is unchanged, execution.completed still last.
+    assert [n for n, _ in parse(r.text)] == ["execution.started", "tool.started", "tool.completed",
+                                             "execution.completed"]
