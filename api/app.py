@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from redis.asyncio import BlockingConnectionPool, Redis
 from starlette.applications import Starlette
 from starlette.routing import Route, request_response
+from starlette.types import ASGIApp
 
 from api.auth import ApiKeys, RequireApiKey
 from api.calls import Calls
@@ -20,11 +21,11 @@ from api.executions import Executions
 from api.headers import middleware
 from api.hub import EventHub
 from api.lookup import ExecutionRoutes
-from api.mcp import attach as attach_mcp
+from api.mcp import MCP_PATH, McpServer
 from api.ops import ApiMetrics, Ops
 from api.settings import ApiSettings
-from carmy_worker import keys
-from carmy_worker.janitor import Janitor
+from carmy_worker.store import keys
+from carmy_worker.store.janitor import Janitor
 
 # A bounded pool: 500 waiting executions share these, since waiting holds no connection.
 MAX_REDIS_CONNECTIONS = 16
@@ -39,11 +40,11 @@ def connect(settings: ApiSettings) -> Redis:
 
 
 def create_app(settings: ApiSettings | None = None) -> Starlette:
-    """The carmy/1 HTTP app. Serve it with uvicorn, or mount it in a host app.
+    """The carmy/1 HTTP app, with MCP at ``/mcp``. Serve it with uvicorn, or mount it in a host app.
 
-    Its background work (catalog refresh, shared pub/sub connection, janitor) runs in its
-    lifespan: when mounted, enter ``app.router.lifespan_context(app)`` from the host's own
-    lifespan (see the README).
+    Its background work (catalog refresh, shared pub/sub connection, janitor, MCP's session
+    manager) runs in its lifespan: when mounted, enter ``app.router.lifespan_context(app)`` from
+    the host's own lifespan (see the README).
     """
     settings = settings or ApiSettings.from_env()
     redis = connect(settings)
@@ -59,6 +60,7 @@ def create_app(settings: ApiSettings | None = None) -> Starlette:
     calls = Calls(catalog=catalog, executions=executions, hub=hub)
     execute = ExecuteEndpoint(settings=settings, calls=calls, metrics=api_metrics)
     lookup = ExecutionRoutes(settings=settings, executions=executions, hub=hub)
+    mcp = McpServer(settings=settings, calls=calls)
     discovery, tools = endpoints(catalog)
 
     @contextlib.asynccontextmanager
@@ -69,7 +71,8 @@ def create_app(settings: ApiSettings | None = None) -> Starlette:
         with contextlib.suppress(Exception):
             await asyncio.wait_for(catalog.refresh(), 2.0)
         try:
-            yield
+            async with mcp.lifespan():
+                yield
         finally:
             for task in tasks:
                 task.cancel()
@@ -78,30 +81,23 @@ def create_app(settings: ApiSettings | None = None) -> Starlette:
             await listener.aclose()
             await redis.aclose(close_connection_pool=True)
 
+    def guarded(endpoint: ASGIApp) -> ASGIApp:
+        return RequireApiKey(endpoint, api_keys)
+
     api_keys = ApiKeys(settings.api_keys) if settings.api_keys is not None else None
-    app = Starlette(
+    return Starlette(
         routes=[
             Route("/.well-known/agent", discovery, methods=["GET"]),
-            Route("/agent/tools", RequireApiKey(request_response(tools), api_keys), methods=["GET"]),
-            Route("/agent/execute", RequireApiKey(execute, api_keys), methods=["POST"]),
-            Route("/agent/executions/{execution_id}", RequireApiKey(request_response(lookup.get), api_keys),
-                  methods=["GET"]),
-            Route("/agent/executions/{execution_id}", RequireApiKey(request_response(lookup.delete), api_keys),
-                  methods=["DELETE"]),
-            Route("/agent/executions/{execution_id}/events", RequireApiKey(lookup.events, api_keys),
-                  methods=["GET"]),
+            Route("/agent/tools", guarded(request_response(tools)), methods=["GET"]),
+            Route("/agent/execute", guarded(execute), methods=["POST"]),
+            Route("/agent/executions/{execution_id}", guarded(request_response(lookup.get)), methods=["GET"]),
+            Route("/agent/executions/{execution_id}", guarded(request_response(lookup.delete)), methods=["DELETE"]),
+            Route("/agent/executions/{execution_id}/events", guarded(lookup.events), methods=["GET"]),
+            Route(MCP_PATH, guarded(mcp.asgi)),  # every method: the MCP server answers 405 itself
             Route("/health", ops.health, methods=["GET"]),
             Route("/ready", ops.ready, methods=["GET"]),
-            Route("/metrics", RequireApiKey(request_response(ops.metrics_text), api_keys), methods=["GET"]),
+            Route("/metrics", guarded(request_response(ops.metrics_text)), methods=["GET"]),
         ],
         middleware=middleware(settings),
         lifespan=lifespan,
     )
-    app.state.settings = settings
-    app.state.catalog = catalog
-    app.state.hub = hub
-    app.state.redis = redis
-    app.state.executions = executions
-    app.state.calls = calls
-    attach_mcp(app)  # MCP over Streamable HTTP at /mcp, on the same executions
-    return app

@@ -1,4 +1,4 @@
-"""API keys (DESIGN §8): a bearer token stands for a principal and its permissions.
+"""API keys: a bearer token stands for a principal and its permissions.
 
 Checked before the body is read. The presented token is compared with every configured one
 through ``hmac.compare_digest`` on fixed-size digests, so the time taken does not depend on how
@@ -16,7 +16,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from api.responses import envelope_error
 from api.settings import ApiKey
-from carmy_worker.context import AgentContext
+from carmy_worker.sdk.context import AgentContext
 
 CONTEXT_SCOPE_KEY = "carmy.context"
 _NO_CONTEXT = AgentContext()

@@ -1,6 +1,7 @@
 """The one path every call takes to a worker, whichever door it came in by
-(``POST /agent/execute`` or MCP's ``tools/call``): ``admit`` it (request id, tool, policy,
-arguments), then ``start`` it (subscribe, submit, and send a retry to the execution it repeats).
+(``POST /agent/execute``, with or without ``Prefer: respond-async``, or MCP's ``tools/call``):
+``admit`` it (request id, tool, policy, arguments), then ``start`` it (subscribe, submit, and
+send a retry to the execution it repeats).
 """
 
 from __future__ import annotations
@@ -15,10 +16,12 @@ from api.catalog import Catalog, CatalogTool
 from api.checks import Rejected, check_arguments, check_policy, check_request_id, refusal
 from api.executions import Executions
 from api.hub import EventHub
-from carmy_worker import keys
-from carmy_worker.context import AgentContext
-from carmy_worker.errors import error
+from carmy_worker.sdk.context import AgentContext
+from carmy_worker.sdk.errors import error
+from carmy_worker.store import keys
 from carmy_worker.wire import Record, canonical_json_encoder
+
+Subscription = contextlib.AbstractAsyncContextManager[asyncio.Queue[bytes] | None]
 
 
 @dataclass(frozen=True)
@@ -26,9 +29,11 @@ class Started:
     """An accepted call: the execution it is about, and how to follow it."""
 
     execution_id: str
-    messages: asyncio.Queue[bytes]  # that execution's events, subscribed before anything ran
+    # That execution's events, subscribed before anything ran; None when not following.
+    messages: asyncio.Queue[bytes] | None
     record: Record | None  # set when it had already finished (a replay)
     owner: bool  # this call started it; a retry that joined it did not (and never cancels it)
+    state: str = "queued"  # queued, running or done, as of the start
 
 
 class Calls:
@@ -51,14 +56,14 @@ class Calls:
 
     @contextlib.asynccontextmanager
     async def start(self, tool: CatalogTool, arguments: dict[str, Any], request_id: str | None,
-                    agent: AgentContext) -> AsyncIterator[Started]:
-        """Submit the call, subscribed to its events first so none is missed.
+                    agent: AgentContext, *, follow: bool = True) -> AsyncIterator[Started]:
+        """Submit the call; with ``follow``, subscribed to its events first so none is missed.
 
         A retry of the same request yields the execution it repeats: finished (with its record)
-        or still running (subscribed to that one instead). Refusals raise ``Rejected``.
+        or still going (followed instead of a new one). Refusals raise ``Rejected``.
         """
         exec_id = keys.new_execution_id()
-        async with self.hub.subscribe(keys.events(exec_id)) as messages:
+        async with self._events(exec_id, follow) as messages:
             sub = await self.executions.submit(
                 exec_id=exec_id, tool=tool, arguments=canonical_json_encoder.encode(arguments),
                 request_id=request_id, agent=agent)
@@ -67,9 +72,12 @@ class Calls:
             if sub.kind == "new":
                 yield Started(exec_id, messages, None, owner=True)
             elif sub.record is not None:
-                yield Started(sub.execution_id, messages, sub.record, owner=False)
+                yield Started(sub.execution_id, None, sub.record, owner=False, state="done")
             else:
-                async with self.hub.subscribe(keys.events(sub.execution_id)) as joined:
+                async with self._events(sub.execution_id, follow) as joined:
                     # It may have finished between the submit and the subscription.
-                    record = await self.executions.settled(sub.execution_id, tool.spec.name)
-                    yield Started(sub.execution_id, joined, record, owner=False)
+                    state, record = await self.executions.progress(sub.execution_id, tool.spec.name)
+                    yield Started(sub.execution_id, joined, record, owner=False, state=state)
+
+    def _events(self, exec_id: str, follow: bool) -> Subscription:
+        return self.hub.subscribe(keys.events(exec_id)) if follow else contextlib.nullcontext(None)

@@ -18,8 +18,8 @@ from typing import Any
 import jsonschema
 from redis.asyncio import Redis
 
-from carmy_worker import keys, scripts
-from carmy_worker.presence import Roster
+from carmy_worker.store import keys
+from carmy_worker.store.roster import Liveness
 from carmy_worker.wire import (
     CatalogDocument,
     DiscoveryDocument,
@@ -112,7 +112,7 @@ class Catalog:
 
     def __post_init__(self) -> None:
         self.view = build_view(self.server_name, [], self._validators)
-        self._workers = self.redis.register_script(scripts.WORKERS)
+        self._liveness = Liveness(self.redis)
 
     @property
     def reachable(self) -> bool:
@@ -139,7 +139,7 @@ class Catalog:
                 await asyncio.wait_for(self._changed.wait(), self.refresh_interval)
 
     async def refresh(self) -> None:
-        roster = Roster.parse(await self._workers(keys=[keys.WORKERS, keys.DRAINING]))
+        roster = await self._liveness.roster()
         scores = roster.last_seen
         missing = [w for w in scores if w not in self._infos]
         if missing:

@@ -9,9 +9,9 @@ from typing import Any
 import jsonschema
 
 from api.catalog import CatalogTool
-from api.executions import Submission
-from carmy_worker.context import AgentContext
-from carmy_worker.errors import error
+from carmy_worker.sdk.context import AgentContext
+from carmy_worker.sdk.errors import error
+from carmy_worker.store.submit import Submission
 from carmy_worker.wire import ErrorBody
 
 MAX_ID_BYTES = 256

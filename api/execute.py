@@ -6,6 +6,7 @@ its own limit and keep listening for the client's disconnect while the tool runs
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from dataclasses import dataclass
@@ -19,20 +20,19 @@ from api.auth import trusted_context
 from api.body import BodyTooLarge, ClientGone, read_body
 from api.calls import Calls, Started
 from api.catalog import CatalogTool
-from api.checks import Rejected, refusal
+from api.checks import Rejected
+from api.executions import RECHECK_S
 from api.hub import HubUnavailable
 from api.lookup import accepted
 from api.ops import ApiMetrics
 from api.responses import envelope_error
 from api.settings import ApiSettings
-from carmy_worker import keys, records
-from carmy_worker.context import AgentContext
-from carmy_worker.errors import error
 from carmy_worker.logs import request_id_hash
-from carmy_worker.wire import ErrorBody, ExecuteRequest, Record, canonical_json_encoder, request_decoder
+from carmy_worker.sdk.errors import store_unavailable
+from carmy_worker.store import keys, records
+from carmy_worker.wire import ErrorBody, ExecuteRequest, Record, request_decoder
 
 log = logging.getLogger("carmy.api")
-
 
 
 def wants_sse(scope: Scope) -> bool:
@@ -117,21 +117,21 @@ class ExecuteEndpoint:
                                  reason=request)(scope, receive, send)
             return Answer("invalid", 400, error_code="INVALID_REQUEST")
         agent = trusted_context(scope)
-        sse = wants_sse(scope)
+        sse, respond_async = wants_sse(scope), prefers_async(scope)
         try:
             tool = self.calls.admit(request.tool, request.arguments, request.request_id, agent)
-            if prefers_async(scope):
-                return await self._accept(request, tool, agent, sse, (scope, receive, send))
-            async with self.calls.start(tool, request.arguments, request.request_id, agent) as started:
+            async with self.calls.start(tool, request.arguments, request.request_id, agent,
+                                        follow=not respond_async) as started:
                 if started.record is not None:
                     return await self._replay(request, started.execution_id, started.record, sse, send)
+                if respond_async:
+                    return await self._accepted(request, started, (scope, receive, send))
                 return await self._follow(request, started, tool, sse, receive, send)
         except Rejected as rejected:
             return await self._refuse(request, rejected.error, sse, send)
         except (RedisError, HubUnavailable, OSError) as exc:
             log.warning("store unavailable: %s", exc)
-            return await self._refuse(request, error(
-                "STORE_UNAVAILABLE", "The execution store cannot be reached.", retry_after=1), sse, send)
+            return await self._refuse(request, store_unavailable(), sse, send)
 
     async def _refuse(self, request: ExecuteRequest, err: ErrorBody, sse: bool, send: Send) -> Answer:
         """Answer a call refused before it reached a worker (nothing is recorded)."""
@@ -143,27 +143,14 @@ class ExecuteEndpoint:
             await relay.send_json(send, record)
         return Answer.of("refused", record, exec_id, request)
 
-    async def _accept(self, request: ExecuteRequest, tool: CatalogTool, agent: AgentContext, sse: bool,
-                      asgi: tuple[Scope, Receive, Send]) -> Answer:
+    async def _accepted(self, request: ExecuteRequest, started: Started, asgi: tuple[Scope, Receive, Send]) -> Answer:
         """``Prefer: respond-async``: 202 and a Location to poll; leaving does not cancel it.
 
-        A retry of a finished execution is answered with its result at once (RFC 7240 lets a
+        A retry of a finished execution was answered with its result at once (RFC 7240 lets a
         server answer synchronously when it can).
         """
-        arguments = canonical_json_encoder.encode(request.arguments)
-        exec_id = keys.new_execution_id()
-        sub = await self.executions.submit(
-            exec_id=exec_id, tool=tool, arguments=arguments, request_id=request.request_id, agent=agent)
-        if sub.kind in ("conflict", "full", "no_workers"):
-            raise Rejected(refusal(sub, tool.spec.name))
-        found = None
-        if sub.kind != "new":
-            found = await self.executions.lookup(sub.execution_id, agent.principal)
-        record = sub.record or (found.record if found else None)
-        if record is not None:
-            return await self._replay(request, sub.execution_id, record, sse, asgi[2])
-        await accepted(sub.execution_id, found.state if found else "queued")(*asgi)
-        return Answer("accepted", 202, tool.spec.name, sub.execution_id, None, request.request_id)
+        await accepted(started.execution_id, started.state)(*asgi)
+        return Answer("accepted", 202, request.tool, started.execution_id, None, request.request_id)
 
     async def _replay(self, request: ExecuteRequest, exec_id: str, record: Record, sse: bool, send: Send) -> Answer:
         if sse:
@@ -175,25 +162,21 @@ class ExecuteEndpoint:
     async def _follow(self, request: ExecuteRequest, started: Started, tool: CatalogTool, sse: bool,
                       receive: Receive, send: Send) -> Answer:
         name, exec_id, joined = tool.spec.name, started.execution_id, not started.owner
-        events = self.executions.follow(exec_id, name, started.messages, tick=min(self.settings.sse_keepalive, 5.0))
-
-        async def cancel() -> None:
-            try:
-                await self.executions.cancel(exec_id, name)
-            except RedisError as exc:
-                log.warning("could not cancel %s: %s", exec_id, exc)
-
+        messages = started.messages
+        if messages is None:  # pragma: no cover - start(follow=True) always subscribes
+            raise RuntimeError("a followed call without its subscription")
         # Only the request that started an execution cancels it by going away.
-        on_disconnect = None if joined else cancel
+        on_disconnect = None if joined else functools.partial(self.executions.abandon, exec_id, name)
         if not sse:
-            record = await relay.race_disconnect(relay.answer_json(send, events), receive, on_disconnect)
+            work = relay.answer_json(send, self.executions, exec_id, name, messages,
+                                     tick=min(self.settings.sse_keepalive, RECHECK_S))
+            record = await relay.race_disconnect(work, receive, on_disconnect)
         else:
             self.metrics.sse_streams.inc()
             try:
-                record = await relay.race_disconnect(
-                    relay.stream_sse(send, relay.started_frame(exec_id, name), events, replayed=joined,
-                                     keepalive=self.settings.sse_keepalive),
-                    receive, on_disconnect)
+                work = relay.stream_sse(send, self.executions, exec_id, name, messages, replayed=joined,
+                                        keepalive=self.settings.sse_keepalive)
+                record = await relay.race_disconnect(work, receive, on_disconnect)
             finally:
                 self.metrics.sse_streams.dec()
         if record is None:

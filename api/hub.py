@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable
 
 from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 
-log = logging.getLogger("carmy.api")
+from carmy_worker.store.pubsub import Message, listen_forever
 
 RESYNC = b""  # put into every queue after a reconnection
 SUBSCRIBE_TIMEOUT = 2.0
@@ -87,49 +86,32 @@ class EventHub:
                 self._confirms.pop(channel, None)
 
     async def _read_forever(self) -> None:
-        delay, reconnecting = 0.1, False
-        while True:
-            pubsub = self._redis.pubsub()
-            try:
-                await pubsub.subscribe(*self._broadcast, *self._queues)
-                self._pubsub = pubsub
-                if reconnecting:  # back: let every waiter re-read its record now, not at its next tick
-                    log.info("pub/sub connection restored")
-                    self._resync()
-                delay, reconnecting = 0.1, False
-                await self._read(pubsub)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                if not reconnecting:
-                    log.warning("pub/sub connection lost (%s); reconnecting", exc)
-                reconnecting = True
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 1.0)
-            finally:
-                self._pubsub = None
-                with contextlib.suppress(Exception):
-                    await pubsub.aclose()
-                self._resync()  # whatever was in flight may be lost
+        await listen_forever(self._redis, lambda: [*self._broadcast, *self._queues], self._dispatch,
+                             name="event hub", on_connect=self._connected, on_drop=self._dropped)
+
+    def _connected(self, pubsub: PubSub, after_drop: bool) -> None:
+        self._pubsub = pubsub
+        if after_drop:  # back: let every waiter re-read its record now, not at its next tick
+            self._resync()
+
+    def _dropped(self) -> None:
+        self._pubsub = None
+        self._resync()  # whatever was in flight may be lost
 
     def _resync(self) -> None:
         for queues in self._queues.values():
             for queue in queues:
                 queue.put_nowait(RESYNC)
 
-    async def _read(self, pubsub: PubSub) -> None:
-        while True:
-            message = await pubsub.get_message(timeout=None)
-            if message is None:
-                continue
-            kind, channel = message["type"], message["channel"].decode()
-            if kind == "message":
-                handler = self._broadcast.get(channel)
-                if handler is not None:
-                    handler(message["data"])
-                for queue in self._queues.get(channel, ()):
-                    queue.put_nowait(message["data"])
-            elif kind == "subscribe":
-                for future in self._confirms.get(channel, ()):
-                    if not future.done():
-                        future.set_result(None)
+    def _dispatch(self, message: Message) -> None:
+        kind, channel = message["type"], message["channel"].decode()
+        if kind == "message":
+            handler = self._broadcast.get(channel)
+            if handler is not None:
+                handler(message["data"])
+            for queue in self._queues.get(channel, ()):
+                queue.put_nowait(message["data"])
+        elif kind == "subscribe":
+            for future in self._confirms.get(channel, ()):
+                if not future.done():
+                    future.set_result(None)

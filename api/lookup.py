@@ -26,9 +26,10 @@ from api import relay
 from api.auth import trusted_context
 from api.executions import Executions, Found
 from api.hub import EventHub, HubUnavailable
-from api.responses import NO_STORE, envelope_error
+from api.responses import NO_STORE, envelope, envelope_error
 from api.settings import ApiSettings
-from carmy_worker import keys
+from carmy_worker.sdk.errors import store_unavailable
+from carmy_worker.store import keys
 from carmy_worker.wire import Record, json_encoder
 
 log = logging.getLogger("carmy.api")
@@ -49,7 +50,7 @@ def not_found() -> Response:
 
 
 def unavailable() -> Response:
-    return envelope_error("STORE_UNAVAILABLE", "The execution store cannot be reached.", headers={"retry-after": "1"})
+    return envelope(store_unavailable())
 
 
 class ExecutionRoutes:
@@ -92,14 +93,9 @@ class ExecutionRoutes:
         return relay.RecordResponse(record)
 
     async def _wait(self, found: Found, messages: asyncio.Queue[bytes]) -> Record | None:
-        async def final() -> Record | None:
-            async for item in self.executions.follow(found.execution_id, found.tool, messages, tick=1.0):
-                if isinstance(item, Record):
-                    return item
-            return None
-
         with contextlib.suppress(TimeoutError):
-            return await asyncio.wait_for(final(), CANCEL_WAIT_S)
+            return await asyncio.wait_for(
+                self.executions.outcome(found.execution_id, found.tool, messages, tick=1.0), CANCEL_WAIT_S)
         return None
 
     async def events(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -113,10 +109,8 @@ class ExecutionRoutes:
                 record = found.record or await self.executions.settled(exec_id, found.tool)
                 if record is not None:
                     return await relay.send_sse_record(send, exec_id, found.tool, record, replayed=True)
-                stream = relay.stream_sse(
-                    send, relay.started_frame(exec_id, found.tool),
-                    self.executions.follow(exec_id, found.tool, messages, tick=min(self.settings.sse_keepalive, 5.0)),
-                    replayed=False, keepalive=self.settings.sse_keepalive)
+                stream = relay.stream_sse(send, self.executions, exec_id, found.tool, messages, replayed=False,
+                                          keepalive=self.settings.sse_keepalive)
                 # Watching is not owning: a watcher that leaves does not cancel the execution.
                 await relay.race_disconnect(stream, receive, None)
         except (RedisError, HubUnavailable):

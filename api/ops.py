@@ -1,7 +1,7 @@
 """Operating endpoints: ``/health`` (the process lives), ``/ready`` (it can serve: Redis
 answers and a worker is alive) and ``/metrics`` (Prometheus text).
 
-Execution counts and latency histograms come from Redis (``carmy_worker.metrics``), so they
+Execution counts and latency histograms come from Redis (``carmy_worker.store.metrics``), so they
 cover every worker and are the same on every API replica; the ``carmy_api_*`` figures belong
 to the process that was scraped.
 """
@@ -23,8 +23,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from api.catalog import Catalog
-from carmy_worker import keys, metrics
-from carmy_worker.errors import error
+from carmy_worker.sdk.errors import error, store_unavailable
+from carmy_worker.store import keys, metrics
 from carmy_worker.wire import ErrorBody
 
 CHECK_TIMEOUT_S = 1.0
@@ -113,8 +113,8 @@ class Ops:
             await asyncio.wait_for(self.redis.ping(), CHECK_TIMEOUT_S)
             checks["redis"] = {"ok": True}
         except (RedisError, OSError, TimeoutError) as exc:
-            checks["redis"] = {"ok": False, "error": _wire(error(
-                "STORE_UNAVAILABLE", f"Redis does not answer: {type(exc).__name__}", retry_after=1))}
+            checks["redis"] = {"ok": False, "error": _wire(store_unavailable(
+                f"Redis does not answer: {type(exc).__name__}"))}
         live = self.catalog.view.live_workers
         if checks["redis"]["ok"] and self.catalog.reachable and live:
             checks["workers"] = {"ok": True, "live": live}

@@ -7,32 +7,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from carmy_worker.wire import Event, Record, json_encoder
+from api.executions import RECHECK_S, Executions
+from carmy_worker.wire import SSE_KEEPALIVE, Event, Record, sse_completed, sse_frame, sse_started
 
 SSE_HEADERS = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
     (b"cache-control", b"no-store"),
     (b"x-accel-buffering", b"no"),  # tell proxies not to buffer the stream
 ]
-
-
-def frame(name: str, data: bytes) -> bytes:
-    return b"event: " + name.encode() + b"\ndata: " + data + b"\n\n"
-
-
-def completed_frame(record: Record, *, replayed: bool) -> bytes:
-    """``execution.completed``: the result body plus ``replayed``."""
-    suffix = b',"replayed":true}' if replayed else b',"replayed":false}'
-    return frame("execution.completed", record.body[:-1] + suffix)
-
-
-def started_frame(exec_id: str, tool: str) -> bytes:
-    return frame("execution.started", json_encoder.encode({"execution_id": exec_id, "tool": tool}))
 
 
 async def until_disconnect(receive: Receive) -> None:
@@ -84,36 +71,54 @@ class RecordResponse(Response):
         await send_json(send, self.record)
 
 
-async def answer_json(send: Send, events: AsyncIterator[Event | Record | None]) -> Record | None:
-    async for item in events:
-        if isinstance(item, Record):
-            await send_json(send, item)
-            return item
-    return None
+async def answer_json(send: Send, executions: Executions, exec_id: str, tool: str,
+                      messages: asyncio.Queue[bytes], *, tick: float) -> Record:
+    """Wait for the record, then send it as the JSON response."""
+    record = await executions.outcome(exec_id, tool, messages, tick=tick)
+    await send_json(send, record)
+    return record
 
 
-async def stream_sse(send: Send, first: bytes, events: AsyncIterator[Event | Record | None], *,
-                     replayed: bool, keepalive: float) -> Record | None:
-    await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
-    await send({"type": "http.response.body", "body": first, "more_body": True})
-    last_write = time.monotonic()
-    async for item in events:
-        if item is None:
-            if time.monotonic() - last_write < keepalive:
-                continue
-            chunk = b": keep-alive\n\n"
-        elif isinstance(item, Record):
-            await send({"type": "http.response.body", "body": completed_frame(item, replayed=replayed)})
-            return item
-        else:
-            chunk = frame(item.name, item.data)
-        await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        last_write = time.monotonic()
-    return None
+class SseStream:
+    """One execution's events as a ``text/event-stream`` response, keep-alives included."""
+
+    def __init__(self, send: Send, *, keepalive: float) -> None:
+        self._send = send
+        self._keepalive = keepalive
+        self._last_write = time.monotonic()
+
+    async def start(self, exec_id: str, tool: str) -> None:
+        await self._send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+        await self._write(sse_started(exec_id, tool))
+
+    async def event(self, event: Event) -> None:
+        await self._write(sse_frame(event.name, event.data))
+
+    async def idle(self) -> None:
+        if time.monotonic() - self._last_write >= self._keepalive:
+            await self._write(SSE_KEEPALIVE)
+
+    async def finish(self, record: Record, *, replayed: bool) -> None:
+        await self._send({"type": "http.response.body", "body": sse_completed(record, replayed=replayed)})
+
+    async def _write(self, chunk: bytes) -> None:
+        await self._send({"type": "http.response.body", "body": chunk, "more_body": True})
+        self._last_write = time.monotonic()
+
+
+async def stream_sse(send: Send, executions: Executions, exec_id: str, tool: str, messages: asyncio.Queue[bytes],
+                     *, replayed: bool, keepalive: float) -> Record:
+    """Relay the execution's events as they come, ending with ``execution.completed``."""
+    stream = SseStream(send, keepalive=keepalive)
+    await stream.start(exec_id, tool)
+    record = await executions.outcome(exec_id, tool, messages, tick=min(keepalive, RECHECK_S),
+                                      on_event=stream.event, on_idle=stream.idle)
+    await stream.finish(record, replayed=replayed)
+    return record
 
 
 async def send_sse_record(send: Send, exec_id: str, tool: str, record: Record, *, replayed: bool) -> None:
     """A stream of two events: for replays and for calls refused before reaching a worker."""
     await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
-    await send({"type": "http.response.body",
-                "body": started_frame(exec_id, tool) + completed_frame(record, replayed=replayed)})
+    body = sse_started(exec_id, tool) + sse_completed(record, replayed=replayed)
+    await send({"type": "http.response.body", "body": body})

@@ -19,7 +19,7 @@ class ApiKey(Struct, frozen=True, forbid_unknown_fields=True):
 
 
 class ApiSettings(Struct, frozen=True, kw_only=True):
-    """Settings of one API process (DESIGN §2). Build with ``from_env`` or directly in tests."""
+    """Settings of one API process (the README's Settings table). Build with ``from_env`` or directly in tests."""
 
     redis_url: str = DEFAULT_REDIS_URL
     host: str = "127.0.0.1"

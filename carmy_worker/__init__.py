@@ -1,10 +1,15 @@
-"""Carmy's tool SDK and worker runtime.
+"""Carmy's tool SDK, execution store and worker runtime.
 
-Write tools with ``Toolbox``, serve them with ``python -m carmy_worker MODULE``.
+Write tools with ``Toolbox``, serve them with ``python -m carmy_worker MODULE``. The package has
+three layers (docs/architecture.md):
+
+* ``carmy_worker.sdk``: what tool authors import (re-exported here);
+* ``carmy_worker.store``: an execution's state machine in Redis, shared with the API;
+* ``carmy_worker.runtime``: the worker process (the only code that imports arq).
 """
 
-from carmy_worker.context import AgentContext, Context
-from carmy_worker.errors import ToolError
-from carmy_worker.toolbox import Tool, Toolbox, ToolDefinitionError
+from carmy_worker.sdk.context import AgentContext, Context
+from carmy_worker.sdk.errors import ToolError
+from carmy_worker.sdk.toolbox import Tool, Toolbox, ToolDefinitionError
 
 __all__ = ["AgentContext", "Context", "Tool", "ToolDefinitionError", "ToolError", "Toolbox"]

@@ -8,9 +8,9 @@ import importlib
 import sys
 
 from carmy_worker import logs
-from carmy_worker.service import serve
+from carmy_worker.runtime.service import serve
+from carmy_worker.sdk.toolbox import Tool, Toolbox, ToolDefinitionError
 from carmy_worker.settings import SettingsError, WorkerSettings
-from carmy_worker.toolbox import Tool, Toolbox, ToolDefinitionError
 
 
 def load_tools(module_name: str) -> list[Tool]:

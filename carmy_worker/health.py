@@ -15,9 +15,9 @@ from typing import cast
 import msgspec
 import redis
 
-from carmy_worker import keys, scripts
-from carmy_worker.presence import Roster
 from carmy_worker.settings import SettingsError, WorkerSettings
+from carmy_worker.store import keys
+from carmy_worker.store.roster import SyncLiveness
 from carmy_worker.wire import worker_info_decoder
 
 TIMEOUT = 2.0  # seconds, per connect and per reply
@@ -31,7 +31,7 @@ def check(settings: WorkerSettings, host: str) -> str | None:
         return f"CARMY_REDIS_URL cannot be used: {exc}"
     try:
         # Scores are compared with Redis's clock, as the API does: this host's may differ.
-        roster = Roster.parse(client.register_script(scripts.WORKERS)(keys=[keys.WORKERS, keys.DRAINING]))
+        roster = SyncLiveness(client).roster()
         live = [w for w in roster.last_seen if roster.alive(w, settings.dead_after)]
         # The sync client's stubs type every reply as "maybe awaitable".
         infos = cast("list[bytes | None]", client.mget([keys.worker(w) for w in live])) if live else []

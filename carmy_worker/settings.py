@@ -63,7 +63,7 @@ def env_choice(env: Mapping[str, str], name: str, choices: tuple[str, ...]) -> s
 
 
 class WorkerSettings(Struct, frozen=True, kw_only=True):
-    """Settings of one worker process (DESIGN §2)."""
+    """Settings of one worker process (the README's Settings table)."""
 
     redis_url: str = DEFAULT_REDIS_URL
     concurrency: int = 16  # executions at once in this process

@@ -141,6 +141,18 @@ class Record(Struct, kw_only=True):
     duration_ms: int | None = None
 
 
+msgpack_encoder = msgspec.msgpack.Encoder()
+json_encoder = msgspec.json.Encoder()
+canonical_json_encoder = msgspec.json.Encoder(order="sorted")
+
+
+# --- events ----------------------------------------------------------------------------------
+#
+# A worker publishes an execution's events on its channel (``store.keys.events``) as msgpack
+# ``Event``s; the API relays each as one SSE frame, or MCP progress. Their ``data`` is compact
+# JSON, sent on as is.
+
+
 class Event(Struct, array_like=True):
     """One message on an execution's pub/sub channel.
 
@@ -151,9 +163,72 @@ class Event(Struct, array_like=True):
     data: bytes
 
 
-msgpack_encoder = msgspec.msgpack.Encoder()
-json_encoder = msgspec.json.Encoder()
-canonical_json_encoder = msgspec.json.Encoder(order="sorted")
+class StartedData(Struct):
+    """``tool.started`` (a worker claimed the execution) and the API's ``execution.started``."""
+
+    execution_id: str
+    tool: str
+
+
+class ProgressData(Struct, omit_defaults=True, kw_only=True):
+    """``tool.progress``: ``Context.progress`` and ``Context.partial``."""
+
+    execution_id: str
+    tool: str
+    progress: float | int
+    total: float | int | None = None
+    message: str | None = None
+    partial: Any | UnsetType = UNSET
+
+
+class CompletedData(Struct):
+    """``tool.completed``: the tool returned (``ok``) or failed; the record follows."""
+
+    execution_id: str
+    tool: str
+    duration_ms: int
+    ok: bool
+
+
+def started_event(exec_id: str, tool: str) -> bytes:
+    return msgpack_encoder.encode(Event("tool.started", json_encoder.encode(StartedData(exec_id, tool))))
+
+
+def progress_event(data_json: bytes) -> bytes:
+    """``data_json``: a ``ProgressData`` already encoded (by the tool's own call, see ``Context``)."""
+    return msgpack_encoder.encode(Event("tool.progress", data_json))
+
+
+def completed_event(exec_id: str, tool: str, duration_ms: int, ok: bool) -> bytes:
+    return msgpack_encoder.encode(Event("tool.completed", json_encoder.encode(
+        CompletedData(exec_id, tool, duration_ms, ok))))
+
+
+def final_event(record: Record) -> tuple[bytes, bytes]:
+    """The record as stored, and the ``final`` event that announces it."""
+    stored = msgpack_encoder.encode(record)
+    return stored, msgpack_encoder.encode(Event("final", stored))
+
+
+# --- SSE frames (text/event-stream) ----------------------------------------------------------
+
+
+def sse_frame(name: str, data: bytes) -> bytes:
+    return b"event: " + name.encode() + b"\ndata: " + data + b"\n\n"
+
+
+def sse_started(exec_id: str, tool: str) -> bytes:
+    """``execution.started``: the first frame of every stream."""
+    return sse_frame("execution.started", json_encoder.encode(StartedData(exec_id, tool)))
+
+
+def sse_completed(record: Record, *, replayed: bool) -> bytes:
+    """``execution.completed``: the result body plus ``replayed``; always the last frame."""
+    suffix = b',"replayed":true}' if replayed else b',"replayed":false}'
+    return sse_frame("execution.completed", record.body[:-1] + suffix)
+
+
+SSE_KEEPALIVE = b": keep-alive\n\n"
 
 job_decoder = msgspec.msgpack.Decoder(ExecutionJob)
 record_decoder = msgspec.msgpack.Decoder(Record)

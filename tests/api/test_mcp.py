@@ -27,7 +27,6 @@ from mcp_types import CallToolResult
 from starlette.applications import Starlette
 
 from api.app import create_app
-from api.mcp import attach
 from api.settings import ApiKey, ApiSettings
 from tests.support import Stack, free_port, wait_until
 
@@ -53,30 +52,24 @@ def serving(app: Starlette) -> Iterator[str]:
         thread.join(15)
 
 
-def app_with_mcp(settings: ApiSettings) -> Starlette:
-    app = create_app(settings)
-    attach(app)  # create_app attached it already: checks that attaching twice is harmless
-    return app
-
-
 @pytest.fixture(scope="module")
 def url(stack: Stack) -> Iterator[str]:
     stack.worker()
-    with serving(app_with_mcp(ApiSettings(redis_url=stack.redis_url))) as u:
+    with serving(create_app(ApiSettings(redis_url=stack.redis_url))) as u:
         yield u
 
 
 @pytest.fixture(scope="module")
 def other_url(stack: Stack, url: str) -> Iterator[str]:
     """A second API replica on the same Redis."""
-    with serving(app_with_mcp(ApiSettings(redis_url=stack.redis_url))) as u:
+    with serving(create_app(ApiSettings(redis_url=stack.redis_url))) as u:
         yield u
 
 
 @pytest.fixture(scope="module")
 def keyed_url(stack: Stack, url: str) -> Iterator[str]:
     keys = {TOKEN: ApiKey(principal="alice", permissions=frozenset({"confirm:wipe"}))}
-    with serving(app_with_mcp(ApiSettings(redis_url=stack.redis_url, api_keys=keys))) as u:
+    with serving(create_app(ApiSettings(redis_url=stack.redis_url, api_keys=keys))) as u:
         yield u
 
 

@@ -11,8 +11,9 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from carmy_worker import keys, scripts
 from carmy_worker.settings import WorkerSettings
+from carmy_worker.store import keys
+from carmy_worker.store.roster import SyncLiveness
 from carmy_worker.wire import WorkerInfo, msgpack_encoder
 from tests.support import ROOT, Stack, free_port
 
@@ -42,8 +43,7 @@ def test_healthy_while_a_worker_heartbeats_and_unhealthy_once_it_is_dead(stack: 
 def test_a_live_worker_on_another_host_does_not_count(stack: Stack, sync_redis: redis.Redis) -> None:
     info = WorkerInfo(worker_id="elsewhere-1", started_ms=0, tools=[], group="g", host="elsewhere", pid=1)
     sync_redis.set(keys.worker(info.worker_id), msgpack_encoder.encode(info))
-    heartbeat = sync_redis.register_script(scripts.HEARTBEAT)
-    heartbeat(keys=[keys.WORKERS, keys.worker(info.worker_id)], args=[info.worker_id, 0])
+    SyncLiveness(sync_redis).heartbeat(info.worker_id)
     result = health(stack)
     assert result.returncode == 1
     assert f"no worker on {socket.gethostname()}" in result.stderr

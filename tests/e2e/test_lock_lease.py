@@ -8,7 +8,8 @@ import time
 import httpx
 import redis
 
-from carmy_worker import keys, lock
+from carmy_worker.runtime import lock
+from carmy_worker.store import keys
 from tests.support import Call, Stack, wait_until
 
 

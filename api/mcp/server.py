@@ -1,0 +1,264 @@
+"""MCP over Streamable HTTP at ``/mcp``: the same catalog and the same execution path as
+``POST /agent/execute``, spoken through the official SDK's low-level server.
+
+Stateless, so that any API replica can serve any request and replicas need no session
+affinity: the 2026-07-28 protocol is stateless by design, and the handshake versions (up to
+2025-11-25) are served by the SDK's stateless mode, one short-lived transport per POST.
+Responses are SSE once a call streams progress, and the SDK cancels a call's handler when its
+client goes away; the handler then cancels the execution. A ``notifications/cancelled`` of
+the handshake versions comes in a POST of its own: ``api.mcp.cancel`` relates it to its call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Mapping
+from importlib import metadata
+from typing import Any, cast
+
+import anyio
+import mcp_types as types
+from mcp.server.context import ServerRequestContext
+from mcp.server.lowlevel import Server
+from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
+from redis.exceptions import RedisError
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from api.auth import trusted_context
+from api.body import BodyTooLarge, ClientGone, read_body
+from api.calls import Calls, Started
+from api.catalog import CatalogTool
+from api.checks import Rejected
+from api.executions import ADMISSION_GRACE_S
+from api.hub import HubUnavailable
+from api.mcp.cancel import SESSION_HEADER, CallRegistry, assigning_session_id, cancelled_request, replaying
+from api.mcp.wire import META_EXECUTION_ID, META_REPLAYED, META_REQUEST_ID, call_result, mcp_tool, progress_decoder
+from api.settings import ApiSettings
+from carmy_worker.sdk.context import AgentContext
+from carmy_worker.sdk.errors import error, store_unavailable
+from carmy_worker.store import keys, records
+from carmy_worker.wire import ErrorBody, Event, Record
+
+log = logging.getLogger("carmy.api")
+
+MCP_PATH = "/mcp"
+CANCEL_TIMEOUT_S = 2.0  # how long a cancelled call may spend cancelling its execution
+INSTRUCTIONS = (
+    'Give a tools/call _meta {"carmy/request_id": "<unique id>"} to make retrying it safe: the same '
+    "id with the same arguments returns the first call's result instead of running the tool again."
+)
+
+Ctx = ServerRequestContext[Any, Any]
+
+
+class McpServer:
+    """The MCP endpoint: ``asgi`` serves ``/mcp`` while ``lifespan()`` is entered (``create_app``
+    mounts both)."""
+
+    def __init__(self, *, settings: ApiSettings, calls: Calls) -> None:
+        self.settings = settings
+        self.calls = calls
+        self.catalog = calls.catalog
+        self.executions = calls.executions
+        self.registry = CallRegistry(calls.executions.redis)
+        self.server: Server[Any] = Server(
+            settings.server_name, version=_version(), instructions=INSTRUCTIONS,
+            on_list_tools=self._list_tools, on_call_tool=self._call_tool,
+            get_tool_input_schema=self._input_schema,
+        )
+        self._listed: tuple[str, types.ListToolsResult] | None = None
+        self._manager: StreamableHTTPSessionManager | None = None
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self) -> AsyncIterator[None]:
+        # A session manager runs once: a new one each time the app starts. It runs in a task of
+        # its own because its anyio task group must be left by the task that entered it, and a
+        # host (or a test harness) may end the lifespan from another task than it started in.
+        manager = StreamableHTTPSessionManager(
+            app=self.server, stateless=True, json_response=False, max_request_body_size=self.settings.max_body)
+        running, stop = asyncio.Event(), asyncio.Event()
+
+        async def serve() -> None:
+            async with manager.run():
+                self._manager = manager
+                running.set()
+                try:
+                    await stop.wait()
+                finally:
+                    self._manager = None
+
+        task = asyncio.create_task(serve())
+        ready = asyncio.ensure_future(running.wait())
+        await asyncio.wait((task, ready), return_when=asyncio.FIRST_COMPLETED)
+        ready.cancel()
+        if task.done():
+            task.result()  # it failed to start: say why
+        try:
+            yield
+        finally:
+            stop.set()
+            await task
+
+    async def asgi(self, scope: Scope, receive: Receive, send: Send) -> None:
+        manager = self._manager
+        if manager is None:
+            await Response("MCP is not running: the app's lifespan has not started.", 503)(scope, receive, send)
+            return
+        if _handshake_era(scope):
+            if scope["method"] == "GET":  # stateless: there is no stream of server-initiated messages
+                await Response(status_code=405, headers={"allow": "POST, DELETE"})(scope, receive, send)
+                return
+            if scope["method"] == "POST":
+                try:
+                    body = await read_body(scope, receive, self.settings.max_body)
+                except BodyTooLarge:
+                    await Response("Request body too large", 413)(scope, receive, send)
+                    return
+                except ClientGone:
+                    return
+                # Handled here: the SDK would only see a request id it does not know.
+                is_cancel, request_id = cancelled_request(body)
+                if is_cancel:
+                    await self._cancel_call(scope, request_id)
+                    await Response(status_code=202)(scope, receive, send)
+                    return
+                receive = replaying(body, receive)
+                if _header(scope, SESSION_HEADER) is None:
+                    send = assigning_session_id(send)
+        await manager.handle_request(scope, receive, send)
+
+    # --- tools/list ------------------------------------------------------------------------
+
+    async def _list_tools(self, ctx: Ctx, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
+        view = self.catalog.view
+        listed = self._listed
+        if listed is None or listed[0] != view.catalog.etag:  # built once per catalog version
+            listed = (view.catalog.etag, types.ListToolsResult(tools=[mcp_tool(t.spec) for t in view.tools.values()]))
+            self._listed = listed
+        return listed[1]
+
+    def _input_schema(self, name: str) -> Mapping[str, Any] | None:
+        tool = self.catalog.view.get(name)
+        return None if tool is None else tool.spec.input_schema
+
+    # --- tools/call: the path of POST /agent/execute -----------------------------------------
+
+    async def _call_tool(self, ctx: Ctx, params: types.CallToolRequestParams) -> types.CallToolResult:
+        start = time.perf_counter()
+        result = await self._answer(ctx, params)
+        meta = result.meta or {}
+        err = result.structured_content.get("error") if result.is_error and result.structured_content else None
+        log.info("mcp call", extra={"carmy": {
+            "event": "mcp.call", "execution_id": meta.get(META_EXECUTION_ID), "tool": params.name,
+            "outcome": "failed" if result.is_error else "completed", "error_code": err and err.get("code"),
+            "replayed": meta.get(META_REPLAYED), "duration_ms": round((time.perf_counter() - start) * 1000, 1),
+        }})
+        return result
+
+    async def _answer(self, ctx: Ctx, params: types.CallToolRequestParams) -> types.CallToolResult:
+        agent = trusted_context(getattr(ctx.request, "scope", {}))
+        name = params.name
+        try:
+            request_id = _request_id(params.meta)
+            arguments = params.arguments or {}
+            tool = self.calls.admit(name, arguments, request_id, agent)
+            async with self.calls.start(tool, arguments, request_id, agent) as started:
+                record = started.record or await self._follow(ctx, started, tool, agent)
+                return call_result(record, replayed=not started.owner)
+        except Rejected as rejected:
+            return _refused(name, rejected.error)
+        except (RedisError, HubUnavailable, OSError) as exc:
+            log.warning("store unavailable: %s", exc)
+            return _refused(name, store_unavailable())
+
+    async def _follow(self, ctx: Ctx, started: Started, tool: CatalogTool, agent: AgentContext) -> Record:
+        """Relay the execution's progress until its record; cancel it if this call is cancelled."""
+        name, exec_id, messages, owner = tool.spec.name, started.execution_id, started.messages, started.owner
+        if messages is None:  # pragma: no cover - start(follow=True) always subscribes
+            raise RuntimeError("a followed call without its subscription")
+        last: float | None = None
+
+        async def report(event: Event) -> None:
+            nonlocal last
+            if event.name != "tool.progress":
+                return
+            progress = progress_decoder.decode(event.data)
+            # MCP wants progress to increase: a partial result (same value again) is skipped.
+            if last is None or progress.progress > last:
+                last = progress.progress
+                await ctx.session.report_progress(progress.progress, progress.total, progress.message)
+
+        try:
+            if owner:
+                await self._remember(ctx, agent, exec_id, tool)
+            return await self.executions.outcome(exec_id, name, messages, on_event=report)
+        except anyio.get_cancelled_exc_class():
+            # The client went away, or cancelled. Only the call that started an execution
+            # cancels it: a retry that joined it leaves it to its owner.
+            if owner:
+                with anyio.move_on_after(CANCEL_TIMEOUT_S, shield=True):
+                    await self.executions.abandon(exec_id, name)
+            raise
+
+    # --- notifications/cancelled in requests of their own (handshake versions) ---------------
+
+    async def _remember(self, ctx: Ctx, agent: AgentContext, exec_id: str, tool: CatalogTool) -> None:
+        headers = getattr(ctx.request, "headers", None)
+        session = headers.get(SESSION_HEADER) if headers is not None else None
+        if session is None or ctx.request_id is None:
+            return
+        ttl = int(self.settings.queue_timeout + tool.timeout + ADMISSION_GRACE_S)
+        try:
+            overtaken = await self.registry.remember(agent, session, ctx.request_id, exec_id, tool.spec.name, ttl)
+        except RedisError as exc:  # the call goes on; only a cancellation could not find it
+            log.warning("could not record MCP call %s: %s", exec_id, exc)
+            return
+        if overtaken:
+            await self.executions.abandon(exec_id, tool.spec.name)
+
+    async def _cancel_call(self, scope: Scope, request_id: types.RequestId | None) -> None:
+        session = _header(scope, SESSION_HEADER)
+        if session is None or request_id is None:
+            return
+        try:
+            started = await self.registry.cancelled(trusted_context(scope), session, request_id)
+        except RedisError as exc:
+            log.warning("could not cancel an MCP call: %s", exc)
+            return
+        if started is not None:
+            await self.executions.abandon(*started)
+
+
+def _refused(name: str, err: ErrorBody) -> types.CallToolResult:
+    """A call refused before it reached a worker: a fresh execution id, nothing recorded."""
+    return call_result(records.failed(keys.new_execution_id(), name, err), replayed=False)
+
+
+def _request_id(meta: types.RequestParamsMeta | None) -> str | None:
+    value = cast("Mapping[str, Any]", meta or {}).get(META_REQUEST_ID)
+    if value is not None and not isinstance(value, str):
+        raise Rejected(error("INVALID_ID", f"_meta.{META_REQUEST_ID} must be a string."))
+    return value
+
+
+def _header(scope: Scope, name: str) -> str | None:
+    raw = name.encode()
+    return next((v.decode("latin-1") for k, v in scope["headers"] if k == raw), None)
+
+
+def _handshake_era(scope: Scope) -> bool:
+    """Whether the SDK serves this request by the handshake versions (as its manager decides)."""
+    version = _header(scope, "mcp-protocol-version")
+    return version is None or version in HANDSHAKE_PROTOCOL_VERSIONS
+
+
+def _version() -> str:
+    try:
+        return metadata.version("carmy")
+    except metadata.PackageNotFoundError:
+        return ""

@@ -1,0 +1,69 @@
+"""``parallel_safe=False``: at most one execution of a tool at a time, across all workers.
+
+A Redis key holds the id of the execution that has the tool, with a lease the holder renews
+while it runs: a holder that crashes loses the tool within ``LEASE_S`` seconds. Waiters poll
+with a short backoff; their wait counts against their own timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from carmy_worker.store import keys
+
+log = logging.getLogger("carmy.worker")
+
+LEASE_S = 5.0
+_MAX_POLL_S = 0.05
+
+# KEYS: lock; ARGV: holder, lease ms. Extends the lease only for its holder.
+_RENEW = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end return 0"
+# KEYS: lock; ARGV: holder. Releases only its own hold.
+_RELEASE = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
+
+
+class ToolLock:
+    def __init__(self, redis: Redis, tool: str, holder: str) -> None:
+        self.redis = redis
+        self.key = keys.lock(tool)
+        self.holder = holder
+        self._renew = redis.register_script(_RENEW)
+        self._release = redis.register_script(_RELEASE)
+        self._renewer: asyncio.Task[None] | None = None
+
+    async def acquire(self, timeout: float, cancelled: asyncio.Event) -> bool:
+        """Wait for the tool; False if ``timeout`` passed or ``cancelled`` was set first."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        delay = 0.002
+        lease_ms = int(LEASE_S * 1000)
+        while not await self.redis.set(self.key, self.holder, nx=True, px=lease_ms):
+            remaining = deadline - loop.time()
+            if remaining <= 0 or cancelled.is_set():
+                return False
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(cancelled.wait(), min(delay, remaining))
+            delay = min(delay * 2, _MAX_POLL_S)
+        self._renewer = asyncio.create_task(self._keep(lease_ms))
+        return True
+
+    async def _keep(self, lease_ms: int) -> None:
+        while True:
+            await asyncio.sleep(LEASE_S / 3)
+            try:
+                await self._renew(keys=[self.key], args=[self.holder, lease_ms])
+            except RedisError as exc:
+                log.warning("could not renew the lock of %s: %s", self.key, exc)
+
+    async def release(self) -> None:
+        if self._renewer is not None:
+            self._renewer.cancel()
+        try:
+            await self._release(keys=[self.key], args=[self.holder])
+        except RedisError as exc:  # the lease runs out by itself
+            log.warning("could not release %s: %s", self.key, exc)

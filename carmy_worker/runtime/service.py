@@ -1,0 +1,75 @@
+"""One worker process: presence, janitor, cancel listener and the arq loop, started and
+stopped together."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+
+from redis.asyncio import Redis
+
+from carmy_worker.runtime import queue
+from carmy_worker.runtime.presence import Presence, describe, group_of, new_worker_id
+from carmy_worker.runtime.runner import Runtime
+from carmy_worker.sdk.toolbox import Tool
+from carmy_worker.settings import WorkerSettings
+from carmy_worker.store import jobs, keys
+from carmy_worker.store.janitor import Janitor
+from carmy_worker.store.pubsub import Message, listen_forever
+from carmy_worker.wire import WorkerInfo
+
+log = logging.getLogger("carmy.worker")
+
+
+async def listen_for_cancels(redis: Redis, runtime: Runtime) -> None:
+    """Every worker hears every cancellation; the one running the execution acts on it."""
+
+    def on_message(message: Message) -> None:
+        if message["type"] == "message":
+            runtime.cancel(message["data"].decode())
+
+    await listen_forever(redis, lambda: [keys.CANCEL_CHANNEL], on_message, name="cancel channel", max_backoff=0.5)
+
+
+async def serve(tools: list[Tool], settings: WorkerSettings) -> None:
+    """Serve ``tools`` until SIGTERM or SIGINT, then drain running executions and leave."""
+    redis = queue.connect(settings.redis_url)
+    described = describe(tools, settings)
+    info = WorkerInfo(
+        worker_id=new_worker_id(), started_ms=int(time.time() * 1000), tools=described,
+        group=group_of(described), host=socket.gethostname(), pid=os.getpid(),
+    )
+    runtime = Runtime(redis=redis, tools={t.name: t for t in tools}, settings=settings, worker_id=info.worker_id)
+    presence = Presence(redis=redis, settings=settings, info=info)
+    janitor = Janitor(redis, retention=settings.retention, dead_after=settings.dead_after)
+    await presence.register()
+    background = [asyncio.create_task(listen_for_cancels(redis, runtime)), asyncio.create_task(janitor.run())]
+
+    async def on_shutdown(_: object) -> None:
+        for task in background:
+            task.cancel()
+        await asyncio.gather(*background, return_exceptions=True)
+        with contextlib.suppress(Exception):
+            await presence.deregister()
+        runtime.close()
+
+    def on_drain() -> None:
+        log.info("stopping: no new work; draining %d running executions", runtime.running)
+        background.append(asyncio.create_task(presence.drain()))
+
+    longest = max(t.timeout for t in described)
+    worker = queue.build_worker(
+        runtime.handle, pool=redis, group=info.group, concurrency=settings.concurrency,
+        max_timeout=longest, drain_seconds=longest, on_shutdown=on_shutdown, on_drain=on_drain,
+    )
+    log.info("worker %s serving %d tools (%s) on queue %s", info.worker_id, len(tools),
+             ", ".join(t.name for t in tools), jobs.queue_name(info.group))
+    try:
+        with contextlib.suppress(asyncio.CancelledError):
+            await worker.async_run()
+    finally:
+        await worker.close()

@@ -1,0 +1,167 @@
+"""Errors of carmy/1, as data.
+
+The tree of this module:
+
+* ``ErrorCode``: the protocol's codes (docs/protocol.md) with their category.
+* ``ToolError``: the one exception a tool raises on purpose; it becomes a ``failed`` result
+  carrying exactly its fields.
+* ``error(code, ...)``: builds the wire ``ErrorBody`` for a code, with the message and
+  flags the protocol prescribes.
+
+Nothing here crosses the queue as an exception: the worker turns every failure into an
+``ErrorBody`` before it is recorded, and the API maps categories to HTTP in one place
+(``STATUS_BY_CATEGORY``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final, Literal
+
+from carmy_worker.wire import Category, ErrorBody
+
+STATUS_BY_CATEGORY: Final[dict[str, int]] = {
+    "validation": 400,
+    "permission": 403,
+    "not_found": 404,
+    "cancelled": 408,
+    "conflict": 409,
+    "internal": 500,
+    "capacity": 503,
+    "timeout": 504,
+}
+
+# Codes whose HTTP status is not the one of their category.
+STATUS_BY_CODE: Final[dict[str, int]] = {"PAYLOAD_TOO_LARGE": 413, "UNAUTHENTICATED": 401}
+
+MAY_HAVE_COMMITTED = "External effects of the tool may have committed."
+
+ErrorCode = Literal[
+    "INVALID_REQUEST",
+    "PAYLOAD_TOO_LARGE",
+    "INVALID_ID",
+    "TOOL_NOT_FOUND",
+    "INVALID_ARGUMENTS",
+    "INVALID_OUTPUT",
+    "CONFIRMATION_REQUIRED",
+    "UNAUTHENTICATED",
+    "IDEMPOTENCY_CONFLICT",
+    "EXECUTION_UNCERTAIN",
+    "EXECUTION_NOT_FOUND",
+    "TIMEOUT",
+    "CANCELLED",
+    "TOOL_PANIC",
+    "QUEUE_FULL",
+    "NO_WORKERS",
+    "STORE_UNAVAILABLE",
+]
+
+CATEGORY: Final[dict[str, Category]] = {
+    "INVALID_REQUEST": "validation",
+    "PAYLOAD_TOO_LARGE": "capacity",
+    "INVALID_ID": "validation",
+    "TOOL_NOT_FOUND": "not_found",
+    "INVALID_ARGUMENTS": "validation",
+    "INVALID_OUTPUT": "internal",
+    "CONFIRMATION_REQUIRED": "permission",
+    "UNAUTHENTICATED": "permission",
+    "IDEMPOTENCY_CONFLICT": "conflict",
+    "EXECUTION_UNCERTAIN": "conflict",
+    "EXECUTION_NOT_FOUND": "not_found",
+    "TIMEOUT": "timeout",
+    "CANCELLED": "cancelled",
+    "TOOL_PANIC": "internal",
+    "QUEUE_FULL": "capacity",
+    "NO_WORKERS": "capacity",
+    "STORE_UNAVAILABLE": "capacity",
+}
+
+# Codes an agent may simply try again (after ``retry_after`` when given).
+RETRYABLE: Final[frozenset[str]] = frozenset({"QUEUE_FULL", "NO_WORKERS", "STORE_UNAVAILABLE"})
+# Codes an agent can recover from by changing something (its request, or waiting).
+RECOVERABLE: Final[frozenset[str]] = RETRYABLE | {
+    "INVALID_REQUEST",
+    "PAYLOAD_TOO_LARGE",
+    "INVALID_ID",
+    "INVALID_ARGUMENTS",
+    "CONFIRMATION_REQUIRED",
+    "UNAUTHENTICATED",
+    "IDEMPOTENCY_CONFLICT",
+    "EXECUTION_UNCERTAIN",
+    "TIMEOUT",
+    "CANCELLED",
+}
+
+
+def error(
+    code: ErrorCode,
+    message: str,
+    *,
+    retry_after: int | None = None,
+    suggested_action: str | None = None,
+    details: Any = None,
+) -> ErrorBody:
+    """The wire error for one of the protocol's own codes."""
+    return ErrorBody(
+        code=code,
+        message=message,
+        category=CATEGORY[code],
+        recoverable=code in RECOVERABLE,
+        retryable=code in RETRYABLE,
+        retry_after=retry_after,
+        suggested_action=suggested_action,
+        details=details,
+    )
+
+
+def store_unavailable(message: str = "The execution store cannot be reached.", *, retry_after: int = 1) -> ErrorBody:
+    """Redis cannot be reached: the call may be retried (with its request_id) once it is back."""
+    return error("STORE_UNAVAILABLE", message, retry_after=retry_after)
+
+
+def http_status(err: ErrorBody) -> int:
+    """The HTTP status that carries ``err`` (the body stays authoritative)."""
+    return STATUS_BY_CODE.get(err.code) or STATUS_BY_CATEGORY.get(err.category, 500)
+
+
+class ToolError(Exception):
+    """Raised by a tool to fail with a structured, agent-readable error.
+
+    The result is ``failed`` and carries exactly these fields. ``retryable`` implies
+    ``recoverable``; ``retry_after`` is in whole seconds.
+    """
+
+    def __init__(
+        self,
+        code: str,
+        message: str,
+        *,
+        category: Category = "internal",
+        recoverable: bool = False,
+        retryable: bool = False,
+        retry_after: int | None = None,
+        suggested_action: str | None = None,
+        details: Any = None,
+    ) -> None:
+        if category not in STATUS_BY_CATEGORY:
+            raise ValueError(f"unknown error category {category!r}")
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.category = category
+        self.retryable = retryable
+        self.recoverable = recoverable or retryable
+        self.retry_after = retry_after
+        self.suggested_action = suggested_action
+        self.details = details
+
+    def to_wire(self) -> ErrorBody:
+        return ErrorBody(
+            code=self.code,
+            message=self.message,
+            category=self.category,
+            recoverable=self.recoverable,
+            retryable=self.retryable,
+            retry_after=self.retry_after,
+            suggested_action=self.suggested_action,
+            details=self.details,
+        )

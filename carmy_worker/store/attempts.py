@@ -1,0 +1,99 @@
+"""A worker's attempt at an execution: CLAIM it before the tool runs, SETTLE it with the record
+after. Each attempt has a number (the fencing token); only the current one may write."""
+
+from __future__ import annotations
+
+from typing import Literal, cast
+
+from msgspec import Struct
+from redis.asyncio import Redis
+
+from carmy_worker.store import keys, metrics
+from carmy_worker.store.lua import NOW, text
+from carmy_worker.store.metrics import LUA_COUNT, LUA_OBSERVE
+from carmy_worker.wire import Record, final_event, started_event
+
+# KEYS: exe, record, running set, queued
+# ARGV: exec_id, worker_id, max attempts, events channel, tool.started event, tool
+# Returns {verdict, attempt, ms it waited in the queue}.
+CLAIM = NOW + LUA_OBSERVE + """
+if redis.call('EXISTS', KEYS[2]) == 1 then return {'settled', 0, 0} end
+if redis.call('EXISTS', KEYS[1]) == 0 then return {'gone', 0, 0} end
+redis.call('ZREM', KEYS[4], ARGV[1])
+local attempt = redis.call('HINCRBY', KEYS[1], 'attempt', 1)
+local h = redis.call('HMGET', KEYS[1], 'cancel', 'idem', 'start_by', 'queued_at')
+local waited = now - tonumber(h[4] or now)
+if h[1] == '1' then return {'cancelled', attempt, waited} end
+if attempt > 1 and h[2] ~= '1' then return {'uncertain', attempt, waited} end
+if attempt > tonumber(ARGV[3]) then return {'uncertain', attempt, waited} end
+if attempt == 1 and tonumber(h[3]) < now then return {'expired', attempt, waited} end
+redis.call('HSET', KEYS[1], 'state', 'running', 'worker', ARGV[2])
+redis.call('SADD', KEYS[3], ARGV[1])
+redis.call('PUBLISH', ARGV[4], ARGV[5])
+if attempt == 1 then observe('queue_wait', ARGV[6], waited) end
+return {'run', attempt, waited}
+"""
+
+# A worker writes the record of its attempt: only if none exists and it still owns the
+# current attempt (a paused worker waking up late finds another attempt and writes nothing).
+# KEYS: exe, record, pending, running set, queued
+# ARGV: exec_id, attempt, record, retention s, events channel, final event, tool.completed event or '',
+#       metrics label, tool, run ms or ''
+SETTLE = LUA_COUNT + LUA_OBSERVE + """
+if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
+if redis.call('HGET', KEYS[1], 'attempt') ~= ARGV[2] then return 0 end
+redis.call('SET', KEYS[2], ARGV[3], 'EX', tonumber(ARGV[4]))
+redis.call('HSET', KEYS[1], 'state', 'done')
+redis.call('ZREM', KEYS[3], ARGV[1])
+redis.call('SREM', KEYS[4], ARGV[1])
+redis.call('ZREM', KEYS[5], ARGV[1])
+if ARGV[7] ~= '' then redis.call('PUBLISH', ARGV[5], ARGV[7]) end
+redis.call('PUBLISH', ARGV[5], ARGV[6])
+count(ARGV[8])
+if ARGV[10] ~= '' then observe('run', ARGV[9], tonumber(ARGV[10])) end
+return 1
+"""
+
+# run: this attempt may run the tool. Otherwise the worker records the matching verdict (unless
+# settled or gone): cancelled before it started, uncertain (a non-idempotent execution already
+# attempted, or an idempotent one interrupted too often), expired (waited past its start-by).
+ClaimVerdict = Literal["run", "settled", "gone", "cancelled", "uncertain", "expired"]
+
+
+class Claim(Struct):
+    verdict: ClaimVerdict
+    attempt: int  # the fencing token SETTLE must present
+    queue_wait_ms: int
+
+
+class Attempts:
+    """CLAIM and SETTLE for the executions of one worker."""
+
+    def __init__(self, redis: Redis, *, worker_id: str, retention: int) -> None:
+        self._claim = redis.register_script(CLAIM)
+        self._settle = redis.register_script(SETTLE)
+        self.worker_id = worker_id
+        self.retention = retention
+        self._running = keys.running(worker_id)
+
+    async def claim(self, exec_id: str, tool: str, *, max_attempts: int) -> Claim:
+        """Take the next attempt; on ``run`` the execution is this worker's and ``tool.started`` is out."""
+        verdict, attempt, waited = await self._claim(
+            keys=[keys.execution(exec_id), keys.record(exec_id), self._running, keys.QUEUED],
+            args=[exec_id, self.worker_id, max_attempts, keys.events(exec_id), started_event(exec_id, tool), tool],
+        )
+        return Claim(cast("ClaimVerdict", text(verdict)), int(attempt), int(waited))
+
+    async def settle(self, record: Record, *, exec_id: str, attempt: int, completed_event: bytes | None = None,
+                     run_ms: int | None = None) -> bool:
+        """Write ``record`` and announce it, if ``attempt`` is still the current one and none was written.
+
+        ``completed_event`` (``tool.completed``) goes out just before the ``final`` event;
+        ``run_ms``, when the tool ran, feeds the run-time histogram.
+        """
+        stored, final = final_event(record)
+        return bool(await self._settle(
+            keys=[keys.execution(exec_id), keys.record(exec_id), keys.PENDING, self._running, keys.QUEUED],
+            args=[exec_id, attempt, stored, self.retention, keys.events(exec_id), final, completed_event or b"",
+                  metrics.label(record), record.tool, "" if run_ms is None else run_ms],
+        ))

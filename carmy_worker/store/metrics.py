@@ -1,0 +1,43 @@
+"""Execution metrics kept in Redis, so that every worker's figures reach the API's /metrics
+without a second scrape target.
+
+The Lua scripts that write records count them (``carmy:m:executions``, one field per tool,
+status and code) and observe latencies into fixed histogram buckets (``carmy:m:run``,
+``carmy:m:queue_wait``), inside the same script call: no extra round trip per execution.
+"""
+
+from __future__ import annotations
+
+from carmy_worker.store.keys import PREFIX
+from carmy_worker.wire import Record
+
+EXECUTIONS = PREFIX + "m:executions"
+HISTOGRAMS = {"run": PREFIX + "m:run", "queue_wait": PREFIX + "m:queue_wait"}
+BUCKETS_MS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000)
+SEP = "\x1f"  # between label values in a field name: it cannot occur in a tool name
+
+
+def label(record: Record) -> str:
+    """The field of ``EXECUTIONS`` that counts this record."""
+    return SEP.join((record.tool, record.status, record.error_code or ""))
+
+
+# observe(name, tool, ms): one observation into histogram `name` (non-cumulative buckets,
+# 0-based; index len(BUCKETS_MS) is +Inf), plus its sum and count.
+LUA_OBSERVE = f"""
+local BUCKETS = {{{", ".join(map(str, BUCKETS_MS))}}}
+local HISTOGRAMS = {{run = '{HISTOGRAMS["run"]}', queue_wait = '{HISTOGRAMS["queue_wait"]}'}}
+local function observe(name, tool, ms)
+  local hash, b = HISTOGRAMS[name], #BUCKETS
+  for i, edge in ipairs(BUCKETS) do
+    if ms <= edge then b = i - 1 break end
+  end
+  redis.call('HINCRBY', hash, tool .. '\\31' .. b, 1)
+  redis.call('HINCRBY', hash, tool .. '\\31sum', ms)
+  redis.call('HINCRBY', hash, tool .. '\\31count', 1)
+end
+"""
+
+LUA_COUNT = f"""
+local function count(field) redis.call('HINCRBY', '{EXECUTIONS}', field, 1) end
+"""

@@ -1,0 +1,64 @@
+"""A pub/sub subscription that outlives its connection: the one reconnect loop of the project
+(the API's event hub, the workers' wake-up and cancel channels)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Collection
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.asyncio.client import PubSub
+
+log = logging.getLogger("carmy.pubsub")
+
+Message = dict[str, Any]
+
+
+async def listen_forever(
+    redis: Redis,
+    channels: Callable[[], Collection[str]],
+    on_message: Callable[[Message], None],
+    *,
+    name: str,
+    on_connect: Callable[[PubSub, bool], None] | None = None,
+    on_drop: Callable[[], None] | None = None,
+    max_backoff: float = 1.0,
+) -> None:
+    """Subscribe to ``channels()`` and hand every message (subscribe confirmations included) to
+    ``on_message``, until cancelled.
+
+    When the connection drops, it reconnects with a backoff (0.1 s doubling up to
+    ``max_backoff``) and subscribes again to what ``channels()`` says then. ``on_connect(pubsub,
+    after_drop)`` runs once subscribed (``after_drop``: this is a reconnection); ``on_drop``
+    runs whenever a connection ends, since messages published meanwhile are lost.
+    """
+    delay, lost = 0.1, False
+    while True:
+        pubsub = redis.pubsub()
+        try:
+            await pubsub.subscribe(*channels())
+            if lost:
+                log.info("%s: connection restored", name)
+            if on_connect is not None:
+                on_connect(pubsub, lost)
+            delay, lost = 0.1, False
+            while True:
+                message = await pubsub.get_message(timeout=None)
+                if message is not None:
+                    on_message(message)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the connection dropped (or Redis is not there yet)
+            if not lost:
+                log.warning("%s: connection lost (%s); resubscribing", name, exc)
+            lost = True
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, max_backoff)
+        finally:
+            if on_drop is not None:
+                on_drop()
+            with contextlib.suppress(Exception):
+                await pubsub.aclose()

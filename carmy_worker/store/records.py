@@ -1,0 +1,73 @@
+"""Building final records: the result body exactly as callers will see it, once and for all."""
+
+from __future__ import annotations
+
+import msgspec
+
+from carmy_worker.sdk.errors import MAY_HAVE_COMMITTED, error, http_status
+from carmy_worker.wire import (
+    AgentHints,
+    ErrorBody,
+    Record,
+    ResultBody,
+    Status,
+    ToolSpec,
+    json_encoder,
+)
+
+_STATUS_BY_CODE: dict[str, Status] = {"TIMEOUT": "timed_out", "CANCELLED": "cancelled"}
+_NO_HINTS = AgentHints(cacheable=False, next_actions=[])
+
+
+def is_cacheable(spec: ToolSpec) -> bool:
+    """A successful result of this tool can be reused by the agent."""
+    return spec.idempotent and spec.effect in ("none", "read")
+
+
+def completed(exec_id: str, tool: str, data_json: bytes, *, cacheable: bool, duration_ms: int | None) -> Record:
+    """The record of a success; ``data_json`` is the already validated output as JSON."""
+    body = ResultBody(
+        execution_id=exec_id, status="completed", data=msgspec.Raw(data_json),
+        agent=AgentHints(cacheable=cacheable, next_actions=[]),
+    )
+    return Record(
+        status_code=200, body=json_encoder.encode(body), tool=tool, status="completed", duration_ms=duration_ms
+    )
+
+
+def failed(exec_id: str, tool: str, err: ErrorBody, *, duration_ms: int | None = None) -> Record:
+    """The record of any failure; the status (failed, timed_out, cancelled) follows the code."""
+    status = _STATUS_BY_CODE.get(err.code, "failed")
+    body = ResultBody(execution_id=exec_id, status=status, error=err, agent=_NO_HINTS)
+    return Record(
+        status_code=http_status(err), body=json_encoder.encode(body), tool=tool, status=status,
+        error_code=err.code, retry_after=err.retry_after, duration_ms=duration_ms,
+    )
+
+
+def uncertain(exec_id: str, tool: str, why: str) -> Record:
+    return failed(exec_id, tool, error(
+        "EXECUTION_UNCERTAIN",
+        f"The execution was interrupted ({why}) before its result was recorded: its effects may or "
+        "may not have happened. Check the state it would have changed before calling again.",
+        suggested_action="reconcile",
+    ))
+
+
+def timed_out(exec_id: str, tool: str, seconds: float, *, duration_ms: int | None = None) -> Record:
+    return failed(exec_id, tool, error(
+        "TIMEOUT", f"The tool ran past its timeout of {seconds:g} s. {MAY_HAVE_COMMITTED}",
+    ), duration_ms=duration_ms)
+
+
+def never_started(exec_id: str, tool: str) -> Record:
+    return failed(exec_id, tool, error(
+        "TIMEOUT", "The execution waited in the queue past its start deadline and never ran.",
+    ))
+
+
+def cancelled(exec_id: str, tool: str, *, started: bool, duration_ms: int | None = None) -> Record:
+    tail = MAY_HAVE_COMMITTED if started else "It had not started."
+    return failed(exec_id, tool, error(
+        "CANCELLED", f"The execution was cancelled because the caller went away. {tail}",
+    ), duration_ms=duration_ms)

@@ -1,0 +1,100 @@
+"""SUBMIT: a new execution, in one round trip: the idempotency check, admission, the job and
+the wake-up of the workers that serve it."""
+
+from __future__ import annotations
+
+import time
+from typing import Literal, cast
+
+from msgspec import Struct
+from redis.asyncio import Redis
+
+from carmy_worker.store import jobs, keys
+from carmy_worker.store.lua import NOW, text
+from carmy_worker.wire import ExecutionJob, Record, msgpack_encoder, record_decoder
+
+# KEYS: exe, pending, queued, arq job, arq queue, [idempotency]
+# ARGV: exec_id, fingerprint, arq job bytes, retention s, max pending, admission deadline ms,
+#       queue wait ms, workers alive (1/0), tool, owner, idempotent (1/0), record prefix, wake channel
+SUBMIT = NOW + """
+if #KEYS == 6 then
+  local held = redis.call('GET', KEYS[6])
+  if held then
+    local sep = string.find(held, ' ', 1, true)
+    local other = string.sub(held, 1, sep - 1)
+    if string.sub(held, sep + 1) ~= ARGV[2] then return {'conflict', other} end
+    local rec = redis.call('GET', ARGV[12] .. other)
+    if rec then return {'replay', other, rec} end
+    return {'join', other}
+  end
+end
+if ARGV[8] ~= '1' then return {'no_workers'} end
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+local pending = redis.call('ZCARD', KEYS[2])
+if pending >= tonumber(ARGV[5]) then return {'full', tostring(pending)} end
+local retention = tonumber(ARGV[4])
+if #KEYS == 6 then
+  redis.call('SET', KEYS[6], ARGV[1] .. ' ' .. ARGV[2], 'EX', retention)
+end
+local start_by = now + tonumber(ARGV[7])
+redis.call('HSET', KEYS[1], 'tool', ARGV[9], 'owner', ARGV[10], 'idem', ARGV[11],
+           'state', 'queued', 'attempt', 0, 'start_by', start_by, 'wake', ARGV[13], 'queued_at', now)
+redis.call('EXPIRE', KEYS[1], retention)
+redis.call('ZADD', KEYS[2], now + tonumber(ARGV[6]), ARGV[1])
+redis.call('ZADD', KEYS[3], start_by, ARGV[1])
+redis.call('SET', KEYS[4], ARGV[3], 'EX', retention)
+redis.call('ZADD', KEYS[5], now, ARGV[1])
+redis.call('PUBLISH', ARGV[13], '')
+return {'new', ARGV[1]}
+"""
+
+SubmitKind = Literal["new", "join", "replay", "conflict", "full", "no_workers"]
+
+
+class Submission(Struct):
+    """What SUBMIT decided.
+
+    ``new``: queued as ``execution_id``. With a request id seen before: ``replay`` (finished,
+    ``record`` set), ``join`` (still running as ``execution_id``) or ``conflict`` (other tool or
+    arguments; ``execution_id`` is the first one). Refused, with nothing written: ``full``
+    (``pending`` executions already admitted) or ``no_workers``.
+    """
+
+    kind: SubmitKind
+    execution_id: str = ""
+    record: Record | None = None
+    pending: int = 0
+
+
+class Submit:
+    """SUBMIT on one client, with the store-wide retention."""
+
+    def __init__(self, redis: Redis, *, retention: int) -> None:
+        self._script = redis.register_script(SUBMIT)
+        self.retention = retention
+
+    async def __call__(
+        self, job: ExecutionJob, *, queue: str, idempotent: bool, workers_alive: bool, max_pending: int,
+        queue_wait_ms: int, admission_ms: int,
+    ) -> Submission:
+        """Queue ``job`` on ``queue`` unless its request id was seen or admission refuses it.
+
+        ``job.arguments`` is the canonical JSON its fingerprint is taken from. It may wait for a
+        worker ``queue_wait_ms``; its admission slot is held at most ``admission_ms``.
+        """
+        exec_id = job.execution_id
+        redis_keys = [keys.execution(exec_id), keys.PENDING, keys.QUEUED, jobs.job_key(exec_id), queue]
+        if job.request_id is not None:
+            redis_keys.append(keys.idempotency(job.principal, job.session, job.request_id))
+        arq_job = jobs.encode_job(msgpack_encoder.encode(job), int(time.time() * 1000))
+        reply = await self._script(keys=redis_keys, args=[
+            exec_id, keys.fingerprint(job.tool, job.arguments), arq_job, self.retention, max_pending, admission_ms,
+            queue_wait_ms, 1 if workers_alive else 0, job.tool, keys.owner(job.principal), 1 if idempotent else 0,
+            keys.RECORD_PREFIX, jobs.wake_channel(queue),
+        ])
+        kind = text(reply[0])
+        if kind == "replay":
+            return Submission("replay", text(reply[1]), record_decoder.decode(reply[2]))
+        if kind == "full":
+            return Submission("full", pending=int(reply[1]))
+        return Submission(cast("SubmitKind", kind), text(reply[1]) if len(reply) > 1 else "")

@@ -1,0 +1,115 @@
+"""Records imposed on an execution by someone other than the attempt that runs it: a caller's
+CANCEL, the janitor's REAP of an execution whose worker died (or a worker giving one back as it
+stops), and EXPIRE_UNSTARTED for one that waited in the queue past its start-by instant."""
+
+from __future__ import annotations
+
+from typing import Literal, cast
+
+from redis.asyncio import Redis
+
+from carmy_worker.store import jobs, keys, metrics, records
+from carmy_worker.store.lua import IMPOSE, NOW, text
+from carmy_worker.wire import Record, final_event
+
+# Cancels an execution for its caller. One never started is settled here and now; a running
+# one is signalled to every worker (the one running it answers with the record).
+# KEYS: exe, record, pending, queued
+# ARGV: exec_id, record, retention s, events channel, final event, cancel channel, metrics label
+CANCEL = IMPOSE + """
+if redis.call('EXISTS', KEYS[2]) == 1 then return 'settled' end
+if redis.call('EXISTS', KEYS[1]) == 0 then return 'gone' end
+redis.call('HSET', KEYS[1], 'cancel', 1)
+if redis.call('HGET', KEYS[1], 'state') == 'running' then
+  redis.call('PUBLISH', ARGV[6], ARGV[1])
+  return 'signalled'
+end
+redis.call('ZREM', KEYS[4], ARGV[1])
+impose(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[7])
+return 'cancelled'
+"""
+
+# An execution whose worker stopped heartbeating. Its arq lease (the in-progress key) is
+# dropped so a live worker takes the job at once instead of after arq's expiry: an idempotent
+# execution simply runs again; any other is settled uncertain first, so the re-delivered job
+# finds it settled and never runs the tool a second time.
+# KEYS: exe, record, pending, running set, arq in-progress key
+# ARGV: exec_id, worker_id, record, retention s, events channel, final event, metrics label
+REAP = IMPOSE + """
+redis.call('SREM', KEYS[4], ARGV[1])
+if redis.call('EXISTS', KEYS[2]) == 1 then return 'settled' end
+local h = redis.call('HMGET', KEYS[1], 'worker', 'state', 'idem', 'wake')
+if h[1] ~= ARGV[2] or h[2] ~= 'running' then return 'moved' end
+redis.call('DEL', KEYS[5])
+if h[4] then redis.call('PUBLISH', h[4], '') end
+if h[3] == '1' then
+  redis.call('HSET', KEYS[1], 'state', 'queued')
+  return 'requeued'
+end
+impose(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7])
+return 'uncertain'
+"""
+
+# An accepted execution that no worker started before its start-by instant.
+# KEYS: exe, record, pending, queued
+# ARGV: exec_id, record, retention s, events channel, final event, metrics label
+EXPIRE_UNSTARTED = NOW + IMPOSE + """
+local h = redis.call('HMGET', KEYS[1], 'state', 'start_by')
+if h[1] ~= 'queued' or redis.call('EXISTS', KEYS[2]) == 1 then
+  redis.call('ZREM', KEYS[4], ARGV[1])
+  return 0
+end
+if tonumber(h[2]) > now then return 0 end
+redis.call('ZREM', KEYS[4], ARGV[1])
+impose(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6])
+return 1
+"""
+
+# settled: it had a record already; gone: Redis no longer knows it; signalled: it runs, and its
+# worker was told; cancelled: it had not started, and now has its CANCELLED record.
+CancelOutcome = Literal["settled", "gone", "signalled", "cancelled"]
+# settled: nothing left to do; moved: another worker or attempt has it now; requeued: an
+# idempotent execution goes back to the queue; uncertain: settled EXECUTION_UNCERTAIN.
+ReapOutcome = Literal["settled", "moved", "requeued", "uncertain"]
+
+
+class Verdicts:
+    """CANCEL, REAP and EXPIRE_UNSTARTED on one client, with the store-wide retention."""
+
+    def __init__(self, redis: Redis, *, retention: int) -> None:
+        self._cancel = redis.register_script(CANCEL)
+        self._reap = redis.register_script(REAP)
+        self._expire = redis.register_script(EXPIRE_UNSTARTED)
+        self.retention = retention
+
+    async def cancel(self, exec_id: str, tool: str) -> CancelOutcome:
+        """Cancel for a caller that went away: at once if queued, else via its worker."""
+        stored, final, label = _imposed(records.cancelled(exec_id, tool, started=False))
+        outcome = await self._cancel(
+            keys=[keys.execution(exec_id), keys.record(exec_id), keys.PENDING, keys.QUEUED],
+            args=[exec_id, stored, self.retention, keys.events(exec_id), final, keys.CANCEL_CHANNEL, label],
+        )
+        return cast("CancelOutcome", text(outcome))
+
+    async def reap(self, exec_id: str, tool: str, *, worker_id: str, why: str) -> ReapOutcome:
+        """Take ``exec_id`` from ``worker_id``, which stopped (``why``): re-queue it or settle it uncertain."""
+        stored, final, label = _imposed(records.uncertain(exec_id, tool, why))
+        outcome = await self._reap(
+            keys=[keys.execution(exec_id), keys.record(exec_id), keys.PENDING, keys.running(worker_id),
+                  jobs.in_progress_key(exec_id)],
+            args=[exec_id, worker_id, stored, self.retention, keys.events(exec_id), final, label],
+        )
+        return cast("ReapOutcome", text(outcome))
+
+    async def expire_unstarted(self, exec_id: str, tool: str) -> bool:
+        """Settle ``exec_id`` as never started if it is still queued past its start-by instant."""
+        stored, final, label = _imposed(records.never_started(exec_id, tool))
+        return bool(await self._expire(
+            keys=[keys.execution(exec_id), keys.record(exec_id), keys.PENDING, keys.QUEUED],
+            args=[exec_id, stored, self.retention, keys.events(exec_id), final, label],
+        ))
+
+
+def _imposed(record: Record) -> tuple[bytes, bytes, str]:
+    stored, final = final_event(record)
+    return stored, final, metrics.label(record)

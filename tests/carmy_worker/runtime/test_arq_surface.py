@@ -1,0 +1,76 @@
+"""arq's private surface, pinned: ``carmy_worker.runtime.queue`` overrides arq internals and the
+API writes arq's jobs without arq. An arq release that renames, re-signs or re-lays-out any of
+it must fail here, loudly, rather than in production."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import signal
+from collections.abc import AsyncIterator
+
+import arq
+import arq.constants
+import arq.jobs
+import arq.worker
+import pytest
+
+from carmy_worker.runtime import queue
+from carmy_worker.store import jobs
+from carmy_worker.wire import ExecutionJob, msgpack_encoder
+
+# What each name of arq.worker.Worker that we override or call looks like in the arq we support.
+SIGNATURES = {
+    "main": "(self) -> None",
+    "handle_sig_wait_for_completion": "(self, signum: signal.Signals) -> None",
+    "_poll_iteration": "(self) -> None",
+    "_release_sem_dec_counter_on_complete": "(self) -> None",
+    "run_job": "(self, job_id: str, score: int) -> None",
+    "heart_beat": "(self) -> None",
+}
+
+
+@pytest.fixture(autouse=True)
+async def _restore_signals() -> AsyncIterator[None]:
+    """An arq worker installs SIGINT/SIGTERM handlers on the loop: take them off again."""
+    yield
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.remove_signal_handler(sig)
+
+
+def test_the_supported_arq_release() -> None:
+    assert arq.VERSION.startswith("0.28."), "queue.py overrides arq internals: re-check ARQ_PRIVATE_SURFACE"
+
+
+def test_every_method_we_override_or_call_keeps_its_signature() -> None:
+    named = (queue.ARQ_PRIVATE_SURFACE["arq.worker.Worker methods overridden"]
+             + queue.ARQ_PRIVATE_SURFACE["arq.worker.Worker methods called"])
+    assert sorted(named) == sorted(SIGNATURES)
+    for name, expected in SIGNATURES.items():
+        assert str(inspect.signature(getattr(arq.worker.Worker, name))) == expected, name
+
+
+async def test_every_attribute_we_touch_exists_on_a_worker() -> None:
+    async def handler(payload: bytes) -> None:
+        pass
+
+    pool = queue.connect("redis://127.0.0.1:1/0")  # never connected
+    worker = queue.build_worker(handler, pool=pool, group="g", concurrency=3, max_timeout=1, drain_seconds=1)
+    missing = [a for a in queue.ARQ_PRIVATE_SURFACE["arq.worker.Worker attributes"] if not hasattr(worker, a)]
+    assert missing == []
+    # The ones whose meaning the lease loop relies on.
+    assert (worker.max_jobs, worker.job_counter, worker.tasks, worker.allow_pick_jobs) == (3, 0, {}, True)
+    assert worker.queue_name == jobs.queue_name("g")
+    await pool.aclose(close_connection_pool=True)
+
+
+def test_the_job_layout_the_api_writes_is_the_one_arq_reads() -> None:
+    assert queue.ARQ_PRIVATE_SURFACE["arq.constants"] == ("job_key_prefix", "in_progress_key_prefix")
+    assert arq.constants.job_key_prefix == jobs.JOB_KEY_PREFIX
+    assert arq.constants.in_progress_key_prefix == jobs.IN_PROGRESS_KEY_PREFIX
+    payload = msgpack_encoder.encode(ExecutionJob(execution_id="exec_1", tool="t", arguments=b"{}"))
+    raw = jobs.encode_job(payload, 1_700_000_000_123)
+    function, args, kwargs, job_try, enqueue_ms = arq.jobs.deserialize_job_raw(raw, deserializer=queue.deserialize)
+    assert (function, list(args), kwargs, job_try, enqueue_ms) == (jobs.FUNCTION, [payload], {}, 1, 1_700_000_000_123)
+    assert sorted(queue.deserialize(raw)) == sorted(queue.ARQ_PRIVATE_SURFACE["arq.jobs.deserialize_job_raw fields"])

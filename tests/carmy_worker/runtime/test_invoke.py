@@ -1,0 +1,345 @@
+"""invoke(): every way a tool call can end, turned into an Outcome."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypedDict
+
+import msgspec
+import pytest
+
+from carmy_worker import AgentContext, Context, Tool, Toolbox, ToolError
+from carmy_worker.runtime.invoke import Outcome, invoke
+from carmy_worker.sdk.errors import MAY_HAVE_COMMITTED
+from carmy_worker.wire import ErrorBody
+
+tools = Toolbox()
+SECRET = "secret-database-password-hunter2"
+
+
+class EchoInput(msgspec.Struct):
+    text: str
+    times: int = 1
+
+
+class EchoOutput(msgspec.Struct):
+    text: str
+
+
+class Pair(TypedDict):
+    a: int
+    b: int
+
+
+class Count(msgspec.Struct):
+    n: int
+
+
+# Threading events the tools set so a test can see what happened inside them.
+async_cancelled = threading.Event()
+sync_saw_cancel = threading.Event()
+
+
+@tools.tool(effect="read")
+async def echo(ctx: Context, input: EchoInput) -> EchoOutput:
+    """Echo."""
+    return EchoOutput(text=input.text * input.times)
+
+
+@tools.tool(effect="read")
+def echo_sync(ctx: Context, input: EchoInput) -> EchoOutput:
+    """Echo from a thread, reporting progress first."""
+    ctx.progress(1, total=1)
+    return EchoOutput(text=input.text * input.times)
+
+
+@tools.tool(effect="none")
+def add(ctx: Context, input: Pair) -> int:
+    """Add two numbers."""
+    return input["a"] + input["b"]
+
+
+@tools.tool(effect="none")
+async def ping(ctx: Context) -> list[str]:
+    """No input."""
+    return ["pong", ctx.execution_id]
+
+
+@tools.tool(effect="none")
+async def nothing(ctx: Context) -> None:
+    """Returns nothing."""
+
+
+@tools.tool(effect="none")
+async def refuse(ctx: Context) -> Count:
+    """Fails on purpose."""
+    raise ToolError("OUT_OF_STOCK", "Nothing left.", category="conflict", retryable=True, retry_after=7,
+                    suggested_action="wait", details={"sku": "KB-01"})
+
+
+@tools.tool(effect="none")
+async def explode(ctx: Context) -> Count:
+    """Raises an unexpected error."""
+    raise RuntimeError(SECRET)
+
+
+@tools.tool(effect="none")
+def explode_sync(ctx: Context) -> Count:
+    """Raises an unexpected error in a thread."""
+    raise KeyError(SECRET)
+
+
+@tools.tool(effect="none")
+async def bad_output(ctx: Context) -> Count:
+    """Returns a Count whose n is not an int."""
+    return Count(n="not a number")  # type: ignore[arg-type]
+
+
+@tools.tool(effect="none")
+def wrong_type(ctx: Context) -> int:
+    """Returns a string although it says int."""
+    return "seven"  # type: ignore[return-value]
+
+
+@tools.tool(effect="none")
+async def unencodable(ctx: Context) -> Count:
+    """Returns something that is not JSON at all."""
+    return object()  # type: ignore[return-value]
+
+
+@tools.tool(effect="none")
+async def slow(ctx: Context) -> Count:
+    """Sleeps, noting its cancellation."""
+    try:
+        await asyncio.sleep(5)
+    except asyncio.CancelledError:
+        async_cancelled.set()
+        raise
+    return Count(n=1)
+
+
+@tools.tool(effect="none")
+def slow_sync(ctx: Context) -> Count:
+    """Would take 2 s in a thread, but stops when cancelled."""
+    for _ in range(200):
+        if ctx.cancelled:
+            sync_saw_cancel.set()
+            return Count(n=0)
+        time.sleep(0.01)
+    return Count(n=1)
+
+
+@tools.tool(effect="none")
+async def gives_up(ctx: Context) -> Count:
+    """Cancels itself."""
+    raise asyncio.CancelledError
+
+
+@tools.tool(effect="none")
+def quits(ctx: Context) -> None:
+    """Calls sys.exit, as careless code does."""
+    raise SystemExit(3)
+
+
+def tool(name: str) -> Tool:
+    found = tools.get(name)
+    assert found is not None
+    return found
+
+
+@pytest.fixture
+def executor() -> Iterator[ThreadPoolExecutor]:
+    pool = ThreadPoolExecutor(max_workers=4)
+    yield pool
+    pool.shutdown(wait=True)
+
+
+class Call:
+    """One invoke() with its context and the events the tool emitted."""
+
+    def __init__(self, name: str, arguments: bytes = b"{}") -> None:
+        self.tool = tool(name)
+        self.arguments = arguments
+        self.events: list[bytes] = []
+        self.ctx = Context(execution_id="exec_42", tool=name, request_id=None, agent=AgentContext(),
+                           emit=self.events.append)
+        self.cancelled = asyncio.Event()
+
+    async def run(self, executor: ThreadPoolExecutor, timeout: float = 5) -> Outcome:
+        return await invoke(self.tool, self.ctx, self.arguments, timeout=timeout, executor=executor,
+                            cancelled=self.cancelled)
+
+
+async def run(name: str, executor: ThreadPoolExecutor, arguments: bytes = b"{}", timeout: float = 5) -> Outcome:
+    return await Call(name, arguments).run(executor, timeout)
+
+
+# --- success ----------------------------------------------------------------------------------
+
+
+async def test_async_success_returns_json(executor: ThreadPoolExecutor) -> None:
+    outcome = await run("echo", executor, b'{"text": "ab", "times": 2}')
+    assert outcome == Outcome(data=b'{"text":"abab"}')
+
+
+async def test_sync_success_runs_in_the_executor(executor: ThreadPoolExecutor) -> None:
+    call = Call("echo_sync", b'{"text": "x"}')
+    outcome = await call.run(executor)
+    assert outcome == Outcome(data=b'{"text":"x"}')
+    assert [msgspec.json.decode(e)["progress"] for e in call.events] == [1]
+
+
+async def test_typeddict_input_and_scalar_output(executor: ThreadPoolExecutor) -> None:
+    assert await run("add", executor, b'{"a": 2, "b": 3}') == Outcome(data=b"5")
+
+
+async def test_no_input_tool(executor: ThreadPoolExecutor) -> None:
+    assert await run("ping", executor, b"{}") == Outcome(data=b'["pong","exec_42"]')
+    assert await run("ping", executor, b" { } ") == Outcome(data=b'["pong","exec_42"]')
+    assert await run("nothing", executor) == Outcome(data=b"null")
+
+
+# --- bad arguments ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("arguments", "where"), [
+    (b'{"text": 5}', "$.text"),
+    (b'{"times": 2}', "text"),
+    (b'{"text": "a", "times": "2"}', "$.times"),
+    (b'["a"]', "object"),
+    (b"{not json", ""),
+])
+async def test_bad_arguments(executor: ThreadPoolExecutor, arguments: bytes, where: str) -> None:
+    outcome = await run("echo", executor, arguments)
+    assert outcome.data is None and outcome.error is not None
+    assert outcome.error.code == "INVALID_ARGUMENTS"
+    assert outcome.error.category == "validation" and outcome.error.recoverable
+    assert where in outcome.error.details["reason"]
+
+
+@pytest.mark.parametrize("arguments", [b'{"x": 1}', b"[]", b"null", b'"{}"', b""])
+async def test_no_input_tool_refuses_arguments(executor: ThreadPoolExecutor, arguments: bytes) -> None:
+    outcome = await run("ping", executor, arguments)
+    assert outcome.error is not None and outcome.error.code == "INVALID_ARGUMENTS"
+
+
+# --- failures ---------------------------------------------------------------------------------
+
+
+async def test_tool_error_becomes_exactly_its_fields(executor: ThreadPoolExecutor) -> None:
+    outcome = await run("refuse", executor)
+    assert outcome == Outcome(error=ErrorBody(
+        code="OUT_OF_STOCK", message="Nothing left.", category="conflict", recoverable=True, retryable=True,
+        retry_after=7, suggested_action="wait", details={"sku": "KB-01"},
+    ))
+
+
+@pytest.mark.parametrize("name", ["explode", "explode_sync"])
+async def test_unexpected_exception_is_a_panic_without_its_text(
+    executor: ThreadPoolExecutor, caplog: pytest.LogCaptureFixture, name: str
+) -> None:
+    with caplog.at_level(logging.ERROR, logger="carmy.worker"):
+        outcome = await run(name, executor)
+    assert outcome.error is not None
+    assert outcome.error.code == "TOOL_PANIC" and outcome.error.category == "internal"
+    assert not outcome.error.recoverable and not outcome.error.retryable
+    assert MAY_HAVE_COMMITTED in outcome.error.message
+    assert SECRET not in msgspec.json.encode(outcome).decode()
+    # ... but the operator sees it, with the execution id.
+    assert "exec_42" in caplog.text and SECRET in caplog.text
+
+
+@pytest.mark.parametrize("name", ["bad_output", "wrong_type", "unencodable"])
+async def test_invalid_output(executor: ThreadPoolExecutor, name: str) -> None:
+    outcome = await run(name, executor)
+    assert outcome.data is None and outcome.error is not None
+    assert outcome.error.code == "INVALID_OUTPUT" and outcome.error.category == "internal"
+    assert MAY_HAVE_COMMITTED in outcome.error.message
+
+
+async def test_tool_cancelling_itself(executor: ThreadPoolExecutor) -> None:
+    assert await run("gives_up", executor) == Outcome(cancelled=True)
+
+
+# --- timeout and cancellation -----------------------------------------------------------------
+
+
+async def test_async_timeout_cancels_the_tool(executor: ThreadPoolExecutor) -> None:
+    async_cancelled.clear()
+    call = Call("slow")
+    started = time.monotonic()
+    outcome = await call.run(executor, timeout=0.05)
+    assert time.monotonic() - started < 1
+    assert outcome == Outcome(timed_out=True)
+    assert call.ctx.cancelled
+    for _ in range(100):
+        if async_cancelled.is_set():
+            break
+        await asyncio.sleep(0.01)
+    assert async_cancelled.is_set(), "the tool never got CancelledError"
+
+
+async def test_sync_timeout_answers_on_time(executor: ThreadPoolExecutor) -> None:
+    sync_saw_cancel.clear()
+    call = Call("slow_sync")
+    started = time.monotonic()
+    outcome = await call.run(executor, timeout=0.1)
+    elapsed = time.monotonic() - started
+    assert outcome == Outcome(timed_out=True)
+    assert elapsed < 0.8, f"answered after {elapsed:.2f}s; the tool would run 2s"
+    assert call.ctx.cancelled
+    assert await asyncio.to_thread(sync_saw_cancel.wait, 2), "the thread never saw ctx.cancelled"
+
+
+async def test_caller_cancellation(executor: ThreadPoolExecutor) -> None:
+    async_cancelled.clear()
+    call = Call("slow")
+    asyncio.get_running_loop().call_later(0.05, call.cancelled.set)
+    started = time.monotonic()
+    outcome = await call.run(executor, timeout=5)
+    assert time.monotonic() - started < 1
+    assert outcome == Outcome(cancelled=True)
+    assert call.ctx.cancelled
+    await asyncio.sleep(0.01)
+    assert async_cancelled.is_set()
+
+
+async def test_caller_cancellation_of_a_sync_tool(executor: ThreadPoolExecutor) -> None:
+    sync_saw_cancel.clear()
+    call = Call("slow_sync")
+    asyncio.get_running_loop().call_later(0.05, call.cancelled.set)
+    started = time.monotonic()
+    assert await call.run(executor, timeout=5) == Outcome(cancelled=True)
+    assert time.monotonic() - started < 0.8
+    assert await asyncio.to_thread(sync_saw_cancel.wait, 2)
+
+
+async def test_worker_shutdown_propagates_and_cancels_the_tool(executor: ThreadPoolExecutor) -> None:
+    async_cancelled.clear()
+    call = Call("slow")
+    task = asyncio.ensure_future(call.run(executor, timeout=5))
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert call.ctx.cancelled
+    await asyncio.sleep(0.01)
+    assert async_cancelled.is_set()
+
+
+async def test_events_after_timeout_are_dropped(executor: ThreadPoolExecutor) -> None:
+    call = Call("slow_sync")
+    await call.run(executor, timeout=0.05)
+    call.ctx.progress(99)
+    assert call.events == []
+
+
+async def test_system_exit_in_a_sync_tool_is_a_panic_not_a_worker_exit(executor: ThreadPoolExecutor) -> None:
+    assert (await run("quits", executor)).error == ErrorBody(
+        code="TOOL_PANIC", message=f"The tool failed with an unexpected error. {MAY_HAVE_COMMITTED}",
+        category="internal", recoverable=False, retryable=False)

@@ -1,0 +1,108 @@
+"""Errors as data: the protocol's codes (docs/protocol.md, "Error codes"), ToolError, and the HTTP status of each."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import pytest
+
+from carmy_worker import ToolError
+from carmy_worker.sdk.errors import CATEGORY, error, http_status
+from carmy_worker.wire import ErrorBody
+
+# docs/protocol.md's table of error codes, written out independently of the implementation: code -> (category, status, retryable).
+TABLE: dict[str, tuple[str, int, bool]] = {
+    "INVALID_REQUEST": ("validation", 400, False),
+    "PAYLOAD_TOO_LARGE": ("capacity", 413, False),
+    "INVALID_ID": ("validation", 400, False),
+    "TOOL_NOT_FOUND": ("not_found", 404, False),
+    "INVALID_ARGUMENTS": ("validation", 400, False),
+    "INVALID_OUTPUT": ("internal", 500, False),
+    "CONFIRMATION_REQUIRED": ("permission", 403, False),
+    "UNAUTHENTICATED": ("permission", 401, False),
+    "IDEMPOTENCY_CONFLICT": ("conflict", 409, False),
+    "EXECUTION_UNCERTAIN": ("conflict", 409, False),
+    "EXECUTION_NOT_FOUND": ("not_found", 404, False),
+    "TIMEOUT": ("timeout", 504, False),
+    "CANCELLED": ("cancelled", 408, False),
+    "TOOL_PANIC": ("internal", 500, False),
+    "QUEUE_FULL": ("capacity", 503, True),
+    "NO_WORKERS": ("capacity", 503, True),
+    "STORE_UNAVAILABLE": ("capacity", 503, True),
+}
+
+STATUS_OF_CATEGORY = {
+    "validation": 400, "permission": 403, "not_found": 404, "cancelled": 408,
+    "conflict": 409, "internal": 500, "capacity": 503, "timeout": 504,
+}
+
+
+def test_every_code_is_known() -> None:
+    assert set(CATEGORY) == set(TABLE)
+
+
+@pytest.mark.parametrize("code", sorted(TABLE))
+def test_protocol_code(code: Any) -> None:
+    category, status, retryable = TABLE[code]
+    err = error(code, "message")
+    assert err.category == category
+    assert http_status(err) == status
+    assert err.retryable is retryable
+    if err.retryable:
+        assert err.recoverable
+
+
+def test_special_statuses() -> None:
+    assert http_status(error("PAYLOAD_TOO_LARGE", "too big")) == 413
+    assert http_status(error("UNAUTHENTICATED", "who are you")) == 401
+
+
+def test_internal_codes_are_not_recoverable() -> None:
+    assert not error("TOOL_PANIC", "x").recoverable
+    assert not error("INVALID_OUTPUT", "x").recoverable
+    assert error("INVALID_ARGUMENTS", "x").recoverable
+
+
+@pytest.mark.parametrize(("category", "status"), sorted(STATUS_OF_CATEGORY.items()))
+def test_tool_error_status_follows_its_category(category: Any, status: int) -> None:
+    assert http_status(ToolError("OUT_OF_STOCK", "none left", category=category).to_wire()) == status
+
+
+def test_error_carries_optional_fields() -> None:
+    err = error("QUEUE_FULL", "busy", retry_after=3, suggested_action="retry", details={"pending": 9})
+    assert (err.retry_after, err.suggested_action, err.details) == (3, "retry", {"pending": 9})
+    assert msgspec.json.decode(msgspec.json.encode(err)) == {
+        "code": "QUEUE_FULL", "message": "busy", "category": "capacity", "recoverable": True,
+        "retryable": True, "retry_after": 3, "suggested_action": "retry", "details": {"pending": 9},
+    }
+
+
+def test_tool_error_defaults() -> None:
+    exc = ToolError("NOPE", "Not allowed.")
+    assert str(exc) == "Not allowed."
+    body = exc.to_wire()
+    # Absent fields are omitted; recoverable and retryable are always present.
+    assert msgspec.json.decode(msgspec.json.encode(body)) == {
+        "code": "NOPE", "message": "Not allowed.", "category": "internal",
+        "recoverable": False, "retryable": False,
+    }
+
+
+def test_tool_error_carries_exactly_its_fields() -> None:
+    body = ToolError("OUT_OF_STOCK", "Nothing left.", category="conflict", recoverable=True, retry_after=7,
+                     suggested_action="wait", details={"sku": "KB-01"}).to_wire()
+    assert body == ErrorBody(code="OUT_OF_STOCK", message="Nothing left.", category="conflict", recoverable=True,
+                             retryable=False, retry_after=7, suggested_action="wait", details={"sku": "KB-01"})
+
+
+def test_retryable_implies_recoverable() -> None:
+    exc = ToolError("BUSY", "Try later.", category="capacity", retryable=True, recoverable=False)
+    assert exc.retryable and exc.recoverable
+    assert exc.to_wire().recoverable is True
+
+
+@pytest.mark.parametrize("category", ["bogus", "Internal", "", None])
+def test_unknown_category_is_refused(category: Any) -> None:
+    with pytest.raises(ValueError, match="unknown error category"):
+        ToolError("X", "y", category=category)

@@ -1,0 +1,689 @@
+"""The Lua scripts, one branch at a time, against the real Redis.
+
+Every state change of an execution goes through one of these scripts; a wrong branch here is a
+call that runs twice, never ends, or answers twice. Each script is called through its typed
+wrapper (``carmy_worker.store``, ``runtime.queue.Lease``), exactly as the API and the workers
+call it; the blocking client ``r`` only observes what they left in Redis.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import msgspec
+import pytest
+import redis
+import redis.asyncio
+from redis.client import PubSub
+
+from carmy_worker.runtime.queue import Lease
+from carmy_worker.runtime.runner import MAX_ATTEMPTS
+from carmy_worker.store import jobs, keys, metrics, records
+from carmy_worker.store.attempts import Attempts
+from carmy_worker.store.janitor import DEPARTED_MEMORY_S, Janitor
+from carmy_worker.store.roster import Liveness
+from carmy_worker.store.submit import Submission, Submit
+from carmy_worker.store.verdicts import Verdicts
+from carmy_worker.wire import (
+    ExecutionJob,
+    Record,
+    StartedData,
+    completed_event,
+    event_decoder,
+    final_event,
+    json_encoder,
+    msgpack_encoder,
+    record_decoder,
+)
+from tests.support import RedisServer
+
+RETENTION = 600
+GROUP = "g1"
+QUEUE = jobs.queue_name(GROUP)
+WAKE = jobs.wake_channel(QUEUE)
+MINUTE_MS = 60_000
+PRINCIPAL = "alice"
+REAPED_WHY = "its worker stopped responding"
+
+
+@pytest.fixture
+def r(sync_redis: redis.Redis) -> redis.Redis:
+    sync_redis.flushall()
+    return sync_redis
+
+
+@pytest.fixture
+async def ar(r: redis.Redis, redis_server: RedisServer) -> AsyncIterator[redis.asyncio.Redis]:
+    """The asyncio client the wrappers run the scripts on (after ``r`` emptied Redis)."""
+    client = redis.asyncio.Redis.from_url(redis_server.url)
+    yield client
+    await client.aclose()
+
+
+def redis_now_ms(r: redis.Redis) -> int:
+    seconds, micros = r.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def new_id() -> str:
+    return keys.new_execution_id()
+
+
+def execution_job(exec_id: str, *, tool: str = "tally", arguments: bytes = b"{}",
+                  request_id: str | None = None) -> ExecutionJob:
+    return ExecutionJob(execution_id=exec_id, tool=tool, arguments=arguments, request_id=request_id,
+                        principal=PRINCIPAL)
+
+
+async def submit(
+    ar: redis.asyncio.Redis, exec_id: str, *, request_id: str | None = None, arguments: bytes = b"{}",
+    tool: str = "tally", idempotent: bool = False, workers_alive: bool = True, max_pending: int = 10,
+    admission_ms: int = MINUTE_MS, queue_wait_ms: int = MINUTE_MS,
+) -> Submission:
+    job = execution_job(exec_id, tool=tool, arguments=arguments, request_id=request_id)
+    return await Submit(ar, retention=RETENTION)(
+        job, queue=QUEUE, idempotent=idempotent, workers_alive=workers_alive, max_pending=max_pending,
+        queue_wait_ms=queue_wait_ms, admission_ms=admission_ms,
+    )
+
+
+async def claim(ar: redis.asyncio.Redis, exec_id: str, worker_id: str = "w1", tool: str = "tally") -> tuple[str, int]:
+    got = await Attempts(ar, worker_id=worker_id, retention=RETENTION).claim(exec_id, tool, max_attempts=MAX_ATTEMPTS)
+    return got.verdict, got.attempt
+
+
+def done_record(exec_id: str, tool: str = "tally", n: int = 1) -> Record:
+    return records.completed(exec_id, tool, b'{"n":%d}' % n, cacheable=False, duration_ms=42)
+
+
+async def settle(ar: redis.asyncio.Redis, exec_id: str, attempt: int, record: Record, *, worker_id: str = "w1",
+                 run_ms: int | None = 42, completed: bool = True) -> bool:
+    done = completed_event(exec_id, record.tool, run_ms or 0, record.status == "completed") if completed else None
+    return await Attempts(ar, worker_id=worker_id, retention=RETENTION).settle(
+        record, exec_id=exec_id, attempt=attempt, completed_event=done, run_ms=run_ms,
+    )
+
+
+def stored(record: Record) -> bytes:
+    """``record`` as the scripts store it (and as its ``final`` event carries it)."""
+    return final_event(record)[0]
+
+
+async def cancel(ar: redis.asyncio.Redis, exec_id: str, tool: str = "tally") -> tuple[str, bytes]:
+    """The outcome, and the CANCELLED record a cancel of a queued execution writes."""
+    outcome = await Verdicts(ar, retention=RETENTION).cancel(exec_id, tool)
+    return outcome, stored(records.cancelled(exec_id, tool, started=False))
+
+
+async def reap(ar: redis.asyncio.Redis, exec_id: str, worker_id: str, tool: str = "tally") -> tuple[str, bytes]:
+    """The outcome, and the EXECUTION_UNCERTAIN record a reap of a non-idempotent execution writes."""
+    outcome = await Verdicts(ar, retention=RETENTION).reap(exec_id, tool, worker_id=worker_id, why=REAPED_WHY)
+    return outcome, stored(records.uncertain(exec_id, tool, REAPED_WHY))
+
+
+async def expire(ar: redis.asyncio.Redis, exec_id: str, tool: str = "tally") -> tuple[bool, bytes]:
+    """Whether it expired, and the TIMEOUT record it then writes."""
+    outcome = await Verdicts(ar, retention=RETENTION).expire_unstarted(exec_id, tool)
+    return outcome, stored(records.never_started(exec_id, tool))
+
+
+async def heartbeat(ar: redis.asyncio.Redis, worker_id: str, offset_ms: int = 0) -> None:
+    await Liveness(ar).heartbeat(worker_id, offset_ms=offset_ms)
+
+
+@pytest.fixture
+def listen(r: redis.Redis) -> Iterator[Any]:
+    """``listen(*channels)`` subscribes (confirmed) and returns the pubsub to read from."""
+    opened: list[PubSub] = []
+
+    def subscribe(*channels: str) -> PubSub:
+        p = r.pubsub()
+        opened.append(p)
+        p.subscribe(*channels)
+        for _ in channels:
+            message = p.get_message(timeout=2)
+            assert message is not None and message["type"] == "subscribe"
+        return p
+
+    yield subscribe
+    for p in opened:
+        p.close()
+
+
+def received(p: PubSub, wait: float = 0.2) -> list[tuple[str, bytes]]:
+    """Every (channel, data) that arrives within ``wait`` seconds."""
+    out = []
+    deadline = time.monotonic() + wait
+    while (left := deadline - time.monotonic()) > 0:
+        message = p.get_message(timeout=left)
+        if message is not None and message["type"] == "message":
+            out.append((message["channel"].decode(), message["data"]))
+    return out
+
+
+def event_names(p: PubSub, wait: float = 0.2) -> list[str]:
+    return [event_decoder.decode(data).name for _, data in received(p, wait)]
+
+
+def state(r: redis.Redis, exec_id: str) -> dict[str, str]:
+    return {k.decode(): v.decode() for k, v in r.hgetall(keys.execution(exec_id)).items()}
+
+
+def in_zset(r: redis.Redis, zset: str, member: str) -> bool:
+    return r.zscore(zset, member) is not None
+
+
+async def running(ar: redis.asyncio.Redis, *, idempotent: bool = False, request_id: str | None = None,
+                  worker_id: str = "w1") -> str:
+    """A new execution, claimed by ``worker_id`` (attempt 1)."""
+    exec_id = new_id()
+    await submit(ar, exec_id, idempotent=idempotent, request_id=request_id)
+    assert await claim(ar, exec_id, worker_id) == ("run", 1)
+    return exec_id
+
+
+# --- SUBMIT ----------------------------------------------------------------------------------
+
+
+async def test_submit_new_writes_execution_job_admission_and_idempotency(
+    r: redis.Redis, ar: redis.asyncio.Redis, listen: Any,
+) -> None:
+    wake = listen(WAKE)
+    exec_id = new_id()
+    before, wall_before = redis_now_ms(r), int(time.time() * 1000)
+    assert await submit(ar, exec_id, request_id="rid", admission_ms=90_000, queue_wait_ms=30_000) == Submission(
+        "new", exec_id)
+    after, wall_after = redis_now_ms(r), int(time.time() * 1000)
+
+    h = state(r, exec_id)
+    assert (h["state"], h["attempt"], h["tool"], h["owner"], h["idem"], h["wake"]) == (
+        "queued", "0", "tally", keys.owner(PRINCIPAL), "0", WAKE)
+    assert before + 30_000 <= int(h["start_by"]) <= after + 30_000
+    assert RETENTION - 1 <= r.ttl(keys.execution(exec_id)) <= RETENTION
+    assert before + 90_000 <= r.zscore(keys.PENDING, exec_id) <= after + 90_000
+    assert r.zscore(keys.QUEUED, exec_id) == int(h["start_by"])
+    # The job is the ExecutionJob, in the arq layout, enqueued now.
+    job = r.get(jobs.job_key(exec_id))
+    enqueued_ms = msgspec.msgpack.decode(job)["et"]
+    assert wall_before <= enqueued_ms <= wall_after
+    assert job == jobs.encode_job(msgpack_encoder.encode(execution_job(exec_id, request_id="rid")), enqueued_ms)
+    assert RETENTION - 1 <= r.ttl(jobs.job_key(exec_id)) <= RETENTION
+    assert in_zset(r, QUEUE, exec_id)
+    idem = keys.idempotency(PRINCIPAL, None, "rid")
+    assert r.get(idem) == f"{exec_id} {keys.fingerprint('tally', b'{}')}".encode()
+    assert RETENTION - 1 <= r.ttl(idem) <= RETENTION
+    assert received(wake) == [(WAKE, b"")]  # an idle worker looks at the queue at once
+
+
+async def test_submit_same_request_while_running_joins_the_original(r: redis.Redis, ar: redis.asyncio.Redis) -> None:
+    first = new_id()
+    await submit(ar, first, request_id="rid")
+    second = new_id()
+    assert await submit(ar, second, request_id="rid") == Submission("join", first)
+    assert not r.exists(keys.execution(second), jobs.job_key(second))
+    assert r.zcard(keys.PENDING) == 1 and r.zcard(QUEUE) == 1
+
+
+async def test_submit_same_request_after_the_record_replays_it(r: redis.Redis, ar: redis.asyncio.Redis) -> None:
+    first = await running(ar, request_id="rid")
+    assert await settle(ar, first, 1, done_record(first)) is True
+    record = record_decoder.decode(r.get(keys.record(first)))
+    second = new_id()
+    assert await submit(ar, second, request_id="rid") == Submission("replay", first, record)
+    assert not r.exists(keys.execution(second), jobs.job_key(second))
+
+
+async def test_submit_same_request_with_other_arguments_conflicts(r: redis.Redis, ar: redis.asyncio.Redis) -> None:
+    first = new_id()
+    await submit(ar, first, request_id="rid", arguments=b'{"n":1}')
+    second = new_id()
+    assert await submit(ar, second, request_id="rid", arguments=b'{"n":2}') == Submission("conflict", first)
+    assert not r.exists(keys.execution(second), jobs.job_key(second))
+    # Still a conflict once the first has finished: a finished call is not replayed for other arguments.
+    assert await claim(ar, first) == ("run", 1)
+    assert await settle(ar, first, 1, done_record(first)) is True
+    assert await submit(ar, second, request_id="rid", arguments=b'{"n":2}') == Submission("conflict", first)
+
+
+async def test_submit_over_max_pending_is_full_and_writes_nothing(
+    r: redis.Redis, ar: redis.asyncio.Redis, listen: Any,
+) -> None:
+    for _ in range(2):
+        assert (await submit(ar, new_id(), max_pending=2)).kind == "new"
+    before = sorted(r.keys())
+    wake = listen(WAKE)
+    third = new_id()
+    assert await submit(ar, third, request_id="rid", max_pending=2) == Submission("full", pending=2)
+    assert sorted(r.keys()) == before
+    assert not r.exists(keys.idempotency(PRINCIPAL, None, "rid"), keys.execution(third), jobs.job_key(third))
+    assert r.zcard(keys.PENDING) == 2 and r.zcard(keys.QUEUED) == 2 and r.zcard(QUEUE) == 2
+    assert received(wake) == []
+    # Nothing was recorded, so the same request_id is accepted once there is room.
+    r.zpopmin(keys.PENDING)
+    assert await submit(ar, third, request_id="rid", max_pending=2) == Submission("new", third)
+
+
+async def test_submit_without_live_workers_writes_nothing(
+    r: redis.Redis, ar: redis.asyncio.Redis, listen: Any,
+) -> None:
+    wake = listen(WAKE)
+    assert await submit(ar, new_id(), request_id="rid", workers_alive=False) == Submission("no_workers")
+    assert r.dbsize() == 0
+    assert received(wake) == []
+
+
+async def test_submit_prunes_expired_admission_entries_before_counting(
+    r: redis.Redis, ar: redis.asyncio.Redis,
+) -> None:
+    now = redis_now_ms(r)
+    r.zadd(keys.PENDING, {"exec_crashed": now - 1, "exec_alive": now + MINUTE_MS})
+    fresh = new_id()
+    # The crashed execution's slot is given back; the live one still counts.
+    assert await submit(ar, fresh, max_pending=2) == Submission("new", fresh)
+    assert sorted(r.zrange(keys.PENDING, 0, -1)) == sorted([b"exec_alive", fresh.encode()])
+    assert await submit(ar, new_id(), max_pending=2) == Submission("full", pending=2)
+
+
+# --- CLAIM -----------------------------------------------------------------------------------
+
+
+async def test_claim_runs_a_queued_execution(r: redis.Redis, ar: redis.asyncio.Redis, listen: Any) -> None:
+    exec_id = new_id()
+    await submit(ar, exec_id)
+    events = listen(keys.events(exec_id))
+    assert await claim(ar, exec_id, "w1") == ("run", 1)
+    h = state(r, exec_id)
+    assert (h["state"], h["attempt"], h["worker"]) == ("running", "1", "w1")
+    assert r.sismember(keys.running("w1"), exec_id)
+    assert not in_zset(r, keys.QUEUED, exec_id)  # started: the start deadline no longer applies
+    assert in_zset(r, keys.PENDING, exec_id)  # still holds its admission slot
+    [(_, data)] = received(events)
+    event = event_decoder.decode(data)
+    assert event.name == "tool.started"
+    assert event.data == json_encoder.encode(StartedData(exec_id, "tally"))
+    assert r.hget(metrics.HISTOGRAMS["queue_wait"], f"tally{metrics.SEP}count") == b"1"
+
+
+async def test_claim_of_a_settled_execution_does_not_run(r: redis.Redis, ar: redis.asyncio.Redis) -> None:
+    exec_id = await running(ar, idempotent=True)
+    assert await settle(ar, exec_id, 1, done_record(exec_id)) is True
+    assert await claim(ar, exec_id, "w2") == ("settled", 0)
+    assert state(r, exec_id)["attempt"] == "1"
+    assert not r.sismember(keys.running("w2"), exec_id)
+
+
+async def test_claim_of_an_unknown_execution_is_gone_and_creates_nothing(
+    r: redis.Redis, ar: redis.asyncio.Redis,
+) -> None:
+    assert await claim(ar, new_id()) == ("gone", 0)
+    assert r.dbsize() == 0
+
+
+async def test_claim_of_a_cancelled_execution_does_not_run(
+    r: redis.Redis, ar: redis.asyncio.Redis, listen: Any,
+) -> None:
+    # Cancelled while running on w1, which then died: the re-delivered job must not run it.
+    exec_id = await running(ar, idempotent=True)
+    assert (await cancel(ar, exec_id))[0] == "signalled"
+    assert (await reap(ar, exec_id, "w1"))[0] == "requeued"
+    events = listen(keys.events(exec_id))
+    assert await claim(ar, exec_id, "w2") == ("cancelled", 2)
+    assert not r.sismember(keys.running("w2"), exec_id)
+    assert state(r, exec_id)["state"] == "queued"
+    assert received(events) == []  # no tool.started
+
+
+async def test_claim_never_runs_a_non_idempotent_execution_twice(r: redis.Redis, ar: redis.asyncio.Redis) -> None:
+    exec_id = await running(ar)
+    assert await claim(ar, exec_id, "w2") == ("uncertain", 2)  # arq re-delivered it
+    assert not r.sismember(keys.running("w2"), exec_id)
+    assert state(r, exec_id)["worker"] == "w1"
+
+
+async def test_claim_reruns_an_idempotent_execution_up_to_max_attempts(
+    r: redis.Redis, ar: redis.asyncio.Redis,
+) -> None:
+    assert MAX_ATTEMPTS == 3
+    exec_id = await running(ar, idempotent=True)
+    assert await claim(ar, exec_id, "w2") == ("run", 2)
+    assert await claim(ar, exec_id, "w3") == ("run", 3)
+    assert await claim(ar, exec_id, "w4") == ("uncertain", 4)
+    assert state(r, exec_id)["worker"] == "w3"
+    assert not r.sismember(keys.running("w4"), exec_id)
+
+
+async def test_claim_after_the_start_deadline_expires_on_the_first_attempt_only(
+    r: redis.Redis, ar: redis.asyncio.Redis,
+) -> None:
+    late = new_id()
+    await submit(ar, late, queue_wait_ms=-1)  # its start-by instant has passed
+    assert await claim(ar, late) == ("expired", 1)
+    assert state(r, late)["state"] == "queued"
+    assert not r.sismember(keys.running("w1"), late)
+
+    # Once started in time, a re-run after a crash is not "never started".
+    rerun = await running(ar, idempotent=True)
+    r.hset(keys.execution(rerun), "start_by", 0)
+    assert await claim(ar, rerun, "w2") == ("run", 2)
+
+
+# --- SETTLE ----------------------------------------------------------------------------------
+
+
+async def test_settle_writes_the_record_once_and_announces_it(
+    r: redis.Redis, ar: redis.asyncio.Redis, listen: Any,
+) -> None:
+    exec_id = await running(ar)
+    events = listen(keys.events(exec_id))
+    record = done_record(exec_id)
+    assert await settle(ar, exec_id, 1, record, run_ms=42) is True
+
+    assert r.get(keys.record(exec_id)) == stored(record)
+    assert RETENTION - 1 <= r.ttl(keys.record(exec_id)) <= RETENTION
+    assert state(r, exec_id)["state"] == "done"
+    assert not in_zset(r, keys.PENDING, exec_id)
+    assert not in_zset(r, keys.QUEUED, exec_id)
+    assert not r.sismember(keys.running("w1"), exec_id)
+    got = [event_decoder.decode(data) for _, data in received(events)]
+    assert [e.name for e in got] == ["tool.completed", "final"]
+    assert got[1].data == stored(record)
+    assert r.hget(metrics.EXECUTIONS, metrics.label(record)) == b"1"
+    run = metrics.HISTOGRAMS["run"]
+    bucket = metrics.BUCKETS_MS.index(50)  # 25 < 42 <= 50
+    assert r.hget(run, f"tally{metrics.SEP}{bucket}") == b"1"
+    assert r.hget(run, f"tally{metrics.SEP}sum") == b"42"
+    assert r.hget(run, f"tally{metrics.SEP}count") == b"1"
+
+    # Never overwritten, not even by the same attempt.
+    assert await settle(ar, exec_id, 1, done_record(exec_id, n=2)) is False
+    assert r.get(keys.record(exec_id)) == stored(record)
+    assert r.hget(metrics.EXECUTIONS, metrics.label(record)) == b"1"
+    assert received(events) == []
+
+
+async def test_settle_without_a_run_publishes_only_the_final_event(
+    r: redis.Redis, ar: redis.asyncio.Redis, listen: Any,
+) -> None:
+    exec_id = await running(ar)
+    assert await claim(ar, exec_id, "w2") == ("uncertain", 2)
+    events = listen(keys.events(exec_id))
+    record = records.uncertain(exec_id, "tally", "its worker stopped")
+    assert await settle(ar, exec_id, 2, record, worker_id="w2", run_ms=None, completed=False) is True
+    assert event_names(events) == ["final"]
+    assert r.hget(metrics.EXECUTIONS, metrics.label(record)) == b"1"
+    assert not r.exists(metrics.HISTOGRAMS["run"])
+
+
+async def test_settle_of_a_stale_attempt_writes_nothing(r: redis.Redis, ar: redis.asyncio.Redis, listen: Any) -> None:
+    exec_id = await running(ar, idempotent=True)
+    assert await claim(ar, exec_id, "w2") == ("run", 2)
+    events = listen(keys.events(exec_id))
+    # w1 was paused, not dead: it wakes up with attempt 1's outcome.
+    assert await settle(ar, exec_id, 1, done_record(exec_id, n=1)) is False
+    assert not r.exists(keys.record(exec_id))
+    assert state(r, exec_id)["state"] == "running"
+    assert in_zset(r, keys.PENDING, exec_id)
+    assert received(events) == []
+    assert not r.exists(metrics.EXECUTIONS)
+
+    record = done_record(exec_id, n=2)
+    assert await settle(ar, exec_id, 2, record, worker_id="w2") is True
+    assert record_decoder.decode(r.get(keys.record(exec_id))).body == record.body
+    assert await settle(ar, exec_id, 1, done_record(exec_id, n=1)) is False
+    assert record_decoder.decode(r.get(keys.record(exec_id))).body == record.body
+
+
+# --- CANCEL ----------------------------------------------------------------------------------
+
+
+async def test_cancel_of_a_queued_execution_settles_it_at_once(
+    r: redis.Redis, ar: redis.asyncio.Redis, listen: Any,
+) -> None:
+    exec_id = new_id()
+    await submit(ar, exec_id)
+    events = listen(keys.events(exec_id))
+    outcome, written = await cancel(ar, exec_id)
+    assert outcome == "cancelled"
+    assert r.get(keys.record(exec_id)) == written
+    record = record_decoder.decode(written)
+    assert (record.status, record.error_code, record.status_code) == ("cancelled", "CANCELLED", 408)
+    assert RETENTION - 1 <= r.ttl(keys.record(exec_id)) <= RETENTION
+    h = state(r, exec_id)
+    assert (h["state"], h["attempt"], h["cancel"]) == ("done", "1", "1")
+    assert not in_zset(r, keys.PENDING, exec_id)
+    assert not in_zset(r, keys.QUEUED, exec_id)
+    got = received(events)
+    assert [event_decoder.decode(d).name for _, d in got] == ["final"]
+    assert event_decoder.decode(got[0][1]).data == written
+    assert r.hget(metrics.EXECUTIONS, metrics.label(record)) == b"1"
+    # When a worker picks the job up, it never runs.
+    assert await claim(ar, exec_id) == ("settled", 0)
+
+
+async def test_cancel_of_a_running_execution_signals_its_worker(
+    r: redis.Redis, ar: redis.asyncio.Redis, listen: Any,
+) -> None:
+    exec_id = await running(ar)
+    channels = listen(keys.CANCEL_CHANNEL, keys.events(exec_id))
+    assert (await cancel(ar, exec_id))[0] == "signalled"
+    assert received(channels) == [(keys.CANCEL_CHANNEL, exec_id.encode())]
+    assert not r.exists(keys.record(exec_id))
+    h = state(r, exec_id)
+    assert (h["state"], h["attempt"], h["cancel"]) == ("running", "1", "1")
+    assert in_zset(r, keys.PENDING, exec_id)
+    assert r.sismember(keys.running("w1"), exec_id)
+    # The worker answers with the record of the cancelled run: it still owns the attempt.
+    assert await settle(ar, exec_id, 1, records.cancelled(exec_id, "tally", started=True)) is True
+
+
+async def test_cancel_of_a_settled_execution_changes_nothing(r: redis.Redis, ar: redis.asyncio.Redis) -> None:
+    exec_id = await running(ar)
+    assert await settle(ar, exec_id, 1, done_record(exec_id)) is True
+    record = r.get(keys.record(exec_id))
+    before = state(r, exec_id)
+    assert (await cancel(ar, exec_id))[0] == "settled"
+    assert r.get(keys.record(exec_id)) == record
+    assert state(r, exec_id) == before
+
+
+async def test_cancel_of_an_unknown_execution_is_gone(r: redis.Redis, ar: redis.asyncio.Redis) -> None:
+    assert (await cancel(ar, new_id()))[0] == "gone"
+    assert r.dbsize() == 0
+
+
+# --- REAP ------------------------------------------------------------------------------------
+
+
+async def test_reap_requeues_an_idempotent_execution_of_a_dead_worker(
+    r: redis.Redis, ar: redis.asyncio.Redis, listen: Any,
+) -> None:
+    exec_id = await running(ar, idempotent=True)
+    r.set(jobs.in_progress_key(exec_id), b"1", px=MINUTE_MS)  # w1's arq lease on the job
+    channels = listen(WAKE, keys.events(exec_id))
+    assert (await reap(ar, exec_id, "w1"))[0] == "requeued"
+    assert state(r, exec_id)["state"] == "queued"
+    assert not r.exists(jobs.in_progress_key(exec_id))  # another worker may take the job now
+    assert not r.sismember(keys.running("w1"), exec_id)
+    assert not r.exists(keys.record(exec_id))
+    assert in_zset(r, keys.PENDING, exec_id)
+    assert received(channels) == [(WAKE, b"")]
+    assert await claim(ar, exec_id, "w2") == ("run", 2)
+
+
+async def test_reap_settles_a_non_idempotent_execution_uncertain(
+    r: redis.Redis, ar: redis.asyncio.Redis, listen: Any,
+) -> None:
+    exec_id = await running(ar)
+    r.set(jobs.in_progress_key(exec_id), b"1", px=MINUTE_MS)
+    wake, events = listen(WAKE), listen(keys.events(exec_id))
+    outcome, written = await reap(ar, exec_id, "w1")
+    assert outcome == "uncertain"
+    assert r.get(keys.record(exec_id)) == written
+    record = record_decoder.decode(written)
+    assert (record.status_code, record.error_code) == (409, "EXECUTION_UNCERTAIN")
+    h = state(r, exec_id)
+    assert (h["state"], h["attempt"]) == ("done", "2")
+    assert not r.exists(jobs.in_progress_key(exec_id))
+    assert not in_zset(r, keys.PENDING, exec_id)
+    assert not r.sismember(keys.running("w1"), exec_id)
+    assert event_names(events) == ["final"]
+    assert received(wake) == [(WAKE, b"")]
+    # The dead worker's late outcome is fenced out, and the re-delivered job never runs.
+    assert await settle(ar, exec_id, 1, done_record(exec_id)) is False
+    assert r.get(keys.record(exec_id)) == written
+    assert await claim(ar, exec_id, "w2") == ("settled", 0)
+
+
+async def test_reap_of_an_execution_that_moved_on_writes_nothing(r: redis.Redis, ar: redis.asyncio.Redis) -> None:
+    exec_id = await running(ar, idempotent=True)
+    assert await claim(ar, exec_id, "w2") == ("run", 2)  # arq re-delivered it to w2
+    r.set(jobs.in_progress_key(exec_id), b"1", px=MINUTE_MS)  # w2's lease
+    before = state(r, exec_id)
+    assert (await reap(ar, exec_id, "w1"))[0] == "moved"
+    assert state(r, exec_id) == before
+    assert r.exists(jobs.in_progress_key(exec_id))
+    assert not r.exists(keys.record(exec_id))
+    assert r.sismember(keys.running("w2"), exec_id)
+    assert not r.sismember(keys.running("w1"), exec_id)  # the stale entry is dropped
+
+
+async def test_reap_of_a_settled_execution_only_drops_the_stale_entry(
+    r: redis.Redis, ar: redis.asyncio.Redis,
+) -> None:
+    exec_id = await running(ar)
+    record = done_record(exec_id)
+    # Settled through another worker's set: w1's entry was left behind.
+    assert await settle(ar, exec_id, 1, record, worker_id="other") is True
+    assert r.sismember(keys.running("w1"), exec_id)
+    assert (await reap(ar, exec_id, "w1"))[0] == "settled"
+    assert r.get(keys.record(exec_id)) == stored(record)
+    assert not r.sismember(keys.running("w1"), exec_id)
+
+
+# --- EXPIRE_UNSTARTED ------------------------------------------------------------------------
+
+
+async def test_expire_unstarted_settles_an_execution_past_its_start_deadline(
+    r: redis.Redis, ar: redis.asyncio.Redis, listen: Any,
+) -> None:
+    exec_id = new_id()
+    await submit(ar, exec_id, queue_wait_ms=-1)
+    events = listen(keys.events(exec_id))
+    outcome, written = await expire(ar, exec_id)
+    assert outcome is True
+    assert r.get(keys.record(exec_id)) == written
+    record = record_decoder.decode(written)
+    assert (record.status_code, record.status, record.error_code) == (504, "timed_out", "TIMEOUT")
+    assert "never ran" in record.body.decode()
+    h = state(r, exec_id)
+    assert (h["state"], h["attempt"]) == ("done", "1")
+    assert not in_zset(r, keys.QUEUED, exec_id)
+    assert not in_zset(r, keys.PENDING, exec_id)
+    assert event_names(events) == ["final"]
+    assert await claim(ar, exec_id) == ("settled", 0)
+
+
+async def test_expire_unstarted_leaves_an_execution_not_yet_due(r: redis.Redis, ar: redis.asyncio.Redis) -> None:
+    exec_id = new_id()
+    await submit(ar, exec_id)
+    assert (await expire(ar, exec_id))[0] is False
+    assert in_zset(r, keys.QUEUED, exec_id)
+    assert in_zset(r, keys.PENDING, exec_id)
+    assert not r.exists(keys.record(exec_id))
+    assert state(r, exec_id)["state"] == "queued"
+    assert await claim(ar, exec_id) == ("run", 1)
+
+
+async def test_expire_unstarted_only_unlists_a_running_execution(r: redis.Redis, ar: redis.asyncio.Redis) -> None:
+    exec_id = await running(ar)
+    r.zadd(keys.QUEUED, {exec_id: 0})  # a stale entry, read before the claim removed it
+    assert (await expire(ar, exec_id))[0] is False
+    assert not in_zset(r, keys.QUEUED, exec_id)
+    assert not r.exists(keys.record(exec_id))
+    assert state(r, exec_id)["state"] == "running"
+
+
+# --- Janitor (JANITOR_SCAN, then REAP and EXPIRE_UNSTARTED) ---------------------------------
+
+
+async def sweep(ar: redis.asyncio.Redis, times: int = 1) -> list[int]:
+    janitor = Janitor(ar, retention=RETENTION, dead_after=3.0)
+    return [await janitor.sweep() for _ in range(times)]
+
+
+async def test_janitor_reaps_only_the_executions_of_dead_workers(r: redis.Redis, ar: redis.asyncio.Redis) -> None:
+    await heartbeat(ar, "dead", -10_000)
+    await heartbeat(ar, "alive")
+    lost = await running(ar, worker_id="dead")
+    requeued = await running(ar, idempotent=True, worker_id="dead")
+    kept = await running(ar, worker_id="alive")
+    assert await sweep(ar) == [2]
+    assert record_decoder.decode(r.get(keys.record(lost))).error_code == "EXECUTION_UNCERTAIN"
+    assert state(r, requeued)["state"] == "queued" and not r.exists(keys.record(requeued))
+    assert state(r, kept)["state"] == "running" and not r.exists(keys.record(kept))
+    assert r.sismember(keys.running("alive"), kept)
+    assert r.scard(keys.running("dead")) == 0
+    assert in_zset(r, keys.WORKERS, "dead")  # recently dead: still remembered
+
+
+async def test_janitor_forgets_long_departed_workers_once_they_hold_nothing(
+    r: redis.Redis, ar: redis.asyncio.Redis,
+) -> None:
+    long_ago = -(DEPARTED_MEMORY_S * 1000 + 1000)
+    for worker_id, offset in (("idle", long_ago), ("busy", long_ago), ("recent", -10_000)):
+        r.set(keys.worker(worker_id), b"info")
+        r.sadd(keys.DRAINING, worker_id)
+        await heartbeat(ar, worker_id, offset)
+    held = await running(ar, worker_id="busy")
+
+    def remembered(worker_id: str) -> tuple[bool, bool, bool]:
+        return (bool(r.exists(keys.worker(worker_id))), in_zset(r, keys.WORKERS, worker_id),
+                bool(r.sismember(keys.DRAINING, worker_id)))
+
+    assert await sweep(ar) == [1]  # the busy worker's execution
+    assert remembered("idle") == (False, False, False)
+    assert remembered("busy") == (True, True, True)  # it held an execution when scanned
+    assert remembered("recent") == (True, True, True)
+    assert r.exists(keys.record(held))
+    assert await sweep(ar) == [0]
+    assert remembered("busy") == (False, False, False)
+    assert remembered("recent") == (True, True, True)
+
+
+async def test_janitor_settles_executions_that_never_started_in_time(r: redis.Redis, ar: redis.asyncio.Redis) -> None:
+    late, waiting = new_id(), new_id()
+    await submit(ar, late, queue_wait_ms=-1)
+    await submit(ar, waiting)
+    assert await sweep(ar) == [1]
+    assert record_decoder.decode(r.get(keys.record(late))).error_code == "TIMEOUT"
+    assert not r.exists(keys.record(waiting))
+    assert in_zset(r, keys.QUEUED, waiting)
+
+
+# --- arq lease (runtime.queue.Lease) ---------------------------------------------------------
+
+
+async def test_lease_takes_only_due_unleased_jobs_at_most_n_by_redis_clock(
+    r: redis.Redis, ar: redis.asyncio.Redis,
+) -> None:
+    lease = Lease(ar)  # any asyncio client runs it; the workers pass their ArqRedis
+    now = redis_now_ms(r)
+    r.zadd(QUEUE, {"due1": now - 300, "due2": now - 200, "due3": now - 100, "later": now + MINUTE_MS,
+                   "taken": now - 400})
+    r.set(jobs.in_progress_key("taken"), b"other", px=MINUTE_MS)
+
+    async def take(n: int) -> list[tuple[str, int]]:
+        return await lease(QUEUE, most=n, lease_ms=5000, look_ahead=100)
+
+    assert await take(2) == [("due1", now - 300), ("due2", now - 200)]
+    for job_id in ("due1", "due2"):
+        assert r.get(jobs.in_progress_key(job_id)) == b"1"
+        assert 4000 < r.pttl(jobs.in_progress_key(job_id)) <= 5000
+    assert not r.exists(jobs.in_progress_key("due3"), jobs.in_progress_key("later"))
+    assert r.get(jobs.in_progress_key("taken")) == b"other"
+    assert r.pttl(jobs.in_progress_key("taken")) > 5000
+    # The next call takes what is left and due, and nothing twice.
+    assert await take(5) == [("due3", now - 100)]
+    assert await take(5) == []

@@ -1,0 +1,92 @@
+"""The import graph has three layers, and the API stands on the lower two only.
+
+``carmy_worker.sdk`` (what tool authors import) and ``carmy_worker.store`` (an execution's state
+machine in Redis) are shared; ``carmy_worker.runtime`` is the worker process and the only code
+that may import arq. The API never imports the runtime or arq, so it can be deployed, and arq
+replaced, independently.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# package (or module) -> prefixes it must never import, directly
+FORBIDDEN = {
+    "api": ("carmy_worker.runtime", "arq"),
+    "carmy_worker.sdk": ("carmy_worker.store", "carmy_worker.runtime", "arq", "redis", "api"),
+    "carmy_worker.store": ("carmy_worker.runtime", "arq", "api"),
+    "carmy_worker.wire": ("carmy_worker.sdk", "carmy_worker.store", "carmy_worker.runtime", "arq", "redis", "api"),
+    "carmy_worker.runtime": ("api",),
+}
+
+
+def modules(package: str) -> list[tuple[str, Path]]:
+    path = ROOT / package.replace(".", "/")
+    files = [path.with_suffix(".py")] if path.with_suffix(".py").exists() else sorted(path.rglob("*.py"))
+    return [(str(f.relative_to(ROOT).with_suffix("")).replace("/", "."), f) for f in files]
+
+
+def imported(file: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(file.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+@pytest.mark.parametrize("package", sorted(FORBIDDEN))
+def test_no_import_crosses_a_layer(package: str) -> None:
+    crossings = [
+        f"{module} imports {name}"
+        for module, file in modules(package)
+        for name in sorted(imported(file))
+        if any(name == p or name.startswith(p + ".") for p in FORBIDDEN[package])
+    ]
+    assert crossings == []
+
+
+def test_only_the_queue_module_imports_arq() -> None:
+    users = [module for module, file in modules("carmy_worker") if any(
+        name == "arq" or name.startswith("arq.") for name in imported(file))]
+    assert users == ["carmy_worker.runtime.queue"]
+
+
+def test_the_api_builds_and_serves_routes_with_arq_unimportable() -> None:
+    """Not only no direct import: nothing the API loads, however indirectly, pulls arq or the runtime in."""
+    script = """
+import sys
+
+class Blocked:
+    def find_spec(self, name, path=None, target=None):
+        if name == "arq" or name.startswith("arq."):
+            raise ImportError("arq is blocked in this test")
+        return None
+
+sys.meta_path.insert(0, Blocked())
+import api.__main__
+from api.app import create_app
+from api.settings import ApiSettings
+create_app(ApiSettings(redis_url="redis://127.0.0.1:1/0"))
+loaded = sorted(m for m in sys.modules if m.startswith("carmy_worker.runtime") or m.startswith("arq"))
+print(",".join(loaded))
+"""
+    result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == ""
+
+
+def test_the_tool_sdk_is_importable_from_the_package_root() -> None:
+    import carmy_worker
+
+    assert sorted(carmy_worker.__all__) == ["AgentContext", "Context", "Tool", "ToolDefinitionError", "ToolError",
+                                           "Toolbox"]
