@@ -4,16 +4,12 @@ it must fail here, loudly, rather than in production."""
 
 from __future__ import annotations
 
-import asyncio
 import inspect
-import signal
-from collections.abc import AsyncIterator
 
 import arq
 import arq.constants
 import arq.jobs
 import arq.worker
-import pytest
 
 from carmy_worker.runtime import queue
 from carmy_worker.store import jobs
@@ -28,15 +24,6 @@ SIGNATURES = {
     "run_job": "(self, job_id: str, score: int) -> None",
     "heart_beat": "(self) -> None",
 }
-
-
-@pytest.fixture(autouse=True)
-async def _restore_signals() -> AsyncIterator[None]:
-    """An arq worker installs SIGINT/SIGTERM handlers on the loop: take them off again."""
-    yield
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.remove_signal_handler(sig)
 
 
 def test_the_supported_arq_release() -> None:

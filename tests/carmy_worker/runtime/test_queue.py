@@ -2,25 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
-import signal
-from collections.abc import AsyncIterator
-
 import pytest
 from arq.worker import Retry
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from carmy_worker.runtime import queue
 from carmy_worker.store import jobs
-
-
-@pytest.fixture(autouse=True)
-async def _restore_signals() -> AsyncIterator[None]:
-    """An arq worker installs SIGINT/SIGTERM handlers on the loop: take them off again."""
-    yield
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.remove_signal_handler(sig)
 
 
 async def test_a_redis_failure_puts_the_job_back_instead_of_failing_it() -> None:
