@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from concurrent.futures import Executor
 from typing import Any
 
@@ -26,6 +26,21 @@ class Outcome(Struct, kw_only=True):
     error: ErrorBody | None = None
     timed_out: bool = False
     cancelled: bool = False
+
+
+class Escaped(Exception):
+    """A ``BaseException`` other than cancellation (``SystemExit``, ``KeyboardInterrupt``,
+    ``GeneratorExit``) raised by an async tool. asyncio re-raises those out of the event loop,
+    ending the worker; carried inside this one they end only the tool's own task."""
+
+
+async def _contained(call: Coroutine[Any, Any, Any]) -> Any:
+    try:
+        return await call
+    except (asyncio.CancelledError, Exception):
+        raise
+    except BaseException as exc:
+        raise Escaped(repr(exc)) from exc
 
 
 def decode_input(tool: Tool, arguments: bytes) -> Any:
@@ -60,7 +75,7 @@ async def invoke(
             on_end()
         return Outcome(timed_out=True)
     if tool.is_async:
-        call: asyncio.Future[Any] = asyncio.ensure_future(tool.fn(*args))
+        call: asyncio.Future[Any] = asyncio.ensure_future(_contained(tool.fn(*args)))
     else:
         call = asyncio.get_running_loop().run_in_executor(executor, tool.fn, *args)
     if on_end is not None:
@@ -89,7 +104,7 @@ def _finish(tool: Tool, ctx: Context, call: asyncio.Future[Any]) -> Outcome:
     except asyncio.CancelledError:
         # The tool cancelled itself (or swallowed our cancel and re-raised late).
         return Outcome(cancelled=True)
-    except BaseException:  # SystemExit from a sync tool's thread too: it must not stop the worker
+    except BaseException:  # SystemExit from a sync tool's thread, Escaped from an async one: never the worker's end
         log.exception("tool %s raised (execution %s)", tool.name, ctx.execution_id)
         return Outcome(error=error(
             "TOOL_PANIC", f"The tool failed with an unexpected error. {MAY_HAVE_COMMITTED}"

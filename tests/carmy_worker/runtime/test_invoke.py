@@ -146,6 +146,18 @@ def quits(ctx: Context) -> None:
     raise SystemExit(3)
 
 
+@tools.tool(effect="none")
+async def quits_async(ctx: Context) -> None:
+    """Calls sys.exit from a coroutine: asyncio would end the whole event loop with it."""
+    raise SystemExit(3)
+
+
+@tools.tool(effect="none")
+async def interrupts_async(ctx: Context) -> None:
+    """Raises KeyboardInterrupt from a coroutine."""
+    raise KeyboardInterrupt
+
+
 def tool(name: str) -> Tool:
     found = tools.get(name)
     assert found is not None
@@ -339,7 +351,9 @@ async def test_events_after_timeout_are_dropped(executor: ThreadPoolExecutor) ->
     assert call.events == []
 
 
-async def test_system_exit_in_a_sync_tool_is_a_panic_not_a_worker_exit(executor: ThreadPoolExecutor) -> None:
-    assert (await run("quits", executor)).error == ErrorBody(
+@pytest.mark.parametrize("name", ["quits", "quits_async", "interrupts_async"])
+async def test_system_exit_in_a_tool_is_a_panic_not_a_worker_exit(name: str, executor: ThreadPoolExecutor) -> None:
+    assert (await run(name, executor)).error == ErrorBody(
         code="TOOL_PANIC", message=f"The tool failed with an unexpected error. {MAY_HAVE_COMMITTED}",
         category="internal", recoverable=False, retryable=False)
+    await asyncio.sleep(0)  # the loop that ran it is still serving

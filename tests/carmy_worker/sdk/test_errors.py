@@ -11,7 +11,8 @@ from carmy_worker import ToolError
 from carmy_worker.sdk.errors import CATEGORY, error, http_status
 from carmy_worker.wire import ErrorBody
 
-# docs/protocol.md's table of error codes, written out independently of the implementation: code -> (category, status, retryable).
+# docs/protocol.md's table of error codes, written out independently of the implementation:
+# code -> (category, status, retryable).
 TABLE: dict[str, tuple[str, int, bool]] = {
     "INVALID_REQUEST": ("validation", 400, False),
     "PAYLOAD_TOO_LARGE": ("capacity", 413, False),
