@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 import sys
 import time
 from typing import Any
@@ -33,15 +34,32 @@ class JsonFormatter(logging.Formatter):
 
 
 class TextFormatter(logging.Formatter):
+    """``time level logger message key=value ...``, one line per record: a value that could
+    break the line or be read as another field (a caller's tool name with a newline, say) is
+    quoted with its control characters escaped. Only a traceback spans lines."""
+
     def __init__(self) -> None:
         super().__init__("%(asctime)s %(levelname)s %(name)s %(message)s")
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return _UNSAFE.sub(lambda m: json.dumps(m.group())[1:-1], super().formatMessage(record))
 
     def format(self, record: logging.LogRecord) -> str:
         text = super().format(record)
         fields = getattr(record, "carmy", None)
         if isinstance(fields, dict):
-            text += " " + " ".join(f"{k}={v}" for k, v in fields.items() if v is not None)
+            text += " " + " ".join(f"{k}={_value(v)}" for k, v in fields.items() if v is not None)
         return text
+
+
+_UNSAFE = re.compile(r"[\x00-\x1f\x7f\u2028\u2029]")
+
+
+def _value(value: Any) -> str:
+    text = str(value)
+    if text and not any(c.isspace() or c in '="' for c in text) and not _UNSAFE.search(text):
+        return text
+    return json.dumps(text)
 
 
 def configure(fmt: str) -> None:
