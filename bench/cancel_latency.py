@@ -16,7 +16,8 @@ from pathlib import Path
 
 import httpx
 
-from bench.procs import Processes, RedisServer, free_port, wait_until
+from bench.processes import RedisServer, free_port, wait_until
+from bench.procs import START_TIMEOUT, Processes
 
 
 def disconnect_json(base: str, tag: str) -> float:
@@ -42,15 +43,16 @@ def disconnect_sse(base: str, tag: str) -> float:
 def main(n: int = 20) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="carmy-cancel-"))
     redis_server = RedisServer(workdir)
+    redis_server.start()
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     try:
         with Processes(workdir, redis_server.url, "cancel") as procs:
             marks = {"BENCH_MARKS": str(workdir)}
             worker = procs.start("worker", [sys.executable, "-m", "carmy_worker", "bench.tools"], marks)
-            procs.wait_for_log(worker, "serving")
+            worker.wait_for_log("serving", START_TIMEOUT)
             api = procs.start("api", [sys.executable, "-m", "api"], {"CARMY_PORT": str(port)})
-            procs.wait_for_http(api, base + "/.well-known/agent")
+            api.wait_for_http(base + "/.well-known/agent", START_TIMEOUT)
             wait_until(lambda: "linger" in httpx.get(base + "/agent/tools").text, 10, "catalog")
             for name, disconnect in (("JSON", disconnect_json), ("SSE", disconnect_sse)):
                 delays = []

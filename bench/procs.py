@@ -1,52 +1,23 @@
-"""The processes a benchmark scenario needs, each on a free port: a private redis-server, our
-API and workers, the baselines' uvicorn and arq workers. (Same ideas as tests/support.py;
-bench/ does not import tests/.)"""
+"""The processes a benchmark scenario needs: our API and workers, the baselines' uvicorn and
+arq workers, and what they cost in CPU. Starting processes, waiting for them and the private
+redis-server are in bench/processes.py, which the tests share (bench/ does not import tests/)."""
 
 from __future__ import annotations
 
 import json
 import os
 import resource
-import shutil
-import signal
-import socket
-import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import httpx
-import redis
 
-ROOT = Path(__file__).resolve().parent.parent
+from bench.processes import ROOT, Proc, free_port
 
-
-class StartError(RuntimeError):
-    """A process did not come up; the message carries the end of its log."""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_until(check: Callable[[], object], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    last: BaseException | None = None
-    while time.monotonic() < deadline:
-        try:
-            if check():
-                return
-        except Exception as exc:  # not ready yet
-            last = exc
-        time.sleep(0.02)
-    raise StartError(f"{what}: not ready after {timeout}s (last error: {last!r})")
-
+START_TIMEOUT = 20.0  # seconds for a server to be ready
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-_ERROR_MARKS = ('"level": "error"', '"level": "critical"', " ERROR ", " CRITICAL ", "Traceback (most recent")
 
 
 def cpu_seconds(pid: int) -> float:
@@ -67,48 +38,6 @@ def children_cpu_seconds() -> float:
     """CPU time used so far by this process's children that have exited (such as wrk runs)."""
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
-
-
-class Proc:
-    """A child process whose output goes to a log file in the run's work directory."""
-
-    def __init__(self, name: str, args: list[str], env: dict[str, str], workdir: Path, kind: str = "") -> None:
-        self.name = name
-        self.kind = kind or name
-        self.log = workdir / f"{name}.log"
-        self._file = self.log.open("wb")
-        self.popen = subprocess.Popen(args, env=env, cwd=ROOT, stdout=self._file, stderr=subprocess.STDOUT)
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
-    def output(self) -> str:
-        if not self._file.closed:
-            self._file.flush()
-        return self.log.read_text(errors="replace")
-
-    def error_lines(self) -> list[str]:
-        """Lines logged at error level or worse (JSON or text logs), and tracebacks."""
-        return [line for line in self.output().splitlines()
-                if any(mark in line for mark in _ERROR_MARKS)]
-
-    def fail(self, problem: str) -> StartError:
-        return StartError(f"{self.name} {problem}; its log ({self.log}) ends with:\n{self.output()[-2000:]}")
-
-    def stop(self, timeout: float = 10.0) -> None:
-        """SIGTERM (so servers drain and exit cleanly), then SIGKILL if it lingers."""
-        if self.alive():
-            self.popen.send_signal(signal.SIGTERM)
-            try:
-                self.popen.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait(5)
-        self._file.close()
 
 
 class CpuMeter:
@@ -150,32 +79,6 @@ def child_env(redis_url: str, extra: dict[str, str] | None = None) -> dict[str, 
     return env
 
 
-class RedisServer:
-    """A private redis-server without persistence, so disk writes never show in the numbers."""
-
-    def __init__(self, workdir: Path) -> None:
-        self.port = free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        binary = shutil.which("redis-server")
-        if binary is None:
-            raise StartError("redis-server is not installed (Debian: apt-get install redis-server)")
-        self.proc = Proc("redis", [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                                   "--appendonly", "no", "--dir", str(workdir)], dict(os.environ), workdir)
-        with self.client() as client:
-            wait_until(client.ping, 10, "redis-server")
-
-    def client(self) -> redis.Redis:
-        return redis.Redis.from_url(self.url)
-
-    def flush(self) -> None:
-        """Forget the previous scenario's records, jobs and results."""
-        with self.client() as client:
-            client.flushall()
-
-    def stop(self) -> None:
-        self.proc.stop()
-
-
 def log_message(line: str) -> str:
     """The message of a JSON log line (without its traceback), or the line itself."""
     try:
@@ -211,34 +114,18 @@ class Processes:
                 found.append(f"{proc.name}: {len(lines)} error lines; first: {log_message(lines[0])[:300]}")
         return found
 
-
     def start(self, kind: str, args: list[str], env: dict[str, str] | None = None) -> Proc:
         self._count += 1
-        proc = Proc(f"{self.scenario}-{kind}-{self._count}", args, child_env(self.redis_url, env), self.workdir, kind)
+        name = f"{self.scenario}-{kind}-{self._count}"
+        proc = Proc(name, args, child_env(self.redis_url, env), self.workdir / f"{name}.log", kind)
         self.procs.append(proc)
         return proc
-
-    def wait_for_log(self, proc: Proc, text: str, timeout: float = 20) -> None:
-        wait_until(lambda: text in proc.output() or not proc.alive(), timeout, proc.name)
-        if not proc.alive():
-            raise proc.fail("exited at start")
-
-    def wait_for_http(self, proc: Proc, url: str, timeout: float = 20) -> None:
-        def up() -> bool:
-            if not proc.alive():
-                raise proc.fail("exited at start")
-            return httpx.get(url, timeout=1).status_code == 200
-
-        try:
-            wait_until(up, timeout, proc.name)
-        except StartError as exc:
-            raise proc.fail(str(exc)) from exc
 
     # Our stack --------------------------------------------------------------------------------
 
     def carmy_worker(self, module: str = "bench.tools", env: dict[str, str] | None = None) -> Proc:
         proc = self.start("worker", [sys.executable, "-m", "carmy_worker", module], env)
-        self.wait_for_log(proc, "serving")
+        proc.wait_for_log("serving", START_TIMEOUT)
         return proc
 
     def carmy_api(self, env: dict[str, str] | None = None, tool: str = "noop") -> tuple[Proc, str]:
@@ -246,9 +133,9 @@ class Processes:
         port = free_port()
         proc = self.start("api", [sys.executable, "-m", "api"], {"CARMY_PORT": str(port), **(env or {})})
         base = f"http://127.0.0.1:{port}"
-        self.wait_for_http(proc, base + "/.well-known/agent")
-        wait_until(lambda: f'"name":"{tool}"' in httpx.get(base + "/agent/tools", timeout=1).text, 10,
-                   f"{proc.name} catalog listing {tool}")
+        proc.wait_for_http(base + "/.well-known/agent", START_TIMEOUT)
+        proc.wait_ready(lambda: f'"name":"{tool}"' in httpx.get(base + "/agent/tools", timeout=1).text, 10,
+                        f"its catalog listing {tool}")
         return proc, base
 
     # Baselines --------------------------------------------------------------------------------
@@ -261,11 +148,11 @@ class Processes:
             "--log-level", "warning", "--no-access-log", "--no-server-header", "--timeout-keep-alive", "5",
         ])
         base = f"http://127.0.0.1:{port}"
-        self.wait_for_http(proc, base + "/health")
+        proc.wait_for_http(base + "/health", START_TIMEOUT)
         return proc, base
 
     def arq_worker(self) -> Proc:
         # arq's own CLI, as its documentation runs it.
         proc = self.start("arq", [sys.executable, "-m", "arq", "bench.baselines.ArqWorkerSettings"])
-        self.wait_for_log(proc, "Starting worker")
+        proc.wait_for_log("Starting worker", START_TIMEOUT)
         return proc

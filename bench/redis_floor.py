@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import redis
 
-from bench.procs import ROOT
+from bench.processes import ROOT
 
 REQUESTS = "bench:floor:requests"
 REPLIES = "bench:floor:replies"

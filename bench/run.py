@@ -25,7 +25,7 @@ if __package__ in (None, ""):  # run as a script: python bench/run.py
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import scenarios, wrk
-from bench.procs import ROOT, RedisServer
+from bench.processes import ROOT, RedisServer
 from bench.report import Report
 
 
@@ -70,7 +70,8 @@ def preflight() -> str | None:
 def run(config: scenarios.Config, quick: bool, only: list[str]) -> Report:
     report = Report(header=header(config, quick))
     workdir = Path(tempfile.mkdtemp(prefix="carmy-bench-"))
-    redis = RedisServer(workdir)
+    redis = RedisServer(workdir)  # no persistence: disk writes never show in the numbers
+    redis.start()
     bench = scenarios.Bench(config, workdir, redis, report)
     try:
         for scenario in scenarios.ALL:

@@ -10,7 +10,8 @@ from pathlib import Path
 import httpx
 
 from bench import inflight, latency, redis_floor, wrk
-from bench.procs import CpuMeter, Processes, RedisServer
+from bench.processes import RedisServer
+from bench.procs import CpuMeter, Processes
 from bench.report import Report, Row, ScalePoint
 
 JSON = (("content-type", "application/json"),)

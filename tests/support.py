@@ -3,111 +3,24 @@
 from __future__ import annotations
 
 import os
-import shutil
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
-import redis
 
-ROOT = Path(__file__).resolve().parent.parent
+# Starting processes and waiting for them is shared with the benchmark; tests may import bench/,
+# never the other way round.
+from bench.processes import ROOT, Proc, RedisServer, StartError, free_port, wait_until
 
+__all__ = ["ROOT", "Call", "Proc", "RedisServer", "Stack", "StartError", "free_port", "new_tmp", "wait_until"]
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_until(check: Callable[[], object], timeout: float = 10.0, interval: float = 0.02) -> object:
-    deadline = time.monotonic() + timeout
-    last_error: BaseException | None = None
-    while time.monotonic() < deadline:
-        try:
-            value = check()
-            if value:
-                return value
-        except Exception as exc:  # not ready yet
-            last_error = exc
-        time.sleep(interval)
-    raise TimeoutError(f"condition not met in {timeout}s (last error: {last_error!r})")
-
-
-class Proc:
-    def __init__(self, args: list[str], env: dict[str, str], log: Path) -> None:
-        self.log = log
-        self._file = log.open("wb")
-        self.popen = subprocess.Popen(args, env=env, cwd=ROOT, stdout=self._file, stderr=subprocess.STDOUT)
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def output(self) -> str:
-        self._file.flush()
-        return self.log.read_text(errors="replace")
-
-    def signal(self, sig: int) -> None:
-        if self.popen.poll() is None:
-            self.popen.send_signal(sig)
-
-    def stop(self, timeout: float = 10.0) -> int | None:
-        self.signal(signal.SIGTERM)
-        try:
-            return self.popen.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            return None
-
-    def kill(self) -> None:
-        if self.popen.poll() is None:
-            self.popen.kill()
-            self.popen.wait(5)
-
-    def close(self) -> None:
-        self.kill()
-        self._file.close()
-
-
-class RedisServer:
-    """A private redis-server; can be stopped and started again on the same port."""
-
-    def __init__(self, workdir: Path, port: int | None = None, *, durable: bool = False) -> None:
-        self.port = port or free_port()
-        self.durable = durable
-        self.workdir = workdir
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        binary = shutil.which("redis-server")
-        if binary is None:
-            raise RuntimeError("redis-server is not installed (apt-get install redis-server)")
-        self.proc = subprocess.Popen(
-            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "yes" if self.durable else "no", "--appendfsync", "everysec",
-             "--dir", str(self.workdir), "--maxmemory-policy", "noeviction"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )
-        client = redis.Redis.from_url(self.url)
-        wait_until(client.ping)
-        client.close()
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(5)
-
-    def client(self) -> redis.Redis:
-        return redis.Redis.from_url(self.url)
+# Seconds a worker or API process may take to be ready. Generous, for a busy machine: a process
+# that exits stops the wait at once, with its log in the error.
+START_TIMEOUT = 30.0
 
 
 class Stack:
@@ -126,27 +39,29 @@ class Stack:
         env.update(extra or {})
         return env
 
-    def _log(self, kind: str) -> Path:
+    def _start(self, kind: str, args: list[str], env: dict[str, str]) -> Proc:
         self._count += 1
-        return self.tmp / f"{kind}-{self._count}.log"
+        name = f"{kind}-{self._count}"
+        proc = Proc(name, args, env, self.tmp / f"{name}.log", kind)
+        self.procs.append(proc)
+        return proc
 
     def worker(self, module: str = "tests.toolsets.basic", env: dict[str, str] | None = None,
                wait: bool = True) -> Proc:
-        proc = Proc([sys.executable, "-m", "carmy_worker", module], self.env(env), self._log("worker"))
-        self.procs.append(proc)
+        """``python -m carmy_worker MODULE``; with ``wait``, returned once it serves (StartError,
+        with the end of its log, if it exits first)."""
+        proc = self._start("worker", [sys.executable, "-m", "carmy_worker", module], self.env(env))
         if wait:
-            wait_until(lambda: "serving" in proc.output() or proc.popen.poll() is not None, 15)
-            if proc.popen.poll() is not None:
-                raise RuntimeError("worker exited:\n" + proc.output())
+            proc.wait_for_log("serving", START_TIMEOUT)
         return proc
 
     def api(self, env: dict[str, str] | None = None) -> tuple[Proc, str]:
+        """``python -m api`` on a free port, returned with its base URL once it answers (StartError,
+        with the end of its log, if it exits first)."""
         port = free_port()
-        proc = Proc([sys.executable, "-m", "api"], self.env({"CARMY_PORT": str(port), **(env or {})}),
-                    self._log("api"))
-        self.procs.append(proc)
+        proc = self._start("api", [sys.executable, "-m", "api"], self.env({"CARMY_PORT": str(port), **(env or {})}))
         base = f"http://127.0.0.1:{port}"
-        wait_until(lambda: httpx.get(base + "/.well-known/agent", timeout=1).status_code == 200, 15)
+        proc.wait_for_http(base + "/.well-known/agent", START_TIMEOUT)
         return proc, base
 
     def close(self) -> None:

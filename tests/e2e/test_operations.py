@@ -49,7 +49,7 @@ def test_health_and_ready(own_redis: tuple[RedisServer, Stack]) -> None:
     wait_until(lambda: httpx.get(base + "/ready").status_code == 200, 5)
     assert httpx.get(base + "/ready").json() == {"ready": True, "checks": {"redis": {"ok": True},
                                                                            "workers": {"ok": True, "live": 1}}}
-    server.stop()
+    server.kill()  # SIGKILL: Redis is gone, as after a crash
     start = time.monotonic()
     r = httpx.get(base + "/ready", timeout=5)
     assert time.monotonic() - start < 2  # each check is bounded

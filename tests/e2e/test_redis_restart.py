@@ -77,7 +77,7 @@ def test_redis_restart(durable_stack: tuple[RedisServer, Stack]) -> None:
     load = Load(base)
     time.sleep(1.0)
     killed = time.monotonic()
-    server.stop()  # SIGKILL
+    server.kill()  # SIGKILL
     time.sleep(2.0)
     server.start()
     restarted = time.monotonic()

@@ -1,0 +1,198 @@
+"""Child processes on free ports, each writing its output to a log file: a private redis-server,
+and the helpers to start a server and wait until it is ready.
+
+The one home of these helpers for the benchmark (bench/procs.py) and the tests (tests/support.py).
+Nothing here imports tests/: the benchmark runs without them.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import redis
+
+ROOT = Path(__file__).resolve().parent.parent
+LOG_TAIL = 2000  # characters of a process's log quoted by an error about that process
+_ERROR_MARKS = ('"level": "error"', '"level": "critical"', " ERROR ", " CRITICAL ", "Traceback (most recent")
+
+
+class StartError(RuntimeError):
+    """A process did not come up; the message says whether it exited (and with what code) and
+    carries the end of its log."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_until(check: Callable[[], object], timeout: float = 10.0, what: str = "condition",
+               interval: float = 0.02) -> object:
+    """Calls ``check`` until it returns something true, and returns that; an exception it raises
+    counts as "not yet". TimeoutError after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    last: BaseException | None = None
+    while time.monotonic() < deadline:
+        try:
+            value = check()
+            if value:
+                return value
+        except Exception as exc:  # not ready yet
+            last = exc
+        time.sleep(interval)
+    raise TimeoutError(f"{what}: not met within {timeout:g} s (last error: {last!r})")
+
+
+def _exit_status(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+class Proc:
+    """A child process whose output (stdout and stderr) goes to the file ``log``."""
+
+    def __init__(self, name: str, args: list[str], env: dict[str, str], log: Path, kind: str = "") -> None:
+        self.name = name
+        self.kind = kind or name
+        self.log = log
+        self._file = log.open("wb")
+        self.popen = subprocess.Popen(args, env=env, cwd=ROOT, stdout=self._file, stderr=subprocess.STDOUT)
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def output(self) -> str:
+        if not self._file.closed:
+            self._file.flush()
+        return self.log.read_text(errors="replace")
+
+    def error_lines(self) -> list[str]:
+        """Lines logged at error level or worse (JSON or text logs), and tracebacks."""
+        return [line for line in self.output().splitlines()
+                if any(mark in line for mark in _ERROR_MARKS)]
+
+    def fail(self, problem: str) -> StartError:
+        """The error to raise about this process: ``problem``, whether it still runs, its log's end."""
+        code = self.popen.poll()
+        state = f"pid {self.pid} still running" if code is None else _exit_status(code)
+        return StartError(f"{self.name} {problem} ({state}); its log ({self.log}) ends with:\n"
+                          f"{self.output()[-LOG_TAIL:]}")
+
+    def wait_ready(self, ready: Callable[[], object], timeout: float, what: str) -> None:
+        """Until ``ready()`` returns something true (an exception it raises counts as "not yet").
+        Stops waiting as soon as the process exits: either way, StartError with its log's end."""
+        deadline = time.monotonic() + timeout
+        last: BaseException | None = None
+        while self.alive():
+            try:
+                if ready():
+                    return
+            except Exception as exc:  # not ready yet
+                last = exc
+            if time.monotonic() >= deadline:
+                raise self.fail(f"not ready within {timeout:g} s: {what} (last error: {last!r})")
+            time.sleep(0.02)
+        raise self.fail(f"exited before it was ready ({what})")
+
+    def wait_for_log(self, text: str, timeout: float) -> None:
+        self.wait_ready(lambda: text in self.output(), timeout, f"{text!r} in its log")
+
+    def wait_for_http(self, url: str, timeout: float) -> None:
+        """Until a GET of ``url`` answers 200."""
+        # Each attempt is bounded too; a slow answer on a busy machine is simply asked again.
+        self.wait_ready(lambda: httpx.get(url, timeout=5).status_code == 200, timeout, f"200 from GET {url}")
+
+    def signal(self, sig: int) -> None:
+        if self.alive():
+            self.popen.send_signal(sig)
+
+    def kill(self) -> None:
+        if self.alive():
+            self.popen.kill()
+            self.popen.wait(5)
+
+    def stop(self, timeout: float = 10.0) -> int | None:
+        """SIGTERM (so servers drain and exit cleanly), then SIGKILL if it lingers; closes the log.
+        The exit code, or None if it had to be killed."""
+        code: int | None = self.popen.poll()
+        if code is None:
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                code = self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self._file.close()
+        return code
+
+    def close(self) -> None:
+        """SIGKILL if it still runs; closes the log."""
+        self.kill()
+        self._file.close()
+
+
+class RedisServer:
+    """A private redis-server on a free port, without snapshots; ``durable`` turns on the AOF
+    (fsync every second). It can be stopped or killed, and started again on the same port."""
+
+    def __init__(self, workdir: Path, port: int | None = None, *, durable: bool = False) -> None:
+        self.workdir = workdir
+        self.port = port or free_port()
+        self.durable = durable
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self._proc: Proc | None = None
+        self._starts = 0
+
+    @property
+    def proc(self) -> Proc:
+        if self._proc is None:
+            raise RuntimeError("the redis-server was never started")
+        return self._proc
+
+    def start(self, timeout: float = 30.0) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise StartError("redis-server is not installed (Debian/Ubuntu: apt-get install redis-server)")
+        self._starts += 1
+        name = "redis" if self._starts == 1 else f"redis-{self._starts}"
+        self._proc = Proc(name, [
+            binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+            "--appendonly", "yes" if self.durable else "no", "--appendfsync", "everysec",
+            "--dir", str(self.workdir), "--maxmemory-policy", "noeviction",
+        ], dict(os.environ), self.workdir / f"{name}.log", kind="redis")
+        with self.client() as client:
+            self._proc.wait_ready(client.ping, timeout, "PING")
+
+    def client(self) -> redis.Redis:
+        return redis.Redis.from_url(self.url)
+
+    def flush(self) -> None:
+        """Forget every key: records, jobs and results of whatever ran before."""
+        with self.client() as client:
+            client.flushall()
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown, so only what the AOF had fsynced survives."""
+        if self._proc is not None:
+            self._proc.close()
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL if it lingers."""
+        if self._proc is not None:
+            self._proc.stop()
