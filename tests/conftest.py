@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator, Iterator
 import httpx
 import pytest
 import redis
+from starlette.applications import Starlette
 
 from api.app import create_app
 from api.settings import ApiSettings
@@ -68,13 +69,19 @@ def sync_redis(redis_server: RedisServer) -> Iterator[redis.Redis]:
 
 
 @contextlib.asynccontextmanager
-async def app_client(settings: ApiSettings) -> AsyncIterator[httpx.AsyncClient]:
-    """An in-process client for ``create_app(settings)``, with its lifespan running."""
-    app = create_app(settings)
+async def asgi_client(app: Starlette) -> AsyncIterator[httpx.AsyncClient]:
+    """An in-process client for ``app``, with its lifespan running."""
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://carmy.test") as client:
             yield client
+
+
+@contextlib.asynccontextmanager
+async def app_client(settings: ApiSettings) -> AsyncIterator[httpx.AsyncClient]:
+    """An in-process client for ``create_app(settings)``, with its lifespan running."""
+    async with asgi_client(create_app(settings)) as client:
+        yield client
 
 
 @pytest.fixture

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
 
 import httpx
 import pytest
 
 from api.settings import ApiKey, ApiSettings
-from tests.conftest import app_client
 from tests.sse import parse
 from tests.support import Stack
 
@@ -22,11 +20,15 @@ AS_BOB = {"authorization": f"Bearer {BOB}"}
 
 
 @pytest.fixture(scope="module")
-async def client(stack: Stack) -> AsyncIterator[httpx.AsyncClient]:
-    stack.worker(env={"CARMY_CONCURRENCY": "1"})  # one at a time: the next call stays queued
+def worker_env() -> dict[str, str]:
+    return {"CARMY_CONCURRENCY": "1"}  # one at a time: the next call stays queued
+
+
+@pytest.fixture(scope="module")
+def api_settings(stack: Stack) -> ApiSettings:
+    """Two principals: an execution is visible to its owner only."""
     keys = {ALICE: ApiKey(principal="alice"), BOB: ApiKey(principal="bob")}
-    async with app_client(ApiSettings(redis_url=stack.redis_url, api_keys=keys)) as c:
-        yield c
+    return ApiSettings(redis_url=stack.redis_url, api_keys=keys)
 
 
 async def start(client: httpx.AsyncClient, body: dict[str, object], headers: dict[str, str] = AS_ALICE

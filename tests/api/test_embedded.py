@@ -15,7 +15,6 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from api import create_app
 from api.settings import ApiSettings
 from carmy_worker import AgentContext
-from tests.support import Stack
 
 
 class TrustedContext:
@@ -52,12 +51,9 @@ def host_app(settings: ApiSettings) -> Starlette:
 
 
 @pytest.fixture(scope="module")
-async def client(stack: Stack) -> AsyncIterator[httpx.AsyncClient]:
-    stack.worker()
-    app = host_app(ApiSettings(redis_url=stack.redis_url))
-    transport = httpx.ASGITransport(app=app)
-    async with app.router.lifespan_context(app), httpx.AsyncClient(transport=transport, base_url="http://h.test") as c:
-        yield c
+def asgi_app(api_settings: ApiSettings) -> Starlette:
+    """The host app, with Carmy mounted at /carmy."""
+    return host_app(api_settings)
 
 
 async def test_host_routes_still_work(client: httpx.AsyncClient) -> None:

@@ -9,18 +9,9 @@ from typing import Any
 import httpx
 import pytest
 
-from api.settings import ApiSettings
-from tests.conftest import app_client
 from tests.support import Stack
 
 MIB = 1_048_576
-
-
-@pytest.fixture(scope="module")
-async def client(stack: Stack) -> AsyncIterator[httpx.AsyncClient]:
-    stack.worker()
-    async with app_client(ApiSettings(redis_url=stack.redis_url)) as c:
-        yield c
 
 
 async def execute(client: httpx.AsyncClient, body: Any, **kw: Any) -> httpx.Response:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
@@ -20,13 +19,6 @@ from tests.support import Stack
 SSE = {"accept": "text/event-stream"}
 ALICE = "alice-token-0123456789"
 BOB = "bob-token-0123456789ab"
-
-
-@pytest.fixture(scope="module")
-async def client(stack: Stack) -> AsyncIterator[httpx.AsyncClient]:
-    stack.worker()
-    async with app_client(ApiSettings(redis_url=stack.redis_url)) as c:
-        yield c
 
 
 def lines(stack: Stack, name: str) -> int:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import httpx
 import pytest
 
@@ -13,13 +11,6 @@ from tests.sse import parse
 from tests.support import Stack
 
 SSE = {"accept": "text/event-stream"}
-
-
-@pytest.fixture(scope="module")
-async def client(stack: Stack) -> AsyncIterator[httpx.AsyncClient]:
-    stack.worker()
-    async with app_client(ApiSettings(redis_url=stack.redis_url)) as c:
-        yield c
 
 
 @pytest.mark.parametrize("tool", ["progress", "progress_sync"])
