@@ -92,12 +92,13 @@ class Proc:
         """The error to raise about this process: ``problem``, whether it still runs, its log's end."""
         code = self.popen.poll()
         state = f"pid {self.pid} still running" if code is None else _exit_status(code)
-        return StartError(f"{self.name} {problem} ({state}); its log ({self.log}) ends with:\n"
+        return StartError(f"{self.name} {problem}; {state}; its log ({self.log}) ends with:\n"
                           f"{self.output()[-LOG_TAIL:]}")
 
     def wait_ready(self, ready: Callable[[], object], timeout: float, what: str) -> None:
         """Until ``ready()`` returns something true (an exception it raises counts as "not yet").
-        Stops waiting as soon as the process exits: either way, StartError with its log's end."""
+        Stops waiting as soon as the process exits: either way, StartError with its log's end.
+        ``ready`` must itself be bounded (a socket timeout): the exit is noticed between calls."""
         deadline = time.monotonic() + timeout
         last: BaseException | None = None
         while self.alive():
@@ -107,9 +108,9 @@ class Proc:
             except Exception as exc:  # not ready yet
                 last = exc
             if time.monotonic() >= deadline:
-                raise self.fail(f"not ready within {timeout:g} s: {what} (last error: {last!r})")
+                raise self.fail(f"not ready within {timeout:g} s (waiting for {what}; last error: {last!r})")
             time.sleep(0.02)
-        raise self.fail(f"exited before it was ready ({what})")
+        raise self.fail(f"exited before it was ready (waiting for {what})")
 
     def wait_for_log(self, text: str, timeout: float) -> None:
         self.wait_ready(lambda: text in self.output(), timeout, f"{text!r} in its log")
@@ -176,7 +177,8 @@ class RedisServer:
             "--appendonly", "yes" if self.durable else "no", "--appendfsync", "everysec",
             "--dir", str(self.workdir), "--maxmemory-policy", "noeviction",
         ], dict(os.environ), self.workdir / f"{name}.log", kind="redis")
-        with self.client() as client:
+        # Each PING is bounded: whatever holds the port may accept and never answer.
+        with redis.Redis.from_url(self.url, socket_timeout=2, socket_connect_timeout=2) as client:
             self._proc.wait_ready(client.ping, timeout, "PING")
 
     def client(self) -> redis.Redis:

@@ -1,0 +1,59 @@
+"""A process the tests start that cannot come up fails the test with the reason: its exit status
+and the end of its log, as soon as it exits (not a refused connection or a timeout later)."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+
+from tests.support import RedisServer, Stack, StartError
+
+
+def test_an_api_with_a_bad_setting_fails_with_the_settings_error(stack: Stack) -> None:
+    with pytest.raises(StartError) as raised:
+        stack.api({"CARMY_MAX_PENDING": "abc"})
+    message = str(raised.value)
+    assert "exited before it was ready" in message  # the wait ended with the process, not at its timeout
+    assert "exit code 2" in message
+    assert "api: CARMY_MAX_PENDING must be an integer, got 'abc'" in message
+
+
+def test_a_worker_with_a_bad_setting_fails_with_the_settings_error(stack: Stack) -> None:
+    with pytest.raises(StartError) as raised:
+        stack.worker(env={"CARMY_CONCURRENCY": "abc"})
+    message = str(raised.value)
+    assert "exited before it was ready" in message
+    assert "exit code 2" in message
+    assert "carmy_worker: CARMY_CONCURRENCY must be an integer, got 'abc'" in message
+
+
+def test_a_worker_of_a_missing_module_fails_with_the_import_error(stack: Stack) -> None:
+    with pytest.raises(StartError) as raised:
+        stack.worker("tests.toolsets.no_such_module")
+    assert "No module named 'tests.toolsets.no_such_module'" in str(raised.value)
+
+
+def test_a_process_that_never_gets_ready_fails_with_its_log(stack: Stack) -> None:
+    worker = stack.worker()
+    with pytest.raises(StartError) as raised:
+        worker.wait_for_log("a line no worker writes", timeout=0.5)
+    message = str(raised.value)
+    assert "not ready within 0.5 s" in message
+    assert "still running" in message
+    assert "serving" in message  # the end of its log
+
+
+def test_a_redis_server_whose_port_is_taken_fails_with_its_log(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        server = RedisServer(tmp_path, taken.getsockname()[1])
+        try:
+            with pytest.raises(StartError) as raised:
+                server.start()
+        finally:
+            server.kill()
+    assert "exited before it was ready" in str(raised.value)
+    assert "Address already in use" in str(raised.value)
