@@ -35,10 +35,11 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_until(check: Callable[[], object], timeout: float = 10.0, what: str = "condition",
+def wait_until(check: Callable[[], object], timeout: float = 30.0, what: str = "condition",
                interval: float = 0.02) -> object:
     """Calls ``check`` until it returns something true, and returns that; an exception it raises
-    counts as "not yet". TimeoutError after ``timeout`` seconds."""
+    counts as "not yet". TimeoutError after ``timeout`` seconds: generous by default, since a
+    condition met ends the wait at once and a busy machine may take many seconds."""
     deadline = time.monotonic() + timeout
     last: BaseException | None = None
     while time.monotonic() < deadline:

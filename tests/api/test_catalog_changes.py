@@ -20,7 +20,7 @@ def test_catalog_changes_when_a_worker_with_other_tools_starts(stack: Stack) -> 
     assert "ping" not in tool_names(base)
 
     stack.worker("tests.toolsets.extra")
-    wait_until(lambda: "ping" in tool_names(base), 5)
+    wait_until(lambda: "ping" in tool_names(base))
     after = httpx.get(base + "/.well-known/agent").json()["tools_version"]
     assert after != before
     assert httpx.get(base + "/agent/tools").headers["etag"] == f'"{after}"'

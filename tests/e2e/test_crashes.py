@@ -50,7 +50,7 @@ def test_kill9_mid_non_idempotent_tool_runs_it_once(fresh_stack: Stack, sync_red
     assert retry.content == r.content
     # The job went back to arq's queue and reached the new worker, which dropped it unrun.
     exec_id = body_json["execution_id"]
-    wait_until(lambda: not sync_redis.exists(f"arq:job:{exec_id}"), 10)
+    wait_until(lambda: not sync_redis.exists(f"arq:job:{exec_id}"))
     assert lines(stack, "tally-k9") == 1
 
 
@@ -83,7 +83,7 @@ def test_paused_worker_cannot_overwrite_an_idempotent_rerun(fresh_stack: Stack, 
     key = f"carmy:rec:{r.json()['execution_id']}"
     before = sync_redis.get(key)
     paused.signal(signal.SIGCONT)
-    wait_until(lambda: "already settled elsewhere" in paused.output(), 10)
+    wait_until(lambda: "already settled elsewhere" in paused.output())
     assert sync_redis.get(key) == before
 
 
@@ -94,6 +94,6 @@ def test_paused_worker_cannot_overwrite_uncertain(fresh_stack: Stack, sync_redis
     key = f"carmy:rec:{r.json()['execution_id']}"
     before = sync_redis.get(key)
     paused.signal(signal.SIGCONT)
-    wait_until(lambda: "already settled elsewhere" in paused.output(), 10)
+    wait_until(lambda: "already settled elsewhere" in paused.output())
     assert sync_redis.get(key) == before
     assert lines(fresh_stack, "tally-stop") == 1  # the paused run finished; nothing ran it again

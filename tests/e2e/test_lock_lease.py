@@ -27,7 +27,7 @@ def test_killed_lock_holder_lets_the_next_caller_run_after_the_lease(
     _, base = stack.api()
     wait_until(lambda: "exclusive_slow" in httpx.get(base + "/agent/tools").text)
     holder_call = Call(base, {"tool": "exclusive_slow", "arguments": {"seconds": 15, "tag": "holder"}})
-    wait_until((stack.tmp / "exclusive-slow-start-holder").exists, 5)
+    wait_until((stack.tmp / "exclusive-slow-start-holder").exists)
     _, holder_pid = started(stack, "holder")
     [holder] = [w for w in workers if w.pid == holder_pid]
     [survivor] = [w for w in workers if w.pid != holder_pid]

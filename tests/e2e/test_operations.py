@@ -46,7 +46,7 @@ def test_health_and_ready(own_redis: tuple[RedisServer, Stack]) -> None:
     assert body["checks"]["workers"]["error"]["code"] == "NO_WORKERS"
 
     stack.worker()
-    wait_until(lambda: httpx.get(base + "/ready").status_code == 200, 5)
+    wait_until(lambda: httpx.get(base + "/ready").status_code == 200)
     assert httpx.get(base + "/ready").json() == {"ready": True, "checks": {"redis": {"ok": True},
                                                                            "workers": {"ok": True, "live": 1}}}
     server.kill()  # SIGKILL: Redis is gone, as after a crash
@@ -107,7 +107,7 @@ def test_logs_name_the_execution_not_its_arguments(stack: Stack) -> None:
         return next((e for p in stack.procs for e in json_lines(p)
                      if e.get("event") == event and e.get("execution_id") == exec_id), None)
 
-    wait_until(lambda: line_of("execution") and line_of("request"), 5)
+    wait_until(lambda: line_of("execution") and line_of("request"))
     run = line_of("execution")
     assert run is not None
     assert run["tool"] == "echo" and run["status"] == "completed" and run["error_code"] is None
@@ -123,4 +123,4 @@ def test_logs_name_the_execution_not_its_arguments(stack: Stack) -> None:
     # A panic's traceback is for the operator, in the worker's log.
     panic = httpx.post(base + "/agent/execute", json={"tool": "explode"}).json()
     wait_until(lambda: any(e.get("exc") and panic["execution_id"] in str(e.get("message"))
-                           for p in stack.procs for e in json_lines(p)), 5)
+                           for p in stack.procs for e in json_lines(p)))
