@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,11 +18,28 @@ import httpx
 # never the other way round.
 from bench.processes import ROOT, Proc, RedisServer, StartError, free_port, wait_until
 
-__all__ = ["ROOT", "Call", "Proc", "RedisServer", "Stack", "StartError", "free_port", "new_tmp", "wait_until"]
+__all__ = ["ROOT", "Call", "Proc", "RedisServer", "Stack", "StartError", "free_port", "new_tmp", "wait_until",
+           "wait_until_async"]
 
 # Seconds a worker or API process may take to be ready. Generous, for a busy machine: a process
 # that exits stops the wait at once, with its log in the error.
 START_TIMEOUT = 30.0
+
+
+async def wait_until_async(check: Callable[[], object], timeout: float = 30.0, what: str = "condition") -> object:
+    """``wait_until`` for a test running in the event loop (which serves the in-process app):
+    sleeps without blocking it. ``check`` is synchronous and quick (a file, a Redis key)."""
+    deadline = time.monotonic() + timeout
+    last: BaseException | None = None
+    while time.monotonic() < deadline:
+        try:
+            value = check()
+            if value:
+                return value
+        except Exception as exc:  # not yet
+            last = exc
+        await asyncio.sleep(0.02)
+    raise TimeoutError(f"{what}: not met within {timeout:g} s (last error: {last!r})")
 
 
 class Stack:

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 
 import httpx
 import pytest
+import redis
 
 from api.settings import ApiKey, ApiSettings
 from tests.sse import parse
-from tests.support import Stack
+from tests.support import Stack, wait_until_async
 
 ASYNC = {"prefer": "respond-async"}
 ALICE = "alice-token-0123456789"
@@ -40,13 +42,16 @@ def linger(seconds: float, tag: str) -> dict[str, object]:
     return {"tool": "linger", "arguments": {"seconds": seconds, "tag": tag}}
 
 
-async def wait_for_status(client: httpx.AsyncClient, location: str, status: str) -> httpx.Response:
-    for _ in range(100):
+async def wait_for_status(client: httpx.AsyncClient, location: str, status: str, timeout: float = 30
+                          ) -> httpx.Response:
+    """Polls the execution until it is in ``status`` or finished (a 202 no longer)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
         r = await client.get(location, headers=AS_ALICE)
         if r.status_code != 202 or r.json()["status"] == status:
             return r
         await asyncio.sleep(0.05)
-    raise AssertionError(f"never {status}")
+    raise AssertionError(f"not {status} after {timeout} s")
 
 
 async def test_discovery_lists_async(client: httpx.AsyncClient) -> None:
@@ -55,7 +60,7 @@ async def test_discovery_lists_async(client: httpx.AsyncClient) -> None:
 
 
 async def test_full_cycle(client: httpx.AsyncClient, stack: Stack) -> None:
-    r = await start(client, linger(0.6, "cycle"))
+    r = await start(client, linger(2, "cycle"))  # long enough for a poll to see it running
     assert r.status_code == 202
     body = r.json()
     exec_id = body["execution_id"]
@@ -82,7 +87,8 @@ async def test_finished_result_is_what_a_synchronous_call_gets(client: httpx.Asy
 
 
 async def test_request_id_retry_returns_the_same_execution(client: httpx.AsyncClient, stack: Stack) -> None:
-    body = {"tool": "tally", "arguments": {"name": "async-retry", "seconds": 0.3}, "request_id": str(uuid.uuid4())}
+    # Long enough that the retry surely finds it unfinished.
+    body = {"tool": "tally", "arguments": {"name": "async-retry", "seconds": 1}, "request_id": str(uuid.uuid4())}
     first = await start(client, body)
     second = await start(client, body)
     assert second.status_code == 202
@@ -95,7 +101,8 @@ async def test_request_id_retry_returns_the_same_execution(client: httpx.AsyncCl
 
 
 async def test_events_attached_before_and_after_the_end(client: httpx.AsyncClient) -> None:
-    r = await start(client, {"tool": "tally", "arguments": {"name": "async-events", "seconds": 0.4}})
+    # Long enough that the first events request surely attaches before the end.
+    r = await start(client, {"tool": "tally", "arguments": {"name": "async-events", "seconds": 1}})
     exec_id = r.json()["execution_id"]
     live = parse((await client.get(f"/agent/executions/{exec_id}/events", headers=AS_ALICE)).text)
     assert live[0] == ("execution.started", {"execution_id": exec_id, "tool": "tally"})
@@ -118,15 +125,18 @@ async def test_delete_a_running_execution(client: httpx.AsyncClient, stack: Stac
     assert (await client.get(r.headers["location"], headers=AS_ALICE)).json() == deleted.json()
 
 
-async def test_delete_a_queued_execution(client: httpx.AsyncClient, stack: Stack) -> None:
-    busy = await start(client, linger(0.8, "async-busy"))
+async def test_delete_a_queued_execution(client: httpx.AsyncClient, stack: Stack, sync_redis: redis.Redis) -> None:
+    busy = await start(client, linger(20, "async-busy"))  # holds the worker's one slot until deleted below
     queued = await start(client, linger(0.1, "async-queued"))
     assert queued.json()["status"] == "queued"
     deleted = await client.delete(queued.headers["location"], headers=AS_ALICE)
     assert deleted.status_code == 408
     assert "had not started" in deleted.json()["error"]["message"]
-    await wait_for_status(client, busy.headers["location"], "done")
-    await asyncio.sleep(0.3)
+    assert (await client.delete(busy.headers["location"], headers=AS_ALICE)).status_code == 408
+    # The worker is free again: it takes the queued job (arq's job key goes when it is done
+    # with it), finds the execution settled and drops it without running the tool.
+    await wait_until_async(lambda: not sync_redis.exists(f"arq:job:{queued.json()['execution_id']}"),
+                           what="the worker dropping the deleted job")
     assert not (stack.tmp / "linger-start-async-queued").exists()
 
 

@@ -14,7 +14,7 @@ import redis
 from api.settings import ApiKey, ApiSettings
 from tests.conftest import app_client
 from tests.sse import parse
-from tests.support import Stack
+from tests.support import Stack, wait_until_async
 
 SSE = {"accept": "text/event-stream"}
 ALICE = "alice-token-0123456789"
@@ -101,9 +101,10 @@ async def test_fifty_simultaneous_duplicates_run_once(client: httpx.AsyncClient,
 
 
 async def test_retry_joins_a_running_execution_over_sse(client: httpx.AsyncClient, stack: Stack) -> None:
-    body = {"tool": "tally", "arguments": {"name": "join", "seconds": 0.5}, "request_id": rid()}
+    body = {"tool": "tally", "arguments": {"name": "join", "seconds": 1}, "request_id": rid()}
     first = asyncio.create_task(client.post("/agent/execute", json=body))
-    await asyncio.sleep(0.2)
+    await wait_until_async(lambda: lines(stack, "join") == 1, what="the first call's tool running")
+    assert not first.done()  # the retry below joins a running execution, not a finished one
     joined = parse((await client.post("/agent/execute", json=body, headers=SSE)).text)
     original = (await first).json()
     assert joined[0][1]["execution_id"] == original["execution_id"]
@@ -140,9 +141,9 @@ async def test_records_expire_after_retention(stack: Stack, sync_redis: redis.Re
     async with app_client(ApiSettings(redis_url=stack.redis_url, retention=1)) as c:
         body = {"tool": "tally", "arguments": {"name": "expiry"}, "request_id": rid()}
         first = await c.post("/agent/execute", json=body)
-        ttls = [sync_redis.ttl(k) for k in sync_redis.scan_iter("carmy:idem:*")]
-        assert ttls and min(t for t in ttls if t >= 0) <= 1
-        await asyncio.sleep(1.5)
+        kept_1s = [k for k in sync_redis.scan_iter("carmy:idem:*") if 0 <= sync_redis.ttl(k) <= 1]
+        assert kept_1s
+        await wait_until_async(lambda: not sync_redis.exists(*kept_1s), what="the idempotency record expiring")
         second = await c.post("/agent/execute", json=body)
         assert second.status_code == 200
         assert second.json()["execution_id"] != first.json()["execution_id"]
