@@ -15,7 +15,7 @@ from carmy_worker.settings import WorkerSettings
 from carmy_worker.store import keys
 from carmy_worker.store.roster import SyncLiveness
 from carmy_worker.wire import WorkerInfo, msgpack_encoder
-from tests.support import ROOT, Stack, free_port
+from tests.support import ROOT, Stack, free_port, wait_until
 
 DEAD_AFTER = WorkerSettings().dead_after
 
@@ -33,8 +33,16 @@ def test_healthy_while_a_worker_heartbeats_and_unhealthy_once_it_is_dead(stack: 
     assert alive.stderr == ""
 
     worker.kill()  # SIGKILL: no deregistration, only the heartbeat stops
-    time.sleep(DEAD_AFTER + 0.5)  # its last heartbeat is now older than dead_after
-    dead = health(stack)
+    checks: list[subprocess.CompletedProcess[str]] = []
+
+    def unhealthy() -> bool:
+        checks.append(health(stack))
+        return checks[-1].returncode != 0
+
+    # Healthy until its last heartbeat is older than dead_after, then unhealthy.
+    wait_until(unhealthy, DEAD_AFTER + 30)
+    dead = checks[-1]
+    assert all(c.returncode == 0 for c in checks[:-1])
     assert dead.returncode == 1
     assert "no worker on" in dead.stderr
     assert len(dead.stderr.strip().splitlines()) == 1
