@@ -12,6 +12,10 @@ import httpx
 
 from tests.support import Stack, wait_until
 
+# Seconds the accepted calls of a burst hold their slots: longer than a whole burst takes to
+# arrive, even on a busy machine (a slot freed mid-burst would admit a fifth call).
+HOLD = 3
+
 
 async def burst(urls: list[str], body: dict[str, object], n: int) -> list[httpx.Response]:
     async with httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_connections=200)) as client:
@@ -23,7 +27,7 @@ def test_burst_over_max_pending_gets_503_then_capacity_returns(fresh_stack: Stac
     fresh_stack.worker(env={"CARMY_CONCURRENCY": "8"})
     _, base = fresh_stack.api({"CARMY_MAX_PENDING": "4"})
     wait_until(lambda: "linger" in httpx.get(base + "/agent/tools").text)
-    body = {"tool": "linger", "arguments": {"seconds": 1}}
+    body = {"tool": "linger", "arguments": {"seconds": HOLD}}
     responses = asyncio.run(burst([base], body, 12))
     accepted = [r for r in responses if r.status_code == 200]
     refused = [r for r in responses if r.status_code == 503]
@@ -44,7 +48,7 @@ def test_two_api_processes_share_one_limit(fresh_stack: Stack) -> None:
     _, b = fresh_stack.api({"CARMY_MAX_PENDING": "4"})
     for url in (a, b):
         wait_until(lambda url=url: "linger" in httpx.get(url + "/agent/tools").text)
-    responses = asyncio.run(burst([a, b], {"tool": "linger", "arguments": {"seconds": 1}}, 12))
+    responses = asyncio.run(burst([a, b], {"tool": "linger", "arguments": {"seconds": HOLD}}, 12))
     assert sorted(r.status_code for r in responses) == [200] * 4 + [503] * 8
 
 
@@ -94,13 +98,14 @@ def test_sigterm_drains_then_deregisters(fresh_stack: Stack) -> None:
     with httpx.Client(timeout=30) as client:
         result: list[httpx.Response] = []
         call = threading.Thread(target=lambda: result.append(client.post(
-            base + "/agent/execute", json={"tool": "linger", "arguments": {"seconds": 1.5, "tag": "drain"}})))
+            base + "/agent/execute", json={"tool": "linger", "arguments": {"seconds": 4, "tag": "drain"}})))
         call.start()
-        wait_until((fresh_stack.tmp / "linger-start-drain").exists, 5)
+        wait_until((fresh_stack.tmp / "linger-start-drain").exists)
         worker.signal(signal.SIGTERM)
-        # While it drains it takes no new work: a new call is refused at once.
-        wait_until(lambda: httpx.post(base + "/agent/execute", json={"tool": "noop"}).status_code == 503, 3)
-        call.join(10)
+        # While it drains it takes no new work: a new call is refused.
+        wait_until(lambda: httpx.post(base + "/agent/execute", json={"tool": "noop"}).status_code == 503)
+        assert call.is_alive(), "refused only after the drain, not while it drained"
+        call.join(30)
     assert result[0].status_code == 200  # the running execution finished
     assert worker.popen.wait(10) == 0
     assert not (fresh_stack.tmp / "linger-cancelled-drain").exists()

@@ -42,6 +42,7 @@ class Count(msgspec.Struct):
 
 # Threading events the tools set so a test can see what happened inside them.
 async_cancelled = threading.Event()
+sync_started = threading.Event()
 sync_saw_cancel = threading.Event()
 
 
@@ -126,6 +127,7 @@ async def slow(ctx: Context) -> Count:
 @tools.tool(effect="none")
 def slow_sync(ctx: Context) -> Count:
     """Would take 2 s in a thread, but stops when cancelled."""
+    sync_started.set()
     for _ in range(200):
         if ctx.cancelled:
             sync_saw_cancel.set()
@@ -289,11 +291,7 @@ async def test_async_timeout_cancels_the_tool(executor: ThreadPoolExecutor) -> N
     assert time.monotonic() - started < 1
     assert outcome == Outcome(timed_out=True)
     assert call.ctx.cancelled
-    for _ in range(100):
-        if async_cancelled.is_set():
-            break
-        await asyncio.sleep(0.01)
-    assert async_cancelled.is_set(), "the tool never got CancelledError"
+    assert await asyncio.to_thread(async_cancelled.wait, 10), "the tool never got CancelledError"
 
 
 async def test_sync_timeout_answers_on_time(executor: ThreadPoolExecutor) -> None:
@@ -305,7 +303,7 @@ async def test_sync_timeout_answers_on_time(executor: ThreadPoolExecutor) -> Non
     assert outcome == Outcome(timed_out=True)
     assert elapsed < 0.8, f"answered after {elapsed:.2f}s; the tool would run 2s"
     assert call.ctx.cancelled
-    assert await asyncio.to_thread(sync_saw_cancel.wait, 2), "the thread never saw ctx.cancelled"
+    assert await asyncio.to_thread(sync_saw_cancel.wait, 10), "the thread never saw ctx.cancelled"
 
 
 async def test_caller_cancellation(executor: ThreadPoolExecutor) -> None:
@@ -317,18 +315,24 @@ async def test_caller_cancellation(executor: ThreadPoolExecutor) -> None:
     assert time.monotonic() - started < 1
     assert outcome == Outcome(cancelled=True)
     assert call.ctx.cancelled
-    await asyncio.sleep(0.01)
-    assert async_cancelled.is_set()
+    assert await asyncio.to_thread(async_cancelled.wait, 10), "the tool never got CancelledError"
 
 
 async def test_caller_cancellation_of_a_sync_tool(executor: ThreadPoolExecutor) -> None:
+    sync_started.clear()
     sync_saw_cancel.clear()
     call = Call("slow_sync")
-    asyncio.get_running_loop().call_later(0.05, call.cancelled.set)
+
+    async def cancel_once_running() -> None:  # not before its thread runs: that would never start it
+        await asyncio.to_thread(sync_started.wait, 10)
+        call.cancelled.set()
+
+    canceller = asyncio.ensure_future(cancel_once_running())
     started = time.monotonic()
     assert await call.run(executor, timeout=5) == Outcome(cancelled=True)
-    assert time.monotonic() - started < 0.8
-    assert await asyncio.to_thread(sync_saw_cancel.wait, 2)
+    assert time.monotonic() - started < 0.8  # the tool would run 2 s
+    await canceller
+    assert await asyncio.to_thread(sync_saw_cancel.wait, 10)
 
 
 async def test_worker_shutdown_propagates_and_cancels_the_tool(executor: ThreadPoolExecutor) -> None:
@@ -340,8 +344,7 @@ async def test_worker_shutdown_propagates_and_cancels_the_tool(executor: ThreadP
     with pytest.raises(asyncio.CancelledError):
         await task
     assert call.ctx.cancelled
-    await asyncio.sleep(0.01)
-    assert async_cancelled.is_set()
+    assert await asyncio.to_thread(async_cancelled.wait, 10), "the tool never got CancelledError"
 
 
 async def test_events_after_timeout_are_dropped(executor: ThreadPoolExecutor) -> None:
