@@ -113,6 +113,18 @@ def error(
     )
 
 
+ECHO_LIMIT = 256  # characters of a caller's value an error message, its details or a log line may repeat
+
+
+def clip(value: object, limit: int = ECHO_LIMIT) -> str:
+    """``value`` as text, cut to ``limit`` characters with a mark saying so: for anything a caller
+    sent that an answer or a log line repeats, so that no input is amplified."""
+    text = value if isinstance(value, str) else repr(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}…(cut, {len(text)} characters)"
+
+
 def store_unavailable(message: str = "The execution store cannot be reached.", *, retry_after: int = 1) -> ErrorBody:
     """Redis cannot be reached: the call may be retried (with its request_id) once it is back."""
     return error("STORE_UNAVAILABLE", message, retry_after=retry_after)

@@ -107,3 +107,13 @@ def test_retryable_implies_recoverable() -> None:
 def test_unknown_category_is_refused(category: Any) -> None:
     with pytest.raises(ValueError, match="unknown error category"):
         ToolError("X", "y", category=category)
+
+
+def test_clip_keeps_short_values_and_marks_cut_ones() -> None:
+    from carmy_worker.sdk.errors import ECHO_LIMIT, clip
+
+    assert clip("search_products") == "search_products"
+    cut = clip("x" * 500_000)
+    assert cut.startswith("x" * ECHO_LIMIT) and cut.endswith("…(cut, 500000 characters)")
+    assert len(cut) < ECHO_LIMIT + 40
+    assert clip({"a": 1}) == "{'a': 1}"
