@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -29,6 +30,9 @@ log = logging.getLogger("carmy.worker")
 
 # An idempotent execution interrupted this many times is given up as uncertain.
 MAX_ATTEMPTS = 3
+# How long a cancellation heard before its execution started here is remembered (it only has to
+# outlive one CLAIM round trip; every worker hears every cancellation, so it must not pile up).
+EARLY_CANCEL_MEMORY_S = 10.0
 # Recording an outcome is retried through a Redis restart (about a minute with the backoff).
 SETTLE_TRIES = 40
 
@@ -54,6 +58,10 @@ class Runtime:
         # Twice the concurrency: threads of timed-out sync tools may still be finishing.
         self._threads = ThreadPoolExecutor(max_workers=settings.concurrency * 2, thread_name_prefix="carmy-tool")
         self._cancels: dict[str, asyncio.Event] = {}
+        # Cancellations heard for executions not (yet) running here, by when they were heard: a
+        # cancel published while this worker's CLAIM was in flight arrives before the execution
+        # is registered in _cancels, and must not be lost.
+        self._early_cancels: OrderedDict[str, float] = OrderedDict()
         self._releases: set[asyncio.Task[None]] = set()  # lock releases still in flight
         self._attempts = Attempts(redis, worker_id=worker_id, retention=settings.retention)
         self._verdicts = Verdicts(redis, retention=settings.retention)
@@ -67,6 +75,11 @@ class Runtime:
         event = self._cancels.get(exec_id)
         if event is not None:
             event.set()
+            return
+        now = time.monotonic()
+        self._early_cancels[exec_id] = now
+        while self._early_cancels and next(iter(self._early_cancels.values())) < now - EARLY_CANCEL_MEMORY_S:
+            self._early_cancels.popitem(last=False)
 
     def close(self) -> None:
         self._threads.shutdown(wait=False, cancel_futures=True)
@@ -107,6 +120,8 @@ class Runtime:
                       emit=publisher.emit)
         timeout = tool.timeout or self.settings.default_timeout
         cancelled = self._cancels[job.execution_id] = asyncio.Event()
+        if self._early_cancels.pop(job.execution_id, None) is not None:
+            cancelled.set()
         start = time.perf_counter()
         try:
             outcome = await self._invoke(job, tool, ctx, timeout, cancelled)
