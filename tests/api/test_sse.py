@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import httpx
 import pytest
 
 from api.settings import ApiSettings
 from tests.conftest import app_client
 from tests.sse import parse
-from tests.support import Stack
+from tests.support import Proc, Stack
 
 SSE = {"accept": "text/event-stream"}
 
@@ -74,8 +76,12 @@ async def test_envelope_errors_are_plain_json_even_for_sse(client: httpx.AsyncCl
     assert r.json()["error"]["code"] == "INVALID_REQUEST"
 
 
-async def test_keep_alive_comments_while_the_tool_is_quiet(stack: Stack) -> None:
+async def test_keep_alive_comments_while_the_tool_is_quiet(stack: Stack, worker: Proc) -> None:
     async with app_client(ApiSettings(redis_url=stack.redis_url, sse_keepalive=0.2)) as c:
+        for _ in range(1500):  # up to 30 s for this app's catalog to see the worker, on a busy machine
+            if b'"linger"' in (await c.get("/agent/tools")).content:
+                break
+            await asyncio.sleep(0.02)
         r = await c.post("/agent/execute", json={"tool": "linger", "arguments": {"seconds": 0.9, "tag": "ka"}},
                          headers=SSE)
     assert r.text.count(": keep-alive\n\n") >= 2
