@@ -15,6 +15,7 @@ import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import httpx
 import redis
@@ -33,6 +34,30 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+T = TypeVar("T")
+PORT_ATTEMPTS = 3
+
+
+def port_taken(exc: StartError) -> bool:
+    """Whether a server failed because its port was in use (redis-server's and uvicorn's words)."""
+    return "address already in use" in str(exc).lower()
+
+
+def on_free_port(start: Callable[[int], T]) -> T:
+    """``start(port)`` with a free port; if the server finds it taken, again with another.
+
+    ``free_port`` only finds a port that is free now: until the server binds it, another
+    process (a test run beside this one, any outgoing connection) may take it.
+    """
+    for attempt in range(1, PORT_ATTEMPTS + 1):
+        try:
+            return start(free_port())
+        except StartError as exc:
+            if attempt == PORT_ATTEMPTS or not port_taken(exc):
+                raise
+    raise AssertionError("unreachable")
 
 
 def wait_until(check: Callable[[], object], timeout: float = 30.0, what: str = "condition",
@@ -118,8 +143,9 @@ class Proc:
 
     def wait_for_http(self, url: str, timeout: float) -> None:
         """Until a GET of ``url`` answers 200."""
-        # Each attempt is bounded too; a slow answer on a busy machine is simply asked again.
-        self.wait_ready(lambda: httpx.get(url, timeout=5).status_code == 200, timeout, f"200 from GET {url}")
+        # Each attempt is bounded too (the exit is noticed between attempts); a slow answer on a
+        # busy machine is simply asked again.
+        self.wait_ready(lambda: httpx.get(url, timeout=2).status_code == 200, timeout, f"200 from GET {url}")
 
     def signal(self, sig: int) -> None:
         if self.alive():
@@ -155,11 +181,15 @@ class RedisServer:
 
     def __init__(self, workdir: Path, port: int | None = None, *, durable: bool = False) -> None:
         self.workdir = workdir
+        self._own_port = port is None  # ours to change if taken before the first start binds it
         self.port = port or free_port()
         self.durable = durable
-        self.url = f"redis://127.0.0.1:{self.port}/0"
         self._proc: Proc | None = None
         self._starts = 0
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
 
     @property
     def proc(self) -> Proc:
@@ -168,6 +198,18 @@ class RedisServer:
         return self._proc
 
     def start(self, timeout: float = 30.0) -> None:
+        """Starts it, on the same port as before if it ran already."""
+        if not (self._own_port and self._starts == 0):
+            self._start(timeout)
+            return
+
+        def first_start(port: int) -> None:
+            self.port = port
+            self._start(timeout)
+
+        on_free_port(first_start)
+
+    def _start(self, timeout: float) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
             raise StartError("redis-server is not installed (Debian/Ubuntu: apt-get install redis-server)")
@@ -179,8 +221,12 @@ class RedisServer:
             "--dir", str(self.workdir), "--maxmemory-policy", "noeviction",
         ], dict(os.environ), self.workdir / f"{name}.log", kind="redis")
         # Each PING is bounded: whatever holds the port may accept and never answer.
-        with redis.Redis.from_url(self.url, socket_timeout=2, socket_connect_timeout=2) as client:
-            self._proc.wait_ready(client.ping, timeout, "PING")
+        try:
+            with redis.Redis.from_url(self.url, socket_timeout=2, socket_connect_timeout=2) as client:
+                self._proc.wait_ready(client.ping, timeout, "PING")
+        except StartError:
+            self._proc.close()
+            raise
 
     def client(self) -> redis.Redis:
         return redis.Redis.from_url(self.url)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.processes import ROOT, Proc, free_port
+from bench.processes import ROOT, Proc, on_free_port
 
 START_TIMEOUT = 20.0  # seconds for a server to be ready
 
@@ -130,10 +130,13 @@ class Processes:
 
     def carmy_api(self, env: dict[str, str] | None = None, tool: str = "noop") -> tuple[Proc, str]:
         """``python -m api``, returned once its catalog lists ``tool`` (so the workers are known)."""
-        port = free_port()
-        proc = self.start("api", [sys.executable, "-m", "api"], {"CARMY_PORT": str(port), **(env or {})})
-        base = f"http://127.0.0.1:{port}"
-        proc.wait_for_http(base + "/.well-known/agent", START_TIMEOUT)
+        def start(port: int) -> tuple[Proc, str]:
+            proc = self.start("api", [sys.executable, "-m", "api"], {"CARMY_PORT": str(port), **(env or {})})
+            base = f"http://127.0.0.1:{port}"
+            proc.wait_for_http(base + "/.well-known/agent", START_TIMEOUT)
+            return proc, base
+
+        proc, base = on_free_port(start)
         proc.wait_ready(lambda: f'"name":"{tool}"' in httpx.get(base + "/agent/tools", timeout=1).text, 10,
                         f"its catalog listing {tool}")
         return proc, base
@@ -142,14 +145,16 @@ class Processes:
 
     def uvicorn(self, app: str) -> tuple[Proc, str]:
         """A baseline app under uvicorn with the same options ``python -m api`` uses."""
-        port = free_port()
-        proc = self.start("uvicorn", [
-            sys.executable, "-m", "uvicorn", app, "--host", "127.0.0.1", "--port", str(port),
-            "--log-level", "warning", "--no-access-log", "--no-server-header", "--timeout-keep-alive", "5",
-        ])
-        base = f"http://127.0.0.1:{port}"
-        proc.wait_for_http(base + "/health", START_TIMEOUT)
-        return proc, base
+        def start(port: int) -> tuple[Proc, str]:
+            proc = self.start("uvicorn", [
+                sys.executable, "-m", "uvicorn", app, "--host", "127.0.0.1", "--port", str(port),
+                "--log-level", "warning", "--no-access-log", "--no-server-header", "--timeout-keep-alive", "5",
+            ])
+            base = f"http://127.0.0.1:{port}"
+            proc.wait_for_http(base + "/health", START_TIMEOUT)
+            return proc, base
+
+        return on_free_port(start)
 
     def arq_worker(self) -> Proc:
         # arq's own CLI, as its documentation runs it.

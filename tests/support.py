@@ -16,7 +16,7 @@ import httpx
 
 # Starting processes and waiting for them is shared with the benchmark; tests may import bench/,
 # never the other way round.
-from bench.processes import ROOT, Proc, RedisServer, StartError, free_port, wait_until
+from bench.processes import ROOT, Proc, RedisServer, StartError, free_port, on_free_port, wait_until
 
 __all__ = ["ROOT", "Call", "Proc", "RedisServer", "Stack", "StartError", "free_port", "new_tmp", "wait_until",
            "wait_until_async"]
@@ -77,11 +77,15 @@ class Stack:
     def api(self, env: dict[str, str] | None = None) -> tuple[Proc, str]:
         """``python -m api`` on a free port, returned with its base URL once it answers (StartError,
         with the end of its log, if it exits first)."""
-        port = free_port()
-        proc = self._start("api", [sys.executable, "-m", "api"], self.env({"CARMY_PORT": str(port), **(env or {})}))
-        base = f"http://127.0.0.1:{port}"
-        proc.wait_for_http(base + "/.well-known/agent", START_TIMEOUT)
-        return proc, base
+
+        def start(port: int) -> tuple[Proc, str]:
+            proc = self._start("api", [sys.executable, "-m", "api"],
+                               self.env({"CARMY_PORT": str(port), **(env or {})}))
+            base = f"http://127.0.0.1:{port}"
+            proc.wait_for_http(base + "/.well-known/agent", START_TIMEOUT)
+            return proc, base
+
+        return on_free_port(start)
 
     def close(self) -> None:
         for proc in self.procs:

@@ -1,13 +1,17 @@
 """A process the tests start that cannot come up fails the test with the reason: its exit status
-and the end of its log, as soon as it exits (not a refused connection or a timeout later)."""
+and the end of its log, as soon as it exits (not a refused connection or a timeout later).
+One that finds its port taken meanwhile (another test run beside this one) starts on another."""
 
 from __future__ import annotations
 
 import socket
+from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
+from bench import processes
 from tests.support import RedisServer, Stack, StartError
 
 
@@ -57,3 +61,34 @@ def test_a_redis_server_whose_port_is_taken_fails_with_its_log(tmp_path: Path) -
             server.kill()
     assert "exited before it was ready" in str(raised.value)
     assert "Address already in use" in str(raised.value)
+
+
+@pytest.fixture
+def taken_port(monkeypatch: pytest.MonkeyPatch) -> Iterator[int]:
+    """A port something else holds (as a connection's local port would be), which the next two
+    free_port() calls return."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        port: int = taken.getsockname()[1]
+        handed_out = iter([port, port])
+        real = processes.free_port
+        monkeypatch.setattr(processes, "free_port", lambda: next(handed_out, None) or real())
+        yield port
+
+
+def test_an_api_whose_port_was_taken_starts_on_another(stack: Stack, taken_port: int) -> None:
+    _, base = stack.api()
+    assert not base.endswith(f":{taken_port}")
+    assert httpx.get(base + "/health").status_code == 200
+    assert "address already in use" in stack.procs[-2].output()  # the first try
+
+
+def test_a_redis_server_whose_port_was_taken_starts_on_another(tmp_path: Path, taken_port: int) -> None:
+    server = RedisServer(tmp_path)
+    try:
+        server.start()
+        assert server.port != taken_port
+        with server.client() as client:
+            assert client.ping()
+    finally:
+        server.kill()
