@@ -20,7 +20,7 @@ from carmy_worker.sdk.context import AgentContext, Context
 from carmy_worker.sdk.errors import error
 from carmy_worker.sdk.toolbox import Tool
 from carmy_worker.settings import WorkerSettings
-from carmy_worker.store import keys, records
+from carmy_worker.store import records
 from carmy_worker.store.attempts import Attempts
 from carmy_worker.store.verdicts import Verdicts
 from carmy_worker.wire import ExecutionJob, Record, completed_event, job_decoder
@@ -99,7 +99,7 @@ class Runtime:
     async def _run(self, run: Run, tool: Tool) -> None:
         job = run.job
         loop = asyncio.get_running_loop()
-        publisher = ProgressPublisher(self.redis, keys.events(job.execution_id), loop)
+        publisher = ProgressPublisher(self.redis, job.execution_id, loop)
         agent = AgentContext(
             principal=job.principal, session=job.session, permissions=frozenset(job.permissions), metadata=job.metadata
         )

@@ -181,7 +181,7 @@ class Call:
         self.arguments = arguments
         self.events: list[bytes] = []
         self.ctx = Context(execution_id="exec_42", tool=name, request_id=None, agent=AgentContext(),
-                           emit=self.events.append)
+                           emit=lambda data, _partial: self.events.append(data))
         self.cancelled = asyncio.Event()
 
     async def run(self, executor: ThreadPoolExecutor, timeout: float = 5) -> Outcome:
