@@ -127,7 +127,7 @@ class Runtime:
                       cancelled: asyncio.Event) -> Outcome:
         if tool.spec.parallel_safe:
             return await invoke(tool, ctx, job.arguments, timeout=timeout, executor=self._threads,
-                                cancelled=cancelled)
+                                cancelled=cancelled, max_result_bytes=self.settings.max_result_bytes)
         # One at a time across all workers; the wait counts against the timeout.
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
@@ -141,7 +141,7 @@ class Runtime:
             task.add_done_callback(self._releases.discard)
 
         return await invoke(tool, ctx, job.arguments, timeout=deadline - loop.time(), executor=self._threads,
-                            cancelled=cancelled, on_end=release)
+                            cancelled=cancelled, max_result_bytes=self.settings.max_result_bytes, on_end=release)
 
     def _record_of(self, job: ExecutionJob, tool: Tool, outcome: Outcome, timeout: float, duration_ms: int) -> Record:
         exec_id = job.execution_id

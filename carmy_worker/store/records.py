@@ -45,6 +45,11 @@ def failed(exec_id: str, tool: str, err: ErrorBody, *, duration_ms: int | None =
     )
 
 
+def panic_error() -> ErrorBody:
+    """A tool failed in a way it did not mean to: its text goes to the log, never to the caller."""
+    return error("TOOL_PANIC", f"The tool failed with an unexpected error. {MAY_HAVE_COMMITTED}")
+
+
 def uncertain(exec_id: str, tool: str, why: str) -> Record:
     return failed(exec_id, tool, error(
         "EXECUTION_UNCERTAIN",
