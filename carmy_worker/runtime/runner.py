@@ -21,7 +21,7 @@ from carmy_worker.sdk.errors import error
 from carmy_worker.sdk.toolbox import Tool
 from carmy_worker.settings import WorkerSettings
 from carmy_worker.store import records
-from carmy_worker.store.attempts import Attempts
+from carmy_worker.store.attempts import Attempts, ClaimVerdict
 from carmy_worker.store.verdicts import Verdicts
 from carmy_worker.wire import ExecutionJob, Record, completed_event, job_decoder
 
@@ -79,10 +79,17 @@ class Runtime:
         except msgspec.DecodeError as exc:
             log.error("dropping an undecodable job: %s", exc)
             return
-        exec_id, name = job.execution_id, job.tool
-        claim = await self._attempts.claim(exec_id, name, max_attempts=MAX_ATTEMPTS)
+        claim = await self._attempts.claim(job.execution_id, job.tool, max_attempts=MAX_ATTEMPTS)
         run = Run(job=job, attempt=claim.attempt, queue_wait_ms=claim.queue_wait_ms)
-        verdict = claim.verdict
+        try:
+            await self._conclude(run, claim.verdict)
+        except (asyncio.CancelledError, RedisError):
+            raise  # shutting down; or Redis failed before the outcome was recorded: the job goes back
+        except BaseException as exc:  # whatever got past every other net (a KeyboardInterrupt too)
+            await self._last_resort(run, exc)
+
+    async def _conclude(self, run: Run, verdict: ClaimVerdict) -> None:
+        exec_id, name = run.job.execution_id, run.job.tool
         tool = self.tools.get(name)
         if verdict == "run" and tool is not None:
             await self._run(run, tool)
@@ -95,6 +102,20 @@ class Runtime:
             await self._record(run, records.uncertain(exec_id, name, "its worker stopped"))
         elif verdict == "expired":
             await self._record(run, records.never_started(exec_id, name))
+
+    async def _last_resort(self, run: Run, exc: BaseException) -> None:
+        """Settle ``TOOL_PANIC`` from constant parts, so that no job ends without a record."""
+        exec_id = run.job.execution_id
+        log.error("execution %s: its outcome could not be recorded; recording TOOL_PANIC instead", exec_id,
+                  exc_info=exc)
+        record = records.panic(exec_id, run.job.tool)
+        try:
+            await self._record(run, record)
+        except (asyncio.CancelledError, RedisError):
+            raise
+        except BaseException as again:  # in the execution's log line, say: still record it
+            log.error("execution %s: recording TOOL_PANIC failed too; trying once more", exec_id, exc_info=again)
+            await self._attempts.settle(record, exec_id=exec_id, attempt=run.attempt)
 
     async def _run(self, run: Run, tool: Tool) -> None:
         job = run.job
