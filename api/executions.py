@@ -112,7 +112,8 @@ class Executions:
     ) -> Record:
         """Wait for the execution's record, passing each event before it to ``on_event``.
 
-        ``messages`` is its channel's subscription (``EventHub.subscribe``). After ``tick``
+        ``messages`` is its channel's subscription (``EventHub.subscribe``). The ``final`` event
+        carries the record, unless the record is large: then it is read from Redis. After ``tick``
         seconds without a message it calls ``on_idle`` (for keep-alives) and re-reads the record,
         as it does after each reconnection of the hub: a lost message costs a read, never an
         answer. While Redis cannot be reached it keeps waiting, up to ``PATIENCE_S``, then
@@ -127,11 +128,13 @@ class Executions:
                 message = None
             if message is not None and message != RESYNC:
                 event = event_decoder.decode(message)
-                if event.name == "final":
+                if event.name != "final":
+                    if on_event is not None:
+                        await on_event(event)
+                    continue
+                if event.data:
                     return record_decoder.decode(event.data)
-                if on_event is not None:
-                    await on_event(event)
-                continue
+                # A large record is announced without itself (wire.MAX_EVENT_BYTES): read it.
             try:
                 record = await self.settled(exec_id, tool)
                 unreachable_since = None

@@ -46,7 +46,7 @@ async def call_tool(name: str, arguments: dict[str, Any]) -> Any:
     tool = tools.get(name)
     if tool is None:
         raise LookupError(name)
-    ctx = Context(execution_id="bench", tool=name, request_id=None, agent=_NO_AGENT, emit=lambda _: None)
+    ctx = Context(execution_id="bench", tool=name, request_id=None, agent=_NO_AGENT, emit=lambda *_: None)
     if tool.input_decoder is None:
         output = await tool.fn(ctx)
     else:

@@ -11,6 +11,7 @@ import json
 import logging
 import re
 import sys
+import threading
 import time
 from typing import Any
 
@@ -70,6 +71,16 @@ def configure(fmt: str) -> None:
     root.handlers[:] = [handler]
     root.setLevel(logging.INFO)
     logging.getLogger("arq").setLevel(logging.WARNING)
+    threading.excepthook = _log_thread_exception
+
+
+def _log_thread_exception(args: threading.ExceptHookArgs) -> None:
+    """An exception that ends a thread (one a tool started and left behind, say) is logged like
+    any error, not printed as bare text in the middle of the log."""
+    if args.exc_type is SystemExit:
+        return
+    name = args.thread.name if args.thread is not None else "?"
+    logging.getLogger("carmy").error("uncaught exception in thread %s", name, exc_info=args.exc_value)
 
 
 def request_id_hash(request_id: str | None) -> str | None:

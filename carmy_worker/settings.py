@@ -73,6 +73,8 @@ class WorkerSettings(Struct, frozen=True, kw_only=True):
     heartbeat: float = 1.0
     dead_after: float = 3.0
     log_format: str = "json"  # "json" (one object a line) or "text"
+    # Bytes of JSON a tool's result (or its error's details) may take; beyond it, INVALID_OUTPUT.
+    max_result_bytes: int = 1024 * 1024
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> WorkerSettings:
@@ -83,4 +85,5 @@ class WorkerSettings(Struct, frozen=True, kw_only=True):
             default_timeout=env_float(env, "CARMY_DEFAULT_TIMEOUT", 30.0),
             retention=env_int(env, "CARMY_RETENTION", 86400),
             log_format=env_choice(env, "CARMY_LOG_FORMAT", ("json", "text")),
+            max_result_bytes=env_int(env, "CARMY_MAX_RESULT_BYTES", 1024 * 1024),
         )

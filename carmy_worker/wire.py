@@ -152,11 +152,17 @@ canonical_json_encoder = msgspec.json.Encoder(order="sorted")
 # ``Event``s; the API relays each as one SSE frame, or MCP progress. Their ``data`` is compact
 # JSON, sent on as is.
 
+# The most any event carries through pub/sub. Redis drops a subscriber whose output buffer
+# overflows (client-output-buffer-limit pubsub), and an API process reads every execution's
+# events on one connection: one huge message would cost every other stream its events.
+MAX_EVENT_BYTES = 64 * 1024
+
 
 class Event(Struct, array_like=True):
     """One message on an execution's pub/sub channel.
 
-    ``data`` is the compact JSON the SSE relay sends as is; for ``final`` it is the record.
+    ``data`` is the compact JSON the SSE relay sends as is. For ``final`` it is the stored
+    record, or empty when the record is over ``MAX_EVENT_BYTES``: the reader then GETs it.
     """
 
     name: EventName
@@ -205,9 +211,15 @@ def completed_event(exec_id: str, tool: str, duration_ms: int, ok: bool) -> byte
 
 
 def final_event(record: Record) -> tuple[bytes, bytes]:
-    """The record as stored, and the ``final`` event that announces it."""
+    """The record as stored, and the ``final`` event that announces it: with the record, or
+    without it (empty data) when it is over ``MAX_EVENT_BYTES``.
+
+    Only large records take the empty form, so an API that predates it (and would fail to
+    decode it) meets it only for those: upgrade APIs before workers.
+    """
     stored = msgpack_encoder.encode(record)
-    return stored, msgpack_encoder.encode(Event("final", stored))
+    inline = stored if len(stored) <= MAX_EVENT_BYTES else b""
+    return stored, msgpack_encoder.encode(Event("final", inline))
 
 
 # --- SSE frames (text/event-stream) ----------------------------------------------------------

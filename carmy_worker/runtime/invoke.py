@@ -11,10 +11,12 @@ from typing import Any
 import msgspec
 from msgspec import Struct
 
+from carmy_worker.runtime import results
 from carmy_worker.sdk.context import Context
-from carmy_worker.sdk.errors import MAY_HAVE_COMMITTED, ToolError, error
+from carmy_worker.sdk.errors import ToolError, error
 from carmy_worker.sdk.toolbox import Tool
-from carmy_worker.wire import ErrorBody, json_encoder
+from carmy_worker.store import records
+from carmy_worker.wire import ErrorBody
 
 log = logging.getLogger("carmy.worker")
 
@@ -29,9 +31,12 @@ class Outcome(Struct, kw_only=True):
 
 
 class Escaped(Exception):
-    """A ``BaseException`` other than cancellation (``SystemExit``, ``KeyboardInterrupt``,
-    ``GeneratorExit``) raised by an async tool. asyncio re-raises those out of the event loop,
-    ending the worker; carried inside this one they end only the tool's own task."""
+    """What a tool raised that asyncio cannot carry. From an async tool, a ``BaseException``
+    other than cancellation (``SystemExit``, ``KeyboardInterrupt``, ``GeneratorExit``, one of
+    the tool's own): asyncio re-raises those out of the event loop, ending the worker. From a
+    sync tool, ``StopIteration``: asyncio cannot set it on the call's future, which then never
+    completes. Carried inside this one, they end only the tool's call. Its text is the class
+    name only: the original's ``repr`` may raise (it is chained, for the log)."""
 
 
 async def _contained(call: Coroutine[Any, Any, Any]) -> Any:
@@ -40,7 +45,14 @@ async def _contained(call: Coroutine[Any, Any, Any]) -> Any:
     except (asyncio.CancelledError, Exception):
         raise
     except BaseException as exc:
-        raise Escaped(repr(exc)) from exc
+        raise Escaped(type(exc).__name__) from exc
+
+
+def _contained_sync(fn: Callable[..., Any], *args: Any) -> Any:
+    try:
+        return fn(*args)
+    except StopIteration as exc:
+        raise Escaped(type(exc).__name__) from exc
 
 
 def decode_input(tool: Tool, arguments: bytes) -> Any:
@@ -54,14 +66,15 @@ def decode_input(tool: Tool, arguments: bytes) -> Any:
 
 async def invoke(
     tool: Tool, ctx: Context, arguments: bytes, *, timeout: float, executor: Executor,
-    cancelled: asyncio.Event, on_end: Callable[[], object] | None = None,
+    cancelled: asyncio.Event, max_result_bytes: int, on_end: Callable[[], object] | None = None,
 ) -> Outcome:
     """Run ``tool`` once. Returns when it finished, timed out, or ``cancelled`` was set.
 
     A sync tool runs in ``executor``; on timeout or cancellation the caller is answered at once
     and the thread is left to finish on its own (a thread cannot be killed), with
     ``ctx.cancelled`` telling it to stop. ``on_end`` is called when the call has really ended,
-    which for such a thread may be after ``invoke`` returned.
+    which for such a thread may be after ``invoke`` returned. A result, or a ``ToolError``'s
+    details, over ``max_result_bytes`` of JSON is not recorded (``runtime.results``).
     """
     try:
         value = decode_input(tool, arguments)
@@ -77,7 +90,7 @@ async def invoke(
     if tool.is_async:
         call: asyncio.Future[Any] = asyncio.ensure_future(_contained(tool.fn(*args)))
     else:
-        call = asyncio.get_running_loop().run_in_executor(executor, tool.fn, *args)
+        call = asyncio.get_running_loop().run_in_executor(executor, _contained_sync, tool.fn, *args)
     if on_end is not None:
         call.add_done_callback(lambda _: on_end())
     stop = asyncio.ensure_future(cancelled.wait())
@@ -93,28 +106,20 @@ async def invoke(
         ctx._cancel()
         call.cancel()
         return Outcome(cancelled=True) if cancelled.is_set() else Outcome(timed_out=True)
-    return _finish(tool, ctx, call)
+    return _finish(tool, ctx, call, max_result_bytes)
 
 
-def _finish(tool: Tool, ctx: Context, call: asyncio.Future[Any]) -> Outcome:
+def _finish(tool: Tool, ctx: Context, call: asyncio.Future[Any], limit: int) -> Outcome:
+    exec_id = ctx.execution_id
     try:
         result = call.result()
     except ToolError as exc:
-        return Outcome(error=exc.to_wire())
+        return Outcome(error=results.tool_error(exc, limit=limit, tool=tool.name, exec_id=exec_id))
     except asyncio.CancelledError:
         # The tool cancelled itself (or swallowed our cancel and re-raised late).
         return Outcome(cancelled=True)
     except BaseException:  # SystemExit from a sync tool's thread, Escaped from an async one: never the worker's end
-        log.exception("tool %s raised (execution %s)", tool.name, ctx.execution_id)
-        return Outcome(error=error(
-            "TOOL_PANIC", f"The tool failed with an unexpected error. {MAY_HAVE_COMMITTED}"
-        ))
-    try:
-        data = json_encoder.encode(result)
-        tool.output_decoder.decode(data)
-    except (TypeError, ValueError, msgspec.ValidationError, msgspec.EncodeError) as exc:
-        log.error("tool %s returned an invalid output (execution %s): %s", tool.name, ctx.execution_id, exc)
-        return Outcome(error=error(
-            "INVALID_OUTPUT", f"The tool returned a value its output schema does not allow. {MAY_HAVE_COMMITTED}",
-        ))
-    return Outcome(data=data)
+        log.exception("tool %s raised (execution %s)", tool.name, exec_id)
+        return Outcome(error=records.panic_error())
+    data = results.output(tool, result, limit=limit, exec_id=exec_id)
+    return Outcome(error=data) if isinstance(data, ErrorBody) else Outcome(data=data)

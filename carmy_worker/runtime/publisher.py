@@ -1,59 +1,124 @@
-"""Publishing a running tool's progress events in order, from any thread."""
+"""Publishing a running tool's progress events in order, from any thread, in bounded memory."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import threading
+from collections import deque
 
 from redis.asyncio import Redis
 
+from carmy_worker.store import keys
 from carmy_worker.wire import progress_event
 
 log = logging.getLogger("carmy.worker")
-_DONE = b""
+
+# How much may wait to be published, per execution. A tool reporting in a tight loop outruns
+# Redis; beyond this the oldest waiting events give way (see ProgressPublisher).
+BACKLOG_EVENTS = 256
+BACKLOG_BYTES = 1024 * 1024
 
 
 class ProgressPublisher:
-    """Orders ``tool.progress`` events of one execution and publishes them one by one.
+    """Publishes the ``tool.progress`` events of one execution, in order, one at a time.
 
-    ``emit`` may be called from the event loop or from a tool's thread. Nothing is started
-    until the first event, so a tool that reports no progress costs nothing here.
+    ``emit`` may be called from the event loop or from a tool's thread; it never blocks and
+    never waits for Redis. When more than ``BACKLOG_EVENTS`` events (or ``BACKLOG_BYTES``) wait,
+    the oldest waiting plain progress event is dropped: a newer one supersedes it. If only
+    partial results wait, the oldest of them is dropped. Drops are counted and logged once, when
+    the execution ends. Nothing is started until the first event, so a tool that reports no
+    progress costs nothing here.
     """
 
-    def __init__(self, redis: Redis, channel: str, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, redis: Redis, exec_id: str, loop: asyncio.AbstractEventLoop) -> None:
         self._redis = redis
-        self._channel = channel
+        self._exec_id = exec_id
+        self._channel = keys.events(exec_id)
         self._loop = loop
-        self._loop_thread = threading.get_ident()
-        self._queue: asyncio.Queue[bytes] | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._lock = threading.Lock()  # guards everything below: emit runs in the tool's thread
+        self._waiting: deque[tuple[bytes, bool]] = deque()  # (message, is a partial result)
+        self._bytes = 0
+        self._woken = False  # a wake-up is scheduled or the drain is running
         self._closed = False
+        self._dropped = {"progress": 0, "partial": 0}
+        self._ready = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
 
-    def emit(self, data: bytes) -> None:
-        if threading.get_ident() == self._loop_thread:
-            self._put(data)
+    def emit(self, data: bytes, partial: bool) -> None:
+        """Queue one event (``data``: a ``ProgressData`` as JSON); ``partial``: it carries a
+        partial result."""
+        message = progress_event(data)
+        with self._lock:
+            if self._closed:
+                return
+            self._waiting.append((message, partial))
+            self._bytes += len(message)
+            while len(self._waiting) > 1 and (len(self._waiting) > BACKLOG_EVENTS or self._bytes > BACKLOG_BYTES):
+                self._drop_oldest()
+            if self._woken:
+                return
+            self._woken = True
+        if self._on_loop():
+            self._wake()
         else:
-            self._loop.call_soon_threadsafe(self._put, data)
+            self._loop.call_soon_threadsafe(self._wake)
 
-    def _put(self, data: bytes) -> None:
-        if self._closed:
-            return
-        if self._queue is None:
-            self._queue = asyncio.Queue()
-            self._task = self._loop.create_task(self._drain(self._queue))
-        self._queue.put_nowait(progress_event(data))
+    def _on_loop(self) -> bool:
+        try:
+            return asyncio.get_running_loop() is self._loop
+        except RuntimeError:
+            return False
 
-    async def _drain(self, queue: asyncio.Queue[bytes]) -> None:
-        while (message := await queue.get()) is not _DONE:
-            try:
-                await self._redis.publish(self._channel, message)
-            except Exception as exc:  # progress is best effort; the result is not
-                log.warning("progress event lost: %s", exc)
+    def _drop_oldest(self) -> None:
+        """Under the lock: the oldest plain progress event, else the oldest partial result (never
+        the newest event)."""
+        index = next((i for i, (_, partial) in enumerate(self._waiting) if not partial), 0)
+        if index == len(self._waiting) - 1:
+            index = 0
+        message, partial = self._waiting[index]
+        del self._waiting[index]
+        self._bytes -= len(message)
+        self._dropped["partial" if partial else "progress"] += 1
+
+    def _wake(self) -> None:
+        if self._task is None and not self._closed:
+            self._task = self._loop.create_task(self._drain())
+        self._ready.set()
+
+    def _next(self) -> bytes | None:
+        with self._lock:
+            if not self._waiting:
+                self._woken = False
+                return None
+            message, _ = self._waiting.popleft()
+            self._bytes -= len(message)
+            return message
+
+    async def _drain(self) -> None:
+        while True:
+            await self._ready.wait()
+            self._ready.clear()
+            while (message := self._next()) is not None:
+                try:
+                    await self._redis.publish(self._channel, message)
+                except Exception as exc:  # progress is best effort; the result is not
+                    log.warning("progress event of execution %s lost: %s", self._exec_id, exc)
+            if self._closed:
+                return
 
     async def close(self) -> None:
-        """Stop taking events and wait until those taken are published."""
-        self._closed = True
-        if self._queue is not None and self._task is not None:
-            self._queue.put_nowait(_DONE)
+        """Stop taking events and wait until those waiting are published."""
+        with self._lock:
+            self._closed = True
+            waiting = bool(self._waiting)
+        if self._task is None and waiting:  # emitted from a thread; its wake-up has not run yet
+            self._task = self._loop.create_task(self._drain())
+        if self._task is not None:
+            self._ready.set()
             await self._task
+        progress, partial = self._dropped["progress"], self._dropped["partial"]
+        if progress or partial:
+            log.warning(
+                "execution %s reported faster than its events could be published: %d progress events "
+                "superseded and %d partial results dropped", self._exec_id, progress, partial)

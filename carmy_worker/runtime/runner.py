@@ -21,8 +21,8 @@ from carmy_worker.sdk.context import AgentContext, Context
 from carmy_worker.sdk.errors import error
 from carmy_worker.sdk.toolbox import Tool
 from carmy_worker.settings import WorkerSettings
-from carmy_worker.store import keys, records
-from carmy_worker.store.attempts import Attempts
+from carmy_worker.store import records
+from carmy_worker.store.attempts import Attempts, ClaimVerdict
 from carmy_worker.store.verdicts import Verdicts
 from carmy_worker.wire import ExecutionJob, Record, completed_event, job_decoder
 
@@ -92,10 +92,17 @@ class Runtime:
         except msgspec.DecodeError as exc:
             log.error("dropping an undecodable job: %s", exc)
             return
-        exec_id, name = job.execution_id, job.tool
-        claim = await self._attempts.claim(exec_id, name, max_attempts=MAX_ATTEMPTS)
+        claim = await self._attempts.claim(job.execution_id, job.tool, max_attempts=MAX_ATTEMPTS)
         run = Run(job=job, attempt=claim.attempt, queue_wait_ms=claim.queue_wait_ms)
-        verdict = claim.verdict
+        try:
+            await self._conclude(run, claim.verdict)
+        except (asyncio.CancelledError, RedisError):
+            raise  # shutting down; or Redis failed before the outcome was recorded: the job goes back
+        except BaseException as exc:  # whatever got past every other net (a KeyboardInterrupt too)
+            await self._last_resort(run, exc)
+
+    async def _conclude(self, run: Run, verdict: ClaimVerdict) -> None:
+        exec_id, name = run.job.execution_id, run.job.tool
         tool = self.tools.get(name)
         if verdict == "run" and tool is not None:
             await self._run(run, tool)
@@ -109,10 +116,24 @@ class Runtime:
         elif verdict == "expired":
             await self._record(run, records.never_started(exec_id, name))
 
+    async def _last_resort(self, run: Run, exc: BaseException) -> None:
+        """Settle ``TOOL_PANIC`` from constant parts, so that no job ends without a record."""
+        exec_id = run.job.execution_id
+        log.error("execution %s: its outcome could not be recorded; recording TOOL_PANIC instead", exec_id,
+                  exc_info=exc)
+        record = records.panic(exec_id, run.job.tool)
+        try:
+            await self._record(run, record)
+        except (asyncio.CancelledError, RedisError):
+            raise
+        except BaseException as again:  # in the execution's log line, say: still record it
+            log.error("execution %s: recording TOOL_PANIC failed too; trying once more", exec_id, exc_info=again)
+            await self._attempts.settle(record, exec_id=exec_id, attempt=run.attempt)
+
     async def _run(self, run: Run, tool: Tool) -> None:
         job = run.job
         loop = asyncio.get_running_loop()
-        publisher = ProgressPublisher(self.redis, keys.events(job.execution_id), loop)
+        publisher = ProgressPublisher(self.redis, job.execution_id, loop)
         agent = AgentContext(
             principal=job.principal, session=job.session, permissions=frozenset(job.permissions), metadata=job.metadata
         )
@@ -142,7 +163,7 @@ class Runtime:
                       cancelled: asyncio.Event) -> Outcome:
         if tool.spec.parallel_safe:
             return await invoke(tool, ctx, job.arguments, timeout=timeout, executor=self._threads,
-                                cancelled=cancelled)
+                                cancelled=cancelled, max_result_bytes=self.settings.max_result_bytes)
         # One at a time across all workers; the wait counts against the timeout.
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
@@ -156,7 +177,7 @@ class Runtime:
             task.add_done_callback(self._releases.discard)
 
         return await invoke(tool, ctx, job.arguments, timeout=deadline - loop.time(), executor=self._threads,
-                            cancelled=cancelled, on_end=release)
+                            cancelled=cancelled, max_result_bytes=self.settings.max_result_bytes, on_end=release)
 
     def _record_of(self, job: ExecutionJob, tool: Tool, outcome: Outcome, timeout: float, duration_ms: int) -> Record:
         exec_id = job.execution_id

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -10,7 +11,8 @@ from typing import Any
 import msgspec
 from msgspec import Struct
 
-from carmy_worker.wire import ProgressData
+from carmy_worker.sdk.errors import describe
+from carmy_worker.wire import MAX_EVENT_BYTES, ProgressData
 
 
 class AgentContext(Struct, frozen=True, kw_only=True):
@@ -34,8 +36,12 @@ class Context:
 
     ``progress`` and ``partial`` are plain methods, safe to call from async tools and from
     sync tools running in a thread; events are delivered in call order, before
-    ``tool.completed``. ``cancelled`` turns true when the caller went away or the timeout
-    passed, so a sync tool can stop early; an async tool also gets ``CancelledError``.
+    ``tool.completed``. A value that cannot be sent (not JSON, or an event over
+    ``MAX_EVENT_BYTES``) raises ``TypeError`` or ``ValueError`` in that call, where the tool's
+    author sees it. Events are best effort: a tool that reports faster than they can be
+    published has older ones dropped (``runtime.publisher``). ``cancelled`` turns true when the
+    caller went away or the timeout passed, so a sync tool can stop early; an async tool also
+    gets ``CancelledError``.
     """
 
     def __init__(
@@ -45,7 +51,7 @@ class Context:
         tool: str,
         request_id: str | None,
         agent: AgentContext,
-        emit: Callable[[bytes], None],
+        emit: Callable[[bytes, bool], None],
     ) -> None:
         self.execution_id = execution_id
         self.tool = tool
@@ -54,7 +60,7 @@ class Context:
         self.session = agent.session
         self.permissions = agent.permissions
         self.metadata = agent.metadata
-        self._emit = emit
+        self._emit = emit  # (event as JSON, carries a partial result)
         self._cancelled = threading.Event()
         self._last_progress: float | int = 0
 
@@ -65,24 +71,49 @@ class Context:
     def progress(
         self, progress: float | int, total: float | int | None = None, message: str | None = None
     ) -> None:
-        """Report how far the tool is; relayed as a ``tool.progress`` event."""
-        self._last_progress = progress
+        """Report how far the tool is; relayed as a ``tool.progress`` event. ``progress`` and
+        ``total`` are finite numbers (MCP clients need them so), ``message`` text."""
+        _check_number("progress", progress)
+        if total is not None:
+            _check_number("total", total)
+        if message is not None and not isinstance(message, str):
+            raise TypeError(f"ctx.progress: message must be a str, not {type(message).__name__}")
         self._send(ProgressData(
             execution_id=self.execution_id, tool=self.tool, progress=progress, total=total, message=message
-        ))
+        ), partial=False)
+        self._last_progress = progress
 
     def partial(self, value: Any) -> None:
         """Send a partial result (any JSON-encodable value) as a ``tool.progress`` event."""
         self._send(ProgressData(
             execution_id=self.execution_id, tool=self.tool, progress=self._last_progress, partial=value
-        ))
+        ), partial=True)
 
-    def _send(self, data: ProgressData) -> None:
+    def _send(self, data: ProgressData, *, partial: bool) -> None:
         if self._cancelled.is_set():
             return
-        # Encode here so a value that is not JSON fails in the tool's own call, where its
+        # Encode here so a value that cannot be sent fails in the tool's own call, where its
         # author can see it, not later in the publisher.
-        self._emit(_encode(data))
+        what = "ctx.partial" if partial else "ctx.progress"
+        try:
+            encoded = _encode(data)
+        except RecursionError:
+            raise ValueError(f"{what}: the value is nested too deeply to be sent as JSON") from None
+        except TypeError as exc:
+            raise TypeError(f"{what}: the value cannot be sent as JSON ({describe(exc)})") from exc
+        except (ValueError, msgspec.EncodeError) as exc:  # text that is not UTF-8, say
+            raise ValueError(f"{what}: the value cannot be sent as JSON ({describe(exc)})") from exc
+        if len(encoded) > MAX_EVENT_BYTES:
+            raise ValueError(f"{what}: the event would be {len(encoded):,} bytes, over the limit of "
+                             f"{MAX_EVENT_BYTES:,} bytes for one event: send less at a time")
+        self._emit(encoded, partial)
 
     def _cancel(self) -> None:
         self._cancelled.set()
+
+
+def _check_number(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"ctx.progress: {name} must be a number, not {type(value).__name__}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"ctx.progress: {name} must be a finite number, not {value}")

@@ -177,3 +177,14 @@ class ToolError(Exception):
             suggested_action=self.suggested_action,
             details=self.details,
         )
+
+
+def describe(exc: BaseException) -> str:
+    """``exc`` as one line of text for a log line or a tool author, even when its ``__str__``
+    raises (a tool's exception may be anything)."""
+    try:
+        text = str(exc)
+    except Exception:
+        text = "(its text cannot be read)"
+    name = type(exc).__name__
+    return clip(f"{name}: {text}" if text else name, 1024)

@@ -45,6 +45,25 @@ def failed(exec_id: str, tool: str, err: ErrorBody, *, duration_ms: int | None =
     )
 
 
+def panic_error() -> ErrorBody:
+    """A tool failed in a way it did not mean to: its text goes to the log, never to the caller."""
+    return error("TOOL_PANIC", f"The tool failed with an unexpected error. {MAY_HAVE_COMMITTED}")
+
+
+# The parts of the record of last resort, encoded once at import.
+_PANIC_ERROR = json_encoder.encode(panic_error())
+_PANIC_HINTS = json_encoder.encode(_NO_HINTS)
+
+
+def panic(exec_id: str, tool: str) -> Record:
+    """The ``TOOL_PANIC`` record of last resort, for when building the real record failed: made
+    of constant parts and the execution id, so that it cannot fail to build. The same bytes as
+    ``failed(exec_id, tool, panic_error())``."""
+    body = (b'{"execution_id":' + json_encoder.encode(exec_id) + b',"status":"failed","error":' + _PANIC_ERROR
+            + b',"_agent":' + _PANIC_HINTS + b"}")
+    return Record(status_code=500, body=body, tool=tool, status="failed", error_code="TOOL_PANIC")
+
+
 def uncertain(exec_id: str, tool: str, why: str) -> Record:
     return failed(exec_id, tool, error(
         "EXECUTION_UNCERTAIN",

@@ -5,7 +5,11 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import threading
 
+import pytest
+
+from carmy_worker import logs
 from carmy_worker.logs import JsonFormatter, TextFormatter
 
 FORGED = "tool\n2026-11-30 12:00:00,000 INFO carmy.api request outcome=completed"
@@ -45,3 +49,26 @@ def test_json_lines_keep_the_value_exactly() -> None:
     line = JsonFormatter().format(record(tool=FORGED))
     assert "\n" not in line
     assert json.loads(line)["tool"] == FORGED
+
+
+
+def test_an_exception_ending_a_thread_is_a_log_line(caplog: pytest.LogCaptureFixture) -> None:
+    # A thread a tool starts and leaves behind may crash: its traceback is an error line of the
+    # log, in its format, not bare text printed in the middle of it.
+    def crash() -> None:
+        raise RuntimeError("left behind")
+
+    root = logging.getLogger()
+    handlers, level, hook = root.handlers[:], root.level, threading.excepthook
+    try:
+        logs.configure("json")
+        root.handlers[:], root.level = handlers, level  # keep only the hook, and pytest's capture
+        thread = threading.Thread(target=crash, name="stray")
+        with caplog.at_level(logging.ERROR):
+            thread.start()
+            thread.join(5)
+    finally:
+        root.handlers[:], root.level, threading.excepthook = handlers, level, hook
+    [line] = caplog.records
+    assert line.getMessage() == "uncaught exception in thread stray"
+    assert line.exc_info is not None and repr(line.exc_info[1]) == "RuntimeError('left behind')"

@@ -8,7 +8,7 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import TypedDict
+from typing import Any, TypedDict
 
 import msgspec
 import pytest
@@ -20,6 +20,7 @@ from carmy_worker.wire import ErrorBody
 
 tools = Toolbox()
 SECRET = "secret-database-password-hunter2"
+LIMIT = 1000  # max_result_bytes of these calls
 
 
 class EchoInput(msgspec.Struct):
@@ -160,6 +161,98 @@ async def interrupts_async(ctx: Context) -> None:
     raise KeyboardInterrupt
 
 
+class Unprintable(Exception):
+    """Its text cannot be read: str and repr raise."""
+
+    def __str__(self) -> str:
+        raise RuntimeError(SECRET)
+
+    def __repr__(self) -> str:
+        raise RuntimeError(SECRET)
+
+
+class Boom(BaseException):
+    """A tool's own BaseException."""
+
+
+def nested(depth: int) -> list[Any]:
+    value: list[Any] = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+class Measure(msgspec.Struct):
+    value: float
+
+
+class Sized(msgspec.Struct):
+    size: int
+
+
+@tools.tool(effect="none")
+async def text_of(ctx: Context, input: Sized) -> str:
+    """Returns ``size`` bytes of JSON."""
+    return "x" * (input.size - 2)
+
+
+@tools.tool(effect="none")
+async def deep(ctx: Context) -> Any:
+    """Returns a value nested past the encoder's depth."""
+    return nested(100_000)
+
+
+@tools.tool(effect="none")
+async def nan_measure(ctx: Context) -> Measure:
+    """NaN where a float is due."""
+    return Measure(value=float("nan"))
+
+
+@tools.tool(effect="none")
+async def nan_anything(ctx: Context) -> Any:
+    """NaN where anything goes."""
+    return [float("nan"), float("inf")]
+
+
+@tools.tool(effect="none")
+def stops_iteration(ctx: Context) -> None:
+    """StopIteration from a thread, which asyncio cannot carry out of it."""
+    raise StopIteration
+
+
+@tools.tool(effect="none")
+async def exits_generator(ctx: Context) -> None:
+    """GeneratorExit from a coroutine."""
+    raise GeneratorExit
+
+
+@tools.tool(effect="none")
+async def booms(ctx: Context) -> None:
+    """The tool's own BaseException."""
+    raise Boom
+
+
+@tools.tool(effect="none")
+async def unprintable(ctx: Context) -> None:
+    """An exception whose text cannot be read."""
+    raise Unprintable
+
+
+@tools.tool(effect="none")
+def unprintable_sync(ctx: Context) -> None:
+    """An exception whose text cannot be read, from a thread."""
+    raise Unprintable
+
+
+TO_RAISE: list[BaseException] = []  # what ``raises`` raises: a test puts it there
+
+
+@tools.tool(effect="none")
+async def raises(ctx: Context) -> None:
+    """Raises what the test asked for."""
+    raise TO_RAISE.pop()
+
+
 def tool(name: str) -> Tool:
     found = tools.get(name)
     assert found is not None
@@ -181,12 +274,12 @@ class Call:
         self.arguments = arguments
         self.events: list[bytes] = []
         self.ctx = Context(execution_id="exec_42", tool=name, request_id=None, agent=AgentContext(),
-                           emit=self.events.append)
+                           emit=lambda data, _partial: self.events.append(data))
         self.cancelled = asyncio.Event()
 
     async def run(self, executor: ThreadPoolExecutor, timeout: float = 5) -> Outcome:
         return await invoke(self.tool, self.ctx, self.arguments, timeout=timeout, executor=executor,
-                            cancelled=self.cancelled)
+                            cancelled=self.cancelled, max_result_bytes=LIMIT)
 
 
 async def run(name: str, executor: ThreadPoolExecutor, arguments: bytes = b"{}", timeout: float = 5) -> Outcome:
@@ -360,3 +453,88 @@ async def test_system_exit_in_a_tool_is_a_panic_not_a_worker_exit(name: str, exe
         code="TOOL_PANIC", message=f"The tool failed with an unexpected error. {MAY_HAVE_COMMITTED}",
         category="internal", recoverable=False, retryable=False)
     await asyncio.sleep(0)  # the loop that ran it is still serving
+
+
+# --- what no tool should do, and every worker must survive ------------------------------------
+
+
+async def test_a_result_over_the_limit_is_invalid_output_saying_by_how_much(executor: ThreadPoolExecutor) -> None:
+    assert await run("text_of", executor, b'{"size": %d}' % LIMIT) == Outcome(data=b'"' + b"x" * (LIMIT - 2) + b'"')
+    outcome = await run("text_of", executor, b'{"size": %d}' % (LIMIT + 2))
+    assert outcome.error is not None and outcome.error.code == "INVALID_OUTPUT"
+    assert outcome.error.message == ("The tool's result is 1,002 bytes, 2 bytes over the limit of 1,000 bytes "
+                                     f"(CARMY_MAX_RESULT_BYTES). {MAY_HAVE_COMMITTED}")
+    assert outcome.error.details == {"size": 1002, "limit": 1000}
+
+
+async def test_a_result_too_deep_to_encode_is_invalid_output(
+    executor: ThreadPoolExecutor, caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.ERROR, logger="carmy.worker"):
+        outcome = await run("deep", executor)
+    assert outcome.error is not None and outcome.error.code == "INVALID_OUTPUT"
+    assert "RecursionError" in caplog.text and "exec_42" in caplog.text
+
+
+async def test_nan_is_null_which_a_float_refuses(executor: ThreadPoolExecutor) -> None:
+    outcome = await run("nan_measure", executor)
+    assert outcome.error is not None and outcome.error.code == "INVALID_OUTPUT"
+    assert await run("nan_anything", executor) == Outcome(data=b"[null,null]")
+
+
+@pytest.mark.parametrize("name", ["stops_iteration", "exits_generator", "booms", "unprintable", "unprintable_sync"])
+async def test_what_asyncio_cannot_carry_is_a_panic_on_time(
+    executor: ThreadPoolExecutor, caplog: pytest.LogCaptureFixture, name: str,
+) -> None:
+    started = time.monotonic()
+    with caplog.at_level(logging.ERROR, logger="carmy.worker"):
+        outcome = await run(name, executor, timeout=5)
+    assert time.monotonic() - started < 1  # not the timeout: StopIteration once left the call unfinished
+    assert outcome.error is not None and outcome.error.code == "TOOL_PANIC"
+    assert "Traceback" in caplog.text and "exec_42" in caplog.text
+
+
+async def raised(executor: ThreadPoolExecutor, exc: ToolError) -> ErrorBody:
+    TO_RAISE.append(exc)
+    outcome = await run("raises", executor)
+    assert outcome.error is not None
+    return outcome.error
+
+
+@pytest.mark.parametrize(("details", "sent"), [
+    ({"sku": "KB-01", "left": [1.5, None]}, {"sku": "KB-01", "left": [1.5, None]}),
+    (object(), {"omitted": "The error's details cannot be encoded as JSON."}),
+    (nested(100_000), {"omitted": "The error's details cannot be encoded as JSON."}),
+    ("x" * LIMIT, {"omitted": "The error's details are 1,002 bytes, over the limit of 1,000 bytes."}),
+], ids=["json", "not-json", "too-deep", "too-large"])
+async def test_tool_error_details_that_cannot_be_sent_are_replaced_by_a_note(
+    executor: ThreadPoolExecutor, details: Any, sent: Any,
+) -> None:
+    err = await raised(executor, ToolError("E", "m", category="conflict", retry_after=3, details=details))
+    assert err == ErrorBody(code="E", message="m", category="conflict", recoverable=False, retryable=False,
+                            retry_after=3, details=sent)
+
+
+async def test_tool_error_fields_of_the_wrong_type_are_made_sendable(executor: ThreadPoolExecutor) -> None:
+    exc = ToolError(404, ValueError("gone"), retryable=1, retry_after=1.2,  # type: ignore[arg-type]
+                    suggested_action="\ud800 wait")
+    exc.category = "bogus"  # type: ignore[assignment]
+    assert await raised(executor, exc) == ErrorBody(
+        code="404", message="gone", category="internal", recoverable=True, retryable=True, retry_after=2,
+        suggested_action="? wait")
+    for retry_after in (-1, float("nan"), "soon", True):
+        assert (await raised(executor, ToolError("E", "m", retry_after=retry_after))).retry_after is None
+
+
+async def test_tool_error_text_is_cut_at_the_limit(executor: ThreadPoolExecutor) -> None:
+    err = await raised(executor, ToolError("E", "é" * LIMIT))
+    assert err.message == "é" * (LIMIT // 2) + "…(cut)"
+
+
+async def test_tool_error_whose_message_cannot_be_text_is_a_panic(
+    executor: ThreadPoolExecutor, caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.ERROR, logger="carmy.worker"):
+        err = await raised(executor, ToolError("E", Unprintable()))  # type: ignore[arg-type]
+    assert err.code == "TOOL_PANIC"
+    assert "Traceback" in caplog.text and SECRET not in err.message

@@ -1,67 +1,113 @@
-"""Runtime: one job claimed, run and settled by a worker, against the real Redis."""
+"""Runtime: one job claimed, run and settled by a worker, against the real Redis: its last resort
+(whatever fails after the claim, the job ends with a TOOL_PANIC record) and cancellations that
+arrive before the execution started here."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 import redis.asyncio
 
 from carmy_worker import Context, Toolbox
+from carmy_worker.runtime import runner
 from carmy_worker.runtime.runner import Runtime
 from carmy_worker.settings import WorkerSettings
-from carmy_worker.store import jobs, keys
+from carmy_worker.store import jobs, keys, records
 from carmy_worker.store.submit import Submit
 from carmy_worker.wire import ExecutionJob, msgpack_encoder, record_decoder
 from tests.support import RedisServer
 
 tools = Toolbox()
-started: list[str] = []
+
+
+@tools.tool(effect="none")
+async def fine(ctx: Context) -> int:
+    """Returns 1."""
+    return 1
 
 
 @tools.tool(effect="none", timeout=20)
 async def waits(ctx: Context) -> None:
     """Waits until cancelled."""
-    started.append(ctx.execution_id)
     await asyncio.sleep(20)
 
 
 @pytest.fixture
-async def ar(redis_server: RedisServer) -> AsyncIterator[redis.asyncio.Redis]:
+async def runtime(redis_server: RedisServer) -> AsyncIterator[Runtime]:
     client = redis.asyncio.Redis.from_url(redis_server.url)
-    await client.flushall()
-    yield client
+    rt = Runtime(redis=client, tools={t.name: t for t in tools}, settings=WorkerSettings(), worker_id="w-test")
+    yield rt
+    rt.close()
     await client.aclose()
 
 
-async def queued(ar: redis.asyncio.Redis, exec_id: str) -> bytes:
-    job = ExecutionJob(execution_id=exec_id, tool="waits", arguments=b"{}")
-    submitted = await Submit(ar, retention=60)(job, queue=jobs.queue_name("g"), idempotent=False, workers_alive=True,
-                                                max_pending=10, queue_wait_ms=60_000, admission_ms=120_000)
-    assert submitted.kind == "new"
+async def queued(rt: Runtime, exec_id: str, tool: str) -> bytes:
+    """Submit an execution of ``tool``: the payload of its job."""
+    job = ExecutionJob(execution_id=exec_id, tool=tool, arguments=b"{}")
+    await Submit(rt.redis, retention=600)(job, queue=jobs.queue_name("g"), idempotent=False, workers_alive=True,
+                                          max_pending=10, queue_wait_ms=60_000, admission_ms=60_000)
     return msgpack_encoder.encode(job)
 
 
-async def test_a_cancel_heard_before_the_execution_started_here_is_not_lost(ar: redis.asyncio.Redis) -> None:
+async def handled(rt: Runtime) -> tuple[str, bytes]:
+    """Submit an execution of ``fine`` and handle its job as arq would: its id and stored record."""
+    exec_id = keys.new_execution_id()
+    await rt.handle(await queued(rt, exec_id, "fine"))
+    raw = await rt.redis.get(keys.record(exec_id))
+    assert raw is not None, "the job ended without a record"
+    return exec_id, record_decoder.decode(raw).body
+
+
+async def test_a_record_that_cannot_be_built_becomes_a_tool_panic(
+    runtime: Runtime, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("a bug in building the record")
+
+    monkeypatch.setattr(records, "completed", broken)
+    with caplog.at_level(logging.ERROR, logger="carmy.worker"):
+        exec_id, body = await handled(runtime)
+    assert body == records.panic(exec_id, "fine").body
+    assert f"execution {exec_id}: its outcome could not be recorded" in caplog.text
+    assert "a bug in building the record" in caplog.text
+
+
+async def test_when_recording_the_panic_fails_too_it_is_still_recorded(
+    runtime: Runtime, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise KeyboardInterrupt  # even this, from the worker's own code
+
+    async def record_fails(*args: Any, **kwargs: Any) -> bool:
+        raise ValueError("the execution's log line, say")
+
+    monkeypatch.setattr(records, "completed", broken)
+    monkeypatch.setattr(runner.Runtime, "_record", record_fails)
+    with caplog.at_level(logging.ERROR, logger="carmy.worker"):
+        exec_id, body = await handled(runtime)
+    assert body == records.panic(exec_id, "fine").body
+    assert "recording TOOL_PANIC failed too; trying once more" in caplog.text
+
+
+async def test_a_cancel_heard_before_the_execution_started_here_is_not_lost(runtime: Runtime) -> None:
     # The API's CANCEL found the execution running (this worker's CLAIM went first) and told every
     # worker; the message reached this one before its own CLAIM reply did.
-    runtime = Runtime(redis=ar, tools={t.name: t for t in tools}, settings=WorkerSettings(), worker_id="w1")
     exec_id = keys.new_execution_id()
-    payload = await queued(ar, exec_id)
+    payload = await queued(runtime, exec_id, "waits")
     runtime.cancel(exec_id)
     await asyncio.wait_for(runtime.handle(payload), 5)  # not the tool's 20 s
-    record = record_decoder.decode(await ar.get(keys.record(exec_id)))
+    record = record_decoder.decode(await runtime.redis.get(keys.record(exec_id)))
     assert (record.status, record.error_code) == ("cancelled", "CANCELLED")
-    runtime.close()
 
 
-async def test_cancels_of_executions_that_never_come_here_are_forgotten(ar: redis.asyncio.Redis) -> None:
-    runtime = Runtime(redis=ar, tools={t.name: t for t in tools}, settings=WorkerSettings(), worker_id="w1")
+def test_cancels_of_executions_that_never_come_here_are_forgotten(runtime: Runtime) -> None:
     for i in range(1000):
         runtime.cancel(f"exec_elsewhere_{i}")
     assert len(runtime._early_cancels) == 1000  # all within the memory window
     runtime._early_cancels.update((k, 0.0) for k in list(runtime._early_cancels))  # heard long ago
     runtime.cancel("exec_now")
     assert list(runtime._early_cancels) == ["exec_now"]
-    runtime.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 from typing import Any
 
@@ -9,6 +10,7 @@ import msgspec
 import pytest
 
 from carmy_worker import AgentContext, Context
+from carmy_worker.wire import MAX_EVENT_BYTES
 
 
 class Recorder:
@@ -16,9 +18,11 @@ class Recorder:
 
     def __init__(self) -> None:
         self.events: list[tuple[int, bytes]] = []
+        self.partial: list[bool] = []  # whether each event carries a partial result
 
-    def __call__(self, data: bytes) -> None:
+    def __call__(self, data: bytes, partial: bool) -> None:
         self.events.append((threading.get_ident(), data))
+        self.partial.append(partial)
 
     def decoded(self) -> list[Any]:
         return [msgspec.json.decode(data) for _, data in self.events]
@@ -97,3 +101,62 @@ def test_non_json_partial_fails_in_the_tools_call() -> None:
     with pytest.raises(TypeError):
         ctx.partial(object())
     assert recorder.events == []
+
+
+def test_each_event_says_whether_it_carries_a_partial_result() -> None:
+    recorder = Recorder()
+    ctx = make(recorder)
+    ctx.progress(1)
+    ctx.partial([1])
+    assert recorder.partial == [False, True]
+
+
+def nested(depth: int) -> list[Any]:
+    value: list[Any] = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+class Unprintable:
+    def __repr__(self) -> str:
+        raise RuntimeError("repr")
+
+
+@pytest.mark.parametrize(("value", "error", "says"), [
+    (Unprintable(), TypeError, "ctx.partial: the value cannot be sent as JSON (TypeError: Encoding objects of type "
+                               "Unprintable is unsupported)"),
+    (nested(100_000), ValueError, "ctx.partial: the value is nested too deeply"),
+    ("\ud800", ValueError, "ctx.partial: the value cannot be sent as JSON"),
+    ("x" * MAX_EVENT_BYTES, ValueError, "ctx.partial: the event would be 65,"),
+], ids=["unencodable", "too-deep", "not-utf-8", "too-large"])
+def test_a_partial_that_cannot_be_sent_fails_in_the_tools_call(value: Any, error: type[Exception], says: str) -> None:
+    recorder = Recorder()
+    ctx = make(recorder)
+    with pytest.raises(error) as info:
+        ctx.partial(value)
+    assert str(info.value).startswith(says)
+    assert recorder.events == []
+    ctx.partial("x" * (MAX_EVENT_BYTES - 100))  # what fits goes
+    assert len(recorder.events) == 1
+
+
+@pytest.mark.parametrize(("args", "error", "says"), [
+    (("half",), TypeError, "ctx.progress: progress must be a number, not str"),
+    ((True,), TypeError, "ctx.progress: progress must be a number, not bool"),
+    ((float("nan"),), ValueError, "ctx.progress: progress must be a finite number"),
+    ((1, float("inf")), ValueError, "ctx.progress: total must be a finite number"),
+    ((1, 2, b"bytes"), TypeError, "ctx.progress: message must be a str"),
+    ((1, 2, "m" * MAX_EVENT_BYTES), ValueError, "ctx.progress: the event would be"),
+])
+def test_progress_that_mcp_clients_could_not_take_fails_in_the_tools_call(
+    args: tuple[Any, ...], error: type[Exception], says: str,
+) -> None:
+    # MCP's progress notifications carry numbers: a NaN (null in JSON) or a string would break
+    # the relay of the call, far from the tool that sent it.
+    recorder = Recorder()
+    ctx = make(recorder)
+    with pytest.raises(error, match="^" + re.escape(says)):
+        ctx.progress(*args)
+    ctx.partial("after")
+    assert recorder.decoded() == [{"execution_id": "exec_1", "tool": "t", "progress": 0, "partial": "after"}]

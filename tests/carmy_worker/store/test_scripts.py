@@ -27,6 +27,7 @@ from carmy_worker.store.roster import Liveness
 from carmy_worker.store.submit import Submission, Submit
 from carmy_worker.store.verdicts import Verdicts
 from carmy_worker.wire import (
+    MAX_EVENT_BYTES,
     ExecutionJob,
     Record,
     StartedData,
@@ -433,6 +434,22 @@ async def test_settle_of_a_stale_attempt_writes_nothing(r: redis.Redis, ar: redi
     assert record_decoder.decode(r.get(keys.record(exec_id))).body == record.body
     assert await settle(ar, exec_id, 1, done_record(exec_id, n=1)) is False
     assert record_decoder.decode(r.get(keys.record(exec_id))).body == record.body
+
+
+@pytest.mark.parametrize("size", [MAX_EVENT_BYTES - 1024, MAX_EVENT_BYTES + 1])
+async def test_settle_announces_a_large_record_without_it(
+    r: redis.Redis, ar: redis.asyncio.Redis, listen: Any, size: int,
+) -> None:
+    # A subscriber of pub/sub is dropped by Redis when its output buffer overflows: a large record
+    # is stored whole but announced empty, and readers GET it.
+    exec_id = await running(ar)
+    events = listen(keys.events(exec_id))
+    record = records.completed(exec_id, "tally", json_encoder.encode("x" * size), cacheable=False, duration_ms=1)
+    assert await settle(ar, exec_id, 1, record) is True
+    assert r.get(keys.record(exec_id)) == stored(record)
+    final = [event_decoder.decode(data) for _, data in received(events)][-1]
+    assert final.name == "final"
+    assert final.data == (stored(record) if len(stored(record)) <= MAX_EVENT_BYTES else b"")
 
 
 # --- CANCEL ----------------------------------------------------------------------------------
