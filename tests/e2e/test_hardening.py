@@ -3,20 +3,18 @@ no server banner, optional security headers and CORS."""
 
 from __future__ import annotations
 
-import select
-import socket
 import time
 from collections.abc import Iterator
 
 import httpx
 import pytest
 
+from tests.raw import connect, read_response, until_closed
 from tests.sse import parse
 from tests.support import Stack, wait_until
 
 TIMEOUT = 1.0  # CARMY_HEADER_TIMEOUT of the hardened server
 LIMIT = 65536  # the default max_header_bytes
-DRIP_EVERY = 0.2
 ORIGIN = "https://app.example"
 SECURITY_HEADERS = {
     "x-content-type-options": "nosniff",
@@ -42,47 +40,6 @@ def hardened(stack: Stack) -> Iterator[str]:
                          "CARMY_CORS_ORIGINS": f"{ORIGIN}, https://other.example/"})
     wait_until(lambda: httpx.get(base + "/agent/tools").json()["tools"])
     yield base
-
-
-def connect(base: str) -> socket.socket:
-    host, port = base.removeprefix("http://").split(":")
-    return socket.create_connection((host, int(port)), timeout=5)
-
-
-def read_response(sock: socket.socket) -> bytes:
-    """One response with a Content-Length, read whole."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = sock.recv(65536)
-        assert chunk, f"closed before a whole response: {data!r}"
-        data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    length = next(int(line.split(b":")[1]) for line in head.lower().split(b"\r\n")
-                  if line.startswith(b"content-length:"))
-    while len(body) < length:
-        body += sock.recv(65536)
-    return head
-
-
-def until_closed(sock: socket.socket, drip: bytes = b"", limit: float = 5.0) -> tuple[float, bytes]:
-    """Seconds until the server closes the connection and what it sent meanwhile, while sending
-    ``drip`` (if any) one byte every ``DRIP_EVERY`` seconds."""
-    start = time.monotonic()
-    received = b""
-    while time.monotonic() - start < limit:
-        readable, _, _ = select.select([sock], [], [], DRIP_EVERY)
-        try:
-            if not readable:
-                if drip:
-                    sock.sendall(drip)
-                continue
-            chunk = sock.recv(65536)
-        except (ConnectionResetError, BrokenPipeError):
-            chunk = b""
-        if not chunk:
-            return time.monotonic() - start, received
-        received += chunk
-    raise AssertionError(f"the connection is still open after {limit} s")
 
 
 # Header deadline: whatever a client sends, headers not complete in time close the connection.
