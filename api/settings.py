@@ -35,6 +35,7 @@ class ApiSettings(Struct, frozen=True, kw_only=True):
     catalog_refresh: float = 1.0  # seconds between catalog and liveness checks
     # HTTP hardening (see api/server.py and api/headers.py).
     header_timeout: float = 15.0  # seconds a connection may take to send a request's headers
+    body_timeout: float = 30.0  # seconds a request's body may take, counted from the end of its headers
     max_header_bytes: int = 65536  # a request whose headers are larger is refused (431)
     security_headers: bool = False  # nosniff, frame-ancestors 'none', no-referrer, ...
     cors_origins: tuple[str, ...] = ()  # origins allowed by CORS; empty: CORS off
@@ -53,6 +54,7 @@ class ApiSettings(Struct, frozen=True, kw_only=True):
             retention=env_int(env, "CARMY_RETENTION", 86400),
             queue_timeout=env_float(env, "CARMY_QUEUE_TIMEOUT", 60.0),
             header_timeout=env_float(env, "CARMY_HEADER_TIMEOUT", 15.0),
+            body_timeout=env_float(env, "CARMY_BODY_TIMEOUT", 30.0),
             security_headers=env_bool(env, "CARMY_SECURITY_HEADERS", False),
             cors_origins=tuple(o.strip() for o in (env.get("CARMY_CORS_ORIGINS") or "").split(",") if o.strip()),
             log_format=env_choice(env, "CARMY_LOG_FORMAT", ("json", "text")),
