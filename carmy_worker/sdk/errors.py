@@ -31,7 +31,9 @@ STATUS_BY_CATEGORY: Final[dict[str, int]] = {
 }
 
 # Codes whose HTTP status is not the one of their category.
-STATUS_BY_CODE: Final[dict[str, int]] = {"PAYLOAD_TOO_LARGE": 413, "UNAUTHENTICATED": 401, "BODY_TIMEOUT": 408}
+STATUS_BY_CODE: Final[dict[str, int]] = {
+    "PAYLOAD_TOO_LARGE": 413, "UNAUTHENTICATED": 401, "BODY_TIMEOUT": 408, "UNSUPPORTED_MEDIA_TYPE": 415,
+}
 
 MAY_HAVE_COMMITTED = "External effects of the tool may have committed."
 
@@ -39,6 +41,9 @@ ErrorCode = Literal[
     "INVALID_REQUEST",
     "PAYLOAD_TOO_LARGE",
     "BODY_TIMEOUT",
+    "UNSUPPORTED_MEDIA_TYPE",
+    "HOST_NOT_ALLOWED",
+    "ORIGIN_NOT_ALLOWED",
     "INVALID_ID",
     "TOOL_NOT_FOUND",
     "INVALID_ARGUMENTS",
@@ -60,6 +65,9 @@ CATEGORY: Final[dict[str, Category]] = {
     "INVALID_REQUEST": "validation",
     "PAYLOAD_TOO_LARGE": "capacity",
     "BODY_TIMEOUT": "timeout",
+    "UNSUPPORTED_MEDIA_TYPE": "validation",
+    "HOST_NOT_ALLOWED": "permission",
+    "ORIGIN_NOT_ALLOWED": "permission",
     "INVALID_ID": "validation",
     "TOOL_NOT_FOUND": "not_found",
     "INVALID_ARGUMENTS": "validation",
@@ -84,6 +92,7 @@ RECOVERABLE: Final[frozenset[str]] = RETRYABLE | {
     "INVALID_REQUEST",
     "PAYLOAD_TOO_LARGE",
     "BODY_TIMEOUT",
+    "UNSUPPORTED_MEDIA_TYPE",
     "INVALID_ID",
     "INVALID_ARGUMENTS",
     "CONFIRMATION_REQUIRED",
