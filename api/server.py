@@ -26,6 +26,7 @@ from starlette.types import ASGIApp
 from uvicorn._types import ASGIReceiveCallable, ASGISendCallable, Scope
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
+from api.halfclose import ResetProbe
 from api.settings import ApiSettings
 from carmy_worker.sdk.errors import error
 from carmy_worker.wire import EnvelopeError, json_encoder
@@ -67,6 +68,11 @@ class HardenedHttpToolsProtocol(HttpToolsProtocol):
     and answered 431 too; only a request pipelined in the same read as the end of the previous
     one escapes that exact check, and it is still bounded by the read.
 
+    A FIN after a complete request whose answer has not begun is taken for a half-close, not a
+    hang-up: the connection stays open for the answer while ``ResetProbe`` checks that the
+    client is still there (``api/halfclose.py`` says why and how). Any other FIN is a disconnect,
+    as in uvicorn.
+
     The body deadline runs from the end of the headers to the end of the body, whatever arrives
     meanwhile, so a body dripped a byte at a time is cut off like a stalled one. The timer is
     armed only once a read leaves the body incomplete: a request that arrives whole costs
@@ -86,6 +92,7 @@ class HardenedHttpToolsProtocol(HttpToolsProtocol):
     _body_timer: asyncio.TimerHandle | None = None
     _body_deadline: float = 0.0  # loop time by which the current request's body must be complete
     _reading_body: bool = False
+    _probe: ResetProbe | None = None  # set once the client has half-closed
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -94,7 +101,24 @@ class HardenedHttpToolsProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_header_timer()
         self._cancel_body_timer()
+        if self._probe is not None:
+            self._probe.cancel()
         super().connection_lost(exc)
+
+    def eof_received(self) -> bool | None:  # type: ignore[override]  # asyncio.Protocol allows a bool
+        """True keeps the connection open to answer a client that only shut down its sending side."""
+        if self._probe is not None:
+            return True  # already half-closed (a loop may report the end of input again)
+        cycle, sock = self.cycle, self.transport.get_extra_info("socket")
+        if (cycle is None or cycle.response_started or self._reading_body or self.pipeline or sock is None
+                or self.scope["http_version"] == "1.0"  # a 1.0 client may not be sent the probe (RFC 9110 15.2)
+                or self.scheme == "https"):  # TLS transports close on a FIN whatever this returns
+            return None  # the transport closes: a request in flight sees a disconnect
+        cycle.keep_alive = False  # nothing more can come: close once answered
+        cycle.waiting_for_100_continue = False  # the probe is this request's interim response
+        self._probe = ResetProbe(self.loop, self.transport, sock, on_reset=self.transport.abort)
+        self._probe.start()
+        return True
 
     def data_received(self, data: bytes) -> None:
         self._header_bytes += len(data)
