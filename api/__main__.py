@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 
 from api.app import create_app
@@ -18,6 +19,12 @@ def main() -> int:
         print(f"api: {exc}", file=sys.stderr)
         return 2
     logs.configure(settings.log_format)
+    if "*" in settings.hosts_allowed() and settings.api_keys is None:
+        # DNS rebinding then reaches every tool: a page whose name resolves to this server is
+        # "same origin" with it, and needs no key.
+        logging.getLogger("carmy.api").warning(
+            "any Host is accepted (CARMY_ALLOWED_HOSTS) and no API key is required (CARMY_API_KEYS): a web page "
+            "opened by a browser that can reach this server can call its tools; set one of them")
     run(create_app(settings), settings)  # uvicorn, hardened: see api/server.py
     return 0
 

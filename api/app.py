@@ -9,10 +9,12 @@ from collections.abc import AsyncIterator
 
 from redis.asyncio import BlockingConnectionPool, Redis
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.routing import Route, request_response
 from starlette.types import ASGIApp
 
 from api.auth import ApiKeys, RequireApiKey
+from api.browser import BrowserGuard, RequireJson
 from api.calls import Calls
 from api.catalog import Catalog
 from api.discovery import endpoints
@@ -89,15 +91,18 @@ def create_app(settings: ApiSettings | None = None) -> Starlette:
         routes=[
             Route("/.well-known/agent", discovery, methods=["GET"]),
             Route("/agent/tools", guarded(request_response(tools)), methods=["GET"]),
-            Route("/agent/execute", guarded(execute), methods=["POST"]),
+            Route("/agent/execute", guarded(RequireJson(execute)), methods=["POST"]),
             Route("/agent/executions/{execution_id}", guarded(request_response(lookup.get)), methods=["GET"]),
             Route("/agent/executions/{execution_id}", guarded(request_response(lookup.delete)), methods=["DELETE"]),
             Route("/agent/executions/{execution_id}/events", guarded(lookup.events), methods=["GET"]),
-            Route(MCP_PATH, guarded(mcp.asgi)),  # every method: the MCP server answers 405 itself
+            # Every method: the MCP server answers 405 itself.
+            Route(MCP_PATH, guarded(RequireJson(mcp.asgi))),
             Route("/health", ops.health, methods=["GET"]),
             Route("/ready", ops.ready, methods=["GET"]),
             Route("/metrics", guarded(request_response(ops.metrics_text)), methods=["GET"]),
         ],
-        middleware=middleware(settings),
+        # Innermost, the guard: the CORS layer answers an allowed origin's preflight before it,
+        # and its refusals carry the security and CORS headers like any other answer.
+        middleware=[*middleware(settings), Middleware(BrowserGuard, settings)],
         lifespan=lifespan,
     )

@@ -1,12 +1,20 @@
 """How ``python -m api`` serves the app: uvicorn's settings, and an HTTP protocol that bounds how
-long and how much a client may send before its request's headers are complete.
+long and how much a client may send before its request is complete.
 
-uvicorn alone leaves three doors open: a connection that never sends a request stays open
+uvicorn alone leaves four doors open: a connection that never sends a request stays open
 forever (its keep-alive timer only starts after a first response); that timer is cancelled by
-any byte received, so headers dripped a byte at a time hold a connection indefinitely; and with
-httptools an unterminated header is buffered without limit. ``HardenedHttpToolsProtocol`` closes
-them while keeping httptools' speed: one timer per request cycle (uvicorn already arms one per
-response) and an integer addition per read.
+any byte received, so headers dripped a byte at a time hold a connection indefinitely; with
+httptools an unterminated header is buffered without limit; and a body has no deadline at all,
+so a client that announces a length and stalls holds its connection and the request's handler
+for as long as it likes. ``HardenedHttpToolsProtocol`` closes them while keeping httptools'
+speed: one timer per request cycle (uvicorn already arms one per response), a second only for a
+body that does not arrive with its headers, and an integer addition per read.
+
+The body deadline lives here rather than in ASGI middleware because this layer sees every
+request before any route runs, knows exactly when the headers ended and the body completed (the
+parser's callbacks), and can answer and close the connection even while the app waits in
+``receive()``; a middleware could only time each ``receive()`` call, at the cost of a timeout
+per call on every request.
 """
 
 from __future__ import annotations
@@ -18,7 +26,10 @@ from starlette.types import ASGIApp
 from uvicorn._types import ASGIReceiveCallable, ASGISendCallable, Scope
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
+from api.halfclose import ResetProbe
 from api.settings import ApiSettings
+from carmy_worker.sdk.errors import error
+from carmy_worker.wire import EnvelopeError, json_encoder
 
 KEEP_ALIVE = 5  # seconds an idle keep-alive connection is kept (uvicorn's own timer)
 GRACEFUL_SHUTDOWN = 30  # seconds open requests and SSE streams get on SIGTERM, then they are cancelled
@@ -32,8 +43,17 @@ async def headers_too_large(scope: Scope, receive: ASGIReceiveCallable, send: AS
     await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
+def body_timeout_answer(seconds: float) -> bytes:
+    """The head lines after the status line, and the body, of the 408 for a body too slow."""
+    body = json_encoder.encode(EnvelopeError(error(
+        "BODY_TIMEOUT", f"The request body did not arrive within {seconds:g} s of its headers.")))
+    return (b"content-type: application/json\r\ncache-control: no-store\r\ncontent-length: %d\r\n"
+            b"connection: close\r\n\r\n%s" % (len(body), body))
+
+
 class HardenedHttpToolsProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol with a deadline and a size limit on each request's headers.
+    """uvicorn's httptools protocol with a deadline and a size limit on each request's headers,
+    and a deadline on its body.
 
     The deadline runs from the moment the connection opens, and again from the moment a response
     completes with no request waiting; only a request whose headers are complete cancels it. So
@@ -47,15 +67,32 @@ class HardenedHttpToolsProtocol(HttpToolsProtocol):
     (at most 256 KiB). Headers that complete over the limit within a read are measured exactly
     and answered 431 too; only a request pipelined in the same read as the end of the previous
     one escapes that exact check, and it is still bounded by the read.
+
+    A FIN after a complete request whose answer has not begun is taken for a half-close, not a
+    hang-up: the connection stays open for the answer while ``ResetProbe`` checks that the
+    client is still there (``api/halfclose.py`` says why and how). Any other FIN is a disconnect,
+    as in uvicorn.
+
+    The body deadline runs from the end of the headers to the end of the body, whatever arrives
+    meanwhile, so a body dripped a byte at a time is cut off like a stalled one. The timer is
+    armed only once a read leaves the body incomplete: a request that arrives whole costs
+    nothing. A client that misses it gets ``408 BODY_TIMEOUT`` and the connection is closed; the
+    app's ``receive()`` reports a disconnect, so nothing is recorded and no slot is held.
     Use ``protocol_class`` to get a subclass with the limits of a settings object.
     """
 
     header_timeout: float = 15.0
     max_header_bytes: int = 65536
+    body_timeout: float = 30.0
+    body_timeout_answer: bytes = body_timeout_answer(30.0)
 
     _header_timer: asyncio.TimerHandle | None = None
     _header_bytes: int = 0
     _awaiting_headers: bool = True
+    _body_timer: asyncio.TimerHandle | None = None
+    _body_deadline: float = 0.0  # loop time by which the current request's body must be complete
+    _reading_body: bool = False
+    _probe: ResetProbe | None = None  # set once the client has half-closed
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -63,16 +100,38 @@ class HardenedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_header_timer()
+        self._cancel_body_timer()
+        if self._probe is not None:
+            self._probe.cancel()
         super().connection_lost(exc)
+
+    def eof_received(self) -> bool | None:  # type: ignore[override]  # asyncio.Protocol allows a bool
+        """True keeps the connection open to answer a client that only shut down its sending side."""
+        if self._probe is not None:
+            return True  # already half-closed (a loop may report the end of input again)
+        cycle, sock = self.cycle, self.transport.get_extra_info("socket")
+        if (cycle is None or cycle.response_started or self._reading_body or self.pipeline or sock is None
+                or self.scope["http_version"] == "1.0"  # a 1.0 client may not be sent the probe (RFC 9110 15.2)
+                or self.scheme == "https"):  # TLS transports close on a FIN whatever this returns
+            return None  # the transport closes: a request in flight sees a disconnect
+        cycle.keep_alive = False  # nothing more can come: close once answered
+        cycle.waiting_for_100_continue = False  # the probe is this request's interim response
+        self._probe = ResetProbe(self.loop, self.transport, sock, on_reset=self.transport.abort)
+        self._probe.start()
+        return True
 
     def data_received(self, data: bytes) -> None:
         self._header_bytes += len(data)
         super().data_received(data)
         if self._awaiting_headers and self._header_bytes > self.max_header_bytes:
             self._refuse(431)
+        elif self._reading_body and self._body_timer is None and not self.transport.is_closing():
+            self._body_timer = self.loop.call_at(self._body_deadline, self._body_timeout_expired)
 
     def on_headers_complete(self) -> None:
         self._awaiting_headers = False
+        self._reading_body = True
+        self._body_deadline = self.loop.time() + self.body_timeout
         self._cancel_header_timer()
         # The byte count is an upper bound (it may include the start of the body): only when it
         # is over the limit is the exact size worth computing.
@@ -85,6 +144,8 @@ class HardenedHttpToolsProtocol(HttpToolsProtocol):
         super().on_message_complete()
         self._awaiting_headers = True
         self._header_bytes = 0
+        self._reading_body = False
+        self._cancel_body_timer()
 
     def on_response_complete(self) -> None:
         idle = not self.pipeline  # a pipelined request already has its headers
@@ -115,14 +176,42 @@ class HardenedHttpToolsProtocol(HttpToolsProtocol):
         elif not self.transport.is_closing():
             self.transport.close()  # an idle connection: nothing to answer
 
-    def _refuse(self, status: int) -> None:
-        """Answer ``status`` with no body and close, without reading more of the connection."""
+    def _cancel_body_timer(self) -> None:
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
+
+    def _body_timeout_expired(self) -> None:
+        self._body_timer = None
+        if not self._reading_body or self.transport.is_closing():
+            return
+        if self.pipeline or self.flow.read_paused:
+            # The stall is ours: reading waits for the app to take what came, or for an earlier
+            # response to end. The client gets its full time again once reading resumes.
+            self._body_timer = self.loop.call_later(self.body_timeout, self._body_timeout_expired)
+            return
+        cycle = self.cycle
+        if cycle.response_complete:  # answered without its body (401, 413, 415): nothing to say
+            self.transport.close()
+            return
+        if not cycle.response_started:
+            self._refuse(408, self.body_timeout_answer, "request body too slow")
+        # The handler waiting in receive() learns the client is gone, and whatever it sends now
+        # is dropped: nothing is recorded for a request that never arrived whole.
+        cycle.disconnected = True
+        cycle.message_event.set()
+        self.transport.close()
+
+    def _refuse(self, status: int, rest: bytes = b"content-length: 0\r\nconnection: close\r\n\r\n",
+                why: str = "request headers too slow or too large") -> None:
+        """Answer ``status`` (``rest``: the head after the status line, and the body) and close,
+        without reading more of the connection."""
         if self.transport.is_closing():
             return
-        self.logger.info("HTTP %d to %s: request headers too slow or too large", status, self.client)
+        self.logger.info("HTTP %d to %s: %s", status, self.client, why)
         head = [STATUS_LINE[status]]
         head.extend(name + b": " + value + b"\r\n" for name, value in self.server_state.default_headers)
-        head.append(b"content-length: 0\r\nconnection: close\r\n\r\n")
+        head.append(rest)
         self.transport.write(b"".join(head))
         self.transport.close()
 
@@ -139,6 +228,8 @@ def protocol_class(settings: ApiSettings) -> type[HardenedHttpToolsProtocol]:
 
     Protocol.header_timeout = settings.header_timeout
     Protocol.max_header_bytes = settings.max_header_bytes
+    Protocol.body_timeout = settings.body_timeout
+    Protocol.body_timeout_answer = body_timeout_answer(settings.body_timeout)
     return Protocol
 
 

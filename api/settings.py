@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from collections.abc import Mapping
 
@@ -9,6 +10,19 @@ import msgspec
 from msgspec import Struct
 
 from carmy_worker.settings import DEFAULT_REDIS_URL, SettingsError, env_bool, env_choice, env_float, env_int
+
+# The names a browser on this machine uses for a server bound to loopback, with any port.
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]")
+
+
+def is_loopback(host: str) -> bool:
+    """Whether binding ``host`` makes the API reachable from this machine only."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 class ApiKey(Struct, frozen=True, forbid_unknown_fields=True):
@@ -35,9 +49,12 @@ class ApiSettings(Struct, frozen=True, kw_only=True):
     catalog_refresh: float = 1.0  # seconds between catalog and liveness checks
     # HTTP hardening (see api/server.py and api/headers.py).
     header_timeout: float = 15.0  # seconds a connection may take to send a request's headers
+    body_timeout: float = 30.0  # seconds a request's body may take, counted from the end of its headers
     max_header_bytes: int = 65536  # a request whose headers are larger is refused (431)
     security_headers: bool = False  # nosniff, frame-ancestors 'none', no-referrer, ...
     cors_origins: tuple[str, ...] = ()  # origins allowed by CORS; empty: CORS off
+    # Host names the API answers to ("*": any); None: see hosts_allowed.
+    allowed_hosts: tuple[str, ...] | None = None
     log_format: str = "json"  # "json" (one object a line) or "text"
 
     @classmethod
@@ -53,10 +70,26 @@ class ApiSettings(Struct, frozen=True, kw_only=True):
             retention=env_int(env, "CARMY_RETENTION", 86400),
             queue_timeout=env_float(env, "CARMY_QUEUE_TIMEOUT", 60.0),
             header_timeout=env_float(env, "CARMY_HEADER_TIMEOUT", 15.0),
+            body_timeout=env_float(env, "CARMY_BODY_TIMEOUT", 30.0),
             security_headers=env_bool(env, "CARMY_SECURITY_HEADERS", False),
-            cors_origins=tuple(o.strip() for o in (env.get("CARMY_CORS_ORIGINS") or "").split(",") if o.strip()),
+            cors_origins=env_list(env, "CARMY_CORS_ORIGINS"),
+            allowed_hosts=env_list(env, "CARMY_ALLOWED_HOSTS") or None,
             log_format=env_choice(env, "CARMY_LOG_FORMAT", ("json", "text")),
         )
+
+    def hosts_allowed(self) -> tuple[str, ...]:
+        """``allowed_hosts``, or by default the loopback names when the API is bound to loopback
+        (a browser on this machine is then its only possible client) and any host otherwise: a
+        server reached from elsewhere is called by names it cannot know (service names, the
+        proxy's public name, a pod's IP), and a wrong guess would refuse every call."""
+        if self.allowed_hosts is not None:
+            return self.allowed_hosts
+        return (*LOOPBACK_HOSTS, self.host) if is_loopback(self.host) else ("*",)
+
+
+def env_list(env: Mapping[str, str], name: str) -> tuple[str, ...]:
+    """A comma-separated setting; empty items are dropped."""
+    return tuple(item.strip() for item in (env.get(name) or "").split(",") if item.strip())
 
 
 def parse_api_keys(raw: str | None) -> dict[str, ApiKey] | None:

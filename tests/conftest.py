@@ -73,7 +73,7 @@ async def asgi_client(app: Starlette) -> AsyncIterator[httpx.AsyncClient]:
     """An in-process client for ``app``, with its lifespan running."""
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://carmy.test") as client:
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
             yield client
 
 

@@ -31,13 +31,19 @@ STATUS_BY_CATEGORY: Final[dict[str, int]] = {
 }
 
 # Codes whose HTTP status is not the one of their category.
-STATUS_BY_CODE: Final[dict[str, int]] = {"PAYLOAD_TOO_LARGE": 413, "UNAUTHENTICATED": 401}
+STATUS_BY_CODE: Final[dict[str, int]] = {
+    "PAYLOAD_TOO_LARGE": 413, "UNAUTHENTICATED": 401, "BODY_TIMEOUT": 408, "UNSUPPORTED_MEDIA_TYPE": 415,
+}
 
 MAY_HAVE_COMMITTED = "External effects of the tool may have committed."
 
 ErrorCode = Literal[
     "INVALID_REQUEST",
     "PAYLOAD_TOO_LARGE",
+    "BODY_TIMEOUT",
+    "UNSUPPORTED_MEDIA_TYPE",
+    "HOST_NOT_ALLOWED",
+    "ORIGIN_NOT_ALLOWED",
     "INVALID_ID",
     "TOOL_NOT_FOUND",
     "INVALID_ARGUMENTS",
@@ -58,6 +64,10 @@ ErrorCode = Literal[
 CATEGORY: Final[dict[str, Category]] = {
     "INVALID_REQUEST": "validation",
     "PAYLOAD_TOO_LARGE": "capacity",
+    "BODY_TIMEOUT": "timeout",
+    "UNSUPPORTED_MEDIA_TYPE": "validation",
+    "HOST_NOT_ALLOWED": "permission",
+    "ORIGIN_NOT_ALLOWED": "permission",
     "INVALID_ID": "validation",
     "TOOL_NOT_FOUND": "not_found",
     "INVALID_ARGUMENTS": "validation",
@@ -81,6 +91,8 @@ RETRYABLE: Final[frozenset[str]] = frozenset({"QUEUE_FULL", "NO_WORKERS", "STORE
 RECOVERABLE: Final[frozenset[str]] = RETRYABLE | {
     "INVALID_REQUEST",
     "PAYLOAD_TOO_LARGE",
+    "BODY_TIMEOUT",
+    "UNSUPPORTED_MEDIA_TYPE",
     "INVALID_ID",
     "INVALID_ARGUMENTS",
     "CONFIRMATION_REQUIRED",

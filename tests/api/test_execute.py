@@ -86,6 +86,9 @@ async def test_invalid_request(client: httpx.AsyncClient, raw: bytes, reason_par
     assert reason_part.lower() in body["error"]["details"]["reason"].lower()
 
 
+JSON = {"content-type": "application/json"}
+
+
 def padded(size: int) -> bytes:
     """A valid execute body of exactly ``size`` bytes (JSON allows trailing white space)."""
     body = b'{"tool": "noop"}'
@@ -93,12 +96,12 @@ def padded(size: int) -> bytes:
 
 
 async def test_body_of_exactly_one_mib_is_accepted(client: httpx.AsyncClient) -> None:
-    r = await client.post("/agent/execute", content=padded(MIB))
+    r = await client.post("/agent/execute", content=padded(MIB), headers=JSON)
     assert r.status_code == 200, r.text
 
 
 async def test_one_byte_more_is_refused(client: httpx.AsyncClient) -> None:
-    r = await client.post("/agent/execute", content=padded(MIB + 1))
+    r = await client.post("/agent/execute", content=padded(MIB + 1), headers=JSON)
     assert r.status_code == 413
     assert r.json()["error"]["code"] == "PAYLOAD_TOO_LARGE"
     assert r.json()["error"]["category"] == "capacity"
@@ -112,9 +115,9 @@ async def test_limit_holds_without_content_length(client: httpx.AsyncClient) -> 
                 yield data[i:i + 65536]
         return gen()
 
-    ok = await client.post("/agent/execute", content=chunks(MIB))
+    ok = await client.post("/agent/execute", content=chunks(MIB), headers=JSON)
     assert ok.status_code == 200
-    too_big = await client.post("/agent/execute", content=chunks(MIB + 1))
+    too_big = await client.post("/agent/execute", content=chunks(MIB + 1), headers=JSON)
     assert "content-length" not in too_big.request.headers
     assert too_big.status_code == 413
 

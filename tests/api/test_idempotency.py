@@ -67,9 +67,10 @@ async def test_sse_replay_sends_two_events(client: httpx.AsyncClient, stack: Sta
 
 async def test_fingerprint_ignores_key_order_and_white_space(client: httpx.AsyncClient) -> None:
     request_id = rid()
-    a = await client.post("/agent/execute", content=(
+    json = {"content-type": "application/json"}
+    a = await client.post("/agent/execute", headers=json, content=(
         '{"tool":"echo","arguments":{"text":"x","times":2},"request_id":"' + request_id + '"}'))
-    b = await client.post("/agent/execute", content=(
+    b = await client.post("/agent/execute", headers=json, content=(
         '{ "request_id" : "' + request_id + '", "arguments" : { "times" : 2 , "text" : "x" } , "tool" : "echo" }'))
     assert a.status_code == 200
     assert b.content == a.content

@@ -71,7 +71,7 @@ async def test_refused_calls_send_two_events(client: httpx.AsyncClient, body: di
 
 
 async def test_envelope_errors_are_plain_json_even_for_sse(client: httpx.AsyncClient) -> None:
-    r = await client.post("/agent/execute", content=b"{", headers=SSE)
+    r = await client.post("/agent/execute", content=b"{", headers={**SSE, "content-type": "application/json"})
     assert r.status_code == 400
     assert r.json()["error"]["code"] == "INVALID_REQUEST"
 

@@ -9,6 +9,7 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
+from api.settings import ApiSettings
 from carmy_worker.__main__ import load_tools
 from carmy_worker.settings import WorkerSettings
 from tests.support import ROOT
@@ -141,6 +142,16 @@ def test_api_settings_pass_through_and_default_when_unset(compose: Compose) -> N
         assert f"${{{name}" in env[name]
         assert interpolate(env[name], {name: "set"}) == "set"
         interpolate(env[name], {})  # has a default: works without a .env
+
+
+def test_api_answers_only_to_the_names_it_is_reached_by(compose: Compose) -> None:
+    env = compose["services"]["api"]["environment"]
+    settings = ApiSettings.from_env({name: interpolate(str(value), {}) for name, value in env.items()})
+    hosts = settings.hosts_allowed()
+    # Bound to 0.0.0.0, the API would answer any Host: a web page could reach it by DNS rebinding.
+    assert "*" not in hosts
+    assert {"localhost", "127.0.0.1", "api"} <= set(hosts)  # the published port, and other containers
+    assert interpolate(env["CARMY_ALLOWED_HOSTS"], {"CARMY_ALLOWED_HOSTS": "x.example"}) == "x.example"
 
 
 def test_workers_scale_with_compose(compose: Compose) -> None:

@@ -32,7 +32,7 @@ def calling(base: str, body: dict[str, object]) -> Iterator[None]:
     host, port = base.removeprefix("http://").split(":")
     payload = json.dumps(body).encode()
     with socket.create_connection((host, int(port)), timeout=10) as sock:
-        sock.sendall(b"POST /agent/execute HTTP/1.1\r\nHost: carmy.test\r\nContent-Type: application/json\r\n"
+        sock.sendall(b"POST /agent/execute HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
                      b"Content-Length: %d\r\n\r\n%s" % (len(payload), payload))
         yield
 

@@ -16,6 +16,10 @@ from carmy_worker.wire import ErrorBody
 TABLE: dict[str, tuple[str, int, bool]] = {
     "INVALID_REQUEST": ("validation", 400, False),
     "PAYLOAD_TOO_LARGE": ("capacity", 413, False),
+    "BODY_TIMEOUT": ("timeout", 408, False),
+    "UNSUPPORTED_MEDIA_TYPE": ("validation", 415, False),
+    "HOST_NOT_ALLOWED": ("permission", 403, False),
+    "ORIGIN_NOT_ALLOWED": ("permission", 403, False),
     "INVALID_ID": ("validation", 400, False),
     "TOOL_NOT_FOUND": ("not_found", 404, False),
     "INVALID_ARGUMENTS": ("validation", 400, False),
@@ -57,6 +61,8 @@ def test_protocol_code(code: Any) -> None:
 def test_special_statuses() -> None:
     assert http_status(error("PAYLOAD_TOO_LARGE", "too big")) == 413
     assert http_status(error("UNAUTHENTICATED", "who are you")) == 401
+    assert http_status(error("BODY_TIMEOUT", "too slow")) == 408
+    assert http_status(error("UNSUPPORTED_MEDIA_TYPE", "send JSON")) == 415
 
 
 def test_internal_codes_are_not_recoverable() -> None:
