@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import jsonschema
+import jsonschema_rs
 
 from api.catalog import CatalogTool
 from carmy_worker.sdk.context import AgentContext
@@ -48,16 +48,17 @@ def check_policy(tool: CatalogTool, agent: AgentContext) -> None:
 
 
 def check_arguments(tool: CatalogTool, arguments: dict[str, Any]) -> None:
+    if tool.validator is None:
+        raise Rejected(error("INVALID_ARGUMENTS", f"The input schema of {tool.spec.name} cannot be used; "
+                                                  "no arguments can be checked against it."))
     try:
-        problem = jsonschema.exceptions.best_match(tool.validator.iter_errors(arguments))
-    except RecursionError:
-        raise Rejected(error("INVALID_ARGUMENTS", "The arguments are nested too deeply.")) from None
-    if problem is not None:
-        path = "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in problem.absolute_path)
+        tool.validator.validate(arguments)  # the first problem found, not all of them
+    except jsonschema_rs.ValidationError as problem:
+        path = "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in problem.instance_path)
         raise Rejected(error(
             "INVALID_ARGUMENTS", f"The arguments do not match the input schema at {path}: {problem.message}",
             details={"path": path, "reason": problem.message},
-        ))
+        )) from None
 
 
 def refusal(sub: Submission, name: str) -> ErrorBody:

@@ -45,6 +45,13 @@ class Count(msgspec.Struct):
     n: int
 
 
+class Node(msgspec.Struct):
+    """A recursive input type: a tree."""
+
+    value: int
+    children: list[Node] = []
+
+
 @tools.tool(effect="none", idempotent=True, parallel_safe=True)
 async def noop(ctx: Context) -> Empty:
     """Does nothing."""
@@ -99,6 +106,17 @@ def progress_sync(ctx: Context, input: Count) -> Count:
     for i in range(input.n):
         ctx.progress(i + 1, total=input.n)
     return Count(n=input.n)
+
+
+@tools.tool(effect="none", idempotent=True, parallel_safe=True)
+async def tree_size(ctx: Context, input: Node) -> Count:
+    """Count the nodes of a tree (a recursive input type)."""
+    n, todo = 0, [input]
+    while todo:
+        node = todo.pop()
+        n += 1
+        todo.extend(node.children)
+    return Count(n=n)
 
 
 @tools.tool(effect="none")
