@@ -17,7 +17,7 @@ from api.checks import Rejected, check_arguments, check_policy, check_request_id
 from api.executions import Executions
 from api.hub import EventHub
 from carmy_worker.sdk.context import AgentContext
-from carmy_worker.sdk.errors import error
+from carmy_worker.sdk.errors import clip, error
 from carmy_worker.store import keys
 from carmy_worker.wire import Record, canonical_json_encoder
 
@@ -48,7 +48,7 @@ class Calls:
         check_request_id(request_id)
         tool = self.catalog.view.get(name)
         if tool is None:
-            raise Rejected(error("TOOL_NOT_FOUND", f"No tool named {name[:128]!r}.",
+            raise Rejected(error("TOOL_NOT_FOUND", f"No tool named {clip(name)!r}.",
                                  suggested_action="list the tools (GET /agent/tools or tools/list)"))
         check_policy(tool, agent)
         check_arguments(tool, arguments)
