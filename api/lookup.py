@@ -94,8 +94,8 @@ class ExecutionRoutes:
 
     async def _wait(self, found: Found, messages: asyncio.Queue[bytes]) -> Record | None:
         with contextlib.suppress(TimeoutError):
-            return await asyncio.wait_for(
-                self.executions.outcome(found.execution_id, found.tool, messages, tick=1.0), CANCEL_WAIT_S)
+            async with asyncio.timeout(CANCEL_WAIT_S):
+                return await self.executions.outcome(found.execution_id, found.tool, messages, tick=1.0)
         return None
 
     async def events(self, scope: Scope, receive: Receive, send: Send) -> None:

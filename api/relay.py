@@ -5,10 +5,10 @@ writing, so a vanished caller is noticed within milliseconds."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Awaitable, Callable
 
+import anyio
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
@@ -27,28 +27,48 @@ async def until_disconnect(receive: Receive) -> None:
         pass
 
 
-async def race_disconnect(work: Awaitable[Record | None], receive: Receive,
+async def race_disconnect(work: Awaitable[Record], receive: Receive,
                           on_disconnect: Callable[[], Awaitable[None]] | None) -> Record | None:
     """Run ``work``; if the client disconnects first, stop it and call ``on_disconnect``.
 
+    ``on_disconnect`` (the cancel of the execution) is called as soon as the disconnect is seen,
+    shielded, without waiting for ``work`` to unwind: however long that takes, or if it swallows
+    a cancellation, the execution is cancelled all the same. ``work`` is cancelled by a cancel
+    scope, which keeps cancelling it until it has stopped.
+
     Returns what ``work`` returned (the record it answered with), or None if the client left.
+    An error of ``work`` is raised as itself, unless the client had left.
     """
-    task = asyncio.ensure_future(work)
-    gone = asyncio.ensure_future(until_disconnect(receive))
-    try:
-        await asyncio.wait((task, gone), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for t in (task, gone):
-            t.cancel()
-    if task.done() and not task.cancelled():
-        with contextlib.suppress(OSError):
-            return task.result()
+    answered: list[Record] = []
+    failed: list[Exception] = []
+    left = False
+
+    async def answer(scope: anyio.CancelScope) -> None:
+        try:
+            answered.append(await work)
+        except Exception as exc:  # raised below, as itself (a task group would wrap it)
+            failed.append(exc)
+        scope.cancel()
+
+    async def watch(scope: anyio.CancelScope) -> None:
+        nonlocal left
+        await until_disconnect(receive)
+        if answered or failed:  # a complete response also ends receive(): that is not a departure
+            return
+        left = True
+        scope.cancel()  # stop the work, but do not wait for it to stop
+        if on_disconnect is not None:
+            with anyio.CancelScope(shield=True):
+                await on_disconnect()
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(answer, group.cancel_scope)
+        group.start_soon(watch, group.cancel_scope)
+    if left:
         return None
-    with contextlib.suppress(asyncio.CancelledError, OSError):
-        await task
-    if on_disconnect is not None:
-        await asyncio.shield(on_disconnect())
-    return None
+    if failed:
+        raise failed[0]
+    return answered[0]
 
 
 async def send_json(send: Send, record: Record) -> None:
