@@ -219,6 +219,19 @@ async def linger(ctx: Context, input: SleepInput) -> Empty:
     return Empty()
 
 
+@tools.tool(effect="none", parallel_safe=True, timeout=300)
+async def hold(ctx: Context, input: SleepInput) -> Empty:
+    """Wait until cancelled (or for ``seconds``, at most 300), noting each start and each
+    cancellation (the execution id) in files."""
+    mark(f"hold-start-{input.tag}", ctx.execution_id)
+    try:
+        await asyncio.sleep(input.seconds)
+    except asyncio.CancelledError:
+        mark(f"hold-cancelled-{input.tag}", ctx.execution_id)
+        raise
+    return Empty()
+
+
 class NotifyInput(msgspec.Struct):
     to: str
 
