@@ -6,7 +6,6 @@ send a retry to the execution it repeats).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -16,12 +15,13 @@ from api.catalog import Catalog, CatalogTool
 from api.checks import Rejected, check_arguments, check_policy, check_request_id, refusal
 from api.executions import Executions
 from api.hub import EventHub
+from api.mailbox import Mailbox
 from carmy_worker.sdk.context import AgentContext
 from carmy_worker.sdk.errors import clip, error
 from carmy_worker.store import keys
 from carmy_worker.wire import Record, canonical_json_encoder
 
-Subscription = contextlib.AbstractAsyncContextManager[asyncio.Queue[bytes] | None]
+Subscription = contextlib.AbstractAsyncContextManager[Mailbox | None]
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,7 @@ class Started:
 
     execution_id: str
     # That execution's events, subscribed before anything ran; None when not following.
-    messages: asyncio.Queue[bytes] | None
+    messages: Mailbox | None
     record: Record | None  # set when it had already finished (a replay)
     owner: bool  # this call started it; a retry that joined it did not (and never cancels it)
     state: str = "queued"  # queued, running or done, as of the start

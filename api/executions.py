@@ -13,6 +13,7 @@ from redis.exceptions import RedisError
 
 from api.catalog import CatalogTool
 from api.hub import RESYNC
+from api.mailbox import Mailbox
 from api.settings import ApiSettings
 from carmy_worker.sdk.context import AgentContext
 from carmy_worker.sdk.errors import store_unavailable
@@ -122,7 +123,7 @@ class Executions:
             delay = min(2 * delay, 1.0)
 
     async def outcome(
-        self, exec_id: str, tool: str, messages: asyncio.Queue[bytes], *, tick: float = RECHECK_S,
+        self, exec_id: str, tool: str, messages: Mailbox, *, tick: float = RECHECK_S,
         on_event: Callable[[Event], Awaitable[None]] | None = None,
         on_idle: Callable[[], Awaitable[None]] | None = None,
     ) -> Record:

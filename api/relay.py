@@ -4,7 +4,6 @@ writing, so a vanished caller is noticed within milliseconds."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Awaitable, Callable
 
@@ -13,6 +12,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from api.executions import RECHECK_S, Executions
+from api.mailbox import Mailbox
 from carmy_worker.wire import SSE_KEEPALIVE, Event, Record, sse_completed, sse_frame, sse_started
 
 SSE_HEADERS = [
@@ -92,7 +92,7 @@ class RecordResponse(Response):
 
 
 async def answer_json(send: Send, executions: Executions, exec_id: str, tool: str,
-                      messages: asyncio.Queue[bytes], *, tick: float) -> Record:
+                      messages: Mailbox, *, tick: float) -> Record:
     """Wait for the record, then send it as the JSON response."""
     record = await executions.outcome(exec_id, tool, messages, tick=tick)
     await send_json(send, record)
@@ -100,10 +100,16 @@ async def answer_json(send: Send, executions: Executions, exec_id: str, tool: st
 
 
 class SseStream:
-    """One execution's events as a ``text/event-stream`` response, keep-alives included."""
+    """One execution's events as a ``text/event-stream`` response, keep-alives included.
 
-    def __init__(self, send: Send, *, keepalive: float) -> None:
+    A client that reads more slowly than its tool reports progress has old progress events
+    dropped from its mailbox (``api.mailbox``): the next frame it gets is preceded by the
+    comment ``: dropped <n> tool.progress events``.
+    """
+
+    def __init__(self, send: Send, messages: Mailbox, *, keepalive: float) -> None:
         self._send = send
+        self._messages = messages
         self._keepalive = keepalive
         self._last_write = time.monotonic()
 
@@ -112,24 +118,29 @@ class SseStream:
         await self._write(sse_started(exec_id, tool))
 
     async def event(self, event: Event) -> None:
-        await self._write(sse_frame(event.name, event.data))
+        await self._write(self._dropped() + sse_frame(event.name, event.data))
 
     async def idle(self) -> None:
         if time.monotonic() - self._last_write >= self._keepalive:
             await self._write(SSE_KEEPALIVE)
 
     async def finish(self, record: Record, *, replayed: bool) -> None:
-        await self._send({"type": "http.response.body", "body": sse_completed(record, replayed=replayed)})
+        body = self._dropped() + sse_completed(record, replayed=replayed)
+        await self._send({"type": "http.response.body", "body": body})
+
+    def _dropped(self) -> bytes:
+        dropped = self._messages.take_dropped()
+        return b": dropped %d tool.progress events\n\n" % dropped if dropped else b""
 
     async def _write(self, chunk: bytes) -> None:
         await self._send({"type": "http.response.body", "body": chunk, "more_body": True})
         self._last_write = time.monotonic()
 
 
-async def stream_sse(send: Send, executions: Executions, exec_id: str, tool: str, messages: asyncio.Queue[bytes],
+async def stream_sse(send: Send, executions: Executions, exec_id: str, tool: str, messages: Mailbox,
                      *, replayed: bool, keepalive: float) -> Record:
     """Relay the execution's events as they come, ending with ``execution.completed``."""
-    stream = SseStream(send, keepalive=keepalive)
+    stream = SseStream(send, messages, keepalive=keepalive)
     await stream.start(exec_id, tool)
     record = await executions.outcome(exec_id, tool, messages, tick=min(keepalive, RECHECK_S),
                                       on_event=stream.event, on_idle=stream.idle)

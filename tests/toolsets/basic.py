@@ -100,6 +100,25 @@ async def progress(ctx: Context, input: Count) -> Count:
     return Count(n=input.n)
 
 
+class FloodInput(msgspec.Struct):
+    n: int
+    size: int = 200
+    tag: str = ""
+
+
+@tools.tool(effect="none", idempotent=True, parallel_safe=True, timeout=300)
+async def flood(ctx: Context, input: FloodInput) -> Count:
+    """Report progress n times as fast as it can, each with a message of ``size`` characters,
+    noting in a file when it has reported them all."""
+    message = "p" * input.size
+    for i in range(input.n):
+        ctx.progress(i + 1, total=input.n, message=message)
+        if i % 100 == 99:
+            await asyncio.sleep(0)  # let the events go out as they come
+    mark(f"flood-end-{input.tag}")
+    return Count(n=input.n)
+
+
 @tools.tool(effect="none", idempotent=True, parallel_safe=True)
 def progress_sync(ctx: Context, input: Count) -> Count:
     """Report progress n times from a thread."""
