@@ -6,7 +6,6 @@ send a retry to the execution it repeats).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -16,12 +15,13 @@ from api.catalog import Catalog, CatalogTool
 from api.checks import Rejected, check_arguments, check_policy, check_request_id, refusal
 from api.executions import Executions
 from api.hub import EventHub
+from api.mailbox import Mailbox
 from carmy_worker.sdk.context import AgentContext
-from carmy_worker.sdk.errors import error
+from carmy_worker.sdk.errors import clip, error
 from carmy_worker.store import keys
 from carmy_worker.wire import Record, canonical_json_encoder
 
-Subscription = contextlib.AbstractAsyncContextManager[asyncio.Queue[bytes] | None]
+Subscription = contextlib.AbstractAsyncContextManager[Mailbox | None]
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,7 @@ class Started:
 
     execution_id: str
     # That execution's events, subscribed before anything ran; None when not following.
-    messages: asyncio.Queue[bytes] | None
+    messages: Mailbox | None
     record: Record | None  # set when it had already finished (a replay)
     owner: bool  # this call started it; a retry that joined it did not (and never cancels it)
     state: str = "queued"  # queued, running or done, as of the start
@@ -48,7 +48,7 @@ class Calls:
         check_request_id(request_id)
         tool = self.catalog.view.get(name)
         if tool is None:
-            raise Rejected(error("TOOL_NOT_FOUND", f"No tool named {name[:128]!r}.",
+            raise Rejected(error("TOOL_NOT_FOUND", f"No tool named {clip(name)!r}.",
                                  suggested_action="list the tools (GET /agent/tools or tools/list)"))
         check_policy(tool, agent)
         check_arguments(tool, arguments)

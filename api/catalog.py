@@ -15,7 +15,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-import jsonschema
+import jsonschema_rs
 from redis.asyncio import Redis
 
 from carmy_worker.store import keys
@@ -51,7 +51,9 @@ class Document:
 class CatalogTool:
     spec: ToolSpec
     timeout: float
-    validator: Any  # a compiled jsonschema validator for the arguments
+    # The arguments' validator, compiled once per schema; None if the published schema does not
+    # compile (not one of ours), and then every call of the tool is refused.
+    validator: jsonschema_rs.Validator | None
     groups: tuple[str, ...]  # worker groups with a live worker serving it, newest first
 
 
@@ -67,7 +69,7 @@ class CatalogView:
 
 
 def build_view(server_name: str, workers: list[tuple[WorkerInfo, bool]],
-               validators: dict[bytes, Any]) -> CatalogView:
+               validators: dict[bytes, jsonschema_rs.Validator | None]) -> CatalogView:
     """Merge workers' catalogs: for a tool defined twice, the newest worker's definition wins."""
     specs: dict[str, tuple[ToolSpec, float]] = {}
     groups: dict[str, list[str]] = {}
@@ -87,12 +89,23 @@ def build_view(server_name: str, workers: list[tuple[WorkerInfo, bool]],
         spec, timeout = specs[name]
         schema_key = json_encoder.encode(spec.input_schema)
         if schema_key not in validators:
-            cls = jsonschema.validators.validator_for(spec.input_schema, default=jsonschema.Draft202012Validator)
-            validators[schema_key] = cls(spec.input_schema)
+            validators[schema_key] = compile_validator(name, spec.input_schema)
         tools[name] = CatalogTool(spec=spec, timeout=timeout, validator=validators[schema_key],
                                   groups=tuple(groups.get(name, ())))
     return CatalogView(tools=tools, catalog=catalog, discovery=discovery,
                        live_workers=sum(1 for _, live in workers if live))
+
+
+def compile_validator(name: str, schema: dict[str, Any]) -> jsonschema_rs.Validator | None:
+    """A compiled (Rust) validator for a tool's input schema: its cost grows with the size of the
+    arguments only, and it stops at the first problem, so no argument can hold the event loop for
+    long. Draft 2020-12 unless the schema names another; ``format`` is an annotation, as the
+    draft says (the worker's msgspec types check formats)."""
+    try:
+        return jsonschema_rs.validator_for(schema, validate_formats=False)
+    except ValueError as exc:  # not a schema we generate: a foreign or broken worker
+        log.error("input schema of %s does not compile; its calls are refused: %s", name, str(exc)[:500])
+        return None
 
 
 @dataclass
@@ -106,7 +119,7 @@ class Catalog:
     view: CatalogView = field(init=False)
     _infos: dict[str, WorkerInfo] = field(default_factory=dict)
     _serving: dict[str, bool] | None = None  # what the current view was built from
-    _validators: dict[bytes, Any] = field(default_factory=dict)
+    _validators: dict[bytes, jsonschema_rs.Validator | None] = field(default_factory=dict)
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
     _ok: bool = False
 

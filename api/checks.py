@@ -1,16 +1,18 @@
 """What every call must pass before it reaches a worker, whichever door it came in by
 (``POST /agent/execute`` or MCP's ``tools/call``): a valid request id, the tool's policy, its
-input schema, and Redis's admission. A refusal is data (``Rejected`` carries the error)."""
+input schema, and Redis's admission. A refusal is data (``Rejected`` carries the error), and
+repeats at most ``ECHO_LIMIT`` characters of any value the caller sent."""
 
 from __future__ import annotations
 
 from typing import Any
 
-import jsonschema
+import jsonschema_rs
+import msgspec
 
 from api.catalog import CatalogTool
 from carmy_worker.sdk.context import AgentContext
-from carmy_worker.sdk.errors import error
+from carmy_worker.sdk.errors import ECHO_LIMIT, clip, error
 from carmy_worker.store.submit import Submission
 from carmy_worker.wire import ErrorBody
 
@@ -48,16 +50,33 @@ def check_policy(tool: CatalogTool, agent: AgentContext) -> None:
 
 
 def check_arguments(tool: CatalogTool, arguments: dict[str, Any]) -> None:
+    if tool.validator is None:
+        raise Rejected(error("INVALID_ARGUMENTS", f"The input schema of {tool.spec.name} cannot be used; "
+                                                  "no arguments can be checked against it."))
     try:
-        problem = jsonschema.exceptions.best_match(tool.validator.iter_errors(arguments))
-    except RecursionError:
-        raise Rejected(error("INVALID_ARGUMENTS", "The arguments are nested too deeply.")) from None
-    if problem is not None:
-        path = "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in problem.absolute_path)
+        tool.validator.validate(arguments)  # the first problem found, not all of them
+    except jsonschema_rs.ValidationError as problem:
+        path = clip("$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in problem.instance_path))
+        reason = _reason(problem)
         raise Rejected(error(
-            "INVALID_ARGUMENTS", f"The arguments do not match the input schema at {path}: {problem.message}",
-            details={"path": path, "reason": problem.message},
-        ))
+            "INVALID_ARGUMENTS", f"The arguments do not match the input schema at {path}: {reason}",
+            details={"path": path, "reason": reason},
+        )) from None
+
+
+def _reason(problem: jsonschema_rs.ValidationError) -> str:
+    """The validator's message, which quotes the offending value whole, with that value cut, so
+    that the part saying what is wrong ("… is not of type "integer"") survives."""
+    message = problem.message
+    if len(message) <= ECHO_LIMIT:
+        return message
+    value = problem.instance
+    quoted = msgspec.json.encode(value).decode()  # compact JSON, as the validator quotes it
+    before, found, after = message.partition(quoted)
+    if found and len(before) + len(after) <= ECHO_LIMIT:
+        cut = msgspec.json.encode(clip(value)).decode() if isinstance(value, str) else clip(quoted)
+        return before + cut + after
+    return clip(message)  # a long key, or a value quoted otherwise
 
 
 def refusal(sub: Submission, name: str) -> ErrorBody:

@@ -28,7 +28,7 @@ from api.ops import ApiMetrics
 from api.responses import envelope_error
 from api.settings import ApiSettings
 from carmy_worker.logs import request_id_hash
-from carmy_worker.sdk.errors import store_unavailable
+from carmy_worker.sdk.errors import clip, store_unavailable
 from carmy_worker.store import keys, records
 from carmy_worker.wire import ErrorBody, ExecuteRequest, Record, request_decoder
 
@@ -49,11 +49,11 @@ def prefers_async(scope: Scope) -> bool:
 
 
 def decode_envelope(body: bytes) -> ExecuteRequest | str:
-    """The request, or the reason it is malformed."""
+    """The request, or the reason it is malformed (which may quote the caller: an unknown field's name)."""
     try:
         return request_decoder.decode(body)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-        return str(exc)
+        return clip(str(exc))
     except RecursionError:
         return "JSON is nested too deeply"
 
@@ -96,7 +96,7 @@ class ExecuteEndpoint:
         duration_ms = round((time.perf_counter() - start) * 1000, 1)
         log.info("request", extra={"carmy": {
             # An unknown tool's name is the caller's text: keep the line short whatever they sent.
-            "event": "request", "execution_id": answer.execution_id, "tool": (answer.tool or "")[:128] or None,
+            "event": "request", "execution_id": answer.execution_id, "tool": clip(answer.tool) if answer.tool else None,
             "request_id_hash": request_id_hash(answer.request_id), "outcome": answer.outcome,
             "status_code": answer.status_code, "error_code": answer.error_code,
             "replayed": answer.outcome in ("replayed", "joined"), "duration_ms": duration_ms,
@@ -137,8 +137,8 @@ class ExecuteEndpoint:
         """Answer a call refused before it reached a worker (nothing is recorded)."""
         exec_id = keys.new_execution_id()
         record = records.failed(exec_id, request.tool, err)
-        if sse:
-            await relay.send_sse_record(send, exec_id, request.tool, record, replayed=False)
+        if sse:  # execution.started names the tool: an unknown one is the caller's text, cut
+            await relay.send_sse_record(send, exec_id, clip(request.tool), record, replayed=False)
         else:
             await relay.send_json(send, record)
         return Answer.of("refused", record, exec_id, request)

@@ -13,6 +13,7 @@ from redis.exceptions import RedisError
 
 from api.catalog import CatalogTool
 from api.hub import RESYNC
+from api.mailbox import Mailbox
 from api.settings import ApiSettings
 from carmy_worker.sdk.context import AgentContext
 from carmy_worker.sdk.errors import store_unavailable
@@ -31,6 +32,9 @@ ADMISSION_GRACE_S = 30.0
 # How long a waiter keeps waiting while Redis cannot be reached before it answers
 # STORE_UNAVAILABLE (not stored: a retry with the same request_id gets the real result).
 PATIENCE_S = 60.0
+# Cancels of executions whose callers left, run at once by one process (the rest wait their
+# turn): a thousand callers resetting together must not take every Redis connection.
+ABANDONING = 8
 
 
 class Found(Struct):
@@ -46,6 +50,7 @@ class Executions:
         self.settings = settings
         self._submit = Submit(redis, retention=settings.retention)
         self._verdicts = Verdicts(redis, retention=settings.retention)
+        self._abandoning = asyncio.Semaphore(ABANDONING)
 
     async def submit(
         self, *, exec_id: str, tool: CatalogTool, arguments: bytes, request_id: str | None, agent: AgentContext,
@@ -99,14 +104,26 @@ class Executions:
         await self._verdicts.cancel(exec_id, tool)
 
     async def abandon(self, exec_id: str, tool: str) -> None:
-        """Cancel for a caller that went away: a Redis failure is logged, there is nobody to tell."""
-        try:
-            await self._verdicts.cancel(exec_id, tool)
-        except RedisError as exc:
-            log.warning("could not cancel %s: %s", exec_id, exc)
+        """Cancel for a caller that went away. Nobody is left to retry it, so it tries again while
+        Redis is busy or unreachable, up to ``PATIENCE_S``, then logs the failure. A burst of
+        disconnects takes at most ``ABANDONING`` of the pool's connections: the calls still
+        waiting keep theirs."""
+        loop = asyncio.get_running_loop()
+        give_up, delay = loop.time() + PATIENCE_S, 0.05
+        while True:
+            try:
+                async with self._abandoning:
+                    await self._verdicts.cancel(exec_id, tool)  # cancelling twice changes nothing
+                return
+            except RedisError as exc:
+                if loop.time() >= give_up:
+                    log.warning("could not cancel %s: %s", exec_id, exc)
+                    return
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, 1.0)
 
     async def outcome(
-        self, exec_id: str, tool: str, messages: asyncio.Queue[bytes], *, tick: float = RECHECK_S,
+        self, exec_id: str, tool: str, messages: Mailbox, *, tick: float = RECHECK_S,
         on_event: Callable[[Event], Awaitable[None]] | None = None,
         on_idle: Callable[[], Awaitable[None]] | None = None,
     ) -> Record:
@@ -122,8 +139,11 @@ class Executions:
         unreachable_since: float | None = None
         loop = asyncio.get_running_loop()
         while True:
+            # Not asyncio.wait_for: on 3.11 it can return a message instead of raising the
+            # CancelledError of a caller that went away, and the wait would go on.
             try:
-                message: bytes | None = await asyncio.wait_for(messages.get(), tick)
+                async with asyncio.timeout(tick):
+                    message: bytes | None = await messages.get()
             except TimeoutError:
                 message = None
             if message is not None and message != RESYNC:

@@ -3,6 +3,8 @@
 A request subscribes to its execution's channel (and waits for Redis to confirm) before it
 enqueues, so no event can be missed. If the connection drops, every subscriber is told
 (``RESYNC``) so it re-reads the stored record: a lost message costs a read, never an answer.
+Each subscriber's messages wait in a bounded ``Mailbox``: one that does not keep up loses old
+progress events, never the others, and never makes the process buffer without end.
 """
 
 from __future__ import annotations
@@ -15,9 +17,10 @@ from collections.abc import AsyncIterator, Callable
 from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 
+from api.mailbox import RESYNC as RESYNC
+from api.mailbox import Mailbox
 from carmy_worker.store.pubsub import Message, listen_forever
 
-RESYNC = b""  # put into every queue after a reconnection
 SUBSCRIBE_TIMEOUT = 2.0
 
 
@@ -29,7 +32,7 @@ class EventHub:
     def __init__(self, redis: Redis, *, on_broadcast: dict[str, Callable[[bytes], None]] | None = None) -> None:
         self._redis = redis
         self._pubsub: PubSub | None = None
-        self._queues: dict[str, set[asyncio.Queue[bytes]]] = {}
+        self._queues: dict[str, set[Mailbox]] = {}
         self._confirms: dict[str, list[asyncio.Future[None]]] = defaultdict(list)
         # Process-wide channels (catalog changes) and their handlers: always subscribed.
         self._broadcast = dict(on_broadcast or {})
@@ -47,9 +50,9 @@ class EventHub:
             await self._pubsub.aclose()
 
     @contextlib.asynccontextmanager
-    async def subscribe(self, channel: str) -> AsyncIterator[asyncio.Queue[bytes]]:
-        """A queue of the messages on ``channel``, from the moment Redis confirmed."""
-        queue: asyncio.Queue[bytes] = asyncio.Queue()
+    async def subscribe(self, channel: str) -> AsyncIterator[Mailbox]:
+        """The messages on ``channel``, from the moment Redis confirmed."""
+        queue = Mailbox()
         first = channel not in self._queues
         self._queues.setdefault(channel, set()).add(queue)
         try:

@@ -26,6 +26,7 @@ from api import relay
 from api.auth import trusted_context
 from api.executions import Executions, Found
 from api.hub import EventHub, HubUnavailable
+from api.mailbox import Mailbox
 from api.responses import NO_STORE, envelope, envelope_error
 from api.settings import ApiSettings
 from carmy_worker.sdk.errors import store_unavailable
@@ -92,10 +93,10 @@ class ExecutionRoutes:
             return accepted(found.execution_id, "running")
         return relay.RecordResponse(record)
 
-    async def _wait(self, found: Found, messages: asyncio.Queue[bytes]) -> Record | None:
+    async def _wait(self, found: Found, messages: Mailbox) -> Record | None:
         with contextlib.suppress(TimeoutError):
-            return await asyncio.wait_for(
-                self.executions.outcome(found.execution_id, found.tool, messages, tick=1.0), CANCEL_WAIT_S)
+            async with asyncio.timeout(CANCEL_WAIT_S):
+                return await self.executions.outcome(found.execution_id, found.tool, messages, tick=1.0)
         return None
 
     async def events(self, scope: Scope, receive: Receive, send: Send) -> None:

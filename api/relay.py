@@ -4,15 +4,15 @@ writing, so a vanished caller is noticed within milliseconds."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import time
 from collections.abc import Awaitable, Callable
 
+import anyio
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from api.executions import RECHECK_S, Executions
+from api.mailbox import Mailbox
 from carmy_worker.wire import SSE_KEEPALIVE, Event, Record, sse_completed, sse_frame, sse_started
 
 SSE_HEADERS = [
@@ -27,28 +27,48 @@ async def until_disconnect(receive: Receive) -> None:
         pass
 
 
-async def race_disconnect(work: Awaitable[Record | None], receive: Receive,
+async def race_disconnect(work: Awaitable[Record], receive: Receive,
                           on_disconnect: Callable[[], Awaitable[None]] | None) -> Record | None:
     """Run ``work``; if the client disconnects first, stop it and call ``on_disconnect``.
 
+    ``on_disconnect`` (the cancel of the execution) is called as soon as the disconnect is seen,
+    shielded, without waiting for ``work`` to unwind: however long that takes, or if it swallows
+    a cancellation, the execution is cancelled all the same. ``work`` is cancelled by a cancel
+    scope, which keeps cancelling it until it has stopped.
+
     Returns what ``work`` returned (the record it answered with), or None if the client left.
+    An error of ``work`` is raised as itself, unless the client had left.
     """
-    task = asyncio.ensure_future(work)
-    gone = asyncio.ensure_future(until_disconnect(receive))
-    try:
-        await asyncio.wait((task, gone), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for t in (task, gone):
-            t.cancel()
-    if task.done() and not task.cancelled():
-        with contextlib.suppress(OSError):
-            return task.result()
+    answered: list[Record] = []
+    failed: list[Exception] = []
+    left = False
+
+    async def answer(scope: anyio.CancelScope) -> None:
+        try:
+            answered.append(await work)
+        except Exception as exc:  # raised below, as itself (a task group would wrap it)
+            failed.append(exc)
+        scope.cancel()
+
+    async def watch(scope: anyio.CancelScope) -> None:
+        nonlocal left
+        await until_disconnect(receive)
+        if answered or failed:  # a complete response also ends receive(): that is not a departure
+            return
+        left = True
+        scope.cancel()  # stop the work, but do not wait for it to stop
+        if on_disconnect is not None:
+            with anyio.CancelScope(shield=True):
+                await on_disconnect()
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(answer, group.cancel_scope)
+        group.start_soon(watch, group.cancel_scope)
+    if left:
         return None
-    with contextlib.suppress(asyncio.CancelledError, OSError):
-        await task
-    if on_disconnect is not None:
-        await asyncio.shield(on_disconnect())
-    return None
+    if failed:
+        raise failed[0]
+    return answered[0]
 
 
 async def send_json(send: Send, record: Record) -> None:
@@ -72,7 +92,7 @@ class RecordResponse(Response):
 
 
 async def answer_json(send: Send, executions: Executions, exec_id: str, tool: str,
-                      messages: asyncio.Queue[bytes], *, tick: float) -> Record:
+                      messages: Mailbox, *, tick: float) -> Record:
     """Wait for the record, then send it as the JSON response."""
     record = await executions.outcome(exec_id, tool, messages, tick=tick)
     await send_json(send, record)
@@ -80,10 +100,16 @@ async def answer_json(send: Send, executions: Executions, exec_id: str, tool: st
 
 
 class SseStream:
-    """One execution's events as a ``text/event-stream`` response, keep-alives included."""
+    """One execution's events as a ``text/event-stream`` response, keep-alives included.
 
-    def __init__(self, send: Send, *, keepalive: float) -> None:
+    A client that reads more slowly than its tool reports progress has old progress events
+    dropped from its mailbox (``api.mailbox``): the next frame it gets is preceded by the
+    comment ``: dropped <n> tool.progress events``.
+    """
+
+    def __init__(self, send: Send, messages: Mailbox, *, keepalive: float) -> None:
         self._send = send
+        self._messages = messages
         self._keepalive = keepalive
         self._last_write = time.monotonic()
 
@@ -92,24 +118,29 @@ class SseStream:
         await self._write(sse_started(exec_id, tool))
 
     async def event(self, event: Event) -> None:
-        await self._write(sse_frame(event.name, event.data))
+        await self._write(self._dropped() + sse_frame(event.name, event.data))
 
     async def idle(self) -> None:
         if time.monotonic() - self._last_write >= self._keepalive:
             await self._write(SSE_KEEPALIVE)
 
     async def finish(self, record: Record, *, replayed: bool) -> None:
-        await self._send({"type": "http.response.body", "body": sse_completed(record, replayed=replayed)})
+        body = self._dropped() + sse_completed(record, replayed=replayed)
+        await self._send({"type": "http.response.body", "body": body})
+
+    def _dropped(self) -> bytes:
+        dropped = self._messages.take_dropped()
+        return b": dropped %d tool.progress events\n\n" % dropped if dropped else b""
 
     async def _write(self, chunk: bytes) -> None:
         await self._send({"type": "http.response.body", "body": chunk, "more_body": True})
         self._last_write = time.monotonic()
 
 
-async def stream_sse(send: Send, executions: Executions, exec_id: str, tool: str, messages: asyncio.Queue[bytes],
+async def stream_sse(send: Send, executions: Executions, exec_id: str, tool: str, messages: Mailbox,
                      *, replayed: bool, keepalive: float) -> Record:
     """Relay the execution's events as they come, ending with ``execution.completed``."""
-    stream = SseStream(send, keepalive=keepalive)
+    stream = SseStream(send, messages, keepalive=keepalive)
     await stream.start(exec_id, tool)
     record = await executions.outcome(exec_id, tool, messages, tick=min(keepalive, RECHECK_S),
                                       on_event=stream.event, on_idle=stream.idle)

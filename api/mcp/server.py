@@ -40,7 +40,7 @@ from api.mcp.cancel import SESSION_HEADER, CallRegistry, assigning_session_id, c
 from api.mcp.wire import META_EXECUTION_ID, META_REPLAYED, META_REQUEST_ID, call_result, mcp_tool, progress_decoder
 from api.settings import ApiSettings
 from carmy_worker.sdk.context import AgentContext
-from carmy_worker.sdk.errors import error, store_unavailable
+from carmy_worker.sdk.errors import ECHO_LIMIT, clip, error, store_unavailable
 from carmy_worker.store import keys, records
 from carmy_worker.wire import ErrorBody, Event, Record
 
@@ -154,7 +154,8 @@ class McpServer:
         meta = result.meta or {}
         err = result.structured_content.get("error") if result.is_error and result.structured_content else None
         log.info("mcp call", extra={"carmy": {
-            "event": "mcp.call", "execution_id": meta.get(META_EXECUTION_ID), "tool": params.name,
+            # An unknown tool's name is the caller's text: keep the line short whatever they sent.
+            "event": "mcp.call", "execution_id": meta.get(META_EXECUTION_ID), "tool": clip(params.name),
             "outcome": "failed" if result.is_error else "completed", "error_code": err and err.get("code"),
             "replayed": meta.get(META_REPLAYED), "duration_ms": round((time.perf_counter() - start) * 1000, 1),
         }})
@@ -168,7 +169,8 @@ class McpServer:
             arguments = params.arguments or {}
             tool = self.calls.admit(name, arguments, request_id, agent)
             async with self.calls.start(tool, arguments, request_id, agent) as started:
-                record = started.record or await self._follow(ctx, started, tool, agent)
+                record = started.record or await self._follow(ctx, started, tool, agent,
+                                                              report_progress=_may_report_progress(params.meta))
                 return call_result(record, replayed=not started.owner)
         except Rejected as rejected:
             return _refused(name, rejected.error)
@@ -176,7 +178,8 @@ class McpServer:
             log.warning("store unavailable: %s", exc)
             return _refused(name, store_unavailable())
 
-    async def _follow(self, ctx: Ctx, started: Started, tool: CatalogTool, agent: AgentContext) -> Record:
+    async def _follow(self, ctx: Ctx, started: Started, tool: CatalogTool, agent: AgentContext, *,
+                      report_progress: bool) -> Record:
         """Relay the execution's progress until its record; cancel it if this call is cancelled."""
         name, exec_id, messages, owner = tool.spec.name, started.execution_id, started.messages, started.owner
         if messages is None:  # pragma: no cover - start(follow=True) always subscribes
@@ -185,7 +188,7 @@ class McpServer:
 
         async def report(event: Event) -> None:
             nonlocal last
-            if event.name != "tool.progress":
+            if not report_progress or event.name != "tool.progress":
                 return
             progress = progress_decoder.decode(event.data)
             # MCP wants progress to increase: a partial result (same value again) is skipped.
@@ -244,6 +247,13 @@ def _request_id(meta: types.RequestParamsMeta | None) -> str | None:
     if value is not None and not isinstance(value, str):
         raise Rejected(error("INVALID_ID", f"_meta.{META_REQUEST_ID} must be a string."))
     return value
+
+
+def _may_report_progress(meta: types.RequestParamsMeta | None) -> bool:
+    """Each progress notification repeats the caller's ``progressToken``: an over-long one gets
+    none (MCP lets a server send none), rather than having its size multiplied."""
+    token = meta.get("progress_token") if meta else None  # the SDK's name for progressToken
+    return token is None or len(str(token)) <= ECHO_LIMIT
 
 
 def _header(scope: Scope, name: str) -> str | None:

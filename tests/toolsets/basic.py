@@ -45,6 +45,13 @@ class Count(msgspec.Struct):
     n: int
 
 
+class Node(msgspec.Struct):
+    """A recursive input type: a tree."""
+
+    value: int
+    children: list[Node] = []
+
+
 @tools.tool(effect="none", idempotent=True, parallel_safe=True)
 async def noop(ctx: Context) -> Empty:
     """Does nothing."""
@@ -93,12 +100,42 @@ async def progress(ctx: Context, input: Count) -> Count:
     return Count(n=input.n)
 
 
+class FloodInput(msgspec.Struct):
+    n: int
+    size: int = 200
+    tag: str = ""
+
+
+@tools.tool(effect="none", idempotent=True, parallel_safe=True, timeout=300)
+async def flood(ctx: Context, input: FloodInput) -> Count:
+    """Report progress n times as fast as it can, each with a message of ``size`` characters,
+    noting in a file when it has reported them all."""
+    message = "p" * input.size
+    for i in range(input.n):
+        ctx.progress(i + 1, total=input.n, message=message)
+        if i % 100 == 99:
+            await asyncio.sleep(0)  # let the events go out as they come
+    mark(f"flood-end-{input.tag}")
+    return Count(n=input.n)
+
+
 @tools.tool(effect="none", idempotent=True, parallel_safe=True)
 def progress_sync(ctx: Context, input: Count) -> Count:
     """Report progress n times from a thread."""
     for i in range(input.n):
         ctx.progress(i + 1, total=input.n)
     return Count(n=input.n)
+
+
+@tools.tool(effect="none", idempotent=True, parallel_safe=True)
+async def tree_size(ctx: Context, input: Node) -> Count:
+    """Count the nodes of a tree (a recursive input type)."""
+    n, todo = 0, [input]
+    while todo:
+        node = todo.pop()
+        n += 1
+        todo.extend(node.children)
+    return Count(n=n)
 
 
 @tools.tool(effect="none")
@@ -197,6 +234,19 @@ async def linger(ctx: Context, input: SleepInput) -> Empty:
         await asyncio.sleep(input.seconds)
     except asyncio.CancelledError:
         mark(f"linger-cancelled-{input.tag}", str(time.time()))
+        raise
+    return Empty()
+
+
+@tools.tool(effect="none", parallel_safe=True, timeout=300)
+async def hold(ctx: Context, input: SleepInput) -> Empty:
+    """Wait until cancelled (or for ``seconds``, at most 300), noting each start and each
+    cancellation (the execution id) in files."""
+    mark(f"hold-start-{input.tag}", ctx.execution_id)
+    try:
+        await asyncio.sleep(input.seconds)
+    except asyncio.CancelledError:
+        mark(f"hold-cancelled-{input.tag}", ctx.execution_id)
         raise
     return Empty()
 

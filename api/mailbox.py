@@ -1,0 +1,80 @@
+"""A subscriber's mailbox: one execution's events waiting for the request that relays them,
+bounded, so that a client that stops reading while its tool streams progress cannot make the
+API buffer without end.
+
+Only ``tool.progress`` events are ever dropped. Once more than ``MAX_PROGRESS`` of them, or
+``MAX_PROGRESS_BYTES``, are waiting, the oldest waiting one goes: the newest progress is kept,
+in order. ``tool.started``, ``tool.completed``, ``final`` and ``RESYNC`` are always kept (an
+execution has a handful). The relay reads ``take_dropped()`` to tell its client what it missed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+
+import msgspec
+
+from carmy_worker.wire import progress_event
+
+MAX_PROGRESS = 1000  # progress events one subscriber may have waiting
+MAX_PROGRESS_BYTES = 1 << 20  # and their size; the newest is kept whatever its size
+RESYNC = b""  # "re-read the record": put into every mailbox after the hub reconnects
+
+# How every tool.progress message starts (the event name, before its data).
+_PROGRESS = progress_event(b"")[: -len(msgspec.msgpack.encode(b""))]
+
+
+def is_progress(message: bytes) -> bool:
+    return message.startswith(_PROGRESS)
+
+
+class Mailbox:
+    """``put_nowait`` (the hub) and ``get`` (one reader), like an ``asyncio.Queue`` of messages,
+    but bounded by dropping the oldest waiting progress events."""
+
+    def __init__(self, *, max_progress: int = MAX_PROGRESS, max_progress_bytes: int = MAX_PROGRESS_BYTES) -> None:
+        self._items: deque[bytes] = deque()
+        self._ready = asyncio.Event()
+        self._max_progress = max_progress
+        self._max_progress_bytes = max_progress_bytes
+        self._progress = 0  # waiting progress events
+        self._progress_bytes = 0
+        self._dropped = 0
+
+    def put_nowait(self, message: bytes) -> None:
+        if message == RESYNC and self._items and self._items[-1] == RESYNC:
+            return  # one re-read is enough, however often the hub reconnected meanwhile
+        self._items.append(message)
+        self._ready.set()
+        if is_progress(message):
+            self._progress += 1
+            self._progress_bytes += len(message)
+            while self._progress > 1 and (self._progress > self._max_progress
+                                          or self._progress_bytes > self._max_progress_bytes):
+                self._drop_oldest_progress()
+
+    async def get(self) -> bytes:
+        """The next message, waiting for one; a cancelled wait takes none."""
+        while not self._items:
+            self._ready.clear()
+            await self._ready.wait()
+        message = self._items.popleft()
+        if is_progress(message):
+            self._progress -= 1
+            self._progress_bytes -= len(message)
+        return message
+
+    def take_dropped(self) -> int:
+        """How many progress events were dropped since the last call."""
+        dropped, self._dropped = self._dropped, 0
+        return dropped
+
+    def _drop_oldest_progress(self) -> None:
+        for i, message in enumerate(self._items):  # progress events are nearly all of them
+            if is_progress(message):
+                del self._items[i]
+                self._progress -= 1
+                self._progress_bytes -= len(message)
+                self._dropped += 1
+                return

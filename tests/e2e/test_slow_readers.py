@@ -1,0 +1,106 @@
+"""A client that stops reading its SSE stream while its tool floods progress costs the API a
+bounded amount of memory and nobody else any time; when it reads again, it gets the end of
+its stream: the newest progress, tool.completed and execution.completed."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import re
+import socket
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.sse import parse
+from tests.support import Proc, Stack, wait_until
+
+EVENTS = 34_000  # progress events of each flood (100,000 in all), of about 1.1 KB each (37 MB a stream)
+STREAMS = 3
+# What the stalled streams may add to the API's memory, all three together. Each may hold up
+# to 1 MiB of progress events in its mailbox; unbounded, they took 110 MB (and 200 MB with
+# 100,000 smaller events each).
+RSS_BOUND_MB = 40
+
+
+@pytest.fixture(scope="module")
+def api(stack: Stack) -> Iterator[tuple[Proc, str]]:
+    stack.worker()
+    proc, base = stack.api()
+    wait_until(lambda: "flood" in httpx.get(base + "/agent/tools").text)
+    yield proc, base
+
+
+def rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as status:
+        kb = next(int(line.split()[1]) for line in status if line.startswith("VmRSS:"))
+    return kb / 1024
+
+
+def flood(i: int) -> dict[str, Any]:
+    return {"tool": "flood", "arguments": {"n": EVENTS, "size": 1000, "tag": str(i)}, "request_id": f"flood-{i}"}
+
+
+def stalled_stream(base: str, body: dict[str, Any]) -> socket.socket:
+    """An SSE call whose client reads nothing (with a small receive buffer) until told to."""
+    host, port = base.removeprefix("http://").split(":")
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.settimeout(60)
+    sock.connect((host, int(port)))
+    payload = json.dumps(body).encode()
+    sock.sendall(b"POST /agent/execute HTTP/1.1\r\nHost: carmy.test\r\nAccept: text/event-stream\r\n"
+                 b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(payload), payload))
+    return sock
+
+
+def read_stream(sock: socket.socket) -> str:
+    """The whole SSE answer on ``sock``, read at last."""
+    response = http.client.HTTPResponse(sock, method="POST")
+    response.begin()
+    assert response.status == 200
+    return response.read().decode()
+
+
+def finished(base: str, i: int) -> bool:
+    """Whether flood ``i`` has its record: a retry asking for an early answer gets 202 until then."""
+    r = httpx.post(base + "/agent/execute", json=flood(i), headers={"prefer": "respond-async"}, timeout=30)
+    return r.status_code == 200
+
+
+@pytest.mark.timeout(240)
+def test_clients_that_stop_reading_cost_bounded_memory_and_nobody_time(api: tuple[Proc, str]) -> None:
+    proc, base = api
+    noop = {"tool": "noop"}
+    assert httpx.post(base + "/agent/execute", json=noop).status_code == 200
+    before = rss_mb(proc.pid)
+    streams = [stalled_stream(base, flood(i)) for i in range(STREAMS)]
+    peak, latencies = before, []
+    with httpx.Client(timeout=30) as client:
+        while not all(finished(base, i) for i in range(STREAMS)):
+            asked = time.monotonic()
+            assert client.post(base + "/agent/execute", json=noop).status_code == 200
+            latencies.append(time.monotonic() - asked)
+            peak = max(peak, rss_mb(proc.pid))
+    peak = max(peak, rss_mb(proc.pid))
+    answers = [read_stream(sock) for sock in streams]
+    for sock in streams:
+        sock.close()
+
+    assert peak - before < RSS_BOUND_MB, f"the API grew from {before:.0f} MB to {peak:.0f} MB"
+    # Others were served as usual meanwhile (generous bounds: the floods load a 2-core machine).
+    assert sorted(latencies)[len(latencies) // 2] < 0.5
+    assert max(latencies) < 3.0
+    for text in answers:
+        events = parse(text)
+        names = [name for name, _ in events]
+        assert names[:2] == ["execution.started", "tool.started"]
+        assert names[-2:] == ["tool.completed", "execution.completed"]
+        assert events[-1][1]["data"] == {"n": EVENTS}
+        progress = [data["progress"] for name, data in events if name == "tool.progress"]
+        assert progress == sorted(progress) and progress[-1] == EVENTS  # the newest is never dropped
+        dropped = sum(int(n) for n in re.findall(r"^: dropped (\d+) tool.progress events$", text, re.MULTILINE))
+        assert dropped > 0 and dropped + len(progress) == EVENTS  # every event relayed or counted
