@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 import httpx
 import redis
 
+from bench.processes import status_kib
+
 ESTABLISHED = "01"
 
 
@@ -35,14 +37,6 @@ class InflightResult:
     peak: Peak
     hwm_mib: float  # VmHWM: the API's peak RSS over its whole life
     failures: list[str] = field(default_factory=list)
-
-
-def status_kib(pid: int, key: str) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1])
-    raise KeyError(key)
 
 
 def socket_inodes(pid: int) -> set[str]:

@@ -78,6 +78,15 @@ def wait_until(check: Callable[[], object], timeout: float = 30.0, what: str = "
     raise TimeoutError(f"{what}: not met within {timeout:g} s (last error: {last!r})")
 
 
+def status_kib(pid: int, key: str) -> int:
+    """A figure of /proc/PID/status in KiB, such as VmRSS (resident now) or VmHWM (its peak)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    raise KeyError(key)
+
+
 def _exit_status(code: int) -> str:
     if code < 0:
         try:

@@ -12,6 +12,7 @@ import httpx
 import pytest
 import redis
 
+from bench.processes import status_kib
 from tests.sse import parse
 from tests.support import Proc, Stack, wait_until
 
@@ -48,9 +49,7 @@ def api(stack: Stack, worker: Proc) -> tuple[Proc, str]:
 def peak_rss(pid: int) -> int:
     """The process's peak resident memory so far (VmHWM), in bytes: what a tight loop grew it to,
     even if it was given back since."""
-    with open(f"/proc/{pid}/status") as status:
-        line = next(line for line in status if line.startswith("VmHWM:"))
-    return int(line.split()[1]) * 1024
+    return status_kib(pid, "VmHWM") * 1024
 
 
 def stream(base: str, tool: str, arguments: dict[str, Any]) -> list[tuple[str, Any]]:

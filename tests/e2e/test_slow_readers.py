@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
+from bench.processes import status_kib
 from tests.sse import parse
 from tests.support import Proc, Stack, wait_until
 
@@ -35,9 +36,7 @@ def api(stack: Stack) -> Iterator[tuple[Proc, str]]:
 
 
 def rss_mb(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as status:
-        kb = next(int(line.split()[1]) for line in status if line.startswith("VmRSS:"))
-    return kb / 1024
+    return status_kib(pid, "VmRSS") / 1024
 
 
 def flood(i: int) -> dict[str, Any]:
