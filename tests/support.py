@@ -18,7 +18,7 @@ import httpx
 # never the other way round.
 from bench.processes import ROOT, Proc, RedisServer, StartError, free_port, on_free_port, wait_until
 
-__all__ = ["ROOT", "Call", "Proc", "RedisServer", "Stack", "StartError", "free_port", "new_tmp", "wait_until",
+__all__ = ["ROOT", "Call", "Proc", "RedisServer", "Stack", "StartError", "free_port", "marked", "new_tmp", "wait_until",
            "wait_until_async"]
 
 # Seconds a worker or API process may take to be ready. Generous, for a busy machine: a process
@@ -90,6 +90,16 @@ class Stack:
     def close(self) -> None:
         for proc in self.procs:
             proc.close()
+
+
+def marked(path: Path, timeout: float = 30.0) -> str:
+    """What a tool wrote to ``path`` with ``mark`` (tests/toolsets), once a whole line is there: the
+    file exists, just created, a moment before its first line does."""
+    def line() -> str:
+        text = path.read_text()
+        return text if text.endswith("\n") else ""
+
+    return str(wait_until(line, timeout, what=f"{path.name} written"))
 
 
 def new_tmp() -> Path:

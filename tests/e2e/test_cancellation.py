@@ -14,7 +14,7 @@ import httpx
 import pytest
 import redis
 
-from tests.support import Stack, wait_until
+from tests.support import Stack, marked, wait_until
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +38,7 @@ def calling(base: str, body: dict[str, object]) -> Iterator[None]:
 
 
 def stamp(path: Path) -> float:
-    return float(path.read_text().split()[0])
+    return float(marked(path).split()[0])
 
 
 def assert_cancelled_record(base: str, body: dict[str, object], started: bool) -> None:
@@ -54,10 +54,9 @@ def assert_cancelled_record(base: str, body: dict[str, object], started: bool) -
 def test_json_disconnect_cancels_the_running_tool(base: str, stack: Stack) -> None:
     body = {"tool": "linger", "arguments": {"seconds": 20, "tag": "json"}, "request_id": "cancel-json"}
     with calling(base, body):
-        wait_until((stack.tmp / "linger-start-json").exists)
+        marked(stack.tmp / "linger-start-json")
     gone_at = time.time()  # the connection is closed
     cancelled = stack.tmp / "linger-cancelled-json"
-    wait_until(cancelled.exists)
     assert stamp(cancelled) - gone_at < 1.0
     assert_cancelled_record(base, body, started=True)
 
@@ -74,7 +73,6 @@ def test_sse_disconnect_cancels_the_running_tool(base: str, stack: Stack) -> Non
                 break
     gone_at = time.time()
     cancelled = stack.tmp / "linger-cancelled-sse"
-    wait_until(cancelled.exists)
     assert stamp(cancelled) - gone_at < 1.0
     assert_cancelled_record(base, body, started=True)
 
@@ -84,7 +82,7 @@ def test_abandoned_queued_execution_never_starts(base: str, stack: Stack, sync_r
     busy = {"tool": "linger", "arguments": {"seconds": 20, "tag": "busy"}}
     queued = {"tool": "linger", "arguments": {"seconds": 1, "tag": "queued"}, "request_id": "cancel-queued"}
     with calling(base, busy):
-        wait_until((stack.tmp / "linger-start-busy").exists)
+        marked(stack.tmp / "linger-start-busy")
         with calling(base, queued):
             # Accepted: it waits in the queue of executions not yet started.
             [exec_id] = wait_until(lambda: sync_redis.zrange("carmy:queued", 0, -1))

@@ -10,7 +10,7 @@ import time
 
 import httpx
 
-from tests.support import Stack, wait_until
+from tests.support import Stack, marked, wait_until
 
 # Seconds the accepted calls of a burst hold their slots: longer than a whole burst takes to
 # arrive, even on a busy machine (a slot freed mid-burst would admit a fifth call).
@@ -100,7 +100,7 @@ def test_sigterm_drains_then_deregisters(fresh_stack: Stack) -> None:
         call = threading.Thread(target=lambda: result.append(client.post(
             base + "/agent/execute", json={"tool": "linger", "arguments": {"seconds": 4, "tag": "drain"}})))
         call.start()
-        wait_until((fresh_stack.tmp / "linger-start-drain").exists)
+        marked(fresh_stack.tmp / "linger-start-drain")
         worker.signal(signal.SIGTERM)
         # While it drains it takes no new work: a new call is refused.
         wait_until(lambda: httpx.post(base + "/agent/execute", json={"tool": "noop"}).status_code == 503)

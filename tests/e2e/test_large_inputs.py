@@ -17,6 +17,7 @@ from tests.sse import parse
 from tests.support import Proc, Stack, wait_until
 
 KB = 1024
+JSON = {"content-type": "application/json"}
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +59,8 @@ def test_a_large_recursive_argument_does_not_hold_up_other_requests(api: tuple[P
     health: list[float] = []
     with ThreadPoolExecutor(len(bodies)) as pool, httpx.Client(timeout=60) as client:
         start = time.monotonic()
-        calls = [pool.submit(httpx.post, base + "/agent/execute", content=body, timeout=60) for body in bodies]
+        calls = [pool.submit(httpx.post, base + "/agent/execute", content=body, headers=JSON, timeout=60)
+                 for body in bodies]
         while not all(call.done() for call in calls):
             asked = time.monotonic()
             assert client.get(base + "/health").status_code == 200
@@ -105,7 +107,7 @@ def test_a_refusal_does_not_repeat_a_large_value(api: tuple[Proc, str], body: di
                                                   code: str, sse: bool) -> None:
     proc, base = api
     since = len(proc.output())
-    headers = {"accept": "text/event-stream"} if sse else {}
+    headers = {**JSON, "accept": "text/event-stream"} if sse else JSON
     r = httpx.post(base + "/agent/execute", content=compact(body), headers=headers, timeout=30)
     assert len(r.content) < SMALL
     if sse and code != "INVALID_REQUEST":  # envelope errors are JSON even when SSE was asked for
@@ -121,13 +123,14 @@ def test_a_refusal_does_not_repeat_a_large_value(api: tuple[Proc, str], body: di
 
 def test_an_invalid_argument_is_cut_and_still_says_what_is_wrong(api: tuple[Proc, str]) -> None:
     _, base = api
-    r = httpx.post(base + "/agent/execute", content=compact({"tool": "echo", "arguments": {"text": BIG}}))
+    r = httpx.post(base + "/agent/execute", content=compact({"tool": "echo", "arguments": {"text": BIG}}), headers=JSON)
     assert r.status_code == 200  # a long value is fine where it is allowed
-    r = httpx.post(base + "/agent/execute", content=compact({"tool": "echo", "arguments": {"text": "a", "times": BIG}}))
+    r = httpx.post(base + "/agent/execute", content=compact({"tool": "echo", "arguments": {"text": "a", "times": BIG}}),
+                   headers=JSON)
     details = r.json()["error"]["details"]
     assert details["path"] == "$.times"
     assert details["reason"] == '"' + "x" * 256 + CUT + '" is not of type "integer"'
-    r = httpx.post(base + "/agent/execute", content=compact({"tool": BIG}))
+    r = httpx.post(base + "/agent/execute", content=compact({"tool": BIG}), headers=JSON)
     assert r.json()["error"]["message"] == f"No tool named '{'x' * 256}{CUT}'."
 
 

@@ -10,12 +10,12 @@ import redis
 
 from carmy_worker.runtime import lock
 from carmy_worker.store import keys
-from tests.support import Call, Stack, wait_until
+from tests.support import Call, Stack, marked, wait_until
 
 
 def started(stack: Stack, tag: str) -> tuple[float, int]:
     """When and in which process ``exclusive_slow`` with ``tag`` started."""
-    at, pid = (stack.tmp / f"exclusive-slow-start-{tag}").read_text().split()
+    at, pid = marked(stack.tmp / f"exclusive-slow-start-{tag}").split()
     return float(at), int(pid)
 
 
@@ -27,7 +27,6 @@ def test_killed_lock_holder_lets_the_next_caller_run_after_the_lease(
     _, base = stack.api()
     wait_until(lambda: "exclusive_slow" in httpx.get(base + "/agent/tools").text)
     holder_call = Call(base, {"tool": "exclusive_slow", "arguments": {"seconds": 15, "tag": "holder"}})
-    wait_until((stack.tmp / "exclusive-slow-start-holder").exists)
     _, holder_pid = started(stack, "holder")
     [holder] = [w for w in workers if w.pid == holder_pid]
     [survivor] = [w for w in workers if w.pid != holder_pid]

@@ -37,7 +37,7 @@ def open_call(base: str, *, sse: bool) -> socket.socket:
     body = json.dumps({"tool": "hold", "arguments": {"seconds": 250, "tag": TAG}}).encode()
     accept = b"Accept: text/event-stream\r\n" if sse else b""
     sock = socket.create_connection((host, int(port)), timeout=30)
-    sock.sendall(b"POST /agent/execute HTTP/1.1\r\nHost: carmy.test\r\nContent-Type: application/json\r\n" + accept
+    sock.sendall(b"POST /agent/execute HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n" + accept
                  + b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
     return sock
 

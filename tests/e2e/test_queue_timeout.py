@@ -7,7 +7,7 @@ import time
 import httpx
 import redis
 
-from tests.support import Call, Stack, wait_until
+from tests.support import Call, Stack, marked, wait_until
 
 BUSY_SECONDS = 6  # how long the one slot is taken: far past the 1 s queue timeout and a janitor sweep
 
@@ -19,7 +19,7 @@ def test_call_queued_past_the_queue_timeout_times_out_and_never_runs(fresh_stack
     _, base = stack.api({"CARMY_QUEUE_TIMEOUT": "1"})
     wait_until(lambda: "linger" in httpx.get(base + "/agent/tools").text)
     busy = Call(base, {"tool": "linger", "arguments": {"seconds": BUSY_SECONDS, "tag": "busy"}})
-    wait_until((stack.tmp / "linger-start-busy").exists)
+    marked(stack.tmp / "linger-start-busy")
 
     start = time.monotonic()
     r = httpx.post(base + "/agent/execute", json={"tool": "linger", "arguments": {"seconds": 0.1, "tag": "late"}},
