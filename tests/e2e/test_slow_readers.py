@@ -29,11 +29,11 @@ RSS_BOUND_MB = 40
 
 
 @pytest.fixture(scope="module")
-def api(stack: Stack) -> Iterator[tuple[Proc, str]]:
-    stack.worker()
+def api(stack: Stack) -> Iterator[tuple[Proc, str, Proc]]:
+    worker = stack.worker()
     proc, base = stack.api()
     wait_until(lambda: "flood" in httpx.get(base + "/agent/tools").text)
-    yield proc, base
+    yield proc, base, worker
 
 
 def rss_mb(pid: int) -> float:
@@ -72,8 +72,8 @@ def finished(base: str, i: int) -> bool:
 
 
 @pytest.mark.timeout(240)
-def test_clients_that_stop_reading_cost_bounded_memory_and_nobody_time(api: tuple[Proc, str]) -> None:
-    proc, base = api
+def test_clients_that_stop_reading_cost_bounded_memory_and_nobody_time(api: tuple[Proc, str, Proc]) -> None:
+    proc, base, worker = api
     noop = {"tool": "noop"}
     assert httpx.post(base + "/agent/execute", json=noop).status_code == 200
     before = rss_mb(proc.pid)
@@ -93,6 +93,10 @@ def test_clients_that_stop_reading_cost_bounded_memory_and_nobody_time(api: tupl
     # Others were served as usual meanwhile (generous bounds: the floods load a 2-core machine).
     assert sorted(latencies)[len(latencies) // 2] < 0.5
     assert max(latencies) < 3.0
+    # On a busy machine the worker itself may publish slower than its tool reports, and supersede
+    # progress events before they reach the API (it logs how many): those are accounted too.
+    superseded = {m[0]: int(m[1]) for m in re.findall(
+        r"execution (exec_\S+) reported faster than its events could be published: (\d+) progress", worker.output())}
     for text in answers:
         events = parse(text)
         names = [name for name, _ in events]
@@ -102,4 +106,5 @@ def test_clients_that_stop_reading_cost_bounded_memory_and_nobody_time(api: tupl
         progress = [data["progress"] for name, data in events if name == "tool.progress"]
         assert progress == sorted(progress) and progress[-1] == EVENTS  # the newest is never dropped
         dropped = sum(int(n) for n in re.findall(r"^: dropped (\d+) tool.progress events$", text, re.MULTILINE))
+        dropped += superseded.get(events[0][1]["execution_id"], 0)
         assert dropped > 0 and dropped + len(progress) == EVENTS  # every event relayed or counted
