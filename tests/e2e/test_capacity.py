@@ -53,8 +53,9 @@ def test_two_api_processes_share_one_limit(fresh_stack: Stack) -> None:
 
 
 def test_not_parallel_safe_tool_never_overlaps_across_workers(fresh_stack: Stack) -> None:
-    fresh_stack.worker()
-    fresh_stack.worker()
+    # Four slots each for eight calls: both workers must take some, however the lease race goes.
+    fresh_stack.worker(env={"CARMY_CONCURRENCY": "4"})
+    fresh_stack.worker(env={"CARMY_CONCURRENCY": "4"})
     _, base = fresh_stack.api()
     wait_until(lambda: "exclusive" in httpx.get(base + "/agent/tools").text)
     responses = asyncio.run(burst([base], {"tool": "exclusive", "arguments": {"seconds": 0.15}}, 8))

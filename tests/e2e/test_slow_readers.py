@@ -95,6 +95,11 @@ def test_clients_that_stop_reading_cost_bounded_memory_and_nobody_time(api: tupl
     assert max(latencies) < 3.0
     # On a busy machine the worker itself may publish slower than its tool reports, and supersede
     # progress events before they reach the API (it logs how many): those are accounted too.
+    # And a machine busy enough that the API reads pub/sub slower than three floods arrive can
+    # make Redis cut its shared connection (the pub/sub output-buffer limit): the events in flight
+    # then are lost (the answer is not: the hub resubscribes and every waiter re-reads its record),
+    # and only the API's own accounting can no longer be checked to the event.
+    hub_dropped = "event hub: connection lost" in proc.output()
     superseded = {m[0]: int(m[1]) for m in re.findall(
         r"execution (exec_\S+) reported faster than its events could be published: (\d+) progress", worker.output())}
     for text in answers:
@@ -107,4 +112,7 @@ def test_clients_that_stop_reading_cost_bounded_memory_and_nobody_time(api: tupl
         assert progress == sorted(progress) and progress[-1] == EVENTS  # the newest is never dropped
         dropped = sum(int(n) for n in re.findall(r"^: dropped (\d+) tool.progress events$", text, re.MULTILINE))
         dropped += superseded.get(events[0][1]["execution_id"], 0)
-        assert dropped > 0 and dropped + len(progress) == EVENTS  # every event relayed or counted
+        if hub_dropped:
+            assert dropped + len(progress) < EVENTS
+        else:
+            assert dropped > 0 and dropped + len(progress) == EVENTS  # every event relayed or counted
