@@ -19,6 +19,7 @@ import jsonschema_rs
 from redis.asyncio import Redis
 
 from carmy_worker.store import keys
+from carmy_worker.store.pubsub import raise_if_cancelled
 from carmy_worker.store.roster import Liveness
 from carmy_worker.wire import (
     CatalogDocument,
@@ -145,6 +146,7 @@ class Catalog:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
+                raise_if_cancelled(exc)
                 if self._ok:
                     log.warning("catalog refresh failed: %s", exc)
                 self._ok = False

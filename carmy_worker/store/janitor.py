@@ -12,6 +12,7 @@ from redis.asyncio import Redis
 
 from carmy_worker.store import keys
 from carmy_worker.store.lua import NOW
+from carmy_worker.store.pubsub import raise_if_cancelled
 from carmy_worker.store.verdicts import Verdicts
 
 log = logging.getLogger("carmy.janitor")
@@ -83,6 +84,7 @@ class Janitor:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
+                raise_if_cancelled(exc)
                 log.debug("janitor sweep failed: %s", exc)
             await asyncio.sleep(interval)
 

@@ -17,6 +17,18 @@ log = logging.getLogger("carmy.pubsub")
 Message = dict[str, Any]
 
 
+def raise_if_cancelled(exc: BaseException) -> None:
+    """Re-raise a cancellation a library turned into another error.
+
+    redis-py can swallow the ``CancelledError`` of a call it was in and raise a connection
+    error instead; a loop that retries on errors would then never stop (a lifespan or a
+    shutdown waiting on it forever). ``Task.cancelling()`` still knows.
+    """
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError from exc
+
+
 async def listen_forever(
     redis: Redis,
     channels: Callable[[], Collection[str]],
@@ -52,6 +64,7 @@ async def listen_forever(
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the connection dropped (or Redis is not there yet)
+            raise_if_cancelled(exc)
             if not lost:
                 log.warning("%s: connection lost (%s); resubscribing", name, exc)
             lost = True

@@ -1,0 +1,55 @@
+"""Background loops stop when cancelled, even when redis-py turns the cancellation into a
+connection error (seen as a lifespan that never ended under load)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import redis.asyncio
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from carmy_worker.store.janitor import Janitor
+from carmy_worker.store.pubsub import listen_forever
+
+
+async def swallowed() -> None:
+    """A Redis call that, cancelled, raises a connection error instead."""
+    try:
+        await asyncio.sleep(10)
+    except asyncio.CancelledError:
+        raise RedisConnectionError("Connection closed by server.") from None
+
+
+async def stops_when_cancelled(loop: asyncio.Task[None]) -> None:
+    await asyncio.sleep(0.05)  # in its Redis call
+    loop.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(loop, 2)
+
+
+async def test_the_janitor_stops(monkeypatch: pytest.MonkeyPatch) -> None:
+    janitor = Janitor(redis.asyncio.Redis.from_url("redis://127.0.0.1:1/0"), retention=60, dead_after=3)
+
+    async def sweep() -> int:
+        await swallowed()
+        return 0
+
+    monkeypatch.setattr(janitor, "sweep", sweep)
+    await stops_when_cancelled(asyncio.create_task(janitor.run(interval=0.01)))
+
+
+async def test_a_resubscribing_loop_stops() -> None:
+    class Client:
+        def pubsub(self) -> object:
+            class PubSub:
+                async def subscribe(self, *channels: str) -> None:
+                    await swallowed()
+
+                async def aclose(self) -> None:
+                    pass
+
+            return PubSub()
+
+    task = asyncio.create_task(listen_forever(Client(), lambda: ["c"], lambda m: None, name="test"))  # type: ignore[arg-type]
+    await stops_when_cancelled(task)
