@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import shutil
 from collections.abc import AsyncIterator, Iterator
@@ -68,13 +69,42 @@ def sync_redis(redis_server: RedisServer) -> Iterator[redis.Redis]:
     client.close()
 
 
+# Seconds the app's lifespan may take to shut down (it takes milliseconds): past this, the test
+# fails saying which of its tasks ignored their cancellation, instead of hanging until the
+# 60 s test timeout.
+SHUTDOWN_TIMEOUT = 20.0
+
+
 @contextlib.asynccontextmanager
 async def asgi_client(app: Starlette) -> AsyncIterator[httpx.AsyncClient]:
     """An in-process client for ``app``, with its lifespan running."""
-    async with app.router.lifespan_context(app):
+    lifespan = app.router.lifespan_context(app)
+    await lifespan.__aenter__()
+    try:
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
             yield client
+    finally:
+        await shut_down(lifespan)
+
+
+async def shut_down(lifespan: contextlib.AbstractAsyncContextManager[None]) -> None:
+    exiting = asyncio.ensure_future(lifespan.__aexit__(None, None, None))
+    done, _ = await asyncio.wait([exiting], timeout=SHUTDOWN_TIMEOUT)
+    if done:
+        exiting.result()
+        return
+    stuck = "; ".join(where(t) for t in asyncio.all_tasks() if t.cancelling() and t is not exiting)
+    exiting.cancel()  # the gather in the lifespan cancels its tasks once more
+    await asyncio.wait([exiting], timeout=5)
+    raise AssertionError(f"the app's lifespan did not shut down within {SHUTDOWN_TIMEOUT:g} s; "
+                         f"cancelled but still running: {stuck}")
+
+
+def where(task: asyncio.Task[object]) -> str:
+    frames = task.get_stack()
+    place = f" at {frames[-1].f_code.co_filename}:{frames[-1].f_lineno}" if frames else ""
+    return f"{getattr(task.get_coro(), '__qualname__', task.get_name())}{place}"
 
 
 @contextlib.asynccontextmanager
