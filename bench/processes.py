@@ -152,9 +152,12 @@ class Proc:
 
     def wait_for_http(self, url: str, timeout: float) -> None:
         """Until a GET of ``url`` answers 200."""
-        # Each attempt is bounded too (the exit is noticed between attempts); a slow answer on a
-        # busy machine is simply asked again.
-        self.wait_ready(lambda: httpx.get(url, timeout=2).status_code == 200, timeout, f"200 from GET {url}")
+        # One client for every attempt: a new httpx client loads the CA bundle (some 50 ms of CPU),
+        # which polling every 20 ms would turn into a busy loop taking a core from the server
+        # starting up. Each attempt is bounded (the exit is noticed between attempts); a slow
+        # answer on a busy machine is simply asked again.
+        with httpx.Client(timeout=2) as client:
+            self.wait_ready(lambda: client.get(url).status_code == 200, timeout, f"200 from GET {url}")
 
     def signal(self, sig: int) -> None:
         if self.alive():

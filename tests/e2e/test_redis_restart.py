@@ -40,6 +40,9 @@ class Load(threading.Thread):
         self.failures: list[str] = []
         self.stop = threading.Event()
         self.calls: list[threading.Thread] = []
+        # One client for every call (it is thread-safe): a new client per call loads the CA
+        # bundle, some 50 ms of CPU, which at 20 calls a second would take a core from the API.
+        self.client = httpx.Client(timeout=90, limits=httpx.Limits(max_connections=None))
         self.start()
 
     def call(self, i: int) -> None:
@@ -47,7 +50,7 @@ class Load(threading.Thread):
                 {"tool": "linger", "arguments": {"seconds": 0.3, "tag": f"l{i}"}}) | {"request_id": f"load-{i}"}
         sent = time.monotonic()
         try:
-            r = httpx.post(self.base + "/agent/execute", json=body, timeout=90)
+            r = self.client.post(self.base + "/agent/execute", json=body)
             code = r.json().get("error", {}).get("code")
             self.samples.append(Sample(sent, time.monotonic() - sent, r.status_code, code))
         except httpx.HTTPError as exc:
@@ -67,6 +70,7 @@ class Load(threading.Thread):
         self.join(5)
         for thread in self.calls:
             thread.join(90)
+        self.client.close()
 
 
 def test_redis_restart(durable_stack: tuple[RedisServer, Stack]) -> None:
