@@ -76,12 +76,12 @@ def test_no_workers_at_once_after_the_last_worker_dies(fresh_stack: Stack) -> No
     wait_until(lambda: "noop" in httpx.get(base + "/agent/tools").text)
     assert httpx.post(base + "/agent/execute", json={"tool": "noop"}).status_code == 200
     worker.kill()
-
-    def refused() -> bool:
-        return httpx.post(base + "/agent/execute", json={"tool": "noop"}).status_code == 503
-
+    # Watched through /ready, which counts the live workers the way admission does: a call sent
+    # to find out would be accepted until then and wait in the queue. One client for the polls:
+    # a new one each time costs more CPU than the API's answer.
     start = time.monotonic()
-    wait_until(refused, 8)
+    with httpx.Client() as poller:
+        wait_until(lambda: poller.get(base + "/ready").json()["checks"]["workers"]["live"] == 0, 8)
     assert time.monotonic() - start < 6  # heartbeats stop counting within a few seconds
     r = httpx.post(base + "/agent/execute", json={"tool": "noop"})
     took = r.elapsed.total_seconds()
@@ -103,8 +103,10 @@ def test_sigterm_drains_then_deregisters(fresh_stack: Stack) -> None:
         call.start()
         marked(fresh_stack.tmp / "linger-start-drain")
         worker.signal(signal.SIGTERM)
-        # While it drains it takes no new work: a new call is refused.
-        wait_until(lambda: httpx.post(base + "/agent/execute", json={"tool": "noop"}).status_code == 503)
+        # While it drains it takes no new work: once the API has seen the drain (its readiness
+        # counts no live worker, as admission does), a new call is refused at once.
+        wait_until(lambda: client.get(base + "/ready").json()["checks"]["workers"]["live"] == 0)
+        assert httpx.post(base + "/agent/execute", json={"tool": "noop"}).status_code == 503
         assert call.is_alive(), "refused only after the drain, not while it drained"
         call.join(30)
     assert result[0].status_code == 200  # the running execution finished
