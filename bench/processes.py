@@ -7,11 +7,14 @@ Nothing here imports tests/: the benchmark runs without them.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import signal
 import socket
 import subprocess
+import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -87,6 +90,24 @@ def status_kib(pid: int, key: str) -> int:
     raise KeyError(key)
 
 
+def _die_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that has the kernel SIGKILL the child when the thread that started it
+    dies (Linux's PR_SET_PDEATHSIG), so a run that is killed (a timeout, Ctrl-C twice, a
+    ``kill``) leaves no server behind to load the machine and hold its port."""
+    if not sys.platform.startswith("linux"):
+        return None
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here, not in the forked child
+    pr_set_pdeathsig = 1
+
+    def set_pdeathsig() -> None:
+        prctl(pr_set_pdeathsig, signal.SIGKILL)
+
+    return set_pdeathsig
+
+
+_PREEXEC = _die_with_parent()
+
+
 def _exit_status(code: int) -> str:
     if code < 0:
         try:
@@ -104,7 +125,11 @@ class Proc:
         self.kind = kind or name
         self.log = log
         self._file = log.open("wb")
-        self.popen = subprocess.Popen(args, env=env, cwd=ROOT, stdout=self._file, stderr=subprocess.STDOUT)
+        # The kernel's signal follows the thread that started the child: only the main thread's
+        # children get it (another thread may end long before the run).
+        in_main = threading.current_thread() is threading.main_thread()
+        self.popen = subprocess.Popen(args, env=env, cwd=ROOT, stdout=self._file, stderr=subprocess.STDOUT,
+                                      preexec_fn=_PREEXEC if in_main else None)
 
     @property
     def pid(self) -> int:
