@@ -216,11 +216,13 @@ class RedisServer:
     """A private redis-server on a free port, without snapshots; ``durable`` turns on the AOF
     (fsync every second). It can be stopped or killed, and started again on the same port."""
 
-    def __init__(self, workdir: Path, port: int | None = None, *, durable: bool = False) -> None:
+    def __init__(self, workdir: Path, port: int | None = None, *, durable: bool = False,
+                 fsync: str = "everysec") -> None:
         self.workdir = workdir
         self._own_port = port is None  # ours to change if taken before the first start binds it
         self.port = port or free_port()
         self.durable = durable
+        self.fsync = fsync  # appendfsync, when durable
         self._proc: Proc | None = None
         self._starts = 0
 
@@ -254,7 +256,7 @@ class RedisServer:
         name = "redis" if self._starts == 1 else f"redis-{self._starts}"
         self._proc = Proc(name, [
             binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-            "--appendonly", "yes" if self.durable else "no", "--appendfsync", "everysec",
+            "--appendonly", "yes" if self.durable else "no", "--appendfsync", self.fsync,
             "--dir", str(self.workdir), "--maxmemory-policy", "noeviction",
         ], dict(os.environ), self.workdir / f"{name}.log", kind="redis")
         # Each PING is bounded: whatever holds the port may accept and never answer.

@@ -41,10 +41,10 @@ def flushed_stack(server: RedisServer) -> Iterator[Stack]:
 
 
 @contextlib.contextmanager
-def private_stack(*, durable: bool = False) -> Iterator[tuple[RedisServer, Stack]]:
+def private_stack(*, durable: bool = False, fsync: str = "everysec") -> Iterator[tuple[RedisServer, Stack]]:
     """A redis-server of the test's own (which it may stop and start) and a Stack against it."""
     tmp = new_tmp()
-    server = RedisServer(tmp, durable=durable)
+    server = RedisServer(tmp, durable=durable, fsync=fsync)
     server.start()
     s = Stack(server.url, tmp)
     try:
