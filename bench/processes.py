@@ -71,14 +71,20 @@ def wait_until(check: Callable[[], object], timeout: float = 30.0, what: str = "
     deadline = time.monotonic() + timeout
     last: BaseException | None = None
     while time.monotonic() < deadline:
-        try:
-            value = check()
-            if value:
-                return value
-        except Exception as exc:  # not ready yet
-            last = exc
+        value, last = try_check(check, last)
+        if value:
+            return value
         time.sleep(interval)
     raise TimeoutError(f"{what}: not met within {timeout:g} s (last error: {last!r})")
+
+
+def try_check(check: Callable[[], object], last: BaseException | None) -> tuple[object, BaseException | None]:
+    """One look for ``wait_until`` (and its asyncio twin): the value, and the error it raised if
+    any (an error counts as "not yet"), else the last one seen."""
+    try:
+        return check(), last
+    except Exception as exc:
+        return None, exc
 
 
 def status_kib(pid: int, key: str) -> int:

@@ -16,7 +16,7 @@ import httpx
 
 # Starting processes and waiting for them is shared with the benchmark; tests may import bench/,
 # never the other way round.
-from bench.processes import ROOT, Proc, RedisServer, StartError, free_port, on_free_port, wait_until
+from bench.processes import ROOT, Proc, RedisServer, StartError, free_port, on_free_port, try_check, wait_until
 
 __all__ = ["ROOT", "Call", "Proc", "RedisServer", "Stack", "StartError", "free_port", "marked", "new_tmp", "wait_until",
            "wait_until_async"]
@@ -32,12 +32,9 @@ async def wait_until_async(check: Callable[[], object], timeout: float = 30.0, w
     deadline = time.monotonic() + timeout
     last: BaseException | None = None
     while time.monotonic() < deadline:
-        try:
-            value = check()
-            if value:
-                return value
-        except Exception as exc:  # not yet
-            last = exc
+        value, last = try_check(check, last)
+        if value:
+            return value
         await asyncio.sleep(0.02)
     raise TimeoutError(f"{what}: not met within {timeout:g} s (last error: {last!r})")
 
