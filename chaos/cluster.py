@@ -1,0 +1,131 @@
+"""The processes of a chaos run: a private durable redis-server, API replicas on fixed ports
+and workers serving ``chaos.tools``, each of which the faults may kill, pause or stop, and
+which ``heal`` brings back to the configured numbers.
+
+Starting and signalling processes is ``bench/processes.py``'s; this module only knows which
+processes the run has. Its methods must be called from the main thread: the kernel's
+parent-death signal (so a killed run leaves nothing behind) follows the thread that started
+each child.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from bench.processes import ROOT, Proc, RedisServer, free_port
+from chaos.tools import tools
+
+START_TIMEOUT = 30.0  # seconds for a process to be ready (a busy two-core machine)
+TOOLS_MODULE = "chaos.tools"
+
+
+class Cluster:
+    """Redis, ``apis`` API processes and ``workers`` worker processes, on this machine."""
+
+    def __init__(self, workdir: Path, *, apis: int, workers: int, fsync: str, env: dict[str, str]) -> None:
+        self.workdir = workdir
+        self.ledger_dir = workdir / "ledger"
+        self.ledger_dir.mkdir(parents=True, exist_ok=True)
+        self.redis = RedisServer(workdir, durable=True, fsync=fsync)
+        self.ports = [free_port() for _ in range(apis)]
+        self.api_procs: dict[int, Proc] = {}  # by port
+        self.workers: list[Proc] = []  # serving or paused; a draining one is moved to ``retired``
+        self.retired: list[Proc] = []
+        self.n_workers = workers
+        self._env = env
+        self._count = 0
+
+    @property
+    def bases(self) -> list[str]:
+        return [f"http://127.0.0.1:{port}" for port in self.ports]
+
+    def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
+        env = {k: v for k, v in self._env.items() if not k.startswith("CARMY_")}
+        env.update({"CARMY_REDIS_URL": self.redis.url, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1",
+                    "CHAOS_LEDGER_DIR": str(self.ledger_dir)})
+        env.update({k: v for k, v in self._env.items() if k.startswith("CARMY_")})
+        env.update(extra or {})
+        return env
+
+    def start(self) -> None:
+        self.redis.start()
+        for _ in range(self.n_workers):
+            self.start_worker()
+        for port in self.ports:
+            self.start_api(port)
+        names = {tool.name for tool in tools}
+        for base in self.bases:
+            with httpx.Client(timeout=2) as client:
+                deadline = time.monotonic() + START_TIMEOUT
+                while not names <= {t["name"] for t in client.get(base + "/agent/tools").json()["tools"]}:
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"{base} does not list the chaos tools")
+                    time.sleep(0.1)
+
+    def _proc(self, kind: str, args: list[str], env: dict[str, str]) -> Proc:
+        self._count += 1
+        name = f"{kind}-{self._count}"
+        return Proc(name, args, env, self.workdir / f"{name}.log", kind)
+
+    def start_worker(self) -> Proc:
+        proc = self._proc("worker", [sys.executable, "-m", "carmy_worker", TOOLS_MODULE], self.env())
+        proc.wait_for_log("serving", START_TIMEOUT)
+        self.workers.append(proc)
+        return proc
+
+    def start_api(self, port: int) -> Proc:
+        """``python -m api`` on ``port`` (the same one after a kill, so clients find it again)."""
+        proc = self._proc("api", [sys.executable, "-m", "api"], self.env({"CARMY_PORT": str(port)}))
+        proc.wait_for_http(f"http://127.0.0.1:{port}/health", START_TIMEOUT)
+        self.api_procs[port] = proc
+        return proc
+
+    # Faults ------------------------------------------------------------------------------------
+
+    def kill_worker(self, proc: Proc) -> None:
+        proc.kill()
+        self.workers.remove(proc)
+        self.retired.append(proc)
+
+    def terminate_worker(self, proc: Proc) -> None:
+        """SIGTERM: it drains (finishes what it runs, takes nothing new) and exits by itself."""
+        proc.signal(signal.SIGTERM)
+        self.workers.remove(proc)
+        self.retired.append(proc)
+
+    def kill_api(self, port: int) -> Proc:
+        proc = self.api_procs[port]
+        proc.kill()
+        self.retired.append(proc)
+        return proc
+
+    # Back to whole -----------------------------------------------------------------------------
+
+    def heal(self) -> None:
+        """Every paused worker continued, and every process that is missing started again."""
+        for proc in self.workers:
+            proc.signal(signal.SIGCONT)
+        if not self.redis.proc.alive():
+            self.redis.start()
+        for port, proc in list(self.api_procs.items()):
+            if not proc.alive():
+                self.start_api(port)
+        for proc in [p for p in self.workers if not p.alive()]:
+            self.workers.remove(proc)
+            self.retired.append(proc)
+        while len(self.workers) < self.n_workers:
+            self.start_worker()
+
+    def all_procs(self) -> list[Proc]:
+        return list({id(p): p for p in [*self.workers, *self.retired, *self.api_procs.values()]}.values())
+
+    def close(self) -> None:
+        for proc in self.all_procs():
+            proc.signal(signal.SIGCONT)
+            proc.close()
+        self.redis.stop()

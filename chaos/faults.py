@@ -1,0 +1,122 @@
+"""The fault injector: a seeded schedule of faults, played against the cluster one at a time.
+
+Every kind in ``--faults`` comes once, in a seeded order, before any comes again, so even a
+short run sees each of them; then kinds are drawn at random. Each fault is logged (stderr and
+the run's record) with when it began and when its target was whole again.
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterator
+
+from chaos.cluster import Cluster
+from chaos.model import Fault, FaultKind
+
+PAUSE_S = (3.0, 8.0)  # how long a worker stays stopped (SIGSTOP, then SIGCONT)
+REDIS_DOWN_S = (1.0, 4.0)  # how long Redis stays down: around the ~2.3 s the issue found to matter
+GAP_S = (2.0, 5.0)  # quiet time between two faults
+BURST = 256  # concurrent calls of an overload burst
+
+
+def schedule(kinds: list[FaultKind], seed: int) -> Iterator[tuple[FaultKind, float]]:
+    """Endless (kind, gap before it): every kind once in a shuffled order, then at random."""
+    rng = random.Random(seed)
+    first = list(kinds)
+    rng.shuffle(first)
+    for kind in first:
+        yield kind, rng.uniform(*GAP_S)
+    while True:
+        yield rng.choice(kinds), rng.uniform(*GAP_S)
+
+
+class Injector:
+    """Plays faults on ``cluster`` until ``until`` (wall clock); ``burst`` starts an overload."""
+
+    def __init__(self, cluster: Cluster, kinds: list[FaultKind], seed: int, burst: Callable[[int], float],
+                 started: float) -> None:
+        self.cluster = cluster
+        self.kinds = kinds
+        self.rng = random.Random(seed + 1)
+        self.seed = seed
+        self.burst = burst  # starts n calls at once and returns when they were all sent
+        self.started = started
+        self.faults: list[Fault] = []
+
+    def run(self, until: float) -> None:
+        if not self.kinds:
+            time.sleep(max(0.0, until - time.time()))
+            return
+        for kind, gap in schedule(self.kinds, self.seed):
+            if time.time() + gap >= until:
+                break
+            time.sleep(gap)
+            fault = self.inject(kind)
+            self.faults.append(fault)
+            print(f"[{fault.t - self.started:6.1f} s] {kind:<11} {fault.target:<16} "
+                  f"whole again after {fault.t_end - fault.t:4.1f} s {fault.note}", file=sys.stderr, flush=True)
+
+    def inject(self, kind: FaultKind) -> Fault:
+        method: dict[FaultKind, Callable[[], Fault]] = {
+            "worker-kill": self.worker_kill, "worker-stop": self.worker_stop, "worker-term": self.worker_term,
+            "api-kill": self.api_kill, "redis-term": lambda: self.redis_down("redis-term"),
+            "redis-kill": lambda: self.redis_down("redis-kill"), "overload": self.overload,
+        }
+        return method[kind]()
+
+    def worker_kill(self) -> Fault:
+        victim = self.rng.choice(self.cluster.workers)
+        t = time.time()
+        self.cluster.kill_worker(victim)
+        replacement = self.cluster.start_worker()
+        return Fault(kind="worker-kill", t=t, t_end=time.time(), target=f"worker {victim.pid}", pid=victim.pid,
+                     replacement=replacement.pid)
+
+    def worker_stop(self) -> Fault:
+        victim = self.rng.choice(self.cluster.workers)
+        pause = self.rng.uniform(*PAUSE_S)
+        t = time.time()
+        victim.signal(signal.SIGSTOP)
+        try:
+            time.sleep(pause)
+        finally:
+            victim.signal(signal.SIGCONT)
+        return Fault(kind="worker-stop", t=t, t_end=time.time(), target=f"worker {victim.pid}", pid=victim.pid,
+                     note=f"paused {pause:.1f} s")
+
+    def worker_term(self) -> Fault:
+        victim = self.rng.choice(self.cluster.workers)
+        t = time.time()
+        self.cluster.terminate_worker(victim)
+        replacement = self.cluster.start_worker()
+        return Fault(kind="worker-term", t=t, t_end=time.time(), target=f"worker {victim.pid}", pid=victim.pid,
+                     replacement=replacement.pid)
+
+    def api_kill(self) -> Fault:
+        port = self.rng.choice(self.cluster.ports)
+        t = time.time()
+        victim = self.cluster.kill_api(port)
+        replacement = self.cluster.start_api(port)
+        return Fault(kind="api-kill", t=t, t_end=time.time(), target=f"api {victim.pid}", pid=victim.pid,
+                     replacement=replacement.pid, note=f"port {port}")
+
+    def redis_down(self, kind: FaultKind) -> Fault:
+        down = self.rng.uniform(*REDIS_DOWN_S)
+        pid = self.cluster.redis.proc.pid
+        t = time.time()
+        if kind == "redis-kill":
+            self.cluster.redis.kill()
+        else:
+            self.cluster.redis.stop()  # SIGTERM: Redis writes its AOF out and exits
+        time.sleep(max(0.0, t + down - time.time()))
+        self.cluster.redis.start()
+        return Fault(kind=kind, t=t, t_end=time.time(), target=f"redis {pid}", pid=pid,
+                     replacement=self.cluster.redis.proc.pid, note=f"down {down:.1f} s")
+
+    def overload(self) -> Fault:
+        t = time.time()
+        sent = self.burst(BURST)
+        return Fault(kind="overload", t=t, t_end=sent, target=f"{BURST} calls", note="at once")

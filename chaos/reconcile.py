@@ -1,0 +1,275 @@
+"""The reconciliation: what the callers were told, set against the ledger the tools kept and the
+faults that were injected. Pure functions of those records, so the tests can feed them made-up
+histories.
+
+Definitions (README, "Chaos check"):
+
+* **lost**: a request that was accepted (the ledger shows a run, or the API gave it an execution
+  id) and has no final answer at the end; or whose executions are more than one (its record was
+  gone, so a retry started it over); or whose accepted execution a GET no longer knew (404).
+* **duplicated effect**: two ``effect`` lines for one request of a non-idempotent tool.
+* **flipped**: two different final answers (execution id, status, code, data) for one request.
+* **false uncertain**: ``EXECUTION_UNCERTAIN`` although the tool's effect landed before the
+  verdict on a worker that was neither killed before the verdict nor paused at any moment
+  between the effect and the verdict: it was alive and running, and could have recorded it.
+  (An effect followed by a pause before it was recorded is a true uncertainty: counted as info.)
+* **effect after verdict**: an ``effect`` line later than the moment the caller was first told
+  ``EXECUTION_UNCERTAIN``; a violation beyond ``Bounds.after_verdict`` seconds.
+* **lock overlap**: two runs of a ``parallel_safe=False`` tool whose ledger intervals (started
+  to effect or abandoned; to the kill of its worker if it never ended) overlap.
+* **hang**: no final answer (nor a final refusal) within ``Bounds.patience`` of the first attempt.
+* **detection time**: from a worker's ``kill -9`` to the first sign that each execution it was
+  running was dealt with: a final answer to its caller, or a run started on another worker.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable
+
+from msgspec import Struct
+
+from chaos.calls import REFUSAL_CODES
+from chaos.model import Answer, Attempt, Fault, LedgerLine, Request
+
+UNCERTAIN = "EXECUTION_UNCERTAIN"
+REDIS_GRACE_S = 1.0  # after Redis is back, the API's pool and the hub may take this to reconnect
+
+
+class Bounds(Struct, frozen=True, kw_only=True):
+    patience: float = 30.0  # seconds a request may take to its final answer before it is a hang
+    slow: float = 10.0  # seconds past which an answer is counted slow (info)
+    after_verdict: float = 1.0  # seconds an effect may land after an uncertain verdict
+
+
+class Table(Struct, kw_only=True):
+    """The reconciliation's findings. Lists hold request ids (or pairs), so a run can be dug into."""
+
+    requests: int
+    burst: int
+    answered: int
+    refused: int
+    attempts: int
+    statuses: dict[str, int]
+    lost: list[str]
+    duplicated_effects: list[str]
+    flipped: list[str]
+    false_uncertain: list[str]
+    effects_after_verdict: list[str]  # beyond the bound
+    after_verdict_delays: list[float]  # every effect after a verdict, seconds
+    lock_overlaps: list[str]
+    hangs: list[str]
+    slow: int
+    detection: list[float]
+    uncertain: int
+    uncertain_after_pause: int
+    idempotent_reruns: int
+    double_starts: int
+    false_store_unavailable: int
+    false_no_workers: int
+    faults: dict[str, int]
+    bounds: Bounds
+
+    def violations(self) -> dict[str, int]:
+        """The broken promises, by row: a run passes when this is empty."""
+        found = {"lost": len(self.lost), "duplicated effects": len(self.duplicated_effects),
+                 "flipped answers": len(self.flipped), "false uncertain": len(self.false_uncertain),
+                 "effects after verdict": len(self.effects_after_verdict),
+                 "lock overlaps": len(self.lock_overlaps), "hangs": len(self.hangs)}
+        return {name: n for name, n in found.items() if n}
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """The nearest-rank percentile (q in 0..100), or None without values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
+
+
+def answers(request: Request) -> list[tuple[float, Answer]]:
+    """Every final answer the request got, with when it arrived (wall clock), in order."""
+    return sorted((a.t1, a.answer) for a in request.attempts if a.answer is not None)
+
+
+def refused(request: Request) -> bool:
+    return any(a.code in REFUSAL_CODES and a.answer is None for a in request.attempts)
+
+
+def settled_at(request: Request) -> float | None:
+    """When the request had its first final answer, or final refusal."""
+    times = [a.t1 for a in request.attempts
+             if a.answer is not None or (a.code in REFUSAL_CODES and a.answer is None)]
+    return min(times) if times else None
+
+
+def verdict_at(request: Request) -> float | None:
+    """When the caller was first told EXECUTION_UNCERTAIN."""
+    times = [t for t, answer in answers(request) if answer.code == UNCERTAIN]
+    return min(times) if times else None
+
+
+class Facts:
+    """The ledger and the fault log, indexed for the questions the rows ask."""
+
+    def __init__(self, ledger: Iterable[LedgerLine], faults: list[Fault]) -> None:
+        self.by_rid: dict[str, list[LedgerLine]] = defaultdict(list)
+        for line in ledger:
+            self.by_rid[line.rid].append(line)
+        self.faults = faults
+        self.killed = {f.pid: f.t for f in faults if f.kind == "worker-kill" and f.pid is not None}
+        self.pauses = [(f.pid, f.t, f.t_end) for f in faults if f.kind == "worker-stop"]
+        self.redis_down = [(f.t, f.t_end + REDIS_GRACE_S) for f in faults if f.kind in ("redis-term", "redis-kill")]
+        self.workers_out = [(f.t, f.t_end) for f in faults if f.kind.startswith("worker-")]
+
+    def lines(self, rid: str, ev: str) -> list[LedgerLine]:
+        return [line for line in self.by_rid.get(rid, []) if line.ev == ev]
+
+    def paused_between(self, pid: int, start: float, end: float) -> bool:
+        return any(p == pid and t < end and start < t_end for p, t, t_end in self.pauses)
+
+    def redis_was_down(self, t0: float, t1: float) -> bool:
+        return any(t < t1 and t0 < t_end for t, t_end in self.redis_down)
+
+
+def lost(request: Request, facts: Facts) -> bool:
+    accepted = {line.xid for line in facts.by_rid.get(request.rid, [])}
+    accepted |= {a.execution_id for a in request.attempts if a.execution_id}
+    given = {answer.execution_id for _, answer in answers(request)}
+    gone = any(a.gone for a in request.attempts)
+    return gone or len(accepted | given) > 1 or (bool(accepted) and not given)
+
+
+def uncertainty(request: Request, facts: Facts) -> str | None:
+    """``false``, ``after pause`` (a true uncertainty: the effect landed, then its worker was
+    paused before recording it) or None (no effect before the verdict, or its worker was killed)."""
+    verdict = verdict_at(request)
+    if verdict is None:
+        return None
+    kinds = set()
+    for effect in facts.lines(request.rid, "effect"):
+        if effect.t > verdict:
+            continue
+        killed = facts.killed.get(effect.pid)
+        if killed is not None and killed <= verdict:
+            continue
+        kinds.add("after pause" if facts.paused_between(effect.pid, effect.t, verdict) else "false")
+    return "false" if "false" in kinds else ("after pause" if kinds else None)
+
+
+def after_verdict(request: Request, facts: Facts) -> list[float]:
+    verdict = verdict_at(request)
+    if verdict is None:
+        return []
+    return [line.t - verdict for line in facts.lines(request.rid, "effect") if line.t > verdict]
+
+
+def runs(facts: Facts, tools: set[str]) -> list[tuple[float, float, str]]:
+    """(start, end, request id) of every run of ``tools``, from the ledger."""
+    found = []
+    for rid, lines in facts.by_rid.items():
+        for start in (line for line in lines if line.ev == "started" and line.tool in tools):
+            ends = [line.t for line in lines if line.ev != "started" and line.pid == start.pid
+                    and line.xid == start.xid and line.t >= start.t]
+            end = min(ends) if ends else facts.killed.get(start.pid, start.t)
+            found.append((start.t, end, rid))
+    return sorted(found)
+
+
+def overlaps(intervals: list[tuple[float, float, str]]) -> list[str]:
+    pairs = []
+    for i, (_, end, rid) in enumerate(intervals):
+        for start2, _, rid2 in intervals[i + 1:]:
+            if start2 >= end:
+                break
+            pairs.append(f"{rid}/{rid2}")
+    return pairs
+
+
+def detection_times(requests: dict[str, Request], facts: Facts) -> list[float]:
+    """For each run a ``kill -9`` interrupted: seconds until its caller was answered or it ran again."""
+    times = []
+    for fault in facts.faults:
+        if fault.kind != "worker-kill":
+            continue
+        for rid, lines in facts.by_rid.items():
+            for start in (line for line in lines if line.ev == "started" and line.pid == fault.pid
+                          and line.t <= fault.t):
+                if any(line.ev != "started" and line.xid == start.xid and line.pid == fault.pid for line in lines):
+                    continue  # it ended before the kill
+                signs = [line.t for line in lines if line.ev == "started" and line.pid != fault.pid
+                         and line.t > fault.t]
+                request = requests.get(rid)
+                if request is not None:
+                    signs += [t for t, _ in answers(request) if t > fault.t]
+                if signs:
+                    times.append(min(signs) - fault.t)
+    return times
+
+
+def false_refusals(requests: list[Request], facts: Facts, n_workers: int) -> tuple[int, int]:
+    """Attempts answered STORE_UNAVAILABLE while Redis was up, and NO_WORKERS while a worker
+    was alive and not paused (one fault at a time leaves n - 1 of them)."""
+    store = workers = 0
+    attempts: list[Attempt] = [a for r in requests for a in r.attempts]
+    for a in attempts:
+        if a.code == "STORE_UNAVAILABLE" and not facts.redis_was_down(a.t0, a.t1):
+            store += 1
+        if a.code == "NO_WORKERS":
+            out = sum(t <= a.t0 <= t_end for t, t_end in facts.workers_out)
+            workers += out < n_workers
+    return store, workers
+
+
+def status_counts(requests: list[Request]) -> dict[str, int]:
+    counts: dict[str, int] = defaultdict(int)
+    for request in requests:
+        given = answers(request)
+        if given:
+            answer = given[0][1]
+            counts[answer.code or answer.status] += 1
+    return dict(sorted(counts.items()))
+
+
+def reconcile(requests: list[Request], ledger: list[LedgerLine], faults: list[Fault], idempotent: dict[str, bool],
+              exclusive: set[str], bounds: Bounds, n_workers: int) -> Table:
+    facts = Facts(ledger, faults)
+    by_rid = {r.rid: r for r in requests}
+    kinds = {r.rid: uncertainty(r, facts) for r in requests}
+    delays = {r.rid: after_verdict(r, facts) for r in requests}
+    store, workers = false_refusals(requests, facts, n_workers)
+    fault_counts: dict[str, int] = defaultdict(int)
+    for fault in faults:
+        fault_counts[fault.kind] += 1
+
+    def took(r: Request) -> float | None:
+        settled = settled_at(r)
+        return None if settled is None else settled - r.first
+
+    def effects(r: Request) -> int:
+        return len(facts.lines(r.rid, "effect"))
+
+    def starts(r: Request) -> int:
+        return len(facts.lines(r.rid, "started"))
+
+    return Table(
+        requests=len(requests), burst=sum(r.kind == "burst" for r in requests),
+        answered=sum(bool(answers(r)) for r in requests), refused=sum(refused(r) and not answers(r) for r in requests),
+        attempts=sum(len(r.attempts) for r in requests), statuses=status_counts(requests),
+        lost=[r.rid for r in requests if lost(r, facts)],
+        duplicated_effects=[r.rid for r in requests if not idempotent.get(r.tool, False) and effects(r) > 1],
+        flipped=[r.rid for r in requests if len({a for _, a in answers(r)}) > 1],
+        false_uncertain=[rid for rid, kind in kinds.items() if kind == "false"],
+        effects_after_verdict=[rid for rid, d in delays.items() if any(x > bounds.after_verdict for x in d)],
+        after_verdict_delays=sorted(x for d in delays.values() for x in d),
+        lock_overlaps=overlaps(runs(facts, exclusive)),
+        hangs=[r.rid for r in requests if (t := took(r)) is None or t > bounds.patience],
+        slow=sum(bounds.slow < t <= bounds.patience for r in requests if (t := took(r)) is not None),
+        detection=detection_times(by_rid, facts),
+        uncertain=sum(verdict_at(r) is not None for r in requests),
+        uncertain_after_pause=sum(kind == "after pause" for kind in kinds.values()),
+        idempotent_reruns=sum(idempotent.get(r.tool, False) and starts(r) > 1 for r in requests),
+        double_starts=sum(not idempotent.get(r.tool, False) and starts(r) > 1 for r in requests),
+        false_store_unavailable=store, false_no_workers=workers, faults=dict(fault_counts), bounds=bounds,
+    )

@@ -1,0 +1,72 @@
+"""The chaos check's one table, as markdown text for people and as JSON for ``--out``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from chaos.reconcile import Table, percentile
+
+EXAMPLES = 3  # request ids quoted per violated row
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds:.1f} s"
+
+
+def rows(table: Table) -> list[tuple[str, str, str]]:
+    """(row, value, verdict): ``ok`` or ``VIOLATION`` for a promise, ``info`` for the rest."""
+    b = table.bounds
+
+    def promise(name: str, found: list[str], value: str | None = None) -> tuple[str, str, str]:
+        shown = value if value is not None else str(len(found))
+        if found:
+            shown += " (e.g. " + ", ".join(found[:EXAMPLES]) + ")"
+        return name, shown, "VIOLATION" if found else "ok"
+
+    delays = table.after_verdict_delays
+    statuses = ", ".join(f"{name} {n}" for name, n in table.statuses.items()) or "-"
+    return [
+        ("requests", f"{table.requests} ({table.burst} in overload bursts; {table.attempts} attempts)", "info"),
+        ("answered", f"{table.answered} ({statuses}); {table.refused} refused", "info"),
+        promise("lost", table.lost),
+        promise("duplicated effects (not idempotent)", table.duplicated_effects),
+        ("re-runs of idempotent tools", str(table.idempotent_reruns), "info"),
+        ("non-idempotent runs started twice, one effect", str(table.double_starts), "info"),
+        promise("flipped answers", table.flipped),
+        promise("false uncertain", table.false_uncertain,
+                f"{len(table.false_uncertain)} of {table.uncertain} uncertain"),
+        ("uncertain after a pause (true uncertainty)", str(table.uncertain_after_pause), "info"),
+        promise(f"effects after verdict (> {b.after_verdict:g} s)", table.effects_after_verdict,
+                f"{len(table.effects_after_verdict)} (all: {len(delays)}, max {_ms(max(delays) if delays else None)})"),
+        promise("lock overlaps (parallel_safe=False)", table.lock_overlaps),
+        promise(f"hangs (no final answer within {b.patience:g} s)", table.hangs),
+        (f"slow answers ({b.slow:g} s to {b.patience:g} s)", str(table.slow), "info"),
+        ("detection time after kill -9, p50 / max",
+         f"{_ms(percentile(table.detection, 50))} / {_ms(max(table.detection) if table.detection else None)}"
+         f" ({len(table.detection)} runs)", "info"),
+        ("503 STORE_UNAVAILABLE with Redis up", str(table.false_store_unavailable), "info"),
+        ("503 NO_WORKERS with a live worker", str(table.false_no_workers), "info"),
+        ("faults", ", ".join(f"{k} {n}" for k, n in sorted(table.faults.items())) or "none", "info"),
+    ]
+
+
+def text(table: Table, title: str) -> str:
+    lines = [f"### {title}", "", "| | | |", "|---|---|---|"]
+    lines += [f"| {name} | {value} | {verdict} |" for name, value, verdict in rows(table)]
+    violations = table.violations()
+    lines.append("")
+    lines.append("PASS: the promise held" if not violations else
+                 "FAIL: " + ", ".join(f"{name} {n}" for name, n in violations.items()))
+    return "\n".join(lines)
+
+
+def as_json(table: Table, run: dict[str, Any]) -> bytes:
+    """The table (every list whole), the verdicts, and how the run was made."""
+    doc = {"run": run, "table": msgspec.to_builtins(table),
+           "rows": [{"row": n, "value": v, "verdict": d} for n, v, d in rows(table)],
+           "violations": table.violations(),
+           "detection_p50": percentile(table.detection, 50),
+           "detection_max": max(table.detection) if table.detection else None}
+    return msgspec.json.format(msgspec.json.encode(doc), indent=2)

@@ -1,0 +1,129 @@
+"""``bin/chaos``: the chaos check, start to end.
+
+Starts a private Redis (append-only file), API replicas and workers serving ``chaos.tools``;
+runs the load while the injector plays faults; heals the cluster, lets the calls in flight
+finish, asks once more for every request with its request id; then reconciles the answers with
+the ledger and prints one table. Exits 1 if a promise was broken, 2 if the run could not be made.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any, cast
+
+import msgspec
+
+from bench.processes import ROOT, StartError
+from chaos import ledger, report
+from chaos.cluster import Cluster
+from chaos.faults import Injector
+from chaos.load import Load, final_retries
+from chaos.model import FAULT_KINDS, FaultKind
+from chaos.reconcile import Bounds, reconcile
+from chaos.tools import EXCLUSIVE, IDEMPOTENT
+
+SHORT_S = 55.0  # seconds of load in --short: about two minutes in all, with startup and the end
+QUIET_S = 2.0  # after the load, before the final retries: let late effects reach the ledger
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="bin/chaos", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--duration", type=float, default=600.0, help="seconds of load and faults (default 600)")
+    p.add_argument("--short", action="store_true", help=f"the CI run: {SHORT_S:g} s of load, about 2 min in all")
+    p.add_argument("--seed", type=int, default=None, help="seed of the faults and the call mix (default: random)")
+    p.add_argument("--faults", default=",".join(FAULT_KINDS),
+                   help="comma-separated subset of: " + ", ".join(FAULT_KINDS) + " (default: all; 'none' for none)")
+    p.add_argument("--workers", type=int, default=3, help="worker processes (default 3)")
+    p.add_argument("--apis", type=int, default=2, help="API processes (default 2)")
+    p.add_argument("--clients", type=int, default=16, help="concurrent clients (default 16)")
+    p.add_argument("--fsync", choices=["everysec", "always", "no"], default="everysec",
+                   help="Redis appendfsync (default everysec, what the README recommends)")
+    p.add_argument("--patience", type=float, default=30.0,
+                   help="seconds a request may take to its final answer before it is a hang (default 30)")
+    p.add_argument("--slow", type=float, default=10.0, help="seconds past which an answer is slow (default 10)")
+    p.add_argument("--after-verdict", type=float, default=1.0,
+                   help="seconds an effect may land after an EXECUTION_UNCERTAIN verdict (default 1)")
+    p.add_argument("--out", type=Path, help="write the table as JSON to this file")
+    p.add_argument("--keep", action="store_true", help="keep the run's directory (logs, ledger, Redis files)")
+    args = p.parse_args(argv)
+    if args.short:
+        args.duration = SHORT_S
+    if args.seed is None:
+        args.seed = int.from_bytes(os.urandom(2), "big")
+    kinds = [] if args.faults == "none" else [k.strip() for k in args.faults.split(",") if k.strip()]
+    unknown = sorted(set(kinds) - set(FAULT_KINDS))
+    if unknown:
+        p.error(f"unknown faults: {', '.join(unknown)}")
+    if args.workers < 2 and {"worker-kill", "worker-term", "worker-stop"} & set(kinds):
+        p.error("worker faults need --workers 2 or more: one is always out while a fault lasts")
+    args.kinds = kinds
+    return args
+
+
+def commit() -> str:
+    try:
+        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                             check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return sha + ("+dirty" if dirty else "")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    workdir = Path(tempfile.mkdtemp(prefix="carmy-chaos-"))
+    print(f"chaos: seed {args.seed}, {args.duration:g} s, faults {','.join(args.kinds) or 'none'}; "
+          f"logs and ledger in {workdir}", file=sys.stderr, flush=True)
+    cluster = Cluster(workdir, apis=args.apis, workers=args.workers, fsync=args.fsync, env=dict(os.environ))
+    try:
+        try:
+            cluster.start()
+        except (StartError, RuntimeError) as exc:
+            print(f"chaos: the cluster did not start: {exc}", file=sys.stderr)
+            return 2
+        code = play(args, cluster)
+    finally:
+        cluster.close()
+        if not args.keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+    return code
+
+
+def play(args: argparse.Namespace, cluster: Cluster) -> int:
+    started = time.time()
+    load = Load(cluster.bases, args.clients, args.seed, args.patience, run_id=f"c{uuid.uuid4().hex[:8]}")
+    load.start()
+    injector = Injector(cluster, cast(list[FaultKind], args.kinds), args.seed, load.burst, started)
+    injector.run(until=started + args.duration)
+    load.stop.set()
+    cluster.heal()
+    print(f"[{time.time() - started:6.1f} s] load stopped; waiting for calls in flight", file=sys.stderr, flush=True)
+    load.finish(args.patience + 10)
+    time.sleep(QUIET_S)
+    print(f"[{time.time() - started:6.1f} s] final retry of {len(load.requests)} requests", file=sys.stderr, flush=True)
+    final_retries(cluster.bases, list(load.requests), timeout=min(args.patience, 30.0))
+    time.sleep(QUIET_S)
+    bounds = Bounds(patience=args.patience, slow=args.slow, after_verdict=args.after_verdict)
+    table = reconcile(list(load.requests), ledger.read(cluster.ledger_dir), injector.faults, IDEMPOTENT, EXCLUSIVE,
+                      bounds, args.workers)
+    title = (f"chaos check at {commit()}: seed {args.seed}, {args.duration:g} s of load, {args.clients} clients, "
+             f"{args.workers} workers, {args.apis} APIs, appendfsync {args.fsync}")
+    print(report.text(table, title))
+    if args.out:
+        run: dict[str, Any] = {"commit": commit(), "seed": args.seed, "duration": args.duration,
+                               "clients": args.clients, "workers": args.workers, "apis": args.apis,
+                               "fsync": args.fsync, "faults": args.kinds,
+                               "injected": msgspec.to_builtins(injector.faults)}
+        args.out.write_bytes(report.as_json(table, run))
+    return 1 if table.violations() else 0
