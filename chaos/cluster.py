@@ -10,6 +10,7 @@ each child.
 
 from __future__ import annotations
 
+import re
 import signal
 import sys
 import time
@@ -18,10 +19,12 @@ from pathlib import Path
 import httpx
 
 from bench.processes import ROOT, Proc, RedisServer, free_port
+from bench.procs import log_message
 from chaos.tools import tools
 
 START_TIMEOUT = 30.0  # seconds for a process to be ready (a busy two-core machine)
 TOOLS_MODULE = "chaos.tools"
+EXECUTION_ID = re.compile(r"exec_[0-9a-f-]{36}")
 
 
 class Cluster:
@@ -123,6 +126,15 @@ class Cluster:
 
     def all_procs(self) -> list[Proc]:
         return list({id(p): p for p in [*self.workers, *self.retired, *self.api_procs.values()]}.values())
+
+    def log_errors(self) -> dict[str, int]:
+        """Error lines of every process's log, counted by message (execution ids left out)."""
+        counts: dict[str, int] = {}
+        for proc in self.all_procs():
+            for line in proc.error_lines():
+                message = EXECUTION_ID.sub("exec_…", log_message(line))[:160]
+                counts[message] = counts.get(message, 0) + 1
+        return counts
 
     def close(self) -> None:
         for proc in self.all_procs():

@@ -6,6 +6,7 @@ from typing import Any
 
 import msgspec
 
+from chaos.model import LedgerLine, Request
 from chaos.reconcile import Table, percentile
 
 EXAMPLES = 3  # request ids quoted per violated row
@@ -52,9 +53,13 @@ def rows(table: Table) -> list[tuple[str, str, str]]:
     ]
 
 
-def text(table: Table, title: str) -> str:
+def text(table: Table, title: str, log_errors: dict[str, int]) -> str:
+    """The table in markdown, the process logs' error lines as its last row, and the verdict."""
     lines = [f"### {title}", "", "| | | |", "|---|---|---|"]
     lines += [f"| {name} | {value} | {verdict} |" for name, value, verdict in rows(table)]
+    errors = sum(log_errors.values())
+    common = "; ".join(f"{n}× {message}" for message, n in sorted(log_errors.items(), key=lambda kv: -kv[1])[:3])
+    lines.append(f"| error lines in process logs | {errors}{f' ({common})' if common else ''} | info |")
     violations = table.violations()
     lines.append("")
     lines.append("PASS: the promise held" if not violations else
@@ -62,9 +67,20 @@ def text(table: Table, title: str) -> str:
     return "\n".join(lines)
 
 
-def as_json(table: Table, run: dict[str, Any]) -> bytes:
-    """The table (every list whole), the verdicts, and how the run was made."""
-    doc = {"run": run, "table": msgspec.to_builtins(table),
+def evidence(table: Table, requests: list[Request], ledger: list[LedgerLine]) -> dict[str, Any]:
+    """Everything known of each request a violation names: its attempts and its ledger lines."""
+    named = {rid for rids in (table.lost, table.duplicated_effects, table.flipped, table.false_uncertain,
+                              table.effects_after_verdict, table.hangs) for rid in rids}
+    named |= {rid for pair in table.lock_overlaps for rid in pair.split("/")}
+    by_rid = {r.rid: r for r in requests}
+    return {rid: {"request": msgspec.to_builtins(by_rid[rid]) if rid in by_rid else None,
+                  "ledger": [msgspec.to_builtins(line) for line in ledger if line.rid == rid]}
+            for rid in sorted(named)}
+
+
+def as_json(table: Table, run: dict[str, Any], proof: dict[str, Any], log_errors: dict[str, int]) -> bytes:
+    """The table (every list whole), the verdicts, how the run was made, and the evidence."""
+    doc = {"run": run, "table": msgspec.to_builtins(table), "evidence": proof, "log_errors": log_errors,
            "rows": [{"row": n, "value": v, "verdict": d} for n, v, d in rows(table)],
            "violations": table.violations(),
            "detection_p50": percentile(table.detection, 50),

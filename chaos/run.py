@@ -115,15 +115,16 @@ def play(args: argparse.Namespace, cluster: Cluster) -> int:
     final_retries(cluster.bases, list(load.requests), timeout=min(args.patience, 30.0))
     time.sleep(QUIET_S)
     bounds = Bounds(patience=args.patience, slow=args.slow, after_verdict=args.after_verdict)
-    table = reconcile(list(load.requests), ledger.read(cluster.ledger_dir), injector.faults, IDEMPOTENT, EXCLUSIVE,
-                      bounds, args.workers)
+    requests, lines = list(load.requests), ledger.read(cluster.ledger_dir)
+    table = reconcile(requests, lines, injector.faults, IDEMPOTENT, EXCLUSIVE, bounds, args.workers)
+    log_errors = cluster.log_errors()
     title = (f"chaos check at {commit()}: seed {args.seed}, {args.duration:g} s of load, {args.clients} clients, "
              f"{args.workers} workers, {args.apis} APIs, appendfsync {args.fsync}")
-    print(report.text(table, title))
+    print(report.text(table, title, log_errors))
     if args.out:
         run: dict[str, Any] = {"commit": commit(), "seed": args.seed, "duration": args.duration,
                                "clients": args.clients, "workers": args.workers, "apis": args.apis,
                                "fsync": args.fsync, "faults": args.kinds,
                                "injected": msgspec.to_builtins(injector.faults)}
-        args.out.write_bytes(report.as_json(table, run))
+        args.out.write_bytes(report.as_json(table, run, report.evidence(table, requests, lines), log_errors))
     return 1 if table.violations() else 0

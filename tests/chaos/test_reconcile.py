@@ -1,0 +1,144 @@
+"""The chaos check's reconciliation, on made-up histories: each broken promise is found, and a
+clean history passes. No processes: ``chaos.reconcile`` is pure."""
+
+from __future__ import annotations
+
+from chaos.model import Answer, Attempt, Fault, LedgerEvent, LedgerLine, Request
+from chaos.reconcile import Bounds, Table, reconcile
+
+IDEMPOTENT = {"charge": False, "put": True, "serial": False}
+EXCLUSIVE = {"serial"}
+BOUNDS = Bounds(patience=30, slow=10, after_verdict=1)
+
+
+def ok(xid: str, t: float, data: str = '{"pid":1}') -> Attempt:
+    return Attempt(t0=t - 0.1, t1=t, mode="json", api="a", http=200,
+                   answer=Answer(execution_id=xid, status="completed", code=None, data=data))
+
+
+def uncertain(xid: str, t: float) -> Attempt:
+    return Attempt(t0=t - 0.1, t1=t, mode="json", api="a", http=409, code="EXECUTION_UNCERTAIN",
+                   answer=Answer(execution_id=xid, status="failed", code="EXECUTION_UNCERTAIN", data=None))
+
+
+def refused(code: str, t: float) -> Attempt:
+    return Attempt(t0=t - 0.1, t1=t, mode="json", api="a", http=503, code=code)
+
+
+def run(rid: str, xid: str, tool: str, pid: int, start: float, end: float | None,
+        ev: LedgerEvent = "effect") -> list[LedgerLine]:
+    lines = [LedgerLine(ev="started", rid=rid, xid=xid, tool=tool, pid=pid, t=start)]
+    if end is not None:
+        lines.append(LedgerLine(ev=ev, rid=rid, xid=xid, tool=tool, pid=pid, t=end))
+    return lines
+
+
+def check(requests: list[Request], ledger: list[LedgerLine], faults: list[Fault] | None = None) -> Table:
+    return reconcile(requests, ledger, faults or [], IDEMPOTENT, EXCLUSIVE, BOUNDS, n_workers=2)
+
+
+def request(rid: str, tool: str, *attempts: Attempt, first: float = 0.0) -> Request:
+    return Request(rid=rid, tool=tool, args={"ms": 1}, first=first, attempts=list(attempts))
+
+
+def test_a_clean_history_passes() -> None:
+    table = check([request("r1", "charge", refused("STORE_UNAVAILABLE", 0.5), ok("x1", 2.0)),
+                   request("r2", "put", ok("x2", 1.0), ok("x2", 50.0))],
+                  run("r1", "x1", "charge", 10, 1.0, 1.5) + run("r2", "x2", "put", 10, 0.2, 0.8))
+    assert table.violations() == {}
+    assert (table.requests, table.answered, table.attempts) == (2, 2, 4)
+    assert table.false_store_unavailable == 1  # no Redis fault was injected
+
+
+def test_a_non_idempotent_effect_twice_is_a_duplicate_and_an_idempotent_one_is_not() -> None:
+    ledger = (run("r1", "x1", "charge", 10, 1.0, 1.5) + run("r1", "x1", "charge", 11, 5.0, 5.5)
+              + run("r2", "x2", "put", 10, 1.0, 1.5) + run("r2", "x2", "put", 11, 5.0, 5.5))
+    table = check([request("r1", "charge", ok("x1", 6.0)), request("r2", "put", ok("x2", 6.0))], ledger)
+    assert table.duplicated_effects == ["r1"]
+    assert table.idempotent_reruns == 1 and table.double_starts == 1
+
+
+def test_two_different_answers_are_a_flip() -> None:
+    table = check([request("r1", "put", ok("x1", 1.0, '{"pid":1}'), ok("x1", 9.0, '{"pid":2}'))],
+                  run("r1", "x1", "put", 1, 0.1, 0.5))
+    assert table.flipped == ["r1"]
+
+
+def test_a_second_execution_for_one_request_is_a_lost_record() -> None:
+    # The first execution ran; its record vanished, and the retry started another one.
+    ledger = run("r1", "x1", "put", 1, 0.1, 0.5) + run("r1", "x2", "put", 1, 3.0, 3.2)
+    table = check([request("r1", "put", ok("x2", 3.3))], ledger)
+    assert table.lost == ["r1"]
+
+
+def test_an_accepted_call_never_answered_is_lost_and_a_hang() -> None:
+    accepted = Attempt(t0=0, t1=1, mode="async", api="a", http=202, execution_id="x1")
+    table = check([request("r1", "put", accepted, refused("STORE_UNAVAILABLE", 40))], [])
+    assert table.lost == ["r1"] and table.hangs == ["r1"]
+
+
+def test_an_execution_a_get_no_longer_knows_is_lost() -> None:
+    gone = Attempt(t0=0, t1=1, mode="async", api="a", http=404, execution_id="x1", gone=True)
+    table = check([request("r1", "put", gone, ok("x1", 2))], run("r1", "x1", "put", 1, 0.1, 0.5))
+    assert table.lost == ["r1"]
+
+
+def test_an_answer_past_the_patience_is_a_hang_and_a_slow_one_is_not() -> None:
+    table = check([request("r1", "put", ok("x1", 31.0)), request("r2", "put", ok("x2", 12.0))],
+                  run("r1", "x1", "put", 1, 0.1, 0.5) + run("r2", "x2", "put", 1, 0.1, 0.5))
+    assert table.hangs == ["r1"] and table.slow == 1
+
+
+def test_uncertain_after_an_effect_on_a_live_worker_is_false() -> None:
+    table = check([request("r1", "charge", uncertain("x1", 5.0))], run("r1", "x1", "charge", 10, 1.0, 1.5))
+    assert table.false_uncertain == ["r1"] and table.uncertain == 1
+
+
+def test_uncertain_after_the_worker_was_killed_or_paused_is_true() -> None:
+    killed = Fault(kind="worker-kill", t=2.0, t_end=3.0, target="worker 10", pid=10)
+    paused = Fault(kind="worker-stop", t=2.0, t_end=9.0, target="worker 11", pid=11)
+    ledger = run("r1", "x1", "charge", 10, 1.0, 1.5) + run("r2", "x2", "charge", 11, 1.0, 1.5)
+    table = check([request("r1", "charge", uncertain("x1", 5.0)), request("r2", "charge", uncertain("x2", 5.0))],
+                  ledger, [killed, paused])
+    assert table.false_uncertain == [] and table.uncertain_after_pause == 1
+
+
+def test_an_effect_long_after_the_verdict_is_a_violation() -> None:
+    paused = Fault(kind="worker-stop", t=1.2, t_end=9.0, target="worker 10", pid=10)
+    ledger = run("r1", "x1", "charge", 10, 1.0, 9.0) + run("r2", "x2", "charge", 10, 1.0, 5.5)
+    table = check([request("r1", "charge", uncertain("x1", 5.0)), request("r2", "charge", uncertain("x2", 5.0))],
+                  ledger, [paused])
+    assert table.effects_after_verdict == ["r1"]  # 4 s late; r2's 0.5 s is within the bound
+    assert table.after_verdict_delays == [0.5, 4.0]
+    assert table.false_uncertain == []
+
+
+def test_overlapping_runs_of_a_parallel_unsafe_tool_are_found() -> None:
+    killed = Fault(kind="worker-kill", t=6.0, t_end=7.0, target="worker 12", pid=12)
+    ledger = (run("r1", "x1", "serial", 10, 1.0, 2.0) + run("r2", "x2", "serial", 11, 1.5, 2.5, ev="abandoned")
+              + run("r3", "x3", "serial", 12, 3.0, None) + run("r4", "x4", "serial", 10, 5.0, 5.1)
+              + run("r5", "x5", "serial", 10, 7.0, 7.1) + run("r6", "x6", "put", 11, 7.0, 7.1))
+    requests = [request(f"r{i}", "serial", ok(f"x{i}", 8.0)) for i in range(1, 6)]
+    table = check(requests, ledger, [killed])
+    # r3 never ended: its run lasts until its worker was killed, over r4's.
+    assert table.lock_overlaps == ["r1/r2", "r3/r4"]
+
+
+def test_detection_time_runs_from_the_kill_to_the_answer_or_the_rerun() -> None:
+    killed = Fault(kind="worker-kill", t=10.0, t_end=11.0, target="worker 10", pid=10)
+    ledger = (run("r1", "x1", "charge", 10, 9.0, None) + run("r2", "x2", "put", 10, 9.5, None)
+              + run("r2", "x2", "put", 11, 12.5, 12.6) + run("r3", "x3", "put", 10, 8.0, 8.5))
+    requests = [request("r1", "charge", uncertain("x1", 13.0)), request("r2", "put", ok("x2", 12.7)),
+                request("r3", "put", ok("x3", 8.6))]
+    table = check(requests, ledger, [killed])
+    assert sorted(table.detection) == [2.5, 3.0]  # r3 had finished before the kill
+
+
+def test_refusals_are_false_only_outside_their_cause() -> None:
+    down = Fault(kind="redis-kill", t=10.0, t_end=12.0, target="redis 1", pid=1)
+    paused = Fault(kind="worker-stop", t=20.0, t_end=25.0, target="worker 2", pid=2)
+    attempts = [refused("STORE_UNAVAILABLE", 11.0), refused("STORE_UNAVAILABLE", 12.5),
+                refused("STORE_UNAVAILABLE", 20.0), refused("NO_WORKERS", 21.0), ok("x1", 30.0)]
+    table = check([request("r1", "put", *attempts)], run("r1", "x1", "put", 3, 29, 29.5), [down, paused])
+    # 12.5 is within the grace after Redis came back; one worker of two was out at 21.0.
+    assert (table.false_store_unavailable, table.false_no_workers) == (1, 1)
