@@ -132,7 +132,8 @@ class Cluster:
         counts: dict[str, int] = {}
         for proc in self.all_procs():
             for line in proc.error_lines():
-                message = EXECUTION_ID.sub("exec_…", log_message(line))[:160]
+                first = EXECUTION_ID.sub("exec_…", log_message(line)).strip().splitlines() or [""]
+                message = first[0][:160]
                 counts[message] = counts.get(message, 0) + 1
         return counts
 

@@ -66,8 +66,8 @@ class Table(Struct, kw_only=True):
     uncertain_after_pause: int
     idempotent_reruns: int
     double_starts: int
-    false_store_unavailable: int
-    false_no_workers: int
+    false_store_unavailable: list[float]  # when each such attempt was sent (wall clock)
+    false_no_workers: list[float]
     faults: dict[str, int]
     bounds: Bounds
 
@@ -208,18 +208,18 @@ def detection_times(requests: dict[str, Request], facts: Facts) -> list[float]:
     return times
 
 
-def false_refusals(requests: list[Request], facts: Facts, n_workers: int) -> tuple[int, int]:
-    """Attempts answered STORE_UNAVAILABLE while Redis was up, and NO_WORKERS while a worker
-    was alive and not paused (one fault at a time leaves n - 1 of them)."""
-    store = workers = 0
+def false_refusals(requests: list[Request], facts: Facts, n_workers: int) -> tuple[list[float], list[float]]:
+    """When attempts were answered STORE_UNAVAILABLE while Redis was up, and NO_WORKERS while a
+    worker was alive and not paused (one fault at a time leaves n - 1 of them)."""
+    store: list[float] = []
+    workers: list[float] = []
     attempts: list[Attempt] = [a for r in requests for a in r.attempts]
     for a in attempts:
         if a.code == "STORE_UNAVAILABLE" and not facts.redis_was_down(a.t0, a.t1):
-            store += 1
-        if a.code == "NO_WORKERS":
-            out = sum(t <= a.t0 <= t_end for t, t_end in facts.workers_out)
-            workers += out < n_workers
-    return store, workers
+            store.append(a.t0)
+        if a.code == "NO_WORKERS" and sum(t <= a.t0 <= t_end for t, t_end in facts.workers_out) < n_workers:
+            workers.append(a.t0)
+    return sorted(store), sorted(workers)
 
 
 def status_counts(requests: list[Request]) -> dict[str, int]:

@@ -47,8 +47,8 @@ def rows(table: Table) -> list[tuple[str, str, str]]:
         ("detection time after kill -9, p50 / max",
          f"{_ms(percentile(table.detection, 50))} / {_ms(max(table.detection) if table.detection else None)}"
          f" ({len(table.detection)} runs)", "info"),
-        ("503 STORE_UNAVAILABLE with Redis up", str(table.false_store_unavailable), "info"),
-        ("503 NO_WORKERS with a live worker", str(table.false_no_workers), "info"),
+        ("503 STORE_UNAVAILABLE with Redis up", str(len(table.false_store_unavailable)), "info"),
+        ("503 NO_WORKERS with a live worker", str(len(table.false_no_workers)), "info"),
         ("faults", ", ".join(f"{k} {n}" for k, n in sorted(table.faults.items())) or "none", "info"),
     ]
 
