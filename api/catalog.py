@@ -126,7 +126,7 @@ class Catalog:
 
     def __post_init__(self) -> None:
         self.view = build_view(self.server_name, [], self._validators)
-        self._liveness = Liveness(self.redis)
+        self._liveness = Liveness(self.redis, dead_after=self.dead_after)
 
     @property
     def reachable(self) -> bool:
@@ -163,7 +163,7 @@ class Catalog:
                     self._infos[worker_id] = worker_info_decoder.decode(raw)
         for gone in [w for w in self._infos if w not in scores]:
             del self._infos[gone]
-        serving = {w: roster.serving(w, self.dead_after) for w in self._infos}
+        serving = {w: roster.serving(w) for w in self._infos}
         if serving == self._serving:
             return  # same workers, same liveness: the view is still right (the common case)
         view = build_view(self.server_name, [(self._infos[w], live) for w, live in serving.items()], self._validators)

@@ -31,8 +31,8 @@ def check(settings: WorkerSettings, host: str) -> str | None:
         return f"CARMY_REDIS_URL cannot be used: {exc}"
     try:
         # Scores are compared with Redis's clock, as the API does: this host's may differ.
-        roster = SyncLiveness(client).roster()
-        live = [w for w in roster.last_seen if roster.alive(w, settings.dead_after)]
+        roster = SyncLiveness(client, dead_after=settings.dead_after).roster()
+        live = [w for w in roster.last_seen if roster.alive(w)]
         # The sync client's stubs type every reply as "maybe awaitable".
         infos = cast("list[bytes | None]", client.mget([keys.worker(w) for w in live])) if live else []
     except redis.RedisError as exc:

@@ -91,6 +91,7 @@ async def invoke(
         call: asyncio.Future[Any] = asyncio.ensure_future(_contained(tool.fn(*args)))
     else:
         call = asyncio.get_running_loop().run_in_executor(executor, _contained_sync, tool.fn, *args)
+    ctx._start(call)
     if on_end is not None:
         call.add_done_callback(lambda _: on_end())
     stop = asyncio.ensure_future(cancelled.wait())
@@ -98,13 +99,11 @@ async def invoke(
         await asyncio.wait((call, stop), timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
     except asyncio.CancelledError:  # the worker itself is stopping: let arq know
         ctx._cancel()
-        call.cancel()
         raise
     finally:
         stop.cancel()
     if not call.done():
         ctx._cancel()
-        call.cancel()
         return Outcome(cancelled=True) if cancelled.is_set() else Outcome(timed_out=True)
     return _finish(tool, ctx, call, max_result_bytes)
 

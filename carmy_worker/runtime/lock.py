@@ -1,8 +1,10 @@
 """``parallel_safe=False``: at most one execution of a tool at a time, across all workers.
 
-A Redis key holds the id of the execution that has the tool, with a lease the holder renews
-while it runs: a holder that crashes loses the tool within ``LEASE_S`` seconds. Waiters poll
-with a short backoff; their wait counts against their own timeout.
+A Redis key holds the attempt that has the tool (``roster.lock_holder``), with a lease the
+holder renews while it runs: a holder that crashes loses the tool within ``LEASE_S`` seconds.
+A holder that was paused past its lease finds, on waking, that the tool went to another: its
+renewal says so (``on_lost``), and so does its worker's next heartbeat. Waiters poll with a
+short backoff; their wait counts against their own timeout.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
@@ -28,10 +31,11 @@ _RELEASE = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL
 
 
 class ToolLock:
-    def __init__(self, redis: Redis, tool: str, holder: str) -> None:
+    def __init__(self, redis: Redis, tool: str, holder: str, *, on_lost: Callable[[], None] | None = None) -> None:
         self.redis = redis
         self.key = keys.lock(tool)
         self.holder = holder
+        self.on_lost = on_lost
         self._renew = redis.register_script(_RENEW)
         self._release = redis.register_script(_RELEASE)
         self._renewer: asyncio.Task[None] | None = None
@@ -56,9 +60,15 @@ class ToolLock:
         while True:
             await asyncio.sleep(LEASE_S / 3)
             try:
-                await self._renew(keys=[self.key], args=[self.holder, lease_ms])
+                renewed = await self._renew(keys=[self.key], args=[self.holder, lease_ms])
             except RedisError as exc:
                 log.warning("could not renew the lock of %s: %s", self.key, exc)
+                continue
+            if not renewed:
+                log.warning("%s lost the lock of %s (its lease ran out)", self.holder, self.key)
+                if self.on_lost is not None:
+                    self.on_lost()
+                return
 
     async def release(self) -> None:
         if self._renewer is not None:

@@ -7,7 +7,7 @@ import logging
 import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import msgspec
 from redis.asyncio import Redis
@@ -23,6 +23,7 @@ from carmy_worker.sdk.toolbox import Tool
 from carmy_worker.settings import WorkerSettings
 from carmy_worker.store import records
 from carmy_worker.store.attempts import Attempts, ClaimVerdict
+from carmy_worker.store.roster import Holding, Stray, lock_holder
 from carmy_worker.store.verdicts import Verdicts
 from carmy_worker.wire import ExecutionJob, Record, completed_event, job_decoder
 
@@ -45,6 +46,16 @@ class Run:
     attempt: int
     queue_wait_ms: int
     run_ms: int | None = None
+    cancelled: asyncio.Event = field(default_factory=asyncio.Event)
+    ctx: Context | None = None
+    lock: str = ""  # the key of the tool's lock while this attempt holds it
+    lost: str = ""  # why this attempt no longer holds its execution: its outcome is not recorded
+    unlocked: bool = False  # it lost the tool's lock while it ran: it ends uncertain
+
+    def stop(self) -> None:
+        self.cancelled.set()
+        if self.ctx is not None:
+            self.ctx._cancel()
 
 
 class Runtime:
@@ -57,10 +68,12 @@ class Runtime:
         self.worker_id = worker_id
         # Twice the concurrency: threads of timed-out sync tools may still be finishing.
         self._threads = ThreadPoolExecutor(max_workers=settings.concurrency * 2, thread_name_prefix="carmy-tool")
-        self._cancels: dict[str, asyncio.Event] = {}
+        # The attempts this worker holds, from CLAIM until their record is written: what its
+        # heartbeat reports, and what a cancellation or a lost lease stops.
+        self._runs: dict[str, Run] = {}
         # Cancellations heard for executions not (yet) running here, by when they were heard: a
         # cancel published while this worker's CLAIM was in flight arrives before the execution
-        # is registered in _cancels, and must not be lost.
+        # is registered in _runs, and must not be lost.
         self._early_cancels: OrderedDict[str, float] = OrderedDict()
         self._releases: set[asyncio.Task[None]] = set()  # lock releases still in flight
         self._attempts = Attempts(redis, worker_id=worker_id, retention=settings.retention)
@@ -68,18 +81,43 @@ class Runtime:
 
     @property
     def running(self) -> int:
-        return len(self._cancels)
+        return len(self._runs)
+
+    def holdings(self) -> list[Holding]:
+        """What this worker holds, for its heartbeat to check (safe to call from another thread)."""
+        return [Holding(r.job.execution_id, r.attempt, r.lock) for r in list(self._runs.values())]
 
     def cancel(self, exec_id: str) -> None:
         """The caller of ``exec_id`` went away; stop it if it runs here."""
-        event = self._cancels.get(exec_id)
-        if event is not None:
-            event.set()
+        run = self._runs.get(exec_id)
+        if run is not None:
+            run.cancelled.set()
             return
         now = time.monotonic()
         self._early_cancels[exec_id] = now
         while self._early_cancels and next(iter(self._early_cancels.values())) < now - EARLY_CANCEL_MEMORY_S:
             self._early_cancels.popitem(last=False)
+
+    def lose(self, exec_id: str, attempt: int, why: str) -> None:
+        """This worker no longer holds ``attempt`` at ``exec_id`` (the janitor reaped it while the
+        worker was paused or cut off from Redis, or another attempt settled it): stop the tool
+        now, before it takes another step, and record nothing for it."""
+        run = self._runs.get(exec_id)
+        if run is None or run.attempt != attempt or run.lost:
+            return
+        run.lost = why
+        log.warning("execution %s: this worker lost it (%s); stopping its tool", exec_id, why)
+        run.stop()
+
+    def unlock(self, exec_id: str, attempt: int) -> None:
+        """``attempt`` lost the tool's lock (its lease ran out while the worker was paused):
+        another execution may be running the tool, so this one stops and ends uncertain."""
+        run = self._runs.get(exec_id)
+        if run is None or run.attempt != attempt or run.unlocked or not run.lock:
+            return
+        run.unlocked = True
+        log.warning("execution %s lost the lock of tool %s; stopping it", exec_id, run.job.tool)
+        run.stop()
 
     def close(self) -> None:
         self._threads.shutdown(wait=False, cancel_futures=True)
@@ -94,12 +132,26 @@ class Runtime:
             return
         claim = await self._attempts.claim(job.execution_id, job.tool, max_attempts=MAX_ATTEMPTS)
         run = Run(job=job, attempt=claim.attempt, queue_wait_ms=claim.queue_wait_ms)
+        if claim.verdict == "run":
+            self._hold(run)
         try:
             await self._conclude(run, claim.verdict)
         except (asyncio.CancelledError, RedisError):
             raise  # shutting down; or Redis failed before the outcome was recorded: the job goes back
         except BaseException as exc:  # whatever got past every other net (a KeyboardInterrupt too)
             await self._last_resort(run, exc)
+        finally:
+            if self._runs.get(job.execution_id) is run:
+                del self._runs[job.execution_id]
+
+    def _hold(self, run: Run) -> None:
+        exec_id = run.job.execution_id
+        earlier = self._runs.get(exec_id)
+        if earlier is not None:  # an older attempt still winding down here: it cannot be current
+            self.lose(exec_id, earlier.attempt, "a newer attempt started")
+        self._runs[exec_id] = run
+        if self._early_cancels.pop(exec_id, None) is not None:
+            run.cancelled.set()
 
     async def _conclude(self, run: Run, verdict: ClaimVerdict) -> None:
         exec_id, name = run.job.execution_id, run.job.tool
@@ -137,41 +189,50 @@ class Runtime:
         agent = AgentContext(
             principal=job.principal, session=job.session, permissions=frozenset(job.permissions), metadata=job.metadata
         )
-        ctx = Context(execution_id=job.execution_id, tool=tool.name, request_id=job.request_id, agent=agent,
-                      emit=publisher.emit)
+        run.ctx = Context(execution_id=job.execution_id, tool=tool.name, request_id=job.request_id, agent=agent,
+                          emit=publisher.emit, attempt=run.attempt,
+                          holds=lambda: self._attempts.holds(job.execution_id, run.attempt))
         timeout = tool.timeout or self.settings.default_timeout
-        cancelled = self._cancels[job.execution_id] = asyncio.Event()
-        if self._early_cancels.pop(job.execution_id, None) is not None:
-            cancelled.set()
         start = time.perf_counter()
         try:
-            outcome = await self._invoke(job, tool, ctx, timeout, cancelled)
+            outcome = await self._invoke(run, tool, timeout)
         except asyncio.CancelledError:
             # The worker is shutting down past its drain time. A tool that may not run twice
             # is settled uncertain now; any other goes back to the queue for another worker.
             await asyncio.shield(self._give_back(job))
             raise
         finally:
-            del self._cancels[job.execution_id]
             await publisher.close()
         run.run_ms = round((time.perf_counter() - start) * 1000)
-        record = self._record_of(job, tool, outcome, timeout, run.run_ms)
+        if run.lost:
+            log.warning("execution %s: the outcome of attempt %d is dropped (%s)", job.execution_id, run.attempt,
+                        run.lost)
+            return
+        if run.unlocked:
+            record = records.uncertain(job.execution_id, tool.name, "it lost the tool's lock while it ran")
+        else:
+            record = self._record_of(job, tool, outcome, timeout, run.run_ms)
         await self._record(run, record, completed_event(job.execution_id, tool.name, run.run_ms,
                                                         outcome.data is not None))
 
-    async def _invoke(self, job: ExecutionJob, tool: Tool, ctx: Context, timeout: float,
-                      cancelled: asyncio.Event) -> Outcome:
+    async def _invoke(self, run: Run, tool: Tool, timeout: float) -> Outcome:
+        job, ctx, cancelled = run.job, run.ctx, run.cancelled
+        assert ctx is not None
         if tool.spec.parallel_safe:
             return await invoke(tool, ctx, job.arguments, timeout=timeout, executor=self._threads,
                                 cancelled=cancelled, max_result_bytes=self.settings.max_result_bytes)
         # One at a time across all workers; the wait counts against the timeout.
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        lock = ToolLock(self.redis, tool.name, job.execution_id)
+        lock = ToolLock(self.redis, tool.name, lock_holder(job.execution_id, run.attempt),
+                        on_lost=lambda: self.unlock(job.execution_id, run.attempt))
         if not await lock.acquire(timeout, cancelled):
             return Outcome(cancelled=True) if cancelled.is_set() else Outcome(timed_out=True)
+        run.lock = lock.key
+
         # Released when the call has really ended: a timed-out sync tool's thread still holds it.
         def release() -> None:
+            run.lock = ""
             task = loop.create_task(lock.release())
             self._releases.add(task)
             task.add_done_callback(self._releases.discard)
@@ -215,6 +276,18 @@ class Runtime:
         if not written:
             log.warning("execution %s was already settled elsewhere; this attempt's outcome is dropped", exec_id)
         return written
+
+    async def reap_stray(self, stray: Stray) -> None:
+        """Settle or re-queue an execution listed as running here that this worker does not hold."""
+        if stray.execution_id in self._runs:
+            return
+        try:
+            outcome = await self._verdicts.reap(stray.execution_id, stray.tool, worker_id=self.worker_id,
+                                                why="its outcome was never recorded", attempt=stray.attempt)
+        except RedisError as exc:  # the next heartbeats find it again
+            log.warning("could not settle stray execution %s: %s", stray.execution_id, exc)
+            return
+        log.warning("execution %s was listed as running here without running: %s", stray.execution_id, outcome)
 
     async def _give_back(self, job: ExecutionJob) -> None:
         try:

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import signal
 import socket
 import time
 
@@ -44,9 +45,11 @@ async def serve(tools: list[Tool], settings: WorkerSettings) -> None:
         group=group_of(described), host=socket.gethostname(), pid=os.getpid(),
     )
     runtime = Runtime(redis=redis, tools={t.name: t for t in tools}, settings=settings, worker_id=info.worker_id)
-    presence = Presence(redis=redis, settings=settings, info=info)
+    presence = Presence(redis=redis, settings=settings, info=info, runtime=runtime)
     janitor = Janitor(redis, retention=settings.retention, dead_after=settings.dead_after)
     await presence.register()
+    # A stopped process that is continued may have lost executions meanwhile: check at once.
+    asyncio.get_running_loop().add_signal_handler(signal.SIGCONT, presence.continued)
     background = [asyncio.create_task(listen_for_cancels(redis, runtime)), asyncio.create_task(janitor.run())]
 
     async def on_shutdown(_: object) -> None:
@@ -63,7 +66,7 @@ async def serve(tools: list[Tool], settings: WorkerSettings) -> None:
 
     longest = max(t.timeout for t in described)
     worker = queue.build_worker(
-        runtime.handle, pool=redis, group=info.group, concurrency=settings.concurrency,
+        runtime.handle, pool=redis, worker_id=info.worker_id, group=info.group, concurrency=settings.concurrency,
         max_timeout=longest, drain_seconds=longest, on_shutdown=on_shutdown, on_drain=on_drain,
     )
     log.info("worker %s serving %d tools (%s) on queue %s", info.worker_id, len(tools),

@@ -3,9 +3,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
@@ -40,8 +41,14 @@ class Context:
     ``MAX_EVENT_BYTES``) raises ``TypeError`` or ``ValueError`` in that call, where the tool's
     author sees it. Events are best effort: a tool that reports faster than they can be
     published has older ones dropped (``runtime.publisher``). ``cancelled`` turns true when the
-    caller went away or the timeout passed, so a sync tool can stop early; an async tool also
-    gets ``CancelledError``.
+    caller went away, the timeout passed or this worker lost the execution, so a sync tool can
+    stop early; an async tool also gets ``CancelledError``.
+
+    ``attempt`` is the fencing token of this run: it grows with every attempt at the execution,
+    and only the current attempt's outcome is recorded. A system the tool changes can remember
+    the highest ``(execution_id, attempt)`` it has seen and refuse lower ones, so a worker that
+    was paused and lost its execution can never act after its successor.
+    ``holds_execution()`` asks the store whether this attempt is still the current one.
     """
 
     def __init__(
@@ -52,8 +59,11 @@ class Context:
         request_id: str | None,
         agent: AgentContext,
         emit: Callable[[bytes, bool], None],
+        attempt: int = 1,
+        holds: Callable[[], Awaitable[bool]] | None = None,
     ) -> None:
         self.execution_id = execution_id
+        self.attempt = attempt
         self.tool = tool
         self.request_id = request_id
         self.principal = agent.principal
@@ -63,6 +73,29 @@ class Context:
         self._emit = emit  # (event as JSON, carries a partial result)
         self._cancelled = threading.Event()
         self._last_progress: float | int = 0
+        self._holds = holds
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._call: asyncio.Future[Any] | None = None  # the running call, stopped by _cancel
+
+    async def holds_execution(self) -> bool:
+        """Whether this attempt still holds its execution (one round trip to the store): False
+        once it was cancelled, settled or handed to another attempt. Call it before a side effect
+        that must not happen twice; pass ``attempt`` along where the other system can check it."""
+        if self._cancelled.is_set():
+            return False
+        return True if self._holds is None else await self._holds()
+
+    def holds_execution_blocking(self, timeout: float = 5.0) -> bool:
+        """``holds_execution`` for a sync tool (it runs in a thread); False if the store does not
+        answer within ``timeout`` seconds."""
+        if self._loop is None or self._holds is None:
+            return not self._cancelled.is_set()
+        future = asyncio.run_coroutine_threadsafe(self.holds_execution(), self._loop)
+        try:
+            return future.result(timeout)
+        except Exception:
+            future.cancel()
+            return False
 
     @property
     def cancelled(self) -> bool:
@@ -108,8 +141,16 @@ class Context:
                              f"{MAX_EVENT_BYTES:,} bytes for one event: send less at a time")
         self._emit(encoded, partial)
 
+    def _start(self, call: asyncio.Future[Any]) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._call = call
+
     def _cancel(self) -> None:
+        """Stop the call: a sync tool sees ``cancelled``; an async one is cancelled before its
+        next step, not after whatever callbacks are already queued."""
         self._cancelled.set()
+        if self._call is not None:
+            self._call.cancel()
 
 
 def _check_number(name: str, value: object) -> None:

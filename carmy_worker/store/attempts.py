@@ -35,13 +35,15 @@ return {'run', attempt, waited}
 """
 
 # A worker writes the record of its attempt: only if none exists and it still owns the
-# current attempt (a paused worker waking up late finds another attempt and writes nothing).
+# current attempt, not reaped (a paused worker waking up late finds another attempt, or its
+# own attempt put back in the queue by the janitor, and writes nothing).
 # KEYS: exe, record, pending, running set, queued
 # ARGV: exec_id, attempt, record, retention s, events channel, final event, tool.completed event or '',
 #       metrics label, tool, run ms or ''
 SETTLE = LUA_COUNT + LUA_OBSERVE + """
 if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
-if redis.call('HGET', KEYS[1], 'attempt') ~= ARGV[2] then return 0 end
+local h = redis.call('HMGET', KEYS[1], 'attempt', 'reaped')
+if h[1] ~= ARGV[2] or h[2] == ARGV[2] then return 0 end
 redis.call('SET', KEYS[2], ARGV[3], 'EX', tonumber(ARGV[4]))
 redis.call('HSET', KEYS[1], 'state', 'done')
 redis.call('ZREM', KEYS[3], ARGV[1])
@@ -52,6 +54,15 @@ redis.call('PUBLISH', ARGV[5], ARGV[6])
 count(ARGV[8])
 if ARGV[10] ~= '' then observe('run', ARGV[9], tonumber(ARGV[10])) end
 return 1
+"""
+
+# Whether an attempt still holds its execution: current, not reaped, running, no record yet.
+# KEYS: exe, record; ARGV: attempt
+HOLDS = """
+if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
+local h = redis.call('HMGET', KEYS[1], 'attempt', 'reaped', 'state')
+if h[1] == ARGV[1] and h[2] ~= ARGV[1] and h[3] == 'running' then return 1 end
+return 0
 """
 
 # run: this attempt may run the tool. Otherwise the worker records the matching verdict (unless
@@ -72,6 +83,7 @@ class Attempts:
     def __init__(self, redis: Redis, *, worker_id: str, retention: int) -> None:
         self._claim = redis.register_script(CLAIM)
         self._settle = redis.register_script(SETTLE)
+        self._holds = redis.register_script(HOLDS)
         self.worker_id = worker_id
         self.retention = retention
         self._running = keys.running(worker_id)
@@ -97,3 +109,7 @@ class Attempts:
             args=[exec_id, attempt, stored, self.retention, keys.events(exec_id), final, completed_event or b"",
                   metrics.label(record), record.tool, "" if run_ms is None else run_ms],
         ))
+
+    async def holds(self, exec_id: str, attempt: int) -> bool:
+        """Whether ``attempt`` is still the current, running attempt at ``exec_id``, with no record."""
+        return bool(await self._holds(keys=[keys.execution(exec_id), keys.record(exec_id)], args=[attempt]))

@@ -10,9 +10,10 @@ import logging
 from msgspec import Struct
 from redis.asyncio import Redis
 
-from carmy_worker.store import keys
+from carmy_worker.store import jobs, keys
 from carmy_worker.store.lua import NOW
 from carmy_worker.store.pubsub import raise_if_cancelled
+from carmy_worker.store.roster import CUTOFF
 from carmy_worker.store.verdicts import Verdicts
 
 log = logging.getLogger("carmy.janitor")
@@ -21,32 +22,49 @@ log = logging.getLogger("carmy.janitor")
 # crash does not turn calls into TOOL_NOT_FOUND.
 DEPARTED_MEMORY_S = 3600
 
-# What the janitor has to look at: executions held by dead workers, executions that were
-# never started in time. Forgets workers that departed more than `memory` ms ago.
-# KEYS: workers zset, queued zset, draining set
-# ARGV: dead after ms, memory ms, running prefix, execution prefix, worker prefix
-JANITOR_SCAN = NOW + """
-local held = {}
-for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now - tonumber(ARGV[1]))) do
-  for _, e in ipairs(redis.call('SMEMBERS', ARGV[3] .. id)) do
+# What the janitor has to look at: executions claimed by dead workers (REAP decides each),
+# executions that were never started in time. Jobs a dead worker leased but never claimed go
+# back to the queue here and now. Forgets workers that departed more than `memory` ms ago.
+# KEYS: watch, workers zset, queued zset, draining set
+# ARGV: dead after ms, memory ms, running prefix, execution prefix, worker prefix, leases prefix,
+#       in-progress prefix
+JANITOR_SCAN = NOW + CUTOFF + """
+local dead_before = cutoff(now, tonumber(ARGV[1]))
+local held, released = {}, {}
+for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', '(' .. dead_before)) do
+  local running = ARGV[3] .. id
+  for _, e in ipairs(redis.call('SMEMBERS', running)) do
     table.insert(held, id)
     table.insert(held, e)
     table.insert(held, redis.call('HGET', ARGV[4] .. e, 'tool') or '')
   end
+  local leases = redis.call('HGETALL', ARGV[6] .. id)
+  for i = 1, #leases, 2 do
+    local job, token = leases[i], leases[i + 1]
+    if redis.call('SISMEMBER', running, job) == 0 then
+      if redis.call('GET', ARGV[7] .. job) == token then
+        redis.call('DEL', ARGV[7] .. job)
+        local wake = redis.call('HGET', ARGV[4] .. job, 'wake')
+        if wake then redis.call('PUBLISH', wake, '') end
+        table.insert(released, job)
+      end
+      redis.call('HDEL', ARGV[6] .. id, job)
+    end
+  end
 end
-for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now - tonumber(ARGV[2]))) do
+for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now - tonumber(ARGV[2]))) do
   if redis.call('SCARD', ARGV[3] .. id) == 0 then
-    redis.call('DEL', ARGV[5] .. id)
-    redis.call('ZREM', KEYS[1], id)
-    redis.call('SREM', KEYS[3], id)
+    redis.call('DEL', ARGV[5] .. id, ARGV[6] .. id)
+    redis.call('ZREM', KEYS[2], id)
+    redis.call('SREM', KEYS[4], id)
   end
 end
 local late = {}
-for _, e in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, 100)) do
+for _, e in ipairs(redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now, 'LIMIT', 0, 100)) do
   table.insert(late, e)
   table.insert(late, redis.call('HGET', ARGV[4] .. e, 'tool') or '')
 end
-return {held, late}
+return {held, late, released}
 """
 
 
@@ -68,6 +86,7 @@ class Late(Struct):
 class Scan(Struct):
     held: list[Held]
     late: list[Late]
+    released: list[str]  # jobs a dead worker leased and never claimed, back in the queue
 
 
 class Janitor:
@@ -90,13 +109,15 @@ class Janitor:
 
     async def scan(self) -> Scan:
         """JANITOR_SCAN: what is held by dead workers and what is late (forgetting long-departed workers)."""
-        held, late = await self._scan(
-            keys=[keys.WORKERS, keys.QUEUED, keys.DRAINING],
-            args=[self.dead_after_ms, DEPARTED_MEMORY_S * 1000, keys.running(""), keys.execution(""), keys.worker("")],
+        held, late, released = await self._scan(
+            keys=[keys.WATCH, keys.WORKERS, keys.QUEUED, keys.DRAINING],
+            args=[self.dead_after_ms, DEPARTED_MEMORY_S * 1000, keys.running(""), keys.execution(""),
+                  keys.worker(""), keys.leases(""), jobs.IN_PROGRESS_KEY_PREFIX],
         )
         return Scan(
             held=[Held(*(v.decode() for v in held[i:i + 3])) for i in range(0, len(held), 3)],
             late=[Late(*(v.decode() for v in late[i:i + 2])) for i in range(0, len(late), 2)],
+            released=[job.decode() for job in released],
         )
 
     async def sweep(self) -> int:
@@ -106,7 +127,9 @@ class Janitor:
             outcome = await self._verdicts.reap(h.execution_id, h.tool, worker_id=h.worker_id,
                                                 why="its worker stopped responding")
             log.warning("execution %s of dead worker %s: %s", h.execution_id, h.worker_id, outcome)
-        acted = len(found.held)
+        for job in found.released:
+            log.warning("job %s, leased by a dead worker and never started, is back in the queue", job)
+        acted = len(found.held) + len(found.released)
         for late in found.late:
             if await self._verdicts.expire_unstarted(late.execution_id, late.tool):
                 log.warning("execution %s never started before its deadline", late.execution_id)

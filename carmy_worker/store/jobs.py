@@ -14,6 +14,7 @@ import msgspec
 FUNCTION = "carmy_execute"  # the arq function every job calls
 JOB_KEY_PREFIX = "arq:job:"  # arq.constants.job_key_prefix
 IN_PROGRESS_KEY_PREFIX = "arq:in-progress:"  # arq.constants.in_progress_key_prefix
+RETRY_KEY_PREFIX = "arq:retry:"  # arq.constants.retry_key_prefix: arq counts a job's runs here
 
 _encoder = msgspec.msgpack.Encoder()
 
@@ -35,6 +36,10 @@ def job_key(exec_id: str) -> str:
 def in_progress_key(exec_id: str) -> str:
     """A worker's lease on a job (arq's in-progress key)."""
     return IN_PROGRESS_KEY_PREFIX + exec_id
+
+
+def retry_key(exec_id: str) -> str:
+    return RETRY_KEY_PREFIX + exec_id
 
 
 def encode_job(payload: bytes, enqueue_ms: int) -> bytes:

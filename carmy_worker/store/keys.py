@@ -17,6 +17,7 @@ PENDING = PREFIX + "pending"  # zset exec_id -> admission deadline (ms): queued 
 QUEUED = PREFIX + "queued"  # zset exec_id -> start-by (ms): accepted and not yet started
 WORKERS = PREFIX + "workers"  # zset worker_id -> last heartbeat (ms)
 DRAINING = PREFIX + "draining"  # set of workers finishing their work before they stop
+WATCH = PREFIX + "watch"  # hash: when Redis was last seen in use, and since when without a gap
 CATALOG_CHANNEL = PREFIX + "catalog"  # a worker came or went
 CANCEL_CHANNEL = PREFIX + "cancel"  # exec_id of an execution to cancel, for every worker
 
@@ -56,6 +57,11 @@ def worker(worker_id: str) -> str:
 def running(worker_id: str) -> str:
     """Set of executions a worker has claimed and not settled."""
     return f"{PREFIX}running:{worker_id}"
+
+
+def leases(worker_id: str) -> str:
+    """Hash of the jobs a worker has leased (job id -> lease token), claimed or not yet."""
+    return f"{PREFIX}leases:{worker_id}"
 
 
 def lock(tool: str) -> str:

@@ -1,8 +1,17 @@
 """Who serves: each worker's HEARTBEAT on Redis's clock, and the ``Roster`` (WORKERS) that the
-API, the health check and the janitor judge liveness by."""
+API, the health check and the janitor judge liveness by.
+
+Liveness is judged only on evidence gathered while someone could have written it. Every
+HEARTBEAT, roster read and janitor scan marks Redis as watched (``keys.WATCH``); a gap of more than a
+third of ``dead_after`` with no mark at all means Redis was down or restarted (or every process
+was stopped), and nobody could heartbeat. For one ``dead_after`` after such a gap, a worker that
+was alive when the gap began still counts as alive: it gets a full period to reassert itself
+before anyone reaps its executions or answers ``NO_WORKERS`` for its tools.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import redis as sync_redis
@@ -12,25 +21,72 @@ from redis.asyncio import Redis
 from carmy_worker.store import keys
 from carmy_worker.store.lua import NOW
 
-# Returns whether the worker's info is still there (a Redis that restarted empty has lost it,
-# and the worker must publish it again).
-# KEYS: workers zset, worker info; ARGV: worker_id, offset ms (0 alive; negative marks it departed)
-HEARTBEAT = NOW + """
-redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
-return redis.call('EXISTS', KEYS[2])
+# cutoff(now, dead ms): a worker last seen before the returned instant is dead. Marks Redis
+# watched now.
+# KEYS[1] is the watch hash in every script that uses it.
+CUTOFF = """
+local function cutoff(now, dead_ms)
+  local w = redis.call('HMGET', KEYS[1], 'seen', 'since', 'from')
+  local seen, since, from = tonumber(w[1]), tonumber(w[2]), tonumber(w[3])
+  if not seen then
+    since, from = now, now
+  elseif now - seen > dead_ms / 3 then
+    since, from = now, seen
+  end
+  redis.call('HSET', KEYS[1], 'seen', now, 'since', since, 'from', from)
+  if now - since >= dead_ms then return now - dead_ms end
+  return math.min(from, now) - dead_ms
+end
 """
 
-# Everything the API needs to know who serves what: {now, {id, score, ...}, {draining ids}}.
-# KEYS: workers zset, draining set
-WORKERS = NOW + """
-return {now, redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES'), redis.call('SMEMBERS', KEYS[2])}
+# Marks the worker seen now (plus an offset: negative marks it departed) and checks what the
+# worker believes it holds (ARGV from 5 on). Returns {whether the worker's info is still there
+# (a Redis that restarted empty lost it); lost: executions it no longer holds (reaped while it
+# was paused or cut off, or settled by someone else); unlocked: executions it holds whose tool
+# lock went to another; strays: {id, attempt, tool} listed as running on this worker that it
+# did not name (a CLAIM or SETTLE whose reply never came, or that Redis lost)}.
+# KEYS: watch, workers zset, worker info, running set
+# ARGV: worker_id, offset ms, dead ms, execution prefix, then (exec_id, attempt, lock key or '') each
+HEARTBEAT = NOW + CUTOFF + """
+cutoff(now, tonumber(ARGV[3]))
+redis.call('ZADD', KEYS[2], now + tonumber(ARGV[2]), ARGV[1])
+local lost, unlocked, named = {}, {}, {}
+for i = 5, #ARGV, 3 do
+  local e, attempt, lock = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+  named[e] = true
+  local h = redis.call('HMGET', ARGV[4] .. e, 'attempt', 'worker', 'state', 'reaped')
+  if h[1] ~= attempt or h[2] ~= ARGV[1] or h[3] ~= 'running' or h[4] == attempt then
+    table.insert(lost, e)
+  elseif lock ~= '' and redis.call('GET', lock) ~= e .. '/' .. attempt then
+    table.insert(unlocked, e)
+  end
+end
+local strays = {}
+for _, e in ipairs(redis.call('SMEMBERS', KEYS[4])) do
+  if not named[e] then
+    local h = redis.call('HMGET', ARGV[4] .. e, 'attempt', 'tool')
+    table.insert(strays, e)
+    table.insert(strays, h[1] or '0')
+    table.insert(strays, h[2] or '')
+  end
+end
+return {redis.call('EXISTS', KEYS[3]), lost, unlocked, strays}
+"""
+
+# Everything the API needs to know who serves what: {cutoff, {id, score, ...}, {draining ids}}.
+# Reading the roster marks Redis watched too: a health check is evidence that Redis is up, and
+# with every worker gone, nothing else may be watching any more.
+# KEYS: watch, workers zset, draining set; ARGV: dead ms
+WORKERS = NOW + CUTOFF + """
+return {cutoff(now, tonumber(ARGV[1])), redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES'),
+        redis.call('SMEMBERS', KEYS[3])}
 """
 
 
 class Roster(Struct, frozen=True):
-    """Who heartbeats, as of Redis's clock."""
+    """Who heartbeats, as of Redis's clock: a worker last seen before ``cutoff`` (ms) is dead."""
 
-    now: int
+    cutoff: int
     last_seen: dict[str, float]
     draining: frozenset[str]
 
@@ -38,50 +94,98 @@ class Roster(Struct, frozen=True):
     def parse(cls, reply: list[Any]) -> Roster:
         pairs = reply[1]
         return cls(
-            now=int(reply[0]),
+            cutoff=int(reply[0]),
             last_seen={pairs[i].decode(): float(pairs[i + 1]) for i in range(0, len(pairs), 2)},
             draining=frozenset(w.decode() for w in reply[2]),
         )
 
-    def alive(self, worker_id: str, dead_after: float) -> bool:
-        return self.last_seen.get(worker_id, 0) >= self.now - dead_after * 1000
+    def alive(self, worker_id: str) -> bool:
+        return self.last_seen.get(worker_id, 0) >= self.cutoff
 
-    def serving(self, worker_id: str, dead_after: float) -> bool:
+    def serving(self, worker_id: str) -> bool:
         """Alive and taking new work."""
-        return worker_id not in self.draining and self.alive(worker_id, dead_after)
+        return worker_id not in self.draining and self.alive(worker_id)
+
+
+class Holding(Struct, frozen=True):
+    """An execution a worker believes it runs: the attempt it claimed, and the lock it holds
+    (``parallel_safe=False`` tools), whose value is ``lock_holder(execution_id, attempt)``."""
+
+    execution_id: str
+    attempt: int
+    lock: str = ""
+
+
+def lock_holder(exec_id: str, attempt: int) -> str:
+    """The value of a tool's lock while one attempt of an execution holds it."""
+    return f"{exec_id}/{attempt}"
+
+
+class Stray(Struct, frozen=True):
+    """An execution listed as running on a worker that did not name it in its heartbeat."""
+
+    execution_id: str
+    attempt: int
+    tool: str
+
+
+class Beat(Struct, frozen=True):
+    registered: bool  # False: Redis lost the worker's info, publish it again
+    lost: list[str]  # executions of ``held`` this worker no longer holds
+    unlocked: list[str]  # executions of ``held`` whose tool lock went to another
+    strays: list[Stray]
+
+
+def _heartbeat_args(worker_id: str, offset_ms: int, dead_ms: int, held: Iterable[Holding]) -> list[str | int]:
+    args: list[str | int] = [worker_id, offset_ms, dead_ms, keys.execution("")]
+    for h in held:
+        args += [h.execution_id, h.attempt, h.lock]
+    return args
+
+
+def _beat(reply: list[Any]) -> Beat:
+    strays = [v.decode() for v in reply[3]]
+    return Beat(
+        registered=bool(reply[0]), lost=[e.decode() for e in reply[1]], unlocked=[e.decode() for e in reply[2]],
+        strays=[Stray(strays[i], int(strays[i + 1]), strays[i + 2]) for i in range(0, len(strays), 3)],
+    )
 
 
 def _heartbeat_keys(worker_id: str) -> list[str]:
-    return [keys.WORKERS, keys.worker(worker_id)]
+    return [keys.WATCH, keys.WORKERS, keys.worker(worker_id), keys.running(worker_id)]
 
 
-_ROSTER_KEYS = [keys.WORKERS, keys.DRAINING]
+_ROSTER_KEYS = [keys.WATCH, keys.WORKERS, keys.DRAINING]
 
 
 class Liveness:
-    """HEARTBEAT and WORKERS on an asyncio client."""
+    """HEARTBEAT and WORKERS on an asyncio client, for workers judged dead after ``dead_after`` s."""
 
-    def __init__(self, redis: Redis) -> None:
+    def __init__(self, redis: Redis, *, dead_after: float) -> None:
         self._heartbeat = redis.register_script(HEARTBEAT)
         self._workers = redis.register_script(WORKERS)
+        self.dead_ms = int(dead_after * 1000)
 
-    async def heartbeat(self, worker_id: str, *, offset_ms: int = 0) -> bool:
-        """Mark ``worker_id`` seen now (plus ``offset_ms``); False if Redis has lost its info."""
-        return bool(await self._heartbeat(keys=_heartbeat_keys(worker_id), args=[worker_id, offset_ms]))
+    async def heartbeat(self, worker_id: str, *, offset_ms: int = 0, held: Iterable[Holding] = ()) -> Beat:
+        """Mark ``worker_id`` seen now (plus ``offset_ms``), and check what it ``held``."""
+        return _beat(await self._heartbeat(keys=_heartbeat_keys(worker_id),
+                                           args=_heartbeat_args(worker_id, offset_ms, self.dead_ms, held)))
 
     async def roster(self) -> Roster:
-        return Roster.parse(await self._workers(keys=_ROSTER_KEYS))
+        return Roster.parse(await self._workers(keys=_ROSTER_KEYS, args=[self.dead_ms]))
 
 
 class SyncLiveness:
     """The same on a blocking client: for the heartbeat thread and the container health check."""
 
-    def __init__(self, redis: sync_redis.Redis) -> None:
+    def __init__(self, redis: sync_redis.Redis, *, dead_after: float) -> None:
         self._heartbeat = redis.register_script(HEARTBEAT)
         self._workers = redis.register_script(WORKERS)
+        self.dead_ms = int(dead_after * 1000)
 
-    def heartbeat(self, worker_id: str, *, offset_ms: int = 0) -> bool:
-        return bool(self._heartbeat(keys=_heartbeat_keys(worker_id), args=[worker_id, offset_ms]))
+    def heartbeat(self, worker_id: str, *, offset_ms: int = 0, held: Iterable[Holding] = ()) -> Beat:
+        return _beat(self._heartbeat(keys=_heartbeat_keys(worker_id),
+                                     args=_heartbeat_args(worker_id, offset_ms, self.dead_ms, held)))
 
     def roster(self) -> Roster:
-        return Roster.parse(self._workers(keys=_ROSTER_KEYS))
+        return Roster.parse(self._workers(keys=_ROSTER_KEYS, args=[self.dead_ms]))

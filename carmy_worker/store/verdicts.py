@@ -29,21 +29,25 @@ impose(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], A
 return 'cancelled'
 """
 
-# An execution whose worker stopped heartbeating. Its arq lease (the in-progress key) is
-# dropped so a live worker takes the job at once instead of after arq's expiry: an idempotent
-# execution simply runs again; any other is settled uncertain first, so the re-delivered job
-# finds it settled and never runs the tool a second time.
-# KEYS: exe, record, pending, running set, arq in-progress key
-# ARGV: exec_id, worker_id, record, retention s, events channel, final event, metrics label
+# An execution whose worker stopped heartbeating (or lost track of it: ARGV[8] then names the
+# attempt that must still be current). Its arq lease (the in-progress key, if still the one the
+# worker took) is dropped so a live worker takes the job at once instead of after arq's expiry:
+# an idempotent execution simply runs again; any other is settled uncertain first, so the
+# re-delivered job finds it settled and never runs the tool a second time.
+# KEYS: exe, record, pending, running set, arq in-progress key, leases hash
+# ARGV: exec_id, worker_id, record, retention s, events channel, final event, metrics label, attempt or ''
 REAP = IMPOSE + """
+local h = redis.call('HMGET', KEYS[1], 'worker', 'state', 'idem', 'wake', 'attempt')
+if ARGV[8] ~= '' and h[5] ~= ARGV[8] then return 'moved' end
 redis.call('SREM', KEYS[4], ARGV[1])
+local token = redis.call('HGET', KEYS[6], ARGV[1])
+redis.call('HDEL', KEYS[6], ARGV[1])
 if redis.call('EXISTS', KEYS[2]) == 1 then return 'settled' end
-local h = redis.call('HMGET', KEYS[1], 'worker', 'state', 'idem', 'wake')
 if h[1] ~= ARGV[2] or h[2] ~= 'running' then return 'moved' end
-redis.call('DEL', KEYS[5])
+if not token or redis.call('GET', KEYS[5]) == token then redis.call('DEL', KEYS[5]) end
 if h[4] then redis.call('PUBLISH', h[4], '') end
 if h[3] == '1' then
-  redis.call('HSET', KEYS[1], 'state', 'queued')
+  redis.call('HSET', KEYS[1], 'state', 'queued', 'reaped', h[5])
   return 'requeued'
 end
 impose(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7])
@@ -91,13 +95,16 @@ class Verdicts:
         )
         return cast("CancelOutcome", text(outcome))
 
-    async def reap(self, exec_id: str, tool: str, *, worker_id: str, why: str) -> ReapOutcome:
-        """Take ``exec_id`` from ``worker_id``, which stopped (``why``): re-queue it or settle it uncertain."""
+    async def reap(self, exec_id: str, tool: str, *, worker_id: str, why: str,
+                   attempt: int | None = None) -> ReapOutcome:
+        """Take ``exec_id`` from ``worker_id``, which stopped (``why``): re-queue it or settle it
+        uncertain. With ``attempt``, only if that attempt is still the execution's current one."""
         stored, final, label = _imposed(records.uncertain(exec_id, tool, why))
         outcome = await self._reap(
             keys=[keys.execution(exec_id), keys.record(exec_id), keys.PENDING, keys.running(worker_id),
-                  jobs.in_progress_key(exec_id)],
-            args=[exec_id, worker_id, stored, self.retention, keys.events(exec_id), final, label],
+                  jobs.in_progress_key(exec_id), keys.leases(worker_id)],
+            args=[exec_id, worker_id, stored, self.retention, keys.events(exec_id), final, label,
+                  "" if attempt is None else attempt],
         )
         return cast("ReapOutcome", text(outcome))
 

@@ -51,7 +51,7 @@ def test_healthy_while_a_worker_heartbeats_and_unhealthy_once_it_is_dead(stack: 
 def test_a_live_worker_on_another_host_does_not_count(stack: Stack, sync_redis: redis.Redis) -> None:
     info = WorkerInfo(worker_id="elsewhere-1", started_ms=0, tools=[], group="g", host="elsewhere", pid=1)
     sync_redis.set(keys.worker(info.worker_id), msgpack_encoder.encode(info))
-    SyncLiveness(sync_redis).heartbeat(info.worker_id)
+    SyncLiveness(sync_redis, dead_after=DEAD_AFTER).heartbeat(info.worker_id)
     result = health(stack)
     assert result.returncode == 1
     assert f"no worker on {socket.gethostname()}" in result.stderr

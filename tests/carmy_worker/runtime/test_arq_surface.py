@@ -23,6 +23,10 @@ SIGNATURES = {
     "_release_sem_dec_counter_on_complete": "(self) -> None",
     "run_job": "(self, job_id: str, score: int) -> None",
     "heart_beat": "(self) -> None",
+    "finish_job": ("(self, job_id: str, finish: bool, result_data: Optional[bytes], result_timeout_s: "
+                   "Optional[float], keep_result_forever: bool, incr_score: Optional[int], "
+                   "keep_in_progress: Optional[float]) -> None"),
+    "finish_failed_job": "(self, job_id: str, result_data: Optional[bytes]) -> None",
 }
 
 
@@ -43,7 +47,8 @@ async def test_every_attribute_we_touch_exists_on_a_worker() -> None:
         pass
 
     pool = queue.connect("redis://127.0.0.1:1/0")  # never connected
-    worker = queue.build_worker(handler, pool=pool, group="g", concurrency=3, max_timeout=1, drain_seconds=1)
+    worker = queue.build_worker(handler, pool=pool, worker_id="w", group="g", concurrency=3, max_timeout=1,
+                                drain_seconds=1)
     missing = [a for a in queue.ARQ_PRIVATE_SURFACE["arq.worker.Worker attributes"] if not hasattr(worker, a)]
     assert missing == []
     # The ones whose meaning the lease loop relies on.
@@ -53,9 +58,11 @@ async def test_every_attribute_we_touch_exists_on_a_worker() -> None:
 
 
 def test_the_job_layout_the_api_writes_is_the_one_arq_reads() -> None:
-    assert queue.ARQ_PRIVATE_SURFACE["arq.constants"] == ("job_key_prefix", "in_progress_key_prefix")
+    assert queue.ARQ_PRIVATE_SURFACE["arq.constants"] == ("job_key_prefix", "in_progress_key_prefix",
+                                                          "retry_key_prefix")
     assert arq.constants.job_key_prefix == jobs.JOB_KEY_PREFIX
     assert arq.constants.in_progress_key_prefix == jobs.IN_PROGRESS_KEY_PREFIX
+    assert arq.constants.retry_key_prefix == jobs.RETRY_KEY_PREFIX
     payload = msgpack_encoder.encode(ExecutionJob(execution_id="exec_1", tool="t", arguments=b"{}"))
     raw = jobs.encode_job(payload, 1_700_000_000_123)
     function, args, kwargs, job_try, enqueue_ms = arq.jobs.deserialize_job_raw(raw, deserializer=queue.deserialize)

@@ -15,7 +15,8 @@ async def test_a_redis_failure_puts_the_job_back_instead_of_failing_it() -> None
         raise RedisConnectionError("gone")
 
     pool = queue.connect("redis://127.0.0.1:1/0")  # never connected: the handler fails first
-    worker = queue.build_worker(handler, pool=pool, group="g", concurrency=1, max_timeout=1, drain_seconds=1)
+    worker = queue.build_worker(handler, pool=pool, worker_id="w", group="g", concurrency=1, max_timeout=1,
+                                drain_seconds=1)
     function = worker.functions[jobs.FUNCTION]
     # arq drops a job whose function raised; a Retry puts it back in the queue.
     with pytest.raises(Retry):
@@ -30,7 +31,8 @@ async def test_the_handler_gets_the_payload() -> None:
         seen.append(payload)
 
     pool = queue.connect("redis://127.0.0.1:1/0")
-    worker = queue.build_worker(handler, pool=pool, group="g", concurrency=1, max_timeout=1, drain_seconds=1)
+    worker = queue.build_worker(handler, pool=pool, worker_id="w", group="g", concurrency=1, max_timeout=1,
+                                drain_seconds=1)
     await worker.functions[jobs.FUNCTION].coroutine({"job_id": "exec_x"}, b"payload")
     assert seen == [b"payload"]
     await pool.aclose(close_connection_pool=True)

@@ -2,7 +2,7 @@
 
 Every state change of an execution goes through one of these scripts; a wrong branch here is a
 call that runs twice, never ends, or answers twice. Each script is called through its typed
-wrapper (``carmy_worker.store``, ``runtime.queue.Lease``), exactly as the API and the workers
+wrapper (``carmy_worker.store``, ``runtime.queue.Leases``), exactly as the API and the workers
 call it; the blocking client ``r`` only observes what they left in Redis.
 """
 
@@ -18,12 +18,12 @@ import redis
 import redis.asyncio
 from redis.client import PubSub
 
-from carmy_worker.runtime.queue import Lease
+from carmy_worker.runtime.queue import Leases
 from carmy_worker.runtime.runner import MAX_ATTEMPTS
 from carmy_worker.store import jobs, keys, metrics, records
 from carmy_worker.store.attempts import Attempts
 from carmy_worker.store.janitor import DEPARTED_MEMORY_S, Janitor
-from carmy_worker.store.roster import Liveness
+from carmy_worker.store.roster import Beat, Holding, Liveness, Stray, lock_holder
 from carmy_worker.store.submit import Submission, Submit
 from carmy_worker.store.verdicts import Verdicts
 from carmy_worker.wire import (
@@ -130,8 +130,9 @@ async def expire(ar: redis.asyncio.Redis, exec_id: str, tool: str = "tally") -> 
     return outcome, stored(records.never_started(exec_id, tool))
 
 
-async def heartbeat(ar: redis.asyncio.Redis, worker_id: str, offset_ms: int = 0) -> None:
-    await Liveness(ar).heartbeat(worker_id, offset_ms=offset_ms)
+async def heartbeat(ar: redis.asyncio.Redis, worker_id: str, offset_ms: int = 0,
+                    held: tuple[Holding, ...] = ()) -> Beat:
+    return await Liveness(ar, dead_after=3.0).heartbeat(worker_id, offset_ms=offset_ms, held=held)
 
 
 @pytest.fixture
@@ -685,18 +686,22 @@ async def test_janitor_settles_executions_that_never_started_in_time(r: redis.Re
 async def test_lease_takes_only_due_unleased_jobs_at_most_n_by_redis_clock(
     r: redis.Redis, ar: redis.asyncio.Redis,
 ) -> None:
-    lease = Lease(ar)  # any asyncio client runs it; the workers pass their ArqRedis
+    leases = Leases(ar, "w1")  # any asyncio client runs it; the workers pass their ArqRedis
     now = redis_now_ms(r)
     r.zadd(QUEUE, {"due1": now - 300, "due2": now - 200, "due3": now - 100, "later": now + MINUTE_MS,
                    "taken": now - 400})
     r.set(jobs.in_progress_key("taken"), b"other", px=MINUTE_MS)
 
     async def take(n: int) -> list[tuple[str, int]]:
-        return await lease(QUEUE, most=n, lease_ms=5000, look_ahead=100)
+        got = await leases.take(QUEUE, most=n, lease_ms=5000, look_ahead=100)
+        for lease in got:  # each lease's token is in arq's in-progress key and in the worker's hash
+            assert lease.token.startswith("w1/") and lease.token.endswith(lease.job_id)
+            assert r.get(jobs.in_progress_key(lease.job_id)) == lease.token.encode()
+            assert r.hget(keys.leases("w1"), lease.job_id) == lease.token.encode()
+        return [(lease.job_id, lease.score) for lease in got]
 
     assert await take(2) == [("due1", now - 300), ("due2", now - 200)]
     for job_id in ("due1", "due2"):
-        assert r.get(jobs.in_progress_key(job_id)) == b"1"
         assert 4000 < r.pttl(jobs.in_progress_key(job_id)) <= 5000
     assert not r.exists(jobs.in_progress_key("due3"), jobs.in_progress_key("later"))
     assert r.get(jobs.in_progress_key("taken")) == b"other"
@@ -704,3 +709,129 @@ async def test_lease_takes_only_due_unleased_jobs_at_most_n_by_redis_clock(
     # The next call takes what is left and due, and nothing twice.
     assert await take(5) == [("due3", now - 100)]
     assert await take(5) == []
+
+
+async def test_finish_ends_only_its_own_lease(r: redis.Redis, ar: redis.asyncio.Redis) -> None:
+    done, retried, taken_away = new_id(), new_id(), new_id()
+    for exec_id in (done, retried, taken_away):
+        await submit(ar, exec_id)
+    leases = Leases(ar, "w1")
+    got = {lease.job_id: lease for lease in await leases.take(QUEUE, most=3, lease_ms=MINUTE_MS, look_ahead=10)}
+    assert set(got) == {done, retried, taken_away}
+    # Finished: the job is gone for good.
+    assert await leases.finish(QUEUE, done, got[done].token, finished=True, delay_ms=None) is True
+    assert not r.exists(jobs.job_key(done), jobs.in_progress_key(done))
+    assert not in_zset(r, QUEUE, done)
+    # A retry: the job stays queued, later, and anyone may lease it.
+    score = r.zscore(QUEUE, retried)
+    assert await leases.finish(QUEUE, retried, got[retried].token, finished=False, delay_ms=1000) is True
+    assert r.exists(jobs.job_key(retried)) and not r.exists(jobs.in_progress_key(retried))
+    assert r.zscore(QUEUE, retried) == score + 1000
+    # The janitor gave this lease away and another worker leased the job: a late finish of the
+    # old lease touches nothing.
+    r.set(jobs.in_progress_key(taken_away), b"w2/new")
+    assert await leases.finish(QUEUE, taken_away, got[taken_away].token, finished=True, delay_ms=None) is False
+    assert r.exists(jobs.job_key(taken_away)) and in_zset(r, QUEUE, taken_away)
+    assert r.get(jobs.in_progress_key(taken_away)) == b"w2/new"
+    assert r.hlen(keys.leases("w1")) == 0
+
+
+async def test_janitor_puts_back_jobs_a_dead_worker_leased_and_never_claimed(
+    r: redis.Redis, ar: redis.asyncio.Redis, listen: Any,
+) -> None:
+    unclaimed, claimed, kept = new_id(), new_id(), new_id()
+    for exec_id in (unclaimed, claimed):
+        await submit(ar, exec_id, idempotent=True)
+    await Leases(ar, "dead").take(QUEUE, most=2, lease_ms=MINUTE_MS, look_ahead=10)
+    assert await claim(ar, claimed, "dead") == ("run", 1)
+    await submit(ar, kept)
+    await Leases(ar, "alive").take(QUEUE, most=1, lease_ms=MINUTE_MS, look_ahead=10)
+    await heartbeat(ar, "dead", -10_000)
+    await heartbeat(ar, "alive")
+    wake = listen(WAKE)
+    assert await sweep(ar) == [2]
+    # Both of the dead worker's jobs can be leased again at once, and idle workers were woken.
+    assert not r.exists(jobs.in_progress_key(unclaimed), jobs.in_progress_key(claimed))
+    assert state(r, claimed)["state"] == "queued"
+    assert r.hlen(keys.leases("dead")) == 0
+    assert wake.get_message(timeout=1)["channel"] == WAKE.encode()
+    # The live worker's lease is untouched.
+    assert r.get(jobs.in_progress_key(kept)) == r.hget(keys.leases("alive"), kept)
+    got = await Leases(ar, "w2").take(QUEUE, most=5, lease_ms=MINUTE_MS, look_ahead=10)
+    assert {lease.job_id for lease in got} == {unclaimed, claimed}
+
+
+async def test_reap_keeps_a_lease_another_worker_took_and_honours_the_attempt(
+    r: redis.Redis, ar: redis.asyncio.Redis,
+) -> None:
+    exec_id = await running(ar, idempotent=True)
+    r.hset(keys.leases("w1"), exec_id, b"w1/old")
+    r.set(jobs.in_progress_key(exec_id), b"w2/new")  # w1's lease ran out, and w2 leased the job
+    # A reap for another attempt than the current one does nothing.
+    outcome = await Verdicts(ar, retention=RETENTION).reap(exec_id, "tally", worker_id="w1", why="x", attempt=2)
+    assert outcome == "moved"
+    assert r.sismember(keys.running("w1"), exec_id)
+    assert (await reap(ar, exec_id, "w1"))[0] == "requeued"
+    assert r.get(jobs.in_progress_key(exec_id)) == b"w2/new"
+    assert not r.hexists(keys.leases("w1"), exec_id)
+
+
+async def test_a_reaped_attempt_can_neither_settle_nor_hold(r: redis.Redis, ar: redis.asyncio.Redis) -> None:
+    exec_id = await running(ar, idempotent=True)
+    attempts = Attempts(ar, worker_id="w1", retention=RETENTION)
+    assert await attempts.holds(exec_id, 1) is True
+    assert await attempts.holds(exec_id, 2) is False
+    assert (await reap(ar, exec_id, "w1"))[0] == "requeued"
+    # The paused worker wakes up: its attempt no longer holds the execution, and what it would
+    # write (a result, or the cancellation its loss caused) is refused.
+    assert await attempts.holds(exec_id, 1) is False
+    assert await settle(ar, exec_id, 1, done_record(exec_id)) is False
+    assert not r.exists(keys.record(exec_id))
+    assert await claim(ar, exec_id, "w2") == ("run", 2)
+    assert await settle(ar, exec_id, 2, done_record(exec_id), worker_id="w2") is True
+    assert await attempts.holds(exec_id, 2) is False  # settled
+
+
+async def test_heartbeat_reports_what_its_worker_no_longer_holds(r: redis.Redis, ar: redis.asyncio.Redis) -> None:
+    mine, locked, unlocked, stray, requeued, moved = [await running(ar, idempotent=True) for _ in range(6)]
+    r.set(keys.lock("tally"), lock_holder(locked, 1))
+    r.set(keys.lock("other"), lock_holder("exec_someone_else", 1))
+    assert (await reap(ar, requeued, "w1"))[0] == "requeued"
+    assert (await reap(ar, moved, "w1"))[0] == "requeued"
+    assert await claim(ar, moved, "w2") == ("run", 2)
+    r.sadd(keys.running("w1"), moved)  # as if w1's entry had been left behind
+    held = (Holding(mine, 1), Holding(locked, 1, keys.lock("tally")), Holding(unlocked, 1, keys.lock("other")),
+            Holding(requeued, 1), Holding(moved, 1))
+    beat = await heartbeat(ar, "w1", held=held)
+    assert sorted(beat.lost) == sorted([requeued, moved])
+    assert beat.unlocked == [unlocked]
+    assert beat.strays == [Stray(stray, 1, "tally")]
+    assert beat.registered is False  # no worker info was ever written in this test
+
+
+async def test_liveness_after_a_gap_counts_only_what_could_be_observed(r: redis.Redis, ar: redis.asyncio.Redis) -> None:
+    now = redis_now_ms(r)
+    # Redis was unreachable for the last 5 s (nothing marked it watched), after a long quiet run.
+    r.hset(keys.WATCH, mapping={"seen": now - 5000, "since": now - MINUTE_MS, "from": now - MINUTE_MS})
+    r.zadd(keys.WORKERS, {"cut_off": now - 6000, "dead_before": now - 9000})
+    cut_off = await running(ar, worker_id="cut_off")
+    dead_before = await running(ar, worker_id="dead_before")
+    roster = await Liveness(ar, dead_after=3.0).roster()
+    assert (roster.alive("cut_off"), roster.alive("dead_before")) == (True, False)
+    # Only the worker that was already dead when the gap began is judged now.
+    assert await sweep(ar) == [1]
+    assert r.exists(keys.record(dead_before)) and not r.exists(keys.record(cut_off))
+    # A worker that does not reassert itself within one dead-after period of the gap's end is dead.
+    r.hset(keys.WATCH, mapping={"seen": redis_now_ms(r), "since": redis_now_ms(r) - 3001})
+    assert (await Liveness(ar, dead_after=3.0).roster()).alive("cut_off") is False
+    assert await sweep(ar) == [1]
+    assert record_decoder.decode(r.get(keys.record(cut_off))).error_code == "EXECUTION_UNCERTAIN"
+
+
+async def test_short_gaps_between_observations_change_nothing(r: redis.Redis, ar: redis.asyncio.Redis) -> None:
+    now = redis_now_ms(r)
+    r.hset(keys.WATCH, mapping={"seen": now - 500, "since": now - MINUTE_MS, "from": now - MINUTE_MS})
+    r.zadd(keys.WORKERS, {"silent": now - 3500})
+    exec_id = await running(ar, worker_id="silent")
+    assert await sweep(ar) == [1]
+    assert r.exists(keys.record(exec_id))
