@@ -44,15 +44,23 @@ async def _async_work(ctx: Context, tool: str, ms: int) -> Receipt:
     return Receipt(pid=os.getpid())
 
 
-def _sync_work(ctx: Context, tool: str, ms: int) -> Receipt:
+def _sync_work(ctx: Context, tool: str, ms: int, careful: bool) -> Receipt:
     ledger.write("started", ctx, tool)
     time.sleep(ms / 1000)
     # A well-behaved sync tool looks before it commits: its thread cannot be stopped otherwise.
-    if ctx.cancelled:
+    # ``ctx.cancelled`` alone races a worker's wake-up from a pause (the thread goes on at once,
+    # while the runtime asks the store whether it still holds the execution), so a tool whose
+    # effect must not happen twice asks the store itself, where the context offers it.
+    if ctx.cancelled or (careful and not _holds(ctx)):
         ledger.write("abandoned", ctx, tool)
         raise ToolError("ABANDONED", "Cancelled before the effect.", category="cancelled")
     ledger.write("effect", ctx, tool)
     return Receipt(pid=os.getpid())
+
+
+def _holds(ctx: Context) -> bool:
+    check = getattr(ctx, "holds_execution_blocking", None)
+    return True if check is None else bool(check())
 
 
 @tools.tool(effect="write", idempotent=False, parallel_safe=True, timeout=TIMEOUT)
@@ -64,7 +72,7 @@ async def charge(ctx: Context, input: Work) -> Receipt:
 @tools.tool(effect="write", idempotent=False, parallel_safe=True, timeout=TIMEOUT)
 def charge_sync(ctx: Context, input: Work) -> Receipt:
     """Not idempotent (sync, in a thread): its effect must never happen twice for one request."""
-    return _sync_work(ctx, "charge_sync", input.ms)
+    return _sync_work(ctx, "charge_sync", input.ms, careful=True)
 
 
 @tools.tool(effect="write", idempotent=True, parallel_safe=True, timeout=TIMEOUT)
@@ -76,7 +84,7 @@ async def put(ctx: Context, input: Work) -> Receipt:
 @tools.tool(effect="write", idempotent=True, parallel_safe=True, timeout=TIMEOUT)
 def put_sync(ctx: Context, input: Work) -> Receipt:
     """Idempotent (sync, in a thread): may be run again after its worker died."""
-    return _sync_work(ctx, "put_sync", input.ms)
+    return _sync_work(ctx, "put_sync", input.ms, careful=False)
 
 
 @tools.tool(effect="write", idempotent=False, parallel_safe=False, timeout=TIMEOUT)
