@@ -1,0 +1,44 @@
+"""The chaos tools' ledger: lines written from several threads come back whole, in time order,
+with the fencing attempt when the context has one; and the tool module declares the mix the
+reconciliation relies on."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+
+from chaos import ledger
+from chaos.model import LedgerEvent
+from chaos.tools import EXCLUSIVE, IDEMPOTENT
+
+
+def test_lines_from_many_threads_come_back_whole(tmp_path: Path) -> None:
+    writer = ledger.Ledger(tmp_path)
+
+    def write(i: int) -> None:
+        ctx = SimpleNamespace(request_id=f"r{i}", execution_id=f"x{i}", attempt=i % 3 + 1)
+        events: tuple[LedgerEvent, ...] = ("started", "effect")
+        for ev in events:
+            writer.write(ev, ctx, "charge")
+
+    threads = [threading.Thread(target=write, args=(i,)) for i in range(50)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    (tmp_path / "ledger-1.jsonl").write_bytes(b'{"ev":"effect","rid":"cut')  # a line cut short is skipped
+    lines = ledger.read(tmp_path)
+    assert len(lines) == 100
+    assert [line.t for line in lines] == sorted(line.t for line in lines)
+    assert {(line.rid, line.fence) for line in lines} == {(f"r{i}", i % 3 + 1) for i in range(50)}
+
+
+def test_a_context_without_a_fence_is_recorded_without_one(tmp_path: Path) -> None:
+    ledger.Ledger(tmp_path).write("started", SimpleNamespace(request_id="r", execution_id="x"), "put")
+    assert ledger.read(tmp_path)[0].fence is None
+
+
+def test_the_tool_mix() -> None:
+    assert IDEMPOTENT == {"charge": False, "charge_sync": False, "put": True, "put_sync": True, "serial": False}
+    assert sorted(EXCLUSIVE) == ["serial"]
