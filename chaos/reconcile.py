@@ -9,6 +9,8 @@ Definitions (README, "Chaos check"):
   gone, so a retry started it over); or whose accepted execution a GET no longer knew (404).
 * **duplicated effect**: two ``effect`` lines for one request of a non-idempotent tool.
 * **flipped**: two different final answers (execution id, status, code, data) for one request.
+* **completed without its effect**: a ``completed`` answer although the ledger has no effect of
+  that execution by the worker process the answer names (the tools return their pid).
 * **false uncertain**: ``EXECUTION_UNCERTAIN`` although the tool's effect landed before the
   verdict on a worker that was neither killed before the verdict nor paused at any moment
   between the effect and the verdict: it was alive and running, and could have recorded it.
@@ -24,6 +26,7 @@ Definitions (README, "Chaos check"):
 
 from __future__ import annotations
 
+import json
 import math
 from collections import defaultdict
 from collections.abc import Iterable
@@ -55,6 +58,7 @@ class Table(Struct, kw_only=True):
     lost: list[str]
     duplicated_effects: list[str]
     flipped: list[str]
+    unfounded: list[str]  # completed without its effect
     false_uncertain: list[str]
     effects_after_verdict: list[str]  # beyond the bound
     after_verdict_delays: list[float]  # every effect after a verdict, seconds
@@ -74,7 +78,8 @@ class Table(Struct, kw_only=True):
     def violations(self) -> dict[str, int]:
         """The broken promises, by row: a run passes when this is empty."""
         found = {"lost": len(self.lost), "duplicated effects": len(self.duplicated_effects),
-                 "flipped answers": len(self.flipped), "false uncertain": len(self.false_uncertain),
+                 "flipped answers": len(self.flipped), "completed without its effect": len(self.unfounded),
+                 "false uncertain": len(self.false_uncertain),
                  "effects after verdict": len(self.effects_after_verdict),
                  "lock overlaps": len(self.lock_overlaps), "hangs": len(self.hangs)}
         return {name: n for name, n in found.items() if n}
@@ -139,6 +144,18 @@ def lost(request: Request, facts: Facts) -> bool:
     given = {answer.execution_id for _, answer in answers(request)}
     gone = any(a.gone for a in request.attempts)
     return gone or len(accepted | given) > 1 or (bool(accepted) and not given)
+
+
+def unfounded(request: Request, facts: Facts) -> bool:
+    """Whether a ``completed`` answer names a run that the ledger says did not do its effect."""
+    for _, answer in answers(request):
+        if answer.status != "completed":
+            continue
+        pids = {line.pid for line in facts.lines(request.rid, "effect") if line.xid == answer.execution_id}
+        data = json.loads(answer.data or "null")
+        if not isinstance(data, dict) or data.get("pid") not in pids:
+            return True
+    return False
 
 
 def uncertainty(request: Request, facts: Facts) -> str | None:
@@ -260,6 +277,7 @@ def reconcile(requests: list[Request], ledger: list[LedgerLine], faults: list[Fa
         lost=[r.rid for r in requests if lost(r, facts)],
         duplicated_effects=[r.rid for r in requests if not idempotent.get(r.tool, False) and effects(r) > 1],
         flipped=[r.rid for r in requests if len({a for _, a in answers(r)}) > 1],
+        unfounded=[r.rid for r in requests if unfounded(r, facts)],
         false_uncertain=[rid for rid, kind in kinds.items() if kind == "false"],
         effects_after_verdict=[rid for rid, d in delays.items() if any(x > bounds.after_verdict for x in d)],
         after_verdict_delays=sorted(x for d in delays.values() for x in d),

@@ -36,6 +36,7 @@ def rows(table: Table) -> list[tuple[str, str, str]]:
         ("re-runs of idempotent tools", str(table.idempotent_reruns), "info"),
         ("non-idempotent runs started twice, one effect", str(table.double_starts), "info"),
         promise("flipped answers", table.flipped),
+        promise("completed without its effect", table.unfounded),
         promise("false uncertain", table.false_uncertain,
                 f"{len(table.false_uncertain)} of {table.uncertain} uncertain"),
         ("uncertain after a pause (true uncertainty)", str(table.uncertain_after_pause), "info"),
@@ -69,8 +70,8 @@ def text(table: Table, title: str, log_errors: dict[str, int]) -> str:
 
 def evidence(table: Table, requests: list[Request], ledger: list[LedgerLine]) -> dict[str, Any]:
     """Everything known of each request a violation names: its attempts and its ledger lines."""
-    named = {rid for rids in (table.lost, table.duplicated_effects, table.flipped, table.false_uncertain,
-                              table.effects_after_verdict, table.hangs) for rid in rids}
+    named = {rid for rids in (table.lost, table.duplicated_effects, table.flipped, table.unfounded,
+                              table.false_uncertain, table.effects_after_verdict, table.hangs) for rid in rids}
     named |= {rid for pair in table.lock_overlaps for rid in pair.split("/")}
     by_rid = {r.rid: r for r in requests}
     return {rid: {"request": msgspec.to_builtins(by_rid[rid]) if rid in by_rid else None,

@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def play(args: argparse.Namespace, cluster: Cluster) -> int:
-    started = time.time()
+    started, at = time.time(), commit()  # the code under test is the one checked out now
     load = Load(cluster.bases, args.clients, args.seed, args.patience, run_id=f"c{uuid.uuid4().hex[:8]}")
     load.start()
     injector = Injector(cluster, cast(list[FaultKind], args.kinds), args.seed, load.burst, started)
@@ -118,11 +118,11 @@ def play(args: argparse.Namespace, cluster: Cluster) -> int:
     requests, lines = list(load.requests), ledger.read(cluster.ledger_dir)
     table = reconcile(requests, lines, injector.faults, IDEMPOTENT, EXCLUSIVE, bounds, args.workers)
     log_errors = cluster.log_errors()
-    title = (f"chaos check at {commit()}: seed {args.seed}, {args.duration:g} s of load, {args.clients} clients, "
+    title = (f"chaos check at {at}: seed {args.seed}, {args.duration:g} s of load, {args.clients} clients, "
              f"{args.workers} workers, {args.apis} APIs, appendfsync {args.fsync}")
     print(report.text(table, title, log_errors))
     if args.out:
-        run: dict[str, Any] = {"commit": commit(), "seed": args.seed, "duration": args.duration,
+        run: dict[str, Any] = {"commit": at, "seed": args.seed, "duration": args.duration,
                                "clients": args.clients, "workers": args.workers, "apis": args.apis,
                                "fsync": args.fsync, "faults": args.kinds,
                                "injected": msgspec.to_builtins(injector.faults)}

@@ -44,7 +44,7 @@ def request(rid: str, tool: str, *attempts: Attempt, first: float = 0.0) -> Requ
 def test_a_clean_history_passes() -> None:
     table = check([request("r1", "charge", refused("STORE_UNAVAILABLE", 0.5), ok("x1", 2.0)),
                    request("r2", "put", ok("x2", 1.0), ok("x2", 50.0))],
-                  run("r1", "x1", "charge", 10, 1.0, 1.5) + run("r2", "x2", "put", 10, 0.2, 0.8))
+                  run("r1", "x1", "charge", 1, 1.0, 1.5) + run("r2", "x2", "put", 1, 0.2, 0.8))
     assert table.violations() == {}
     assert (table.requests, table.answered, table.attempts) == (2, 2, 4)
     assert table.false_store_unavailable == [0.4]  # no Redis fault was injected
@@ -62,6 +62,14 @@ def test_two_different_answers_are_a_flip() -> None:
     table = check([request("r1", "put", ok("x1", 1.0, '{"pid":1}'), ok("x1", 9.0, '{"pid":2}'))],
                   run("r1", "x1", "put", 1, 0.1, 0.5))
     assert table.flipped == ["r1"]
+
+
+def test_a_completed_answer_needs_the_effect_of_the_run_it_names() -> None:
+    ledger = (run("r1", "x1", "put", 1, 0.1, 0.5) + run("r2", "x2", "put", 1, 0.1, 0.5, ev="abandoned")
+              + run("r3", "x3", "put", 1, 0.1, 0.5))
+    table = check([request("r1", "put", ok("x1", 1.0, '{"pid":2}')), request("r2", "put", ok("x2", 1.0)),
+                   request("r3", "put", ok("x3", 1.0))], ledger)
+    assert table.unfounded == ["r1", "r2"]  # another process's effect; no effect at all
 
 
 def test_a_second_execution_for_one_request_is_a_lost_record() -> None:
