@@ -131,15 +131,15 @@ def retry_call(client: httpx.Client, bases: list[str], request: Request, mode: M
         backoff = min(backoff * 2, 2.0)
 
 
-def final_retries(bases: list[str], requests: list[Request], timeout: float) -> None:
+def final_retries(bases: list[str], requests: list[Request], each: float) -> None:
     """Asks again for every request, with its request id, as the reconciliation's last word:
-    a replay of what was recorded, or (for a request never accepted) its first run."""
+    a replay of what was recorded, or (for a request never accepted) its first run. Each
+    request has ``each`` seconds from its turn, however many came before it."""
     client = new_client()
-    deadline = time.time() + timeout
 
     def one(pair: tuple[int, Request]) -> None:
         i, request = pair
-        retry_call(client, bases, request, "json", bases[i % len(bases)], deadline, phase="final")
+        retry_call(client, bases, request, "json", bases[i % len(bases)], time.time() + each, phase="final")
 
     with client, ThreadPoolExecutor(32) as pool:
         list(pool.map(one, enumerate(requests)))

@@ -18,7 +18,9 @@ Definitions (README, "Chaos check"):
 * **effect after verdict**: an ``effect`` line later than the moment the caller was first told
   ``EXECUTION_UNCERTAIN``; a violation beyond ``Bounds.after_verdict`` seconds.
 * **lock overlap**: two runs of a ``parallel_safe=False`` tool whose ledger intervals (started
-  to effect or abandoned; to the kill of its worker if it never ended) overlap.
+  to effect or abandoned; to the kill of its worker if it never ended) overlap. A run abandoned
+  within ``FROZEN_S`` of the end of a pause of its worker ends where the pause began: frozen,
+  then stopped by its runtime on waking, it did nothing in between.
 * **hang**: no final answer (nor a final refusal) within ``Bounds.patience`` of the first attempt.
 * **detection time**: from a worker's ``kill -9`` to the first sign that each execution it was
   running was dealt with: a final answer to its caller, or a run started on another worker.
@@ -37,6 +39,7 @@ from chaos.calls import REFUSAL_CODES
 from chaos.model import Answer, Attempt, Fault, LedgerLine, Request
 
 UNCERTAIN = "EXECUTION_UNCERTAIN"
+FROZEN_S = 1.0  # a run abandoned this soon after its worker woke counts as stopped by the pause
 REDIS_GRACE_S = 1.0  # after Redis is back, the API's pool and the hub may take this to reconnect
 
 
@@ -134,6 +137,13 @@ class Facts:
     def paused_between(self, pid: int, start: float, end: float) -> bool:
         return any(p == pid and t < end and start < t_end for p, t, t_end in self.pauses)
 
+    def frozen_from(self, pid: int, start: float, abandoned: float) -> float | None:
+        """Where a run abandoned right after a pause of its worker really ended: the pause's start."""
+        for p, t, t_end in self.pauses:
+            if p == pid and start < t < abandoned <= t_end + FROZEN_S:
+                return t
+        return None
+
     def redis_was_down(self, t0: float, t1: float) -> bool:
         return any(t < t1 and t0 < t_end for t, t_end in self.redis_down)
 
@@ -187,9 +197,11 @@ def runs(facts: Facts, tools: set[str]) -> list[tuple[float, float, str]]:
     found = []
     for rid, lines in facts.by_rid.items():
         for start in (line for line in lines if line.ev == "started" and line.tool in tools):
-            ends = [line.t for line in lines if line.ev != "started" and line.pid == start.pid
+            ends = [line for line in lines if line.ev != "started" and line.pid == start.pid
                     and line.xid == start.xid and line.t >= start.t]
-            end = min(ends) if ends else facts.killed.get(start.pid, start.t)
+            end = min(line.t for line in ends) if ends else facts.killed.get(start.pid, start.t)
+            if ends and min(ends, key=lambda line: line.t).ev == "abandoned":
+                end = facts.frozen_from(start.pid, start.t, end) or end
             found.append((start.t, end, rid))
     return sorted(found)
 

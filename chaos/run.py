@@ -112,7 +112,7 @@ def play(args: argparse.Namespace, cluster: Cluster) -> int:
     load.finish(args.patience + 10)
     time.sleep(QUIET_S)
     print(f"[{time.time() - started:6.1f} s] final retry of {len(load.requests)} requests", file=sys.stderr, flush=True)
-    final_retries(cluster.bases, list(load.requests), timeout=min(args.patience, 30.0))
+    final_retries(cluster.bases, list(load.requests), each=min(args.patience, 20.0))
     time.sleep(QUIET_S)
     bounds = Bounds(patience=args.patience, slow=args.slow, after_verdict=args.after_verdict)
     requests, lines = list(load.requests), ledger.read(cluster.ledger_dir)

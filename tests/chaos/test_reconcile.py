@@ -132,6 +132,17 @@ def test_overlapping_runs_of_a_parallel_unsafe_tool_are_found() -> None:
     assert table.lock_overlaps == ["r1/r2", "r3/r4"]
 
 
+def test_a_run_frozen_by_a_pause_and_then_abandoned_ends_where_the_pause_began() -> None:
+    paused = Fault(kind="worker-stop", t=1.1, t_end=7.0, target="worker 10", pid=10)
+    ledger = (run("r1", "x1", "serial", 10, 1.0, 7.2, ev="abandoned") + run("r2", "x2", "serial", 11, 6.1, 6.2)
+              + run("r3", "x3", "serial", 10, 8.0, 8.05) + run("r4", "x4", "serial", 12, 7.9, 11.0, ev="abandoned")
+              + run("r5", "x5", "serial", 11, 10.0, 10.1))
+    requests = [request(f"r{i}", "serial", ok(f"x{i}", 12.0)) for i in range(1, 6)]
+    table = check(requests, ledger, [paused])
+    # r4 was never paused: abandoned or not, it ran alongside r3 and r5.
+    assert table.lock_overlaps == ["r4/r3", "r4/r5"]
+
+
 def test_detection_time_runs_from_the_kill_to_the_answer_or_the_rerun() -> None:
     killed = Fault(kind="worker-kill", t=10.0, t_end=11.0, target="worker 10", pid=10)
     ledger = (run("r1", "x1", "charge", 10, 9.0, None) + run("r2", "x2", "put", 10, 9.5, None)
