@@ -6,6 +6,7 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -49,10 +50,20 @@ class Run:
     cancelled: asyncio.Event = field(default_factory=asyncio.Event)
     ctx: Context | None = None
     lock: str = ""  # the key of the tool's lock while this attempt holds it
+    # Set from any thread (the heartbeat's too); the tool sees them before its next step.
     lost: str = ""  # why this attempt no longer holds its execution: its outcome is not recorded
     unlocked: bool = False  # it lost the tool's lock while it ran: it ends uncertain
+    loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.get_running_loop)
+
+    @property
+    def halted(self) -> bool:
+        return bool(self.lost) or self.unlocked
 
     def stop(self) -> None:
+        """Stop the tool; safe from any thread."""
+        self.loop.call_soon_threadsafe(self._stop)
+
+    def _stop(self) -> None:
         self.cancelled.set()
         if self.ctx is not None:
             self.ctx._cancel()
@@ -78,6 +89,9 @@ class Runtime:
         self._releases: set[asyncio.Task[None]] = set()  # lock releases still in flight
         self._attempts = Attempts(redis, worker_id=worker_id, retention=settings.retention)
         self._verdicts = Verdicts(redis, retention=settings.retention)
+        # Called before each step of an async tool: the worker's presence checks there, at
+        # once, whether it still holds its executions if its heartbeat has gone stale.
+        self.before_step: Callable[[], None] = lambda: None
 
     @property
     def running(self) -> int:
@@ -101,7 +115,7 @@ class Runtime:
     def lose(self, exec_id: str, attempt: int, why: str) -> None:
         """This worker no longer holds ``attempt`` at ``exec_id`` (the janitor reaped it while the
         worker was paused or cut off from Redis, or another attempt settled it): stop the tool
-        now, before it takes another step, and record nothing for it."""
+        before it takes another step, and record nothing for it. Safe from any thread."""
         run = self._runs.get(exec_id)
         if run is None or run.attempt != attempt or run.lost:
             return
@@ -111,7 +125,8 @@ class Runtime:
 
     def unlock(self, exec_id: str, attempt: int) -> None:
         """``attempt`` lost the tool's lock (its lease ran out while the worker was paused):
-        another execution may be running the tool, so this one stops and ends uncertain."""
+        another execution may be running the tool, so this one stops and ends uncertain. Safe
+        from any thread."""
         run = self._runs.get(exec_id)
         if run is None or run.attempt != attempt or run.unlocked or not run.lock:
             return
@@ -218,9 +233,15 @@ class Runtime:
     async def _invoke(self, run: Run, tool: Tool, timeout: float) -> Outcome:
         job, ctx, cancelled = run.job, run.ctx, run.cancelled
         assert ctx is not None
+        def may_step() -> bool:
+            if not run.halted:
+                self.before_step()
+            return not run.halted
+
         if tool.spec.parallel_safe:
             return await invoke(tool, ctx, job.arguments, timeout=timeout, executor=self._threads,
-                                cancelled=cancelled, max_result_bytes=self.settings.max_result_bytes)
+                                cancelled=cancelled, max_result_bytes=self.settings.max_result_bytes,
+                                may_step=may_step)
         # One at a time across all workers; the wait counts against the timeout.
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
@@ -238,7 +259,8 @@ class Runtime:
             task.add_done_callback(self._releases.discard)
 
         return await invoke(tool, ctx, job.arguments, timeout=deadline - loop.time(), executor=self._threads,
-                            cancelled=cancelled, max_result_bytes=self.settings.max_result_bytes, on_end=release)
+                            cancelled=cancelled, max_result_bytes=self.settings.max_result_bytes, on_end=release,
+                            may_step=may_step)
 
     def _record_of(self, job: ExecutionJob, tool: Tool, outcome: Outcome, timeout: float, duration_ms: int) -> Record:
         exec_id = job.execution_id
