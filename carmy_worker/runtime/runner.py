@@ -274,21 +274,26 @@ class Runtime:
         return records.cancelled(exec_id, tool.name, started=True, duration_ms=duration_ms)
 
     async def _record(self, run: Run, record: Record, completed: bytes | None = None) -> bool:
-        """Write the record if this attempt still owns the execution; log the execution line."""
+        """Write the record if this attempt still owns the execution; log the execution line.
+
+        Redis errors are retried (about a minute); past that, the last one is raised, so that
+        the job goes back to the queue rather than being finished without a record.
+        """
         exec_id = run.job.execution_id
         delay = 0.1
-        for _ in range(SETTLE_TRIES):
+        for tries in range(1, SETTLE_TRIES + 1):
             try:
                 written = await self._attempts.settle(record, exec_id=exec_id, attempt=run.attempt,
                                                       completed_event=completed, run_ms=run.run_ms)
                 break
             except RedisError as exc:  # Redis is restarting: the outcome is worth waiting for
+                if tries == SETTLE_TRIES:
+                    log.error("gave up recording execution %s after %d tries; its job goes back to the queue",
+                              exec_id, SETTLE_TRIES)
+                    raise
                 log.warning("cannot record execution %s yet (%s); retrying", exec_id, exc)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
-        else:
-            log.error("gave up recording execution %s after %d tries", exec_id, SETTLE_TRIES)
-            written = False
         log.info("execution", extra={"carmy": {
             "event": "execution", "execution_id": exec_id, "request_id_hash": request_id_hash(run.job.request_id),
             "tool": record.tool, "status": record.status, "error_code": record.error_code,
