@@ -137,7 +137,7 @@ class Runtime:
     def close(self) -> None:
         self._threads.shutdown(wait=False, cancel_futures=True)
 
-    async def handle(self, payload: bytes) -> None:
+    async def handle(self, payload: bytes, lease: str = "") -> None:
         """Entry point for one arq job. Failures are recorded as data; only a shutdown
         (CancelledError) or Redis failing before anything could be recorded gets out."""
         try:
@@ -145,7 +145,7 @@ class Runtime:
         except msgspec.DecodeError as exc:
             log.error("dropping an undecodable job: %s", exc)
             return
-        claim = await self._attempts.claim(job.execution_id, job.tool, max_attempts=MAX_ATTEMPTS)
+        claim = await self._attempts.claim(job.execution_id, job.tool, max_attempts=MAX_ATTEMPTS, lease=lease)
         run = Run(job=job, attempt=claim.attempt, queue_wait_ms=claim.queue_wait_ms)
         if claim.verdict == "run":
             self._hold(run)
