@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Generator
 from concurrent.futures import Executor
 from typing import Any
 
@@ -39,9 +39,40 @@ class Escaped(Exception):
     name only: the original's ``repr`` may raise (it is chained, for the log)."""
 
 
-async def _contained(call: Coroutine[Any, Any, Any]) -> Any:
+class _Stepwise:
+    """Awaits an async tool's coroutine one step at a time, asking ``may_step()`` before each:
+    a worker that was paused (stopped, frozen, starved) may have lost the execution meanwhile,
+    and its tool must not take another step, not even one already due, before the worker knows.
+    When ``may_step()`` says no, the tool gets ``CancelledError`` instead of its next step."""
+
+    def __init__(self, coro: Coroutine[Any, Any, Any], may_step: Callable[[], bool]) -> None:
+        self._coro = coro
+        self._may_step = may_step
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        coro = self._coro
+        value: Any = None
+        error: BaseException | None = None
+        while True:
+            if error is None and not self._may_step():
+                error = asyncio.CancelledError()
+            try:
+                yielded = coro.send(value) if error is None else coro.throw(error)
+            except StopIteration as stop:
+                return stop.value
+            value, error = None, None
+            try:
+                value = yield yielded
+            except GeneratorExit:
+                coro.close()
+                raise
+            except BaseException as exc:
+                error = exc
+
+
+async def _contained(call: Coroutine[Any, Any, Any], may_step: Callable[[], bool] | None) -> Any:
     try:
-        return await call
+        return await (call if may_step is None else _Stepwise(call, may_step))
     except (asyncio.CancelledError, Exception):
         raise
     except BaseException as exc:
@@ -67,6 +98,7 @@ def decode_input(tool: Tool, arguments: bytes) -> Any:
 async def invoke(
     tool: Tool, ctx: Context, arguments: bytes, *, timeout: float, executor: Executor,
     cancelled: asyncio.Event, max_result_bytes: int, on_end: Callable[[], object] | None = None,
+    may_step: Callable[[], bool] | None = None,
 ) -> Outcome:
     """Run ``tool`` once. Returns when it finished, timed out, or ``cancelled`` was set.
 
@@ -74,7 +106,8 @@ async def invoke(
     and the thread is left to finish on its own (a thread cannot be killed), with
     ``ctx.cancelled`` telling it to stop. ``on_end`` is called when the call has really ended,
     which for such a thread may be after ``invoke`` returned. A result, or a ``ToolError``'s
-    details, over ``max_result_bytes`` of JSON is not recorded (``runtime.results``).
+    details, over ``max_result_bytes`` of JSON is not recorded (``runtime.results``). An async
+    tool asks ``may_step()`` before each step it takes (``_Stepwise``).
     """
     try:
         value = decode_input(tool, arguments)
@@ -88,7 +121,7 @@ async def invoke(
             on_end()
         return Outcome(timed_out=True)
     if tool.is_async:
-        call: asyncio.Future[Any] = asyncio.ensure_future(_contained(tool.fn(*args)))
+        call: asyncio.Future[Any] = asyncio.ensure_future(_contained(tool.fn(*args), may_step))
     else:
         call = asyncio.get_running_loop().run_in_executor(executor, _contained_sync, tool.fn, *args)
     ctx._start(call)

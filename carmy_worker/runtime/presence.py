@@ -13,8 +13,8 @@ import logging
 import os
 import socket
 import threading
+import time
 import uuid
-from collections.abc import Callable
 
 import redis as sync_redis
 from redis.asyncio import Redis
@@ -29,6 +29,7 @@ from carmy_worker.wire import WorkerInfo, WorkerTool, msgpack_encoder
 log = logging.getLogger("carmy.worker")
 
 RETRY_S = 0.2  # between heartbeats while Redis does not answer
+VERIFY_EVERY_S = 0.5  # at most this often, ensure_fresh checks in the event loop
 
 
 def new_worker_id() -> str:
@@ -55,6 +56,7 @@ class Presence:
     once; so is one whose tool lock went to another. One listed as running on this worker that
     the runtime does not hold, on two heartbeats in a row, is a stray (a reply that never came,
     or a write Redis lost): it is reaped like a dead worker's, so it never stays unsettled.
+    Between heartbeats, ``ensure_fresh`` covers a worker that was paused.
     """
 
     def __init__(self, *, redis: Redis, settings: WorkerSettings, info: WorkerInfo, runtime: Runtime) -> None:
@@ -67,7 +69,10 @@ class Presence:
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._liveness = Liveness(redis, dead_after=settings.dead_after)
-        self._on_continue: SyncLiveness | None = None
+        self._in_loop: SyncLiveness | None = None  # ensure_fresh's client: the thread has its own
+        self.last_beat = time.monotonic()  # when the last heartbeat that got through was sent
+        self.failing = False  # the last heartbeat did not get through
+        self._verified = 0.0
 
     async def register(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -77,26 +82,38 @@ class Presence:
         self._thread = threading.Thread(target=self._beat, name="carmy-heartbeat", daemon=True)
         self._thread.start()
 
-    def continued(self) -> None:
-        """On SIGCONT, in the event loop, before any tool takes another step: the process was
-        stopped, and may have lost executions meanwhile. Check now, blocking for one round trip,
-        rather than at the next heartbeat."""
-        if self._on_continue is None:
-            client = sync_redis.Redis.from_url(self.settings.redis_url, socket_timeout=1, socket_connect_timeout=1)
-            self._on_continue = SyncLiveness(client, dead_after=self.settings.dead_after)
+    def ensure_fresh(self) -> None:
+        """Before a tool's step, in the event loop: if the last heartbeat that got through
+        started too long ago for this worker to be sure it was not judged dead (it was stopped,
+        frozen or starved), check now, blocking for one round trip, so that a tool whose
+        execution was given away does not take its next step. Not while Redis is known to be
+        unreachable (nobody can reap anything then), and at most every ``VERIFY_EVERY_S``."""
+        now = time.monotonic()
+        if now - self.last_beat < self.settings.dead_after / 2 or self.failing or now - self._verified < VERIFY_EVERY_S:
+            return
+        self._verified = now
+        if self._in_loop is None:
+            client = sync_redis.Redis.from_url(self.settings.redis_url, socket_timeout=1, socket_connect_timeout=0.5)
+            self._in_loop = SyncLiveness(client, dead_after=self.settings.dead_after)
         try:
-            self._check(self._on_continue, lambda fn, *args: fn(*args))
+            self._check(self._in_loop)
         except sync_redis.RedisError as exc:
-            log.warning("could not check this worker's executions after it was continued: %s", exc)
+            log.warning("could not check this worker's executions after a stale heartbeat: %s", exc)
 
-    def _check(self, liveness: SyncLiveness, call: Callable[..., object]) -> Beat:
+    def _check(self, liveness: SyncLiveness) -> Beat:
+        """One heartbeat, and what it says about the executions held: lost ones and ones whose
+        lock went elsewhere are marked (the tool sees it before its next step) and stopped."""
+        started = time.monotonic()
         held = self.runtime.holdings()
         beat = liveness.heartbeat(self.info.worker_id, held=held)
         attempts = {h.execution_id: h.attempt for h in held}
         for exec_id in beat.lost:
-            call(self.runtime.lose, exec_id, attempts[exec_id], "it was given to another attempt")
+            self.runtime.lose(exec_id, attempts[exec_id], "it was given to another attempt")
         for exec_id in beat.unlocked:
-            call(self.runtime.unlock, exec_id, attempts[exec_id])
+            self.runtime.unlock(exec_id, attempts[exec_id])
+        # Only now, and as of when it was sent: a reply read after a pause says nothing about
+        # what happened during it.
+        self.last_beat = max(self.last_beat, started)
         return beat
 
     def _beat(self) -> None:
@@ -104,12 +121,11 @@ class Presence:
         loop = self._loop
         client = sync_redis.Redis.from_url(self.settings.redis_url, socket_timeout=2, socket_connect_timeout=2)
         liveness = SyncLiveness(client, dead_after=self.settings.dead_after)
-        failing = False
         suspects: set[Stray] = set()
         interval = self.settings.heartbeat
         while not self._stop.wait(interval):
             try:
-                beat = self._check(liveness, loop.call_soon_threadsafe)
+                beat = self._check(liveness)
                 if not beat.registered:
                     # Redis came back empty: say again who we are.
                     client.set(self._info_key, msgpack_encoder.encode(self.info))
@@ -119,14 +135,14 @@ class Presence:
                 for stray in strays & suspects:
                     asyncio.run_coroutine_threadsafe(self.runtime.reap_stray(stray), loop)
                 suspects = strays - suspects
-                if failing:
+                if self.failing:
                     log.info("heartbeat restored")
-                failing = False
+                self.failing = False
                 interval = self.settings.heartbeat
             except sync_redis.RedisError as exc:
-                if not failing:
+                if not self.failing:
                     log.warning("heartbeat failed: %s", exc)
-                failing = True
+                self.failing = True
                 # Retry soon: once Redis is back, a live worker must say so before it is judged.
                 interval = min(self.settings.heartbeat, RETRY_S)
         client.close()

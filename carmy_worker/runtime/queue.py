@@ -82,7 +82,7 @@ def deserialize(data: bytes) -> dict[str, Any]:
     return _decoder.decode(data)  # type: ignore[no-any-return]
 
 
-Handler = Callable[[bytes], Awaitable[None]]
+Handler = Callable[[bytes, str], Awaitable[None]]  # (job payload, lease token)
 
 # Takes up to ARGV[2] jobs in one round trip: the due ones at the head of the queue (by Redis's
 # clock, like the scores SUBMIT writes) that no other worker has leased. arq polls with the
@@ -175,7 +175,7 @@ class Leases:
 
 
 # The lease a job runs under, for the finish_job that arq's run_job calls at its end.
-_lease_token: ContextVar[str] = ContextVar("carmy_lease_token")
+_lease_token: ContextVar[str] = ContextVar("carmy_lease_token", default="")
 
 
 class WakeableWorker(Worker):
@@ -286,11 +286,12 @@ def build_worker(
     on_shutdown: Callable[[dict[str, Any]], Awaitable[None]] | None = None,
     on_drain: Callable[[], None] | None = None,
 ) -> WakeableWorker:
-    """An arq worker that calls ``handler(payload)`` for each job of ``group``."""
+    """An arq worker that calls ``handler(payload, lease token)`` for each job of ``group``."""
 
     async def carmy_execute(ctx: dict[str, Any], payload: bytes) -> None:
         try:
-            await handler(payload)  # attempts are counted in our execution hash, not by arq's job_try
+            # Attempts are counted in our execution hash, not by arq's job_try.
+            await handler(payload, _lease_token.get())
         except RedisError as exc:
             # Redis failed us before the outcome was recorded: put the job back (arq would drop
             # a job that raised). Our scripts decide on the next try whether it may run again.

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -49,10 +50,20 @@ class Run:
     cancelled: asyncio.Event = field(default_factory=asyncio.Event)
     ctx: Context | None = None
     lock: str = ""  # the key of the tool's lock while this attempt holds it
+    # Set from any thread (the heartbeat's too); the tool sees them before its next step.
     lost: str = ""  # why this attempt no longer holds its execution: its outcome is not recorded
     unlocked: bool = False  # it lost the tool's lock while it ran: it ends uncertain
+    loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.get_running_loop)
+
+    @property
+    def halted(self) -> bool:
+        return bool(self.lost) or self.unlocked
 
     def stop(self) -> None:
+        """Stop the tool; safe from any thread."""
+        self.loop.call_soon_threadsafe(self._stop)
+
+    def _stop(self) -> None:
         self.cancelled.set()
         if self.ctx is not None:
             self.ctx._cancel()
@@ -78,6 +89,9 @@ class Runtime:
         self._releases: set[asyncio.Task[None]] = set()  # lock releases still in flight
         self._attempts = Attempts(redis, worker_id=worker_id, retention=settings.retention)
         self._verdicts = Verdicts(redis, retention=settings.retention)
+        # Called before each step of an async tool: the worker's presence checks there, at
+        # once, whether it still holds its executions if its heartbeat has gone stale.
+        self.before_step: Callable[[], None] = lambda: None
 
     @property
     def running(self) -> int:
@@ -101,7 +115,7 @@ class Runtime:
     def lose(self, exec_id: str, attempt: int, why: str) -> None:
         """This worker no longer holds ``attempt`` at ``exec_id`` (the janitor reaped it while the
         worker was paused or cut off from Redis, or another attempt settled it): stop the tool
-        now, before it takes another step, and record nothing for it."""
+        before it takes another step, and record nothing for it. Safe from any thread."""
         run = self._runs.get(exec_id)
         if run is None or run.attempt != attempt or run.lost:
             return
@@ -111,7 +125,8 @@ class Runtime:
 
     def unlock(self, exec_id: str, attempt: int) -> None:
         """``attempt`` lost the tool's lock (its lease ran out while the worker was paused):
-        another execution may be running the tool, so this one stops and ends uncertain."""
+        another execution may be running the tool, so this one stops and ends uncertain. Safe
+        from any thread."""
         run = self._runs.get(exec_id)
         if run is None or run.attempt != attempt or run.unlocked or not run.lock:
             return
@@ -122,7 +137,7 @@ class Runtime:
     def close(self) -> None:
         self._threads.shutdown(wait=False, cancel_futures=True)
 
-    async def handle(self, payload: bytes) -> None:
+    async def handle(self, payload: bytes, lease: str = "") -> None:
         """Entry point for one arq job. Failures are recorded as data; only a shutdown
         (CancelledError) or Redis failing before anything could be recorded gets out."""
         try:
@@ -130,7 +145,7 @@ class Runtime:
         except msgspec.DecodeError as exc:
             log.error("dropping an undecodable job: %s", exc)
             return
-        claim = await self._attempts.claim(job.execution_id, job.tool, max_attempts=MAX_ATTEMPTS)
+        claim = await self._attempts.claim(job.execution_id, job.tool, max_attempts=MAX_ATTEMPTS, lease=lease)
         run = Run(job=job, attempt=claim.attempt, queue_wait_ms=claim.queue_wait_ms)
         if claim.verdict == "run":
             self._hold(run)
@@ -218,9 +233,15 @@ class Runtime:
     async def _invoke(self, run: Run, tool: Tool, timeout: float) -> Outcome:
         job, ctx, cancelled = run.job, run.ctx, run.cancelled
         assert ctx is not None
+        def may_step() -> bool:
+            if not run.halted:
+                self.before_step()
+            return not run.halted
+
         if tool.spec.parallel_safe:
             return await invoke(tool, ctx, job.arguments, timeout=timeout, executor=self._threads,
-                                cancelled=cancelled, max_result_bytes=self.settings.max_result_bytes)
+                                cancelled=cancelled, max_result_bytes=self.settings.max_result_bytes,
+                                may_step=may_step)
         # One at a time across all workers; the wait counts against the timeout.
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
@@ -238,7 +259,8 @@ class Runtime:
             task.add_done_callback(self._releases.discard)
 
         return await invoke(tool, ctx, job.arguments, timeout=deadline - loop.time(), executor=self._threads,
-                            cancelled=cancelled, max_result_bytes=self.settings.max_result_bytes, on_end=release)
+                            cancelled=cancelled, max_result_bytes=self.settings.max_result_bytes, on_end=release,
+                            may_step=may_step)
 
     def _record_of(self, job: ExecutionJob, tool: Tool, outcome: Outcome, timeout: float, duration_ms: int) -> Record:
         exec_id = job.execution_id
@@ -252,21 +274,26 @@ class Runtime:
         return records.cancelled(exec_id, tool.name, started=True, duration_ms=duration_ms)
 
     async def _record(self, run: Run, record: Record, completed: bytes | None = None) -> bool:
-        """Write the record if this attempt still owns the execution; log the execution line."""
+        """Write the record if this attempt still owns the execution; log the execution line.
+
+        Redis errors are retried (about a minute); past that, the last one is raised, so that
+        the job goes back to the queue rather than being finished without a record.
+        """
         exec_id = run.job.execution_id
         delay = 0.1
-        for _ in range(SETTLE_TRIES):
+        for tries in range(1, SETTLE_TRIES + 1):
             try:
                 written = await self._attempts.settle(record, exec_id=exec_id, attempt=run.attempt,
                                                       completed_event=completed, run_ms=run.run_ms)
                 break
             except RedisError as exc:  # Redis is restarting: the outcome is worth waiting for
+                if tries == SETTLE_TRIES:
+                    log.error("gave up recording execution %s after %d tries; its job goes back to the queue",
+                              exec_id, SETTLE_TRIES)
+                    raise
                 log.warning("cannot record execution %s yet (%s); retrying", exec_id, exc)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
-        else:
-            log.error("gave up recording execution %s after %d tries", exec_id, SETTLE_TRIES)
-            written = False
         log.info("execution", extra={"carmy": {
             "event": "execution", "execution_id": exec_id, "request_id_hash": request_id_hash(run.job.request_id),
             "tool": record.tool, "status": record.status, "error_code": record.error_code,

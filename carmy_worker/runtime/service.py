@@ -7,7 +7,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import signal
 import socket
 import time
 
@@ -47,9 +46,8 @@ async def serve(tools: list[Tool], settings: WorkerSettings) -> None:
     runtime = Runtime(redis=redis, tools={t.name: t for t in tools}, settings=settings, worker_id=info.worker_id)
     presence = Presence(redis=redis, settings=settings, info=info, runtime=runtime)
     janitor = Janitor(redis, retention=settings.retention, dead_after=settings.dead_after)
+    runtime.before_step = presence.ensure_fresh
     await presence.register()
-    # A stopped process that is continued may have lost executions meanwhile: check at once.
-    asyncio.get_running_loop().add_signal_handler(signal.SIGCONT, presence.continued)
     background = [asyncio.create_task(listen_for_cancels(redis, runtime)), asyncio.create_task(janitor.run())]
 
     async def on_shutdown(_: object) -> None:

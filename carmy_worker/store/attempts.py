@@ -8,15 +8,17 @@ from typing import Literal, cast
 from msgspec import Struct
 from redis.asyncio import Redis
 
-from carmy_worker.store import keys, metrics
+from carmy_worker.store import jobs, keys, metrics
 from carmy_worker.store.lua import NOW, text
 from carmy_worker.store.metrics import LUA_COUNT, LUA_OBSERVE
 from carmy_worker.wire import Record, final_event, started_event
 
-# KEYS: exe, record, running set, queued
-# ARGV: exec_id, worker_id, max attempts, events channel, tool.started event, tool
-# Returns {verdict, attempt, ms it waited in the queue}.
+# KEYS: exe, record, running set, queued, arq in-progress key
+# ARGV: exec_id, worker_id, max attempts, events channel, tool.started event, tool, lease token or ''
+# Returns {verdict, attempt, ms it waited in the queue}. A lease the janitor took away (the
+# worker was paused between LEASE and CLAIM) claims nothing: another worker has the job now.
 CLAIM = NOW + LUA_OBSERVE + """
+if ARGV[7] ~= '' and redis.call('GET', KEYS[5]) ~= ARGV[7] then return {'moved', 0, 0} end
 if redis.call('EXISTS', KEYS[2]) == 1 then return {'settled', 0, 0} end
 if redis.call('EXISTS', KEYS[1]) == 0 then return {'gone', 0, 0} end
 redis.call('ZREM', KEYS[4], ARGV[1])
@@ -66,9 +68,9 @@ return 0
 """
 
 # run: this attempt may run the tool. Otherwise the worker records the matching verdict (unless
-# settled or gone): cancelled before it started, uncertain (a non-idempotent execution already
+# settled, gone, or moved to another lease): cancelled before it started, uncertain (a non-idempotent execution already
 # attempted, or an idempotent one interrupted too often), expired (waited past its start-by).
-ClaimVerdict = Literal["run", "settled", "gone", "cancelled", "uncertain", "expired"]
+ClaimVerdict = Literal["run", "settled", "gone", "moved", "cancelled", "uncertain", "expired"]
 
 
 class Claim(Struct):
@@ -88,11 +90,14 @@ class Attempts:
         self.retention = retention
         self._running = keys.running(worker_id)
 
-    async def claim(self, exec_id: str, tool: str, *, max_attempts: int) -> Claim:
-        """Take the next attempt; on ``run`` the execution is this worker's and ``tool.started`` is out."""
+    async def claim(self, exec_id: str, tool: str, *, max_attempts: int, lease: str = "") -> Claim:
+        """Take the next attempt, if ``lease`` (the token of the job's lease) is still current;
+        on ``run`` the execution is this worker's and ``tool.started`` is out."""
         verdict, attempt, waited = await self._claim(
-            keys=[keys.execution(exec_id), keys.record(exec_id), self._running, keys.QUEUED],
-            args=[exec_id, self.worker_id, max_attempts, keys.events(exec_id), started_event(exec_id, tool), tool],
+            keys=[keys.execution(exec_id), keys.record(exec_id), self._running, keys.QUEUED,
+                  jobs.in_progress_key(exec_id)],
+            args=[exec_id, self.worker_id, max_attempts, keys.events(exec_id), started_event(exec_id, tool), tool,
+                  lease],
         )
         return Claim(cast("ClaimVerdict", text(verdict)), int(attempt), int(waited))
 

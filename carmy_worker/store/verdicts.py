@@ -33,8 +33,9 @@ return 'cancelled'
 # attempt that must still be current). Its arq lease (the in-progress key, if still the one the
 # worker took) is dropped so a live worker takes the job at once instead of after arq's expiry:
 # an idempotent execution simply runs again; any other is settled uncertain first, so the
-# re-delivered job finds it settled and never runs the tool a second time.
-# KEYS: exe, record, pending, running set, arq in-progress key, leases hash
+# re-delivered job finds it settled and never runs the tool a second time (so is an idempotent
+# one whose job is gone: nothing could run it again).
+# KEYS: exe, record, pending, running set, arq in-progress key, leases hash, arq job key
 # ARGV: exec_id, worker_id, record, retention s, events channel, final event, metrics label, attempt or ''
 REAP = IMPOSE + """
 local h = redis.call('HMGET', KEYS[1], 'worker', 'state', 'idem', 'wake', 'attempt')
@@ -46,7 +47,7 @@ if redis.call('EXISTS', KEYS[2]) == 1 then return 'settled' end
 if h[1] ~= ARGV[2] or h[2] ~= 'running' then return 'moved' end
 if not token or redis.call('GET', KEYS[5]) == token then redis.call('DEL', KEYS[5]) end
 if h[4] then redis.call('PUBLISH', h[4], '') end
-if h[3] == '1' then
+if h[3] == '1' and redis.call('EXISTS', KEYS[7]) == 1 then
   redis.call('HSET', KEYS[1], 'state', 'queued', 'reaped', h[5])
   return 'requeued'
 end
@@ -102,7 +103,7 @@ class Verdicts:
         stored, final, label = _imposed(records.uncertain(exec_id, tool, why))
         outcome = await self._reap(
             keys=[keys.execution(exec_id), keys.record(exec_id), keys.PENDING, keys.running(worker_id),
-                  jobs.in_progress_key(exec_id), keys.leases(worker_id)],
+                  jobs.in_progress_key(exec_id), keys.leases(worker_id), jobs.job_key(exec_id)],
             args=[exec_id, worker_id, stored, self.retention, keys.events(exec_id), final, label,
                   "" if attempt is None else attempt],
         )

@@ -67,33 +67,40 @@ def test_kill9_mid_idempotent_tool_completes(fresh_stack: Stack) -> None:
     assert lines(stack, "tally-idem-k9i") == 2
 
 
-def settle_while_paused(stack: Stack, tool: str, name: str, sync_redis: redis.Redis) -> tuple[httpx.Response, Proc]:
+def settle_while_paused(stack: Stack, tool: str, name: str) -> tuple[httpx.Response, Proc]:
     worker_a, base = start(stack)
-    call = Call(base, {"tool": tool, "arguments": {"name": name, "seconds": 3}})
+    call = Call(base, {"tool": tool, "arguments": {"name": name, "seconds": 2}})
     wait_until(lambda: lines(stack, f"{tool.replace('_', '-')}-{name}") == 1)
     worker_a.signal(signal.SIGSTOP)
     stack.worker()
     return call.result(), worker_a
 
 
-def test_paused_worker_cannot_overwrite_an_idempotent_rerun(fresh_stack: Stack, sync_redis: redis.Redis) -> None:
-    r, paused = settle_while_paused(fresh_stack, "tally_idem", "stop", sync_redis)
+def test_paused_worker_stops_its_tool_and_cannot_overwrite_an_idempotent_rerun(
+    fresh_stack: Stack, sync_redis: redis.Redis,
+) -> None:
+    r, paused = settle_while_paused(fresh_stack, "tally_idem", "stop")
     assert r.status_code == 200
     assert r.json()["data"] == {"n": 2}  # the re-run on the other worker settled it
     key = f"carmy:rec:{r.json()['execution_id']}"
     before = sync_redis.get(key)
     paused.signal(signal.SIGCONT)
-    wait_until(lambda: "already settled elsewhere" in paused.output())
+    # On waking it learns it lost the execution, and its tool never takes the step after its
+    # sleep (which ended while it was stopped): only the re-run's completion is in the ledger.
+    wait_until(lambda: "outcome of attempt 1 is dropped" in paused.output())
     assert sync_redis.get(key) == before
+    assert (fresh_stack.tmp / "tally-idem-done-stop").read_text().split()[1:] == ["2"]
 
 
-def test_paused_worker_cannot_overwrite_uncertain(fresh_stack: Stack, sync_redis: redis.Redis) -> None:
-    r, paused = settle_while_paused(fresh_stack, "tally", "stop", sync_redis)
+def test_paused_worker_stops_its_tool_after_an_uncertain_verdict(fresh_stack: Stack, sync_redis: redis.Redis) -> None:
+    r, paused = settle_while_paused(fresh_stack, "tally", "stop")
     assert r.status_code == 409
     assert r.json()["error"]["code"] == "EXECUTION_UNCERTAIN"
     key = f"carmy:rec:{r.json()['execution_id']}"
     before = sync_redis.get(key)
     paused.signal(signal.SIGCONT)
-    wait_until(lambda: "already settled elsewhere" in paused.output())
+    wait_until(lambda: "outcome of attempt 1 is dropped" in paused.output())
     assert sync_redis.get(key) == before
-    assert lines(fresh_stack, "tally-stop") == 1  # the paused run finished; nothing ran it again
+    assert lines(fresh_stack, "tally-stop") == 1  # nothing ran it again
+    # The caller was told "uncertain"; the paused tool did not go on to its side effect after that.
+    assert not (fresh_stack.tmp / "tally-done-stop").exists()

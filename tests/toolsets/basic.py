@@ -202,6 +202,7 @@ async def tally(ctx: Context, input: TallyInput) -> Count:
     """Not idempotent: appends a line to a file (the side effect), then sleeps."""
     mark(f"tally-{input.name}", ctx.execution_id)
     await asyncio.sleep(input.seconds)
+    mark(f"tally-done-{input.name}", f"{ctx.execution_id} {ctx.attempt}")  # the step after the sleep
     return Count(n=len((OUT / f"tally-{input.name}").read_text().splitlines()))
 
 
@@ -210,6 +211,7 @@ async def tally_idem(ctx: Context, input: TallyInput) -> Count:
     """Idempotent by declaration: may be run again after a crash."""
     mark(f"tally-idem-{input.name}", ctx.execution_id)
     await asyncio.sleep(input.seconds)
+    mark(f"tally-idem-done-{input.name}", f"{ctx.execution_id} {ctx.attempt}")
     return Count(n=len((OUT / f"tally-idem-{input.name}").read_text().splitlines()))
 
 

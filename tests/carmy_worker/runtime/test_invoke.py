@@ -259,6 +259,24 @@ def tool(name: str) -> Tool:
     return found
 
 
+steps_taken: list[str] = []
+
+
+@tools.tool(effect="write")
+async def steps(ctx: Context) -> Count:
+    """Three steps, each after an await, noted as it is taken."""
+    steps_taken.append("first")
+    try:
+        await asyncio.sleep(0)
+        steps_taken.append("second")
+        await asyncio.sleep(0.01)
+        steps_taken.append("third")
+    except asyncio.CancelledError:
+        steps_taken.append("cancelled")
+        raise
+    return Count(n=len(steps_taken))
+
+
 @pytest.fixture
 def executor() -> Iterator[ThreadPoolExecutor]:
     pool = ThreadPoolExecutor(max_workers=4)
@@ -269,8 +287,9 @@ def executor() -> Iterator[ThreadPoolExecutor]:
 class Call:
     """One invoke() with its context and the events the tool emitted."""
 
-    def __init__(self, name: str, arguments: bytes = b"{}") -> None:
+    def __init__(self, name: str, arguments: bytes = b"{}", may_step: Any = lambda: True) -> None:
         self.tool = tool(name)
+        self.may_step = may_step  # every async tool of these tests runs step by step
         self.arguments = arguments
         self.events: list[bytes] = []
         self.ctx = Context(execution_id="exec_42", tool=name, request_id=None, agent=AgentContext(),
@@ -279,7 +298,7 @@ class Call:
 
     async def run(self, executor: ThreadPoolExecutor, timeout: float = 5) -> Outcome:
         return await invoke(self.tool, self.ctx, self.arguments, timeout=timeout, executor=executor,
-                            cancelled=self.cancelled, max_result_bytes=LIMIT)
+                            cancelled=self.cancelled, max_result_bytes=LIMIT, may_step=self.may_step)
 
 
 async def run(name: str, executor: ThreadPoolExecutor, arguments: bytes = b"{}", timeout: float = 5) -> Outcome:
@@ -371,6 +390,27 @@ async def test_invalid_output(executor: ThreadPoolExecutor, name: str) -> None:
 
 async def test_tool_cancelling_itself(executor: ThreadPoolExecutor) -> None:
     assert await run("gives_up", executor) == Outcome(cancelled=True)
+
+
+# --- step by step ----------------------------------------------------------------------------
+
+
+async def test_an_async_tool_asks_before_every_step(executor: ThreadPoolExecutor) -> None:
+    steps_taken.clear()
+    asked: list[list[str]] = []
+    outcome = await Call("steps", may_step=lambda: asked.append(list(steps_taken)) or True).run(executor)
+    assert outcome == Outcome(data=b'{"n":3}')
+    assert asked == [[], ["first"], ["first", "second"]]
+
+
+async def test_a_step_refused_is_never_taken_even_if_already_due(executor: ThreadPoolExecutor) -> None:
+    """What a worker that finds it lost its execution (after a pause) does: the tool's next step
+    is replaced by CancelledError, although the sleep it waited on had ended."""
+    steps_taken.clear()
+    allowed = iter([True, True])
+    outcome = await Call("steps", may_step=lambda: next(allowed, False)).run(executor)
+    assert outcome == Outcome(cancelled=True)
+    assert steps_taken == ["first", "second", "cancelled"]
 
 
 # --- timeout and cancellation -----------------------------------------------------------------

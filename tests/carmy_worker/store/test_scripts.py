@@ -835,3 +835,21 @@ async def test_short_gaps_between_observations_change_nothing(r: redis.Redis, ar
     exec_id = await running(ar, worker_id="silent")
     assert await sweep(ar) == [1]
     assert r.exists(keys.record(exec_id))
+
+
+async def test_a_lease_taken_away_before_its_claim_claims_nothing(r: redis.Redis, ar: redis.asyncio.Redis) -> None:
+    """A worker paused between LEASE and CLAIM: the janitor gave its job to another worker, which
+    runs it. The late CLAIM must not take a second attempt (a non-idempotent execution would be
+    judged uncertain under the worker that is running it)."""
+    exec_id = new_id()
+    await submit(ar, exec_id)
+    [stale] = await Leases(ar, "w1").take(QUEUE, most=1, lease_ms=MINUTE_MS, look_ahead=10)
+    r.delete(jobs.in_progress_key(exec_id))  # what JANITOR_SCAN does for a dead worker's lease
+    [fresh] = await Leases(ar, "w2").take(QUEUE, most=1, lease_ms=MINUTE_MS, look_ahead=10)
+    running = await Attempts(ar, worker_id="w2", retention=RETENTION).claim(exec_id, "tally", max_attempts=3,
+                                                                            lease=fresh.token)
+    assert (running.verdict, running.attempt) == ("run", 1)
+    late = await Attempts(ar, worker_id="w1", retention=RETENTION).claim(exec_id, "tally", max_attempts=3,
+                                                                         lease=stale.token)
+    assert late.verdict == "moved"
+    assert state(r, exec_id)["attempt"] == "1" and state(r, exec_id)["worker"] == "w2"

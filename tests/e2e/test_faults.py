@@ -1,0 +1,144 @@
+"""Faults that once left executions wrong or waiting: a worker paused past its reaping, a worker
+that died between taking a job and claiming it, a lock holder paused past its lease, and Redis
+down for longer than ``dead_after``. Real processes, side effects counted in files."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+import redis
+import redis.asyncio
+
+from carmy_worker.runtime import lock
+from carmy_worker.runtime.queue import Leases
+from carmy_worker.settings import WorkerSettings
+from carmy_worker.store import jobs, keys
+from carmy_worker.store.roster import Liveness
+from tests.conftest import private_stack
+from tests.support import Call, Proc, RedisServer, Stack, marked, wait_until
+
+DEAD_AFTER = WorkerSettings().dead_after
+
+
+def ready(stack: Stack, tool: str, **worker_env: str) -> tuple[Proc, str]:
+    worker = stack.worker(env=worker_env or None)
+    _, base = stack.api()
+    wait_until(lambda: tool in httpx.get(base + "/agent/tools").text)
+    return worker, base
+
+
+def lines(stack: Stack, name: str) -> list[str]:
+    path = stack.tmp / name
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def test_a_worker_paused_past_its_reaping_runs_the_execution_again_itself(
+    fresh_stack: Stack, sync_redis: redis.Redis,
+) -> None:
+    """The only worker is paused; the API's janitor puts its idempotent execution back in the
+    queue. On waking, the worker stops the old run and takes the job again: one run at a time,
+    and the execution settles (it used to stay "running" with no job, for good)."""
+    worker, base = ready(fresh_stack, "tally_idem")
+    call = Call(base, {"tool": "tally_idem", "arguments": {"name": "alone", "seconds": 1}})
+    exec_id = marked(fresh_stack.tmp / "tally-idem-alone").strip()
+    worker.signal(signal.SIGSTOP)
+    wait_until(lambda: sync_redis.hget(keys.execution(exec_id), "state") == b"queued", DEAD_AFTER + 20)
+    worker.signal(signal.SIGCONT)
+    r = call.result()
+    assert r.status_code == 200, r.text
+    assert r.json()["data"] == {"n": 2}
+    assert [line.split()[1] for line in lines(fresh_stack, "tally-idem-done-alone")] == ["2"]
+    assert "KeyError" not in worker.output()
+    assert not sync_redis.exists(jobs.job_key(exec_id))
+
+
+def test_a_job_leased_by_a_worker_that_died_before_claiming_it_runs_within_seconds(
+    fresh_stack: Stack, sync_redis: redis.Redis,
+) -> None:
+    """A worker dies after LEASE and before CLAIM: the job is put back on heartbeat evidence,
+    not when arq's in-progress key runs out (the longest tool timeout plus 25 s)."""
+    _, base = ready(fresh_stack, "tally_idem", CARMY_CONCURRENCY="1")
+    busy = Call(base, {"tool": "tally_idem", "arguments": {"name": "busy", "seconds": 3}})
+    busy_id = marked(fresh_stack.tmp / "tally-idem-busy").strip()  # the real worker's only slot is taken
+    target = Call(base, {"tool": "tally_idem", "arguments": {"name": "target", "seconds": 0}})
+    queue = sync_redis.hget(keys.execution(busy_id), "wake").decode().removesuffix(":wake")
+
+    async def lease_and_die() -> str:
+        client = redis.asyncio.Redis.from_url(fresh_stack.redis_url)
+        try:
+            await Liveness(client, dead_after=DEAD_AFTER).heartbeat("doomed")
+            [lease] = await Leases(client, "doomed").take(queue, most=1, lease_ms=120_000, look_ahead=10)
+            return lease.job_id
+        finally:
+            await client.aclose()
+
+    exec_id = wait_until(lambda: sync_redis.zcard(queue) == 2 and asyncio.run(lease_and_die()))
+    died_at = time.monotonic()
+    assert sync_redis.pttl(jobs.in_progress_key(str(exec_id))) > 100_000
+    r = target.result(30)
+    assert r.status_code == 200, r.text
+    assert target.finished_at - died_at < DEAD_AFTER + 8  # was ~2 minutes with this lease
+    assert busy.result().status_code == 200
+
+
+def test_a_paused_lock_holder_never_overlaps_the_next_holder(fresh_stack: Stack, sync_redis: redis.Redis) -> None:
+    """``parallel_safe=False``: the holder is paused past its lock's lease, another worker takes
+    the execution and the lock; the paused one, continued, stops before its next step."""
+    stack = fresh_stack
+    workers = [stack.worker(), stack.worker()]
+    _, base = stack.api()
+    wait_until(lambda: "exclusive" in httpx.get(base + "/agent/tools").text)
+    call = Call(base, {"tool": "exclusive", "arguments": {"seconds": 1}})
+    holder_id = wait_until(lambda: sync_redis.get(keys.lock("exclusive")))
+    exec_id = bytes(holder_id).decode().split("/")[0]
+    owner = wait_until(lambda: sync_redis.hget(keys.execution(exec_id), "worker"))
+    [paused] = [w for w in workers if f"-{w.pid}-" in bytes(owner).decode()]
+    paused.signal(signal.SIGSTOP)
+    # Reaped (it is idempotent: back in the queue), and run by the other worker once the lock's
+    # lease has run out.
+    r = call.result(DEAD_AFTER + lock.LEASE_S + 20)
+    assert r.status_code == 200, r.text
+    paused.signal(signal.SIGCONT)
+    wait_until(lambda: "outcome of attempt 1 is dropped" in paused.output())
+    [(start, end)] = [tuple(map(float, line.split())) for line in lines(stack, "exclusive")]  # one run ended
+    assert end > start
+
+
+@pytest.fixture
+def durable_stack() -> Iterator[tuple[RedisServer, Stack]]:
+    with private_stack(durable=True, fsync="always") as pair:
+        yield pair
+
+
+def test_calls_in_flight_keep_their_outcome_through_a_redis_outage_longer_than_dead_after(
+    durable_stack: tuple[RedisServer, Stack],
+) -> None:
+    """Redis is down for longer than dead_after while a non-idempotent tool runs: its worker was
+    alive throughout, so the call gets the tool's answer, not EXECUTION_UNCERTAIN; and calls made
+    as soon as Redis is back are not refused with NO_WORKERS."""
+    server, stack = durable_stack
+    _, base = ready(stack, "tally")
+    call = Call(base, {"tool": "tally", "arguments": {"name": "outage", "seconds": 1}, "request_id": "outage"})
+    marked(stack.tmp / "tally-outage")
+    server.stop()
+    down_at = time.monotonic()
+    wait_until(lambda: time.monotonic() - down_at > DEAD_AFTER + 1.5, what="an outage longer than dead_after")
+    server.start()
+    answers = []
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        reply = httpx.post(base + "/agent/execute", json={"tool": "noop"}, timeout=30)
+        answers.append(reply.json().get("error", {}).get("code"))
+        if reply.status_code == 200:
+            break
+    assert "NO_WORKERS" not in answers, answers
+    assert answers[-1] is None, answers
+    r = call.result(60)
+    assert r.status_code == 200, r.text
+    assert r.json()["data"] == {"n": 1}
+    assert len(lines(stack, "tally-done-outage")) == 1
