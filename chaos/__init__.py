@@ -8,6 +8,7 @@ against a ledger of side effects the tools kept outside Redis.
 * ``cluster``: the processes, with the signals the faults send them;
 * ``faults``: the seeded schedule and the injector that plays it;
 * ``calls`` and ``load``: one attempt of a call, and the clients that retry until answered;
-* ``reconcile``: pure functions from what was recorded to the verdicts of the table;
+* ``facts`` and ``reconcile``: the ledger and fault log indexed, and pure functions from what
+  was recorded to the verdicts of the table;
 * ``report``: the table, as text and JSON; ``run``: the command line.
 """

@@ -19,7 +19,7 @@ Definitions (README, "Chaos check"):
   ``EXECUTION_UNCERTAIN``; a violation beyond ``Bounds.after_verdict`` seconds.
 * **lock overlap**: two runs of a ``parallel_safe=False`` tool whose ledger intervals (started
   to effect or abandoned; to the kill of its worker if it never ended) overlap. A run abandoned
-  within ``FROZEN_S`` of the end of a pause of its worker ends where the pause began: frozen,
+  within ``facts.FROZEN_S`` of the end of a pause of its worker ends where the pause began: frozen,
   then stopped by its runtime on waking, it did nothing in between.
 * **hang**: no final answer (nor a final refusal) within ``Bounds.patience`` of the first attempt.
 * **detection time**: from a worker's ``kill -9`` to the first sign that each execution it was
@@ -31,16 +31,14 @@ from __future__ import annotations
 import json
 import math
 from collections import defaultdict
-from collections.abc import Iterable
 
 from msgspec import Struct
 
 from chaos.calls import REFUSAL_CODES
+from chaos.facts import Facts
 from chaos.model import Answer, Attempt, Fault, LedgerLine, Request
 
 UNCERTAIN = "EXECUTION_UNCERTAIN"
-FROZEN_S = 1.0  # a run abandoned this soon after its worker woke counts as stopped by the pause
-REDIS_GRACE_S = 1.0  # after Redis is back, the API's pool and the hub may take this to reconnect
 
 
 class Bounds(Struct, frozen=True, kw_only=True):
@@ -116,36 +114,6 @@ def verdict_at(request: Request) -> float | None:
     """When the caller was first told EXECUTION_UNCERTAIN."""
     times = [t for t, answer in answers(request) if answer.code == UNCERTAIN]
     return min(times) if times else None
-
-
-class Facts:
-    """The ledger and the fault log, indexed for the questions the rows ask."""
-
-    def __init__(self, ledger: Iterable[LedgerLine], faults: list[Fault]) -> None:
-        self.by_rid: dict[str, list[LedgerLine]] = defaultdict(list)
-        for line in ledger:
-            self.by_rid[line.rid].append(line)
-        self.faults = faults
-        self.killed = {f.pid: f.t for f in faults if f.kind == "worker-kill" and f.pid is not None}
-        self.pauses = [(f.pid, f.t, f.t_end) for f in faults if f.kind == "worker-stop"]
-        self.redis_down = [(f.t, f.t_end + REDIS_GRACE_S) for f in faults if f.kind in ("redis-term", "redis-kill")]
-        self.workers_out = [(f.t, f.t_end) for f in faults if f.kind.startswith("worker-")]
-
-    def lines(self, rid: str, ev: str) -> list[LedgerLine]:
-        return [line for line in self.by_rid.get(rid, []) if line.ev == ev]
-
-    def paused_between(self, pid: int, start: float, end: float) -> bool:
-        return any(p == pid and t < end and start < t_end for p, t, t_end in self.pauses)
-
-    def frozen_from(self, pid: int, start: float, abandoned: float) -> float | None:
-        """Where a run abandoned right after a pause of its worker really ended: the pause's start."""
-        for p, t, t_end in self.pauses:
-            if p == pid and start < t < abandoned <= t_end + FROZEN_S:
-                return t
-        return None
-
-    def redis_was_down(self, t0: float, t1: float) -> bool:
-        return any(t < t1 and t0 < t_end for t, t_end in self.redis_down)
 
 
 def lost(request: Request, facts: Facts) -> bool:
