@@ -68,6 +68,7 @@ class Table(Struct, kw_only=True):
     slow: int
     detection: list[float]
     uncertain: int
+    uncertain_unstarted: int  # the ledger shows the tool never started: uncertain for nothing
     uncertain_after_pause: int
     idempotent_reruns: int
     double_starts: int
@@ -266,6 +267,7 @@ def reconcile(requests: list[Request], ledger: list[LedgerLine], faults: list[Fa
         slow=sum(bounds.slow < t <= bounds.patience for r in requests if (t := took(r)) is not None),
         detection=detection_times(by_rid, facts),
         uncertain=sum(verdict_at(r) is not None for r in requests),
+        uncertain_unstarted=sum(verdict_at(r) is not None and not starts(r) for r in requests),
         uncertain_after_pause=sum(kind == "after pause" for kind in kinds.values()),
         idempotent_reruns=sum(idempotent.get(r.tool, False) and starts(r) > 1 for r in requests),
         double_starts=sum(not idempotent.get(r.tool, False) and starts(r) > 1 for r in requests),

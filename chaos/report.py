@@ -40,6 +40,7 @@ def rows(table: Table) -> list[tuple[str, str, str]]:
         promise("false uncertain", table.false_uncertain,
                 f"{len(table.false_uncertain)} of {table.uncertain} uncertain"),
         ("uncertain after a pause (true uncertainty)", str(table.uncertain_after_pause), "info"),
+        ("uncertain although the tool never started", str(table.uncertain_unstarted), "info"),
         promise(f"effects after verdict (> {b.after_verdict:g} s)", table.effects_after_verdict,
                 f"{len(table.effects_after_verdict)} (all: {len(delays)}, max {_ms(max(delays) if delays else None)})"),
         promise("lock overlaps (parallel_safe=False)", table.lock_overlaps),

@@ -102,6 +102,11 @@ def test_uncertain_after_an_effect_on_a_live_worker_is_false() -> None:
     assert table.false_uncertain == ["r1"] and table.uncertain == 1
 
 
+def test_uncertain_for_a_tool_that_never_started_is_counted_apart() -> None:
+    table = check([request("r1", "charge", uncertain("x1", 5.0))], [])
+    assert (table.uncertain, table.uncertain_unstarted, table.false_uncertain) == (1, 1, [])
+
+
 def test_uncertain_after_the_worker_was_killed_or_paused_is_true() -> None:
     killed = Fault(kind="worker-kill", t=2.0, t_end=3.0, target="worker 10", pid=10)
     paused = Fault(kind="worker-stop", t=2.0, t_end=9.0, target="worker 11", pid=11)
