@@ -40,21 +40,32 @@ end
 """
 
 # Marks the worker seen now (plus an offset: negative marks it departed) and checks what the
-# worker believes it holds (ARGV from 5 on). Returns {whether the worker's info is still there
-# (a Redis that restarted empty lost it); lost: executions it no longer holds (reaped while it
-# was paused or cut off, or settled by someone else); unlocked: executions it holds whose tool
-# lock went to another; strays: {id, attempt, tool} listed as running on this worker that it
-# did not name (a CLAIM or SETTLE whose reply never came, or that Redis lost)}.
-# KEYS: watch, workers zset, worker info, running set
-# ARGV: worker_id, offset ms, dead ms, execution prefix, then (exec_id, attempt, lock key or '') each
+# worker believes it holds (ARGV from 6 on), claiming again what a Redis crash made it lose.
+# Returns {whether the worker's info is still there (a Redis that restarted empty lost it);
+# lost: executions it no longer holds (reaped while it was paused or cut off, or settled by
+# someone else); unlocked: executions it holds whose tool lock went to another; strays: {id,
+# attempt, tool} listed as running on this worker that it did not name (a CLAIM or SETTLE whose
+# reply never came, or that Redis lost)}.
+# KEYS: watch, workers zset, worker info, running set, queued zset
+# ARGV: worker_id, offset ms, dead ms, execution prefix, record prefix, then (exec_id, attempt,
+#       lock key or '') each
 HEARTBEAT = NOW + CUTOFF + """
 cutoff(now, tonumber(ARGV[3]))
 redis.call('ZADD', KEYS[2], now + tonumber(ARGV[2]), ARGV[1])
 local lost, unlocked, named = {}, {}, {}
-for i = 5, #ARGV, 3 do
+for i = 6, #ARGV, 3 do
   local e, attempt, lock = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   named[e] = true
   local h = redis.call('HMGET', ARGV[4] .. e, 'attempt', 'worker', 'state', 'reaped')
+  if h[1] and tonumber(h[1]) < tonumber(attempt) and h[3] == 'queued'
+      and redis.call('EXISTS', ARGV[5] .. e) == 0 then
+    -- A Redis crash took this worker's CLAIM with its last writes: claim it again, so its
+    -- outcome can be recorded and a redelivery finds the attempt taken.
+    redis.call('HSET', ARGV[4] .. e, 'attempt', attempt, 'worker', ARGV[1], 'state', 'running')
+    redis.call('SADD', KEYS[4], e)
+    redis.call('ZREM', KEYS[5], e)
+    h = {attempt, ARGV[1], 'running', h[4]}
+  end
   if h[1] ~= attempt or h[2] ~= ARGV[1] or h[3] ~= 'running' or h[4] == attempt then
     table.insert(lost, e)
   elseif lock ~= '' and redis.call('GET', lock) ~= e .. '/' .. attempt then
@@ -137,7 +148,7 @@ class Beat(Struct, frozen=True):
 
 
 def _heartbeat_args(worker_id: str, offset_ms: int, dead_ms: int, held: Iterable[Holding]) -> list[str | int]:
-    args: list[str | int] = [worker_id, offset_ms, dead_ms, keys.execution("")]
+    args: list[str | int] = [worker_id, offset_ms, dead_ms, keys.execution(""), keys.record("")]
     for h in held:
         args += [h.execution_id, h.attempt, h.lock]
     return args
@@ -152,7 +163,7 @@ def _beat(reply: list[Any]) -> Beat:
 
 
 def _heartbeat_keys(worker_id: str) -> list[str]:
-    return [keys.WATCH, keys.WORKERS, keys.worker(worker_id), keys.running(worker_id)]
+    return [keys.WATCH, keys.WORKERS, keys.worker(worker_id), keys.running(worker_id), keys.QUEUED]
 
 
 _ROSTER_KEYS = [keys.WATCH, keys.WORKERS, keys.DRAINING]

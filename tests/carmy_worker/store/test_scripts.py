@@ -100,10 +100,10 @@ def done_record(exec_id: str, tool: str = "tally", n: int = 1) -> Record:
 
 
 async def settle(ar: redis.asyncio.Redis, exec_id: str, attempt: int, record: Record, *, worker_id: str = "w1",
-                 run_ms: int | None = 42, completed: bool = True) -> bool:
+                 run_ms: int | None = 42, completed: bool = True, ran: bool = True) -> bool:
     done = completed_event(exec_id, record.tool, run_ms or 0, record.status == "completed") if completed else None
     return await Attempts(ar, worker_id=worker_id, retention=RETENTION).settle(
-        record, exec_id=exec_id, attempt=attempt, completed_event=done, run_ms=run_ms,
+        record, exec_id=exec_id, attempt=attempt, completed_event=done, run_ms=run_ms, ran=ran,
     )
 
 
@@ -412,7 +412,7 @@ async def test_settle_without_a_run_publishes_only_the_final_event(
     assert await claim(ar, exec_id, "w2") == ("uncertain", 2)
     events = listen(keys.events(exec_id))
     record = records.uncertain(exec_id, "tally", "its worker stopped")
-    assert await settle(ar, exec_id, 2, record, worker_id="w2", run_ms=None, completed=False) is True
+    assert await settle(ar, exec_id, 2, record, worker_id="w2", run_ms=None, completed=False, ran=False) is True
     assert event_names(events) == ["final"]
     assert r.hget(metrics.EXECUTIONS, metrics.label(record)) == b"1"
     assert not r.exists(metrics.HISTOGRAMS["run"])
@@ -572,9 +572,8 @@ async def test_reap_of_a_settled_execution_only_drops_the_stale_entry(
 ) -> None:
     exec_id = await running(ar)
     record = done_record(exec_id)
-    # Settled through another worker's set: w1's entry was left behind.
-    assert await settle(ar, exec_id, 1, record, worker_id="other") is True
-    assert r.sismember(keys.running("w1"), exec_id)
+    assert await settle(ar, exec_id, 1, record) is True
+    r.sadd(keys.running("w1"), exec_id)  # an entry left behind (a write Redis lost, say)
     assert (await reap(ar, exec_id, "w1"))[0] == "settled"
     assert r.get(keys.record(exec_id)) == stored(record)
     assert not r.sismember(keys.running("w1"), exec_id)
@@ -853,3 +852,21 @@ async def test_a_lease_taken_away_before_its_claim_claims_nothing(r: redis.Redis
                                                                          lease=stale.token)
     assert late.verdict == "moved"
     assert state(r, exec_id)["attempt"] == "1" and state(r, exec_id)["worker"] == "w2"
+
+
+async def test_heartbeat_claims_again_what_a_redis_crash_lost(r: redis.Redis, ar: redis.asyncio.Redis) -> None:
+    """Redis lost the last second of writes, this worker's CLAIM among them: its heartbeat claims
+    the execution again, so its outcome is recorded and a redelivered job does not run it."""
+    exec_id = new_id()
+    await submit(ar, exec_id)  # as Redis has it after the crash: queued, attempt 0
+    beat = await heartbeat(ar, "w1", held=(Holding(exec_id, 1),))
+    assert beat.lost == [] and beat.strays == []
+    assert (state(r, exec_id)["attempt"], state(r, exec_id)["state"]) == ("1", "running")
+    assert r.sismember(keys.running("w1"), exec_id) and not in_zset(r, keys.QUEUED, exec_id)
+    assert await claim(ar, exec_id, "w2") == ("uncertain", 2)  # a redelivery: never a second run
+    # Two claims with the same number (the crash took the first): only the claimer's record counts.
+    other = new_id()
+    await submit(ar, other)
+    assert await claim(ar, other, "w2") == ("run", 1)
+    assert await settle(ar, other, 1, done_record(other), worker_id="w1") is False
+    assert await settle(ar, other, 1, done_record(other), worker_id="w2") is True
