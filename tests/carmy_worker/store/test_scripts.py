@@ -870,3 +870,13 @@ async def test_heartbeat_claims_again_what_a_redis_crash_lost(r: redis.Redis, ar
     assert await claim(ar, other, "w2") == ("run", 1)
     assert await settle(ar, other, 1, done_record(other), worker_id="w1") is False
     assert await settle(ar, other, 1, done_record(other), worker_id="w2") is True
+
+
+async def test_reap_of_an_idempotent_execution_whose_job_is_gone_settles_it(
+    r: redis.Redis, ar: redis.asyncio.Redis,
+) -> None:
+    """Nothing could run it again: it ends uncertain rather than queued for ever."""
+    exec_id = await running(ar, idempotent=True)
+    r.delete(jobs.job_key(exec_id))
+    assert (await reap(ar, exec_id, "w1"))[0] == "uncertain"
+    assert record_decoder.decode(r.get(keys.record(exec_id))).error_code == "EXECUTION_UNCERTAIN"
