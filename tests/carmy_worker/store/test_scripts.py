@@ -23,7 +23,7 @@ from carmy_worker.runtime.runner import MAX_ATTEMPTS
 from carmy_worker.store import jobs, keys, metrics, records
 from carmy_worker.store.attempts import Attempts
 from carmy_worker.store.janitor import DEPARTED_MEMORY_S, Janitor
-from carmy_worker.store.roster import Beat, Holding, Liveness, Stray, lock_holder
+from carmy_worker.store.roster import Beat, Claims, Holding, Liveness, Orphan, Stray, lock_holder
 from carmy_worker.store.submit import Submission, Submit
 from carmy_worker.store.verdicts import Verdicts
 from carmy_worker.wire import (
@@ -131,8 +131,9 @@ async def expire(ar: redis.asyncio.Redis, exec_id: str, tool: str = "tally") -> 
 
 
 async def heartbeat(ar: redis.asyncio.Redis, worker_id: str, offset_ms: int = 0,
-                    held: tuple[Holding, ...] = ()) -> Beat:
-    return await Liveness(ar, dead_after=3.0).heartbeat(worker_id, offset_ms=offset_ms, held=held)
+                    held: tuple[Holding, ...] = (), claims: Claims | None = None) -> Beat:
+    claims = claims or Claims(held=list(held))
+    return await Liveness(ar, dead_after=3.0).heartbeat(worker_id, offset_ms=offset_ms, claims=claims)
 
 
 @pytest.fixture
@@ -880,3 +881,34 @@ async def test_reap_of_an_idempotent_execution_whose_job_is_gone_settles_it(
     r.delete(jobs.job_key(exec_id))
     assert (await reap(ar, exec_id, "w1"))[0] == "uncertain"
     assert record_decoder.decode(r.get(keys.record(exec_id))).error_code == "EXECUTION_UNCERTAIN"
+
+
+async def test_heartbeat_releases_a_lease_its_worker_never_heard_of(
+    r: redis.Redis, ar: redis.asyncio.Redis, listen: Any,
+) -> None:
+    """A LEASE whose reply was lost with the connection: the job is leased to a live worker that
+    does not know it. Two heartbeats later it is free again, not when the lease expires."""
+    known, unknown = new_id(), new_id()
+    for exec_id in (known, unknown):
+        await submit(ar, exec_id)
+    leases = {lease.job_id: lease for lease in
+              await Leases(ar, "w1").take(QUEUE, most=2, lease_ms=MINUTE_MS, look_ahead=10)}
+    first = await heartbeat(ar, "w1", claims=Claims(jobs=[known]))
+    assert first.orphans == [Orphan(unknown, leases[unknown].token)]
+    assert r.exists(jobs.in_progress_key(unknown))  # one beat is not enough: its reply may be on its way
+    wake = listen(WAKE)
+    second = await heartbeat(ar, "w1", claims=Claims(jobs=[known], release=first.orphans))
+    assert second.orphans == []
+    assert not r.exists(jobs.in_progress_key(unknown)) and not r.hexists(keys.leases("w1"), unknown)
+    assert wake.get_message(timeout=1)["channel"] == WAKE.encode()
+    assert r.get(jobs.in_progress_key(known)) == leases[known].token.encode()
+    # A lease that the worker has by the second beat (its reply came late) is kept.
+    late = new_id()
+    await submit(ar, late)
+    again = {lease.job_id: lease for lease in
+             await Leases(ar, "w1").take(QUEUE, most=2, lease_ms=MINUTE_MS, look_ahead=10)}
+    assert set(again) == {unknown, late}  # the released job was free to be leased again
+    third = await heartbeat(ar, "w1", claims=Claims(jobs=[known]))
+    await heartbeat(ar, "w1", claims=Claims(jobs=[known, late], release=third.orphans))
+    assert r.get(jobs.in_progress_key(late)) == again[late].token.encode()
+    assert not r.exists(jobs.in_progress_key(unknown))
