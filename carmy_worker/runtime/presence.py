@@ -15,6 +15,7 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable, Iterable
 
 import redis as sync_redis
 from redis.asyncio import Redis
@@ -23,7 +24,7 @@ from carmy_worker.runtime.runner import Runtime
 from carmy_worker.sdk.toolbox import Tool
 from carmy_worker.settings import WorkerSettings
 from carmy_worker.store import keys
-from carmy_worker.store.roster import Beat, Liveness, Stray, SyncLiveness
+from carmy_worker.store.roster import Beat, Claims, Liveness, Orphan, Stray, SyncLiveness
 from carmy_worker.wire import WorkerInfo, WorkerTool, msgpack_encoder
 
 log = logging.getLogger("carmy.worker")
@@ -55,7 +56,9 @@ class Presence:
     (the janitor reaped it while the worker was paused or cut off from Redis) is stopped at
     once; so is one whose tool lock went to another. One listed as running on this worker that
     the runtime does not hold, on two heartbeats in a row, is a stray (a reply that never came,
-    or a write Redis lost): it is reaped like a dead worker's, so it never stays unsettled.
+    or a write Redis lost): it is reaped like a dead worker's, so it never stays unsettled. A
+    lease of a job the worker does not have, on two heartbeats in a row (a LEASE whose reply
+    never came), is released, so that job does not wait for its lease to expire.
     Between heartbeats, ``ensure_fresh`` covers a worker that was paused.
     """
 
@@ -64,6 +67,8 @@ class Presence:
         self.settings = settings
         self.info = info
         self.runtime = runtime
+        # The jobs this worker's queue loop has leased (set once it is built); safe from a thread.
+        self.leased: Callable[[], Iterable[str]] = tuple
         self._info_key = keys.worker(info.worker_id)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -100,12 +105,13 @@ class Presence:
         except sync_redis.RedisError as exc:
             log.warning("could not check this worker's executions after a stale heartbeat: %s", exc)
 
-    def _check(self, liveness: SyncLiveness) -> Beat:
+    def _check(self, liveness: SyncLiveness, release: list[Orphan] | None = None) -> Beat:
         """One heartbeat, and what it says about the executions held: lost ones and ones whose
         lock went elsewhere are marked (the tool sees it before its next step) and stopped."""
         started = time.monotonic()
         held = self.runtime.holdings()
-        beat = liveness.heartbeat(self.info.worker_id, held=held)
+        claims = Claims(held=held, jobs=list(self.leased()), release=release or [])
+        beat = liveness.heartbeat(self.info.worker_id, claims=claims)
         attempts = {h.execution_id: h.attempt for h in held}
         for exec_id in beat.lost:
             self.runtime.lose(exec_id, attempts[exec_id], "it was given to another attempt")
@@ -122,10 +128,12 @@ class Presence:
         client = sync_redis.Redis.from_url(self.settings.redis_url, socket_timeout=2, socket_connect_timeout=2)
         liveness = SyncLiveness(client, dead_after=self.settings.dead_after)
         suspects: set[Stray] = set()
+        orphans: list[Orphan] = []
         interval = self.settings.heartbeat
         while not self._stop.wait(interval):
             try:
-                beat = self._check(liveness)
+                beat = self._check(liveness, release=orphans)
+                orphans = beat.orphans  # released by the next beat if they still are then
                 if not beat.registered:
                     # Redis came back empty: say again who we are.
                     client.set(self._info_key, msgpack_encoder.encode(self.info))

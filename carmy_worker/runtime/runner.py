@@ -47,6 +47,7 @@ class Run:
     attempt: int
     queue_wait_ms: int
     run_ms: int | None = None
+    ran: bool = False  # CLAIM said run: this worker holds the execution (else it records a verdict)
     cancelled: asyncio.Event = field(default_factory=asyncio.Event)
     ctx: Context | None = None
     lock: str = ""  # the key of the tool's lock while this attempt holds it
@@ -148,6 +149,7 @@ class Runtime:
         claim = await self._attempts.claim(job.execution_id, job.tool, max_attempts=MAX_ATTEMPTS, lease=lease)
         run = Run(job=job, attempt=claim.attempt, queue_wait_ms=claim.queue_wait_ms)
         if claim.verdict == "run":
+            run.ran = True
             self._hold(run)
         try:
             await self._conclude(run, claim.verdict)
@@ -195,7 +197,7 @@ class Runtime:
             raise
         except BaseException as again:  # in the execution's log line, say: still record it
             log.error("execution %s: recording TOOL_PANIC failed too; trying once more", exec_id, exc_info=again)
-            await self._attempts.settle(record, exec_id=exec_id, attempt=run.attempt)
+            await self._attempts.settle(record, exec_id=exec_id, attempt=run.attempt, ran=run.ran)
 
     async def _run(self, run: Run, tool: Tool) -> None:
         job = run.job
@@ -284,7 +286,7 @@ class Runtime:
         for tries in range(1, SETTLE_TRIES + 1):
             try:
                 written = await self._attempts.settle(record, exec_id=exec_id, attempt=run.attempt,
-                                                      completed_event=completed, run_ms=run.run_ms)
+                                                      completed_event=completed, run_ms=run.run_ms, ran=run.ran)
                 break
             except RedisError as exc:  # Redis is restarting: the outcome is worth waiting for
                 if tries == SETTLE_TRIES:

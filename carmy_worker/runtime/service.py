@@ -67,6 +67,7 @@ async def serve(tools: list[Tool], settings: WorkerSettings) -> None:
         runtime.handle, pool=redis, worker_id=info.worker_id, group=info.group, concurrency=settings.concurrency,
         max_timeout=longest, drain_seconds=longest, on_shutdown=on_shutdown, on_drain=on_drain,
     )
+    presence.leased = lambda: list(worker.tasks)  # one C-level copy: safe from the heartbeat thread
     log.info("worker %s serving %d tools (%s) on queue %s", info.worker_id, len(tools),
              ", ".join(t.name for t in tools), jobs.queue_name(info.group))
     try:

@@ -37,15 +37,17 @@ return {'run', attempt, waited}
 """
 
 # A worker writes the record of its attempt: only if none exists and it still owns the
-# current attempt, not reaped (a paused worker waking up late finds another attempt, or its
-# own attempt put back in the queue by the janitor, and writes nothing).
+# current attempt, not reaped, on this worker (a paused worker waking up late finds another
+# attempt, or its own put back in the queue by the janitor, and writes nothing; the worker
+# check keeps two claims of the same number apart, after a Redis crash lost the first).
 # KEYS: exe, record, pending, running set, queued
 # ARGV: exec_id, attempt, record, retention s, events channel, final event, tool.completed event or '',
-#       metrics label, tool, run ms or ''
+#       metrics label, tool, run ms or '', worker_id if this attempt ran (CLAIM said run) or ''
 SETTLE = LUA_COUNT + LUA_OBSERVE + """
 if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
-local h = redis.call('HMGET', KEYS[1], 'attempt', 'reaped')
+local h = redis.call('HMGET', KEYS[1], 'attempt', 'reaped', 'worker', 'state')
 if h[1] ~= ARGV[2] or h[2] == ARGV[2] then return 0 end
+if ARGV[11] ~= '' and h[3] ~= ARGV[11] then return 0 end
 redis.call('SET', KEYS[2], ARGV[3], 'EX', tonumber(ARGV[4]))
 redis.call('HSET', KEYS[1], 'state', 'done')
 redis.call('ZREM', KEYS[3], ARGV[1])
@@ -102,17 +104,19 @@ class Attempts:
         return Claim(cast("ClaimVerdict", text(verdict)), int(attempt), int(waited))
 
     async def settle(self, record: Record, *, exec_id: str, attempt: int, completed_event: bytes | None = None,
-                     run_ms: int | None = None) -> bool:
+                     run_ms: int | None = None, ran: bool = True) -> bool:
         """Write ``record`` and announce it, if ``attempt`` is still the current one and none was written.
 
         ``completed_event`` (``tool.completed``) goes out just before the ``final`` event;
-        ``run_ms``, when the tool ran, feeds the run-time histogram.
+        ``run_ms``, when the tool ran, feeds the run-time histogram. ``ran``: the attempt was
+        claimed to run (not to record a verdict), so it must also still be this worker's.
         """
         stored, final = final_event(record)
         return bool(await self._settle(
             keys=[keys.execution(exec_id), keys.record(exec_id), keys.PENDING, self._running, keys.QUEUED],
             args=[exec_id, attempt, stored, self.retention, keys.events(exec_id), final, completed_event or b"",
-                  metrics.label(record), record.tool, "" if run_ms is None else run_ms],
+                  metrics.label(record), record.tool, "" if run_ms is None else run_ms,
+                  self.worker_id if ran else ""],
         ))
 
     async def holds(self, exec_id: str, attempt: int) -> bool:

@@ -11,14 +11,13 @@ before anyone reaps its executions or answers ``NO_WORKERS`` for its tools.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 import redis as sync_redis
 from msgspec import Struct
 from redis.asyncio import Redis
 
-from carmy_worker.store import keys
+from carmy_worker.store import jobs, keys
 from carmy_worker.store.lua import NOW
 
 # cutoff(now, dead ms): a worker last seen before the returned instant is dead. Marks Redis
@@ -39,26 +38,57 @@ local function cutoff(now, dead_ms)
 end
 """
 
-# Marks the worker seen now (plus an offset: negative marks it departed) and checks what the
-# worker believes it holds (ARGV from 5 on). Returns {whether the worker's info is still there
-# (a Redis that restarted empty lost it); lost: executions it no longer holds (reaped while it
-# was paused or cut off, or settled by someone else); unlocked: executions it holds whose tool
-# lock went to another; strays: {id, attempt, tool} listed as running on this worker that it
-# did not name (a CLAIM or SETTLE whose reply never came, or that Redis lost)}.
-# KEYS: watch, workers zset, worker info, running set
-# ARGV: worker_id, offset ms, dead ms, execution prefix, then (exec_id, attempt, lock key or '') each
+# Marks the worker seen now (plus an offset: negative marks it departed) and checks what it
+# believes it holds, claiming again what a Redis crash made it lose. Returns {whether the
+# worker's info is still there (a Redis that restarted empty lost it); lost: executions it no
+# longer holds (reaped while it was paused or cut off, or settled by someone else); unlocked:
+# executions it holds whose tool lock went to another; strays: {id, attempt, tool} listed as
+# running on this worker that it did not name (a CLAIM or SETTLE whose reply never came, or
+# that Redis lost); orphans: {job, token} leases in its hash for jobs it does not have (a LEASE
+# whose reply never came)}. The orphans a previous beat returned, passed back, are released if
+# they still are: the job is free to be leased again at once.
+# KEYS: watch, workers zset, worker info, running set, queued zset, leases hash
+# ARGV: worker_id, offset ms, dead ms, execution prefix, record prefix, in-progress prefix,
+#       n, then n × (exec_id, attempt, lock key or ''), m, then m job ids it has, then
+#       (job, token) pairs to release
 HEARTBEAT = NOW + CUTOFF + """
 cutoff(now, tonumber(ARGV[3]))
 redis.call('ZADD', KEYS[2], now + tonumber(ARGV[2]), ARGV[1])
-local lost, unlocked, named = {}, {}, {}
-for i = 5, #ARGV, 3 do
+local lost, unlocked, named, has = {}, {}, {}, {}
+local i = 8
+for _ = 1, tonumber(ARGV[7]) do
   local e, attempt, lock = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+  i = i + 3
   named[e] = true
   local h = redis.call('HMGET', ARGV[4] .. e, 'attempt', 'worker', 'state', 'reaped')
+  if h[1] and tonumber(h[1]) < tonumber(attempt) and h[3] == 'queued'
+      and redis.call('EXISTS', ARGV[5] .. e) == 0 then
+    -- A Redis crash took this worker's CLAIM with its last writes: claim it again, so its
+    -- outcome can be recorded and a redelivery finds the attempt taken.
+    redis.call('HSET', ARGV[4] .. e, 'attempt', attempt, 'worker', ARGV[1], 'state', 'running')
+    redis.call('SADD', KEYS[4], e)
+    redis.call('ZREM', KEYS[5], e)
+    h = {attempt, ARGV[1], 'running', h[4]}
+  end
   if h[1] ~= attempt or h[2] ~= ARGV[1] or h[3] ~= 'running' or h[4] == attempt then
     table.insert(lost, e)
   elseif lock ~= '' and redis.call('GET', lock) ~= e .. '/' .. attempt then
     table.insert(unlocked, e)
+  end
+end
+local n_jobs = tonumber(ARGV[i])
+for k = 1, n_jobs do has[ARGV[i + k]] = true end
+i = i + n_jobs + 1
+while i < #ARGV do
+  local job, token = ARGV[i], ARGV[i + 1]
+  i = i + 2
+  if not has[job] and redis.call('HGET', KEYS[6], job) == token then
+    redis.call('HDEL', KEYS[6], job)
+    if redis.call('GET', ARGV[6] .. job) == token then
+      redis.call('DEL', ARGV[6] .. job)
+      local wake = redis.call('HGET', ARGV[4] .. job, 'wake')
+      if wake then redis.call('PUBLISH', wake, '') end
+    end
   end
 end
 local strays = {}
@@ -70,7 +100,15 @@ for _, e in ipairs(redis.call('SMEMBERS', KEYS[4])) do
     table.insert(strays, h[2] or '')
   end
 end
-return {redis.call('EXISTS', KEYS[3]), lost, unlocked, strays}
+local orphans = {}
+local leases = redis.call('HGETALL', KEYS[6])
+for k = 1, #leases, 2 do
+  if not has[leases[k]] then
+    table.insert(orphans, leases[k])
+    table.insert(orphans, leases[k + 1])
+  end
+end
+return {redis.call('EXISTS', KEYS[3]), lost, unlocked, strays, orphans}
 """
 
 # Everything the API needs to know who serves what: {cutoff, {id, score, ...}, {draining ids}}.
@@ -129,30 +167,57 @@ class Stray(Struct, frozen=True):
     tool: str
 
 
+class Orphan(Struct, frozen=True):
+    """A lease in a worker's hash for a job the worker does not have."""
+
+    job_id: str
+    token: str
+
+
 class Beat(Struct, frozen=True):
     registered: bool  # False: Redis lost the worker's info, publish it again
     lost: list[str]  # executions of ``held`` this worker no longer holds
     unlocked: list[str]  # executions of ``held`` whose tool lock went to another
     strays: list[Stray]
+    orphans: list[Orphan]
 
 
-def _heartbeat_args(worker_id: str, offset_ms: int, dead_ms: int, held: Iterable[Holding]) -> list[str | int]:
-    args: list[str | int] = [worker_id, offset_ms, dead_ms, keys.execution("")]
-    for h in held:
+class Claims(Struct, frozen=True):
+    """What a worker tells its heartbeat it has: the attempts it runs, the jobs it leased (as
+    arq tasks), and the orphaned leases the previous beat found, to release if they still are."""
+
+    held: list[Holding] = []
+    jobs: list[str] = []
+    release: list[Orphan] = []
+
+
+NOTHING = Claims()
+
+
+def _heartbeat_args(worker_id: str, offset_ms: int, dead_ms: int, claims: Claims) -> list[str | int]:
+    args: list[str | int] = [worker_id, offset_ms, dead_ms, keys.execution(""), keys.record(""),
+                             jobs.IN_PROGRESS_KEY_PREFIX, len(claims.held)]
+    for h in claims.held:
         args += [h.execution_id, h.attempt, h.lock]
+    args += [len(claims.jobs), *claims.jobs]
+    for orphan in claims.release:
+        args += [orphan.job_id, orphan.token]
     return args
 
 
 def _beat(reply: list[Any]) -> Beat:
     strays = [v.decode() for v in reply[3]]
+    orphans = [v.decode() for v in reply[4]]
     return Beat(
         registered=bool(reply[0]), lost=[e.decode() for e in reply[1]], unlocked=[e.decode() for e in reply[2]],
         strays=[Stray(strays[i], int(strays[i + 1]), strays[i + 2]) for i in range(0, len(strays), 3)],
+        orphans=[Orphan(orphans[i], orphans[i + 1]) for i in range(0, len(orphans), 2)],
     )
 
 
 def _heartbeat_keys(worker_id: str) -> list[str]:
-    return [keys.WATCH, keys.WORKERS, keys.worker(worker_id), keys.running(worker_id)]
+    return [keys.WATCH, keys.WORKERS, keys.worker(worker_id), keys.running(worker_id), keys.QUEUED,
+            keys.leases(worker_id)]
 
 
 _ROSTER_KEYS = [keys.WATCH, keys.WORKERS, keys.DRAINING]
@@ -166,10 +231,10 @@ class Liveness:
         self._workers = redis.register_script(WORKERS)
         self.dead_ms = int(dead_after * 1000)
 
-    async def heartbeat(self, worker_id: str, *, offset_ms: int = 0, held: Iterable[Holding] = ()) -> Beat:
-        """Mark ``worker_id`` seen now (plus ``offset_ms``), and check what it ``held``."""
+    async def heartbeat(self, worker_id: str, *, offset_ms: int = 0, claims: Claims = NOTHING) -> Beat:
+        """Mark ``worker_id`` seen now (plus ``offset_ms``), and check its ``claims``."""
         return _beat(await self._heartbeat(keys=_heartbeat_keys(worker_id),
-                                           args=_heartbeat_args(worker_id, offset_ms, self.dead_ms, held)))
+                                           args=_heartbeat_args(worker_id, offset_ms, self.dead_ms, claims)))
 
     async def roster(self) -> Roster:
         return Roster.parse(await self._workers(keys=_ROSTER_KEYS, args=[self.dead_ms]))
@@ -183,9 +248,9 @@ class SyncLiveness:
         self._workers = redis.register_script(WORKERS)
         self.dead_ms = int(dead_after * 1000)
 
-    def heartbeat(self, worker_id: str, *, offset_ms: int = 0, held: Iterable[Holding] = ()) -> Beat:
+    def heartbeat(self, worker_id: str, *, offset_ms: int = 0, claims: Claims = NOTHING) -> Beat:
         return _beat(self._heartbeat(keys=_heartbeat_keys(worker_id),
-                                     args=_heartbeat_args(worker_id, offset_ms, self.dead_ms, held)))
+                                     args=_heartbeat_args(worker_id, offset_ms, self.dead_ms, claims)))
 
     def roster(self) -> Roster:
         return Roster.parse(self._workers(keys=_ROSTER_KEYS, args=[self.dead_ms]))

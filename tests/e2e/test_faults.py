@@ -142,3 +142,19 @@ def test_calls_in_flight_keep_their_outcome_through_a_redis_outage_longer_than_d
     assert r.status_code == 200, r.text
     assert r.json()["data"] == {"n": 1}
     assert len(lines(stack, "tally-done-outage")) == 1
+
+
+def test_an_execution_listed_on_a_live_worker_that_does_not_hold_it_is_settled(
+    fresh_stack: Stack, sync_redis: redis.Redis,
+) -> None:
+    """What a Redis crash that took a SETTLE leaves behind: an execution "running" on a live
+    worker that finished it long ago. Two of that worker's heartbeats find it, and it is settled."""
+    ready(fresh_stack, "tally")
+    [worker_id] = [w.decode() for w in sync_redis.zrange(keys.WORKERS, 0, -1)]
+    exec_id = keys.new_execution_id()
+    sync_redis.hset(keys.execution(exec_id), mapping={
+        "tool": "tally", "state": "running", "attempt": 1, "worker": worker_id, "idem": 0, "owner": "x"})
+    sync_redis.sadd(keys.running(worker_id), exec_id)
+    raw = wait_until(lambda: sync_redis.get(keys.record(exec_id)), DEAD_AFTER + 10)
+    assert b"EXECUTION_UNCERTAIN" in bytes(raw)
+    assert not sync_redis.sismember(keys.running(worker_id), exec_id)

@@ -23,7 +23,7 @@ from carmy_worker.runtime.runner import MAX_ATTEMPTS
 from carmy_worker.store import jobs, keys, metrics, records
 from carmy_worker.store.attempts import Attempts
 from carmy_worker.store.janitor import DEPARTED_MEMORY_S, Janitor
-from carmy_worker.store.roster import Beat, Holding, Liveness, Stray, lock_holder
+from carmy_worker.store.roster import Beat, Claims, Holding, Liveness, Orphan, Stray, lock_holder
 from carmy_worker.store.submit import Submission, Submit
 from carmy_worker.store.verdicts import Verdicts
 from carmy_worker.wire import (
@@ -100,10 +100,10 @@ def done_record(exec_id: str, tool: str = "tally", n: int = 1) -> Record:
 
 
 async def settle(ar: redis.asyncio.Redis, exec_id: str, attempt: int, record: Record, *, worker_id: str = "w1",
-                 run_ms: int | None = 42, completed: bool = True) -> bool:
+                 run_ms: int | None = 42, completed: bool = True, ran: bool = True) -> bool:
     done = completed_event(exec_id, record.tool, run_ms or 0, record.status == "completed") if completed else None
     return await Attempts(ar, worker_id=worker_id, retention=RETENTION).settle(
-        record, exec_id=exec_id, attempt=attempt, completed_event=done, run_ms=run_ms,
+        record, exec_id=exec_id, attempt=attempt, completed_event=done, run_ms=run_ms, ran=ran,
     )
 
 
@@ -131,8 +131,9 @@ async def expire(ar: redis.asyncio.Redis, exec_id: str, tool: str = "tally") -> 
 
 
 async def heartbeat(ar: redis.asyncio.Redis, worker_id: str, offset_ms: int = 0,
-                    held: tuple[Holding, ...] = ()) -> Beat:
-    return await Liveness(ar, dead_after=3.0).heartbeat(worker_id, offset_ms=offset_ms, held=held)
+                    held: tuple[Holding, ...] = (), claims: Claims | None = None) -> Beat:
+    claims = claims or Claims(held=list(held))
+    return await Liveness(ar, dead_after=3.0).heartbeat(worker_id, offset_ms=offset_ms, claims=claims)
 
 
 @pytest.fixture
@@ -412,7 +413,7 @@ async def test_settle_without_a_run_publishes_only_the_final_event(
     assert await claim(ar, exec_id, "w2") == ("uncertain", 2)
     events = listen(keys.events(exec_id))
     record = records.uncertain(exec_id, "tally", "its worker stopped")
-    assert await settle(ar, exec_id, 2, record, worker_id="w2", run_ms=None, completed=False) is True
+    assert await settle(ar, exec_id, 2, record, worker_id="w2", run_ms=None, completed=False, ran=False) is True
     assert event_names(events) == ["final"]
     assert r.hget(metrics.EXECUTIONS, metrics.label(record)) == b"1"
     assert not r.exists(metrics.HISTOGRAMS["run"])
@@ -572,9 +573,8 @@ async def test_reap_of_a_settled_execution_only_drops_the_stale_entry(
 ) -> None:
     exec_id = await running(ar)
     record = done_record(exec_id)
-    # Settled through another worker's set: w1's entry was left behind.
-    assert await settle(ar, exec_id, 1, record, worker_id="other") is True
-    assert r.sismember(keys.running("w1"), exec_id)
+    assert await settle(ar, exec_id, 1, record) is True
+    r.sadd(keys.running("w1"), exec_id)  # an entry left behind (a write Redis lost, say)
     assert (await reap(ar, exec_id, "w1"))[0] == "settled"
     assert r.get(keys.record(exec_id)) == stored(record)
     assert not r.sismember(keys.running("w1"), exec_id)
@@ -853,3 +853,62 @@ async def test_a_lease_taken_away_before_its_claim_claims_nothing(r: redis.Redis
                                                                          lease=stale.token)
     assert late.verdict == "moved"
     assert state(r, exec_id)["attempt"] == "1" and state(r, exec_id)["worker"] == "w2"
+
+
+async def test_heartbeat_claims_again_what_a_redis_crash_lost(r: redis.Redis, ar: redis.asyncio.Redis) -> None:
+    """Redis lost the last second of writes, this worker's CLAIM among them: its heartbeat claims
+    the execution again, so its outcome is recorded and a redelivered job does not run it."""
+    exec_id = new_id()
+    await submit(ar, exec_id)  # as Redis has it after the crash: queued, attempt 0
+    beat = await heartbeat(ar, "w1", held=(Holding(exec_id, 1),))
+    assert beat.lost == [] and beat.strays == []
+    assert (state(r, exec_id)["attempt"], state(r, exec_id)["state"]) == ("1", "running")
+    assert r.sismember(keys.running("w1"), exec_id) and not in_zset(r, keys.QUEUED, exec_id)
+    assert await claim(ar, exec_id, "w2") == ("uncertain", 2)  # a redelivery: never a second run
+    # Two claims with the same number (the crash took the first): only the claimer's record counts.
+    other = new_id()
+    await submit(ar, other)
+    assert await claim(ar, other, "w2") == ("run", 1)
+    assert await settle(ar, other, 1, done_record(other), worker_id="w1") is False
+    assert await settle(ar, other, 1, done_record(other), worker_id="w2") is True
+
+
+async def test_reap_of_an_idempotent_execution_whose_job_is_gone_settles_it(
+    r: redis.Redis, ar: redis.asyncio.Redis,
+) -> None:
+    """Nothing could run it again: it ends uncertain rather than queued for ever."""
+    exec_id = await running(ar, idempotent=True)
+    r.delete(jobs.job_key(exec_id))
+    assert (await reap(ar, exec_id, "w1"))[0] == "uncertain"
+    assert record_decoder.decode(r.get(keys.record(exec_id))).error_code == "EXECUTION_UNCERTAIN"
+
+
+async def test_heartbeat_releases_a_lease_its_worker_never_heard_of(
+    r: redis.Redis, ar: redis.asyncio.Redis, listen: Any,
+) -> None:
+    """A LEASE whose reply was lost with the connection: the job is leased to a live worker that
+    does not know it. Two heartbeats later it is free again, not when the lease expires."""
+    known, unknown = new_id(), new_id()
+    for exec_id in (known, unknown):
+        await submit(ar, exec_id)
+    leases = {lease.job_id: lease for lease in
+              await Leases(ar, "w1").take(QUEUE, most=2, lease_ms=MINUTE_MS, look_ahead=10)}
+    first = await heartbeat(ar, "w1", claims=Claims(jobs=[known]))
+    assert first.orphans == [Orphan(unknown, leases[unknown].token)]
+    assert r.exists(jobs.in_progress_key(unknown))  # one beat is not enough: its reply may be on its way
+    wake = listen(WAKE)
+    second = await heartbeat(ar, "w1", claims=Claims(jobs=[known], release=first.orphans))
+    assert second.orphans == []
+    assert not r.exists(jobs.in_progress_key(unknown)) and not r.hexists(keys.leases("w1"), unknown)
+    assert wake.get_message(timeout=1)["channel"] == WAKE.encode()
+    assert r.get(jobs.in_progress_key(known)) == leases[known].token.encode()
+    # A lease that the worker has by the second beat (its reply came late) is kept.
+    late = new_id()
+    await submit(ar, late)
+    again = {lease.job_id: lease for lease in
+             await Leases(ar, "w1").take(QUEUE, most=2, lease_ms=MINUTE_MS, look_ahead=10)}
+    assert set(again) == {unknown, late}  # the released job was free to be leased again
+    third = await heartbeat(ar, "w1", claims=Claims(jobs=[known]))
+    await heartbeat(ar, "w1", claims=Claims(jobs=[known, late], release=third.orphans))
+    assert r.get(jobs.in_progress_key(late)) == again[late].token.encode()
+    assert not r.exists(jobs.in_progress_key(unknown))
