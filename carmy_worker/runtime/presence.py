@@ -20,6 +20,7 @@ from redis.asyncio import Redis
 from carmy_worker.sdk.toolbox import Tool
 from carmy_worker.settings import WorkerSettings
 from carmy_worker.store import keys
+from carmy_worker.store.connect import RedisConnector
 from carmy_worker.store.roster import Liveness, SyncLiveness
 from carmy_worker.wire import WorkerInfo, WorkerTool, msgpack_encoder
 
@@ -45,9 +46,11 @@ def group_of(described: list[WorkerTool]) -> str:
 class Presence:
     """Registers a worker, keeps its heartbeat, and deregisters it on a clean stop."""
 
-    def __init__(self, *, redis: Redis, settings: WorkerSettings, info: WorkerInfo) -> None:
+    def __init__(self, *, redis: Redis, settings: WorkerSettings, info: WorkerInfo,
+                 connector: RedisConnector | None = None) -> None:
         self.redis = redis
         self.settings = settings
+        self.connector = connector or RedisConnector(settings.redis_url)
         self.info = info
         self._info_key = keys.worker(info.worker_id)
         self._stop = threading.Event()
@@ -62,7 +65,7 @@ class Presence:
         self._thread.start()
 
     def _beat(self) -> None:
-        client = sync_redis.Redis.from_url(self.settings.redis_url, socket_timeout=2, socket_connect_timeout=2)
+        client = self.connector.sync_client(socket_timeout=2, socket_connect_timeout=2)
         liveness = SyncLiveness(client)
         failing = False
         while not self._stop.wait(self.settings.heartbeat):
