@@ -28,6 +28,7 @@ from api.ops import ApiMetrics, Ops
 from api.settings import ApiSettings
 from carmy_worker.store import keys
 from carmy_worker.store.connect import RedisConnector
+from carmy_worker.store.durable import Durability
 from carmy_worker.store.janitor import Janitor
 
 # How long a request may wait for one of the pool's connections while Redis is reachable: a
@@ -62,8 +63,9 @@ def create_app(settings: ApiSettings | None = None) -> Starlette:
     # The pub/sub connection waits for messages indefinitely: no read timeout on it.
     listener = connector.client(socket_connect_timeout=CONNECT_TIMEOUT_S)
     hub = EventHub(listener, on_broadcast={keys.CATALOG_CHANNEL: catalog.notify})
-    executions = Executions(redis, settings)
-    janitor = Janitor(redis, retention=settings.retention, dead_after=settings.dead_after)
+    durability = Durability(settings.wait_replicas, settings.wait_timeout)
+    executions = Executions(redis, settings, durability)
+    janitor = Janitor(redis, retention=settings.retention, dead_after=settings.dead_after, durability=durability)
     api_metrics = ApiMetrics()
     ops = Ops(redis, catalog, api_metrics)
     calls = Calls(catalog=catalog, executions=executions, hub=hub)

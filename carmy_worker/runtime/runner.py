@@ -23,6 +23,7 @@ from carmy_worker.sdk.toolbox import Tool
 from carmy_worker.settings import WorkerSettings
 from carmy_worker.store import records
 from carmy_worker.store.attempts import Attempts, ClaimVerdict
+from carmy_worker.store.durable import Durability
 from carmy_worker.store.verdicts import Verdicts
 from carmy_worker.wire import ExecutionJob, Record, completed_event, job_decoder
 
@@ -50,7 +51,8 @@ class Run:
 class Runtime:
     """Runs the jobs of one worker process. Built once, shared by all its jobs."""
 
-    def __init__(self, *, redis: Redis, tools: dict[str, Tool], settings: WorkerSettings, worker_id: str) -> None:
+    def __init__(self, *, redis: Redis, tools: dict[str, Tool], settings: WorkerSettings, worker_id: str,
+                 durability: Durability | None = None) -> None:
         self.redis = redis
         self.tools = tools
         self.settings = settings
@@ -63,8 +65,8 @@ class Runtime:
         # is registered in _cancels, and must not be lost.
         self._early_cancels: OrderedDict[str, float] = OrderedDict()
         self._releases: set[asyncio.Task[None]] = set()  # lock releases still in flight
-        self._attempts = Attempts(redis, worker_id=worker_id, retention=settings.retention)
-        self._verdicts = Verdicts(redis, retention=settings.retention)
+        self._attempts = Attempts(redis, worker_id=worker_id, retention=settings.retention, durability=durability)
+        self._verdicts = Verdicts(redis, retention=settings.retention, durability=durability)
 
     @property
     def running(self) -> int:

@@ -19,6 +19,7 @@ from carmy_worker.sdk.toolbox import Tool
 from carmy_worker.settings import WorkerSettings
 from carmy_worker.store import jobs, keys
 from carmy_worker.store.connect import RedisConnector
+from carmy_worker.store.durable import Durability
 from carmy_worker.store.janitor import Janitor
 from carmy_worker.store.pubsub import Message, listen_forever
 from carmy_worker.wire import WorkerInfo
@@ -45,9 +46,11 @@ async def serve(tools: list[Tool], settings: WorkerSettings, connector: RedisCon
         worker_id=new_worker_id(), started_ms=int(time.time() * 1000), tools=described,
         group=group_of(described), host=socket.gethostname(), pid=os.getpid(),
     )
-    runtime = Runtime(redis=redis, tools={t.name: t for t in tools}, settings=settings, worker_id=info.worker_id)
+    durability = Durability(settings.wait_replicas, settings.wait_timeout)
+    runtime = Runtime(redis=redis, tools={t.name: t for t in tools}, settings=settings, worker_id=info.worker_id,
+                      durability=durability)
     presence = Presence(redis=redis, settings=settings, info=info, connector=connector)
-    janitor = Janitor(redis, retention=settings.retention, dead_after=settings.dead_after)
+    janitor = Janitor(redis, retention=settings.retention, dead_after=settings.dead_after, durability=durability)
     await presence.register()
     background = [asyncio.create_task(listen_for_cancels(redis, runtime)), asyncio.create_task(janitor.run())]
 
