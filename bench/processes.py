@@ -299,6 +299,11 @@ class RedisServer:
             self._proc.stop()
 
 
+def _linked(replica: redis.Redis) -> bool:
+    info: dict[str, object] = replica.info("replication")  # type: ignore[assignment]  # sync client
+    return info["master_link_status"] == "up"
+
+
 class SentinelServer:
     """``redis-server --sentinel`` on a free port, watching the primary of ``service`` with quick
     failover settings: a primary silent for ``down_after_ms`` is down, and a failover that
@@ -336,18 +341,24 @@ class SentinelServer:
 
 
 class ReplicatedRedis:
-    """A primary, a replica and three Sentinels, all on loopback: Redis as production runs it,
-    so that tests can kill the primary and watch the failover. ``url`` is the Sentinel form of
-    ``CARMY_REDIS_URL``."""
+    """A primary, its replicas (one by default) and three Sentinels, all on loopback: Redis as
+    production runs it, so that tests can kill the primary and watch the failover. ``url`` is
+    the Sentinel form of ``CARMY_REDIS_URL``."""
 
     SERVICE = "carmy"
 
-    def __init__(self, workdir: Path, *, sentinels: int = 3) -> None:
+    def __init__(self, workdir: Path, *, replicas: int = 1, sentinels: int = 3) -> None:
         self.workdir = workdir
         self.primary = RedisServer(self._dir("primary"))
-        self.replica: RedisServer | None = None
+        self.replicas: list[RedisServer] = []
         self.sentinels: list[SentinelServer] = []
+        self._replica_count = replicas
         self._count = sentinels
+
+    @property
+    def replica(self) -> RedisServer | None:
+        """The first replica, once started."""
+        return self.replicas[0] if self.replicas else None
 
     def _dir(self, name: str) -> Path:
         path = self.workdir / name  # each server's own: logs and files of the same names
@@ -362,10 +373,12 @@ class ReplicatedRedis:
     def start(self, timeout: float = 30.0) -> None:
         """Primary, then its replica (in sync), then Sentinels that know both and each other."""
         self.primary.start(timeout)
-        self.replica = RedisServer(self._dir("replica"), replica_of=self.primary.port)
-        self.replica.start(timeout)
-        with self.replica.client() as client:
-            wait_until(lambda: client.info("replication")["master_link_status"] == "up", timeout, "replica in sync")
+        for i in range(self._replica_count):
+            replica = RedisServer(self._dir(f"replica-{i + 1}"), replica_of=self.primary.port)
+            replica.start(timeout)
+            self.replicas.append(replica)
+            with replica.client() as client:
+                wait_until(functools.partial(_linked, client), timeout, "replica in sync")
         self.sentinels = [SentinelServer(self.workdir, self.primary.port, service=self.SERVICE)
                           for _ in range(self._count)]
         for sentinel in self.sentinels:
@@ -376,7 +389,7 @@ class ReplicatedRedis:
 
     def _knows_all(self, client: redis.Redis) -> bool:
         state = client.sentinel_master(self.SERVICE)
-        return int(state["num-slaves"]) >= 1 and int(state["num-other-sentinels"]) >= self._count - 1
+        return int(state["num-slaves"]) >= self._replica_count and int(state["num-other-sentinels"]) >= self._count - 1
 
     def primary_port(self) -> int:
         """The port the Sentinels now name as the primary (the first that answers)."""
@@ -386,12 +399,14 @@ class ReplicatedRedis:
         raise redis.ConnectionError("no Sentinel answers")
 
     def in_sync(self) -> bool:
-        """Whether the replica has everything the primary has written (its offset caught up)."""
-        if self.replica is None:
-            return False
-        with self.primary.client() as primary, self.replica.client() as replica:
+        """Whether every replica has everything the primary has written (offsets caught up)."""
+        with self.primary.client() as primary:
             wrote = primary.info("replication")["master_repl_offset"]
-            return bool(replica.info("replication")["slave_repl_offset"] >= wrote)
+        for server in self.replicas:
+            with server.client() as replica:
+                if replica.info("replication")["slave_repl_offset"] < wrote:
+                    return False
+        return bool(self.replicas)
 
     def wait_failover(self, old_port: int, timeout: float = 30.0) -> int:
         """Until every Sentinel names another primary than ``old_port``, and it takes writes."""
@@ -411,6 +426,5 @@ class ReplicatedRedis:
     def stop(self) -> None:
         for sentinel in self.sentinels:
             sentinel.stop()
-        for server in (self.primary, self.replica):
-            if server is not None:
-                server.stop()
+        for server in (self.primary, *self.replicas):
+            server.stop()
