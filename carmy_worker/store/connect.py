@@ -124,8 +124,8 @@ class RedisConnector:
         return SentinelConnectionPool(target.service, _manager(target), **_node(target, options))
 
     def client(self, **options: Any) -> Redis:
-        """An asyncio client on its own unbounded pool."""
-        return Redis(connection_pool=self.pool(**options))
+        """An asyncio client on its own unbounded pool (closed with the client)."""
+        return Redis.from_pool(self.pool(**options))
 
     def store_client(self, *, max_connections: int, wait: float, **options: Any) -> Redis:
         """An asyncio client on a ``StorePool`` of ``max_connections``, where a caller waits up to
@@ -137,7 +137,7 @@ class RedisConnector:
         else:
             pool = SentinelPool(target.service, _manager(target), max_connections=max_connections, timeout=wait,
                                 **_node(target, options))
-        return Redis(connection_pool=pool)
+        return Redis.from_pool(pool)
 
     def sync_client(self, **options: Any) -> redis.Redis:
         """A synchronous client (the heartbeat thread, the health check)."""
@@ -146,7 +146,7 @@ class RedisConnector:
             return redis.Redis.from_url(self.url, **options)
         manager = redis.sentinel.Sentinel(target.sentinels, sentinel_kwargs=_sentinel_kwargs(target))
         pool = redis.sentinel.SentinelConnectionPool(target.service, manager, **_node(target, options))
-        return redis.Redis(connection_pool=pool)
+        return redis.Redis.from_pool(pool)
 
 
 def _manager(target: SentinelTarget) -> Sentinel:
