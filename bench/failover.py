@@ -3,9 +3,11 @@
 A primary, two replicas and three Sentinels on loopback; an API and two workers on the Sentinel
 URL (``redis+sentinel://``). Agents call ``ledger`` (not idempotent: each run appends a line to
 a file outside Redis), each call with a request_id of its own, back to back, and the primary is
-killed mid-load. With ``--lag``, the replicas stop taking the primary's writes (SIGSTOP) that many
-seconds before the kill, as replicas behind a slow link would be, and go on after it (on
-loopback, without it, replication is all but instant). Once a replica is promoted, the load
+killed mid-load. With ``--lag``, the replicas stop taking the primary's writes that many seconds
+before the kill, as replicas behind a slow link would be: each is told to replicate from a port
+where nothing listens, so it keeps what it had and takes nothing more (pausing the process
+would not do: what the primary sent waits in its socket, and is read after the kill). On
+loopback, without it, replication is all but instant. Once a replica is promoted, the load
 goes on a little, then every request is retried with its request_id (until it is answered other
 than 503), and counted:
 
@@ -24,7 +26,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import shutil
-import signal
 import tempfile
 import time
 from collections import Counter
@@ -33,7 +34,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.processes import ReplicatedRedis
+from bench.processes import ReplicatedRedis, free_port
 from bench.procs import Processes
 
 AGENTS = 32  # calls in flight at any time
@@ -96,14 +97,15 @@ async def load(group: ReplicatedRedis, base: str, lag: float) -> Run:
     async with httpx.AsyncClient(limits=httpx.Limits(max_connections=None)) as client:
         agents = [asyncio.create_task(agent(client, base, f"a{i}", run, stop)) for i in range(AGENTS)]
         await asyncio.sleep(BEFORE_S - lag)
-        for replica in group.replicas:
-            replica.proc.signal(signal.SIGSTOP)
+        if lag:
+            nowhere = free_port()
+            for replica in group.replicas:
+                with replica.client() as detach:
+                    detach.replicaof("127.0.0.1", nowhere)
         await asyncio.sleep(lag)
         old = group.primary.port
         run.killed = time.monotonic()
         group.primary.kill()
-        for replica in group.replicas:
-            replica.proc.signal(signal.SIGCONT)
         await asyncio.to_thread(group.wait_failover, old, 60.0)
         run.failover_s = time.monotonic() - run.killed
         await asyncio.sleep(AFTER_S)
