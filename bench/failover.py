@@ -163,7 +163,8 @@ def main() -> None:
                         help="seconds the replicas stop taking writes before the kill")
     parser.add_argument("--runs", type=int, default=1, help="runs of each")
     args = parser.parse_args()
-    print("| WAIT replicas | replica lag (s) | " + " | ".join(COLUMNS) + " | failover (s) | 503s for (s) |")
+    print("| WAIT replicas | replica lag (s) | " + " | ".join(COLUMNS)
+          + " | failover (s) | first 200 sent after the kill (s) |")
     print("|---" * (len(COLUMNS) + 4) + "|")
     for lag in args.lag:
         for wait_replicas in args.wait:
