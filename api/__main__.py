@@ -15,6 +15,7 @@ from carmy_worker.settings import SettingsError
 def main() -> int:
     try:
         settings = ApiSettings.from_env()
+        app = create_app(settings)  # builds clients without connecting: refuses an unusable CARMY_REDIS_URL
     except SettingsError as exc:
         print(f"api: {exc}", file=sys.stderr)
         return 2
@@ -25,7 +26,7 @@ def main() -> int:
         logging.getLogger("carmy.api").warning(
             "any Host is accepted (CARMY_ALLOWED_HOSTS) and no API key is required (CARMY_API_KEYS): a web page "
             "opened by a browser that can reach this server can call its tools; set one of them")
-    run(create_app(settings), settings)  # uvicorn, hardened: see api/server.py
+    run(app, settings)  # uvicorn, hardened: see api/server.py
     return 0
 
 

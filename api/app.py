@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
-from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio import Redis
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.routing import Route, request_response
@@ -27,18 +27,25 @@ from api.mcp import MCP_PATH, McpServer
 from api.ops import ApiMetrics, Ops
 from api.settings import ApiSettings
 from carmy_worker.store import keys
+from carmy_worker.store.connect import RedisConnector
+from carmy_worker.store.durable import Durability
 from carmy_worker.store.janitor import Janitor
 
-# A bounded pool: 500 waiting executions share these, since waiting holds no connection.
-MAX_REDIS_CONNECTIONS = 16
+# How long a request may wait for one of the pool's connections while Redis is reachable: a
+# burst makes calls slower, not refused (an unreachable Redis is told at once, see StorePool).
+POOL_WAIT_S = 10.0
+# Redis is unreachable when a connection is not accepted within this, or a reply takes longer
+# than REPLY_TIMEOUT_S (plus the WAIT for replicas, when asked for): STORE_UNAVAILABLE.
+CONNECT_TIMEOUT_S = 0.5
+REPLY_TIMEOUT_S = 1.0
 
 
-def connect(settings: ApiSettings) -> Redis:
-    pool = BlockingConnectionPool.from_url(
-        settings.redis_url, max_connections=MAX_REDIS_CONNECTIONS, timeout=1.0,
-        socket_connect_timeout=0.5, socket_timeout=1.0,
+def connect(settings: ApiSettings, connector: RedisConnector) -> Redis:
+    """The process's bounded pool (``CARMY_REDIS_CONNECTIONS``): waiting executions hold no connection."""
+    return connector.store_client(
+        max_connections=settings.redis_connections, wait=POOL_WAIT_S, socket_connect_timeout=CONNECT_TIMEOUT_S,
+        socket_timeout=REPLY_TIMEOUT_S + settings.wait_timeout / 1000 * bool(settings.wait_replicas),
     )
-    return Redis(connection_pool=pool)
 
 
 def create_app(settings: ApiSettings | None = None) -> Starlette:
@@ -49,14 +56,16 @@ def create_app(settings: ApiSettings | None = None) -> Starlette:
     the host's own lifespan (see the README).
     """
     settings = settings or ApiSettings.from_env()
-    redis = connect(settings)
+    connector = RedisConnector(settings.redis_url)
+    redis = connect(settings, connector)
     catalog = Catalog(redis=redis, server_name=settings.server_name, dead_after=settings.dead_after,
                       refresh_interval=settings.catalog_refresh)
     # The pub/sub connection waits for messages indefinitely: no read timeout on it.
-    listener = Redis.from_url(settings.redis_url, socket_connect_timeout=0.5)
+    listener = connector.client(socket_connect_timeout=CONNECT_TIMEOUT_S)
     hub = EventHub(listener, on_broadcast={keys.CATALOG_CHANNEL: catalog.notify})
-    executions = Executions(redis, settings)
-    janitor = Janitor(redis, retention=settings.retention, dead_after=settings.dead_after)
+    durability = Durability(settings.wait_replicas, settings.wait_timeout)
+    executions = Executions(redis, settings, durability)
+    janitor = Janitor(redis, retention=settings.retention, dead_after=settings.dead_after, durability=durability)
     api_metrics = ApiMetrics()
     ops = Ops(redis, catalog, api_metrics)
     calls = Calls(catalog=catalog, executions=executions, hub=hub)

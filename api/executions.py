@@ -18,6 +18,7 @@ from api.settings import ApiSettings
 from carmy_worker.sdk.context import AgentContext
 from carmy_worker.sdk.errors import store_unavailable
 from carmy_worker.store import jobs, keys, records
+from carmy_worker.store.durable import Durability
 from carmy_worker.store.submit import Submission, Submit
 from carmy_worker.store.verdicts import Verdicts
 from carmy_worker.wire import Event, ExecutionJob, Record, event_decoder, record_decoder
@@ -45,11 +46,11 @@ class Found(Struct):
 
 
 class Executions:
-    def __init__(self, redis: Redis, settings: ApiSettings) -> None:
+    def __init__(self, redis: Redis, settings: ApiSettings, durability: Durability | None = None) -> None:
         self.redis = redis
         self.settings = settings
-        self._submit = Submit(redis, retention=settings.retention)
-        self._verdicts = Verdicts(redis, retention=settings.retention)
+        self._submit = Submit(redis, retention=settings.retention, durability=durability)
+        self._verdicts = Verdicts(redis, retention=settings.retention, durability=durability)
         self._abandoning = asyncio.Semaphore(ABANDONING)
 
     async def submit(

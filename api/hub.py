@@ -21,7 +21,10 @@ from api.mailbox import RESYNC as RESYNC
 from api.mailbox import Mailbox
 from carmy_worker.store.pubsub import Message, listen_forever
 
-SUBSCRIBE_TIMEOUT = 2.0
+# How long a subscription may wait for Redis to confirm it while the connection is up: a busy
+# process confirms late, and that must not pass for an outage. A dropped connection fails every
+# waiting subscription at once.
+SUBSCRIBE_TIMEOUT = 10.0
 
 
 class HubUnavailable(Exception):
@@ -100,6 +103,10 @@ class EventHub:
     def _dropped(self) -> None:
         self._pubsub = None
         self._resync()  # whatever was in flight may be lost
+        for futures in self._confirms.values():  # a confirmation will not come on this connection
+            for future in futures:
+                if not future.done():
+                    future.set_exception(HubUnavailable("connection lost"))
 
     def _resync(self) -> None:
         for queues in self._queues.values():

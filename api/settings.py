@@ -56,6 +56,10 @@ class ApiSettings(Struct, frozen=True, kw_only=True):
     # Host names the API answers to ("*": any); None: see hosts_allowed.
     allowed_hosts: tuple[str, ...] | None = None
     log_format: str = "json"  # "json" (one object a line) or "text"
+    redis_connections: int = 16  # the pool's size; requests wait for a free one while Redis answers
+    # Replicas that must acknowledge SUBMIT and imposed records (Redis WAIT), and for how long (ms).
+    wait_replicas: int = 0
+    wait_timeout: int = 500
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> ApiSettings:
@@ -75,6 +79,9 @@ class ApiSettings(Struct, frozen=True, kw_only=True):
             cors_origins=env_list(env, "CARMY_CORS_ORIGINS"),
             allowed_hosts=env_list(env, "CARMY_ALLOWED_HOSTS") or None,
             log_format=env_choice(env, "CARMY_LOG_FORMAT", ("json", "text")),
+            redis_connections=env_int(env, "CARMY_REDIS_CONNECTIONS", 16),
+            wait_replicas=env_int(env, "CARMY_REDIS_WAIT_REPLICAS", 0, minimum=0),
+            wait_timeout=env_int(env, "CARMY_REDIS_WAIT_TIMEOUT", 500),
         )
 
     def hosts_allowed(self) -> tuple[str, ...]:

@@ -7,7 +7,9 @@ Nothing here imports tests/: the benchmark runs without them.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import functools
 import os
 import shutil
 import signal
@@ -18,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import TypeVar, cast
 
 import httpx
 import redis
@@ -220,15 +222,17 @@ class Proc:
 
 class RedisServer:
     """A private redis-server on a free port, without snapshots; ``durable`` turns on the AOF
-    (fsync every second). It can be stopped or killed, and started again on the same port."""
+    (fsync every second), ``replica_of`` (a port on loopback) makes it a replica. It can be
+    stopped or killed, and started again on the same port."""
 
     def __init__(self, workdir: Path, port: int | None = None, *, durable: bool = False,
-                 fsync: str = "everysec") -> None:
+                 fsync: str = "everysec", replica_of: int | None = None) -> None:
         self.workdir = workdir
         self._own_port = port is None  # ours to change if taken before the first start binds it
         self.port = port or free_port()
         self.durable = durable
         self.fsync = fsync  # appendfsync, when durable
+        self.replica_of = replica_of
         self._proc: Proc | None = None
         self._starts = 0
 
@@ -260,10 +264,13 @@ class RedisServer:
             raise StartError("redis-server is not installed (Debian/Ubuntu: apt-get install redis-server)")
         self._starts += 1
         name = "redis" if self._starts == 1 else f"redis-{self._starts}"
+        replica = ["--replicaof", "127.0.0.1", str(self.replica_of)] if self.replica_of else []
         self._proc = Proc(name, [
             binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
             "--appendonly", "yes" if self.durable else "no", "--appendfsync", self.fsync,
             "--dir", str(self.workdir), "--maxmemory-policy", "noeviction",
+            # A replica that connects gets its first copy at once, not 5 s later (the default).
+            "--repl-diskless-sync-delay", "0", *replica,
         ], dict(os.environ), self.workdir / f"{name}.log", kind="redis")
         # Each PING is bounded: whatever holds the port may accept and never answer.
         try:
@@ -290,3 +297,134 @@ class RedisServer:
         """SIGTERM, then SIGKILL if it lingers."""
         if self._proc is not None:
             self._proc.stop()
+
+
+def _linked(replica: redis.Redis) -> bool:
+    info: dict[str, object] = replica.info("replication")  # type: ignore[assignment]  # sync client
+    return info["master_link_status"] == "up"
+
+
+class SentinelServer:
+    """``redis-server --sentinel`` on a free port, watching the primary of ``service`` with quick
+    failover settings: a primary silent for ``down_after_ms`` is down, and a failover that
+    stalls is tried again after ``failover_timeout_ms``. Sentinel rewrites its own config file."""
+
+    def __init__(self, workdir: Path, primary_port: int, *, service: str, quorum: int = 2,
+                 down_after_ms: int = 1000, failover_timeout_ms: int = 3000) -> None:
+        self.workdir = workdir
+        self.port = free_port()
+        self.config = workdir / f"sentinel-{self.port}.conf"
+        self.config.write_text("\n".join([
+            f"port {self.port}", "bind 127.0.0.1", f"dir {workdir}",
+            f"sentinel monitor {service} 127.0.0.1 {primary_port} {quorum}",
+            f"sentinel down-after-milliseconds {service} {down_after_ms}",
+            f"sentinel failover-timeout {service} {failover_timeout_ms}",
+            f"sentinel parallel-syncs {service} 1", "",
+        ]))
+        self._proc: Proc | None = None
+
+    def start(self, timeout: float = 30.0) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise StartError("redis-server is not installed (Debian/Ubuntu: apt-get install redis-server)")
+        self._proc = Proc(f"sentinel-{self.port}", [binary, str(self.config), "--sentinel"], dict(os.environ),
+                          self.workdir / f"sentinel-{self.port}.log", kind="sentinel")
+        with self.client() as client:
+            self._proc.wait_ready(client.ping, timeout, "PING")
+
+    def client(self) -> redis.Redis:
+        return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=2, socket_connect_timeout=2)
+
+    def stop(self) -> None:
+        if self._proc is not None:
+            self._proc.stop()
+
+
+class ReplicatedRedis:
+    """A primary, its replicas (one by default) and three Sentinels, all on loopback: Redis as
+    production runs it, so that tests can kill the primary and watch the failover. ``url`` is
+    the Sentinel form of ``CARMY_REDIS_URL``."""
+
+    SERVICE = "carmy"
+
+    def __init__(self, workdir: Path, *, replicas: int = 1, sentinels: int = 3) -> None:
+        self.workdir = workdir
+        self.primary = RedisServer(self._dir("primary"))
+        self.replicas: list[RedisServer] = []
+        self.sentinels: list[SentinelServer] = []
+        self._replica_count = replicas
+        self._count = sentinels
+
+    @property
+    def replica(self) -> RedisServer | None:
+        """The first replica, once started."""
+        return self.replicas[0] if self.replicas else None
+
+    def _dir(self, name: str) -> Path:
+        path = self.workdir / name  # each server's own: logs and files of the same names
+        path.mkdir(exist_ok=True)
+        return path
+
+    @property
+    def url(self) -> str:
+        hosts = ",".join(f"127.0.0.1:{s.port}" for s in self.sentinels)
+        return f"redis+sentinel://{hosts}/{self.SERVICE}"
+
+    def start(self, timeout: float = 30.0) -> None:
+        """Primary, then its replica (in sync), then Sentinels that know both and each other."""
+        self.primary.start(timeout)
+        for i in range(self._replica_count):
+            replica = RedisServer(self._dir(f"replica-{i + 1}"), replica_of=self.primary.port)
+            replica.start(timeout)
+            self.replicas.append(replica)
+            with replica.client() as client:
+                wait_until(functools.partial(_linked, client), timeout, "replica in sync")
+        self.sentinels = [SentinelServer(self.workdir, self.primary.port, service=self.SERVICE)
+                          for _ in range(self._count)]
+        for sentinel in self.sentinels:
+            sentinel.start(timeout)
+        for sentinel in self.sentinels:  # a failover needs a majority that knows the replica
+            with sentinel.client() as client:
+                wait_until(functools.partial(self._knows_all, client), timeout, "Sentinels that know each other")
+
+    def _knows_all(self, client: redis.Redis) -> bool:
+        state = client.sentinel_master(self.SERVICE)
+        return int(state["num-slaves"]) >= self._replica_count and int(state["num-other-sentinels"]) >= self._count - 1
+
+    def primary_port(self) -> int:
+        """The port the Sentinels now name as the primary (the first that answers)."""
+        for sentinel in self.sentinels:
+            with contextlib.suppress(redis.RedisError), sentinel.client() as client:
+                return int(client.sentinel_get_master_addr_by_name(self.SERVICE)[1])
+        raise redis.ConnectionError("no Sentinel answers")
+
+    def in_sync(self) -> bool:
+        """Whether every replica has everything the primary has written (offsets caught up)."""
+        with self.primary.client() as primary:
+            wrote = primary.info("replication")["master_repl_offset"]
+        for server in self.replicas:
+            with server.client() as replica:
+                if replica.info("replication")["slave_repl_offset"] < wrote:
+                    return False
+        return bool(self.replicas)
+
+    def wait_failover(self, old_port: int, timeout: float = 30.0) -> int:
+        """Until every Sentinel names another primary than ``old_port``, and it takes writes."""
+        def promoted() -> int | None:
+            ports = set()
+            for sentinel in self.sentinels:
+                with sentinel.client() as client:
+                    ports.add(int(client.sentinel_get_master_addr_by_name(self.SERVICE)[1]))
+            if len(ports) != 1 or old_port in ports:
+                return None
+            port = ports.pop()
+            with redis.Redis(port=port, socket_timeout=2, socket_connect_timeout=2) as client:
+                return port if client.info("replication")["role"] == "master" else None
+
+        return cast(int, wait_until(promoted, timeout, "failover to the replica"))
+
+    def stop(self) -> None:
+        for sentinel in self.sentinels:
+            sentinel.stop()
+        for server in (self.primary, *self.replicas):
+            server.stop()

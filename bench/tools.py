@@ -58,3 +58,22 @@ async def linger(ctx: Context, input: LingerInput) -> Empty:
         (marks / f"cancelled-{input.tag}").write_text(repr(time.time()))
         raise
     return Empty()
+
+
+class LedgerInput(msgspec.Struct):
+    request: str
+
+
+class LedgerEntry(msgspec.Struct):
+    request: str
+    execution_id: str
+
+
+@tools.tool(effect="write", parallel_safe=True, timeout=10)
+async def ledger(ctx: Context, input: LedgerInput) -> LedgerEntry:
+    """Not idempotent: each run appends a line to a file outside Redis (``bench.failover`` counts them)."""
+    marks = Path(os.environ.get("BENCH_MARKS", "/tmp"))
+    with (marks / "ledger").open("a") as f:
+        f.write(f"{input.request} {ctx.execution_id}\n")
+    await asyncio.sleep(0.02)
+    return LedgerEntry(request=input.request, execution_id=ctx.execution_id)

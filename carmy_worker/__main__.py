@@ -11,6 +11,7 @@ from carmy_worker import logs
 from carmy_worker.runtime.service import serve
 from carmy_worker.sdk.toolbox import Tool, Toolbox, ToolDefinitionError
 from carmy_worker.settings import SettingsError, WorkerSettings
+from carmy_worker.store.connect import RedisConnector
 
 
 def load_tools(module_name: str) -> list[Tool]:
@@ -36,12 +37,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         settings = WorkerSettings.from_env()
+        connector = RedisConnector(settings.redis_url)
         logs.configure(settings.log_format)
         tools = load_tools(args.module)
     except (SettingsError, ToolDefinitionError, ImportError) as exc:
         print(f"carmy_worker: {exc}", file=sys.stderr)
         return 2
-    asyncio.run(serve(tools, settings))
+    asyncio.run(serve(tools, settings, connector))
     return 0
 
 

@@ -17,6 +17,7 @@ import redis
 
 from carmy_worker.settings import SettingsError, WorkerSettings
 from carmy_worker.store import keys
+from carmy_worker.store.connect import RedisConnector
 from carmy_worker.store.roster import SyncLiveness
 from carmy_worker.wire import worker_info_decoder
 
@@ -26,9 +27,9 @@ TIMEOUT = 2.0  # seconds, per connect and per reply
 def check(settings: WorkerSettings, host: str) -> str | None:
     """None when a worker on ``host`` is alive, else the reason it is not."""
     try:
-        client = redis.Redis.from_url(settings.redis_url, socket_timeout=TIMEOUT, socket_connect_timeout=TIMEOUT)
-    except ValueError as exc:
-        return f"CARMY_REDIS_URL cannot be used: {exc}"
+        client = RedisConnector(settings.redis_url).sync_client(socket_timeout=TIMEOUT, socket_connect_timeout=TIMEOUT)
+    except SettingsError as exc:
+        return str(exc)
     try:
         # Scores are compared with Redis's clock, as the API does: this host's may differ.
         roster = SyncLiveness(client, dead_after=settings.dead_after).roster()

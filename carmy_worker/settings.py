@@ -75,6 +75,9 @@ class WorkerSettings(Struct, frozen=True, kw_only=True):
     log_format: str = "json"  # "json" (one object a line) or "text"
     # Bytes of JSON a tool's result (or its error's details) may take; beyond it, INVALID_OUTPUT.
     max_result_bytes: int = 1024 * 1024
+    # Replicas that must acknowledge CLAIM, SETTLE and imposed records (Redis WAIT), and for how long (ms).
+    wait_replicas: int = 0
+    wait_timeout: int = 500
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> WorkerSettings:
@@ -86,4 +89,6 @@ class WorkerSettings(Struct, frozen=True, kw_only=True):
             retention=env_int(env, "CARMY_RETENTION", 86400),
             log_format=env_choice(env, "CARMY_LOG_FORMAT", ("json", "text")),
             max_result_bytes=env_int(env, "CARMY_MAX_RESULT_BYTES", 1024 * 1024),
+            wait_replicas=env_int(env, "CARMY_REDIS_WAIT_REPLICAS", 0, minimum=0),
+            wait_timeout=env_int(env, "CARMY_REDIS_WAIT_TIMEOUT", 500),
         )

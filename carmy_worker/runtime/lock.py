@@ -39,6 +39,7 @@ class ToolLock:
         self._renew = redis.register_script(_RENEW)
         self._release = redis.register_script(_RELEASE)
         self._renewer: asyncio.Task[None] | None = None
+        self._unreachable = False  # the last try failed on Redis (logged once)
 
     async def acquire(self, timeout: float, cancelled: asyncio.Event) -> bool:
         """Wait for the tool; False if ``timeout`` passed or ``cancelled`` was set first."""
@@ -46,7 +47,7 @@ class ToolLock:
         deadline = loop.time() + timeout
         delay = 0.002
         lease_ms = int(LEASE_S * 1000)
-        while not await self.redis.set(self.key, self.holder, nx=True, px=lease_ms):
+        while not await self._try(lease_ms):
             remaining = deadline - loop.time()
             if remaining <= 0 or cancelled.is_set():
                 return False
@@ -55,6 +56,18 @@ class ToolLock:
             delay = min(delay * 2, _MAX_POLL_S)
         self._renewer = asyncio.create_task(self._keep(lease_ms))
         return True
+
+    async def _try(self, lease_ms: int) -> bool:
+        # A Redis error here is "not yet": the tool has not started, so the wait goes on (within
+        # its timeout) rather than giving the job back, which would make a non-idempotent
+        # execution uncertain although it never ran.
+        try:
+            return bool(await self.redis.set(self.key, self.holder, nx=True, px=lease_ms))
+        except RedisError as exc:
+            if not self._unreachable:
+                log.warning("could not take the lock of %s yet (%s); still trying", self.key, exc)
+            self._unreachable = True
+            return False
 
     async def _keep(self, lease_ms: int) -> None:
         while True:

@@ -24,6 +24,7 @@ from carmy_worker.runtime.runner import Runtime
 from carmy_worker.sdk.toolbox import Tool
 from carmy_worker.settings import WorkerSettings
 from carmy_worker.store import keys
+from carmy_worker.store.connect import RedisConnector
 from carmy_worker.store.roster import Beat, Claims, Liveness, Orphan, Stray, SyncLiveness
 from carmy_worker.wire import WorkerInfo, WorkerTool, msgpack_encoder
 
@@ -62,9 +63,11 @@ class Presence:
     Between heartbeats, ``ensure_fresh`` covers a worker that was paused.
     """
 
-    def __init__(self, *, redis: Redis, settings: WorkerSettings, info: WorkerInfo, runtime: Runtime) -> None:
+    def __init__(self, *, redis: Redis, settings: WorkerSettings, info: WorkerInfo, runtime: Runtime,
+                 connector: RedisConnector | None = None) -> None:
         self.redis = redis
         self.settings = settings
+        self.connector = connector or RedisConnector(settings.redis_url)
         self.info = info
         self.runtime = runtime
         # The jobs this worker's queue loop has leased (set once it is built); safe from a thread.
@@ -98,7 +101,7 @@ class Presence:
             return
         self._verified = now
         if self._in_loop is None:
-            client = sync_redis.Redis.from_url(self.settings.redis_url, socket_timeout=1, socket_connect_timeout=0.5)
+            client = self.connector.sync_client(socket_timeout=1, socket_connect_timeout=0.5)
             self._in_loop = SyncLiveness(client, dead_after=self.settings.dead_after)
         try:
             self._check(self._in_loop)
@@ -125,7 +128,7 @@ class Presence:
     def _beat(self) -> None:
         assert self._loop is not None
         loop = self._loop
-        client = sync_redis.Redis.from_url(self.settings.redis_url, socket_timeout=2, socket_connect_timeout=2)
+        client = self.connector.sync_client(socket_timeout=2, socket_connect_timeout=2)
         liveness = SyncLiveness(client, dead_after=self.settings.dead_after)
         suspects: set[Stray] = set()
         orphans: list[Orphan] = []

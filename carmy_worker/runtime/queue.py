@@ -34,10 +34,10 @@ from arq.connections import ArqRedis
 from arq.constants import in_progress_key_prefix, job_key_prefix, retry_key_prefix
 from arq.worker import Retry, Worker, func
 from msgspec import Struct
-from redis.asyncio import ConnectionPool
 from redis.exceptions import RedisError
 
 from carmy_worker.store import jobs, keys
+from carmy_worker.store.connect import RedisConnector
 from carmy_worker.store.pubsub import listen_forever
 
 if TYPE_CHECKING:
@@ -318,6 +318,7 @@ def build_worker(
     return worker
 
 
-def connect(url: str, **options: Any) -> ArqRedis:
-    """A redis-py client for ``url`` that arq's worker accepts as its pool."""
-    return ArqRedis(connection_pool=ConnectionPool.from_url(url, socket_connect_timeout=1.0, **options))
+def connect(redis: RedisConnector | str, **options: Any) -> ArqRedis:
+    """A redis-py client for ``CARMY_REDIS_URL`` that arq's worker accepts as its pool."""
+    connector = redis if isinstance(redis, RedisConnector) else RedisConnector(redis)
+    return ArqRedis(connection_pool=connector.pool(socket_connect_timeout=1.0, **options))

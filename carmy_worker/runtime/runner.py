@@ -24,6 +24,7 @@ from carmy_worker.sdk.toolbox import Tool
 from carmy_worker.settings import WorkerSettings
 from carmy_worker.store import records
 from carmy_worker.store.attempts import Attempts, ClaimVerdict
+from carmy_worker.store.durable import Durability
 from carmy_worker.store.roster import Holding, Stray, lock_holder
 from carmy_worker.store.verdicts import Verdicts
 from carmy_worker.wire import ExecutionJob, Record, completed_event, job_decoder
@@ -73,7 +74,8 @@ class Run:
 class Runtime:
     """Runs the jobs of one worker process. Built once, shared by all its jobs."""
 
-    def __init__(self, *, redis: Redis, tools: dict[str, Tool], settings: WorkerSettings, worker_id: str) -> None:
+    def __init__(self, *, redis: Redis, tools: dict[str, Tool], settings: WorkerSettings, worker_id: str,
+                 durability: Durability | None = None) -> None:
         self.redis = redis
         self.tools = tools
         self.settings = settings
@@ -88,8 +90,8 @@ class Runtime:
         # is registered in _runs, and must not be lost.
         self._early_cancels: OrderedDict[str, float] = OrderedDict()
         self._releases: set[asyncio.Task[None]] = set()  # lock releases still in flight
-        self._attempts = Attempts(redis, worker_id=worker_id, retention=settings.retention)
-        self._verdicts = Verdicts(redis, retention=settings.retention)
+        self._attempts = Attempts(redis, worker_id=worker_id, retention=settings.retention, durability=durability)
+        self._verdicts = Verdicts(redis, retention=settings.retention, durability=durability)
         # Called before each step of an async tool: the worker's presence checks there, at
         # once, whether it still holds its executions if its heartbeat has gone stale.
         self.before_step: Callable[[], None] = lambda: None

@@ -18,6 +18,8 @@ from carmy_worker.runtime.runner import Runtime
 from carmy_worker.sdk.toolbox import Tool
 from carmy_worker.settings import WorkerSettings
 from carmy_worker.store import jobs, keys
+from carmy_worker.store.connect import RedisConnector
+from carmy_worker.store.durable import Durability
 from carmy_worker.store.janitor import Janitor
 from carmy_worker.store.pubsub import Message, listen_forever
 from carmy_worker.wire import WorkerInfo
@@ -35,17 +37,20 @@ async def listen_for_cancels(redis: Redis, runtime: Runtime) -> None:
     await listen_forever(redis, lambda: [keys.CANCEL_CHANNEL], on_message, name="cancel channel", max_backoff=0.5)
 
 
-async def serve(tools: list[Tool], settings: WorkerSettings) -> None:
+async def serve(tools: list[Tool], settings: WorkerSettings, connector: RedisConnector | None = None) -> None:
     """Serve ``tools`` until SIGTERM or SIGINT, then drain running executions and leave."""
-    redis = queue.connect(settings.redis_url)
+    connector = connector or RedisConnector(settings.redis_url)
+    redis = queue.connect(connector)
     described = describe(tools, settings)
     info = WorkerInfo(
         worker_id=new_worker_id(), started_ms=int(time.time() * 1000), tools=described,
         group=group_of(described), host=socket.gethostname(), pid=os.getpid(),
     )
-    runtime = Runtime(redis=redis, tools={t.name: t for t in tools}, settings=settings, worker_id=info.worker_id)
-    presence = Presence(redis=redis, settings=settings, info=info, runtime=runtime)
-    janitor = Janitor(redis, retention=settings.retention, dead_after=settings.dead_after)
+    durability = Durability(settings.wait_replicas, settings.wait_timeout)
+    runtime = Runtime(redis=redis, tools={t.name: t for t in tools}, settings=settings, worker_id=info.worker_id,
+                      durability=durability)
+    presence = Presence(redis=redis, settings=settings, info=info, runtime=runtime, connector=connector)
+    janitor = Janitor(redis, retention=settings.retention, dead_after=settings.dead_after, durability=durability)
     runtime.before_step = presence.ensure_fresh
     await presence.register()
     background = [asyncio.create_task(listen_for_cancels(redis, runtime)), asyncio.create_task(janitor.run())]

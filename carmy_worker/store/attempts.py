@@ -9,6 +9,7 @@ from msgspec import Struct
 from redis.asyncio import Redis
 
 from carmy_worker.store import jobs, keys, metrics
+from carmy_worker.store.durable import Durability, durable
 from carmy_worker.store.lua import NOW, text
 from carmy_worker.store.metrics import LUA_COUNT, LUA_OBSERVE
 from carmy_worker.wire import Record, final_event, started_event
@@ -84,9 +85,9 @@ class Claim(Struct):
 class Attempts:
     """CLAIM and SETTLE for the executions of one worker."""
 
-    def __init__(self, redis: Redis, *, worker_id: str, retention: int) -> None:
-        self._claim = redis.register_script(CLAIM)
-        self._settle = redis.register_script(SETTLE)
+    def __init__(self, redis: Redis, *, worker_id: str, retention: int, durability: Durability | None = None) -> None:
+        self._claim = durable(redis.register_script(CLAIM), durability)
+        self._settle = durable(redis.register_script(SETTLE), durability)
         self._holds = redis.register_script(HOLDS)
         self.worker_id = worker_id
         self.retention = retention

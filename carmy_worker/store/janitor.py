@@ -11,6 +11,7 @@ from msgspec import Struct
 from redis.asyncio import Redis
 
 from carmy_worker.store import jobs, keys
+from carmy_worker.store.durable import Durability
 from carmy_worker.store.lua import NOW
 from carmy_worker.store.pubsub import raise_if_cancelled
 from carmy_worker.store.roster import CUTOFF
@@ -90,10 +91,11 @@ class Scan(Struct):
 
 
 class Janitor:
-    def __init__(self, redis: Redis, *, retention: int, dead_after: float) -> None:
+    def __init__(self, redis: Redis, *, retention: int, dead_after: float,
+                 durability: Durability | None = None) -> None:
         self.dead_after_ms = int(dead_after * 1000)
         self._scan = redis.register_script(JANITOR_SCAN)
-        self._verdicts = Verdicts(redis, retention=retention)
+        self._verdicts = Verdicts(redis, retention=retention, durability=durability)
 
     async def run(self, interval: float = 1.0) -> None:
         """Sweep every ``interval`` seconds until cancelled; Redis errors are retried."""

@@ -9,6 +9,7 @@ from typing import Literal, cast
 from redis.asyncio import Redis
 
 from carmy_worker.store import jobs, keys, metrics, records
+from carmy_worker.store.durable import Durability, durable
 from carmy_worker.store.lua import IMPOSE, NOW, text
 from carmy_worker.wire import Record, final_event
 
@@ -81,10 +82,10 @@ ReapOutcome = Literal["settled", "moved", "requeued", "uncertain"]
 class Verdicts:
     """CANCEL, REAP and EXPIRE_UNSTARTED on one client, with the store-wide retention."""
 
-    def __init__(self, redis: Redis, *, retention: int) -> None:
-        self._cancel = redis.register_script(CANCEL)
-        self._reap = redis.register_script(REAP)
-        self._expire = redis.register_script(EXPIRE_UNSTARTED)
+    def __init__(self, redis: Redis, *, retention: int, durability: Durability | None = None) -> None:
+        self._cancel = durable(redis.register_script(CANCEL), durability)
+        self._reap = durable(redis.register_script(REAP), durability)
+        self._expire = durable(redis.register_script(EXPIRE_UNSTARTED), durability)
         self.retention = retention
 
     async def cancel(self, exec_id: str, tool: str) -> CancelOutcome:

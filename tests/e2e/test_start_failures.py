@@ -33,6 +33,16 @@ def test_a_worker_with_a_bad_setting_fails_with_the_settings_error(stack: Stack)
     assert "carmy_worker: CARMY_CONCURRENCY must be an integer, got 'abc'" in message
 
 
+@pytest.mark.parametrize("kind", ["api", "worker"])
+def test_an_unusable_redis_url_fails_at_start_naming_the_setting(stack: Stack, kind: str) -> None:
+    env = {"CARMY_REDIS_URL": "redis+sentinel://127.0.0.1:26379"}  # no service name
+    with pytest.raises(StartError) as raised:
+        stack.api(env) if kind == "api" else stack.worker(env=env)
+    message = str(raised.value)
+    assert "exit code 2" in message
+    assert "CARMY_REDIS_URL cannot be used (the path must be /<service name>" in message
+
+
 def test_a_worker_of_a_missing_module_fails_with_the_import_error(stack: Stack) -> None:
     with pytest.raises(StartError) as raised:
         stack.worker("tests.toolsets.no_such_module")

@@ -1,0 +1,162 @@
+"""Clients for ``CARMY_REDIS_URL``: the one place that turns the setting into connections, for
+the API, the workers and the health check alike.
+
+Three forms reach one server: ``redis://`` (``rediss://`` for TLS) and ``unix://``, as redis-py
+reads them. A fourth reaches whichever server a set of Redis Sentinels names as the primary of a
+service::
+
+    redis+sentinel://[[user]:password@]host1:26379,host2:26379,host3:26379/<service>[/<db>]
+
+The password is the data servers' (``requirepass``); Sentinels that require one of their own get
+it as ``?sentinel_password=...``. A host without a port means 26379. With Sentinel, each new
+connection asks the Sentinels for the primary (redis-py's ``SentinelConnectionPool``); a
+connection that finds its server demoted (``READONLY``) is closed and reported as a connection
+error, and Sentinel closes the clients of a server it demotes. Carmy's loops all treat a
+connection error as "reconnect and go on", so after a failover they end up on the new primary.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
+
+import redis
+import redis.sentinel
+from msgspec import Struct
+from redis.asyncio import ConnectionPool, Redis
+from redis.asyncio.connection import parse_url
+from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
+
+from carmy_worker.settings import SettingsError
+from carmy_worker.store.pool import StorePool
+
+SENTINEL_SCHEME = "redis+sentinel"
+SENTINEL_PORT = 26379
+# Asking a Sentinel for the primary is bounded even for connections that have no read timeout
+# (pub/sub): a Sentinel that does not answer must not hold up a reconnection.
+SENTINEL_TIMEOUTS = {"socket_connect_timeout": 0.5, "socket_timeout": 1.0}
+
+
+class SentinelTarget(Struct, frozen=True):
+    """A ``redis+sentinel://`` URL, parsed."""
+
+    sentinels: tuple[tuple[str, int], ...]
+    service: str
+    db: int = 0
+    username: str | None = None
+    password: str | None = None
+    sentinel_password: str | None = None
+
+
+class SentinelPool(SentinelConnectionPool, StorePool):
+    """The API's bounded pool (``StorePool``), over the primary the Sentinels name."""
+
+    def __init__(self, service: str, manager: Sentinel, **options: Any) -> None:
+        super().__init__(service, manager, **options)  # type: ignore[no-untyped-call]  # redis-py unannotated
+
+
+def parse_sentinel_url(url: str) -> SentinelTarget:
+    """The parts of a ``redis+sentinel://`` URL; ValueError says what is wrong."""
+    parts = urlsplit(url)
+    userinfo, _, hosts = parts.netloc.rpartition("@")
+    username, _, password = userinfo.partition(":") if userinfo else ("", "", "")
+    sentinels = tuple(_host_port(item) for item in hosts.split(",") if item.strip())
+    if not sentinels:
+        raise ValueError("no Sentinel host")
+    path = [unquote(p) for p in parts.path.split("/") if p]
+    if not path or len(path) > 2:
+        raise ValueError("the path must be /<service name> or /<service name>/<db>")
+    try:
+        db = int(path[1]) if len(path) == 2 else 0
+    except ValueError:
+        raise ValueError(f"the database must be a number, got {path[1]!r}") from None
+    query = parse_qs(parts.query)
+    unknown = set(query) - {"sentinel_password"}
+    if unknown:
+        raise ValueError(f"unknown option {sorted(unknown)[0]!r}")
+    sentinel_password = query.get("sentinel_password", [None])[0]
+    return SentinelTarget(sentinels=sentinels, service=path[0], db=db, username=unquote(username) or None,
+                          password=unquote(password) or None, sentinel_password=sentinel_password)
+
+
+def _host_port(item: str) -> tuple[str, int]:
+    host, port = item.strip(), SENTINEL_PORT
+    if host.startswith("["):  # [::1]:26379
+        end = host.index("]")
+        host, rest = host[1:end], host[end + 1:]
+        if rest:
+            port = _port(rest.removeprefix(":"))
+    elif ":" in host:
+        host, raw = host.rsplit(":", 1)
+        port = _port(raw)
+    if not host:
+        raise ValueError(f"a Sentinel address has no host: {item!r}")
+    return host, port
+
+
+def _port(raw: str) -> int:
+    if not raw.isdigit() or not 0 < int(raw) < 65536:
+        raise ValueError(f"not a port: {raw!r}")
+    return int(raw)
+
+
+class RedisConnector:
+    """Clients for one ``CARMY_REDIS_URL``. Built at start: an unusable URL raises ``SettingsError``
+    naming the setting. Building clients connects nothing; connections open on first use."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.sentinel: SentinelTarget | None = None
+        try:
+            if url.startswith(SENTINEL_SCHEME + "://"):
+                self.sentinel = parse_sentinel_url(url)
+            else:
+                parse_url(url)  # what redis-py would refuse on first use
+        except ValueError as exc:
+            raise SettingsError(f"CARMY_REDIS_URL cannot be used ({exc}); expected redis://, rediss://, "
+                                f"unix:// or {SENTINEL_SCHEME}://host:port,host:port/<service>") from None
+
+    def pool(self, **options: Any) -> ConnectionPool:
+        """An unbounded asyncio pool (workers, pub/sub listeners)."""
+        target = self.sentinel
+        if target is None:
+            return ConnectionPool.from_url(self.url, **options)
+        return SentinelConnectionPool(target.service, _manager(target), **_node(target, options))
+
+    def client(self, **options: Any) -> Redis:
+        """An asyncio client on its own unbounded pool (closed with the client)."""
+        return Redis.from_pool(self.pool(**options))
+
+    def store_client(self, *, max_connections: int, wait: float, **options: Any) -> Redis:
+        """An asyncio client on a ``StorePool`` of ``max_connections``, where a caller waits up to
+        ``wait`` seconds for a free connection while Redis is reachable."""
+        target = self.sentinel
+        if target is None:
+            pool: ConnectionPool = StorePool.from_url(self.url, max_connections=max_connections, timeout=wait,
+                                                      **options)
+        else:
+            pool = SentinelPool(target.service, _manager(target), max_connections=max_connections, timeout=wait,
+                                **_node(target, options))
+        return Redis.from_pool(pool)
+
+    def sync_client(self, **options: Any) -> redis.Redis:
+        """A synchronous client (the heartbeat thread, the health check)."""
+        target = self.sentinel
+        if target is None:
+            return redis.Redis.from_url(self.url, **options)
+        manager = redis.sentinel.Sentinel(target.sentinels, sentinel_kwargs=_sentinel_kwargs(target))
+        pool = redis.sentinel.SentinelConnectionPool(target.service, manager, **_node(target, options))
+        return redis.Redis.from_pool(pool)
+
+
+def _manager(target: SentinelTarget) -> Sentinel:
+    return Sentinel(target.sentinels, sentinel_kwargs=_sentinel_kwargs(target))
+
+
+def _sentinel_kwargs(target: SentinelTarget) -> dict[str, Any]:
+    return {**SENTINEL_TIMEOUTS, "password": target.sentinel_password}
+
+
+def _node(target: SentinelTarget, options: dict[str, Any]) -> dict[str, Any]:
+    """Options of the connections to the data servers."""
+    return {"db": target.db, "username": target.username, "password": target.password, **options}

@@ -1,0 +1,47 @@
+"""CARMY_REDIS_URL's forms, and the refusal of one that cannot be used, naming the setting."""
+
+from __future__ import annotations
+
+import pytest
+
+from carmy_worker.settings import SettingsError
+from carmy_worker.store.connect import RedisConnector, SentinelTarget
+from carmy_worker.store.pool import StorePool
+
+
+def test_a_sentinel_url_names_its_sentinels_service_database_and_passwords() -> None:
+    connector = RedisConnector("redis+sentinel://:s%40cret@10.0.0.1:26380,sentinel-b,[::1]:26381/cache/2"
+                               "?sentinel_password=other")
+    assert connector.sentinel == SentinelTarget(
+        sentinels=(("10.0.0.1", 26380), ("sentinel-b", 26379), ("::1", 26381)), service="cache", db=2,
+        password="s@cret", sentinel_password="other")
+
+
+def test_a_sentinel_client_asks_the_sentinels_and_keeps_its_options() -> None:
+    client = RedisConnector("redis+sentinel://127.0.0.1:1/cache/1").store_client(
+        max_connections=3, wait=5.0, socket_timeout=1.0)
+    pool = client.connection_pool
+    assert isinstance(pool, StorePool)
+    assert (pool.max_connections, pool.timeout) == (3, 5.0)
+    assert pool.connection_kwargs["db"] == 1 and pool.connection_kwargs["socket_timeout"] == 1.0
+
+
+@pytest.mark.parametrize("url", ["redis://localhost:6379/0", "rediss://:pw@redis.example:6380/1",
+                                 "unix:///run/redis.sock?db=2"])
+def test_one_server_urls_are_redis_pys(url: str) -> None:
+    assert RedisConnector(url).sentinel is None
+
+
+@pytest.mark.parametrize(("url", "why"), [
+    ("http://localhost:6379", "schemes"),
+    ("redis://localhost:port/0", "Port"),
+    ("redis+sentinel://localhost:26379", "service name"),
+    ("redis+sentinel://localhost:26379/cache/zero", "database must be a number"),
+    ("redis+sentinel:///cache", "no Sentinel host"),
+    ("redis+sentinel://localhost:99999/cache", "not a port"),
+    ("redis+sentinel://localhost/cache?master=x", "unknown option"),
+])
+def test_an_unusable_url_is_refused_naming_the_setting(url: str, why: str) -> None:
+    with pytest.raises(SettingsError, match="CARMY_REDIS_URL") as raised:
+        RedisConnector(url)
+    assert why in str(raised.value)
