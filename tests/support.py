@@ -9,6 +9,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +19,8 @@ import httpx
 # never the other way round.
 from bench.processes import ROOT, Proc, RedisServer, StartError, free_port, on_free_port, try_check, wait_until
 
-__all__ = ["ROOT", "Call", "Proc", "RedisServer", "Stack", "StartError", "free_port", "marked", "new_tmp", "wait_until",
-           "wait_until_async"]
+__all__ = ["ROOT", "Call", "Load", "Proc", "RedisServer", "Sample", "Stack", "StartError", "free_port", "marked",
+           "new_tmp", "wait_until", "wait_until_async"]
 
 # Seconds a worker or API process may take to be ready. Generous, for a busy machine: a process
 # that exits stops the wait at once, with its log in the error.
@@ -121,3 +122,53 @@ class Call(threading.Thread):
         self.join(timeout)
         assert self.response is not None, "the call did not finish"
         return self.response
+
+
+@dataclass
+class Sample:
+    """One call of a ``Load``: when it was sent, how long it took, and its answer."""
+
+    sent: float
+    took: float
+    status: int
+    code: str | None
+
+
+class Load(threading.Thread):
+    """A call every 50 ms (``body(i)`` for the i-th), each in its own thread and on its own
+    connection, until ``finish``: a slow call never holds up the next, and a keep-alive
+    connection shared across an outage cannot leave one waiting for good."""
+
+    def __init__(self, base: str, body: Callable[[int], dict[str, Any]]) -> None:
+        super().__init__(daemon=True)
+        self.base, self.body = base, body
+        self.samples: list[Sample] = []
+        self.failures: list[str] = []
+        self.halt = threading.Event()
+        self.calls: list[threading.Thread] = []
+        self.start()
+
+    def call(self, i: int) -> None:
+        sent = time.monotonic()
+        try:
+            with httpx.Client(timeout=90) as client:
+                r = client.post(self.base + "/agent/execute", json=self.body(i))
+            code = r.json().get("error", {}).get("code")
+            self.samples.append(Sample(sent, time.monotonic() - sent, r.status_code, code))
+        except httpx.HTTPError as exc:
+            self.failures.append(repr(exc))
+
+    def run(self) -> None:
+        i = 0
+        while not self.halt.is_set():
+            thread = threading.Thread(target=self.call, args=(i,), daemon=True)
+            thread.start()
+            self.calls.append(thread)
+            i += 1
+            time.sleep(0.05)
+
+    def finish(self) -> None:
+        self.halt.set()
+        self.join(5)
+        for thread in self.calls:
+            thread.join(90)

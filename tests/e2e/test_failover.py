@@ -7,16 +7,14 @@ from __future__ import annotations
 import contextlib
 import shutil
 import signal
-import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import httpx
 import pytest
 
 from bench.processes import ReplicatedRedis
-from tests.support import Call, Stack, new_tmp, wait_until
+from tests.support import Call, Load, Stack, new_tmp, wait_until
 
 # After the Sentinels agree on the new primary: the hub's reconnection backoff (1 s at most), a
 # heartbeat (1 s) and a catalog refresh (1 s) bring everything back; a margin for a busy machine.
@@ -42,49 +40,6 @@ def replicated(env: dict[str, str] | None = None) -> Iterator[tuple[ReplicatedRe
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-@dataclass
-class Sample:
-    sent: float
-    status: int
-    code: str | None
-
-
-class Load(threading.Thread):
-    """A no-op call every 50 ms, each on its own connection and thread, until stopped."""
-
-    def __init__(self, base: str) -> None:
-        super().__init__(daemon=True)
-        self.base = base
-        self.samples: list[Sample] = []
-        self.failures: list[str] = []
-        self.halt = threading.Event()
-        self.calls: list[threading.Thread] = []
-        self.start()
-
-    def call(self, i: int) -> None:
-        sent = time.monotonic()
-        try:
-            r = httpx.post(self.base + "/agent/execute", json={"tool": "noop", "request_id": f"load-{i}"}, timeout=60)
-            self.samples.append(Sample(sent, r.status_code, r.json().get("error", {}).get("code")))
-        except httpx.HTTPError as exc:
-            self.failures.append(repr(exc))
-
-    def run(self) -> None:
-        i = 0
-        while not self.halt.is_set():
-            thread = threading.Thread(target=self.call, args=(i,), daemon=True)
-            thread.start()
-            self.calls.append(thread)
-            i += 1
-            time.sleep(0.05)
-
-    def finish(self) -> None:
-        self.halt.set()
-        self.join(5)
-        for thread in self.calls:
-            thread.join(60)
-
-
 def execute(base: str, body: dict[str, object]) -> httpx.Response:
     return httpx.post(base + "/agent/execute", json=body, timeout=30)
 
@@ -94,7 +49,7 @@ def test_calls_are_answered_through_a_failover() -> None:
         before = execute(base, {"tool": "tally", "arguments": {"name": "before"}, "request_id": "before"})
         assert before.status_code == 200
         wait_until(group.in_sync, what="the replica has the record")  # no WAIT here: the test waits instead
-        load = Load(base)
+        load = Load(base, lambda i: {"tool": "noop", "request_id": f"load-{i}"})
         wait_until(lambda: sum(s.status == 200 for s in load.samples) >= 5, what="calls answered")
         old = group.primary.port
         group.primary.kill()

@@ -3,24 +3,14 @@ no process restarted, and every accepted execution ends with a final status."""
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import httpx
 import pytest
 
 from tests.conftest import private_stack
-from tests.support import RedisServer, Stack, wait_until
-
-
-@dataclass
-class Sample:
-    sent: float
-    took: float
-    status: int
-    code: str | None
+from tests.support import Load, RedisServer, Stack, wait_until
 
 
 @pytest.fixture
@@ -33,51 +23,10 @@ def durable_stack() -> Iterator[tuple[RedisServer, Stack]]:
         yield pair
 
 
-class Load(threading.Thread):
-    """A call every 50 ms, each in its own thread (a slow one never holds up the next),
-    alternating a no-op and a 0.3 s tool."""
-
-    def __init__(self, base: str) -> None:
-        super().__init__(daemon=True)
-        self.base = base
-        self.samples: list[Sample] = []
-        self.failures: list[str] = []
-        self.stop = threading.Event()
-        self.calls: list[threading.Thread] = []
-        # One client for every call (it is thread-safe): a new client per call loads the CA
-        # bundle, some 50 ms of CPU, which at 20 calls a second would take a core from the API.
-        self.client = httpx.Client(timeout=90, limits=httpx.Limits(max_connections=None))
-        self.start()
-
-    def call(self, i: int) -> None:
-        body = ({"tool": "noop"} if i % 2 else
-                {"tool": "linger", "arguments": {"seconds": 0.3, "tag": f"l{i}"}}) | {"request_id": f"load-{i}"}
-        sent = time.monotonic()
-        try:
-            # A connection of its own: a keep-alive connection shared across the outage can be
-            # one the server never reads again, and its call would wait for good.
-            with httpx.Client(timeout=90) as client:
-                r = client.post(self.base + "/agent/execute", json=body)
-            code = r.json().get("error", {}).get("code")
-            self.samples.append(Sample(sent, time.monotonic() - sent, r.status_code, code))
-        except httpx.HTTPError as exc:
-            self.failures.append(repr(exc))
-
-    def run(self) -> None:
-        i = 0
-        while not self.stop.is_set():
-            thread = threading.Thread(target=self.call, args=(i,), daemon=True)
-            thread.start()
-            self.calls.append(thread)
-            i += 1
-            time.sleep(0.05)
-
-    def finish(self) -> None:
-        self.stop.set()
-        self.join(5)
-        for thread in self.calls:
-            thread.join(90)
-        self.client.close()
+def body(i: int) -> dict[str, object]:
+    """A no-op and a 0.3 s tool, alternately."""
+    call = {"tool": "noop"} if i % 2 else {"tool": "linger", "arguments": {"seconds": 0.3, "tag": f"l{i}"}}
+    return call | {"request_id": f"load-{i}"}
 
 
 def test_redis_restart(durable_stack: tuple[RedisServer, Stack]) -> None:
@@ -85,7 +34,7 @@ def test_redis_restart(durable_stack: tuple[RedisServer, Stack]) -> None:
     worker = stack.worker()
     api, base = stack.api()
     wait_until(lambda: "linger" in httpx.get(base + "/agent/tools").text)
-    load = Load(base)
+    load = Load(base, body)
     # The load is under way: calls are being answered (and others are in flight).
     wait_until(lambda: sum(s.status == 200 for s in load.samples) >= 10)
     killed = time.monotonic()
