@@ -13,61 +13,89 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
+from typing import Literal
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from carmy_worker.store import keys
+from carmy_worker.store.roster import lock_holder
 
 log = logging.getLogger("carmy.worker")
 
 LEASE_S = 5.0
 _MAX_POLL_S = 0.05
 
+# Takes the tool for one attempt, which then begins its tool: marked in the execution, so that
+# a non-idempotent execution whose worker dies while it waits is tried again, not judged
+# uncertain. An attempt that is no longer current (its worker was paused while it waited, and
+# the execution went to another) takes nothing: -1. Else 1 if taken, 0 if held by another.
+# KEYS: lock, exe; ARGV: holder, lease ms, attempt
+_TAKE = """
+local h = redis.call('HMGET', KEYS[2], 'attempt', 'reaped', 'state')
+if h[1] ~= ARGV[3] or h[2] == ARGV[3] or h[3] ~= 'running' then return -1 end
+if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 0 end
+redis.call('HSET', KEYS[2], 'began', ARGV[3])
+return 1
+"""
 # KEYS: lock; ARGV: holder, lease ms. Extends the lease only for its holder.
 _RENEW = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end return 0"
 # KEYS: lock; ARGV: holder. Releases only its own hold.
 _RELEASE = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
 
 
+# taken: this attempt has the tool; lost: the attempt is no longer current (take nothing, record
+# nothing); timed_out, cancelled: it waited in vain.
+Acquired = Literal["taken", "lost", "timed_out", "cancelled"]
+
+
 class ToolLock:
-    def __init__(self, redis: Redis, tool: str, holder: str, *, on_lost: Callable[[], None] | None = None) -> None:
+    """The lock of ``tool`` for one attempt at ``exec_id``."""
+
+    def __init__(self, redis: Redis, tool: str, exec_id: str, attempt: int, *,
+                 on_lost: Callable[[], None] | None = None) -> None:
         self.redis = redis
         self.key = keys.lock(tool)
-        self.holder = holder
+        self.holder = lock_holder(exec_id, attempt)
         self.on_lost = on_lost
+        self._execution = keys.execution(exec_id)
+        self._attempt = attempt
+        self._take = redis.register_script(_TAKE)
         self._renew = redis.register_script(_RENEW)
         self._release = redis.register_script(_RELEASE)
         self._renewer: asyncio.Task[None] | None = None
         self._unreachable = False  # the last try failed on Redis (logged once)
 
-    async def acquire(self, timeout: float, cancelled: asyncio.Event) -> bool:
-        """Wait for the tool; False if ``timeout`` passed or ``cancelled`` was set first."""
+    async def acquire(self, timeout: float, cancelled: asyncio.Event) -> Acquired:
+        """Wait for the tool, at most ``timeout`` seconds, until ``cancelled`` is set."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         delay = 0.002
         lease_ms = int(LEASE_S * 1000)
-        while not await self._try(lease_ms):
+        while (taken := await self._try(lease_ms)) == 0:
             remaining = deadline - loop.time()
-            if remaining <= 0 or cancelled.is_set():
-                return False
+            if cancelled.is_set():
+                return "cancelled"
+            if remaining <= 0:
+                return "timed_out"
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(cancelled.wait(), min(delay, remaining))
             delay = min(delay * 2, _MAX_POLL_S)
+        if taken < 0:
+            return "lost"
         self._renewer = asyncio.create_task(self._keep(lease_ms))
-        return True
+        return "taken"
 
-    async def _try(self, lease_ms: int) -> bool:
-        # A Redis error here is "not yet": the tool has not started, so the wait goes on (within
-        # its timeout) rather than giving the job back, which would make a non-idempotent
-        # execution uncertain although it never ran.
+    async def _try(self, lease_ms: int) -> int:
+        # A Redis error here is "not yet": the tool has not begun, so the wait goes on (within
+        # its timeout) rather than giving the job back.
         try:
-            return bool(await self.redis.set(self.key, self.holder, nx=True, px=lease_ms))
+            return int(await self._take(keys=[self.key, self._execution], args=[self.holder, lease_ms, self._attempt]))
         except RedisError as exc:
             if not self._unreachable:
                 log.warning("could not take the lock of %s yet (%s); still trying", self.key, exc)
             self._unreachable = True
-            return False
+            return 0
 
     async def _keep(self, lease_ms: int) -> None:
         while True:

@@ -25,7 +25,7 @@ from carmy_worker.settings import WorkerSettings
 from carmy_worker.store import records
 from carmy_worker.store.attempts import Attempts, ClaimVerdict
 from carmy_worker.store.durable import Durability
-from carmy_worker.store.roster import Holding, Stray, lock_holder
+from carmy_worker.store.roster import Holding, Stray
 from carmy_worker.store.verdicts import Verdicts
 from carmy_worker.wire import ExecutionJob, Record, completed_event, job_decoder
 
@@ -148,7 +148,9 @@ class Runtime:
         except msgspec.DecodeError as exc:
             log.error("dropping an undecodable job: %s", exc)
             return
-        claim = await self._attempts.claim(job.execution_id, job.tool, max_attempts=MAX_ATTEMPTS, lease=lease)
+        tool = self.tools.get(job.tool)
+        claim = await self._attempts.claim(job.execution_id, job.tool, max_attempts=MAX_ATTEMPTS, lease=lease,
+                                           begins=tool is None or tool.spec.parallel_safe)
         run = Run(job=job, attempt=claim.attempt, queue_wait_ms=claim.queue_wait_ms)
         if claim.verdict == "run":
             run.ran = True
@@ -249,10 +251,13 @@ class Runtime:
         # One at a time across all workers; the wait counts against the timeout.
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        lock = ToolLock(self.redis, tool.name, lock_holder(job.execution_id, run.attempt),
+        lock = ToolLock(self.redis, tool.name, job.execution_id, run.attempt,
                         on_lost=lambda: self.unlock(job.execution_id, run.attempt))
-        if not await lock.acquire(timeout, cancelled):
-            return Outcome(cancelled=True) if cancelled.is_set() else Outcome(timed_out=True)
+        acquired = await lock.acquire(timeout, cancelled)
+        if acquired == "lost":
+            self.lose(job.execution_id, run.attempt, "it went to another attempt while it waited for its lock")
+        if acquired != "taken":
+            return Outcome(timed_out=True) if acquired == "timed_out" else Outcome(cancelled=True)
         run.lock = lock.key
 
         # Released when the call has really ended: a timed-out sync tool's thread still holds it.

@@ -15,22 +15,25 @@ from carmy_worker.store.metrics import LUA_COUNT, LUA_OBSERVE
 from carmy_worker.wire import Record, final_event, started_event
 
 # KEYS: exe, record, running set, queued, arq in-progress key
-# ARGV: exec_id, worker_id, max attempts, events channel, tool.started event, tool, lease token or ''
+# ARGV: exec_id, worker_id, max attempts, events channel, tool.started event, tool, lease token or '',
+#       '1' if the tool begins at once ('' if it first waits for its lock, which marks `began`)
 # Returns {verdict, attempt, ms it waited in the queue}. A lease the janitor took away (the
 # worker was paused between LEASE and CLAIM) claims nothing: another worker has the job now.
+# A non-idempotent execution is tried again only if no attempt ever began its tool.
 CLAIM = NOW + LUA_OBSERVE + """
 if ARGV[7] ~= '' and redis.call('GET', KEYS[5]) ~= ARGV[7] then return {'moved', 0, 0} end
 if redis.call('EXISTS', KEYS[2]) == 1 then return {'settled', 0, 0} end
 if redis.call('EXISTS', KEYS[1]) == 0 then return {'gone', 0, 0} end
 redis.call('ZREM', KEYS[4], ARGV[1])
 local attempt = redis.call('HINCRBY', KEYS[1], 'attempt', 1)
-local h = redis.call('HMGET', KEYS[1], 'cancel', 'idem', 'start_by', 'queued_at')
+local h = redis.call('HMGET', KEYS[1], 'cancel', 'idem', 'start_by', 'queued_at', 'began')
 local waited = now - tonumber(h[4] or now)
 if h[1] == '1' then return {'cancelled', attempt, waited} end
-if attempt > 1 and h[2] ~= '1' then return {'uncertain', attempt, waited} end
+if attempt > 1 and h[2] ~= '1' and h[5] then return {'uncertain', attempt, waited} end
 if attempt > tonumber(ARGV[3]) then return {'uncertain', attempt, waited} end
 if attempt == 1 and tonumber(h[3]) < now then return {'expired', attempt, waited} end
 redis.call('HSET', KEYS[1], 'state', 'running', 'worker', ARGV[2])
+if ARGV[8] == '1' then redis.call('HSET', KEYS[1], 'began', attempt) end
 redis.call('SADD', KEYS[3], ARGV[1])
 redis.call('PUBLISH', ARGV[4], ARGV[5])
 if attempt == 1 then observe('queue_wait', ARGV[6], waited) end
@@ -93,14 +96,16 @@ class Attempts:
         self.retention = retention
         self._running = keys.running(worker_id)
 
-    async def claim(self, exec_id: str, tool: str, *, max_attempts: int, lease: str = "") -> Claim:
+    async def claim(self, exec_id: str, tool: str, *, max_attempts: int, lease: str = "",
+                    begins: bool = True) -> Claim:
         """Take the next attempt, if ``lease`` (the token of the job's lease) is still current;
-        on ``run`` the execution is this worker's and ``tool.started`` is out."""
+        on ``run`` the execution is this worker's and ``tool.started`` is out. ``begins``: the
+        tool begins at once (a ``parallel_safe=False`` one begins when it has its lock)."""
         verdict, attempt, waited = await self._claim(
             keys=[keys.execution(exec_id), keys.record(exec_id), self._running, keys.QUEUED,
                   jobs.in_progress_key(exec_id)],
             args=[exec_id, self.worker_id, max_attempts, keys.events(exec_id), started_event(exec_id, tool), tool,
-                  lease],
+                  lease, "1" if begins else ""],
         )
         return Claim(cast("ClaimVerdict", text(verdict)), int(attempt), int(waited))
 

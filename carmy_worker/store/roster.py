@@ -65,7 +65,9 @@ for _ = 1, tonumber(ARGV[7]) do
       and redis.call('EXISTS', ARGV[5] .. e) == 0 then
     -- A Redis crash took this worker's CLAIM with its last writes: claim it again, so its
     -- outcome can be recorded and a redelivery finds the attempt taken.
-    redis.call('HSET', ARGV[4] .. e, 'attempt', attempt, 'worker', ARGV[1], 'state', 'running')
+    -- (Its tool may have begun: a redelivery must not run a non-idempotent one again.)
+    redis.call('HSET', ARGV[4] .. e, 'attempt', attempt, 'worker', ARGV[1], 'state', 'running',
+               'began', attempt)
     redis.call('SADD', KEYS[4], e)
     redis.call('ZREM', KEYS[5], e)
     h = {attempt, ARGV[1], 'running', h[4]}

@@ -158,3 +158,30 @@ def test_an_execution_listed_on_a_live_worker_that_does_not_hold_it_is_settled(
     raw = wait_until(lambda: sync_redis.get(keys.record(exec_id)), DEAD_AFTER + 10)
     assert b"EXECUTION_UNCERTAIN" in bytes(raw)
     assert not sync_redis.sismember(keys.running(worker_id), exec_id)
+
+
+def test_a_call_whose_worker_died_while_it_waited_for_the_tool_lock_runs_elsewhere(fresh_stack: Stack) -> None:
+    """``parallel_safe=False`` and not idempotent: its worker is killed while the call waits for
+    the lock, before the tool began. It is not uncertain: another worker runs it, once."""
+    stack = fresh_stack
+    holder_worker, base = ready(stack, "exclusive_slow", CARMY_CONCURRENCY="1")
+    holder = Call(base, {"tool": "exclusive_slow", "arguments": {"seconds": 3, "tag": "holder"}})
+    marked(stack.tmp / "exclusive-slow-start-holder")  # the only slot of the first worker is taken
+    waiter_worker = stack.worker()
+    waiter = Call(base, {"tool": "exclusive_slow", "arguments": {"seconds": 0, "tag": "waiter"}})
+    client = redis.Redis.from_url(stack.redis_url)
+    try:
+        # The waiter is claimed by the second worker (it is running there, the tool not begun).
+        wait_until(lambda: client.scard(keys.running(worker_id(client, waiter_worker))) == 1)
+    finally:
+        client.close()
+    waiter_worker.kill()
+    r = waiter.result(DEAD_AFTER + 20)
+    assert r.status_code == 200, r.text
+    assert holder.result().status_code == 200
+    [(_, pid)] = [line.split() for line in lines(stack, "exclusive-slow-start-waiter")]
+    assert int(pid) == holder_worker.pid  # run once, by the surviving worker
+
+
+def worker_id(client: redis.Redis, worker: Proc) -> str:
+    return next(w.decode() for w in client.zrange(keys.WORKERS, 0, -1) if f"-{worker.pid}-" in w.decode())

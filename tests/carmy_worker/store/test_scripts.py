@@ -8,6 +8,7 @@ call it; the blocking client ``r`` only observes what they left in Redis.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -18,6 +19,7 @@ import redis
 import redis.asyncio
 from redis.client import PubSub
 
+from carmy_worker.runtime.lock import ToolLock
 from carmy_worker.runtime.queue import Leases
 from carmy_worker.runtime.runner import MAX_ATTEMPTS
 from carmy_worker.store import jobs, keys, metrics, records
@@ -912,3 +914,37 @@ async def test_heartbeat_releases_a_lease_its_worker_never_heard_of(
     await heartbeat(ar, "w1", claims=Claims(jobs=[known, late], release=third.orphans))
     assert r.get(jobs.in_progress_key(late)) == again[late].token.encode()
     assert not r.exists(jobs.in_progress_key(unknown))
+
+
+async def test_a_non_idempotent_execution_whose_tool_never_began_is_tried_again(
+    r: redis.Redis, ar: redis.asyncio.Redis,
+) -> None:
+    """A ``parallel_safe=False`` tool waits for its lock after CLAIM: if its worker dies while it
+    waits, the tool never began, so the execution is not uncertain; it runs again elsewhere."""
+    exec_id = new_id()
+    await submit(ar, exec_id)
+    waiting = await Attempts(ar, worker_id="w1", retention=RETENTION).claim(
+        exec_id, "tally", max_attempts=MAX_ATTEMPTS, begins=False)
+    assert (waiting.verdict, waiting.attempt) == ("run", 1)
+    assert (await reap(ar, exec_id, "w1"))[0] == "requeued"
+    assert not r.exists(keys.record(exec_id))
+    again = await Attempts(ar, worker_id="w2", retention=RETENTION).claim(
+        exec_id, "tally", max_attempts=MAX_ATTEMPTS, begins=False)
+    assert (again.verdict, again.attempt) == ("run", 2)
+    # Once an attempt has begun the tool (it took the lock), a later one is uncertain.
+    never = asyncio.Event()
+    assert await ToolLock(ar, "tally", exec_id, 2).acquire(1, never) == "taken"
+    assert state(r, exec_id)["began"] == "2"
+    assert (await reap(ar, exec_id, "w2"))[0] == "uncertain"
+
+
+async def test_an_attempt_given_away_while_it_waited_for_its_lock_takes_nothing(
+    r: redis.Redis, ar: redis.asyncio.Redis,
+) -> None:
+    exec_id = new_id()
+    await submit(ar, exec_id, idempotent=True)
+    await Attempts(ar, worker_id="w1", retention=RETENTION).claim(exec_id, "tally", max_attempts=3, begins=False)
+    assert (await reap(ar, exec_id, "w1"))[0] == "requeued"  # w1 was paused while it waited
+    never = asyncio.Event()
+    assert await ToolLock(ar, "tally", exec_id, 1).acquire(1, never) == "lost"
+    assert not r.exists(keys.lock("tally")) and "began" not in state(r, exec_id)
