@@ -411,14 +411,25 @@ class ReplicatedRedis:
         """The server listening on ``port`` (as ``primary_port`` names it)."""
         return next(server for server in self.servers() if server.port == port)
 
-    def replicating(self, server: RedisServer) -> bool:
-        """Whether ``server`` is a replica of the primary the Sentinels name, its link up: after a
-        restart, once the Sentinels have told it whom to follow and it has caught up."""
-        primary = self.primary_port()
-        with redis.Redis(port=server.port, socket_timeout=2, socket_connect_timeout=2) as client:
-            info = client.info("replication")
-        return bool(info["role"] == "slave" and int(info["master_port"]) == primary
-                    and info["master_link_status"] == "up")
+    def settled(self) -> int | None:
+        """The primary's port once the group is whole: every Sentinel names it, it takes writes,
+        and every other server replicates from it with its link up (after a restart, once the
+        Sentinels have told it whom to follow and it has caught up). None until then."""
+        named = set()
+        for sentinel in self.sentinels:
+            with sentinel.client() as client:
+                named.add(int(client.sentinel_get_master_addr_by_name(self.SERVICE)[1]))
+        if len(named) != 1:
+            return None
+        primary = named.pop()
+        for server in self.servers():
+            with redis.Redis(port=server.port, socket_timeout=2, socket_connect_timeout=2) as client:
+                info = client.info("replication")
+            ok = info["role"] == "master" if server.port == primary else (
+                info["role"] == "slave" and int(info["master_port"]) == primary and info["master_link_status"] == "up")
+            if not ok:
+                return None
+        return primary
 
     def in_sync(self) -> bool:
         """Whether every replica has everything the primary has written (offsets caught up)."""

@@ -16,6 +16,7 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import cast
 
 import httpx
 
@@ -24,7 +25,10 @@ from bench.procs import log_message
 from chaos.tools import tools
 
 START_TIMEOUT = 30.0  # seconds for a process to be ready (a busy two-core machine)
-FAILOVER_TIMEOUT = 30.0  # seconds for the Sentinels to promote a replica, and for the old primary to rejoin
+FAILOVER_TIMEOUT = 30.0  # seconds for the Sentinels to promote a replica
+# ... and for the old primary to follow the new one: Sentinel leaves a returning primary alone
+# for about 10 s before it tells it to replicate.
+SETTLE_TIMEOUT = 60.0
 TOOLS_MODULE = "chaos.tools"
 EXECUTION_ID = re.compile(r"exec_[0-9a-f-]{36}")
 
@@ -121,11 +125,12 @@ class Cluster:
         self.retired.append(proc)
         return proc
 
-    def fail_over(self) -> tuple[RedisServer, int, float, float]:
+    def fail_over(self) -> tuple[RedisServer, int, float, int, float]:
         """``kill -9`` of the primary the Sentinels name; once they have promoted a replica, the
-        old primary started again on its port and files, as it was configured, to be made a
-        replica by the Sentinels. (The killed server, its pid, when a replica was promoted, when
-        the old primary was a replica in sync with the new one.)"""
+        old primary started again on its port and files, as it was configured, for the
+        Sentinels to make it a replica. (The killed server, its pid, when a replica was promoted,
+        the primary's port once the group was whole again, and when.) On a busy machine the
+        Sentinels may fail over once more before the group settles: the port tells."""
         group = self.group
         if group is None:
             raise RuntimeError("a failover needs the Sentinel cluster (--sentinel)")
@@ -135,9 +140,8 @@ class Cluster:
         group.wait_failover(old.port, FAILOVER_TIMEOUT)
         promoted = time.time()
         old.start(START_TIMEOUT)
-        wait_until(lambda: group.replicating(old), FAILOVER_TIMEOUT, "the old primary back as a replica",
-                   interval=0.1)
-        return old, pid, promoted, time.time()
+        primary = wait_until(group.settled, SETTLE_TIMEOUT, "the group whole again", interval=0.1)
+        return old, pid, promoted, cast(int, primary), time.time()
 
     # Back to whole -----------------------------------------------------------------------------
 

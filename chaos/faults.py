@@ -147,10 +147,10 @@ class Injector:
 
     def redis_failover(self) -> Fault:
         t = time.time()
-        old, pid, promoted, rejoined = self.cluster.fail_over()
-        return Fault(kind="redis-failover", t=t, t_end=rejoined, target=f"redis {pid}", pid=pid,
+        old, pid, promoted, primary, whole = self.cluster.fail_over()
+        return Fault(kind="redis-failover", t=t, t_end=whole, target=f"redis {pid}", pid=pid,
                      replacement=old.proc.pid, promoted=promoted,
-                     note=f"replica promoted after {promoted - t:.1f} s, then the old primary followed it")
+                     note=f"port {old.port}; a replica promoted after {promoted - t:.1f} s, primary now :{primary}")
 
     def overload(self) -> Fault:
         t = time.time()
