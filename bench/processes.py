@@ -343,13 +343,18 @@ class SentinelServer:
 class ReplicatedRedis:
     """A primary, its replicas (one by default) and three Sentinels, all on loopback: Redis as
     production runs it, so that tests can kill the primary and watch the failover. ``url`` is
-    the Sentinel form of ``CARMY_REDIS_URL``."""
+    the Sentinel form of ``CARMY_REDIS_URL``. ``durable`` gives every server its AOF (``fsync``
+    is its appendfsync). ``primary`` and ``replicas`` name the servers as started: after a
+    failover, ``primary_port`` says which one the Sentinels now name."""
 
     SERVICE = "carmy"
 
-    def __init__(self, workdir: Path, *, replicas: int = 1, sentinels: int = 3) -> None:
+    def __init__(self, workdir: Path, *, replicas: int = 1, sentinels: int = 3, durable: bool = False,
+                 fsync: str = "everysec") -> None:
         self.workdir = workdir
-        self.primary = RedisServer(self._dir("primary"))
+        self.durable = durable
+        self.fsync = fsync
+        self.primary = RedisServer(self._dir("primary"), durable=durable, fsync=fsync)
         self.replicas: list[RedisServer] = []
         self.sentinels: list[SentinelServer] = []
         self._replica_count = replicas
@@ -374,7 +379,8 @@ class ReplicatedRedis:
         """Primary, then its replica (in sync), then Sentinels that know both and each other."""
         self.primary.start(timeout)
         for i in range(self._replica_count):
-            replica = RedisServer(self._dir(f"replica-{i + 1}"), replica_of=self.primary.port)
+            replica = RedisServer(self._dir(f"replica-{i + 1}"), replica_of=self.primary.port,
+                                  durable=self.durable, fsync=self.fsync)
             replica.start(timeout)
             self.replicas.append(replica)
             with replica.client() as client:
@@ -397,6 +403,33 @@ class ReplicatedRedis:
             with contextlib.suppress(redis.RedisError), sentinel.client() as client:
                 return int(client.sentinel_get_master_addr_by_name(self.SERVICE)[1])
         raise redis.ConnectionError("no Sentinel answers")
+
+    def servers(self) -> list[RedisServer]:
+        return [self.primary, *self.replicas]
+
+    def server_on(self, port: int) -> RedisServer:
+        """The server listening on ``port`` (as ``primary_port`` names it)."""
+        return next(server for server in self.servers() if server.port == port)
+
+    def settled(self) -> int | None:
+        """The primary's port once the group is whole: every Sentinel names it, it takes writes,
+        and every other server replicates from it with its link up (after a restart, once the
+        Sentinels have told it whom to follow and it has caught up). None until then."""
+        named = set()
+        for sentinel in self.sentinels:
+            with sentinel.client() as client:
+                named.add(int(client.sentinel_get_master_addr_by_name(self.SERVICE)[1]))
+        if len(named) != 1:
+            return None
+        primary = named.pop()
+        for server in self.servers():
+            with redis.Redis(port=server.port, socket_timeout=2, socket_connect_timeout=2) as client:
+                info = client.info("replication")
+            ok = info["role"] == "master" if server.port == primary else (
+                info["role"] == "slave" and int(info["master_port"]) == primary and info["master_link_status"] == "up")
+            if not ok:
+                return None
+        return primary
 
     def in_sync(self) -> bool:
         """Whether every replica has everything the primary has written (offsets caught up)."""

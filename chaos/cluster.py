@@ -1,4 +1,5 @@
-"""The processes of a chaos run: a private durable redis-server, API replicas on fixed ports
+"""The processes of a chaos run: a private durable redis-server (or, with ``sentinel``, a
+primary, replicas and three Sentinels, each server with its AOF), API replicas on fixed ports
 and workers serving ``chaos.tools``, each of which the faults may kill, pause or stop, and
 which ``heal`` brings back to the configured numbers.
 
@@ -15,14 +16,19 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import cast
 
 import httpx
 
-from bench.processes import ROOT, Proc, RedisServer, free_port
+from bench.processes import ROOT, Proc, RedisServer, ReplicatedRedis, free_port, wait_until
 from bench.procs import log_message
 from chaos.tools import tools
 
 START_TIMEOUT = 30.0  # seconds for a process to be ready (a busy two-core machine)
+FAILOVER_TIMEOUT = 30.0  # seconds for the Sentinels to promote a replica
+# ... and for the old primary to follow the new one: Sentinel leaves a returning primary alone
+# for about 10 s before it tells it to replicate.
+SETTLE_TIMEOUT = 60.0
 TOOLS_MODULE = "chaos.tools"
 EXECUTION_ID = re.compile(r"exec_[0-9a-f-]{36}")
 
@@ -30,11 +36,16 @@ EXECUTION_ID = re.compile(r"exec_[0-9a-f-]{36}")
 class Cluster:
     """Redis, ``apis`` API processes and ``workers`` worker processes, on this machine."""
 
-    def __init__(self, workdir: Path, *, apis: int, workers: int, fsync: str, env: dict[str, str]) -> None:
+    def __init__(self, workdir: Path, *, apis: int, workers: int, fsync: str, env: dict[str, str],
+                 replicas: int = 0) -> None:
         self.workdir = workdir
         self.ledger_dir = workdir / "ledger"
         self.ledger_dir.mkdir(parents=True, exist_ok=True)
-        self.redis = RedisServer(workdir, durable=True, fsync=fsync)
+        # With replicas: Redis as production runs it, behind Sentinel; ``redis`` is then the
+        # server started as the primary, which a failover may have made a replica since.
+        self.group = ReplicatedRedis(workdir, replicas=replicas, durable=True, fsync=fsync) \
+            if replicas else None
+        self.redis = self.group.primary if self.group else RedisServer(workdir, durable=True, fsync=fsync)
         self.ports = [free_port() for _ in range(apis)]
         self.api_procs: dict[int, Proc] = {}  # by port
         self.workers: list[Proc] = []  # serving or paused; a draining one is moved to ``retired``
@@ -47,16 +58,23 @@ class Cluster:
     def bases(self) -> list[str]:
         return [f"http://127.0.0.1:{port}" for port in self.ports]
 
+    @property
+    def redis_url(self) -> str:
+        return self.group.url if self.group else self.redis.url
+
     def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
         env = {k: v for k, v in self._env.items() if not k.startswith("CARMY_")}
-        env.update({"CARMY_REDIS_URL": self.redis.url, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1",
+        env.update({"CARMY_REDIS_URL": self.redis_url, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1",
                     "CHAOS_LEDGER_DIR": str(self.ledger_dir)})
         env.update({k: v for k, v in self._env.items() if k.startswith("CARMY_")})
         env.update(extra or {})
         return env
 
     def start(self) -> None:
-        self.redis.start()
+        if self.group:
+            self.group.start(START_TIMEOUT)
+        else:
+            self.redis.start()
         for _ in range(self.n_workers):
             self.start_worker()
         for port in self.ports:
@@ -107,14 +125,33 @@ class Cluster:
         self.retired.append(proc)
         return proc
 
+    def fail_over(self) -> tuple[RedisServer, int, float, int, float]:
+        """``kill -9`` of the primary the Sentinels name; once they have promoted a replica, the
+        old primary started again on its port and files, as it was configured, for the
+        Sentinels to make it a replica. (The killed server, its pid, when a replica was promoted,
+        the primary's port once the group was whole again, and when.) On a busy machine the
+        Sentinels may fail over once more before the group settles: the port tells."""
+        group = self.group
+        if group is None:
+            raise RuntimeError("a failover needs the Sentinel cluster (--sentinel)")
+        old = group.server_on(group.primary_port())
+        pid = old.proc.pid
+        old.kill()
+        group.wait_failover(old.port, FAILOVER_TIMEOUT)
+        promoted = time.time()
+        old.start(START_TIMEOUT)
+        primary = wait_until(group.settled, SETTLE_TIMEOUT, "the group whole again", interval=0.1)
+        return old, pid, promoted, cast(int, primary), time.time()
+
     # Back to whole -----------------------------------------------------------------------------
 
     def heal(self) -> None:
         """Every paused worker continued, and every process that is missing started again."""
         for proc in self.workers:
             proc.signal(signal.SIGCONT)
-        if not self.redis.proc.alive():
-            self.redis.start()
+        for server in self.group.servers() if self.group else [self.redis]:
+            if not server.proc.alive():
+                server.start()
         for port, proc in list(self.api_procs.items()):
             if not proc.alive():
                 self.start_api(port)
@@ -141,4 +178,7 @@ class Cluster:
         for proc in self.all_procs():
             proc.signal(signal.SIGCONT)
             proc.close()
-        self.redis.stop()
+        if self.group:
+            self.group.stop()
+        else:
+            self.redis.stop()

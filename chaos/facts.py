@@ -10,6 +10,10 @@ from chaos.model import Fault, LedgerLine
 
 FROZEN_S = 1.0  # a run abandoned this soon after its worker woke counts as stopped by the pause
 REDIS_GRACE_S = 1.0  # after Redis is back, the API's pool and the hub may take this to reconnect
+# Redis's own loss window: under appendfsync everysec a kill -9 takes up to the last second of
+# writes, and a failover takes what the primary had not yet passed to the promoted replica
+# (asynchronous replication; far less than a second on loopback, unless a replica lagged).
+LOSS_WINDOW_S = 1.0
 
 
 class Facts:
@@ -23,6 +27,11 @@ class Facts:
         self.killed = {f.pid: f.t for f in faults if f.kind == "worker-kill" and f.pid is not None}
         self.pauses = [(f.pid, f.t, f.t_end) for f in faults if f.kind == "worker-stop"]
         self.redis_down = [(f.t, f.t_end + REDIS_GRACE_S) for f in faults if f.kind in ("redis-term", "redis-kill")]
+        # A failover is an outage from the kill until a replica is promoted; the old primary's
+        # return as a replica later is no outage (nobody writes to it).
+        self.redis_down += [(f.t, (f.promoted or f.t_end) + REDIS_GRACE_S) for f in faults
+                            if f.kind == "redis-failover"]
+        self.crashes = [f.t for f in faults if f.kind in ("redis-kill", "redis-failover")]
         self.workers_out = [(f.t, f.t_end) for f in faults if f.kind.startswith("worker-")]
 
     def lines(self, rid: str, ev: str) -> list[LedgerLine]:
@@ -37,6 +46,11 @@ class Facts:
             if p == pid and start < t < abandoned <= t_end + FROZEN_S:
                 return t
         return None
+
+    def in_loss_window(self, t0: float, t1: float) -> bool:
+        """Whether something between ``t0`` and ``t1`` was within ``LOSS_WINDOW_S`` before a Redis
+        ``kill -9`` or failover: a write it made may be gone with the killed server."""
+        return any(t - LOSS_WINDOW_S <= t1 and t0 <= t for t in self.crashes)
 
     def redis_was_down(self, t0: float, t1: float) -> bool:
         return any(t < t1 and t0 < t_end for t, t_end in self.redis_down)

@@ -3,6 +3,13 @@
 Every kind in ``--faults`` comes once, in a seeded order, before any comes again, so even a
 short run sees each of them; then kinds are drawn at random. Each fault is logged (stderr and
 the run's record) with when it began and when its target was whole again.
+
+Which kinds a run may play depends on its Redis: ``redis-term`` and ``redis-kill`` restart the
+single Redis on its files; ``redis-failover`` kills the primary of a Sentinel group
+(``--sentinel``), waits for the promotion of a replica and brings the old primary back as a
+replica. Against a Sentinel group, the first two are refused rather than aimed at the current
+primary: killing a primary there *is* a failover (the Sentinels promote a replica after 1 s of
+silence), and restarting it 1–4 s later would race that promotion.
 """
 
 from __future__ import annotations
@@ -14,12 +21,33 @@ import time
 from collections.abc import Callable, Iterator
 
 from chaos.cluster import Cluster
-from chaos.model import Fault, FaultKind
+from chaos.model import FAULT_KINDS, Fault, FaultKind
 
 PAUSE_S = (3.0, 8.0)  # how long a worker stays stopped (SIGSTOP, then SIGCONT)
 REDIS_DOWN_S = (1.0, 4.0)  # how long Redis stays down: around the ~2.3 s the issue found to matter
 GAP_S = (2.0, 5.0)  # quiet time between two faults
 BURST = 256  # concurrent calls of an overload burst
+SINGLE_REDIS_ONLY: tuple[FaultKind, ...] = ("redis-term", "redis-kill")
+SENTINEL_ONLY: tuple[FaultKind, ...] = ("redis-failover",)
+
+
+def default_kinds(sentinel: bool) -> list[FaultKind]:
+    """Every kind the run's Redis allows: ``--faults``'s default."""
+    barred = SINGLE_REDIS_ONLY if sentinel else SENTINEL_ONLY
+    return [kind for kind in FAULT_KINDS if kind not in barred]
+
+
+def refusal(kinds: list[str], sentinel: bool) -> str | None:
+    """Why ``kinds`` cannot be played against the run's Redis, or None if they can."""
+    unknown = sorted(set(kinds) - set(FAULT_KINDS))
+    if unknown:
+        return f"unknown faults: {', '.join(unknown)}"
+    if sentinel and (barred := [k for k in SINGLE_REDIS_ONLY if k in kinds]):
+        return (f"{', '.join(barred)} restart the single Redis; with --sentinel, kill the primary with "
+                "redis-failover")
+    if not sentinel and "redis-failover" in kinds:
+        return "redis-failover needs a Sentinel group: add --sentinel"
+    return None
 
 
 def schedule(kinds: list[FaultKind], seed: int) -> Iterator[tuple[FaultKind, float]]:
@@ -56,14 +84,15 @@ class Injector:
             time.sleep(gap)
             fault = self.inject(kind)
             self.faults.append(fault)
-            print(f"[{fault.t - self.started:6.1f} s] {kind:<11} {fault.target:<16} "
+            print(f"[{fault.t - self.started:6.1f} s] {kind:<14} {fault.target:<16} "
                   f"whole again after {fault.t_end - fault.t:4.1f} s {fault.note}", file=sys.stderr, flush=True)
 
     def inject(self, kind: FaultKind) -> Fault:
         method: dict[FaultKind, Callable[[], Fault]] = {
             "worker-kill": self.worker_kill, "worker-stop": self.worker_stop, "worker-term": self.worker_term,
             "api-kill": self.api_kill, "redis-term": lambda: self.redis_down("redis-term"),
-            "redis-kill": lambda: self.redis_down("redis-kill"), "overload": self.overload,
+            "redis-kill": lambda: self.redis_down("redis-kill"), "redis-failover": self.redis_failover,
+            "overload": self.overload,
         }
         return method[kind]()
 
@@ -115,6 +144,13 @@ class Injector:
         self.cluster.redis.start()
         return Fault(kind=kind, t=t, t_end=time.time(), target=f"redis {pid}", pid=pid,
                      replacement=self.cluster.redis.proc.pid, note=f"down {down:.1f} s")
+
+    def redis_failover(self) -> Fault:
+        t = time.time()
+        old, pid, promoted, primary, whole = self.cluster.fail_over()
+        return Fault(kind="redis-failover", t=t, t_end=whole, target=f"redis {pid}", pid=pid,
+                     replacement=old.proc.pid, promoted=promoted,
+                     note=f"port {old.port}; a replica promoted after {promoted - t:.1f} s, primary now :{primary}")
 
     def overload(self) -> Fault:
         t = time.time()

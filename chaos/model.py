@@ -10,9 +10,10 @@ from msgspec import Struct
 
 Mode = Literal["json", "sse", "async"]
 LedgerEvent = Literal["started", "effect", "abandoned"]
-FaultKind = Literal["worker-kill", "worker-stop", "worker-term", "api-kill", "redis-term", "redis-kill", "overload"]
+FaultKind = Literal["worker-kill", "worker-stop", "worker-term", "api-kill", "redis-term", "redis-kill",
+                    "redis-failover", "overload"]
 FAULT_KINDS: tuple[FaultKind, ...] = ("worker-kill", "worker-stop", "worker-term", "api-kill", "redis-term",
-                                      "redis-kill", "overload")
+                                      "redis-kill", "redis-failover", "overload")
 
 
 class Answer(Struct, frozen=True):
@@ -61,6 +62,7 @@ class Fault(Struct, kw_only=True):
     target: str  # "worker", "api" or "redis", with its pid
     pid: int | None = None
     replacement: int | None = None  # the pid of the process started in its place
+    promoted: float | None = None  # redis-failover: when the Sentinels named a new primary that takes writes
     note: str = ""
 
 

@@ -24,6 +24,10 @@ Definitions (README, "Chaos check"):
 * **hang**: no final answer (nor a final refusal) within ``Bounds.patience`` of the first attempt.
 * **detection time**: from a worker's ``kill -9`` to the first sign that each execution it was
   running was dealt with: a final answer to its caller, or a run started on another worker.
+* **in Redis's loss window** (info, beside the violations, never instead of them): of the
+  requests a violation names, those with an attempt under way within ``facts.LOSS_WINDOW_S``
+  before a Redis ``kill -9`` or failover, whose writes Redis itself may have lost (the last
+  second of an ``everysec`` AOF, what the primary had not yet replicated).
 """
 
 from __future__ import annotations
@@ -74,6 +78,7 @@ class Table(Struct, kw_only=True):
     double_starts: int
     false_store_unavailable: list[float]  # when each such attempt was sent (wall clock)
     false_no_workers: list[float]
+    in_loss_window: list[str]  # of the requests the violations name
     faults: dict[str, int]
     bounds: Bounds
 
@@ -85,6 +90,12 @@ class Table(Struct, kw_only=True):
                  "effects after verdict": len(self.effects_after_verdict),
                  "lock overlaps": len(self.lock_overlaps), "hangs": len(self.hangs)}
         return {name: n for name, n in found.items() if n}
+
+    def about_records(self) -> set[str]:
+        """The requests named by the rows a lost Redis write can explain: the records' rows,
+        not the lock's nor the patience's."""
+        return {rid for rids in (self.lost, self.duplicated_effects, self.flipped, self.unfounded,
+                                 self.false_uncertain, self.effects_after_verdict) for rid in rids}
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -220,6 +231,12 @@ def false_refusals(requests: list[Request], facts: Facts, n_workers: int) -> tup
     return sorted(store), sorted(workers)
 
 
+def loss_window(table: Table, by_rid: dict[str, Request], facts: Facts) -> list[str]:
+    """The requests a violation names that had an attempt under way in Redis's loss window."""
+    return sorted(rid for rid in table.about_records() if rid in by_rid
+                  and any(facts.in_loss_window(a.t0, a.t1) for a in by_rid[rid].attempts))
+
+
 def status_counts(requests: list[Request]) -> dict[str, int]:
     counts: dict[str, int] = defaultdict(int)
     for request in requests:
@@ -251,7 +268,7 @@ def reconcile(requests: list[Request], ledger: list[LedgerLine], faults: list[Fa
     def starts(r: Request) -> int:
         return len(facts.lines(r.rid, "started"))
 
-    return Table(
+    table = Table(
         requests=len(requests), burst=sum(r.kind == "burst" for r in requests),
         answered=sum(bool(answers(r)) for r in requests), refused=sum(refused(r) and not answers(r) for r in requests),
         attempts=sum(len(r.attempts) for r in requests), statuses=status_counts(requests),
@@ -271,5 +288,8 @@ def reconcile(requests: list[Request], ledger: list[LedgerLine], faults: list[Fa
         uncertain_after_pause=sum(kind == "after pause" for kind in kinds.values()),
         idempotent_reruns=sum(idempotent.get(r.tool, False) and starts(r) > 1 for r in requests),
         double_starts=sum(not idempotent.get(r.tool, False) and starts(r) > 1 for r in requests),
-        false_store_unavailable=store, false_no_workers=workers, faults=dict(fault_counts), bounds=bounds,
+        false_store_unavailable=store, false_no_workers=workers, in_loss_window=[], faults=dict(fault_counts),
+        bounds=bounds,
     )
+    table.in_loss_window = loss_window(table, by_rid, facts)
+    return table

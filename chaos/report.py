@@ -49,6 +49,10 @@ def rows(table: Table) -> list[tuple[str, str, str]]:
         ("detection time after kill -9, p50 / max",
          f"{_ms(percentile(table.detection, 50))} / {_ms(max(table.detection) if table.detection else None)}"
          f" ({len(table.detection)} runs)", "info"),
+        ("lost, duplicated, flipped, unfounded, false uncertain or late: in Redis's loss window",
+         f"{len(table.in_loss_window)} of {len(table.about_records())} requests (under way 1 s before a "
+         "kill -9 or failover)"
+         + (" (e.g. " + ", ".join(table.in_loss_window[:EXAMPLES]) + ")" if table.in_loss_window else ""), "info"),
         ("503 STORE_UNAVAILABLE with Redis up", str(len(table.false_store_unavailable)), "info"),
         ("503 NO_WORKERS with a live worker", str(len(table.false_no_workers)), "info"),
         ("faults", ", ".join(f"{k} {n}" for k, n in sorted(table.faults.items())) or "none", "info"),

@@ -1,6 +1,7 @@
 """``bin/chaos``: the chaos check, start to end.
 
-Starts a private Redis (append-only file), API replicas and workers serving ``chaos.tools``;
+Starts a private Redis (append-only file; with --sentinel a primary, two replicas and three
+Sentinels), API replicas and workers serving ``chaos.tools``;
 runs the load while the injector plays faults; heals the cluster, lets the calls in flight
 finish, asks once more for every request with its request id; then reconciles the answers with
 the ledger and prints one table. Exits 1 if a promise was broken, 2 if the run could not be made.
@@ -24,7 +25,7 @@ import msgspec
 from bench.processes import ROOT, StartError
 from chaos import ledger, report
 from chaos.cluster import Cluster
-from chaos.faults import Injector
+from chaos.faults import Injector, default_kinds, refusal
 from chaos.load import Load, final_retries
 from chaos.model import FAULT_KINDS, FaultKind
 from chaos.reconcile import Bounds, reconcile
@@ -32,6 +33,7 @@ from chaos.tools import EXCLUSIVE, IDEMPOTENT
 
 SHORT_S = 55.0  # seconds of load in --short: about two minutes in all, with startup and the end
 QUIET_S = 2.0  # after the load, before the final retries: let late effects reach the ledger
+REPLICAS = 2  # with --sentinel: a failover leaves one, so WAIT still has a replica to wait for
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -40,8 +42,14 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--duration", type=float, default=600.0, help="seconds of load and faults (default 600)")
     p.add_argument("--short", action="store_true", help=f"the CI run: {SHORT_S:g} s of load, about 2 min in all")
     p.add_argument("--seed", type=int, default=None, help="seed of the faults and the call mix (default: random)")
-    p.add_argument("--faults", default=",".join(FAULT_KINDS),
-                   help="comma-separated subset of: " + ", ".join(FAULT_KINDS) + " (default: all; 'none' for none)")
+    p.add_argument("--faults", default=None,
+                   help="comma-separated subset of: " + ", ".join(FAULT_KINDS) + " (default: all that the "
+                   "Redis allows: redis-term and redis-kill alone, or redis-failover with --sentinel; 'none' for none)")
+    p.add_argument("--sentinel", action="store_true",
+                   help=f"Redis as production runs it: a primary, {REPLICAS} replicas (each with its AOF) and three "
+                   "Sentinels; APIs and workers on its redis+sentinel:// URL")
+    p.add_argument("--wait-replicas", type=int, default=0, metavar="N",
+                   help="CARMY_REDIS_WAIT_REPLICAS for APIs and workers (default 0; with --sentinel)")
     p.add_argument("--workers", type=int, default=3, help="worker processes (default 3)")
     p.add_argument("--apis", type=int, default=2, help="API processes (default 2)")
     p.add_argument("--clients", type=int, default=16, help="concurrent clients (default 16)")
@@ -59,10 +67,14 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         args.duration = SHORT_S
     if args.seed is None:
         args.seed = int.from_bytes(os.urandom(2), "big")
-    kinds = [] if args.faults == "none" else [k.strip() for k in args.faults.split(",") if k.strip()]
-    unknown = sorted(set(kinds) - set(FAULT_KINDS))
-    if unknown:
-        p.error(f"unknown faults: {', '.join(unknown)}")
+    if args.faults is None:
+        kinds: list[str] = list(default_kinds(args.sentinel))
+    else:
+        kinds = [] if args.faults == "none" else [k.strip() for k in args.faults.split(",") if k.strip()]
+    if (why := refusal(kinds, args.sentinel)) is not None:
+        p.error(why)
+    if args.wait_replicas and not args.sentinel:
+        p.error("--wait-replicas needs replicas: add --sentinel")
     if args.workers < 2 and {"worker-kill", "worker-term", "worker-stop"} & set(kinds):
         p.error("worker faults need --workers 2 or more: one is always out while a fault lasts")
     args.kinds = kinds
@@ -85,7 +97,11 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="carmy-chaos-"))
     print(f"chaos: seed {args.seed}, {args.duration:g} s, faults {','.join(args.kinds) or 'none'}; "
           f"logs and ledger in {workdir}", file=sys.stderr, flush=True)
-    cluster = Cluster(workdir, apis=args.apis, workers=args.workers, fsync=args.fsync, env=dict(os.environ))
+    env = dict(os.environ)
+    if args.wait_replicas:
+        env["CARMY_REDIS_WAIT_REPLICAS"] = str(args.wait_replicas)
+    cluster = Cluster(workdir, apis=args.apis, workers=args.workers, fsync=args.fsync, env=env,
+                      replicas=REPLICAS if args.sentinel else 0)
     try:
         try:
             cluster.start()
@@ -119,12 +135,14 @@ def play(args: argparse.Namespace, cluster: Cluster) -> int:
     table = reconcile(requests, lines, injector.faults, IDEMPOTENT, EXCLUSIVE, bounds, args.workers)
     log_errors = cluster.log_errors()
     title = (f"chaos check at {at}: seed {args.seed}, {args.duration:g} s of load, {args.clients} clients, "
-             f"{args.workers} workers, {args.apis} APIs, appendfsync {args.fsync}")
+             f"{args.workers} workers, {args.apis} APIs, appendfsync {args.fsync}"
+             + (f", Sentinel with {REPLICAS} replicas, WAIT {args.wait_replicas}" if args.sentinel else ""))
     print(report.text(table, title, log_errors))
     if args.out:
         run: dict[str, Any] = {"commit": at, "seed": args.seed, "duration": args.duration,
                                "clients": args.clients, "workers": args.workers, "apis": args.apis,
-                               "fsync": args.fsync, "faults": args.kinds,
+                               "fsync": args.fsync, "faults": args.kinds, "sentinel": args.sentinel,
+                               "wait_replicas": args.wait_replicas,
                                "injected": msgspec.to_builtins(injector.faults)}
         args.out.write_bytes(report.as_json(table, run, report.evidence(table, requests, lines), log_errors))
     return 1 if table.violations() else 0

@@ -166,3 +166,28 @@ def test_refusals_are_false_only_outside_their_cause() -> None:
     table = check([request("r1", "put", *attempts)], run("r1", "x1", "put", 3, 29, 29.5), [down, paused])
     # 12.5 is within the grace after Redis came back; one worker of two was out at 21.0.
     assert (table.false_store_unavailable, table.false_no_workers) == ([19.9], [20.9])
+
+
+def test_a_failover_is_an_outage_until_the_promotion() -> None:
+    failover = Fault(kind="redis-failover", t=10.0, t_end=20.0, target="redis 1", pid=1, promoted=12.0)
+    attempts = [refused("STORE_UNAVAILABLE", 11.0), refused("STORE_UNAVAILABLE", 12.8),
+                refused("STORE_UNAVAILABLE", 15.0), ok("x1", 30.0)]
+    table = check([request("r1", "put", *attempts)], run("r1", "x1", "put", 3, 29, 29.5), [failover])
+    # The old primary's return as a replica (t_end) is no outage: only the promotion (+ grace) is.
+    assert table.false_store_unavailable == [14.9]
+    assert table.faults == {"redis-failover": 1}
+
+
+def test_violations_in_redis_loss_window_stay_violations_and_are_counted_apart() -> None:
+    failover = Fault(kind="redis-failover", t=10.0, t_end=20.0, target="redis 1", pid=1, promoted=12.0)
+    # r1 was answered 0.5 s before the kill and flipped after it; r2's flip is far from any crash;
+    # r3 flipped near a worker kill, which loses no Redis write.
+    killed = Fault(kind="worker-kill", t=40.0, t_end=41.0, target="worker 5", pid=5)
+    requests = [request("r1", "put", ok("x1", 9.5), uncertain("x1", 15.0)),
+                request("r2", "put", ok("x2", 2.0), uncertain("x2", 30.0)),
+                request("r3", "put", ok("x3", 39.8), uncertain("x3", 45.0))]
+    ledger = (run("r1", "x1", "put", 3, 9.0, 9.2) + run("r2", "x2", "put", 3, 1.0, 1.2)
+              + run("r3", "x3", "put", 3, 39, 39.2))
+    table = check(requests, ledger, [failover, killed])
+    assert table.flipped == ["r1", "r2", "r3"]  # strict: every flip is a violation
+    assert table.in_loss_window == ["r1"]
