@@ -220,14 +220,20 @@ class Proc:
         self._file.close()
 
 
+# How long a replica may go without acknowledging before its primary stops counting it.
+MIN_REPLICAS_MAX_LAG_S = 2
+
+
 class RedisServer:
     """A private redis-server on a free port, without snapshots; ``durable`` turns on the AOF
     (fsync every second), ``replica_of`` (a port on loopback) makes it a replica. It can be
     stopped or killed, and started again on the same port."""
 
     def __init__(self, workdir: Path, port: int | None = None, *, durable: bool = False,
-                 fsync: str = "everysec", replica_of: int | None = None) -> None:
+                 fsync: str = "everysec", replica_of: int | None = None, min_replicas: int = 0) -> None:
         self.workdir = workdir
+        # As a primary, refuse writes with fewer replicas than this in touch (min-replicas-to-write).
+        self.min_replicas = min_replicas
         self._own_port = port is None  # ours to change if taken before the first start binds it
         self.port = port or free_port()
         self.durable = durable
@@ -271,6 +277,8 @@ class RedisServer:
             "--dir", str(self.workdir), "--maxmemory-policy", "noeviction",
             # A replica that connects gets its first copy at once, not 5 s later (the default).
             "--repl-diskless-sync-delay", "0", *replica,
+            *(["--min-replicas-to-write", str(self.min_replicas), "--min-replicas-max-lag", str(MIN_REPLICAS_MAX_LAG_S)]
+              if self.min_replicas else []),
         ], dict(os.environ), self.workdir / f"{name}.log", kind="redis")
         # Each PING is bounded: whatever holds the port may accept and never answer.
         try:
@@ -350,11 +358,14 @@ class ReplicatedRedis:
     SERVICE = "carmy"
 
     def __init__(self, workdir: Path, *, replicas: int = 1, sentinels: int = 3, durable: bool = False,
-                 fsync: str = "everysec") -> None:
+                 fsync: str = "everysec", min_replicas: int = 0) -> None:
         self.workdir = workdir
         self.durable = durable
         self.fsync = fsync
-        self.primary = RedisServer(self._dir("primary"), durable=durable, fsync=fsync)
+        # With min_replicas, a primary cut off from its replicas (one the Sentinels demoted but
+        # never reached, say) refuses writes instead of taking writes a failover will discard.
+        self.min_replicas = min_replicas
+        self.primary = RedisServer(self._dir("primary"), durable=durable, fsync=fsync, min_replicas=min_replicas)
         self.replicas: list[RedisServer] = []
         self.sentinels: list[SentinelServer] = []
         self._replica_count = replicas
@@ -380,7 +391,7 @@ class ReplicatedRedis:
         self.primary.start(timeout)
         for i in range(self._replica_count):
             replica = RedisServer(self._dir(f"replica-{i + 1}"), replica_of=self.primary.port,
-                                  durable=self.durable, fsync=self.fsync)
+                                  durable=self.durable, fsync=self.fsync, min_replicas=self.min_replicas)
             replica.start(timeout)
             self.replicas.append(replica)
             with replica.client() as client:

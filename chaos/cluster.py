@@ -43,8 +43,11 @@ class Cluster:
         self.ledger_dir.mkdir(parents=True, exist_ok=True)
         # With replicas: Redis as production runs it, behind Sentinel; ``redis`` is then the
         # server started as the primary, which a failover may have made a replica since.
-        self.group = ReplicatedRedis(workdir, replicas=replicas, durable=True, fsync=fsync) \
-            if replicas else None
+        # A primary must keep one replica to take writes (min-replicas-to-write 1), as production
+        # should run it: a primary the Sentinels demoted but never reached then refuses writes
+        # instead of taking writes the failover discards (the double failover in chaos/README.md).
+        self.group = ReplicatedRedis(workdir, replicas=replicas, durable=True, fsync=fsync,
+                                     min_replicas=1 if replicas > 1 else 0) if replicas else None
         self.redis = self.group.primary if self.group else RedisServer(workdir, durable=True, fsync=fsync)
         self.ports = [free_port() for _ in range(apis)]
         self.api_procs: dict[int, Proc] = {}  # by port
