@@ -358,8 +358,9 @@ class ReplicatedRedis:
     SERVICE = "carmy"
 
     def __init__(self, workdir: Path, *, replicas: int = 1, sentinels: int = 3, durable: bool = False,
-                 fsync: str = "everysec", min_replicas: int = 0) -> None:
+                 fsync: str = "everysec", min_replicas: int = 0, down_after_ms: int = 1000) -> None:
         self.workdir = workdir
+        self.down_after_ms = down_after_ms  # the Sentinels': a primary silent this long is down
         self.durable = durable
         self.fsync = fsync
         # With min_replicas, a primary cut off from its replicas (one the Sentinels demoted but
@@ -396,7 +397,8 @@ class ReplicatedRedis:
             self.replicas.append(replica)
             with replica.client() as client:
                 wait_until(functools.partial(_linked, client), timeout, "replica in sync")
-        self.sentinels = [SentinelServer(self.workdir, self.primary.port, service=self.SERVICE)
+        self.sentinels = [SentinelServer(self.workdir, self.primary.port, service=self.SERVICE,
+                                         down_after_ms=self.down_after_ms)
                           for _ in range(self._count)]
         for sentinel in self.sentinels:
             sentinel.start(timeout)

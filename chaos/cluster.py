@@ -46,8 +46,10 @@ class Cluster:
         # A primary must keep one replica to take writes (min-replicas-to-write 1), as production
         # should run it: a primary the Sentinels demoted but never reached then refuses writes
         # instead of taking writes the failover discards (the double failover in chaos/README.md).
+        # The Sentinels wait 3 s before they call a primary down: with 1 s, a replica just
+        # promoted on this busy machine was taken for down in turn, and failed over again.
         self.group = ReplicatedRedis(workdir, replicas=replicas, durable=True, fsync=fsync,
-                                     min_replicas=1 if replicas > 1 else 0) if replicas else None
+                                     min_replicas=1 if replicas > 1 else 0, down_after_ms=3000) if replicas else None
         self.redis = self.group.primary if self.group else RedisServer(workdir, durable=True, fsync=fsync)
         self.ports = [free_port() for _ in range(apis)]
         self.api_procs: dict[int, Proc] = {}  # by port
