@@ -1,8 +1,8 @@
 """The one module that knows arq.
 
-arq gives us the queue layout, job leasing (its in-progress keys), retries after a crash and
+arq gives us the queue layout, its job runner (``run_job``: timeout, Retry, cancellation) and
 graceful shutdown. Everything else (records, events, fencing) is ours, so replacing arq later
-means rewriting this file only. Three things differ from arq's defaults:
+means rewriting this file only. Four things differ from arq's defaults:
 
 * jobs are msgpack (msgspec), never pickle;
 * the API writes jobs itself, inside the same Lua script that reserves idempotency and
@@ -10,9 +10,12 @@ means rewriting this file only. Three things differ from arq's defaults:
   (``carmy_worker.store.jobs``, which does not import arq);
 * workers wait on a pub/sub wake-up channel instead of sleeping 0.5 s between polls, so a job
   starts within milliseconds on an idle worker, and take due jobs with one Lua call (LEASE)
-  instead of arq's four round trips per job. The 0.5 s poll stays as a fallback.
+  instead of arq's four round trips per job. The 0.5 s poll stays as a fallback;
+* each lease holds a token (in arq's in-progress key and the worker's leases hash), and FINISH
+  replaces arq's ``finish_job``: it ends only its own lease, so a worker that lost a job while
+  paused cannot delete it, and the janitor can hand back the leases of a dead worker.
 
-That last part overrides arq internals. ``ARQ_PRIVATE_SURFACE`` names every private or
+The last two override arq internals. ``ARQ_PRIVATE_SURFACE`` names every private or
 undocumented name of arq this module relies on; ``tests/carmy_worker/runtime/test_arq_surface.py``
 fails loudly when an arq release changes one of them.
 """
