@@ -15,11 +15,11 @@ from carmy_worker.settings import SettingsError
 def main() -> int:
     try:
         settings = ApiSettings.from_env()
+        logs.configure(settings.log_format)  # before anything that may log
         app = create_app(settings)  # builds clients without connecting: refuses an unusable CARMY_REDIS_URL
     except SettingsError as exc:
         print(f"api: {exc}", file=sys.stderr)
         return 2
-    logs.configure(settings.log_format)
     if "*" in settings.hosts_allowed() and settings.api_keys is None:
         # DNS rebinding then reaches every tool: a page whose name resolves to this server is
         # "same origin" with it, and needs no key.

@@ -30,10 +30,10 @@ _MAX_POLL_S = 0.05
 # a non-idempotent execution whose worker dies while it waits is tried again, not judged
 # uncertain. An attempt that is no longer current (its worker was paused while it waited, and
 # the execution went to another) takes nothing: -1. Else 1 if taken, 0 if held by another.
-# KEYS: lock, exe; ARGV: holder, lease ms, attempt
+# KEYS: lock, exe; ARGV: holder, lease ms, attempt, worker_id
 _TAKE = """
-local h = redis.call('HMGET', KEYS[2], 'attempt', 'reaped', 'state')
-if h[1] ~= ARGV[3] or h[2] == ARGV[3] or h[3] ~= 'running' then return -1 end
+local h = redis.call('HMGET', KEYS[2], 'attempt', 'reaped', 'state', 'worker')
+if h[1] ~= ARGV[3] or h[2] == ARGV[3] or h[3] ~= 'running' or h[4] ~= ARGV[4] then return -1 end
 if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 0 end
 redis.call('HSET', KEYS[2], 'began', ARGV[3])
 return 1
@@ -52,7 +52,7 @@ Acquired = Literal["taken", "lost", "timed_out", "cancelled"]
 class ToolLock:
     """The lock of ``tool`` for one attempt at ``exec_id``."""
 
-    def __init__(self, redis: Redis, tool: str, exec_id: str, attempt: int, *,
+    def __init__(self, redis: Redis, tool: str, exec_id: str, attempt: int, *, worker_id: str,
                  on_lost: Callable[[], None] | None = None) -> None:
         self.redis = redis
         self.key = keys.lock(tool)
@@ -60,6 +60,7 @@ class ToolLock:
         self.on_lost = on_lost
         self._execution = keys.execution(exec_id)
         self._attempt = attempt
+        self._worker_id = worker_id
         self._take = redis.register_script(_TAKE)
         self._renew = redis.register_script(_RENEW)
         self._release = redis.register_script(_RELEASE)
@@ -90,7 +91,8 @@ class ToolLock:
         # A Redis error here is "not yet": the tool has not begun, so the wait goes on (within
         # its timeout) rather than giving the job back.
         try:
-            return int(await self._take(keys=[self.key, self._execution], args=[self.holder, lease_ms, self._attempt]))
+            return int(await self._take(keys=[self.key, self._execution], args=[self.holder, lease_ms, self._attempt,
+                                                                                     self._worker_id]))
         except RedisError as exc:
             if not self._unreachable:
                 log.warning("could not take the lock of %s yet (%s); still trying", self.key, exc)

@@ -8,6 +8,7 @@ loop does not make a live worker look dead; a killed or paused process stops it 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import hashlib
 import logging
 import os
@@ -81,6 +82,8 @@ class Presence:
         self.last_beat = time.monotonic()  # when the last heartbeat that got through was sent
         self.failing = False  # the last heartbeat did not get through
         self._verified = 0.0
+        # A heartbeat sent this recently proves no janitor can have judged this worker dead.
+        self._fresh_s = settings.dead_after / 2
 
     async def register(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -97,7 +100,7 @@ class Presence:
         execution was given away does not take its next step. Not while Redis is known to be
         unreachable (nobody can reap anything then), and at most every ``VERIFY_EVERY_S``."""
         now = time.monotonic()
-        if now - self.last_beat < self.settings.dead_after / 2 or self.failing or now - self._verified < VERIFY_EVERY_S:
+        if now - self.last_beat < self._fresh_s or self.failing or now - self._verified < VERIFY_EVERY_S:
             return
         self._verified = now
         if self._in_loop is None:
@@ -144,7 +147,8 @@ class Presence:
                     log.info("registered again after Redis lost this worker")
                 strays = set(beat.strays)
                 for stray in strays & suspects:
-                    asyncio.run_coroutine_threadsafe(self.runtime.reap_stray(stray), loop)
+                    reaped = asyncio.run_coroutine_threadsafe(self.runtime.reap_stray(stray), loop)
+                    reaped.add_done_callback(_log_failure)
                 suspects = strays - suspects
                 if self.failing:
                     log.info("heartbeat restored")
@@ -155,6 +159,9 @@ class Presence:
                     log.warning("heartbeat failed: %s", exc)
                 self.failing = True
                 # Retry soon: once Redis is back, a live worker must say so before it is judged.
+                interval = min(self.settings.heartbeat, RETRY_S)
+            except Exception:  # a dead heartbeat thread would make a live worker look dead: go on
+                log.exception("heartbeat failed unexpectedly; retrying")
                 interval = min(self.settings.heartbeat, RETRY_S)
         client.close()
 
@@ -173,3 +180,8 @@ class Presence:
 
         await self.redis.srem(keys.DRAINING, self.info.worker_id)  # type: ignore[misc]  # redis-py's union
         await self.redis.publish(keys.CATALOG_CHANNEL, self.info.worker_id)
+
+
+def _log_failure(future: concurrent.futures.Future[None]) -> None:
+    if not future.cancelled() and future.exception() is not None:
+        log.error("could not settle a stray execution", exc_info=future.exception())

@@ -65,10 +65,7 @@ class ProgressPublisher:
             self._loop.call_soon_threadsafe(self._wake)
 
     def _on_loop(self) -> bool:
-        try:
-            return asyncio.get_running_loop() is self._loop
-        except RuntimeError:
-            return False
+        return asyncio._get_running_loop() is self._loop  # None off the loop, without an exception
 
     def _drop_oldest(self) -> None:
         """Under the lock: the oldest plain progress event, else the oldest partial result (never

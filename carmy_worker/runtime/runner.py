@@ -111,6 +111,7 @@ class Runtime:
             run.cancelled.set()
             return
         now = time.monotonic()
+        self._early_cancels.pop(exec_id, None)  # a repeat goes to the end, keeping the order by time
         self._early_cancels[exec_id] = now
         while self._early_cancels and next(iter(self._early_cancels.values())) < now - EARLY_CANCEL_MEMORY_S:
             self._early_cancels.popitem(last=False)
@@ -251,7 +252,7 @@ class Runtime:
         # One at a time across all workers; the wait counts against the timeout.
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        lock = ToolLock(self.redis, tool.name, job.execution_id, run.attempt,
+        lock = ToolLock(self.redis, tool.name, job.execution_id, run.attempt, worker_id=self.worker_id,
                         on_lost=lambda: self.unlock(job.execution_id, run.attempt))
         acquired = await lock.acquire(timeout, cancelled)
         if acquired == "lost":

@@ -90,6 +90,9 @@ class Context:
         answer within ``timeout`` seconds."""
         if self._loop is None or self._holds is None:
             return not self._cancelled.is_set()
+        if asyncio._get_running_loop() is self._loop:
+            raise RuntimeError("ctx.holds_execution_blocking() would block the event loop: "
+                               "an async tool awaits ctx.holds_execution()")
         future = asyncio.run_coroutine_threadsafe(self.holds_execution(), self._loop)
         try:
             return future.result(timeout)

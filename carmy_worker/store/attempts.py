@@ -49,7 +49,7 @@ return {'run', attempt, waited}
 #       metrics label, tool, run ms or '', worker_id if this attempt ran (CLAIM said run) or ''
 SETTLE = LUA_COUNT + LUA_OBSERVE + """
 if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
-local h = redis.call('HMGET', KEYS[1], 'attempt', 'reaped', 'worker', 'state')
+local h = redis.call('HMGET', KEYS[1], 'attempt', 'reaped', 'worker')
 if h[1] ~= ARGV[2] or h[2] == ARGV[2] then return 0 end
 if ARGV[11] ~= '' and h[3] ~= ARGV[11] then return 0 end
 redis.call('SET', KEYS[2], ARGV[3], 'EX', tonumber(ARGV[4]))
@@ -64,12 +64,13 @@ if ARGV[10] ~= '' then observe('run', ARGV[9], tonumber(ARGV[10])) end
 return 1
 """
 
-# Whether an attempt still holds its execution: current, not reaped, running, no record yet.
-# KEYS: exe, record; ARGV: attempt
+# Whether an attempt still holds its execution: current, not reaped, running on this worker, no
+# record yet (what SETTLE and HEARTBEAT require too).
+# KEYS: exe, record; ARGV: attempt, worker_id
 HOLDS = """
 if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
-local h = redis.call('HMGET', KEYS[1], 'attempt', 'reaped', 'state')
-if h[1] == ARGV[1] and h[2] ~= ARGV[1] and h[3] == 'running' then return 1 end
+local h = redis.call('HMGET', KEYS[1], 'attempt', 'reaped', 'state', 'worker')
+if h[1] == ARGV[1] and h[2] ~= ARGV[1] and h[3] == 'running' and h[4] == ARGV[2] then return 1 end
 return 0
 """
 
@@ -127,4 +128,5 @@ class Attempts:
 
     async def holds(self, exec_id: str, attempt: int) -> bool:
         """Whether ``attempt`` is still the current, running attempt at ``exec_id``, with no record."""
-        return bool(await self._holds(keys=[keys.execution(exec_id), keys.record(exec_id)], args=[attempt]))
+        return bool(await self._holds(keys=[keys.execution(exec_id), keys.record(exec_id)],
+                                      args=[attempt, self.worker_id]))

@@ -136,12 +136,28 @@ def test_api_listens_on_all_interfaces_and_publishes_its_port(compose: Compose) 
     assert f"127.0.0.1:{env['CARMY_PORT']}/health" in check
 
 
+def documented_settings() -> set[str]:
+    """Every CARMY_ setting .env.example names (set or commented out)."""
+    text = (ROOT / ".env.example").read_text()
+    return set(re.findall(r"^#? ?(CARMY_[A-Z_]+)=", text, flags=re.M))
+
+
+def test_every_setting_env_example_documents_reaches_a_service(compose: Compose) -> None:
+    services = compose["services"]
+    passed = {name for service in ("api", "worker") for name, value in services[service]["environment"].items()
+              if f"${{{name}" in str(value)}
+    assert documented_settings() == passed
+
+
 def test_api_settings_pass_through_and_default_when_unset(compose: Compose) -> None:
     env = compose["services"]["api"]["environment"]
-    for name in ("CARMY_SERVER_NAME", "CARMY_MAX_PENDING", "CARMY_API_KEYS"):
+    for name in ("CARMY_SERVER_NAME", "CARMY_MAX_PENDING", "CARMY_API_KEYS", "CARMY_REDIS_WAIT_REPLICAS",
+                 "CARMY_BODY_TIMEOUT"):
         assert f"${{{name}" in env[name]
         assert interpolate(env[name], {name: "set"}) == "set"
         interpolate(env[name], {})  # has a default: works without a .env
+    settings = ApiSettings.from_env({name: interpolate(str(value), {}) for name, value in env.items()})
+    assert (settings.redis_connections, settings.wait_replicas, settings.body_timeout) == (16, 0, 30.0)
 
 
 def test_api_answers_only_to_the_names_it_is_reached_by(compose: Compose) -> None:

@@ -44,7 +44,7 @@ def test_a_worker_paused_past_its_reaping_runs_the_execution_again_itself(
     queue. On waking, the worker stops the old run and takes the job again: one run at a time,
     and the execution settles (it used to stay "running" with no job, for good)."""
     worker, base = ready(fresh_stack, "tally_idem")
-    call = Call(base, {"tool": "tally_idem", "arguments": {"name": "alone", "seconds": 1}})
+    call = Call(base, {"tool": "tally_idem", "arguments": {"name": "alone", "seconds": 3}})
     exec_id = marked(fresh_stack.tmp / "tally-idem-alone").strip()
     worker.signal(signal.SIGSTOP)
     wait_until(lambda: sync_redis.hget(keys.execution(exec_id), "state") == b"queued", DEAD_AFTER + 20)
@@ -63,7 +63,7 @@ def test_a_job_leased_by_a_worker_that_died_before_claiming_it_runs_within_secon
     """A worker dies after LEASE and before CLAIM: the job is put back on heartbeat evidence,
     not when arq's in-progress key runs out (the longest tool timeout plus 25 s)."""
     _, base = ready(fresh_stack, "tally_idem", CARMY_CONCURRENCY="1")
-    busy = Call(base, {"tool": "tally_idem", "arguments": {"name": "busy", "seconds": 3}})
+    busy = Call(base, {"tool": "tally_idem", "arguments": {"name": "busy", "seconds": 6}})
     busy_id = marked(fresh_stack.tmp / "tally-idem-busy").strip()  # the real worker's only slot is taken
     target = Call(base, {"tool": "tally_idem", "arguments": {"name": "target", "seconds": 0}})
     queue = sync_redis.hget(keys.execution(busy_id), "wake").decode().removesuffix(":wake")
@@ -93,7 +93,7 @@ def test_a_paused_lock_holder_never_overlaps_the_next_holder(fresh_stack: Stack,
     workers = [stack.worker(), stack.worker()]
     _, base = stack.api()
     wait_until(lambda: "exclusive" in httpx.get(base + "/agent/tools").text)
-    call = Call(base, {"tool": "exclusive", "arguments": {"seconds": 1}})
+    call = Call(base, {"tool": "exclusive", "arguments": {"seconds": 2}})
     holder_id = wait_until(lambda: sync_redis.get(keys.lock("exclusive")))
     exec_id = bytes(holder_id).decode().split("/")[0]
     owner = wait_until(lambda: sync_redis.hget(keys.execution(exec_id), "worker"))
@@ -105,8 +105,7 @@ def test_a_paused_lock_holder_never_overlaps_the_next_holder(fresh_stack: Stack,
     assert r.status_code == 200, r.text
     paused.signal(signal.SIGCONT)
     wait_until(lambda: "outcome of attempt 1 is dropped" in paused.output())
-    [(start, end)] = [tuple(map(float, line.split())) for line in lines(stack, "exclusive")]  # one run ended
-    assert end > start
+    assert len(lines(stack, "exclusive")) == 1  # only the rerun took its step: the paused one never did
 
 
 @pytest.fixture
@@ -122,13 +121,19 @@ def test_calls_in_flight_keep_their_outcome_through_a_redis_outage_longer_than_d
     alive throughout, so the call gets the tool's answer, not EXECUTION_UNCERTAIN; and calls made
     as soon as Redis is back are not refused with NO_WORKERS."""
     server, stack = durable_stack
-    _, base = ready(stack, "tally")
+    worker, base = ready(stack, "tally")
     call = Call(base, {"tool": "tally", "arguments": {"name": "outage", "seconds": 1}, "request_id": "outage"})
     marked(stack.tmp / "tally-outage")
     server.stop()
     down_at = time.monotonic()
     wait_until(lambda: time.monotonic() - down_at > DEAD_AFTER + 1.5, what="an outage longer than dead_after")
+    # The worker stays silent for a moment after Redis is back (as a busy one may), so the API's
+    # janitor scans before its first heartbeat: only the grace after the gap keeps it alive.
+    worker.signal(signal.SIGSTOP)
     server.start()
+    up_at = time.monotonic()
+    wait_until(lambda: time.monotonic() - up_at > 1.5, what="a janitor scan before the worker's heartbeat")
+    worker.signal(signal.SIGCONT)
     answers = []
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -136,6 +141,7 @@ def test_calls_in_flight_keep_their_outcome_through_a_redis_outage_longer_than_d
         answers.append(reply.json().get("error", {}).get("code"))
         if reply.status_code == 200:
             break
+        time.sleep(0.05)
     assert "NO_WORKERS" not in answers, answers
     assert answers[-1] is None, answers
     r = call.result(60)
@@ -165,7 +171,7 @@ def test_a_call_whose_worker_died_while_it_waited_for_the_tool_lock_runs_elsewhe
     the lock, before the tool began. It is not uncertain: another worker runs it, once."""
     stack = fresh_stack
     holder_worker, base = ready(stack, "exclusive_slow", CARMY_CONCURRENCY="1")
-    holder = Call(base, {"tool": "exclusive_slow", "arguments": {"seconds": 3, "tag": "holder"}})
+    holder = Call(base, {"tool": "exclusive_slow", "arguments": {"seconds": 8, "tag": "holder"}})
     marked(stack.tmp / "exclusive-slow-start-holder")  # the only slot of the first worker is taken
     waiter_worker = stack.worker()
     waiter = Call(base, {"tool": "exclusive_slow", "arguments": {"seconds": 0, "tag": "waiter"}})

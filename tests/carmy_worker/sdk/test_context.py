@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 import threading
 from typing import Any
@@ -160,3 +161,25 @@ def test_progress_that_mcp_clients_could_not_take_fails_in_the_tools_call(
         ctx.progress(*args)
     ctx.partial("after")
     assert recorder.decoded() == [{"execution_id": "exec_1", "tool": "t", "progress": 0, "partial": "after"}]
+
+
+async def test_holds_execution_asks_the_store_and_never_blocks_the_event_loop() -> None:
+    answers: list[bool] = [True, False]
+
+    async def holds() -> bool:
+        return answers.pop(0)
+
+    ctx = Context(execution_id="exec_1", tool="t", request_id=None, agent=AgentContext(), emit=Recorder(),
+                  attempt=2, holds=holds)
+    loop = asyncio.get_running_loop()
+    ctx._start(loop.create_future())
+    assert ctx.attempt == 2
+    # From a sync tool's thread: one question to the store, answered through the event loop.
+    assert await asyncio.to_thread(ctx.holds_execution_blocking) is True
+    assert await ctx.holds_execution() is False
+    # From the event loop itself it would wait on the loop it blocks: refused, loudly.
+    with pytest.raises(RuntimeError, match="would block the event loop"):
+        ctx.holds_execution_blocking()
+    # Once cancelled, no question is asked: the attempt no longer acts.
+    ctx._cancel()
+    assert await ctx.holds_execution() is False

@@ -783,6 +783,7 @@ async def test_a_reaped_attempt_can_neither_settle_nor_hold(r: redis.Redis, ar: 
     attempts = Attempts(ar, worker_id="w1", retention=RETENTION)
     assert await attempts.holds(exec_id, 1) is True
     assert await attempts.holds(exec_id, 2) is False
+    assert await Attempts(ar, worker_id="w2", retention=RETENTION).holds(exec_id, 1) is False  # not its claim
     assert (await reap(ar, exec_id, "w1"))[0] == "requeued"
     # The paused worker wakes up: its attempt no longer holds the execution, and what it would
     # write (a result, or the cancellation its loss caused) is refused.
@@ -933,7 +934,7 @@ async def test_a_non_idempotent_execution_whose_tool_never_began_is_tried_again(
     assert (again.verdict, again.attempt) == ("run", 2)
     # Once an attempt has begun the tool (it took the lock), a later one is uncertain.
     never = asyncio.Event()
-    assert await ToolLock(ar, "tally", exec_id, 2).acquire(1, never) == "taken"
+    assert await ToolLock(ar, "tally", exec_id, 2, worker_id="w2").acquire(1, never) == "taken"
     assert state(r, exec_id)["began"] == "2"
     assert (await reap(ar, exec_id, "w2"))[0] == "uncertain"
 
@@ -946,5 +947,5 @@ async def test_an_attempt_given_away_while_it_waited_for_its_lock_takes_nothing(
     await Attempts(ar, worker_id="w1", retention=RETENTION).claim(exec_id, "tally", max_attempts=3, begins=False)
     assert (await reap(ar, exec_id, "w1"))[0] == "requeued"  # w1 was paused while it waited
     never = asyncio.Event()
-    assert await ToolLock(ar, "tally", exec_id, 1).acquire(1, never) == "lost"
+    assert await ToolLock(ar, "tally", exec_id, 1, worker_id="w1").acquire(1, never) == "lost"
     assert not r.exists(keys.lock("tally")) and "began" not in state(r, exec_id)
