@@ -14,12 +14,10 @@ from pathlib import Path
 
 import msgspec
 
+from carmy_worker import Context
 from chaos.model import LedgerEvent, LedgerLine
 
 ENV_DIR = "CHAOS_LEDGER_DIR"
-# Names a fencing attempt may have on the tool context; another branch is adding one, and the
-# ledger records it if present without depending on it.
-FENCE_NAMES = ("fence", "fencing_token", "fencing_attempt", "attempt")
 
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder(LedgerLine).decode
@@ -34,11 +32,10 @@ class Ledger:
         self._pid = 0
         self._lock = threading.Lock()
 
-    def write(self, ev: LedgerEvent, ctx: object, tool: str) -> None:
-        """Appends one line about the execution ``ctx`` serves (a ``carmy_worker.Context``)."""
-        line = LedgerLine(ev=ev, rid=str(getattr(ctx, "request_id", "") or ""),
-                          xid=str(getattr(ctx, "execution_id", "")), tool=tool, pid=os.getpid(),
-                          t=time.time(), fence=fence_of(ctx))
+    def write(self, ev: LedgerEvent, ctx: Context, tool: str) -> None:
+        """Appends one line about the execution ``ctx`` serves, with its fencing attempt."""
+        line = LedgerLine(ev=ev, rid=ctx.request_id or "", xid=ctx.execution_id, tool=tool, pid=os.getpid(),
+                          t=time.time(), fence=ctx.attempt)
         os.write(self._descriptor(), _encode(line) + b"\n")
 
     def _descriptor(self) -> int:
@@ -49,14 +46,6 @@ class Ledger:
                 self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
                 self._pid = os.getpid()
             return self._fd
-
-
-def fence_of(ctx: object) -> int | None:
-    for name in FENCE_NAMES:
-        value = getattr(ctx, name, None)
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    return None
 
 
 def read(directory: Path) -> list[LedgerLine]:

@@ -50,17 +50,12 @@ def _sync_work(ctx: Context, tool: str, ms: int, careful: bool) -> Receipt:
     # A well-behaved sync tool looks before it commits: its thread cannot be stopped otherwise.
     # ``ctx.cancelled`` alone races a worker's wake-up from a pause (the thread goes on at once,
     # while the runtime asks the store whether it still holds the execution), so a tool whose
-    # effect must not happen twice asks the store itself, where the context offers it.
-    if ctx.cancelled or (careful and not _holds(ctx)):
+    # effect must not happen twice asks the store itself.
+    if ctx.cancelled or (careful and not ctx.holds_execution_blocking()):
         ledger.write("abandoned", ctx, tool)
         raise ToolError("ABANDONED", "Cancelled before the effect.", category="cancelled")
     ledger.write("effect", ctx, tool)
     return Receipt(pid=os.getpid())
-
-
-def _holds(ctx: Context) -> bool:
-    check = getattr(ctx, "holds_execution_blocking", None)
-    return True if check is None else bool(check())
 
 
 @tools.tool(effect="write", idempotent=False, parallel_safe=True, timeout=TIMEOUT)

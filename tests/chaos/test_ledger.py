@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
-from types import SimpleNamespace
 
+from carmy_worker import AgentContext, Context
 from chaos import ledger
 from chaos.model import LedgerEvent
 from chaos.tools import EXCLUSIVE, IDEMPOTENT
@@ -17,7 +17,8 @@ def test_lines_from_many_threads_come_back_whole(tmp_path: Path) -> None:
     writer = ledger.Ledger(tmp_path)
 
     def write(i: int) -> None:
-        ctx = SimpleNamespace(request_id=f"r{i}", execution_id=f"x{i}", attempt=i % 3 + 1)
+        ctx = Context(execution_id=f"x{i}", tool="charge", request_id=f"r{i}", agent=AgentContext(),
+                      emit=lambda *_: None, attempt=i % 3 + 1)
         events: tuple[LedgerEvent, ...] = ("started", "effect")
         for ev in events:
             writer.write(ev, ctx, "charge")
@@ -32,11 +33,6 @@ def test_lines_from_many_threads_come_back_whole(tmp_path: Path) -> None:
     assert len(lines) == 100
     assert [line.t for line in lines] == sorted(line.t for line in lines)
     assert {(line.rid, line.fence) for line in lines} == {(f"r{i}", i % 3 + 1) for i in range(50)}
-
-
-def test_a_context_without_a_fence_is_recorded_without_one(tmp_path: Path) -> None:
-    ledger.Ledger(tmp_path).write("started", SimpleNamespace(request_id="r", execution_id="x"), "put")
-    assert ledger.read(tmp_path)[0].fence is None
 
 
 def test_the_tool_mix() -> None:
