@@ -124,15 +124,20 @@ def test_calls_in_flight_keep_their_outcome_through_a_redis_outage_longer_than_d
     worker, base = ready(stack, "tally")
     call = Call(base, {"tool": "tally", "arguments": {"name": "outage", "seconds": 1}, "request_id": "outage"})
     marked(stack.tmp / "tally-outage")
+    with server.client() as client:
+        watched_since = client.hget(keys.WATCH, "since")
     server.stop()
     down_at = time.monotonic()
     wait_until(lambda: time.monotonic() - down_at > DEAD_AFTER + 1.5, what="an outage longer than dead_after")
-    # The worker stays silent for a moment after Redis is back (as a busy one may), so the API's
-    # janitor scans before its first heartbeat: only the grace after the gap keeps it alive.
+    # The worker stays silent after Redis is back (as a busy one may) until the API has judged
+    # liveness again: its first look after the gap starts the grace, and only the grace keeps the
+    # silent worker alive (without it, its heartbeat is 4.5 s old: reaped, NO_WORKERS).
     worker.signal(signal.SIGSTOP)
     server.start()
-    up_at = time.monotonic()
-    wait_until(lambda: time.monotonic() - up_at > 1.5, what="a janitor scan before the worker's heartbeat")
+    with server.client() as client:
+        wait_until(lambda: client.hget(keys.WATCH, "since") != watched_since, what="the API's first look after the gap")
+        looked_at = time.monotonic()
+        wait_until(lambda: time.monotonic() - looked_at > 0.5, what="the API's view of the silent worker")
     worker.signal(signal.SIGCONT)
     answers = []
     deadline = time.monotonic() + 30
