@@ -26,6 +26,7 @@ from carmy_worker.wire import (
     DiscoveryDocument,
     ToolSpec,
     WorkerInfo,
+    WorkerTool,
     json_encoder,
     worker_info_decoder,
 )
@@ -56,6 +57,7 @@ class CatalogTool:
     # compile (not one of ours), and then every call of the tool is refused.
     validator: jsonschema_rs.Validator | None
     groups: tuple[str, ...]  # worker groups with a live worker serving it, newest first
+    title: str | None = None  # MCP's display name (the decorator's title=)
 
 
 @dataclass(frozen=True)
@@ -72,27 +74,27 @@ class CatalogView:
 def build_view(server_name: str, workers: list[tuple[WorkerInfo, bool]],
                validators: dict[bytes, jsonschema_rs.Validator | None]) -> CatalogView:
     """Merge workers' catalogs: for a tool defined twice, the newest worker's definition wins."""
-    specs: dict[str, tuple[ToolSpec, float]] = {}
+    specs: dict[str, WorkerTool] = {}
     groups: dict[str, list[str]] = {}
     for info, live in sorted(workers, key=lambda w: w[0].started_ms, reverse=True):
         for tool in info.tools:
-            specs.setdefault(tool.spec.name, (tool.spec, tool.timeout))
+            specs.setdefault(tool.spec.name, tool)
             if live and info.group not in groups.setdefault(tool.spec.name, []):
                 groups[tool.spec.name].append(info.group)
     names = sorted(specs)
-    catalog = Document.of(CatalogDocument(tools=[specs[n][0] for n in names]))
+    catalog = Document.of(CatalogDocument(tools=[specs[n].spec for n in names]))
     discovery = Document.of(DiscoveryDocument(
         protocol="carmy/1", server=server_name, capabilities=CAPABILITIES, tools_url="/agent/tools",
         tools_version=catalog.etag.strip('"'), execute_url="/agent/execute", mcp_url="/mcp",
     ))
     tools = {}
     for name in names:
-        spec, timeout = specs[name]
+        spec = specs[name].spec
         schema_key = json_encoder.encode(spec.input_schema)
         if schema_key not in validators:
             validators[schema_key] = compile_validator(name, spec.input_schema)
-        tools[name] = CatalogTool(spec=spec, timeout=timeout, validator=validators[schema_key],
-                                  groups=tuple(groups.get(name, ())))
+        tools[name] = CatalogTool(spec=spec, timeout=specs[name].timeout, validator=validators[schema_key],
+                                  groups=tuple(groups.get(name, ())), title=specs[name].title)
     return CatalogView(tools=tools, catalog=catalog, discovery=discovery,
                        live_workers=sum(1 for _, live in workers if live))
 

@@ -10,7 +10,8 @@ from starlette.responses import Response
 
 from api.catalog import Catalog, Document
 
-CACHE_CONTROL = "private, max-age=60"
+CATALOG_MAX_AGE_S = 60  # how long a client may use the catalog without asking again (MCP's ttlMs too)
+CACHE_CONTROL = f"private, max-age={CATALOG_MAX_AGE_S}"
 
 
 def etag_matches(header: str, etag: str) -> bool:

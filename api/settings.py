@@ -32,6 +32,12 @@ class ApiKey(Struct, frozen=True, forbid_unknown_fields=True):
     permissions: frozenset[str] = frozenset()
 
 
+DEFAULT_DESCRIPTION = (
+    "Tools run by Carmy workers, with timeouts, progress and safe retries "
+    "(give a call _meta carmy/request_id to retry it safely)."
+)
+
+
 class ApiSettings(Struct, frozen=True, kw_only=True):
     """Settings of one API process (the README's Settings table). Build with ``from_env`` or directly in tests."""
 
@@ -39,6 +45,9 @@ class ApiSettings(Struct, frozen=True, kw_only=True):
     host: str = "127.0.0.1"
     port: int = 8000
     server_name: str = "carmy"
+    # What MCP clients show of this deployment (serverInfo's title and description).
+    server_title: str = "Carmy"
+    server_description: str = DEFAULT_DESCRIPTION
     api_keys: dict[str, ApiKey] | None = None  # token -> key; None: no authentication
     max_pending: int = 1000  # queued-or-running executions, across all API processes
     retention: int = 86400  # seconds final records and idempotency records are kept
@@ -69,6 +78,8 @@ class ApiSettings(Struct, frozen=True, kw_only=True):
             host=env.get("CARMY_HOST") or "127.0.0.1",
             port=env_int(env, "CARMY_PORT", 8000, minimum=0),
             server_name=env.get("CARMY_SERVER_NAME") or "carmy",
+            server_title=env.get("CARMY_SERVER_TITLE") or "Carmy",
+            server_description=env.get("CARMY_SERVER_DESCRIPTION") or DEFAULT_DESCRIPTION,
             api_keys=parse_api_keys(env.get("CARMY_API_KEYS")),
             max_pending=env_int(env, "CARMY_MAX_PENDING", 1000),
             retention=env_int(env, "CARMY_RETENTION", 86400),

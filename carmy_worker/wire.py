@@ -101,6 +101,7 @@ class WorkerTool(Struct, kw_only=True):
 
     spec: ToolSpec
     timeout: float
+    title: str | None = None  # MCP's display name; not part of carmy/1's catalog
 
 
 class WorkerInfo(Struct, kw_only=True):

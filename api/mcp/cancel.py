@@ -49,6 +49,11 @@ class CallRegistry:
         return exec_id, tool
 
 
+    async def is_cancelled(self, agent: AgentContext, session: str, request_id: RequestId) -> bool:
+        """Whether a call's cancellation has come (its entry is the mark)."""
+        return bool(await self.redis.get(_key(agent, session, request_id)) == CANCELLED_MARK)
+
+
 def _key(agent: AgentContext, session: str, request_id: RequestId) -> str:
     # "7" and 7 name the same request, as in the SDK's own correlation.
     return keys.mcp_call(agent.principal, agent.session, session, str(coerce_request_id(request_id)))
@@ -97,3 +102,32 @@ def assigning_session_id(send: Send) -> Send:
         await send(message)
 
     return send_with_id
+
+
+class Unanswered:
+    """``send`` for a call that its client may cancel: once ``silence()`` is called, the call's
+    answer, whatever comes next in its stream, is replaced by the stream's end.
+
+    MCP says a cancelled request gets no response. The SDK answers one it saw cancelled with
+    ``-32800`` on the handshake versions' transport (so that its stream can end), and it never
+    sees ours, which come in a POST of their own: clients then log a response for an unknown
+    id. Ending the stream is all the client needs.
+    """
+
+    SCOPE_KEY = "carmy.mcp.unanswered"
+
+    def __init__(self, send: Send) -> None:
+        self._send = send
+        self._silenced = False
+        self._ended = False
+
+    def silence(self) -> None:
+        self._silenced = True
+
+    async def __call__(self, message: Message) -> None:
+        if self._ended:
+            return
+        if self._silenced and message["type"] == "http.response.body":
+            self._ended = True
+            message = {"type": "http.response.body", "body": b"", "more_body": False}
+        await self._send(message)

@@ -21,10 +21,13 @@ from typing import Any, cast
 
 import anyio
 import mcp_types as types
+from mcp.server.caching import CacheHint
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
-from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
+from mcp.shared.exceptions import MCPError
+from mcp_types import INVALID_PARAMS
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSIONS
 from redis.exceptions import RedisError
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
@@ -34,10 +37,27 @@ from api.body import BodyTooLarge, ClientGone, read_body
 from api.calls import Calls, Started
 from api.catalog import CatalogTool
 from api.checks import Rejected
+from api.discovery import CATALOG_MAX_AGE_S
 from api.executions import ADMISSION_GRACE_S
 from api.hub import HubUnavailable
-from api.mcp.cancel import SESSION_HEADER, CallRegistry, assigning_session_id, cancelled_request, replaying
-from api.mcp.wire import META_EXECUTION_ID, META_REPLAYED, META_REQUEST_ID, call_result, mcp_tool, progress_decoder
+from api.mcp.cancel import (
+    SESSION_HEADER,
+    CallRegistry,
+    Unanswered,
+    assigning_session_id,
+    cancelled_request,
+    replaying,
+)
+from api.mcp.envelope import envelope_error
+from api.mcp.wire import (
+    META_ERROR,
+    META_EXECUTION_ID,
+    META_REPLAYED,
+    META_REQUEST_ID,
+    call_result,
+    mcp_tool,
+    progress_decoder,
+)
 from api.settings import ApiSettings
 from carmy_worker.sdk.context import AgentContext
 from carmy_worker.sdk.errors import ECHO_LIMIT, clip, error, store_unavailable
@@ -67,11 +87,14 @@ class McpServer:
         self.executions = calls.executions
         self.registry = CallRegistry(calls.executions.redis)
         self.server: Server[Any] = Server(
-            settings.server_name, version=_version(), instructions=INSTRUCTIONS,
+            settings.server_name, version=_version(), title=settings.server_title,
+            description=settings.server_description, instructions=INSTRUCTIONS,
             on_list_tools=self._list_tools, on_call_tool=self._call_tool,
             get_tool_input_schema=self._input_schema,
+            # 2026-07-28's ttlMs/cacheScope: what GET /agent/tools says in Cache-Control.
+            cache_hints={"tools/list": CacheHint(ttl_ms=CATALOG_MAX_AGE_S * 1000, scope="private")},
         )
-        self._listed: tuple[str, types.ListToolsResult] | None = None
+        self._listed: dict[bool, tuple[str, types.ListToolsResult]] = {}
         self._manager: StreamableHTTPSessionManager | None = None
 
     @contextlib.asynccontextmanager
@@ -109,37 +132,43 @@ class McpServer:
         if manager is None:
             await Response("MCP is not running: the app's lifespan has not started.", 503)(scope, receive, send)
             return
+        if scope["method"] != "POST":
+            # Stateless: no stream of server-initiated messages (GET) and no session to end (DELETE).
+            await Response(status_code=405, headers={"allow": "POST"})(scope, receive, send)
+            return
         if _handshake_era(scope):
-            if scope["method"] == "GET":  # stateless: there is no stream of server-initiated messages
-                await Response(status_code=405, headers={"allow": "POST, DELETE"})(scope, receive, send)
+            try:
+                body = await read_body(scope, receive, self.settings.max_body)
+            except BodyTooLarge:
+                await Response("Request body too large", 413)(scope, receive, send)
                 return
-            if scope["method"] == "POST":
-                try:
-                    body = await read_body(scope, receive, self.settings.max_body)
-                except BodyTooLarge:
-                    await Response("Request body too large", 413)(scope, receive, send)
-                    return
-                except ClientGone:
-                    return
-                # Handled here: the SDK would only see a request id it does not know.
-                is_cancel, request_id = cancelled_request(body)
-                if is_cancel:
-                    await self._cancel_call(scope, request_id)
-                    await Response(status_code=202)(scope, receive, send)
-                    return
-                receive = replaying(body, receive)
-                if _header(scope, SESSION_HEADER) is None:
-                    send = assigning_session_id(send)
+            except ClientGone:
+                return
+            refusal = envelope_error(body)
+            if refusal is not None:
+                await refusal(scope, receive, send)
+                return
+            # Handled here: the SDK would only see a request id it does not know.
+            is_cancel, request_id = cancelled_request(body)
+            if is_cancel:
+                await self._cancel_call(scope, request_id)
+                await Response(status_code=202)(scope, receive, send)
+                return
+            receive = replaying(body, receive)
+            if _header(scope, SESSION_HEADER) is None:
+                send = assigning_session_id(send)
+            send = scope[Unanswered.SCOPE_KEY] = Unanswered(send)
         await manager.handle_request(scope, receive, send)
 
     # --- tools/list ------------------------------------------------------------------------
 
     async def _list_tools(self, ctx: Ctx, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
         view = self.catalog.view
-        listed = self._listed
-        if listed is None or listed[0] != view.catalog.etag:  # built once per catalog version
-            listed = (view.catalog.etag, types.ListToolsResult(tools=[mcp_tool(t.spec) for t in view.tools.values()]))
-            self._listed = listed
+        modern = _modern(ctx)
+        listed = self._listed.get(modern)
+        if listed is None or listed[0] != view.catalog.etag:  # built once per catalog version and era
+            tools = [mcp_tool(t.spec, title=t.title, any_output=modern) for t in view.tools.values()]
+            listed = self._listed[modern] = (view.catalog.etag, types.ListToolsResult(tools=tools))
         return listed[1]
 
     def _input_schema(self, name: str) -> Mapping[str, Any] | None:
@@ -150,20 +179,28 @@ class McpServer:
 
     async def _call_tool(self, ctx: Ctx, params: types.CallToolRequestParams) -> types.CallToolResult:
         start = time.perf_counter()
-        result = await self._answer(ctx, params)
-        meta = result.meta or {}
-        err = result.structured_content.get("error") if result.is_error and result.structured_content else None
-        log.info("mcp call", extra={"carmy": {
-            # An unknown tool's name is the caller's text: keep the line short whatever they sent.
-            "event": "mcp.call", "execution_id": meta.get(META_EXECUTION_ID), "tool": clip(params.name),
-            "outcome": "failed" if result.is_error else "completed", "error_code": err and err.get("code"),
-            "replayed": meta.get(META_REPLAYED), "duration_ms": round((time.perf_counter() - start) * 1000, 1),
-        }})
-        return result
+        result: types.CallToolResult | None = None
+        try:
+            result = await self._answer(ctx, params)
+            return result
+        finally:
+            meta = (result.meta or {}) if result is not None else {}
+            err = meta.get(META_ERROR)
+            log.info("mcp call", extra={"carmy": {
+                # An unknown tool's name is the caller's text: keep the line short whatever they sent.
+                "event": "mcp.call", "execution_id": meta.get(META_EXECUTION_ID), "tool": clip(params.name),
+                "outcome": "completed" if result is not None and not result.is_error else "failed",
+                "error_code": err.get("code") if err else None, "replayed": meta.get(META_REPLAYED),
+                "duration_ms": round((time.perf_counter() - start) * 1000, 1),
+            }})
 
     async def _answer(self, ctx: Ctx, params: types.CallToolRequestParams) -> types.CallToolResult:
         agent = trusted_context(getattr(ctx.request, "scope", {}))
-        name = params.name
+        name, modern = params.name, _modern(ctx)
+        if self.catalog.view.get(name) is None:
+            # A protocol error in MCP (the model cannot fix it by changing arguments), where
+            # carmy/1 answers 404 TOOL_NOT_FOUND.
+            raise MCPError(INVALID_PARAMS, f"Unknown tool: {clip(name)}")
         try:
             request_id = _request_id(params.meta)
             arguments = params.arguments or {}
@@ -171,7 +208,7 @@ class McpServer:
             async with self.calls.start(tool, arguments, request_id, agent) as started:
                 record = started.record or await self._follow(ctx, started, tool, agent,
                                                               report_progress=_may_report_progress(params.meta))
-                return call_result(record, replayed=not started.owner)
+                return call_result(record, replayed=not started.owner, any_output=modern)
         except Rejected as rejected:
             return _refused(name, rejected.error)
         except (RedisError, HubUnavailable, OSError) as exc:
@@ -180,7 +217,11 @@ class McpServer:
 
     async def _follow(self, ctx: Ctx, started: Started, tool: CatalogTool, agent: AgentContext, *,
                       report_progress: bool) -> Record:
-        """Relay the execution's progress until its record; cancel it if this call is cancelled."""
+        """Relay the execution's progress until its record; cancel it if this call is cancelled.
+
+        A call its client cancelled with ``notifications/cancelled`` gets no answer, as MCP says:
+        its stream just ends (the execution's record still says ``cancelled``, for a retry).
+        """
         name, exec_id, messages, owner = tool.spec.name, started.execution_id, started.messages, started.owner
         if messages is None:  # pragma: no cover - start(follow=True) always subscribes
             raise RuntimeError("a followed call without its subscription")
@@ -197,9 +238,8 @@ class McpServer:
                 await ctx.session.report_progress(progress.progress, progress.total, progress.message)
 
         try:
-            if owner:
-                await self._remember(ctx, agent, exec_id, tool)
-            return await self.executions.outcome(exec_id, name, messages, on_event=report)
+            overtaken = owner and await self._remember(ctx, agent, exec_id, tool)
+            record = await self.executions.outcome(exec_id, name, messages, on_event=report)
         except anyio.get_cancelled_exc_class():
             # The client went away, or cancelled. Only the call that started an execution
             # cancels it: a retry that joined it leaves it to its owner.
@@ -207,22 +247,39 @@ class McpServer:
                 with anyio.move_on_after(CANCEL_TIMEOUT_S, shield=True):
                     await self.executions.abandon(exec_id, name)
             raise
+        if record.status == "cancelled" and owner and (overtaken or await self._cancelled_by_client(ctx, agent)):
+            unanswered = getattr(ctx.request, "scope", {}).get(Unanswered.SCOPE_KEY)
+            if unanswered is not None:
+                unanswered.silence()
+        return record
 
     # --- notifications/cancelled in requests of their own (handshake versions) ---------------
 
-    async def _remember(self, ctx: Ctx, agent: AgentContext, exec_id: str, tool: CatalogTool) -> None:
-        headers = getattr(ctx.request, "headers", None)
-        session = headers.get(SESSION_HEADER) if headers is not None else None
+    async def _remember(self, ctx: Ctx, agent: AgentContext, exec_id: str, tool: CatalogTool) -> bool:
+        """Record the call's execution for a cancellation to find; True if one came first (and the
+        execution is cancelled now)."""
+        session = _session(ctx)
         if session is None or ctx.request_id is None:
-            return
+            return False
         ttl = int(self.settings.queue_timeout + tool.timeout + ADMISSION_GRACE_S)
         try:
             overtaken = await self.registry.remember(agent, session, ctx.request_id, exec_id, tool.spec.name, ttl)
         except RedisError as exc:  # the call goes on; only a cancellation could not find it
             log.warning("could not record MCP call %s: %s", exec_id, exc)
-            return
+            return False
         if overtaken:
             await self.executions.abandon(exec_id, tool.spec.name)
+        return overtaken
+
+    async def _cancelled_by_client(self, ctx: Ctx, agent: AgentContext) -> bool:
+        """Whether a ``notifications/cancelled`` (at any replica) ended this call's execution."""
+        session = _session(ctx)
+        if session is None or ctx.request_id is None:
+            return False
+        try:
+            return await self.registry.is_cancelled(agent, session, ctx.request_id)
+        except RedisError:  # the record says cancelled either way: answering it is the safe side
+            return False
 
     async def _cancel_call(self, scope: Scope, request_id: types.RequestId | None) -> None:
         session = _header(scope, SESSION_HEADER)
@@ -254,6 +311,16 @@ def _may_report_progress(meta: types.RequestParamsMeta | None) -> bool:
     none (MCP lets a server send none), rather than having its size multiplied."""
     token = meta.get("progress_token") if meta else None  # the SDK's name for progressToken
     return token is None or len(str(token)) <= ECHO_LIMIT
+
+
+def _session(ctx: Ctx) -> str | None:
+    headers = getattr(ctx.request, "headers", None)
+    return headers.get(SESSION_HEADER) if headers is not None else None
+
+
+def _modern(ctx: Ctx) -> bool:
+    """Whether the request speaks a stateless revision (2026-07-28), with its wider shapes."""
+    return ctx.protocol_version in MODERN_PROTOCOL_VERSIONS
 
 
 def _header(scope: Scope, name: str) -> str | None:

@@ -16,21 +16,23 @@ META_PARALLEL_SAFE = "carmy/parallel_safe"
 META_REQUEST_ID = "carmy/request_id"  # on a call: its idempotency key, as request_id in carmy/1
 META_EXECUTION_ID = "carmy/execution_id"
 META_REPLAYED = "carmy/replayed"
+META_ERROR = "carmy/error"  # on a failed call: the carmy/1 error object, for code that acts on it
 
 
-def mcp_tool(spec: ToolSpec) -> types.Tool:
+def mcp_tool(spec: ToolSpec, *, title: str | None = None, any_output: bool = False) -> types.Tool:
     """The MCP definition of a tool: hints from its effect, the exact metadata in ``_meta``.
 
     All four hints are set explicitly, because MCP's defaults are the pessimistic ones
-    (destructive, open world).
+    (destructive, open world). ``any_output``: the revision allows output schemas that are not
+    objects (2026-07-28); up to 2025-11-25 only objects are, and other outputs are text only.
     """
-    # MCP up to 2025-11-25 only allows object output schemas; other outputs are text only.
-    output_schema = spec.output_schema if spec.output_schema.get("type") == "object" else None
+    object_output = spec.output_schema.get("type") == "object"
     return types.Tool(
         name=spec.name,
+        title=title,
         description=spec.description,
         input_schema=spec.input_schema,
-        output_schema=output_schema,
+        output_schema=spec.output_schema if object_output or (any_output and spec.output_schema) else None,
         annotations=types.ToolAnnotations(
             read_only_hint=spec.effect in ("none", "read"),
             destructive_hint=spec.effect == "destructive",
@@ -56,27 +58,28 @@ class _ResultBody(msgspec.Struct):
 _result_decoder = msgspec.json.Decoder(_ResultBody)
 
 
-def call_result(record: Record, *, replayed: bool) -> types.CallToolResult:
+def call_result(record: Record, *, replayed: bool, any_output: bool = False) -> types.CallToolResult:
     """A final record as an MCP tool result.
 
-    Success: the data as JSON text, and as ``structuredContent`` when it is an object.
-    Failure: ``isError``, the error object as JSON text and as ``structuredContent.error``.
+    Success: the data as JSON text, and as ``structuredContent`` when it is an object (any value
+    when ``any_output``, as 2026-07-28 allows).
+
+    Failure: ``isError`` and the error object as JSON text, which every client hands to the
+    model, and in ``_meta["carmy/error"]`` for code that acts on its fields. Not in
+    ``structuredContent``: clients (the TypeScript SDK, the Inspector) validate that against the
+    tool's ``outputSchema`` even on errors, and would throw instead of showing the error.
     """
     body = _result_decoder.decode(record.body)
-    meta = {META_EXECUTION_ID: body.execution_id, META_REPLAYED: replayed}
+    meta: dict[str, Any] = {META_EXECUTION_ID: body.execution_id, META_REPLAYED: replayed}
     if len(body.error):
         text = bytes(body.error).decode()
-        return types.CallToolResult(
-            content=[types.TextContent(text=text)],
-            structured_content={"error": msgspec.json.decode(text)},
-            is_error=True,
-            _meta=meta,
-        )
+        meta[META_ERROR] = msgspec.json.decode(text)
+        return types.CallToolResult(content=[types.TextContent(text=text)], is_error=True, _meta=meta)
     raw = bytes(body.data)
     value: Any = msgspec.json.decode(raw)
     return types.CallToolResult(
         content=[types.TextContent(text=raw.decode())],
-        structured_content=value if isinstance(value, dict) else None,
+        structured_content=value if isinstance(value, dict) or any_output else None,
         _meta=meta,
     )
 

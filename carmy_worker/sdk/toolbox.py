@@ -37,6 +37,7 @@ class Tool:
     fn: Callable[..., Any]
     is_async: bool
     timeout: float | None
+    title: str | None  # a display name for people (MCP's title); agents choose by name and description
     input_type: Any  # None when the tool takes no input
     output_type: Any
     input_decoder: msgspec.json.Decoder[Any] | None
@@ -66,6 +67,7 @@ class Toolbox:
         self,
         *,
         name: str | None = None,
+        title: str | None = None,
         description: str | None = None,
         effect: Effect = _REQUIRED,
         idempotent: bool = False,
@@ -77,14 +79,15 @@ class Toolbox:
 
         ``effect`` is required: one of ``none``, ``read``, ``write``, ``external_write``,
         ``destructive``. ``timeout`` is in seconds (default: the worker's
-        ``CARMY_DEFAULT_TIMEOUT``). The function takes ``(ctx: Context)`` or
+        ``CARMY_DEFAULT_TIMEOUT``). ``title`` is an optional display name for people, served
+        as the MCP tool's ``title`` (carmy/1's catalog has no such field). The function takes ``(ctx: Context)`` or
         ``(ctx: Context, input: T)`` and returns a msgspec-encodable value; input and output
         annotations are required, as the schemas come from them.
         """
 
         def register(fn: Callable[..., Any]) -> Callable[..., Any]:
             tool = _build(
-                fn, name=name, description=description, effect=effect, idempotent=idempotent,
+                fn, name=name, title=title, description=description, effect=effect, idempotent=idempotent,
                 parallel_safe=parallel_safe, confirmation=confirmation, timeout=timeout,
             )
             if tool.name in self._tools:
@@ -99,6 +102,7 @@ def _build(
     fn: Callable[..., Any],
     *,
     name: str | None,
+    title: str | None,
     description: str | None,
     effect: Any,
     idempotent: bool,
@@ -113,6 +117,8 @@ def _build(
 
     if not isinstance(tool_name, str) or not _NAME.fullmatch(tool_name):
         raise fail("the name must be 1-128 characters of A-Z a-z 0-9 _ - .")
+    if title is not None and (not isinstance(title, str) or not title.strip() or len(title) > 200):
+        raise fail("a title must be a non-blank string of at most 200 characters")
     if effect is _REQUIRED:
         raise fail(f"effect is required, one of {', '.join(EFFECTS)}")
     if effect not in EFFECTS:
@@ -145,7 +151,7 @@ def _build(
         effect=effect, idempotent=idempotent, parallel_safe=parallel_safe, confirmation=confirmation,
     )
     return Tool(
-        spec=spec, fn=fn, is_async=inspect.iscoroutinefunction(fn), timeout=timeout,
+        spec=spec, fn=fn, is_async=inspect.iscoroutinefunction(fn), timeout=timeout, title=title,
         input_type=input_type, output_type=output_type,
         input_decoder=input_decoder, output_decoder=output_decoder,
     )

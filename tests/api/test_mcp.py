@@ -89,12 +89,14 @@ async def appears(path: Path, timeout: float) -> bool:
 
 
 def error_of(result: CallToolResult) -> dict[str, Any]:
-    """The error object of a failed call, checking that text and structured content agree."""
+    """The error object of a failed call, checking that the text and ``_meta`` agree. No
+    ``structuredContent``: clients would check it against the tool's output schema."""
     assert result.is_error
     assert len(result.content) == 1 and result.content[0].type == "text"
     err: dict[str, Any] = json.loads(result.content[0].text)
-    assert result.structured_content == {"error": err}
+    assert result.structured_content is None
     assert result.meta is not None and result.meta["carmy/execution_id"].startswith("exec_")
+    assert result.meta["carmy/error"] == err
     return err
 
 
@@ -111,6 +113,33 @@ async def test_auto_negotiates_the_stateless_protocol(url: str) -> None:
     async with connect(url) as client:
         assert client.protocol_version == "2026-07-28"
         assert client.server_capabilities.tools is not None
+        info = client.server_info
+        assert info is not None and (info.name, info.title) == ("carmy", "Carmy")
+        assert info.description is not None and "carmy/request_id" in info.description
+
+
+async def test_titles_and_caching_on_the_stateless_protocol(url: str) -> None:
+    async with connect(url) as client:
+        listed = await client.list_tools()
+    tools = {t.name: t for t in listed.tools}
+    assert tools["words"].title == "Split into words"
+    assert tools["echo"].title is None
+    # As long as GET /agent/tools may be cached (Cache-Control: private, max-age=60).
+    assert (listed.ttl_ms, listed.cache_scope) == (60000, "private")
+
+
+@pytest.mark.parametrize(("mode", "structured"), [("legacy", False), ("auto", True)])
+async def test_non_object_output(url: str, mode: str, structured: bool) -> None:
+    """2026-07-28 allows any JSON value as structured content; earlier revisions objects only."""
+    async with connect(url, mode) as client:
+        words = {t.name: t for t in (await client.list_tools()).tools}["words"]
+        result = await client.call_tool("words", {"text": "a b"})
+    assert json.loads(result.content[0].text) == ["a", "b"]
+    if structured:
+        assert words.output_schema is not None and words.output_schema["type"] == "array"
+        assert result.structured_content == ["a", "b"]
+    else:
+        assert words.output_schema is None and result.structured_content is None
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -183,12 +212,13 @@ async def test_confirmation_required(url: str) -> None:
     assert err["category"] == "permission"
 
 
-async def test_unknown_tool(url: str) -> None:
-    async with connect(url) as client:
-        result = await client.call_tool("no_such_tool", {})
-    err = error_of(result)
-    assert err["code"] == "TOOL_NOT_FOUND"
-    assert err["category"] == "not_found"
+@pytest.mark.parametrize("mode", MODES)
+async def test_unknown_tool_is_a_protocol_error(url: str, mode: str) -> None:
+    async with connect(url, mode) as client:
+        with pytest.raises(MCPError) as refused:
+            await client.call_tool("no_such_tool", {})
+    assert refused.value.error.code == -32602
+    assert refused.value.error.message == "Unknown tool: no_such_tool"
 
 
 @pytest.mark.parametrize(("arguments", "path"), [
@@ -282,36 +312,41 @@ def call_error(response: httpx.Response) -> dict[str, Any]:
     else:
         message = response.json()
     result = message["result"]
-    assert result["isError"] is True
-    err: dict[str, Any] = result["structuredContent"]["error"]
+    assert result["isError"] is True and "structuredContent" not in result
+    err: dict[str, Any] = result["_meta"]["carmy/error"]
+    assert json.loads(result["content"][0]["text"]) == err
     return err
 
 
 async def test_cancelled_notification_at_another_replica(url: str, other_url: str, stack: Stack) -> None:
     tag = "mcp-replica"
+    params = {"name": "linger", "arguments": {"seconds": 20, "tag": tag}, "_meta": {"carmy/request_id": tag}}
     async with httpx.AsyncClient(timeout=10) as http:
         headers = await handshake(http, url)
-        call = rpc("tools/call", {"name": "linger", "arguments": {"seconds": 20, "tag": tag}}, id=7)
-        async with http.stream("POST", url, headers=headers, json=call) as answer:
+        async with http.stream("POST", url, headers=headers, json=rpc("tools/call", params, id=7)) as answer:
             assert await appears(stack.tmp / f"linger-start-{tag}", 30)
             # The call's stream stays open: only the notification, at the other replica, cancels it.
             cancel = rpc("notifications/cancelled", {"requestId": 7})
             assert (await http.post(other_url, headers=headers, json=cancel)).status_code == 202
             assert await appears(stack.tmp / f"linger-cancelled-{tag}", 10)  # else it runs 20 s
             await answer.aread()
-    assert call_error(answer)["code"] == "CANCELLED"
+        # The stream ends with no answer, as MCP says; the record says what happened, for a retry.
+        assert answer.status_code == 200 and answer.text == ""
+        retry = await http.post(url, headers=headers, json=rpc("tools/call", params, id=8))
+    assert call_error(retry)["code"] == "CANCELLED"
 
 
 async def test_cancelled_notification_before_its_call(url: str) -> None:
+    tag = "mcp-overtaken"
     async with httpx.AsyncClient(timeout=10) as http:
         headers = await handshake(http, url)
         cancel = rpc("notifications/cancelled", {"requestId": 9})
         assert (await http.post(url, headers=headers, json=cancel)).status_code == 202
-        call = rpc("tools/call", {"name": "linger", "arguments": {"seconds": 20, "tag": "mcp-overtaken"}}, id=9)
+        call = rpc("tools/call", {"name": "linger", "arguments": {"seconds": 20, "tag": tag}}, id=9)
         started = time.monotonic()
         r = await http.post(url, headers=headers, json=call)
     assert time.monotonic() - started < 5
-    assert call_error(r)["code"] == "CANCELLED"
+    assert r.status_code == 200 and r.text == ""
 
 
 async def test_no_server_stream(url: str) -> None:
@@ -319,6 +354,38 @@ async def test_no_server_stream(url: str) -> None:
         headers = await handshake(http, url)
         r = await http.get(url, headers=headers)
     assert r.status_code == 405
+
+
+@pytest.mark.parametrize("version", [None, "2025-11-25", "2026-07-28"])
+@pytest.mark.parametrize("body", [
+    b'{"jsonrpc": "1.0", "id": 1, "method": "tools/list"}',
+    b'{"jsonrpc": "2.0", "id": 1}',
+    b'{"jsonrpc": "2.0", "id": 1, "method": 5}',
+    b'[{"jsonrpc": "2.0", "id": 1, "method": "tools/list"}]',
+    b'"tools/list"',
+])
+async def test_malformed_json_rpc(url: str, body: bytes, version: str | None) -> None:
+    headers = {**ACCEPT, "content-type": "application/json"} | ({"mcp-protocol-version": version} if version else {})
+    async with httpx.AsyncClient(timeout=10) as http:
+        r = await http.post(url, content=body, headers=headers)
+    assert r.status_code == 400
+    assert r.json()["error"]["code"] == -32600
+    assert "validation" not in r.text  # no internals
+
+
+async def test_not_json(url: str) -> None:
+    async with httpx.AsyncClient(timeout=10) as http:
+        r = await http.post(url, content=b'{"jsonrpc": ', headers={**ACCEPT, "content-type": "application/json"})
+    assert r.status_code == 400
+    assert r.json()["error"]["code"] == -32700
+
+
+@pytest.mark.parametrize("method", ["GET", "DELETE", "PUT"])
+async def test_methods_other_than_post(url: str, method: str) -> None:
+    async with httpx.AsyncClient(timeout=10) as http:
+        r = await http.request(method, url, headers=ACCEPT)
+    assert r.status_code == 405
+    assert r.headers["allow"] == "POST"
 
 
 async def test_api_keys(keyed_url: str) -> None:

@@ -64,6 +64,12 @@ async def echo(ctx: Context, input: EchoInput) -> EchoOutput:
     return EchoOutput(text=input.text * input.times)
 
 
+@tools.tool(effect="read", idempotent=True, parallel_safe=True, title="Split into words")
+async def words(ctx: Context, input: EchoInput) -> list[str]:
+    """Split the text into words: a list, not an object."""
+    return input.text.split() * input.times
+
+
 @tools.tool(effect="read", idempotent=True, parallel_safe=True)
 def echo_sync(ctx: Context, input: EchoInput) -> EchoOutput:
     """Echo the text from a thread."""

@@ -132,6 +132,18 @@ def test_bad_timeout(timeout: object) -> None:
         register(search, timeout=timeout)
 
 
+@pytest.mark.parametrize("title", ["", "  ", 5, "x" * 201])
+def test_bad_title(title: object) -> None:
+    with refused("search", "a title must be a non-blank string"):
+        register(search, title=title)
+
+
+def test_title_is_for_mcp_only() -> None:
+    tool = register(search, title="Search the catalog")
+    assert tool.title == "Search the catalog"
+    assert "title" not in msgspec.json.decode(msgspec.json.encode(tool.spec))  # carmy/1's catalog has none
+
+
 def test_description_is_required() -> None:
     def quiet(ctx: Context) -> int:
         return 1
