@@ -204,6 +204,14 @@ async def test_tool_error_is_the_error_object(url: str, mode: str) -> None:
     }
 
 
+@pytest.mark.parametrize("mode", MODES)
+async def test_timeout_is_a_tool_error(url: str, mode: str) -> None:
+    async with connect(url, mode) as client:
+        result = await client.call_tool("sleepy", {"seconds": 5, "tag": f"mcp-timeout-{mode}"})
+    err = error_of(result)
+    assert (err["code"], err["category"]) == ("TIMEOUT", "timeout")
+
+
 async def test_confirmation_required(url: str) -> None:
     async with connect(url) as client:
         result = await client.call_tool("wipe")
