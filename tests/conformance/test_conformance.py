@@ -53,6 +53,10 @@ prompts-get-with-args          no
 prompts-get-embedded-resource  no
 prompts-get-with-image         no
 =============================  =======  =========================================================
+
+0.2.0 (alphas on npm, not pinned here) adds 2026-07-28 scenarios (server-stateless, caching,
+http-header-validation, tasks-*, input-required-result-*) and runs the tools scenarios at
+2026-07-28 with ``--spec-version``.
 """
 
 from __future__ import annotations
