@@ -3,24 +3,27 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
+import uvicorn
+from starlette.applications import Starlette
 
 # Starting processes and waiting for them is shared with the benchmark; tests may import bench/,
 # never the other way round.
 from bench.processes import ROOT, Proc, RedisServer, StartError, free_port, on_free_port, try_check, wait_until
 
 __all__ = ["ROOT", "Call", "Load", "Proc", "RedisServer", "Sample", "Stack", "StartError", "free_port", "marked",
-           "new_tmp", "wait_until", "wait_until_async"]
+           "new_tmp", "serving", "wait_until", "wait_until_async"]
 
 # Seconds a worker or API process may take to be ready. Generous, for a busy machine: a process
 # that exits stops the wait at once, with its log in the error.
@@ -88,6 +91,25 @@ class Stack:
     def close(self) -> None:
         for proc in self.procs:
             proc.close()
+
+
+@contextlib.contextmanager
+def serving(app: Starlette) -> Iterator[str]:
+    """``app`` under uvicorn in a thread of its own (a real server: a client going away is a real
+    disconnect, and programs in other languages can call it); yields its base URL."""
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+                                           timeout_graceful_shutdown=2))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    wait_until(lambda: server.started or not thread.is_alive())
+    if not server.started:
+        raise RuntimeError("uvicorn did not start")
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(15)
 
 
 def marked(path: Path, timeout: float = 30.0) -> str:

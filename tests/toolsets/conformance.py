@@ -1,0 +1,78 @@
+"""The tools the official MCP conformance suite (``@modelcontextprotocol/conformance``) calls by
+name in its server scenarios, as far as an execution backend can serve them
+(tests/conformance/test_conformance.py runs the suite against a worker serving these).
+
+Not here, because a Carmy tool cannot do what the scenario asks of it:
+
+* ``test_image_content``, ``test_audio_content``, ``test_embedded_resource``,
+  ``test_multiple_content_types``: a tool returns JSON data, which /mcp sends as one text item
+  (and as ``structuredContent``); there is no way to return image, audio or resource content;
+* ``test_tool_with_logging``: /mcp has no logging capability (``notifications/message``);
+* ``test_sampling``, ``test_elicitation``, ``test_elicitation_sep1034_defaults``,
+  ``test_elicitation_sep1330_enums``: a tool cannot send the client a request
+  (``sampling/createMessage``, ``elicitation/create``) and wait for its answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import msgspec
+
+from carmy_worker import Context, Toolbox, ToolError
+
+tools = Toolbox()
+
+
+@tools.tool(effect="none", idempotent=True, parallel_safe=True)
+async def test_simple_text(ctx: Context) -> str:
+    """Return a simple text (tools-call-simple-text)."""
+    # Sent as JSON text: the content's text is this string in quotes.
+    return "This is a simple text response for testing."
+
+
+@tools.tool(effect="none", idempotent=True, parallel_safe=True)
+async def test_error_handling(ctx: Context) -> None:
+    """Always fail (tools-call-error)."""
+    raise ToolError("TEST_ERROR", "This tool intentionally returns an error for testing")
+
+
+class Done(msgspec.Struct):
+    done: bool
+
+
+@tools.tool(effect="none", idempotent=True, parallel_safe=True)
+async def test_tool_with_progress(ctx: Context) -> Done:
+    """Report progress 0, 50 and 100 of 100, 50 ms apart (tools-call-with-progress)."""
+    for i, step in enumerate((0, 50, 100)):
+        if i:
+            await asyncio.sleep(0.05)
+        ctx.progress(step, total=100)
+    return Done(done=True)
+
+
+@tools.tool(effect="none", idempotent=True, parallel_safe=True)
+async def test_reconnection(ctx: Context) -> Done:
+    """Answer after a moment (server-sse-polling). The scenario wants a tool that closes its SSE
+    stream mid-call for the client to resume with Last-Event-ID; Carmy's /mcp is stateless and
+    keeps no events to resume from, so the answer comes on the call's own stream."""
+    await asyncio.sleep(0.05)
+    return Done(done=True)
+
+
+# json-schema-2020-12 wants this tool's inputSchema to keep "$defs" with an "address" entry:
+# msgspec names a definition after its class, hence the lower-case class name.
+class address(msgspec.Struct):
+    street: str = ""
+    city: str = ""
+
+
+class JsonSchemaInput(msgspec.Struct):
+    name: str = ""
+    address: address | None = None
+
+
+@tools.tool(effect="none", idempotent=True, parallel_safe=True)
+async def json_schema_2020_12_tool(ctx: Context, input: JsonSchemaInput) -> Done:
+    """Tool with JSON Schema 2020-12 features (json-schema-2020-12)."""
+    return Done(done=True)
