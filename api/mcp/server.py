@@ -132,6 +132,7 @@ class McpServer:
         if manager is None:
             await Response("MCP is not running: the app's lifespan has not started.", 503)(scope, receive, send)
             return
+        scope = _trimmed(scope)
         if scope["method"] != "POST":
             # Stateless: no stream of server-initiated messages (GET) and no session to end (DELETE).
             await Response(status_code=405, headers={"allow": "POST"})(scope, receive, send)
@@ -321,6 +322,16 @@ def _session(ctx: Ctx) -> str | None:
 def _modern(ctx: Ctx) -> bool:
     """Whether the request speaks a stateless revision (2026-07-28), with its wider shapes."""
     return ctx.protocol_version in MODERN_PROTOCOL_VERSIONS
+
+
+def _trimmed(scope: Scope) -> Scope:
+    """``scope`` with the whitespace around ``Mcp-*`` header values removed, as RFC 9110 says a
+    field value is read (the SDK compares them with the body as they come; a value whose edges
+    matter is sent base64-wrapped, so nothing is lost)."""
+    headers = scope["headers"]
+    if not any(k.startswith(b"mcp-") and v != v.strip(b" \t") for k, v in headers):
+        return scope
+    return {**scope, "headers": [(k, v.strip(b" \t") if k.startswith(b"mcp-") else v) for k, v in headers]}
 
 
 def _header(scope: Scope, name: str) -> str | None:

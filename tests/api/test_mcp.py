@@ -28,6 +28,7 @@ from starlette.applications import Starlette
 
 from api.app import create_app
 from api.settings import ApiKey, ApiSettings
+from tests import raw
 from tests.support import Stack, free_port, wait_until
 
 MODES = ["legacy", "auto"]
@@ -413,3 +414,28 @@ async def test_api_keys(keyed_url: str) -> None:
     assert who.structured_content == {"principal": "alice", "session": None, "permissions": ["confirm:wipe"],
                                       "request_id": None}
     assert not wiped.is_error
+
+
+def raw_post(url: str, body: bytes, headers: dict[str, str]) -> bytes:
+    """A POST over a bare socket (httpx refuses to send a header value with spaces around it);
+    the whole response."""
+    base, _, path = url.removeprefix("http://").partition("/")
+    lines = [f"POST /{path} HTTP/1.1", f"Host: {base}", "Connection: close", f"Content-Length: {len(body)}",
+             *(f"{k}: {v}" for k, v in headers.items())]
+    with raw.connect("http://" + base) as sock:
+        sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode() + body)
+        return raw.until_closed(sock)[1]
+
+
+async def test_routing_headers_are_read_without_surrounding_whitespace(url: str) -> None:
+    """2026-07-28's Mcp-Method and Mcp-Name must match the body; spaces around a header's value
+    are not part of it (RFC 9110)."""
+    meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {}}
+    call = json.dumps(rpc("tools/call", {"name": "echo", "arguments": {"text": "a"}, "_meta": meta}, id=1)).encode()
+    headers = {**ACCEPT, "content-type": "application/json", "mcp-protocol-version": "2026-07-28",
+               "mcp-method": "tools/call"}
+    spaced = await anyio.to_thread.run_sync(raw_post, url, call, {**headers, "mcp-name": "  echo \t"})
+    other = await anyio.to_thread.run_sync(raw_post, url, call, {**headers, "mcp-name": "echo_sync"})
+    assert spaced.startswith(b"HTTP/1.1 200") and b'"isError":false' in spaced
+    assert other.startswith(b"HTTP/1.1 400") and b"-32020" in other
