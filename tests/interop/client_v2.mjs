@@ -8,7 +8,7 @@ import { Client, StreamableHTTPClientTransport } from '@modelcontextprotocol/cli
 import { authHeaders, giveUp, onerror, recordingFetch, serve, thrown, withClient } from './agent.mjs';
 import { taskScenarios } from './tasks_v2.mjs';
 
-export async function connect(command) {
+async function connect(command) {
     const recorder = recordingFetch();
     const transport = new StreamableHTTPClientTransport(new URL(command.url), {
         fetch: recorder.fetch, requestInit: { headers: authHeaders(command) },
@@ -79,7 +79,7 @@ const scenarios = {
         });
     },
 
-    ...taskScenarios,
+    ...taskScenarios(connect, withClient),
 };
 
 await serve(scenarios);
