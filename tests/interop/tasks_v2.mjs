@@ -53,7 +53,8 @@ export function taskScenarios(connect, withClient) {
     return {
         // A call through an ext-tasks session. Answers {capabilities, kind, taskId, outcome}; a call
         // that became a task says so first ({"event": "task", taskId, status}, from tasks/get) and,
-        // with "cancel", waits for the test's go before cancelling it (tasks/cancel).
+        // with "cancel", sends it a tasks/update, then waits for the test's go to cancel it
+        // (tasks/cancel).
         async task(command) {
             return withClient(connect, command, async ({ client, fetch }) => {
                 await client.listTools();
@@ -80,6 +81,9 @@ export function taskScenarios(connect, withClient) {
                         Object.assign(answer, { taskId, status: snapshot.status });
                         emit({ id: command.id, event: 'task', taskId, status: snapshot.status });
                         if (command.cancel) {
+                            // tasks/update with no input responses: Carmy's tools ask for none, so
+                            // it is only acknowledged.
+                            answer.update = await session.task(taskId).update({}).then(() => 'ok', thrown);
                             await nextMessage();
                             await execution.cancel();
                         }

@@ -62,7 +62,8 @@ def test_long_tool_runs_as_a_task(agent: Agent, url: str, stack: Stack) -> None:
 
 
 def test_cancel_a_task(agent: Agent, url: str, stack: Stack) -> None:
-    """tasks/get says it is working; tasks/cancel cancels the running tool (else it runs 300 s)."""
+    """tasks/get says it is working, tasks/update is acknowledged, and tasks/cancel cancels the
+    running tool (else it runs 300 s)."""
     tag = "interop-task-cancel"
     command = agent.start("task", url, cancel=True, call={"name": "hold", "arguments": {"seconds": 300, "tag": tag}})
     event = agent.next(command)
@@ -71,5 +72,6 @@ def test_cancel_a_task(agent: Agent, url: str, stack: Stack) -> None:
     agent.send({"id": command, "cancel": True})
     assert marked(stack.tmp / f"hold-cancelled-{tag}", 10).split() == [event["taskId"]]
     answer = agent.answer(command)
+    assert answer["update"] == "ok"
     assert answer["outcome"]["status"] == "cancelled"
     assert answer["errors"] == []
