@@ -37,12 +37,15 @@ TOKEN = "alice-token-0123456789"
 
 # --- the clients, installed when the lock file changes ----------------------------------------
 
+class InstallError(Exception):
+    pass
+
+
 def _tool(name: str) -> str:
     path = shutil.which(name)
     if path is None:
-        pytest.fail(f"tests/interop needs Node.js >= {NODE_MAJOR} and npm on PATH: {name} was not found. "
-                    "Install them (https://nodejs.org) or deselect the suite (--ignore=tests/interop).",
-                    pytrace=False)
+        raise InstallError(f"tests/interop needs Node.js >= {NODE_MAJOR} and npm on PATH: {name} was not found. "
+                           "Install them (https://nodejs.org) or leave the suite out (--ignore=tests/interop).")
     return path
 
 
@@ -52,23 +55,46 @@ def install_clients() -> str:
     node, npm = _tool("node"), _tool("npm")
     version = subprocess.run([node, "--version"], capture_output=True, text=True, check=True).stdout.strip()
     if int(version.lstrip("v").split(".")[0]) < NODE_MAJOR:
-        pytest.fail(f"tests/interop needs Node.js >= {NODE_MAJOR}, found {version}", pytrace=False)
+        raise InstallError(f"tests/interop needs Node.js >= {NODE_MAJOR}, found {version}")
     digest = hashlib.sha256(LOCK.read_bytes()).hexdigest()
     with (HERE / ".npm-install.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if STAMP.is_file() and STAMP.read_text() == digest:
             return node
         done = subprocess.run([npm, "ci", "--no-audit", "--no-fund", "--loglevel=error"], cwd=HERE,
-                              capture_output=True, text=True, timeout=300)
+                              capture_output=True, text=True, timeout=600)
         if done.returncode != 0:
-            pytest.fail(f"npm ci in {HERE} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}", pytrace=False)
+            raise InstallError(f"npm ci in {HERE} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
         STAMP.write_text(digest)
     return node
 
 
+_installed: str | InstallError | None = None
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Install before the first test, when the suite is selected: a cold ``npm ci`` may take
+    longer than a test's timeout, which a fixture's work counts against."""
+    global _installed
+    if any(Path(item.path).is_relative_to(HERE) for item in session.items):
+        try:
+            _installed = install_clients()
+        except InstallError as exc:
+            _installed = exc
+
+
 @pytest.fixture(scope="session")
 def node() -> str:
-    return install_clients()
+    """The node that runs the clients, once they are installed."""
+    installed = _installed
+    if installed is None:  # selected in a way collection did not see: install now
+        try:
+            installed = install_clients()
+        except InstallError as exc:
+            installed = exc
+    if isinstance(installed, InstallError):
+        pytest.fail(str(installed), pytrace=False)
+    return installed
 
 
 # --- the app -----------------------------------------------------------------------------------
