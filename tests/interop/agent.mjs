@@ -5,7 +5,8 @@
 // Protocol: each stdin line is a command {"id", "scenario", "url", "token"?, ...}; the script runs
 // its scenarios one at a time and answers each with one line {"id", "scenario", "errors", ...}.
 // A scenario may print progress lines {"id", "event"} first and read further stdin lines (the
-// cancel scenario waits for {"id", "abort": true}). By hand:
+// cancel scenario waits for {"id", "abort": true}). By hand, either way:
+//   node sdk_v1.mjs http://127.0.0.1:8000/mcp list '{"token": "..."}'
 //   echo '{"id":1,"scenario":"list","url":"http://127.0.0.1:8000/mcp"}' | node sdk_v1.mjs
 
 import { createInterface } from 'node:readline';
@@ -33,7 +34,9 @@ console.error = (...args) => {
     consoleError(...args);
 };
 export function onerror(error) {
-    reported.push(`onerror: ${error instanceof Error ? `${error.name}: ${error.message}` : String(error)}`);
+    const text = `onerror: ${error instanceof Error ? `${error.name}: ${error.message}` : String(error)}`;
+    reported.push(text);
+    consoleError(text);
 }
 
 /** A thrown error as the test reads it. */
@@ -143,10 +146,15 @@ export async function giveUp(command, { client, exchanges }, start) {
                                   messages: messagesIn(stream) } };
 }
 
-/** Run ``scenarios[command.scenario](command)`` for each command on stdin, one at a time. */
+/**
+ * Run ``scenarios[command.scenario](command)`` for each command on stdin, one at a time; or, given
+ * arguments (URL SCENARIO [JSON]), that one command.
+ */
 export async function serve(scenarios) {
+    const [url, name, args] = process.argv.slice(2);
+    const once = url === undefined ? undefined : { id: 1, scenario: name, url, ...JSON.parse(args ?? '{}') };
     for (;;) {
-        const command = await nextMessage();
+        const command = once ?? await nextMessage();
         if (command === undefined) return;
         reported.length = 0;
         const scenario = scenarios[command.scenario];
@@ -158,6 +166,7 @@ export async function serve(scenarios) {
             answer = { failed: thrown(error), stack: error?.stack };
         }
         emit({ id: command.id, scenario: command.scenario, errors: [...reported], ...answer });
+        if (once) return;
     }
 }
 
