@@ -5,8 +5,6 @@ give scenarios to and read JSON answers from."""
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import hashlib
 import itertools
 import json
 import queue
@@ -18,17 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import uvicorn
-from starlette.applications import Starlette
 
 from api.app import create_app
 from api.settings import ApiKey, ApiSettings
-from tests.support import Stack, free_port, wait_until
+from tests.npm import npm_install
+from tests.support import Stack, serving
 
 HERE = Path(__file__).parent
-LOCK = HERE / "package-lock.json"
-MODULES = HERE / "node_modules"
-STAMP = MODULES / ".carmy-installed"  # the hash of the lock file npm ci last installed
 NODE_MAJOR = 20
 ANSWER_TIMEOUT = 30.0  # seconds a scenario may take (the slowest waits out a 1 s tool timeout)
 
@@ -41,31 +35,20 @@ class InstallError(Exception):
     pass
 
 
-def _tool(name: str) -> str:
-    path = shutil.which(name)
-    if path is None:
-        raise InstallError(f"tests/interop needs Node.js >= {NODE_MAJOR} and npm on PATH: {name} was not found. "
-                           "Install them (https://nodejs.org) or leave the suite out (--ignore=tests/interop).")
-    return path
-
-
 def install_clients() -> str:
-    """``npm ci`` into tests/interop/node_modules unless the lock file is the one last installed
-    (a stamp holds its hash); another process installing meanwhile is waited for. Returns node."""
-    node, npm = _tool("node"), _tool("npm")
+    """The clients installed (``tests.npm.npm_install``: ``npm ci`` when the lock file changed);
+    returns the node that runs them."""
+    node = shutil.which("node")
+    if node is None or shutil.which("npm") is None:
+        raise InstallError(f"tests/interop needs Node.js >= {NODE_MAJOR} and npm on PATH. Install them "
+                           "(https://nodejs.org) or leave the suite out (--ignore=tests/interop).")
     version = subprocess.run([node, "--version"], capture_output=True, text=True, check=True).stdout.strip()
     if int(version.lstrip("v").split(".")[0]) < NODE_MAJOR:
         raise InstallError(f"tests/interop needs Node.js >= {NODE_MAJOR}, found {version}")
-    digest = hashlib.sha256(LOCK.read_bytes()).hexdigest()
-    with (HERE / ".npm-install.lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if STAMP.is_file() and STAMP.read_text() == digest:
-            return node
-        done = subprocess.run([npm, "ci", "--no-audit", "--no-fund", "--loglevel=error"], cwd=HERE,
-                              capture_output=True, text=True, timeout=600)
-        if done.returncode != 0:
-            raise InstallError(f"npm ci in {HERE} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
-        STAMP.write_text(digest)
+    try:
+        npm_install(HERE)
+    except RuntimeError as exc:
+        raise InstallError(str(exc)) from exc
     return node
 
 
@@ -99,38 +82,19 @@ def node() -> str:
 
 # --- the app -----------------------------------------------------------------------------------
 
-@contextlib.contextmanager
-def serving(app: Starlette) -> Iterator[str]:
-    """The app under uvicorn in a thread of its own (a client going away is a real disconnect);
-    yields its /mcp URL."""
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                                           timeout_graceful_shutdown=2))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    wait_until(lambda: server.started or not thread.is_alive())
-    if not server.started:
-        raise RuntimeError("uvicorn did not start")
-    try:
-        yield f"http://127.0.0.1:{port}/mcp"
-    finally:
-        server.should_exit = True
-        thread.join(15)
-
-
 @pytest.fixture(scope="module")
 def url(stack: Stack) -> Iterator[str]:
     stack.worker("tests.toolsets.interop")
-    with serving(create_app(ApiSettings(redis_url=stack.redis_url))) as u:
-        yield u
+    with serving(create_app(ApiSettings(redis_url=stack.redis_url))) as base:
+        yield base + "/mcp"
 
 
 @pytest.fixture(scope="module")
 def keyed_url(stack: Stack, url: str) -> Iterator[str]:
     """A second API process on the same Redis and worker, behind an API key."""
     keys = {TOKEN: ApiKey(principal="alice", permissions=frozenset({"confirm:wipe"}))}
-    with serving(create_app(ApiSettings(redis_url=stack.redis_url, api_keys=keys))) as u:
-        yield u
+    with serving(create_app(ApiSettings(redis_url=stack.redis_url, api_keys=keys))) as base:
+        yield base + "/mcp"
 
 
 # --- the agents --------------------------------------------------------------------------------

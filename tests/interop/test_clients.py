@@ -37,7 +37,7 @@ def result_of(answer: dict[str, Any]) -> dict[str, Any]:
 
 
 def tool_error(answer: dict[str, Any]) -> dict[str, Any]:
-    """The carmy/1 error object of an error result, checking the result's shape (spec item 1)."""
+    """The carmy/1 error object of an error result, checking the result's shape."""
     result = result_of(answer)
     assert result["isError"] is True
     assert [c["type"] for c in result["content"]] == ["text"]
@@ -85,30 +85,25 @@ def test_tools_list(agent: Agent, url: str) -> None:
     assert tools["publish"]["_meta"]["carmy/confirmation"] == "required"
 
 
+@pytest.mark.parametrize("agent", [MODERN], indirect=True)  # ttlMs and cacheScope are 2026-07-28's
 def test_tools_list_is_cacheable_for_a_minute(agent: Agent, url: str) -> None:
-    """2026-07-28 (spec item 4): as GET /agent/tools' Cache-Control: private, max-age=60."""
-    if agent.name != MODERN:
-        pytest.skip("ttlMs and cacheScope are 2026-07-28's")
+    """As GET /agent/tools' Cache-Control: private, max-age=60."""
     listed = agent.run("list", url)["listed"]
     assert (listed.get("ttlMs"), listed.get("cacheScope")) == (60000, "private")
 
 
 def test_tool_title(agent: Agent, url: str) -> None:
-    """Spec item 4: the title given to @tool(title=...) (tests/toolsets/interop.py)."""
-    skus = tools_of(agent.run("list", url))["skus"]
-    if agent.name == MODERN:
-        assert skus.get("title") == "List the SKUs"
-    else:  # promised on 2026-07-28; 2025-11-25 has the field too, and may carry it
-        assert skus.get("title") in (None, "List the SKUs")
+    """The title given to @tool(title=...) (tests/toolsets/interop.py); 2025-06-18 has the field too."""
+    tools = tools_of(agent.run("list", url))
+    assert tools["skus"].get("title") == "List the SKUs"
+    assert "title" not in tools["echo"]
 
 
+@pytest.mark.parametrize("agent", [MODERN], indirect=True)  # a description is 2026-07-28's
 def test_server_title_and_description(agent: Agent, url: str) -> None:
-    """Spec item 4: on 2026-07-28, serverInfo has a title and a description."""
-    if agent.name != MODERN:
-        pytest.skip("promised on 2026-07-28")
     info = agent.run("connect", url)["serverVersion"]
-    assert isinstance(info.get("title"), str) and info["title"]
-    assert isinstance(info.get("description"), str) and info["description"]
+    assert info["title"] == "Carmy"
+    assert "carmy/request_id" in info["description"]
 
 
 def test_structured_result(agent: Agent, url: str) -> None:
@@ -123,7 +118,7 @@ def test_structured_result(agent: Agent, url: str) -> None:
 
 
 def test_result_that_is_not_an_object(agent: Agent, url: str) -> None:
-    """A list: structured content with its schema on 2026-07-28 (spec item 4), text only before."""
+    """A list: structured content with its schema on 2026-07-28, text only before."""
     listed = tools_of(agent.run("list", url))["skus"]
     answer = agent.run("calls", url, calls=[{"name": "skus"}])
     assert answer["errors"] == []
@@ -150,7 +145,7 @@ REFUSED = {"code": "OUT_OF_STOCK", "message": "Nothing left.", "category": "conf
 ])
 def test_tool_error_is_a_result_the_client_reads(agent: Agent, url: str, tool: str, arguments: dict[str, Any],
                                                  code: str) -> None:
-    """Spec item 1. Every tool has an outputSchema, so sdk 1.x checks each result against it."""
+    """Every tool has an outputSchema, so sdk 1.x checks each result against it."""
     answer = agent.run("calls", url, calls=[{"name": tool, "arguments": arguments}])
     err = tool_error(answer["results"][0])
     assert err["code"] == code
@@ -160,7 +155,7 @@ def test_tool_error_is_a_result_the_client_reads(agent: Agent, url: str, tool: s
 
 
 def test_unknown_tool_is_invalid_params(agent: Agent, url: str) -> None:
-    """Spec item 3: a JSON-RPC error, which both clients throw."""
+    """a JSON-RPC error, which both clients throw."""
     answer = agent.run("calls", url, calls=[{"name": "no_such_tool", "arguments": {}}])
     thrown = answer["results"][0].get("thrown")
     assert thrown is not None, f"a result instead of a JSON-RPC error: {answer['results'][0]}"
@@ -177,7 +172,7 @@ def test_progress_in_order(agent: Agent, url: str) -> None:
 
 
 def test_cancel_stops_the_tool_and_gets_no_response(agent: Agent, url: str, stack: Stack) -> None:
-    """Spec item 2: the user gives up (AbortSignal). The running tool is cancelled (else it runs
+    """the user gives up (AbortSignal). The running tool is cancelled (else it runs
     20 s), and nothing comes back for the call: with sdk 1.x, a response would be reported as
     'Received a response for an unknown message ID'."""
     tag = f"interop-{agent.name}"

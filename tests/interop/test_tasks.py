@@ -1,4 +1,4 @@
-"""Tasks (spec item 5; SEP-2663, extension ``io.modelcontextprotocol/tasks``) driven by
+"""Tasks (SEP-2663, extension ``io.modelcontextprotocol/tasks``) driven by
 ``@modelcontextprotocol/ext-tasks`` 0.2.2 on a ``@modelcontextprotocol/client`` 2.4.0 client
 (2026-07-28), as an agent that declares the extension uses them: a call that may outlive its
 patience becomes a task built on Carmy's execution (taskId = execution id), polled with
