@@ -37,6 +37,7 @@ from api.checks import Rejected
 from api.executions import ADMISSION_GRACE_S
 from api.hub import HubUnavailable
 from api.mcp.cancel import SESSION_HEADER, CallRegistry, assigning_session_id, cancelled_request, replaying
+from api.mcp.tasks import McpTasks, TaskResult
 from api.mcp.wire import META_EXECUTION_ID, META_REPLAYED, META_REQUEST_ID, call_result, mcp_tool, progress_decoder
 from api.settings import ApiSettings
 from carmy_worker.sdk.context import AgentContext
@@ -68,9 +69,12 @@ class McpServer:
         self.registry = CallRegistry(calls.executions.redis)
         self.server: Server[Any] = Server(
             settings.server_name, version=_version(), instructions=INSTRUCTIONS,
-            on_list_tools=self._list_tools, on_call_tool=self._call_tool,
-            get_tool_input_schema=self._input_schema,
+            on_list_tools=self._list_tools, get_tool_input_schema=self._input_schema,
         )
+        # Registered directly, not as on_call_tool: on 2026-07-28 it may answer with a task.
+        self.server.add_request_handler("tools/call", types.CallToolRequestParams, self._call_tool)
+        self.tasks = McpTasks(settings=settings, executions=calls.executions)
+        self.tasks.install(self.server)
         self._listed: tuple[str, types.ListToolsResult] | None = None
         self._manager: StreamableHTTPSessionManager | None = None
 
@@ -148,9 +152,11 @@ class McpServer:
 
     # --- tools/call: the path of POST /agent/execute -----------------------------------------
 
-    async def _call_tool(self, ctx: Ctx, params: types.CallToolRequestParams) -> types.CallToolResult:
+    async def _call_tool(self, ctx: Ctx, params: types.CallToolRequestParams) -> types.CallToolResult | TaskResult:
         start = time.perf_counter()
         result = await self._answer(ctx, params)
+        if isinstance(result, dict):  # a task: logged as one (api.mcp.tasks)
+            return result
         meta = result.meta or {}
         err = result.structured_content.get("error") if result.is_error and result.structured_content else None
         log.info("mcp call", extra={"carmy": {
@@ -161,16 +167,20 @@ class McpServer:
         }})
         return result
 
-    async def _answer(self, ctx: Ctx, params: types.CallToolRequestParams) -> types.CallToolResult:
+    async def _answer(self, ctx: Ctx, params: types.CallToolRequestParams) -> types.CallToolResult | TaskResult:
         agent = trusted_context(getattr(ctx.request, "scope", {}))
         name = params.name
         try:
             request_id = _request_id(params.meta)
             arguments = params.arguments or {}
             tool = self.calls.admit(name, arguments, request_id, agent)
+            patience = self.tasks.patience(ctx)  # None: this call cannot become a task
             async with self.calls.start(tool, arguments, request_id, agent) as started:
                 record = started.record or await self._follow(ctx, started, tool, agent,
-                                                              report_progress=_may_report_progress(params.meta))
+                                                              report_progress=_may_report_progress(params.meta),
+                                                              patience=patience)
+                if record is None:  # still going after `patience`: a task to poll
+                    return await self.tasks.created(ctx, started.execution_id, name, agent, owner=started.owner)
                 return call_result(record, replayed=not started.owner)
         except Rejected as rejected:
             return _refused(name, rejected.error)
@@ -179,8 +189,9 @@ class McpServer:
             return _refused(name, store_unavailable())
 
     async def _follow(self, ctx: Ctx, started: Started, tool: CatalogTool, agent: AgentContext, *,
-                      report_progress: bool) -> Record:
-        """Relay the execution's progress until its record; cancel it if this call is cancelled."""
+                      report_progress: bool, patience: float | None = None) -> Record | None:
+        """Relay the execution's progress until its record; cancel it if this call is cancelled.
+        None if it is still going after ``patience`` seconds (it goes on, uncancelled)."""
         name, exec_id, messages, owner = tool.spec.name, started.execution_id, started.messages, started.owner
         if messages is None:  # pragma: no cover - start(follow=True) always subscribes
             raise RuntimeError("a followed call without its subscription")
@@ -199,7 +210,9 @@ class McpServer:
         try:
             if owner:
                 await self._remember(ctx, agent, exec_id, tool)
-            return await self.executions.outcome(exec_id, name, messages, on_event=report)
+            with anyio.move_on_after(patience):  # its own timeout is no cancellation of the call
+                return await self.executions.outcome(exec_id, name, messages, on_event=report)
+            return None
         except anyio.get_cancelled_exc_class():
             # The client went away, or cancelled. Only the call that started an execution
             # cancels it: a retry that joined it leaves it to its owner.
