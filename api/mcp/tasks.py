@@ -29,11 +29,11 @@ An ``Extension.intercept_tool_call`` was not used for the choice between result 
 choice is made halfway through following an execution (``McpServer._follow``), which an
 interceptor around the whole handler cannot reach.
 
-Status: ``working`` while queued or running; ``cancelled`` for a cancelled execution;
-``completed`` for any other final record, with the ``CallToolResult`` the call would have
-answered inline (tool errors included: ``isError``). ``failed`` is never used: it is for
-JSON-RPC errors, and once an execution exists every outcome, even ``EXECUTION_UNCERTAIN`` or
-``TIMEOUT``, is a tool result.
+Status: ``working`` while queued or running (``statusMessage``: the newest progress message);
+``cancelled`` for a cancelled execution; ``completed`` for any other final record, with the
+``CallToolResult`` the call would have answered inline (tool errors included: ``isError``).
+``failed`` is never used: it is for JSON-RPC errors, and once an execution exists every
+outcome, even ``EXECUTION_UNCERTAIN`` or ``TIMEOUT``, is a tool result.
 """
 
 from __future__ import annotations
@@ -184,7 +184,7 @@ class McpTasks(Extension):
     def _task(self, found: Found, result_type: Literal["task", "complete"], version: str) -> dict[str, Any]:
         record = found.record
         status: TaskStatus = "working"
-        message: str | None = "Waiting for a worker." if found.state == "queued" else "Running."
+        message: str | None = found.message or ("Waiting for a worker." if found.state == "queued" else "Running.")
         result = None
         if record is not None and record.error_code == "CANCELLED":
             status, message = "cancelled", "Cancelled."
