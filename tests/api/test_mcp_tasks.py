@@ -195,6 +195,7 @@ async def test_slow_tool_becomes_a_task(url: str, stack: Stack) -> None:
         assert created["status"] == "working"
         task_id = created["taskId"]
         assert task_id.startswith("exec_")
+        assert await appears(stack.tmp / "gate-start-life", 10)
         assert lines(stack.tmp / "gate-start-life") == [task_id]
         assert created["ttlMs"] == 86400 * 1000 and created["pollIntervalMs"] == 1000
 
@@ -224,6 +225,7 @@ async def test_task_is_an_asynchronous_execution(url: str, stack: Stack) -> None
     base = url.removesuffix("/mcp")
     async with mcp(url) as client, httpx.AsyncClient(base_url=base, timeout=10) as http:
         task_id = (await client.call("gate", {"tag": "async"}))["taskId"]
+        assert await appears(stack.tmp / "gate-start-async", 10)
         running = await http.get(f"/agent/executions/{task_id}")
         assert running.status_code == 202
         assert running.json() == {"execution_id": task_id, "status": "running"}
@@ -249,6 +251,7 @@ async def test_tool_error_completes_the_task(url: str, stack: Stack) -> None:
 async def test_cancel_cancels_the_running_tool(url: str, stack: Stack) -> None:
     async with mcp(url) as client:
         task_id = (await client.call("gate", {"tag": "cancel"}))["taskId"]
+        assert await appears(stack.tmp / "gate-start-cancel", 10)  # running, not merely queued
         ack = await client.result("tasks/cancel", {"taskId": task_id})
         assert ack["resultType"] == "complete" and set(ack) == {"resultType", "_meta"}
         assert await appears(stack.tmp / "gate-cancelled-cancel", 10)  # else it waits at its gate for good
