@@ -43,6 +43,11 @@ class Found(Struct):
     tool: str
     state: str  # queued, running or done
     record: Record | None
+    # When (Redis's clock, unix ms) it was accepted, and last changed (claimed, reported a
+    # progress message, ended).
+    created_ms: int | None = None
+    updated_ms: int | None = None
+    message: str | None = None  # the newest progress message, while it runs
 
 
 class Executions:
@@ -72,13 +77,17 @@ class Executions:
     async def lookup(self, exec_id: str, principal: str | None) -> Found | None:
         """The execution if it exists and belongs to ``principal``, else None."""
         async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.hmget(keys.execution(exec_id), ["owner", "state", "tool"])
+            pipe.hmget(keys.execution(exec_id), ["owner", "state", "tool", "message", "queued_at", "started_at",
+                                                 "message_at", "ended_at"])
             pipe.get(keys.record(exec_id))
-            (owner, state, tool), raw = await pipe.execute()
+            (owner, state, tool, message, *times), raw = await pipe.execute()
         if owner is None or owner.decode() != keys.owner(principal):
             return None  # unknown, expired, or someone else's: indistinguishable on purpose
         record = None if raw is None else record_decoder.decode(raw)
-        return Found(exec_id, tool.decode(), "done" if record else state.decode(), record)
+        return Found(exec_id, tool.decode(), "done" if record else state.decode(), record,
+                     created_ms=int(times[0]) if times[0] else None,
+                     updated_ms=max((int(t) for t in times if t), default=None),
+                     message=None if message is None else message.decode(errors="replace"))
 
     async def progress(self, exec_id: str, tool: str) -> tuple[str, Record | None]:
         """Its state (queued, running or done) and its record once done.

@@ -69,6 +69,9 @@ class ApiSettings(Struct, frozen=True, kw_only=True):
     # Replicas that must acknowledge SUBMIT and imposed records (Redis WAIT), and for how long (ms).
     wait_replicas: int = 0
     wait_timeout: int = 500
+    # MCP tasks: how long a tools/call of a client that accepts tasks is followed before it
+    # is answered with a task instead of its result.
+    mcp_task_after: float = 2.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> ApiSettings:
@@ -93,6 +96,7 @@ class ApiSettings(Struct, frozen=True, kw_only=True):
             redis_connections=env_int(env, "CARMY_REDIS_CONNECTIONS", 16),
             wait_replicas=env_int(env, "CARMY_REDIS_WAIT_REPLICAS", 0, minimum=0),
             wait_timeout=env_int(env, "CARMY_REDIS_WAIT_TIMEOUT", 500),
+            mcp_task_after=env_float(env, "CARMY_MCP_TASK_AFTER", 2.0),
         )
 
     def hosts_allowed(self) -> tuple[str, ...]:

@@ -49,6 +49,7 @@ from api.mcp.cancel import (
     replaying,
 )
 from api.mcp.envelope import envelope_error
+from api.mcp.tasks import McpTasks, TaskResult
 from api.mcp.wire import (
     META_ERROR,
     META_EXECUTION_ID,
@@ -89,11 +90,14 @@ class McpServer:
         self.server: Server[Any] = Server(
             settings.server_name, version=_version(), title=settings.server_title,
             description=settings.server_description, instructions=INSTRUCTIONS,
-            on_list_tools=self._list_tools, on_call_tool=self._call_tool,
-            get_tool_input_schema=self._input_schema,
+            on_list_tools=self._list_tools, get_tool_input_schema=self._input_schema,
             # 2026-07-28's ttlMs/cacheScope: what GET /agent/tools says in Cache-Control.
             cache_hints={"tools/list": CacheHint(ttl_ms=CATALOG_MAX_AGE_S * 1000, scope="private")},
         )
+        # Registered directly, not as on_call_tool: on 2026-07-28 it may answer with a task.
+        self.server.add_request_handler("tools/call", types.CallToolRequestParams, self._call_tool)
+        self.tasks = McpTasks(settings=settings, executions=calls.executions)
+        self.tasks.install(self.server)
         self._listed: dict[bool, tuple[str, types.ListToolsResult]] = {}
         self._manager: StreamableHTTPSessionManager | None = None
 
@@ -178,24 +182,25 @@ class McpServer:
 
     # --- tools/call: the path of POST /agent/execute -----------------------------------------
 
-    async def _call_tool(self, ctx: Ctx, params: types.CallToolRequestParams) -> types.CallToolResult:
+    async def _call_tool(self, ctx: Ctx, params: types.CallToolRequestParams) -> types.CallToolResult | TaskResult:
         start = time.perf_counter()
-        result: types.CallToolResult | None = None
+        result: types.CallToolResult | TaskResult | None = None
         try:
             result = await self._answer(ctx, params)
             return result
         finally:
-            meta = (result.meta or {}) if result is not None else {}
-            err = meta.get(META_ERROR)
-            log.info("mcp call", extra={"carmy": {
-                # An unknown tool's name is the caller's text: keep the line short whatever they sent.
-                "event": "mcp.call", "execution_id": meta.get(META_EXECUTION_ID), "tool": clip(params.name),
-                "outcome": "completed" if result is not None and not result.is_error else "failed",
-                "error_code": err.get("code") if err else None, "replayed": meta.get(META_REPLAYED),
-                "duration_ms": round((time.perf_counter() - start) * 1000, 1),
-            }})
+            if not isinstance(result, dict):  # a task is logged as one (api.mcp.tasks)
+                meta = (result.meta or {}) if result is not None else {}
+                err = meta.get(META_ERROR)
+                log.info("mcp call", extra={"carmy": {
+                    # An unknown tool's name is the caller's text: keep the line short whatever they sent.
+                    "event": "mcp.call", "execution_id": meta.get(META_EXECUTION_ID), "tool": clip(params.name),
+                    "outcome": "completed" if result is not None and not result.is_error else "failed",
+                    "error_code": err.get("code") if err else None, "replayed": meta.get(META_REPLAYED),
+                    "duration_ms": round((time.perf_counter() - start) * 1000, 1),
+                }})
 
-    async def _answer(self, ctx: Ctx, params: types.CallToolRequestParams) -> types.CallToolResult:
+    async def _answer(self, ctx: Ctx, params: types.CallToolRequestParams) -> types.CallToolResult | TaskResult:
         agent = trusted_context(getattr(ctx.request, "scope", {}))
         name, modern = params.name, _modern(ctx)
         if self.catalog.view.get(name) is None:
@@ -206,9 +211,13 @@ class McpServer:
             request_id = _request_id(params.meta)
             arguments = params.arguments or {}
             tool = self.calls.admit(name, arguments, request_id, agent)
+            patience = self.tasks.patience(ctx)  # None: this call cannot become a task
             async with self.calls.start(tool, arguments, request_id, agent) as started:
                 record = started.record or await self._follow(ctx, started, tool, agent,
-                                                              report_progress=_may_report_progress(params.meta))
+                                                              report_progress=_may_report_progress(params.meta),
+                                                              patience=patience)
+                if record is None:  # still going after `patience`: a task to poll
+                    return await self.tasks.created(ctx, started.execution_id, name, agent, owner=started.owner)
                 return call_result(record, replayed=not started.owner, any_output=modern)
         except Rejected as rejected:
             return _refused(name, rejected.error)
@@ -217,8 +226,9 @@ class McpServer:
             return _refused(name, store_unavailable())
 
     async def _follow(self, ctx: Ctx, started: Started, tool: CatalogTool, agent: AgentContext, *,
-                      report_progress: bool) -> Record:
+                      report_progress: bool, patience: float | None = None) -> Record | None:
         """Relay the execution's progress until its record; cancel it if this call is cancelled.
+        None if it is still going after ``patience`` seconds (it goes on, uncancelled).
 
         A call its client cancelled with ``notifications/cancelled`` gets no answer, as MCP says:
         its stream just ends (the execution's record still says ``cancelled``, for a retry).
@@ -240,7 +250,11 @@ class McpServer:
 
         try:
             overtaken = owner and await self._remember(ctx, agent, exec_id, tool)
-            record = await self.executions.outcome(exec_id, name, messages, on_event=report)
+            record = None
+            with anyio.move_on_after(patience):  # its own timeout is no cancellation of the call
+                record = await self.executions.outcome(exec_id, name, messages, on_event=report)
+            if record is None:
+                return None
         except anyio.get_cancelled_exc_class():
             # The client went away, or cancelled. Only the call that started an execution
             # cancels it: a retry that joined it leaves it to its owner.

@@ -7,10 +7,11 @@ import logging
 import threading
 from collections import deque
 
+import msgspec
 from redis.asyncio import Redis
 
-from carmy_worker.store import keys
-from carmy_worker.wire import progress_event
+from carmy_worker.store.progress import Progress
+from carmy_worker.wire import event_decoder, progress_event
 
 log = logging.getLogger("carmy.worker")
 
@@ -18,6 +19,19 @@ log = logging.getLogger("carmy.worker")
 # Redis; beyond this the oldest waiting events give way (see ProgressPublisher).
 BACKLOG_EVENTS = 256
 BACKLOG_BYTES = 1024 * 1024
+
+
+class _Message(msgspec.Struct):
+    """The part of a ``ProgressData`` kept as the execution's status."""
+
+    message: str | None = None
+
+
+_message_decoder = msgspec.json.Decoder(_Message)
+
+
+def _message_of(event: bytes) -> str | None:
+    return _message_decoder.decode(event_decoder.decode(event).data).message
 
 
 class ProgressPublisher:
@@ -28,13 +42,13 @@ class ProgressPublisher:
     the oldest waiting plain progress event is dropped: a newer one supersedes it. If only
     partial results wait, the oldest of them is dropped. Drops are counted and logged once, when
     the execution ends. Nothing is started until the first event, so a tool that reports no
-    progress costs nothing here.
+    progress costs nothing here. The message of the newest event published is kept as the
+    execution's status (``store.progress``).
     """
 
     def __init__(self, redis: Redis, exec_id: str, loop: asyncio.AbstractEventLoop) -> None:
-        self._redis = redis
         self._exec_id = exec_id
-        self._channel = keys.events(exec_id)
+        self._publish = Progress(redis, exec_id)
         self._loop = loop
         self._lock = threading.Lock()  # guards everything below: emit runs in the tool's thread
         self._waiting: deque[tuple[bytes, bool]] = deque()  # (message, is a partial result)
@@ -98,7 +112,7 @@ class ProgressPublisher:
             self._ready.clear()
             while (message := self._next()) is not None:
                 try:
-                    await self._redis.publish(self._channel, message)
+                    await self._publish(message, _message_of(message))
                 except Exception as exc:  # progress is best effort; the result is not
                     log.warning("progress event of execution %s lost: %s", self._exec_id, exc)
             if self._closed:

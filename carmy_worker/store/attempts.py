@@ -32,7 +32,7 @@ if h[1] == '1' then return {'cancelled', attempt, waited} end
 if attempt > 1 and h[2] ~= '1' and h[5] then return {'uncertain', attempt, waited} end
 if attempt > tonumber(ARGV[3]) then return {'uncertain', attempt, waited} end
 if attempt == 1 and tonumber(h[3]) < now then return {'expired', attempt, waited} end
-redis.call('HSET', KEYS[1], 'state', 'running', 'worker', ARGV[2])
+redis.call('HSET', KEYS[1], 'state', 'running', 'worker', ARGV[2], 'started_at', now)
 if ARGV[8] == '1' then redis.call('HSET', KEYS[1], 'began', attempt) end
 redis.call('SADD', KEYS[3], ARGV[1])
 redis.call('PUBLISH', ARGV[4], ARGV[5])
@@ -47,13 +47,13 @@ return {'run', attempt, waited}
 # KEYS: exe, record, pending, running set, queued
 # ARGV: exec_id, attempt, record, retention s, events channel, final event, tool.completed event or '',
 #       metrics label, tool, run ms or '', worker_id if this attempt ran (CLAIM said run) or ''
-SETTLE = LUA_COUNT + LUA_OBSERVE + """
+SETTLE = NOW + LUA_COUNT + LUA_OBSERVE + """
 if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
 local h = redis.call('HMGET', KEYS[1], 'attempt', 'reaped', 'worker')
 if h[1] ~= ARGV[2] or h[2] == ARGV[2] then return 0 end
 if ARGV[11] ~= '' and h[3] ~= ARGV[11] then return 0 end
 redis.call('SET', KEYS[2], ARGV[3], 'EX', tonumber(ARGV[4]))
-redis.call('HSET', KEYS[1], 'state', 'done')
+redis.call('HSET', KEYS[1], 'state', 'done', 'ended_at', now)
 redis.call('ZREM', KEYS[3], ARGV[1])
 redis.call('SREM', KEYS[4], ARGV[1])
 redis.call('ZREM', KEYS[5], ARGV[1])

@@ -33,7 +33,9 @@ def is_execution_id(value: str) -> bool:
 
 
 def execution(exec_id: str) -> str:
-    """Hash of an execution's live state: tool, owner, attempt, state, worker, cancel."""
+    """Hash of an execution's live state: tool, owner, attempt, state, worker, cancel, and when
+    (Redis's clock, ms) it was accepted (``queued_at``), last claimed (``started_at``) and ended
+    (``ended_at``); while it runs, its newest progress ``message`` and when it came (``message_at``)."""
     return f"{PREFIX}exe:{exec_id}"
 
 

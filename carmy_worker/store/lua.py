@@ -19,9 +19,10 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 # attempt fences out a late writer of the old one.
 IMPOSE = LUA_COUNT + """
 local function impose(exe, rec, pending, exec_id, stored, retention, channel, final, label)
+  local t = redis.call('TIME')
   redis.call('HINCRBY', exe, 'attempt', 1)
   redis.call('SET', rec, stored, 'EX', tonumber(retention))
-  redis.call('HSET', exe, 'state', 'done')
+  redis.call('HSET', exe, 'state', 'done', 'ended_at', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
   redis.call('ZREM', pending, exec_id)
   redis.call('PUBLISH', channel, final)
   count(label)

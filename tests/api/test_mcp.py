@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -19,7 +18,6 @@ import anyio
 import httpx
 import httpx2
 import pytest
-import uvicorn
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
@@ -29,48 +27,38 @@ from starlette.applications import Starlette
 from api.app import create_app
 from api.settings import ApiKey, ApiSettings
 from tests import raw
-from tests.support import Stack, free_port, wait_until
+from tests.support import Stack, serving
 
 MODES = ["legacy", "auto"]
 TOKEN = "alice-token-0123456789"
 
 
 @contextlib.contextmanager
-def serving(app: Starlette) -> Iterator[str]:
-    """The app under uvicorn in a thread of its own; yields its /mcp URL."""
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                                           timeout_graceful_shutdown=2))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    wait_until(lambda: server.started or not thread.is_alive())
-    if not server.started:
-        raise RuntimeError("uvicorn did not start")
-    try:
-        yield f"http://127.0.0.1:{port}/mcp"
-    finally:
-        server.should_exit = True
-        thread.join(15)
+def serving_mcp(app: Starlette) -> Iterator[str]:
+    """The app under uvicorn (a real server, so that a client going away is a real disconnect);
+    yields its /mcp URL."""
+    with serving(app) as base:
+        yield base + "/mcp"
 
 
 @pytest.fixture(scope="module")
 def url(stack: Stack) -> Iterator[str]:
     stack.worker()
-    with serving(create_app(ApiSettings(redis_url=stack.redis_url))) as u:
+    with serving_mcp(create_app(ApiSettings(redis_url=stack.redis_url))) as u:
         yield u
 
 
 @pytest.fixture(scope="module")
 def other_url(stack: Stack, url: str) -> Iterator[str]:
     """A second API replica on the same Redis."""
-    with serving(create_app(ApiSettings(redis_url=stack.redis_url))) as u:
+    with serving_mcp(create_app(ApiSettings(redis_url=stack.redis_url))) as u:
         yield u
 
 
 @pytest.fixture(scope="module")
 def keyed_url(stack: Stack, url: str) -> Iterator[str]:
     keys = {TOKEN: ApiKey(principal="alice", permissions=frozenset({"confirm:wipe"}))}
-    with serving(create_app(ApiSettings(redis_url=stack.redis_url, api_keys=keys))) as u:
+    with serving_mcp(create_app(ApiSettings(redis_url=stack.redis_url, api_keys=keys))) as u:
         yield u
 
 

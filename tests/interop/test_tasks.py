@@ -3,22 +3,16 @@
 (2026-07-28), as an agent that declares the extension uses them: a call that may outlive its
 patience becomes a task built on Carmy's execution (taskId = execution id), polled with
 tasks/get and cancelled with tasks/cancel; a quick tool answers inline.
-
-The server side is being built in another branch: until it is merged here, these tests are
-expected to fail (xfail, not strict). Remove the mark when it lands.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 
 import pytest
 
 from tests.interop.conftest import Agent, running
 from tests.support import Stack, marked, wait_until
-
-pytestmark = pytest.mark.xfail(reason="issue 13 item 5 (tasks) is not in this branch yet", strict=False)
 
 TASKS = "io.modelcontextprotocol/tasks"
 
@@ -45,18 +39,23 @@ def test_quick_tool_answers_inline(agent: Agent, url: str) -> None:
 
 
 def test_long_tool_runs_as_a_task(agent: Agent, url: str, stack: Stack) -> None:
-    """``hold`` may run 300 s: a task, whose id is the execution's, and whose result is the call's."""
+    """A call still going after CARMY_MCP_TASK_AFTER (the gate stays shut until the task exists)
+    becomes a task whose id is the execution's, polled to the call's result."""
     tag = "interop-task"
-    answer = agent.run("task", url, call={"name": "hold", "arguments": {"seconds": 0.2, "tag": tag}})
-    assert answer["kind"] == "task"
-    task_id = answer["taskId"]
+    command = agent.start("task", url, call={"name": "gate", "arguments": {"tag": tag}})
+    event = agent.next(command)
+    assert (event.get("event"), event.get("status")) == ("task", "working"), event
+    task_id = event["taskId"]
     assert task_id.startswith("exec_")
-    assert marked(stack.tmp / f"hold-start-{tag}").split() == [task_id]  # the tool ran once, as that execution
+    assert marked(stack.tmp / f"gate-start-{tag}").split() == [task_id]  # the tool runs as that execution
+    (stack.tmp / f"gate-open-{tag}").touch()
+    answer = agent.answer(command)
+    assert answer["kind"] == "task"
     outcome = answer["outcome"]
     assert outcome["status"] == "completed"
     result = outcome["result"]
     assert result["isError"] is False
-    assert [json.loads(c["text"]) for c in result["content"]] == [{}]
+    assert result["structuredContent"] == {"n": 1}
     assert result["_meta"]["carmy/execution_id"] == task_id
     assert answer["errors"] == []
 

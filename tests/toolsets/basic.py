@@ -276,3 +276,25 @@ async def exclusive_slow(ctx: Context, input: SleepInput) -> Empty:
     mark(f"exclusive-slow-start-{input.tag}", f"{time.time()} {os.getpid()}")
     await asyncio.sleep(input.seconds)
     return Empty()
+
+
+class GateInput(msgspec.Struct):
+    tag: str
+    fail: bool = False
+
+
+@tools.tool(effect="none", parallel_safe=True, timeout=30)
+async def gate(ctx: Context, input: GateInput) -> Count:
+    """Wait until the test opens the gate (a file ``gate-open-TAG``), then answer, or fail with a
+    ToolError if ``fail``; notes its start and its cancellation (the execution id) in files."""
+    mark(f"gate-start-{input.tag}", ctx.execution_id)
+    ctx.progress(0, message="waiting at the gate")
+    try:
+        while not (OUT / f"gate-open-{input.tag}").exists():
+            await asyncio.sleep(0.02)
+    except asyncio.CancelledError:
+        mark(f"gate-cancelled-{input.tag}", ctx.execution_id)
+        raise
+    if input.fail:
+        raise ToolError("GATE_CLOSED", "The gate opened onto a wall.", category="conflict")
+    return Count(n=1)

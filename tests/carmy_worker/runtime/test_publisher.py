@@ -140,3 +140,25 @@ async def test_events_after_close_are_dropped(ar: redis.asyncio.Redis, channel: 
     while (message := await pubsub.get_message(timeout=5)) is not None and message["data"] != b"end":
         messages.append(message["data"])
     assert [msgspec.json.decode(event_decoder.decode(m).data)["progress"] for m in messages] == [1]
+
+
+async def test_the_newest_message_is_kept_while_it_runs(ar: redis.asyncio.Redis, channel: tuple[str, PubSub]) -> None:
+    exec_id, pubsub = channel
+    exe = keys.execution(exec_id)
+    await ar.hset(exe, mapping={"state": "running"})
+    publisher = ProgressPublisher(ar, exec_id, asyncio.get_running_loop())
+    publisher.emit(event(1, pad="first"), False)
+    publisher.emit(event(2), False)  # no message: the status stays the last one given
+    await publisher.close()
+    assert [e.progress for e in await published_until(pubsub, 2)] == [1, 2]
+    assert await ar.hget(exe, "message") == b"first"
+    assert int(await ar.hget(exe, "message_at") or 0) > 0
+    await ar.delete(exe)
+
+
+async def test_no_status_for_an_execution_that_is_not_running(ar: redis.asyncio.Redis) -> None:
+    exec_id = keys.new_execution_id()  # expired, say: its hash must not come back without a TTL
+    publisher = ProgressPublisher(ar, exec_id, asyncio.get_running_loop())
+    publisher.emit(event(1, pad="late"), False)
+    await publisher.close()
+    assert not await ar.exists(keys.execution(exec_id))
