@@ -1,5 +1,6 @@
 """MCP tasks (SEP-2663, ``io.modelcontextprotocol/tasks``) at /mcp, as raw 2026-07-28 JSON-RPC
-over HTTP (the Python SDK has no client side for them), against the app under uvicorn, real
+over HTTP, and with the official Python SDK's client (which has no tasks of its own: a small
+extension through its hooks declares them and polls), against the app under uvicorn, real
 Redis and a real worker. The ``gate`` tool runs until the test opens its gate (a file), so a
 call is a task for exactly as long as a test wants it to be.
 """
@@ -10,13 +11,18 @@ import contextlib
 import datetime
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 
 import anyio
 import httpx
+import httpx2
 import pytest
+from mcp import Client
+from mcp.client.extension import ClaimContext, ClientExtension, ResultClaim
+from mcp.client.streamable_http import streamable_http_client
+from mcp_types import CallToolResult, Request, Result
 
 from api.app import create_app
 from api.settings import ApiKey, ApiSettings
@@ -135,7 +141,7 @@ async def mcp(url: str, token: str | None = None) -> AsyncIterator[Mcp]:
 
 
 def error_object(result: dict[str, Any]) -> dict[str, Any]:
-    """A tool error result as spec.md item 1 shapes it: the carmy/1 error as JSON text and in _meta."""
+    """A tool error result: the carmy/1 error as JSON text and in _meta, no structuredContent."""
     assert result["isError"] is True
     assert [c["type"] for c in result["content"]] == ["text"]
     err: dict[str, Any] = json.loads(result["content"][0]["text"])
@@ -246,7 +252,7 @@ async def test_tool_error_completes_the_task(url: str, stack: Stack) -> None:
     assert done["status"] == "completed"  # `failed` is for JSON-RPC errors only
     assert done["result"]["isError"] is True
     assert done["result"]["_meta"]["carmy/execution_id"] == task_id
-    err = error_object(done["result"])  # the shape of spec.md item 1
+    err = error_object(done["result"])
     assert (err["code"], err["category"]) == ("GATE_CLOSED", "conflict")
 
 
@@ -305,3 +311,101 @@ async def test_retry_gets_the_same_task_then_the_result(url: str, stack: Stack) 
     assert replayed["_meta"]["carmy/execution_id"] == first["taskId"]
     assert replayed["_meta"]["carmy/replayed"] is True
     assert lines(stack.tmp / "gate-start-retry") == [first["taskId"]]  # the tool ran once
+
+
+# --- the official Python SDK, through its extension hooks ----------------------------------------
+
+class CreatedTask(Result):
+    """A ``CreateTaskResult``, as the SDK's client parses a claimed ``tools/call`` answer."""
+
+    result_type: Literal["task"] = "task"
+    task_id: str
+    status: str
+
+
+class PolledTask(Result):
+    """A ``tasks/get`` answer (``DetailedTask``), with the call's result once completed."""
+
+    task_id: str
+    status: str
+    poll_interval_ms: int | None = None
+    result: dict[str, Any] | None = None
+
+
+class TasksGet(Request[dict[str, Any], Literal["tasks/get"]]):
+    method: Literal["tasks/get"] = "tasks/get"
+    name_param: ClassVar[str | None] = "taskId"  # SEP-2663: Mcp-Name carries the task id
+
+
+class TasksCancel(Request[dict[str, Any], Literal["tasks/cancel"]]):
+    method: Literal["tasks/cancel"] = "tasks/cancel"
+    name_param: ClassVar[str | None] = "taskId"
+
+
+class PollingTasks(ClientExtension):
+    """The tasks extension for the Python SDK's ``Client``, which has none of its own: it declares
+    the extension on every request, and finishes a call answered with a task by polling it."""
+
+    identifier = TASKS
+
+    def __init__(self) -> None:
+        self.polled: list[str] = []  # the tasks it was given, in order
+
+    def claims(self) -> Sequence[ResultClaim[Any]]:
+        return [ResultClaim(result_type="task", model=CreatedTask, resolve=self._settle)]
+
+    async def _settle(self, task: CreatedTask, ctx: ClaimContext) -> CallToolResult:
+        self.polled.append(task.task_id)
+        while True:
+            polled = await ctx.session.send_request(TasksGet(params={"taskId": task.task_id}), PolledTask)
+            if polled.status == "completed" and polled.result is not None:
+                return CallToolResult.model_validate(polled.result)
+            if polled.status not in ("working", "input_required"):
+                raise RuntimeError(f"task {task.task_id} ended {polled.status}")
+            await anyio.sleep(min(polled.poll_interval_ms or 1000, 50) / 1000)  # a test need not wait a second
+
+
+@contextlib.asynccontextmanager
+async def sdk_client(url: str, tasks: PollingTasks | None = None) -> AsyncIterator[Client]:
+    async with httpx2.AsyncClient(timeout=httpx2.Timeout(10, read=60)) as http, \
+            Client(streamable_http_client(url, http_client=http), extensions=[tasks or PollingTasks()]) as client:
+        yield client
+
+
+async def test_python_sdk_calls_through_a_task(url: str, stack: Stack) -> None:
+    tasks = PollingTasks()
+    async with sdk_client(url, tasks) as client, anyio.create_task_group() as calls:
+        assert client.protocol_version == VERSION
+        outcome: list[CallToolResult] = []
+
+        async def call() -> None:
+            outcome.append(await client.call_tool("gate", {"tag": "sdk"}))
+
+        calls.start_soon(call)
+        await until(lambda: _first(tasks.polled))  # the call became a task, which the client polls
+        open_gate(stack, "sdk")
+    (result,) = outcome
+    assert not result.is_error and result.structured_content == {"n": 1}
+    assert result.meta is not None and result.meta["carmy/execution_id"] == tasks.polled[0]
+    assert lines(stack.tmp / "gate-start-sdk") == tasks.polled
+
+
+async def _first(items: list[str]) -> str | None:
+    return items[0] if items else None
+
+
+async def test_python_sdk_creates_polls_and_cancels_a_task(url: str, stack: Stack) -> None:
+    async with sdk_client(url) as client:
+        created = await client.session.call_tool("gate", {"tag": "sdk-cancel"}, allow_claimed=True)
+        assert isinstance(created, CreatedTask) and created.status == "working"
+        polled = await client.session.send_request(TasksGet(params={"taskId": created.task_id}), PolledTask)
+        assert (polled.task_id, polled.status) == (created.task_id, "working")
+        await client.session.send_request(TasksCancel(params={"taskId": created.task_id}), Result)
+        assert await appears(stack.tmp / "gate-cancelled-sdk-cancel", 10)
+        cancelled = await until(lambda: _ended(client, created.task_id))
+    assert cancelled.status == "cancelled" and cancelled.result is None
+
+
+async def _ended(client: Client, task_id: str) -> PolledTask | None:
+    polled = await client.session.send_request(TasksGet(params={"taskId": task_id}), PolledTask)
+    return polled if polled.status != "working" else None
