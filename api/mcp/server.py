@@ -6,7 +6,11 @@ affinity: the 2026-07-28 protocol is stateless by design, and the handshake vers
 2025-11-25) are served by the SDK's stateless mode, one short-lived transport per POST.
 Responses are SSE once a call streams progress, and the SDK cancels a call's handler when its
 client goes away; the handler then cancels the execution. A ``notifications/cancelled`` of
-the handshake versions comes in a POST of its own: ``api.mcp.cancel`` relates it to its call.
+the handshake versions comes in a POST of its own: ``api.mcp.cancel`` relates it to its call,
+which then ends unanswered. On 2026-07-28 a call may become a task (``api.mcp.tasks``).
+
+Errors: an unknown tool is a protocol error (-32602), as MCP lists it; every other refusal or
+failure is a tool result (``isError``) the model can read (``api.mcp.wire.call_result``).
 """
 
 from __future__ import annotations
