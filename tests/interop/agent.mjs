@@ -199,3 +199,35 @@ export async function within(promise, ms, otherwise) {
 export function authHeaders(command) {
     return command.token ? { Authorization: `Bearer ${command.token}` } : {};
 }
+
+/** The scenarios both clients run alike, after tools/list as an agent makes its calls (the SDK
+ * then knows each tool's outputSchema and checks every result against it). ``call(client, spec,
+ * options)`` is the client's own way to make one call. */
+export function callScenarios(connect, call) {
+    return {
+        async calls(command) {
+            return withClient(connect, command, async ({ client }) => {
+                await client.listTools();
+                const results = [];
+                for (const spec of command.calls) results.push(await call(client, spec));
+                return { results };
+            });
+        },
+
+        async progress(command) {
+            return withClient(connect, command, async ({ client }) => {
+                await client.listTools();
+                const progress = [];
+                const answer = await call(client, command.call, { onprogress: p => progress.push(p) });
+                return { ...answer, progress };
+            });
+        },
+
+        async cancel(command) {
+            return withClient(connect, command, async session => {
+                await session.client.listTools();
+                return giveUp(command, session, signal => call(session.client, command.call, { signal }));
+            });
+        },
+    };
+}

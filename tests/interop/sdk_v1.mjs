@@ -5,7 +5,7 @@
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 
-import { authHeaders, giveUp, onerror, recordingFetch, serve, thrown, withClient } from './agent.mjs';
+import { authHeaders, callScenarios, onerror, recordingFetch, serve, thrown, withClient } from './agent.mjs';
 
 async function connect(command) {
     const recorder = recordingFetch();
@@ -48,32 +48,7 @@ const scenarios = {
         }));
     },
 
-    // Calls in a row after tools/list, as an agent makes them: the SDK then knows each tool's
-    // outputSchema and checks every result against it.
-    async calls(command) {
-        return withClient(connect, command, async ({ client }) => {
-            await client.listTools();
-            const results = [];
-            for (const spec of command.calls) results.push(await call(client, spec));
-            return { results };
-        });
-    },
-
-    async progress(command) {
-        return withClient(connect, command, async ({ client }) => {
-            await client.listTools();
-            const progress = [];
-            const answer = await call(client, command.call, { onprogress: p => progress.push(p) });
-            return { ...answer, progress };
-        });
-    },
-
-    async cancel(command) {
-        return withClient(connect, command, async session => {
-            await session.client.listTools();
-            return giveUp(command, session, signal => call(session.client, command.call, { signal }));
-        });
-    },
+    ...callScenarios(connect, call),
 };
 
 await serve(scenarios);
