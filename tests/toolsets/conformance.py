@@ -10,18 +10,29 @@ Not here, because a Carmy tool cannot do what the scenario asks of it:
 * ``test_tool_with_logging``: /mcp has no logging capability (``notifications/message``);
 * ``test_sampling``, ``test_elicitation``, ``test_elicitation_sep1034_defaults``,
   ``test_elicitation_sep1330_enums``: a tool cannot send the client a request
-  (``sampling/createMessage``, ``elicitation/create``) and wait for its answer.
+  (``sampling/createMessage``, ``elicitation/create``) and wait for its answer;
+* ``test_missing_capability``, ``test_streaming_elicitation`` (server-stateless, 2026-07-28):
+  tools that need the client's sampling or elicitation; ``test_trigger_tool_change`` and
+  ``test_trigger_prompt_change``: /mcp has no list-changed notifications to trigger;
+* the ``test_input_required_result_*`` tools (input-required-result-*, SEP-2322): a tool
+  cannot answer with an ``InputRequiredResult`` that asks the client for input;
+* the tasks extension's ``greet``, ``slow_compute``, ``failing_job``, ``protocol_error_job``,
+  ``confirm_delete``, ``multi_input``, ``test_tool_with_task`` (tasks-*): for when /mcp has
+  the extension.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+from typing import Annotated
 
 import msgspec
 
 from carmy_worker import Context, Toolbox, ToolError
 
 tools = Toolbox()
+log = logging.getLogger("carmy.tests.conformance")
 
 
 @tools.tool(effect="none", idempotent=True, parallel_safe=True)
@@ -76,3 +87,29 @@ class JsonSchemaInput(msgspec.Struct):
 async def json_schema_2020_12_tool(ctx: Context, input: JsonSchemaInput) -> Done:
     """Tool with JSON Schema 2020-12 features (json-schema-2020-12)."""
     return Done(done=True)
+
+
+@tools.tool(effect="none", idempotent=True, parallel_safe=True)
+async def test_logging_tool(ctx: Context) -> Done:
+    """Log a line (server-stateless, 2026-07-28): to the worker's log, as every Carmy tool logs;
+    the scenario checks that no ``notifications/message`` reaches a client that set no log
+    level, and /mcp sends none at all."""
+    log.info("test_logging_tool called")
+    return Done(done=True)
+
+
+class RegionInput(msgspec.Struct):
+    # x-mcp-header (SEP-2243, 2026-07-28): a client also sends this argument as the header
+    # Mcp-Param-Region, for routing; the SDK checks that the header and the body agree.
+    region: Annotated[str, msgspec.Meta(extra_json_schema={"x-mcp-header": "Region"})]
+
+
+class Region(msgspec.Struct):
+    region: str
+
+
+@tools.tool(effect="none", idempotent=True, parallel_safe=True)
+async def test_custom_header(ctx: Context, input: RegionInput) -> Region:
+    """Echo a region that also travels as an Mcp-Param-Region header
+    (http-custom-header-server-validation)."""
+    return Region(region=input.region)
