@@ -50,6 +50,7 @@ from mcp.server.extension import Extension, MethodBinding, RequestHandler
 from mcp.server.lowlevel import Server
 from mcp.server.mcpserver import require_client_extension
 from mcp.shared.exceptions import MCPError
+from mcp.shared.inbound import MCP_NAME_HEADER, decode_header_value
 from mcp_types import methods
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from redis.exceptions import RedisError
@@ -169,8 +170,14 @@ class McpTasks(Extension):
         return {}
 
     async def _find(self, ctx: Ctx, params: TaskParams) -> Found:
-        """The caller's task, or -32602; -32021 for a request that does not declare the extension."""
+        """The caller's task, or -32602; -32021 for a request that does not declare the extension,
+        -32020 for one whose ``Mcp-Name`` header names another task (SEP-2663 has clients send
+        the task id there, for routing: a proxy may have routed it by a name the body denies)."""
         require_client_extension(ctx, TASKS)
+        headers = getattr(ctx.request, "headers", None)
+        routed = headers.get(MCP_NAME_HEADER) if headers is not None else None
+        if routed is not None and decode_header_value(routed) != params.task_id:
+            raise MCPError(code=types.HEADER_MISMATCH, message=f"{MCP_NAME_HEADER} header does not match the taskId")
         found = None
         if keys.is_execution_id(params.task_id):
             try:

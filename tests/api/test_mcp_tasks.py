@@ -60,19 +60,20 @@ class Mcp:
         self.auth = {"authorization": f"Bearer {token}"} if token else {}
 
     async def request(self, method: str, params: dict[str, Any], *, capabilities: dict[str, Any] | None = None,
-                      meta: dict[str, Any] | None = None) -> dict[str, Any]:
+                      meta: dict[str, Any] | None = None, headers: dict[str, str] | None = None) -> dict[str, Any]:
         """The JSON-RPC response message (the last message of an SSE answer)."""
         self.ids += 1
         envelope = {"io.modelcontextprotocol/protocolVersion": VERSION,
                     "io.modelcontextprotocol/clientCapabilities": WITH_TASKS if capabilities is None else capabilities,
                     **(meta or {})}
-        headers = {"accept": "application/json, text/event-stream", "mcp-protocol-version": VERSION,
-                   "mcp-method": method, **self.auth}
+        sent = {"accept": "application/json, text/event-stream", "mcp-protocol-version": VERSION,
+                "mcp-method": method, **self.auth}
         name = params.get("name", params.get("taskId"))
         if name is not None:  # tasks/* carry their task id in Mcp-Name (SEP-2663)
-            headers["mcp-name"] = name
+            sent["mcp-name"] = name
+        sent.update(headers or {})
         body = {"jsonrpc": "2.0", "id": self.ids, "method": method, "params": {**params, "_meta": envelope}}
-        message = answer(await self.http.post(self.url, headers=headers, json=body))
+        message = answer(await self.http.post(self.url, headers=sent, json=body))
         assert message["id"] == self.ids
         return message
 
@@ -295,6 +296,18 @@ async def test_another_principal_cannot_see_the_task(keyed_url: str, stack: Stac
         assert not (stack.tmp / "gate-cancelled-mine").exists()
         open_gate(stack, "mine")
         assert (await alice.settled(task_id))["status"] == "completed"
+
+
+async def test_a_task_request_routed_by_another_name_is_refused(url: str, stack: Stack) -> None:
+    """A proxy routes tasks/* by Mcp-Name (SEP-2663): a body naming another task is refused."""
+    async with mcp(url) as client:
+        task_id = (await client.call("gate", {"tag": "routed"}))["taskId"]
+        other = "exec_00000000-0000-4000-8000-000000000000"
+        refused = await client.request("tasks/cancel", {"taskId": task_id}, headers={"mcp-name": other})
+        assert refused["error"]["code"] == -32020
+        assert (await client.task(task_id))["status"] == "working"  # the refused cancel did nothing
+        open_gate(stack, "routed")
+        assert (await client.settled(task_id))["status"] == "completed"
 
 
 async def test_retry_gets_the_same_task_then_the_result(url: str, stack: Stack) -> None:

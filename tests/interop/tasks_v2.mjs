@@ -21,6 +21,7 @@ function rawDispatch(command, fetch) {
             'mcp-method': message.method, ...authHeaders(command),
         };
         if (message.method === 'tools/call') headers['mcp-name'] = message.params.name;
+        if (message.method.startsWith('tasks/')) headers['mcp-name'] = message.params.taskId;  // SEP-2663
         const exchange = { body: '' };
         let response;
         try {

@@ -16,9 +16,8 @@ Not here, because a Carmy tool cannot do what the scenario asks of it:
   ``test_trigger_prompt_change``: /mcp has no list-changed notifications to trigger;
 * the ``test_input_required_result_*`` tools (input-required-result-*, SEP-2322): a tool
   cannot answer with an ``InputRequiredResult`` that asks the client for input;
-* the tasks extension's ``greet``, ``slow_compute``, ``failing_job``, ``protocol_error_job``,
-  ``confirm_delete``, ``multi_input``, ``test_tool_with_task`` (tasks-*): for when /mcp has
-  the extension.
+* the tasks extension's ``confirm_delete``, ``multi_input`` and ``test_tool_with_task``
+  (tasks-mrtr-*): they ask the client for input, during a task or before one.
 """
 
 from __future__ import annotations
@@ -113,3 +112,49 @@ async def test_custom_header(ctx: Context, input: RegionInput) -> Region:
     """Echo a region that also travels as an Mcp-Param-Region header
     (http-custom-header-server-validation)."""
     return Region(region=input.region)
+
+
+# --- the tasks extension (SEP-2663), tasks-*: the test serves these with CARMY_MCP_TASK_AFTER
+# well under a second, so that a call of a second or more becomes a task.
+
+
+class GreetInput(msgspec.Struct):
+    name: str
+
+
+@tools.tool(effect="none", idempotent=True, parallel_safe=True)
+async def greet(ctx: Context, input: GreetInput) -> str:
+    """Greet someone, at once (tasks-*: a call that answers inline)."""
+    return f"Hello, {input.name}!"
+
+
+class ComputeInput(msgspec.Struct):
+    seconds: float = 0
+    label: str = ""
+
+
+class Computed(msgspec.Struct):
+    label: str
+    seconds: float
+
+
+@tools.tool(effect="none", idempotent=True, parallel_safe=True, timeout=120)
+async def slow_compute(ctx: Context, input: ComputeInput) -> Computed:
+    """Work for ``seconds`` (tasks-*: a call that becomes a task, and one that is cancelled)."""
+    await asyncio.sleep(input.seconds)
+    return Computed(label=input.label, seconds=input.seconds)
+
+
+@tools.tool(effect="none", idempotent=True, parallel_safe=True)
+async def failing_job(ctx: Context) -> Done:
+    """Fail with a tool error after a while (tasks-*: a task that completes with isError)."""
+    await asyncio.sleep(1.5)
+    raise ToolError("JOB_FAILED", "The job failed, as it always does.")
+
+
+@tools.tool(effect="none", idempotent=True, parallel_safe=True)
+async def protocol_error_job(ctx: Context) -> Done:
+    """Crash after a while (tasks-lifecycle wants a task that ends ``failed``; Carmy reports a
+    crash as the tool error TOOL_PANIC, so the task ends ``completed`` with isError)."""
+    await asyncio.sleep(1.5)
+    raise RuntimeError("the job crashed")
