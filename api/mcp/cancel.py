@@ -27,27 +27,54 @@ CANCELLED_MARK = b"-"  # a call's entry once its cancellation arrived
 CANCELLED_MARK_TTL_S = 60  # a cancellation that overtook its call waits this long for it
 
 
+# Record the execution a call follows, unless its cancellation came first (the mark stays, for
+# the call to find when it ends). Returns 1 if it had.
+# KEYS: the call's entry; ARGV: the entry, its TTL, the mark
+REMEMBER = """
+if redis.call('GET', KEYS[1]) == ARGV[3] then return 1 end
+redis.call('SET', KEYS[1], ARGV[1], 'EX', tonumber(ARGV[2]))
+return 0
+"""
+
+# Mark a call cancelled, keeping what is left of its entry's life (the call may run that long
+# yet, and must find the mark when it ends); a cancellation that overtook its call waits
+# CANCELLED_MARK_TTL_S for it. Returns the entry it replaced.
+# KEYS: the call's entry; ARGV: the mark, its TTL when there was no entry
+MARK = """
+local earlier = redis.call('GET', KEYS[1])
+if earlier then
+  redis.call('SET', KEYS[1], ARGV[1], 'KEEPTTL')
+else
+  redis.call('SET', KEYS[1], ARGV[1], 'EX', tonumber(ARGV[2]))
+end
+return earlier
+"""
+
+
 class CallRegistry:
-    """Which execution each MCP call started, by (caller, MCP session, JSON-RPC id)."""
+    """Which execution each MCP call follows, by (caller, MCP session, JSON-RPC id): the one it
+    started, or the one it joined (a retry with the same ``carmy/request_id``)."""
 
     def __init__(self, redis: Redis) -> None:
         self.redis = redis
+        self._remember = redis.register_script(REMEMBER)
+        self._mark = redis.register_script(MARK)
 
     async def remember(self, agent: AgentContext, session: str, request_id: RequestId, exec_id: str, tool: str,
-                       ttl: int) -> bool:
-        """Record a call's execution; True if its cancellation already came (cancel it now)."""
-        earlier = await self.redis.set(_key(agent, session, request_id), f"{exec_id} {tool}", ex=ttl, get=True)
-        return bool(earlier == CANCELLED_MARK)
+                       ttl: int, *, owner: bool) -> bool:
+        """Record the execution a call follows; True if its cancellation already came."""
+        entry = f"{exec_id} {tool} {'owner' if owner else 'joined'}"
+        return bool(await self._remember(keys=[_key(agent, session, request_id)], args=[entry, ttl, CANCELLED_MARK]))
 
     async def cancelled(self, agent: AgentContext, session: str, request_id: RequestId) -> tuple[str, str] | None:
-        """Mark a call cancelled; the (execution id, tool) to cancel if it was already recorded."""
-        earlier = await self.redis.set(_key(agent, session, request_id), CANCELLED_MARK, ex=CANCELLED_MARK_TTL_S,
-                                       get=True)
+        """Mark a call cancelled; the (execution id, tool) to cancel if the call started it (a
+        call that joined another's execution leaves it to its owner, and only goes unanswered)."""
+        earlier = await self._mark(keys=[_key(agent, session, request_id)],
+                                   args=[CANCELLED_MARK, CANCELLED_MARK_TTL_S])
         if not earlier or earlier == CANCELLED_MARK:
             return None
-        exec_id, _, tool = earlier.decode().partition(" ")
-        return exec_id, tool
-
+        exec_id, tool, role = earlier.decode().split(" ")
+        return (exec_id, tool) if role == "owner" else None
 
     async def is_cancelled(self, agent: AgentContext, session: str, request_id: RequestId) -> bool:
         """Whether a call's cancellation has come (its entry is the mark)."""
@@ -122,6 +149,7 @@ class Unanswered:
         self._ended = False
 
     def silence(self) -> None:
+        """The call's answer is not to be sent: end its stream instead."""
         self._silenced = True
 
     async def __call__(self, message: Message) -> None:

@@ -205,7 +205,7 @@ class McpServer:
                 }})
 
     async def _answer(self, ctx: Ctx, params: types.CallToolRequestParams) -> types.CallToolResult | TaskResult:
-        agent = trusted_context(getattr(ctx.request, "scope", {}))
+        agent = trusted_context(_scope(ctx))
         name, modern = params.name, _modern(ctx)
         if self.catalog.view.get(name) is None:
             # A protocol error in MCP (the model cannot fix it by changing arguments), where
@@ -222,6 +222,13 @@ class McpServer:
                                                               patience=patience)
                 if record is None:  # still going after `patience`: a task to poll
                     return await self.tasks.created(ctx, started.execution_id, name, agent, owner=started.owner)
+                if await self._cancelled_by_client(ctx, agent):
+                    # Whatever the record says: the request was cancelled, and gets no answer (the
+                    # record may be the tool's own, a sync tool that never looked at
+                    # ctx.cancelled, or an earlier call's, for a retry that joined or replayed it).
+                    unanswered = _scope(ctx).get(Unanswered.SCOPE_KEY)
+                    if unanswered is not None:
+                        unanswered.silence()
                 return call_result(record, replayed=not started.owner, any_output=modern)
         except Rejected as rejected:
             return _refused(name, rejected.error)
@@ -234,8 +241,8 @@ class McpServer:
         """Relay the execution's progress until its record; cancel it if this call is cancelled.
         None if it is still going after ``patience`` seconds (it goes on, uncancelled).
 
-        A call its client cancelled with ``notifications/cancelled`` gets no answer, as MCP says:
-        its stream just ends (the execution's record still says ``cancelled``, for a retry).
+        A call its client cancelled with ``notifications/cancelled`` is left unanswered by
+        ``_answer``: its stream just ends (the record says ``cancelled``, for a retry).
         """
         name, exec_id, messages, owner = tool.spec.name, started.execution_id, started.messages, started.owner
         if messages is None:  # pragma: no cover - start(follow=True) always subscribes
@@ -253,7 +260,7 @@ class McpServer:
                 await ctx.session.report_progress(progress.progress, progress.total, progress.message)
 
         try:
-            overtaken = owner and await self._remember(ctx, agent, exec_id, tool)
+            await self._remember(ctx, agent, exec_id, tool, owner=owner)
             record = None
             with anyio.move_on_after(patience):  # its own timeout is no cancellation of the call
                 record = await self.executions.outcome(exec_id, name, messages, on_event=report)
@@ -266,29 +273,26 @@ class McpServer:
                 with anyio.move_on_after(CANCEL_TIMEOUT_S, shield=True):
                     await self.executions.abandon(exec_id, name)
             raise
-        if record.status == "cancelled" and owner and (overtaken or await self._cancelled_by_client(ctx, agent)):
-            unanswered = getattr(ctx.request, "scope", {}).get(Unanswered.SCOPE_KEY)
-            if unanswered is not None:
-                unanswered.silence()
         return record
 
     # --- notifications/cancelled in requests of their own (handshake versions) ---------------
 
-    async def _remember(self, ctx: Ctx, agent: AgentContext, exec_id: str, tool: CatalogTool) -> bool:
-        """Record the call's execution for a cancellation to find; True if one came first (and the
-        execution is cancelled now)."""
+    async def _remember(self, ctx: Ctx, agent: AgentContext, exec_id: str, tool: CatalogTool, *,
+                        owner: bool) -> None:
+        """Record the execution the call follows, for a cancellation to find; if one came first
+        and this call started the execution, cancel it now."""
         session = _session(ctx)
         if session is None or ctx.request_id is None:
-            return False
+            return
         ttl = int(self.settings.queue_timeout + tool.timeout + ADMISSION_GRACE_S)
         try:
-            overtaken = await self.registry.remember(agent, session, ctx.request_id, exec_id, tool.spec.name, ttl)
+            overtaken = await self.registry.remember(agent, session, ctx.request_id, exec_id, tool.spec.name, ttl,
+                                                     owner=owner)
         except RedisError as exc:  # the call goes on; only a cancellation could not find it
             log.warning("could not record MCP call %s: %s", exec_id, exc)
-            return False
-        if overtaken:
+            return
+        if overtaken and owner:
             await self.executions.abandon(exec_id, tool.spec.name)
-        return overtaken
 
     async def _cancelled_by_client(self, ctx: Ctx, agent: AgentContext) -> bool:
         """Whether a ``notifications/cancelled`` (at any replica) ended this call's execution."""
@@ -330,6 +334,12 @@ def _may_report_progress(meta: types.RequestParamsMeta | None) -> bool:
     none (MCP lets a server send none), rather than having its size multiplied."""
     token = meta.get("progress_token") if meta else None  # the SDK's name for progressToken
     return token is None or len(str(token)) <= ECHO_LIMIT
+
+
+def _scope(ctx: Ctx) -> Scope:
+    """The ASGI scope of the HTTP request that carried this MCP request (empty if none)."""
+    scope: Scope = getattr(ctx.request, "scope", {})
+    return scope
 
 
 def _session(ctx: Ctx) -> str | None:

@@ -22,10 +22,14 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from mcp_types import CallToolResult
+from redis.asyncio import Redis
 from starlette.applications import Starlette
 
 from api.app import create_app
+from api.mcp.cancel import CallRegistry
 from api.settings import ApiKey, ApiSettings
+from carmy_worker.sdk.context import AgentContext
+from carmy_worker.store import keys
 from tests import raw
 from tests.support import Stack, serving
 
@@ -344,6 +348,41 @@ async def test_cancelled_notification_before_its_call(url: str) -> None:
         r = await http.post(url, headers=headers, json=call)
     assert time.monotonic() - started < 5
     assert r.status_code == 200 and r.text == ""
+
+
+async def test_cancelled_retry_that_joined_gets_no_response(url: str, stack: Stack) -> None:
+    """A retry joins the running execution; cancelling the retry leaves the execution to the call
+    that started it, and the retry gets no answer."""
+    tag = "mcp-joined"
+    params = {"name": "gate", "arguments": {"tag": tag}, "_meta": {"carmy/request_id": tag}}
+    async with httpx.AsyncClient(timeout=30) as http:
+        headers = await handshake(http, url)
+        async with http.stream("POST", url, headers=headers, json=rpc("tools/call", params, id=7)) as first:
+            assert await appears(stack.tmp / f"gate-start-{tag}", 30)  # 7 started it: 8 can only join
+            async with http.stream("POST", url, headers=headers, json=rpc("tools/call", params, id=8)) as retry:
+                # Whether the cancellation comes before the join is recorded or after, it finds it.
+                cancel = rpc("notifications/cancelled", {"requestId": 8})
+                assert (await http.post(url, headers=headers, json=cancel)).status_code == 202
+                (stack.tmp / f"gate-open-{tag}").touch()
+                await retry.aread()
+            await first.aread()
+    assert json.loads(first.text.split("data:")[-1])["result"]["structuredContent"] == {"n": 1}
+    assert retry.status_code == 200 and retry.text == ""
+    assert not (stack.tmp / f"gate-cancelled-{tag}").exists()
+
+
+async def test_a_cancelled_call_is_marked_for_as_long_as_it_may_run(stack: Stack) -> None:
+    """The mark keeps the call's own TTL, so a call that runs past a minute still finds it."""
+    redis = Redis.from_url(stack.redis_url)
+    try:
+        registry, agent = CallRegistry(redis), AgentContext()
+        await redis.delete(keys.mcp_call(None, None, "s", "7"))
+        await registry.remember(agent, "s", 7, "exec_x", "gate", 600, owner=True)
+        assert await registry.cancelled(agent, "s", 7) == ("exec_x", "gate")
+        assert await registry.is_cancelled(agent, "s", 7)
+        assert 590 < await redis.ttl(keys.mcp_call(None, None, "s", "7")) <= 600
+    finally:
+        await redis.aclose()
 
 
 async def test_no_server_stream(url: str) -> None:
