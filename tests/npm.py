@@ -1,5 +1,6 @@
-"""Node packages the tests run (tests/conformance: the MCP conformance suite), installed at test
-time from their lock file.
+"""Node packages the tests run (tests/interop: the official TypeScript MCP clients;
+tests/conformance: the MCP conformance suite; each with its Node 22), installed at test time
+from their lock file.
 
 ``npm_install(dir)`` runs ``npm ci`` in ``dir`` only when its ``package-lock.json`` or
 ``package.json`` changed since the last install there (a stamp in ``node_modules`` keeps their

@@ -11,8 +11,9 @@ swap the same key atomically, so whichever comes second sees the other.
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import anyio
 import msgspec
 from mcp.shared.dispatcher import as_request_id, coerce_request_id
 from mcp_types import RequestId
@@ -20,11 +21,15 @@ from redis.asyncio import Redis
 from starlette.types import Message, Receive, Send
 
 from carmy_worker.sdk.context import AgentContext
+
+if TYPE_CHECKING:
+    from api.executions import Executions
 from carmy_worker.store import keys
 
 SESSION_HEADER = "mcp-session-id"
 CANCELLED_MARK = b"-"  # a call's entry once its cancellation arrived
 CANCELLED_MARK_TTL_S = 60  # a cancellation that overtook its call waits this long for it
+CANCEL_TIMEOUT_S = 2.0  # how long a call whose client went away may spend cancelling its execution
 
 
 # Record the execution a call follows, unless its cancellation came first (the mark stays, for
@@ -129,6 +134,13 @@ def assigning_session_id(send: Send) -> Send:
         await send(message)
 
     return send_with_id
+
+
+async def abandon(executions: Executions, exec_id: str, tool: str) -> None:
+    """Cancel the execution of a call whose client went away, from a task being cancelled itself:
+    shielded, and bounded (the executions' own retries go on in the background)."""
+    with anyio.move_on_after(CANCEL_TIMEOUT_S, shield=True):
+        await executions.abandon(exec_id, tool)
 
 
 class Unanswered:

@@ -21,6 +21,7 @@ INVALID_REQUEST = -32600
 class _Envelope(msgspec.Struct):
     jsonrpc: str
     method: str | msgspec.UnsetType = msgspec.UNSET
+    params: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET  # MCP's params are always an object
     id: int | str | msgspec.UnsetType | None = msgspec.UNSET
     result: Any = msgspec.UNSET
     error: Any = msgspec.UNSET
@@ -34,8 +35,8 @@ def envelope_error(body: bytes) -> Response | None:
     try:
         message = _decoder.decode(body)
     except msgspec.ValidationError:
-        return _error(INVALID_REQUEST, "Invalid Request: the body must be one JSON-RPC 2.0 message (an object; "
-                                       "batches are not supported).")
+        return _error(INVALID_REQUEST, "Invalid Request: the body must be one JSON-RPC 2.0 message (an object, "
+                                       'with "params" an object if any; batches are not supported).')
     except (msgspec.DecodeError, RecursionError):
         return _error(PARSE_ERROR, "Parse error: the body is not JSON.")
     if message.jsonrpc != "2.0":
@@ -44,6 +45,9 @@ def envelope_error(body: bytes) -> Response | None:
         (message.result is msgspec.UNSET) != (message.error is msgspec.UNSET))
     if message.method is msgspec.UNSET and not is_response:
         return _error(INVALID_REQUEST, 'Invalid Request: a request or notification needs a "method".')
+    if message.method is not msgspec.UNSET and message.id is None:
+        # JSON-RPC allows it, MCP does not; the SDK would take it for a notification and answer nothing.
+        return _error(INVALID_REQUEST, 'Invalid Request: a request\'s "id" is a string or an integer, not null.')
     return None
 
 

@@ -48,6 +48,7 @@ from api.mcp.cancel import (
     SESSION_HEADER,
     CallRegistry,
     Unanswered,
+    abandon,
     assigning_session_id,
     cancelled_request,
     replaying,
@@ -72,7 +73,6 @@ from carmy_worker.wire import ErrorBody, Event, Record
 log = logging.getLogger("carmy.api")
 
 MCP_PATH = "/mcp"
-CANCEL_TIMEOUT_S = 2.0  # how long a cancelled call may spend cancelling its execution
 INSTRUCTIONS = (
     'Give a tools/call _meta {"carmy/request_id": "<unique id>"} to make retrying it safe: the same '
     "id with the same arguments returns the first call's result instead of running the tool again."
@@ -270,8 +270,7 @@ class McpServer:
             # The client went away, or cancelled. Only the call that started an execution
             # cancels it: a retry that joined it leaves it to its owner.
             if owner:
-                with anyio.move_on_after(CANCEL_TIMEOUT_S, shield=True):
-                    await self.executions.abandon(exec_id, name)
+                await abandon(self.executions, exec_id, name)
             raise
         return record
 

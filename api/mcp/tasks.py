@@ -57,16 +57,17 @@ from redis.exceptions import RedisError
 
 from api.auth import trusted_context
 from api.executions import Executions, Found
+from api.mcp.cancel import abandon
 from api.mcp.wire import call_result
 from api.settings import ApiSettings
 from carmy_worker.sdk.context import AgentContext
+from carmy_worker.sdk.errors import store_unavailable
 from carmy_worker.store import keys, records
 
 log = logging.getLogger("carmy.api")
 
 TASKS = "io.modelcontextprotocol/tasks"
 POLL_INTERVAL_MS = 1000  # what a client is asked to wait between two tasks/get
-CANCEL_TIMEOUT_S = 2.0  # how long a call whose client went away may spend cancelling its execution
 UNKNOWN_TASK = "Unknown task: no such task, or it expired."
 
 Ctx = ServerRequestContext[Any, Any]
@@ -141,13 +142,19 @@ class McpTasks(Extension):
         """
         try:
             found = await self.executions.lookup(exec_id, agent.principal)
-        except anyio.get_cancelled_exc_class():
+        except (anyio.get_cancelled_exc_class(), RedisError) as exc:
+            # The client cannot follow a task it will not hear of: cancel the execution, and say
+            # which one it was (a retry with its request_id finds it).
             if owner:
-                with anyio.move_on_after(CANCEL_TIMEOUT_S, shield=True):
-                    await self.executions.abandon(exec_id, tool)
-            raise
+                await abandon(self.executions, exec_id, tool)
+            if not isinstance(exc, RedisError):
+                raise
+            log.warning("store unavailable: %s", exc)
+            return call_result(records.failed(exec_id, tool, store_unavailable()), replayed=False)
         if found is None:  # the store lost it between the submit and now
             return call_result(records.uncertain(exec_id, tool, "the store lost track of it"), replayed=False)
+        if found.record is not None:  # it ended as the wait did: its result, not a task to poll
+            return call_result(found.record, replayed=not owner, any_output=True)
         log.info("mcp task", extra={"carmy": {"event": "mcp.task", "execution_id": exec_id, "tool": tool}})
         return self._task(found, "task", ctx.protocol_version)
 
@@ -191,7 +198,10 @@ class McpTasks(Extension):
     def _task(self, found: Found, result_type: Literal["task", "complete"], version: str) -> dict[str, Any]:
         record = found.record
         status: TaskStatus = "working"
-        message: str | None = found.message or ("Waiting for a worker." if found.state == "queued" else "Running.")
+        # A message is the running attempt's (one put back in the queue keeps its last, stale).
+        running = found.state == "running"
+        message: str | None = found.message if running and found.message else (
+            "Running." if running else "Waiting for a worker.")
         result = None
         if record is not None and record.error_code == "CANCELLED":
             status, message = "cancelled", "Cancelled."

@@ -2,7 +2,8 @@
 
 Keys (``keys``, ``jobs``), the Lua scripts that make every transition atomic, each behind one
 typed wrapper (``submit``: SUBMIT; ``attempts``: CLAIM, SETTLE; ``verdicts``: CANCEL, REAP,
-EXPIRE_UNSTARTED; ``roster``: HEARTBEAT, WORKERS; ``janitor``: JANITOR_SCAN), the final
+EXPIRE_UNSTARTED; ``roster``: HEARTBEAT, WORKERS; ``janitor``: JANITOR_SCAN; ``progress``:
+PROGRESS, which keeps a running execution's newest progress message), the final
 ``records``, the ``metrics`` the scripts keep, and the resubscribing ``pubsub`` loop.
 
 An execution lives in a hash (``keys.execution``) with ``attempt``, ``state`` (queued, running,

@@ -399,6 +399,8 @@ async def test_no_server_stream(url: str) -> None:
     b'{"jsonrpc": "2.0", "id": 1, "method": 5}',
     b'[{"jsonrpc": "2.0", "id": 1, "method": "tools/list"}]',
     b'"tools/list"',
+    b'{"jsonrpc": "2.0", "id": null, "method": "tools/list"}',
+    b'{"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": 5}',
 ])
 async def test_malformed_json_rpc(url: str, body: bytes, version: str | None) -> None:
     headers = {**ACCEPT, "content-type": "application/json"} | ({"mcp-protocol-version": version} if version else {})
