@@ -57,7 +57,9 @@ def test_redis_restart(durable_stack: tuple[RedisServer, Stack]) -> None:
     assert during, "no call was made while Redis was down"
     for s in during:
         assert (s.status, s.code) == (503, "STORE_UNAVAILABLE")
-        assert s.took < 1.0
+        # At once, not after the pool's 10 s wait for a connection (that wait is for a busy
+        # Redis, not a gone one); the margin is for a loaded machine.
+        assert s.took < 5.0
     assert worker.popen.poll() is None and api.popen.poll() is None  # nobody was restarted
 
     # Every execution Redis knows of has reached its final status.
