@@ -87,7 +87,7 @@ def test_no_workers_at_once_after_the_last_worker_dies(fresh_stack: Stack) -> No
     took = r.elapsed.total_seconds()
     assert r.json()["error"]["code"] == "NO_WORKERS"
     assert r.headers["retry-after"] == "2"
-    assert took < 0.5  # at once, not after a timeout
+    assert took < 2  # at once, not after waiting for a worker (the queue timeout is 60 s)
     # The tool is still listed: it is unavailable, not unknown.
     assert "noop" in httpx.get(base + "/agent/tools").text
 
