@@ -27,6 +27,7 @@ from api.settings import ApiSettings
 from carmy_worker.sdk.errors import clip
 
 PROBES = frozenset({"/health", "/ready"})
+HOSTS_REMEMBERED = 64  # Host values whose verdict BrowserGuard keeps
 DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
@@ -77,6 +78,7 @@ class BrowserGuard:
         self.any_host = any(p.any for p in self.hosts)
         self.origins = {origin.rstrip("/") for origin in settings.cors_origins}
         self.any_origin = "*" in self.origins
+        self._hosts_seen: dict[str, bool] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or route_path(scope) in PROBES:
@@ -94,8 +96,15 @@ class BrowserGuard:
         await self.app(scope, receive, send)
 
     def host_allowed(self, host: str) -> bool:
-        split = split_host(host)
-        return split is not None and any(p.matches(*split) for p in self.hosts)
+        # Every request asks, with one of a handful of values: the answer is remembered, for
+        # the first HOSTS_REMEMBERED values seen (any Host a client invents is still checked).
+        allowed = self._hosts_seen.get(host)
+        if allowed is None:
+            split = split_host(host)
+            allowed = split is not None and any(p.matches(*split) for p in self.hosts)
+            if len(self._hosts_seen) < HOSTS_REMEMBERED:
+                self._hosts_seen[host] = allowed
+        return allowed
 
     def origin_allowed(self, origin: str, host: str | None) -> bool:
         return self.any_origin or origin in self.origins or same_origin(origin, host)

@@ -93,6 +93,8 @@ class ExecuteEndpoint:
         finally:
             self.metrics.in_flight.dec()
         self.metrics.responses.labels(str(answer.status_code), answer.outcome).inc()
+        if not log.isEnabledFor(logging.INFO):
+            return
         duration_ms = round((time.perf_counter() - start) * 1000, 1)
         log.info("request", extra={"carmy": {
             # An unknown tool's name is the caller's text: keep the line short whatever they sent.

@@ -304,12 +304,13 @@ class Runtime:
                 log.warning("cannot record execution %s yet (%s); retrying", exec_id, exc)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
-        log.info("execution", extra={"carmy": {
-            "event": "execution", "execution_id": exec_id, "request_id_hash": request_id_hash(run.job.request_id),
-            "tool": record.tool, "status": record.status, "error_code": record.error_code,
-            "queue_wait_ms": run.queue_wait_ms, "run_ms": run.run_ms, "attempt": run.attempt,
-            "worker": self.worker_id, "recorded": written,
-        }})
+        if log.isEnabledFor(logging.INFO):  # the fields are built only for a line that is written
+            log.info("execution", extra={"carmy": {
+                "event": "execution", "execution_id": exec_id, "request_id_hash": request_id_hash(run.job.request_id),
+                "tool": record.tool, "status": record.status, "error_code": record.error_code,
+                "queue_wait_ms": run.queue_wait_ms, "run_ms": run.run_ms, "attempt": run.attempt,
+                "worker": self.worker_id, "recorded": written,
+            }})
         if not written:
             log.warning("execution %s was already settled elsewhere; this attempt's outcome is dropped", exec_id)
         return written

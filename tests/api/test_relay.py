@@ -72,3 +72,28 @@ async def test_an_error_of_the_work_is_raised_as_itself() -> None:
 
     with pytest.raises(RedisConnectionError):
         await race_disconnect(fail(), Client().receive, None)
+
+
+async def test_the_cancel_completes_when_the_request_is_cancelled_meanwhile() -> None:
+    # A server shutting down cancels the request's task: the execution is cancelled all the same.
+    client, started, release, done = Client(), asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+    async def forever() -> Record:
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    async def cancel() -> None:
+        started.set()
+        await release.wait()
+        done.set()
+
+    race = asyncio.create_task(race_disconnect(forever(), client.receive, cancel))
+    await asyncio.sleep(0)
+    client.gone.set()
+    await asyncio.wait_for(started.wait(), 5)
+    race.cancel()
+    await asyncio.sleep(0)
+    release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await race
+    await asyncio.wait_for(done.wait(), 5)

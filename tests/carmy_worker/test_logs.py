@@ -51,8 +51,22 @@ def test_json_lines_keep_the_value_exactly() -> None:
     assert json.loads(line)["tool"] == FORGED
 
 
+def test_json_lines_are_json_dumps_bytes() -> None:
+    # People and tests grep the log for '"event": "execution"': the spacing and the escaping
+    # stay json.dumps's. A field named like a base key does not replace it; other values are str()ed.
+    r = record("request", event="request", tool="café", status_code=200, replayed=False, error_code=None,
+               level="forged", at=logging.INFO.__class__)
+    r.created, r.msecs = 1764460800.25, 250.0
+    assert JsonFormatter().format(r) == json.dumps({
+        "ts": "2025-11-30T00:00:00.250Z", "level": "info", "logger": "carmy.api", "message": "request",
+        "event": "request", "tool": "café", "status_code": 200, "replayed": False, "error_code": None,
+        "at": "<class 'int'>",
+    })
 
-def test_an_exception_ending_a_thread_is_a_log_line(caplog: pytest.LogCaptureFixture) -> None:
+
+
+def test_an_exception_ending_a_thread_is_a_log_line(caplog: pytest.LogCaptureFixture,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     # A thread a tool starts and leaves behind may crash: its traceback is an error line of the
     # log, in its format, not bare text printed in the middle of it.
     def crash() -> None:
@@ -60,6 +74,8 @@ def test_an_exception_ending_a_thread_is_a_log_line(caplog: pytest.LogCaptureFix
 
     root = logging.getLogger()
     handlers, level, hook = root.handlers[:], root.level, threading.excepthook
+    for name in ("_srcfile", "logThreads", "logProcesses", "logMultiprocessing"):  # set by configure
+        monkeypatch.setattr(logging, name, getattr(logging, name))
     try:
         logs.configure("json")
         root.handlers[:], root.level = handlers, level  # keep only the hook, and pytest's capture
