@@ -934,9 +934,12 @@ async def test_a_non_idempotent_execution_whose_tool_never_began_is_tried_again(
     assert (again.verdict, again.attempt) == ("run", 2)
     # Once an attempt has begun the tool (it took the lock), a later one is uncertain.
     never = asyncio.Event()
-    assert await ToolLock(ar, "tally", exec_id, 2, worker_id="w2").acquire(1, never) == "taken"
+    lock = ToolLock(ar, "tally", exec_id, 2, worker_id="w2")
+    assert await lock.acquire(1, never) == "taken"
     assert state(r, exec_id)["began"] == "2"
     assert (await reap(ar, exec_id, "w2"))[0] == "uncertain"
+    # Its renewer would outlive the test, and its connection be collected in some later one.
+    await lock.release()
 
 
 async def test_an_attempt_given_away_while_it_waited_for_its_lock_takes_nothing(
