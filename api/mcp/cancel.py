@@ -15,10 +15,11 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 import msgspec
+from mcp.server.context import ServerRequestContext
 from mcp.shared.dispatcher import as_request_id, coerce_request_id
 from mcp_types import RequestId
 from redis.asyncio import Redis
-from starlette.types import Message, Receive, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from carmy_worker.sdk.context import AgentContext
 
@@ -134,6 +135,13 @@ def assigning_session_id(send: Send) -> Send:
         await send(message)
 
     return send_with_id
+
+
+def request_scope(ctx: ServerRequestContext[Any, Any]) -> Scope:
+    """The ASGI scope of the HTTP request that carried an MCP request (empty if none): its
+    trusted context, and the ``Unanswered`` of a call that may be cancelled."""
+    scope: Scope = getattr(ctx.request, "scope", {})
+    return scope
 
 
 async def abandon(executions: Executions, exec_id: str, tool: str) -> None:

@@ -52,6 +52,7 @@ from api.mcp.cancel import (
     assigning_session_id,
     cancelled_request,
     replaying,
+    request_scope,
 )
 from api.mcp.envelope import envelope_error
 from api.mcp.tasks import McpTasks, TaskResult
@@ -205,7 +206,7 @@ class McpServer:
                 }})
 
     async def _answer(self, ctx: Ctx, params: types.CallToolRequestParams) -> types.CallToolResult | TaskResult:
-        agent = trusted_context(_scope(ctx))
+        agent = trusted_context(request_scope(ctx))
         name, modern = params.name, _modern(ctx)
         if self.catalog.view.get(name) is None:
             # A protocol error in MCP (the model cannot fix it by changing arguments), where
@@ -226,7 +227,7 @@ class McpServer:
                     # Whatever the record says: the request was cancelled, and gets no answer (the
                     # record may be the tool's own, a sync tool that never looked at
                     # ctx.cancelled, or an earlier call's, for a retry that joined or replayed it).
-                    unanswered = _scope(ctx).get(Unanswered.SCOPE_KEY)
+                    unanswered = request_scope(ctx).get(Unanswered.SCOPE_KEY)
                     if unanswered is not None:
                         unanswered.silence()
                 return call_result(record, replayed=not started.owner, any_output=modern)
@@ -333,12 +334,6 @@ def _may_report_progress(meta: types.RequestParamsMeta | None) -> bool:
     none (MCP lets a server send none), rather than having its size multiplied."""
     token = meta.get("progress_token") if meta else None  # the SDK's name for progressToken
     return token is None or len(str(token)) <= ECHO_LIMIT
-
-
-def _scope(ctx: Ctx) -> Scope:
-    """The ASGI scope of the HTTP request that carried this MCP request (empty if none)."""
-    scope: Scope = getattr(ctx.request, "scope", {})
-    return scope
 
 
 def _session(ctx: Ctx) -> str | None:

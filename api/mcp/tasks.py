@@ -57,7 +57,7 @@ from redis.exceptions import RedisError
 
 from api.auth import trusted_context
 from api.executions import Executions, Found
-from api.mcp.cancel import abandon
+from api.mcp.cancel import abandon, request_scope
 from api.mcp.wire import call_result
 from api.settings import ApiSettings
 from carmy_worker.sdk.context import AgentContext
@@ -188,7 +188,7 @@ class McpTasks(Extension):
         found = None
         if keys.is_execution_id(params.task_id):
             try:
-                found = await self.executions.lookup(params.task_id, trusted_context(_scope(ctx)).principal)
+                found = await self.executions.lookup(params.task_id, trusted_context(request_scope(ctx)).principal)
             except RedisError as exc:
                 raise _store_unavailable(exc) from exc
         if found is None:  # unknown, expired, or someone else's: indistinguishable on purpose
@@ -228,10 +228,6 @@ def _version_gated(method: MethodBinding) -> RequestHandler:
         return await method.handler(ctx, params)
 
     return gated
-
-
-def _scope(ctx: Ctx) -> Any:
-    return getattr(ctx.request, "scope", {})
 
 
 def _store_unavailable(exc: Exception) -> MCPError:
