@@ -123,7 +123,7 @@ class ExecuteEndpoint:
         try:
             tool = self.calls.admit(request.tool, request.arguments, request.request_id, agent)
             async with self.calls.start(tool, request.arguments, request.request_id, agent,
-                                        follow=not respond_async) as started:
+                                        follow=not respond_async, stream=sse) as started:
                 if started.record is not None:
                     return await self._replay(request, started.execution_id, started.record, sse, send)
                 if respond_async:
