@@ -8,6 +8,7 @@ queueing behind connections that are failing one by one.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 from collections import deque
 from typing import Any
@@ -90,8 +91,9 @@ class StorePool(BlockingConnectionPool):
             raise
         finally:
             self._clock.let_go()
-            if not waiter.future.done():
-                self._waiters.remove(waiter)
+            if not waiter.future.done() or waiter.future.cancelled():  # left the queue by itself
+                with contextlib.suppress(ValueError):
+                    self._waiters.remove(waiter)
 
     async def _connect(self, connection: AbstractConnection) -> None:
         fresh = not connection.is_connected
