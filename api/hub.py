@@ -33,6 +33,8 @@ from carmy_worker.store.pubsub import Message, listen_forever
 # process confirms late, and that must not pass for an outage. A dropped connection fails every
 # waiting subscription at once.
 SUBSCRIBE_TIMEOUT = 10.0
+# How long the app's start waits for the process's channel to be subscribed.
+READY_WAIT = 2.0
 
 
 class HubUnavailable(Exception):
@@ -47,6 +49,7 @@ class EventHub:
         # current connection: until then an event published there could be lost unnoticed.
         self.channel = keys.api_channel(uuid.uuid4().hex)
         self._ready = False
+        self._confirmed = asyncio.Event()  # set with _ready, for start() to wait on
         self._resync_due = False  # a reconnection: re-read once the process channel is confirmed
         self._expected: dict[str, set[Mailbox]] = {}
         self._queues: dict[str, set[Mailbox]] = {}
@@ -55,8 +58,13 @@ class EventHub:
         self._broadcast = dict(on_broadcast or {})
         self._reader: asyncio.Task[None] | None = None
 
-    async def start(self) -> None:
+    async def start(self, *, wait: float = READY_WAIT) -> None:
+        """Start listening; return once the process's channel is subscribed, or after ``wait``
+        seconds (Redis may not be there yet: calls are refused until it is)."""
         self._reader = asyncio.create_task(self._read_forever())
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(wait):
+                await self._confirmed.wait()
 
     async def close(self) -> None:
         if self._reader is not None:
@@ -138,6 +146,7 @@ class EventHub:
     def _dropped(self) -> None:
         self._pubsub = None
         self._ready = False
+        self._confirmed.clear()
         self._resync()  # whatever was in flight may be lost
         for futures in self._confirms.values():  # a confirmation will not come on this connection
             for future in futures:
@@ -164,6 +173,7 @@ class EventHub:
         elif kind == "subscribe":
             if channel == self.channel:
                 self._ready = True
+                self._confirmed.set()
                 if self._resync_due:  # events published before this confirmation were lost
                     self._resync_due = False
                     self._resync()
