@@ -70,7 +70,7 @@ class TokenVerifier:
         if isinstance(key, Unavailable):
             return Refusal("unavailable", "The issuer's keys cannot be fetched now.", key.retry_after)
         if key is None:
-            return Refusal("invalid_token", "The token is signed with a key the issuer does not publish.")
+            return Refusal("invalid_token", "The token names no key the issuer publishes for its algorithm.")
         try:
             claims = jwt.decode(token, key, algorithms=self.algorithms, audience=list(audiences),
                                 issuer=self.settings.issuer, leeway=self.settings.leeway,
