@@ -71,6 +71,12 @@ async def test_a_valid_token_names_the_caller_and_its_scopes(client: httpx.Async
     assert unscoped.json()["error"]["code"] == "CONFIRMATION_REQUIRED"
 
 
+async def test_clock_skew_within_the_leeway_is_tolerated(client: httpx.AsyncClient, issuer: Issuer) -> None:
+    iat = int(issuer.claims()["iat"])
+    for token in (issuer.token(exp=iat - 10), issuer.token(nbf=iat + 10)):  # the leeway is 30 s
+        assert (await whoami(client, token)).status_code == 200
+
+
 async def test_api_keys_still_work_alongside(client: httpx.AsyncClient) -> None:
     r = await whoami(client, API_KEY)
     assert r.status_code == 200
