@@ -63,6 +63,11 @@ class ApiKeys:
         return found
 
 
+def quotable(value: str) -> str:
+    """``value`` without the characters RFC 6750 keeps out of its quoted strings."""
+    return "".join(c if 0x20 <= ord(c) <= 0x7E and c not in '"\\' else "'" for c in value)
+
+
 class Authenticator:
     """API keys (``CARMY_API_KEYS``), OAuth access tokens (``CARMY_OAUTH_*``), or both."""
 
@@ -100,7 +105,7 @@ class Authenticator:
             params.append(("scope", " ".join(self.resources.scopes)))
         if refusal is not None:
             params += [("error", refusal.error), ("error_description", refusal.description)]
-        challenge = {"www-authenticate": "Bearer " + ", ".join(f'{k}="{v}"' for k, v in params)}
+        challenge = {"www-authenticate": "Bearer " + ", ".join(f'{k}="{quotable(v)}"' for k, v in params)}
         reason = refusal.description if refusal is not None else None
         if refusal is not None and refusal.error == "insufficient_scope":
             return envelope_error("INSUFFICIENT_SCOPE", "The access token lacks a scope this server requires: "

@@ -3,6 +3,7 @@ own), and a file instead of a URL."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import jwt
@@ -11,7 +12,7 @@ import pytest
 from api.app import create_app
 from api.oauth import OAuthSettings, RemoteKeys, StaticKeys, TokenVerifier
 from api.oauth.keys import KeySet, Unavailable
-from api.oauth.tokens import Refusal
+from api.oauth.tokens import TRUSTED_FOR_S, Refusal
 from api.settings import ApiSettings
 from carmy_worker.sdk.context import AgentContext
 from carmy_worker.settings import SettingsError
@@ -78,12 +79,40 @@ async def test_a_key_file_and_a_principal_claim(tmp_path: Path) -> None:
         path.write_bytes(issuer.jwks_document())
         settings = OAuthSettings(issuer=ISSUER, resource=RESOURCE, jwks_file=str(path), principal_claim="email")
         verifier = TokenVerifier(settings, StaticKeys(str(path)))
-        found = await verifier.verify(issuer.token(email="ann@example.test", scope=None, scp=["a", "b"]), [RESOURCE])
+        found = await verifier.verify(issuer.token(email="ann@example.test", scope=None, scp=["a", "b"]), (RESOURCE,))
         assert found == AgentContext(principal="ann@example.test", permissions=frozenset({"a", "b"}))
-        refused = await verifier.verify(issuer.token(), [RESOURCE])
+        refused = await verifier.verify(issuer.token(), (RESOURCE,))
         assert isinstance(refused, Refusal)
         assert refused.error == "invalid_token"
     assert issuer.hits == 0
+
+
+async def test_a_valid_token_is_trusted_again_for_a_while_only(tmp_path: Path) -> None:
+    with issuing(new_key("k")) as issuer:
+        path = tmp_path / "jwks.json"
+        path.write_bytes(issuer.jwks_document())
+        now = [time.time()]
+        verifier = TokenVerifier(OAuthSettings(issuer=ISSUER, resource=RESOURCE, jwks_file=str(path)),
+                                 StaticKeys(str(path)), clock=lambda: now[0])
+        token = issuer.token()
+        first = await verifier.verify(token, (RESOURCE,))
+        assert isinstance(first, AgentContext)
+        assert await verifier.verify(token, (RESOURCE,)) == first
+        assert verifier.checked == 1
+        # For another audience, or changed by one byte, it is checked again (and refused).
+        assert isinstance(await verifier.verify(token, ("https://other.test",)), Refusal)
+        assert isinstance(await verifier.verify(token[:-2] + ("A" if token[-2] != "A" else "B") + token[-1],
+                                                (RESOURCE,)), Refusal)
+        assert verifier.checked == 3
+        now[0] += TRUSTED_FOR_S
+        assert await verifier.verify(token, (RESOURCE,)) == first
+        assert verifier.checked == 4
+        # Never past its exp (+ leeway), however recently it was checked.
+        short = issuer.token(exp=int(now[0]) + 5)
+        assert isinstance(await verifier.verify(short, (RESOURCE,)), AgentContext)
+        now[0] += 36
+        await verifier.verify(short, (RESOURCE,))
+        assert verifier.checked == 6
 
 
 @pytest.mark.parametrize("content", [b"", b"{}", b'{"keys": []}', b'{"keys": [{"kty": "oct", "k": "c2VjcmV0"}]}'])
