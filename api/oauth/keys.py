@@ -112,7 +112,6 @@ class RemoteKeys:
         self.max_age = max_age
         self.min_refresh = min_refresh
         self.clock = clock
-        self.fetches = 0  # attempts, for tests and logs
         self._keys: KeySet | None = None
         self._fetched_at = -math.inf  # when the cached set was fetched
         self._attempted_at = -math.inf  # when the last fetch ended, successful or not
@@ -120,7 +119,7 @@ class RemoteKeys:
 
     async def key(self, kid: str | None, alg: str) -> jwt.PyJWK | Unavailable | None:
         now = self.clock()
-        known = self._keys is not None and kid in self._keys
+        known = self._keys is not None and self._keys.key(kid, alg) is not None
         # Stale, or a kid not in it (rotated, or made up: _refresh limits the rate). A request
         # whose key is cached does not wait for a fetch already under way.
         if (not known or now - self._fetched_at >= self.max_age) and not (known and self._lock.locked()):
@@ -143,7 +142,6 @@ class RemoteKeys:
             else:
                 self._keys, self._fetched_at = keys, self.clock()
             finally:
-                self.fetches += 1
                 self._attempted_at = self.clock()
 
     async def _fetch(self) -> KeySet:
