@@ -26,6 +26,8 @@ TABLE: dict[str, tuple[str, int, bool]] = {
     "INVALID_OUTPUT": ("internal", 500, False),
     "CONFIRMATION_REQUIRED": ("permission", 403, False),
     "UNAUTHENTICATED": ("permission", 401, False),
+    "INSUFFICIENT_SCOPE": ("permission", 403, False),
+    "AUTH_UNAVAILABLE": ("capacity", 503, True),
     "IDEMPOTENCY_CONFLICT": ("conflict", 409, False),
     "EXECUTION_UNCERTAIN": ("conflict", 409, False),
     "EXECUTION_NOT_FOUND": ("not_found", 404, False),
