@@ -20,11 +20,12 @@ def main() -> int:
     except SettingsError as exc:
         print(f"api: {exc}", file=sys.stderr)
         return 2
-    if "*" in settings.hosts_allowed() and settings.api_keys is None:
+    if "*" in settings.hosts_allowed() and not settings.authenticates:
         # DNS rebinding then reaches every tool: a page whose name resolves to this server is
         # "same origin" with it, and needs no key.
         logging.getLogger("carmy.api").warning(
-            "any Host is accepted (CARMY_ALLOWED_HOSTS) and no API key is required (CARMY_API_KEYS): a web page "
+            "any Host is accepted (CARMY_ALLOWED_HOSTS) and no API key or access token is required (CARMY_API_KEYS, "
+            "CARMY_OAUTH_ISSUER): a web page "
             "opened by a browser that can reach this server can call its tools; set one of them")
     run(app, settings)  # uvicorn, hardened: see api/server.py
     return 0

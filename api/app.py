@@ -13,7 +13,7 @@ from starlette.middleware import Middleware
 from starlette.routing import Route, request_response
 from starlette.types import ASGIApp
 
-from api.auth import ApiKeys, RequireApiKey
+from api.auth import ApiKeys, Authenticator, RequireAuth
 from api.browser import BrowserGuard, RequireJson
 from api.calls import Calls
 from api.catalog import Catalog
@@ -24,6 +24,7 @@ from api.headers import middleware
 from api.hub import EventHub
 from api.lookup import ExecutionRoutes
 from api.mcp import MCP_PATH, McpServer
+from api.oauth import ProtectedResources, TokenVerifier, key_source
 from api.ops import ApiMetrics, Ops
 from api.settings import ApiSettings
 from carmy_worker.store import keys
@@ -92,10 +93,11 @@ def create_app(settings: ApiSettings | None = None) -> Starlette:
             await listener.aclose()
             await redis.aclose(close_connection_pool=True)
 
-    def guarded(endpoint: ASGIApp) -> ASGIApp:
-        return RequireApiKey(endpoint, api_keys)
+    auth = authenticator(settings)
 
-    api_keys = ApiKeys(settings.api_keys) if settings.api_keys is not None else None
+    def guarded(endpoint: ASGIApp, *, mcp: bool = False) -> ASGIApp:
+        return RequireAuth(endpoint, auth, mcp=mcp)
+
     return Starlette(
         routes=[
             Route("/.well-known/agent", discovery, methods=["GET"]),
@@ -105,13 +107,25 @@ def create_app(settings: ApiSettings | None = None) -> Starlette:
             Route("/agent/executions/{execution_id}", guarded(request_response(lookup.delete)), methods=["DELETE"]),
             Route("/agent/executions/{execution_id}/events", guarded(lookup.events), methods=["GET"]),
             # Every method: the MCP server answers 405 itself.
-            Route(MCP_PATH, guarded(RequireJson(mcp.asgi))),
+            Route(MCP_PATH, guarded(RequireJson(mcp.asgi), mcp=True)),
             Route("/health", ops.health, methods=["GET"]),
             Route("/ready", ops.ready, methods=["GET"]),
             Route("/metrics", guarded(request_response(ops.metrics_text)), methods=["GET"]),
+            *(auth.resources.routes() if auth is not None and auth.resources is not None else ()),
         ],
         # Innermost, the guard: the CORS layer answers an allowed origin's preflight before it,
         # and its refusals carry the security and CORS headers like any other answer.
         middleware=[*middleware(settings), Middleware(BrowserGuard, settings)],
         lifespan=lifespan,
     )
+
+
+def authenticator(settings: ApiSettings) -> Authenticator | None:
+    """API keys and OAuth as configured; None when neither is (every request passes)."""
+    if not settings.authenticates:
+        return None
+    keys = ApiKeys(settings.api_keys) if settings.api_keys is not None else None
+    if settings.oauth is None:
+        return Authenticator(keys)
+    tokens = TokenVerifier(settings.oauth, key_source(settings.oauth))
+    return Authenticator(keys, tokens, ProtectedResources(settings.oauth, name=settings.server_title))

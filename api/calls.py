@@ -23,6 +23,16 @@ from carmy_worker.wire import Record, canonical_json_encoder
 
 
 @dataclass(frozen=True)
+class Admitted:
+    """A call that passed every check before Redis: its tool, and its arguments and request id
+    as checked."""
+
+    tool: CatalogTool
+    arguments: dict[str, Any]
+    request_id: str | None
+
+
+@dataclass(frozen=True)
 class Started:
     """An accepted call: the execution it is about, and how to follow it."""
 
@@ -40,17 +50,17 @@ class Calls:
         self.executions = executions
         self.hub = hub
 
-    def admit(self, name: str, arguments: dict[str, Any], request_id: str | None, agent: AgentContext,
-              ) -> CatalogTool:
-        """The tool to run, or ``Rejected`` with the reason (nothing is recorded for it)."""
-        check_request_id(request_id)
+    def admit(self, name: str, arguments: object, request_id: object, agent: AgentContext, *,
+              id_field: str = "request_id") -> Admitted:
+        """The call to run, or ``Rejected`` with the reason (nothing is recorded for it). The
+        checks run in the order of ``api.checks``: tool, policy, request id, arguments."""
         tool = self.catalog.view.get(name)
         if tool is None:
             raise Rejected(error("TOOL_NOT_FOUND", f"No tool named {clip(name)!r}.",
                                  suggested_action="list the tools (GET /agent/tools or tools/list)"))
         check_policy(tool, agent)
-        check_arguments(tool, arguments)
-        return tool
+        valid_id = check_request_id(request_id, field=id_field)
+        return Admitted(tool, check_arguments(tool, arguments), valid_id)
 
     @contextlib.asynccontextmanager
     async def start(self, tool: CatalogTool, arguments: dict[str, Any], request_id: str | None,

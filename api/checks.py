@@ -1,6 +1,9 @@
 """What every call must pass before it reaches a worker, whichever door it came in by
-(``POST /agent/execute`` or MCP's ``tools/call``): a valid request id, the tool's policy, its
-input schema, and Redis's admission. A refusal is data (``Rejected`` carries the error), and
+(``POST /agent/execute`` or MCP's ``tools/call``), in this order: the tool exists, its policy
+allows the caller, the request id is valid, the arguments match its input schema, and Redis
+admits it. The order is the reference implementation's, and puts first what the agent must
+settle first (a call to a tool that does not exist, or that a person must confirm, cannot
+succeed whatever its id or arguments). A refusal is data (``Rejected`` carries the error), and
 repeats at most ``ECHO_LIMIT`` characters of any value the caller sent."""
 
 from __future__ import annotations
@@ -27,15 +30,20 @@ class Rejected(Exception):
 
 
 
-def check_request_id(request_id: str | None) -> None:
+def check_request_id(request_id: object, *, field: str = "request_id") -> str | None:
+    """The request id, if it is one: ``None``, or 1 to ``MAX_ID_BYTES`` bytes of UTF-8 (MCP's
+    ``_meta`` may hold any JSON value, hence ``object``; ``field`` names it in the message)."""
     if request_id is None:
-        return
+        return None
+    if not isinstance(request_id, str):
+        raise Rejected(error("INVALID_ID", f"{field} must be a string of 1 to {MAX_ID_BYTES} bytes of UTF-8."))
     try:
         size = len(request_id.encode())
     except UnicodeEncodeError:
         size = 0
     if not 1 <= size <= MAX_ID_BYTES:
-        raise Rejected(error("INVALID_ID", f"request_id must be 1 to {MAX_ID_BYTES} bytes of UTF-8."))
+        raise Rejected(error("INVALID_ID", f"{field} must be 1 to {MAX_ID_BYTES} bytes of UTF-8."))
+    return request_id
 
 
 def check_policy(tool: CatalogTool, agent: AgentContext) -> None:
@@ -49,7 +57,9 @@ def check_policy(tool: CatalogTool, agent: AgentContext) -> None:
         ))
 
 
-def check_arguments(tool: CatalogTool, arguments: dict[str, Any]) -> None:
+def check_arguments(tool: CatalogTool, arguments: object) -> dict[str, Any]:
+    """The arguments, once they match the tool's input schema, which is always an object schema:
+    so a value that is not an object (``null`` included) is refused here, at ``$``."""
     if tool.validator is None:
         raise Rejected(error("INVALID_ARGUMENTS", f"The input schema of {tool.spec.name} cannot be used; "
                                                   "no arguments can be checked against it."))
@@ -62,6 +72,10 @@ def check_arguments(tool: CatalogTool, arguments: dict[str, Any]) -> None:
             "INVALID_ARGUMENTS", f"The arguments do not match the input schema at {path}: {reason}",
             details={"path": path, "reason": reason},
         )) from None
+    if not isinstance(arguments, dict):  # pragma: no cover - every input schema is an object schema
+        raise Rejected(error("INVALID_ARGUMENTS", "The arguments must be a JSON object.",
+                             details={"path": "$", "reason": "not an object"}))
+    return arguments
 
 
 def _reason(problem: jsonschema_rs.ValidationError) -> str:

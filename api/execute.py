@@ -121,8 +121,9 @@ class ExecuteEndpoint:
         agent = trusted_context(scope)
         sse, respond_async = wants_sse(scope), prefers_async(scope)
         try:
-            tool = self.calls.admit(request.tool, request.arguments, request.request_id, agent)
-            async with self.calls.start(tool, request.arguments, request.request_id, agent,
+            call = self.calls.admit(request.tool, request.arguments, request.request_id, agent)
+            tool = call.tool
+            async with self.calls.start(tool, call.arguments, call.request_id, agent,
                                         follow=not respond_async, stream=sse) as started:
                 if started.record is not None:
                     return await self._replay(request, started.execution_id, started.record, sse, send)
@@ -138,7 +139,7 @@ class ExecuteEndpoint:
     async def _refuse(self, request: ExecuteRequest, err: ErrorBody, sse: bool, send: Send) -> Answer:
         """Answer a call refused before it reached a worker (nothing is recorded)."""
         exec_id = keys.new_execution_id()
-        record = records.failed(exec_id, request.tool, err)
+        record = records.refused(exec_id, request.tool, err)
         if sse:  # execution.started names the tool: an unknown one is the caller's text, cut
             await relay.send_sse_record(send, exec_id, clip(request.tool), record, replayed=False)
         else:

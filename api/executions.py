@@ -183,7 +183,8 @@ class Executions:
                 record = None
                 unreachable_since = unreachable_since or loop.time()
                 if loop.time() - unreachable_since > PATIENCE_S:
-                    return records.failed(exec_id, tool, store_unavailable(
+                    # Not stored: the execution goes on, and a retry with the same request_id joins it.
+                    return records.refused(exec_id, tool, store_unavailable(
                         "The execution store cannot be reached; retry with the same request_id to get the result "
                         "once it is back.", retry_after=5))
             if record is not None:

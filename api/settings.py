@@ -9,6 +9,7 @@ from collections.abc import Mapping
 import msgspec
 from msgspec import Struct
 
+from api.oauth.settings import OAuthSettings, oauth_from_env
 from carmy_worker.settings import DEFAULT_REDIS_URL, SettingsError, env_bool, env_choice, env_float, env_int
 
 # The names a browser on this machine uses for a server bound to loopback, with any port.
@@ -49,6 +50,7 @@ class ApiSettings(Struct, frozen=True, kw_only=True):
     server_title: str = "Carmy"
     server_description: str = DEFAULT_DESCRIPTION
     api_keys: dict[str, ApiKey] | None = None  # token -> key; None: no authentication
+    oauth: OAuthSettings | None = None  # access tokens of one issuer, besides (or instead of) API keys
     max_pending: int = 1000  # queued-or-running executions, across all API processes
     retention: int = 86400  # seconds final records and idempotency records are kept
     queue_timeout: float = 60.0  # seconds an execution may wait for a worker before it is dropped
@@ -84,6 +86,7 @@ class ApiSettings(Struct, frozen=True, kw_only=True):
             server_title=env.get("CARMY_SERVER_TITLE") or "Carmy",
             server_description=env.get("CARMY_SERVER_DESCRIPTION") or DEFAULT_DESCRIPTION,
             api_keys=parse_api_keys(env.get("CARMY_API_KEYS")),
+            oauth=oauth_from_env(env),
             max_pending=env_int(env, "CARMY_MAX_PENDING", 1000),
             retention=env_int(env, "CARMY_RETENTION", 86400),
             queue_timeout=env_float(env, "CARMY_QUEUE_TIMEOUT", 60.0),
@@ -107,6 +110,11 @@ class ApiSettings(Struct, frozen=True, kw_only=True):
         if self.allowed_hosts is not None:
             return self.allowed_hosts
         return (*LOOPBACK_HOSTS, self.host) if is_loopback(self.host) else ("*",)
+
+    @property
+    def authenticates(self) -> bool:
+        """Whether callers must present an API key or an access token."""
+        return self.api_keys is not None or self.oauth is not None
 
 
 def env_list(env: Mapping[str, str], name: str) -> tuple[str, ...]:

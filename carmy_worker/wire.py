@@ -25,10 +25,15 @@ EventName = Literal["tool.started", "tool.progress", "tool.completed", "final"]
 
 
 class ExecuteRequest(Struct, forbid_unknown_fields=True):
-    """The body of ``POST /agent/execute``."""
+    """The body of ``POST /agent/execute``.
+
+    ``arguments`` may be any JSON value here: one that is not an object is refused later as
+    ``INVALID_ARGUMENTS``, with a full result body like every other argument error, rather than
+    as a malformed envelope (``api.checks.check_arguments``).
+    """
 
     tool: str
-    arguments: dict[str, Any] = {}
+    arguments: Any = {}
     request_id: str | None = None
 
 
@@ -45,9 +50,32 @@ class ErrorBody(Struct, omit_defaults=True, kw_only=True):
     details: Any = None
 
 
+NextActionKind = Literal["retry", "reconcile"]
+
+
+class NextAction(Struct, omit_defaults=True, kw_only=True):
+    """One entry of ``_agent.next_actions``: what the agent can do next (docs/protocol.md, 4).
+
+    ``retry``: send the call this answers again: the same ``tool`` and arguments, with the same
+    ``request_id`` if ``same_request_id`` (the answer recorded nothing, so the retry runs or
+    joins the call) or a new one otherwise (the old one now replays this answer); no sooner than
+    ``after_ms``; and only once the caller holds ``requires`` when set (a permission a person
+    grants). ``reconcile``: check the state ``tool`` would have changed before anything else.
+
+    Neither the arguments nor the request id are repeated: the agent has them, and an answer
+    never grows with what was sent.
+    """
+
+    action: NextActionKind
+    tool: str
+    same_request_id: bool | None = None
+    after_ms: int | None = None
+    requires: str | None = None
+
+
 class AgentHints(Struct):
     cacheable: bool
-    next_actions: list[Any]
+    next_actions: list[NextAction]
 
 
 class ResultBody(Struct, omit_defaults=True, kw_only=True):

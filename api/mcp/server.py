@@ -67,7 +67,7 @@ from api.mcp.wire import (
 )
 from api.settings import ApiSettings
 from carmy_worker.sdk.context import AgentContext
-from carmy_worker.sdk.errors import ECHO_LIMIT, clip, error, store_unavailable
+from carmy_worker.sdk.errors import ECHO_LIMIT, clip, store_unavailable
 from carmy_worker.store import keys, records
 from carmy_worker.wire import ErrorBody, Event, Record
 
@@ -213,15 +213,15 @@ class McpServer:
             # carmy/1 answers 404 TOOL_NOT_FOUND.
             raise MCPError(INVALID_PARAMS, f"Unknown tool: {clip(name)}")
         try:
-            request_id = _request_id(params.meta)
-            arguments = params.arguments or {}
-            tool = self.calls.admit(name, arguments, request_id, agent)
+            call = self.calls.admit(name, {} if params.arguments is None else params.arguments,
+                                    _request_id(params.meta), agent, id_field=f"_meta.{META_REQUEST_ID}")
+            tool = call.tool
             patience = self.tasks.patience(ctx)  # None: this call cannot become a task
             report_progress = _may_report_progress(params.meta)
             # Only a caller that gave a progressToken hears the tool's progress: for the others,
             # the workers publish only the final event.
             streams = report_progress and _progress_token(params.meta) is not None
-            async with self.calls.start(tool, arguments, request_id, agent, stream=streams) as started:
+            async with self.calls.start(tool, call.arguments, call.request_id, agent, stream=streams) as started:
                 record = started.record or await self._follow(ctx, started, tool, agent,
                                                               report_progress=report_progress,
                                                               patience=patience)
@@ -323,14 +323,12 @@ class McpServer:
 
 def _refused(name: str, err: ErrorBody) -> types.CallToolResult:
     """A call refused before it reached a worker: a fresh execution id, nothing recorded."""
-    return call_result(records.failed(keys.new_execution_id(), name, err), replayed=False)
+    return call_result(records.refused(keys.new_execution_id(), name, err), replayed=False)
 
 
-def _request_id(meta: types.RequestParamsMeta | None) -> str | None:
-    value = cast("Mapping[str, Any]", meta or {}).get(META_REQUEST_ID)
-    if value is not None and not isinstance(value, str):
-        raise Rejected(error("INVALID_ID", f"_meta.{META_REQUEST_ID} must be a string."))
-    return value
+def _request_id(meta: types.RequestParamsMeta | None) -> object:
+    """``_meta["carmy/request_id"]`` as sent (any JSON value): ``Calls.admit`` checks it in turn."""
+    return cast("Mapping[str, Any]", meta or {}).get(META_REQUEST_ID)
 
 
 def _may_report_progress(meta: types.RequestParamsMeta | None) -> bool:

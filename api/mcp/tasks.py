@@ -150,7 +150,7 @@ class McpTasks(Extension):
             if not isinstance(exc, RedisError):
                 raise
             log.warning("store unavailable: %s", exc)
-            return call_result(records.failed(exec_id, tool, store_unavailable()), replayed=False)
+            return call_result(records.refused(exec_id, tool, store_unavailable()), replayed=False)
         if found is None:  # the store lost it between the submit and now
             return call_result(records.uncertain(exec_id, tool, "the store lost track of it"), replayed=False)
         if found.record is not None:  # it ended as the wait did: its result, not a task to poll

@@ -17,6 +17,7 @@ META_REQUEST_ID = "carmy/request_id"  # on a call: its idempotency key, as reque
 META_EXECUTION_ID = "carmy/execution_id"
 META_REPLAYED = "carmy/replayed"
 META_ERROR = "carmy/error"  # on a failed call: the carmy/1 error object, for code that acts on it
+META_NEXT_ACTIONS = "carmy/next_actions"  # on a failed call with suggestions: _agent.next_actions
 
 
 def mcp_tool(spec: ToolSpec, *, title: str | None = None, any_output: bool = False) -> types.Tool:
@@ -47,12 +48,17 @@ def mcp_tool(spec: ToolSpec, *, title: str | None = None, any_output: bool = Fal
     )
 
 
+class _Hints(msgspec.Struct):
+    next_actions: msgspec.Raw = msgspec.Raw(b"[]")
+
+
 class _ResultBody(msgspec.Struct):
     """The parts of a stored result body a tool result is made of; JSON kept as sent."""
 
     execution_id: str
     data: msgspec.Raw = msgspec.Raw(b"null")
     error: msgspec.Raw = msgspec.Raw()  # empty: none
+    agent: _Hints = msgspec.field(name="_agent", default_factory=_Hints)
 
 
 _result_decoder = msgspec.json.Decoder(_ResultBody)
@@ -68,12 +74,17 @@ def call_result(record: Record, *, replayed: bool, any_output: bool = False) -> 
     model, and in ``_meta["carmy/error"]`` for code that acts on its fields. Not in
     ``structuredContent``: clients (the TypeScript SDK, the Inspector) validate that against the
     tool's ``outputSchema`` even on errors, and would throw instead of showing the error.
+    The body's ``_agent.next_actions``, when there are any, go in ``_meta["carmy/next_actions"]``
+    (the list a JSON answer carries: both come from the same body).
     """
     body = _result_decoder.decode(record.body)
     meta: dict[str, Any] = {META_EXECUTION_ID: body.execution_id, META_REPLAYED: replayed}
     if len(body.error):
         text = bytes(body.error).decode()
         meta[META_ERROR] = msgspec.json.decode(text)
+        actions = bytes(body.agent.next_actions)
+        if actions != b"[]":
+            meta[META_NEXT_ACTIONS] = msgspec.json.decode(actions)
         return types.CallToolResult(content=[types.TextContent(text=text)], is_error=True, _meta=meta)
     raw = bytes(body.data)
     value: Any = msgspec.json.decode(raw)

@@ -280,8 +280,10 @@ class Runtime:
         if outcome.error is not None:
             return records.failed(exec_id, tool.name, outcome.error, duration_ms=duration_ms)
         if outcome.timed_out:
-            return records.timed_out(exec_id, tool.name, timeout, duration_ms=duration_ms)
-        return records.cancelled(exec_id, tool.name, started=True, duration_ms=duration_ms)
+            return records.timed_out(exec_id, tool.name, timeout, idempotent=tool.spec.idempotent,
+                                     duration_ms=duration_ms)
+        return records.cancelled(exec_id, tool.name, started=True, idempotent=tool.spec.idempotent,
+                                 duration_ms=duration_ms)
 
     async def _record(self, run: Run, record: Record, completed: bytes | None = None) -> bool:
         """Write the record if this attempt still owns the execution; log the execution line.

@@ -50,6 +50,8 @@ ErrorCode = Literal[
     "INVALID_OUTPUT",
     "CONFIRMATION_REQUIRED",
     "UNAUTHENTICATED",
+    "INSUFFICIENT_SCOPE",
+    "AUTH_UNAVAILABLE",
     "IDEMPOTENCY_CONFLICT",
     "EXECUTION_UNCERTAIN",
     "EXECUTION_NOT_FOUND",
@@ -74,6 +76,8 @@ CATEGORY: Final[dict[str, Category]] = {
     "INVALID_OUTPUT": "internal",
     "CONFIRMATION_REQUIRED": "permission",
     "UNAUTHENTICATED": "permission",
+    "INSUFFICIENT_SCOPE": "permission",
+    "AUTH_UNAVAILABLE": "capacity",
     "IDEMPOTENCY_CONFLICT": "conflict",
     "EXECUTION_UNCERTAIN": "conflict",
     "EXECUTION_NOT_FOUND": "not_found",
@@ -86,7 +90,7 @@ CATEGORY: Final[dict[str, Category]] = {
 }
 
 # Codes an agent may simply try again (after ``retry_after`` when given).
-RETRYABLE: Final[frozenset[str]] = frozenset({"QUEUE_FULL", "NO_WORKERS", "STORE_UNAVAILABLE"})
+RETRYABLE: Final[frozenset[str]] = frozenset({"QUEUE_FULL", "NO_WORKERS", "STORE_UNAVAILABLE", "AUTH_UNAVAILABLE"})
 # Codes an agent can recover from by changing something (its request, or waiting).
 RECOVERABLE: Final[frozenset[str]] = RETRYABLE | {
     "INVALID_REQUEST",
@@ -97,6 +101,7 @@ RECOVERABLE: Final[frozenset[str]] = RETRYABLE | {
     "INVALID_ARGUMENTS",
     "CONFIRMATION_REQUIRED",
     "UNAUTHENTICATED",
+    "INSUFFICIENT_SCOPE",
     "IDEMPOTENCY_CONFLICT",
     "EXECUTION_UNCERTAIN",
     "TIMEOUT",

@@ -5,9 +5,11 @@ from __future__ import annotations
 import msgspec
 
 from carmy_worker.sdk.errors import MAY_HAVE_COMMITTED, error, http_status
+from carmy_worker.store import next_actions
 from carmy_worker.wire import (
     AgentHints,
     ErrorBody,
+    NextAction,
     Record,
     ResultBody,
     Status,
@@ -35,10 +37,26 @@ def completed(exec_id: str, tool: str, data_json: bytes, *, cacheable: bool, dur
     )
 
 
-def failed(exec_id: str, tool: str, err: ErrorBody, *, duration_ms: int | None = None) -> Record:
-    """The record of any failure; the status (failed, timed_out, cancelled) follows the code."""
+def failed(exec_id: str, tool: str, err: ErrorBody, *, duration_ms: int | None = None,
+           rerun_safe: bool = False) -> Record:
+    """The record of any failure; the status (failed, timed_out, cancelled) follows the code.
+
+    ``rerun_safe``: running the call again cannot repeat an effect (the tool never started, or
+    it is idempotent), which decides what ``next_actions`` suggests after a timeout or a
+    cancellation."""
+    return _failure(exec_id, tool, err, next_actions.after_record(err, tool, rerun_safe=rerun_safe), duration_ms)
+
+
+def refused(exec_id: str, tool: str, err: ErrorBody) -> Record:
+    """The body of a call refused before any worker saw it: sent once, never stored, so its
+    ``next_actions`` may suggest sending the same call, ``request_id`` included, again."""
+    return _failure(exec_id, tool, err, next_actions.after_refusal(err, tool), None)
+
+
+def _failure(exec_id: str, tool: str, err: ErrorBody, actions: list[NextAction], duration_ms: int | None) -> Record:
     status = _STATUS_BY_CODE.get(err.code, "failed")
-    body = ResultBody(execution_id=exec_id, status=status, error=err, agent=_NO_HINTS)
+    hints = AgentHints(cacheable=False, next_actions=actions) if actions else _NO_HINTS
+    body = ResultBody(execution_id=exec_id, status=status, error=err, agent=hints)
     return Record(
         status_code=http_status(err), body=json_encoder.encode(body), tool=tool, status=status,
         error_code=err.code, retry_after=err.retry_after, duration_ms=duration_ms,
@@ -73,20 +91,25 @@ def uncertain(exec_id: str, tool: str, why: str) -> Record:
     ))
 
 
-def timed_out(exec_id: str, tool: str, seconds: float, *, duration_ms: int | None = None) -> Record:
+def timed_out(exec_id: str, tool: str, seconds: float, *, idempotent: bool = False,
+              duration_ms: int | None = None) -> Record:
+    """The tool ran past its timeout: run it again only if it is ``idempotent``, else look first."""
     return failed(exec_id, tool, error(
         "TIMEOUT", f"The tool ran past its timeout of {seconds:g} s. {MAY_HAVE_COMMITTED}",
-    ), duration_ms=duration_ms)
+    ), duration_ms=duration_ms, rerun_safe=idempotent)
 
 
 def never_started(exec_id: str, tool: str) -> Record:
     return failed(exec_id, tool, error(
         "TIMEOUT", "The execution waited in the queue past its start deadline and never ran.",
-    ))
+    ), rerun_safe=True)
 
 
-def cancelled(exec_id: str, tool: str, *, started: bool, duration_ms: int | None = None) -> Record:
+def cancelled(exec_id: str, tool: str, *, started: bool, idempotent: bool = False,
+              duration_ms: int | None = None) -> Record:
+    """Cancelled for its caller; ``started``: the tool had begun (its effects are unknown unless
+    it is ``idempotent``)."""
     tail = MAY_HAVE_COMMITTED if started else "It had not started."
     return failed(exec_id, tool, error(
         "CANCELLED", f"The execution was cancelled because the caller went away. {tail}",
-    ), duration_ms=duration_ms)
+    ), duration_ms=duration_ms, rerun_safe=idempotent or not started)

@@ -84,6 +84,8 @@ async def test_finished_result_is_what_a_synchronous_call_gets(client: httpx.Asy
     assert done.status_code == sync.status_code == 409
     assert done.headers["retry-after"] == sync.headers["retry-after"] == "7"
     assert {**done.json(), "execution_id": ""} == {**sync.json(), "execution_id": ""}
+    assert done.json()["_agent"]["next_actions"] == [
+        {"action": "retry", "tool": "refuse", "same_request_id": False, "after_ms": 7000}]
 
 
 async def test_request_id_retry_returns_the_same_execution(client: httpx.AsyncClient, stack: Stack) -> None:
@@ -132,6 +134,10 @@ async def test_delete_a_queued_execution(client: httpx.AsyncClient, stack: Stack
     deleted = await client.delete(queued.headers["location"], headers=AS_ALICE)
     assert deleted.status_code == 408
     assert "had not started" in deleted.json()["error"]["message"]
+    # It never ran: calling it again is safe, under a new request_id; polling says the same.
+    retry = [{"action": "retry", "tool": "linger", "same_request_id": False}]
+    assert deleted.json()["_agent"]["next_actions"] == retry
+    assert (await client.get(queued.headers["location"], headers=AS_ALICE)).json()["_agent"]["next_actions"] == retry
     assert (await client.delete(busy.headers["location"], headers=AS_ALICE)).status_code == 408
     # The worker is free again: it takes the queued job (arq's job key goes when it is done
     # with it), finds the execution settled and drops it without running the tool.

@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.sse import parse as parse_sse
 from tests.support import Stack
 
 MIB = 1_048_576
@@ -18,10 +19,10 @@ async def execute(client: httpx.AsyncClient, body: Any, **kw: Any) -> httpx.Resp
     return await client.post("/agent/execute", json=body, **kw)
 
 
-def assert_result_shape(body: dict[str, Any], status: str) -> None:
+def assert_result_shape(body: dict[str, Any], status: str, next_actions: list[Any] | None = None) -> None:
     assert body["execution_id"].startswith("exec_")
     assert body["status"] == status
-    assert body["_agent"]["next_actions"] == []
+    assert body["_agent"]["next_actions"] == (next_actions or [])
     if status == "completed":
         assert "error" not in body
     else:
@@ -70,7 +71,6 @@ async def test_cacheable_only_for_idempotent_reads(client: httpx.AsyncClient) ->
     (b'{"arguments": {}}', "missing required field `tool`"),
     (b'{"tool": "echo", "context": {"principal": "root"}}', "unknown field `context`"),
     (b'{"tool": "echo", "permissions": ["confirm:wipe"]}', "unknown field `permissions`"),
-    (b'{"tool": "echo", "arguments": []}', "Expected `object`"),
     (b'{"tool": "echo", "arguments": {"text": NaN}}', "malformed"),
     (b'{"tool": "echo", "request_id": 7}', "Expected `str | null`"),
     (b"", "truncated"),
@@ -180,7 +180,9 @@ async def test_confirmation_required(client: httpx.AsyncClient, tool: str) -> No
     r = await execute(client, {"tool": tool})
     assert r.status_code == 403
     body = r.json()
-    assert_result_shape(body, "failed")
+    # The same call, request_id included, once a person has granted confirm:<tool>.
+    assert_result_shape(body, "failed", [
+        {"action": "retry", "tool": tool, "same_request_id": True, "requires": f"confirm:{tool}"}])
     assert body["error"]["code"] == "CONFIRMATION_REQUIRED"
     assert f"confirm:{tool}" in body["error"]["message"]
 
@@ -191,7 +193,8 @@ async def test_timeout_async(client: httpx.AsyncClient, stack: Stack) -> None:
     elapsed = time.monotonic() - start
     assert r.status_code == 504
     body = r.json()
-    assert_result_shape(body, "timed_out")
+    # sleepy is idempotent: calling it again is safe, with a new request_id (the old one replays this).
+    assert_result_shape(body, "timed_out", [{"action": "retry", "tool": "sleepy", "same_request_id": False}])
     assert body["error"]["code"] == "TIMEOUT"
     assert body["error"]["category"] == "timeout"
     assert "may have committed" in body["error"]["message"]
@@ -227,7 +230,9 @@ async def test_tool_error_is_passed_through(client: httpx.AsyncClient) -> None:
     assert r.status_code == 409
     assert r.headers["retry-after"] == "7"
     body = r.json()
-    assert_result_shape(body, "failed")
+    # Retryable, but recorded: again after retry_after, with a new request_id.
+    assert_result_shape(body, "failed", [
+        {"action": "retry", "tool": "refuse", "same_request_id": False, "after_ms": 7000}])
     assert body["error"] == {
         "code": "OUT_OF_STOCK", "message": "Nothing left.", "category": "conflict", "recoverable": True,
         "retryable": True, "retry_after": 7, "suggested_action": "wait", "details": {"sku": "KB-01"},
@@ -244,3 +249,114 @@ async def test_trusted_context_cannot_come_from_the_body(client: httpx.AsyncClie
 async def test_unknown_route_and_method(client: httpx.AsyncClient) -> None:
     assert (await client.get("/agent/execute")).status_code == 405
     assert (await client.get("/nope")).status_code == 404
+
+
+# --- arguments that are not an object: an argument error like any other ----------------------
+
+
+@pytest.mark.parametrize("arguments", [[], 5, "text", None, True, [{"text": "a"}]])
+async def test_arguments_that_are_not_an_object(client: httpx.AsyncClient, arguments: Any) -> None:
+    r = await execute(client, {"tool": "echo", "arguments": arguments})
+    assert r.status_code == 400
+    body = r.json()
+    assert list(body) == ["execution_id", "status", "error", "_agent"]
+    assert_result_shape(body, "failed")
+    assert body["error"]["code"] == "INVALID_ARGUMENTS"
+    assert body["error"]["recoverable"] is True
+    assert body["error"]["details"]["path"] == "$"
+    assert "object" in body["error"]["details"]["reason"]
+
+
+async def test_arguments_that_are_not_an_object_over_sse(client: httpx.AsyncClient) -> None:
+    r = await execute(client, {"tool": "echo", "arguments": 5}, headers={"accept": "text/event-stream"})
+    assert r.status_code == 200
+    events = parse_sse(r.text)
+    assert [name for name, _ in events] == ["execution.started", "execution.completed"]
+    assert events[1][1]["error"]["code"] == "INVALID_ARGUMENTS"
+
+
+async def test_a_long_non_object_is_quoted_cut(client: httpx.AsyncClient) -> None:
+    r = await execute(client, {"tool": "echo", "arguments": "x" * 100_000})
+    assert r.json()["error"]["code"] == "INVALID_ARGUMENTS"
+    assert len(r.content) < 2_000
+
+
+# --- the order of the checks: tool, policy, request_id, arguments ----------------------------
+
+LONG_ID = "r" * 257
+
+
+@pytest.mark.parametrize(("body", "status", "code"), [
+    ({"tool": "no_such_tool", "request_id": LONG_ID}, 404, "TOOL_NOT_FOUND"),
+    ({"tool": "no_such_tool", "request_id": LONG_ID, "arguments": 5}, 404, "TOOL_NOT_FOUND"),
+    ({"tool": "wipe", "request_id": LONG_ID}, 403, "CONFIRMATION_REQUIRED"),
+    ({"tool": "publish", "request_id": "", "arguments": {"no": "such"}}, 403, "CONFIRMATION_REQUIRED"),
+    ({"tool": "echo", "request_id": LONG_ID, "arguments": {"text": 5}}, 400, "INVALID_ID"),
+    ({"tool": "echo", "request_id": "", "arguments": []}, 400, "INVALID_ID"),
+])
+async def test_order_of_checks(client: httpx.AsyncClient, body: dict[str, Any], status: int, code: str) -> None:
+    r = await execute(client, body)
+    assert r.status_code == status
+    assert r.json()["error"]["code"] == code
+
+
+# --- next_actions of refusals (nothing recorded: the same call, request_id included) ---------
+
+
+async def test_conflict_suggests_a_new_request_id(client: httpx.AsyncClient) -> None:
+    first = await execute(client, {"tool": "echo", "arguments": {"text": "a"}, "request_id": "next-conflict"})
+    assert first.status_code == 200
+    r = await execute(client, {"tool": "echo", "arguments": {"text": "b"}, "request_id": "next-conflict"})
+    assert r.status_code == 409
+    body = r.json()
+    assert_result_shape(body, "failed", [{"action": "retry", "tool": "echo", "same_request_id": False}])
+    assert body["error"]["recoverable"] is True
+
+
+@pytest.mark.parametrize("body", [
+    {"tool": "no_such_tool"},
+    {"tool": "echo", "request_id": LONG_ID},
+    {"tool": "echo", "arguments": {"text": 5}},
+    {"tool": "bad_output"},
+    {"tool": "explode"},
+])
+async def test_nothing_to_suggest(client: httpx.AsyncClient, body: dict[str, Any]) -> None:
+    r = await execute(client, body)
+    assert r.status_code >= 400
+    assert r.json()["_agent"]["next_actions"] == []
+
+
+async def test_next_actions_are_the_same_in_sse_and_replays(client: httpx.AsyncClient) -> None:
+    call = {"tool": "refuse", "request_id": "next-replay"}
+    first = await execute(client, call)
+    expected = [{"action": "retry", "tool": "refuse", "same_request_id": False, "after_ms": 7000}]
+    assert first.json()["_agent"]["next_actions"] == expected
+    again = await execute(client, call)
+    assert again.content == first.content
+    streamed = await execute(client, call, headers={"accept": "text/event-stream"})
+    final = parse_sse(streamed.text)[-1][1]
+    assert final["_agent"]["next_actions"] == expected and final["replayed"] is True
+
+
+# --- recoverable: what it means here (docs/protocol.md, section 10) --------------------------
+
+
+@pytest.mark.parametrize(("body", "code"), [
+    ({"tool": "echo", "arguments": {"text": 5}}, "INVALID_ARGUMENTS"),
+    ({"tool": "echo", "arguments": {"text": "a"}, "request_id": LONG_ID}, "INVALID_ID"),
+    ({"tool": "wipe"}, "CONFIRMATION_REQUIRED"),
+    ({"tool": "sleepy", "arguments": {"seconds": 5, "tag": "recoverable"}}, "TIMEOUT"),
+])
+async def test_recoverable_codes(client: httpx.AsyncClient, body: dict[str, Any], code: str) -> None:
+    err = (await execute(client, body)).json()["error"]
+    assert (err["code"], err["recoverable"], err["retryable"]) == (code, True, False)
+
+
+@pytest.mark.parametrize(("body", "code"), [
+    ({"tool": "no_such_tool"}, "TOOL_NOT_FOUND"),
+    ({"tool": "explode"}, "TOOL_PANIC"),
+    ({"tool": "bad_output"}, "INVALID_OUTPUT"),
+])
+async def test_unrecoverable_codes(client: httpx.AsyncClient, body: dict[str, Any], code: str) -> None:
+    err = (await execute(client, body)).json()["error"]
+    assert (err["code"], err["recoverable"], err["retryable"]) == (code, False, False)

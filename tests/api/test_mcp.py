@@ -468,3 +468,93 @@ async def test_routing_headers_are_read_without_surrounding_whitespace(url: str)
     other = await anyio.to_thread.run_sync(raw_post, url, call, {**headers, "mcp-name": "echo_sync"})
     assert spaced.startswith(b"HTTP/1.1 200") and b'"isError":false' in spaced
     assert other.startswith(b"HTTP/1.1 400") and b"-32020" in other
+
+
+# --- next_actions, order of checks, arguments and recoverable, as carmy/1 has them ----------
+
+
+def next_actions(result: CallToolResult) -> list[dict[str, Any]]:
+    """``_meta["carmy/next_actions"]``: the result body's ``_agent.next_actions``, sent when not empty."""
+    assert result.meta is not None
+    actions: list[dict[str, Any]] = result.meta.get("carmy/next_actions", [])
+    assert actions != [] or "carmy/next_actions" not in result.meta
+    return actions
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_next_actions_in_meta(url: str, mode: str) -> None:
+    async with connect(url, mode) as client:
+        confirm = await client.call_tool("wipe")
+        refused = await client.call_tool("refuse")
+        timed_out = await client.call_tool("sleepy", {"seconds": 5, "tag": f"mcp-next-{mode}"})
+        invalid = await client.call_tool("echo", {"text": 5})
+        done = await client.call_tool("echo", {"text": "a"})
+    assert next_actions(confirm) == [
+        {"action": "retry", "tool": "wipe", "same_request_id": True, "requires": "confirm:wipe"}]
+    assert next_actions(refused) == [
+        {"action": "retry", "tool": "refuse", "same_request_id": False, "after_ms": 7000}]
+    assert next_actions(timed_out) == [{"action": "retry", "tool": "sleepy", "same_request_id": False}]
+    assert next_actions(invalid) == [] and next_actions(done) == []
+
+
+async def test_next_actions_of_a_conflict(url: str) -> None:
+    meta: Any = {"carmy/request_id": "mcp-next-conflict"}
+    async with connect(url) as client:
+        assert not (await client.call_tool("echo", {"text": "a"}, meta=meta)).is_error
+        other = await client.call_tool("echo", {"text": "b"}, meta=meta)
+    assert error_of(other)["code"] == "IDEMPOTENCY_CONFLICT"
+    assert next_actions(other) == [{"action": "retry", "tool": "echo", "same_request_id": False}]
+
+
+@pytest.mark.parametrize(("name", "arguments", "request_id", "code"), [
+    ("wipe", {}, "x" * 257, "CONFIRMATION_REQUIRED"),
+    ("wipe", {"no": "such"}, 7, "CONFIRMATION_REQUIRED"),
+    ("echo", {"text": 5}, "x" * 257, "INVALID_ID"),
+    ("echo", {"text": 5}, 7, "INVALID_ID"),
+])
+async def test_order_of_checks(url: str, name: str, arguments: dict[str, Any], request_id: Any, code: str) -> None:
+    meta: Any = {"carmy/request_id": request_id}
+    async with connect(url) as client:
+        result = await client.call_tool(name, arguments, meta=meta)
+    assert error_of(result)["code"] == code
+
+
+async def test_unknown_tool_comes_before_a_bad_request_id(url: str) -> None:
+    meta: Any = {"carmy/request_id": "x" * 257}
+    async with connect(url) as client:
+        with pytest.raises(MCPError) as refused:
+            await client.call_tool("no_such_tool", {}, meta=meta)
+    assert refused.value.error.code == -32602
+
+
+@pytest.mark.parametrize("version", ["2025-11-25", "2026-07-28"])
+@pytest.mark.parametrize("arguments", [5, [], "text"])
+async def test_arguments_that_are_not_an_object(url: str, version: str, arguments: Any) -> None:
+    """MCP types ``arguments`` as an object: anything else is a malformed ``tools/call``, which
+    the SDK refuses as invalid params before any check of ours (carmy/1 has no such layer)."""
+    async with httpx.AsyncClient(timeout=10) as http:
+        if version == "2025-11-25":
+            headers = await handshake(http, url)
+            params: dict[str, Any] = {"name": "echo", "arguments": arguments}
+        else:
+            headers = {**ACCEPT, "mcp-protocol-version": version, "mcp-method": "tools/call", "mcp-name": "echo"}
+            params = {"name": "echo", "arguments": arguments, "_meta": {
+                "io.modelcontextprotocol/protocolVersion": version, "io.modelcontextprotocol/clientCapabilities": {}}}
+        r = await http.post(url, headers=headers, json=rpc("tools/call", params, id=1))
+    data = [line[5:] for line in r.text.splitlines() if line.startswith("data:") and line[5:].strip()]
+    message = json.loads(data[-1]) if data else r.json()
+    assert message["error"]["code"] == -32602
+
+
+@pytest.mark.parametrize(("name", "arguments", "request_id", "code"), [
+    ("echo", {"text": 5}, None, "INVALID_ARGUMENTS"),
+    ("echo", {"text": "a"}, "", "INVALID_ID"),
+    ("wipe", {}, None, "CONFIRMATION_REQUIRED"),
+    ("sleepy", {"seconds": 5, "tag": "mcp-recoverable"}, None, "TIMEOUT"),
+])
+async def test_recoverable_codes(url: str, name: str, arguments: dict[str, Any], request_id: str | None,
+                                 code: str) -> None:
+    meta: Any = None if request_id is None else {"carmy/request_id": request_id}
+    async with connect(url) as client:
+        err = error_of(await client.call_tool(name, arguments, meta=meta))
+    assert (err["code"], err["recoverable"], err["retryable"]) == (code, True, False)

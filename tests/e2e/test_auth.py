@@ -1,10 +1,14 @@
-"""API keys over a real socket: the key is checked before the body is read."""
+"""API keys and access tokens over a real socket: the key is checked before the body is read."""
 
 from __future__ import annotations
 
 import json
 import socket
+from pathlib import Path
 
+import httpx
+
+from tests.issuer import ISSUER, RESOURCE, Issuer, challenge, new_key
 from tests.support import Stack
 
 TOKEN = "carol-token-0123456789"
@@ -26,3 +30,23 @@ def test_unauthenticated_request_is_answered_without_reading_the_body(stack: Sta
             received += chunk
     assert received.startswith(b"HTTP/1.1 401")
     assert b"UNAUTHENTICATED" in received
+
+
+def test_access_tokens_of_the_configured_issuer(stack: Stack, tmp_path: Path) -> None:
+    """``python -m api`` with CARMY_OAUTH_* (a key file): the settings reach the served app."""
+    stack.worker()
+    key = new_key("k", "EdDSA")
+    issuer = Issuer([key])
+    (tmp_path / "jwks.json").write_bytes(issuer.jwks_document())
+    _, base = stack.api({"CARMY_OAUTH_ISSUER": ISSUER, "CARMY_OAUTH_RESOURCE": RESOURCE,
+                         "CARMY_OAUTH_JWKS_FILE": str(tmp_path / "jwks.json"), "CARMY_OAUTH_SCOPES": "tools:read"})
+    with httpx.Client(base_url=base, timeout=30) as client:
+        refused = client.post("/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "ping"})
+        assert refused.status_code == 401
+        assert challenge(refused.headers["www-authenticate"]) == {
+            "resource_metadata": "https://carmy.test/.well-known/oauth-protected-resource/mcp", "scope": "tools:read"}
+        assert client.get("/.well-known/oauth-protected-resource").json()["resource"] == RESOURCE
+        r = client.post("/agent/execute", json={"tool": "whoami"},
+                        headers={"authorization": f"Bearer {issuer.token()}"})
+        assert r.status_code == 200, r.text
+        assert r.json()["data"]["principal"] == "user-1"

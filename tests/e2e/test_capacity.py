@@ -37,6 +37,9 @@ def test_burst_over_max_pending_gets_503_then_capacity_returns(fresh_stack: Stac
         error = r.json()["error"]
         assert error["code"] == "QUEUE_FULL"
         assert error["retryable"] is True and error["retry_after"] == 1
+        # Nothing was recorded: the very same call, after retry_after.
+        assert r.json()["_agent"]["next_actions"] == [
+            {"action": "retry", "tool": "linger", "same_request_id": True, "after_ms": 1000}]
     # Every accepted call completed, and the slots came back.
     again = asyncio.run(burst([base], {"tool": "linger", "arguments": {"seconds": 0.5}}, 4))
     assert [r.status_code for r in again] == [200] * 4
@@ -87,6 +90,8 @@ def test_no_workers_at_once_after_the_last_worker_dies(fresh_stack: Stack) -> No
     took = r.elapsed.total_seconds()
     assert r.json()["error"]["code"] == "NO_WORKERS"
     assert r.headers["retry-after"] == "2"
+    assert r.json()["_agent"]["next_actions"] == [
+        {"action": "retry", "tool": "noop", "same_request_id": True, "after_ms": 2000}]
     assert took < 2  # at once, not after waiting for a worker (the queue timeout is 60 s)
     # The tool is still listed: it is unavailable, not unknown.
     assert "noop" in httpx.get(base + "/agent/tools").text

@@ -44,6 +44,8 @@ def test_kill9_mid_non_idempotent_tool_runs_it_once(fresh_stack: Stack, sync_red
     assert body_json["error"]["code"] == "EXECUTION_UNCERTAIN"
     assert body_json["error"]["category"] == "conflict"
     assert "before calling again" in body_json["error"]["message"]
+    # Settled by the janitor's REAP (a Lua verdict): the same next_actions as any writer's.
+    assert body_json["_agent"]["next_actions"] == [{"action": "reconcile", "tool": "tally"}]
 
     retry = httpx.post(base + "/agent/execute", json=body)
     assert retry.status_code == 409

@@ -511,7 +511,8 @@ async def test_a_result_too_deep_to_encode_is_invalid_output(
     executor: ThreadPoolExecutor, caplog: pytest.LogCaptureFixture,
 ) -> None:
     with caplog.at_level(logging.ERROR, logger="carmy.worker"):
-        outcome = await run("deep", executor)
+        # The timeout only has to outlast building and encoding 100,000 levels on a busy machine.
+        outcome = await run("deep", executor, timeout=60)
     assert outcome.error is not None and outcome.error.code == "INVALID_OUTPUT"
     assert "RecursionError" in caplog.text and "exec_42" in caplog.text
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -12,29 +14,31 @@ from carmy_worker.sdk.errors import CATEGORY, error, http_status
 from carmy_worker.wire import ErrorBody
 
 # docs/protocol.md's table of error codes, written out independently of the implementation:
-# code -> (category, status, retryable).
-TABLE: dict[str, tuple[str, int, bool]] = {
-    "INVALID_REQUEST": ("validation", 400, False),
-    "PAYLOAD_TOO_LARGE": ("capacity", 413, False),
-    "BODY_TIMEOUT": ("timeout", 408, False),
-    "UNSUPPORTED_MEDIA_TYPE": ("validation", 415, False),
-    "HOST_NOT_ALLOWED": ("permission", 403, False),
-    "ORIGIN_NOT_ALLOWED": ("permission", 403, False),
-    "INVALID_ID": ("validation", 400, False),
-    "TOOL_NOT_FOUND": ("not_found", 404, False),
-    "INVALID_ARGUMENTS": ("validation", 400, False),
-    "INVALID_OUTPUT": ("internal", 500, False),
-    "CONFIRMATION_REQUIRED": ("permission", 403, False),
-    "UNAUTHENTICATED": ("permission", 401, False),
-    "IDEMPOTENCY_CONFLICT": ("conflict", 409, False),
-    "EXECUTION_UNCERTAIN": ("conflict", 409, False),
-    "EXECUTION_NOT_FOUND": ("not_found", 404, False),
-    "TIMEOUT": ("timeout", 504, False),
-    "CANCELLED": ("cancelled", 408, False),
-    "TOOL_PANIC": ("internal", 500, False),
-    "QUEUE_FULL": ("capacity", 503, True),
-    "NO_WORKERS": ("capacity", 503, True),
-    "STORE_UNAVAILABLE": ("capacity", 503, True),
+# code -> (category, status, retryable, recoverable).
+TABLE: dict[str, tuple[str, int, bool, bool]] = {
+    "INVALID_REQUEST": ("validation", 400, False, True),
+    "PAYLOAD_TOO_LARGE": ("capacity", 413, False, True),
+    "BODY_TIMEOUT": ("timeout", 408, False, True),
+    "UNSUPPORTED_MEDIA_TYPE": ("validation", 415, False, True),
+    "HOST_NOT_ALLOWED": ("permission", 403, False, False),
+    "ORIGIN_NOT_ALLOWED": ("permission", 403, False, False),
+    "INVALID_ID": ("validation", 400, False, True),
+    "TOOL_NOT_FOUND": ("not_found", 404, False, False),
+    "INVALID_ARGUMENTS": ("validation", 400, False, True),
+    "INVALID_OUTPUT": ("internal", 500, False, False),
+    "CONFIRMATION_REQUIRED": ("permission", 403, False, True),
+    "UNAUTHENTICATED": ("permission", 401, False, True),
+    "INSUFFICIENT_SCOPE": ("permission", 403, False, True),
+    "AUTH_UNAVAILABLE": ("capacity", 503, True, True),
+    "IDEMPOTENCY_CONFLICT": ("conflict", 409, False, True),
+    "EXECUTION_UNCERTAIN": ("conflict", 409, False, True),
+    "EXECUTION_NOT_FOUND": ("not_found", 404, False, False),
+    "TIMEOUT": ("timeout", 504, False, True),
+    "CANCELLED": ("cancelled", 408, False, True),
+    "TOOL_PANIC": ("internal", 500, False, False),
+    "QUEUE_FULL": ("capacity", 503, True, True),
+    "NO_WORKERS": ("capacity", 503, True, True),
+    "STORE_UNAVAILABLE": ("capacity", 503, True, True),
 }
 
 STATUS_OF_CATEGORY = {
@@ -49,13 +53,23 @@ def test_every_code_is_known() -> None:
 
 @pytest.mark.parametrize("code", sorted(TABLE))
 def test_protocol_code(code: Any) -> None:
-    category, status, retryable = TABLE[code]
+    category, status, retryable, recoverable = TABLE[code]
     err = error(code, "message")
     assert err.category == category
     assert http_status(err) == status
     assert err.retryable is retryable
+    assert err.recoverable is recoverable
     if err.retryable:
         assert err.recoverable
+
+
+def test_the_documented_flags_are_the_implemented_ones() -> None:
+    """docs/protocol.md, section 10: each code's retryable and recoverable columns."""
+    text = (Path(__file__).parents[3] / "docs" / "protocol.md").read_text()
+    rows = re.findall(r"^\| `([A-Z_]+)` \| \w+ \| \d+ \| (yes|no) \| (yes|no) \|", text, re.MULTILINE)
+    assert {code for code, _, _ in rows} == set(TABLE)
+    for code, retryable, recoverable in rows:
+        assert (TABLE[code][2], TABLE[code][3]) == (retryable == "yes", recoverable == "yes"), code
 
 
 def test_special_statuses() -> None:
