@@ -71,7 +71,7 @@ def create_app(settings: ApiSettings | None = None) -> Starlette:
     ops = Ops(redis, catalog, api_metrics)
     calls = Calls(catalog=catalog, executions=executions, hub=hub)
     execute = ExecuteEndpoint(settings=settings, calls=calls, metrics=api_metrics)
-    lookup = ExecutionRoutes(settings=settings, executions=executions, hub=hub)
+    lookup = ExecutionRoutes(settings=settings, calls=calls)
     mcp = McpServer(settings=settings, calls=calls)
     discovery, tools = endpoints(catalog)
 

@@ -1,7 +1,7 @@
 """The one path every call takes to a worker, whichever door it came in by
 (``POST /agent/execute``, with or without ``Prefer: respond-async``, or MCP's ``tools/call``):
-``admit`` it (request id, tool, policy, arguments), then ``start`` it (subscribe, submit, and
-send a retry to the execution it repeats).
+``admit`` it (request id, tool, policy, arguments), then ``start`` it (expect its events,
+submit, and send a retry to the execution it repeats).
 """
 
 from __future__ import annotations
@@ -20,8 +20,6 @@ from carmy_worker.sdk.context import AgentContext
 from carmy_worker.sdk.errors import clip, error
 from carmy_worker.store import keys
 from carmy_worker.wire import Record, canonical_json_encoder
-
-Subscription = contextlib.AbstractAsyncContextManager[Mailbox | None]
 
 
 @dataclass(frozen=True)
@@ -66,17 +64,18 @@ class Calls:
 
     @contextlib.asynccontextmanager
     async def start(self, tool: CatalogTool, arguments: dict[str, Any], request_id: str | None,
-                    agent: AgentContext, *, follow: bool = True) -> AsyncIterator[Started]:
-        """Submit the call; with ``follow``, subscribed to its events first so none is missed.
+                    agent: AgentContext, *, follow: bool = True, stream: bool = True) -> AsyncIterator[Started]:
+        """Submit the call; with ``follow``, its events expected first so none is missed (every
+        event if ``stream``, else only the final one: a caller that only wants the answer).
 
         A retry of the same request yields the execution it repeats: finished (with its record)
         or still going (followed instead of a new one). Refusals raise ``Rejected``.
         """
         exec_id = keys.new_execution_id()
-        async with self._events(exec_id, follow) as messages:
+        with self._expect(exec_id, follow) as messages:
             sub = await self.executions.submit(
                 exec_id=exec_id, tool=tool, arguments=canonical_json_encoder.encode(arguments),
-                request_id=request_id, agent=agent)
+                request_id=request_id, agent=agent, reply=self.hub.channel, stream=follow and stream)
             if sub.kind in ("conflict", "full", "no_workers"):
                 raise Rejected(refusal(sub, tool.spec.name))
             if sub.kind == "new":
@@ -84,10 +83,17 @@ class Calls:
             elif sub.record is not None:
                 yield Started(sub.execution_id, None, sub.record, owner=False, state="done")
             else:
-                async with self._events(sub.execution_id, follow) as joined:
-                    # It may have finished between the submit and the subscription.
-                    state, record = await self.executions.progress(sub.execution_id, tool.spec.name)
+                with self._expect(sub.execution_id, follow) as joined:
+                    # It may have finished between the submit and the join.
+                    state, record = (await self.follow(sub.execution_id, tool.spec.name, stream=stream) if follow
+                                     else await self.executions.progress(sub.execution_id, tool.spec.name))
                     yield Started(sub.execution_id, joined, record, owner=False, state=state)
 
-    def _events(self, exec_id: str, follow: bool) -> Subscription:
-        return self.hub.subscribe(keys.events(exec_id)) if follow else contextlib.nullcontext(None)
+    async def follow(self, exec_id: str, tool: str, *, stream: bool) -> tuple[str, Record | None]:
+        """Have ``exec_id``'s events sent to this process too (expect them first): its state
+        (queued, running or done) and its record once done."""
+        joined = await self.executions.join(exec_id, tool, channel=self.hub.channel, stream=stream)
+        return joined.state, joined.record
+
+    def _expect(self, exec_id: str, follow: bool) -> contextlib.AbstractContextManager[Mailbox | None]:
+        return self.hub.expect(exec_id) if follow else contextlib.nullcontext(None)

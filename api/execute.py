@@ -124,7 +124,7 @@ class ExecuteEndpoint:
             call = self.calls.admit(request.tool, request.arguments, request.request_id, agent)
             tool = call.tool
             async with self.calls.start(tool, call.arguments, call.request_id, agent,
-                                        follow=not respond_async) as started:
+                                        follow=not respond_async, stream=sse) as started:
                 if started.record is not None:
                     return await self._replay(request, started.execution_id, started.record, sse, send)
                 if respond_async:

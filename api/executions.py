@@ -19,6 +19,7 @@ from carmy_worker.sdk.context import AgentContext
 from carmy_worker.sdk.errors import store_unavailable
 from carmy_worker.store import jobs, keys, records
 from carmy_worker.store.durable import Durability
+from carmy_worker.store.follow import Join, Joined
 from carmy_worker.store.submit import Submission, Submit
 from carmy_worker.store.verdicts import Verdicts
 from carmy_worker.wire import Event, ExecutionJob, Record, event_decoder, record_decoder
@@ -56,12 +57,17 @@ class Executions:
         self.settings = settings
         self._submit = Submit(redis, retention=settings.retention, durability=durability)
         self._verdicts = Verdicts(redis, retention=settings.retention, durability=durability)
+        self._join = Join(redis)
         self._abandoning = asyncio.Semaphore(ABANDONING)
 
     async def submit(
         self, *, exec_id: str, tool: CatalogTool, arguments: bytes, request_id: str | None, agent: AgentContext,
+        reply: str = "", stream: bool = True,
     ) -> Submission:
-        """Queue a call of ``tool`` (``arguments`` as canonical JSON) for the newest live group serving it."""
+        """Queue a call of ``tool`` (``arguments`` as canonical JSON) for the newest live group serving it.
+
+        Its events go to ``reply`` (this process's channel), all of them if ``stream``, else only
+        the final one (see ``Submit``)."""
         job = ExecutionJob(
             execution_id=exec_id, tool=tool.spec.name, arguments=arguments, request_id=request_id,
             principal=agent.principal, session=agent.session, permissions=sorted(agent.permissions),
@@ -71,8 +77,13 @@ class Executions:
         return await self._submit(
             job, queue=jobs.queue_name(tool.groups[0] if tool.groups else ""), idempotent=tool.spec.idempotent,
             workers_alive=bool(tool.groups), max_pending=self.settings.max_pending, queue_wait_ms=queue_wait_ms,
-            admission_ms=queue_wait_ms + int((tool.timeout + ADMISSION_GRACE_S) * 1000),
+            admission_ms=queue_wait_ms + int((tool.timeout + ADMISSION_GRACE_S) * 1000), reply=reply, stream=stream,
         )
+
+    async def join(self, exec_id: str, tool: str, *, channel: str, stream: bool) -> Joined:
+        """Follow an execution already submitted: its events from now on go to ``channel`` too
+        (all of them if ``stream``), unless it is done (then with its record)."""
+        return await self._join(exec_id, tool, channel=channel, stream=stream)
 
     async def lookup(self, exec_id: str, principal: str | None) -> Found | None:
         """The execution if it exists and belongs to ``principal``, else None."""
@@ -177,6 +188,12 @@ class Executions:
                         "The execution store cannot be reached; retry with the same request_id to get the result "
                         "once it is back.", retry_after=5))
             if record is not None:
+                if message is None:
+                    # Settled, and its final event never came, with no reconnection to explain it:
+                    # a worker that publishes only to the execution's own channel (older than this
+                    # API: upgrade workers first) or a follower it does not know of.
+                    log.warning("execution %s: settled without its final event reaching this process "
+                                "(workers older than the API?)", exec_id)
                 return record
             if message is None and on_idle is not None:
                 await on_idle()

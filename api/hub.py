@@ -1,7 +1,13 @@
 """One shared pub/sub connection per API process, fanned out to the requests that wait.
 
-A request subscribes to its execution's channel (and waits for Redis to confirm) before it
-enqueues, so no event can be missed. If the connection drops, every subscriber is told
+The process subscribes once, at start, to a channel of its own (``keys.api_channel``). A request
+registers the execution it waits for (``expect``) before it submits it, naming that channel as
+where the execution's events go (SUBMIT's ``reply``, or JOIN's for a call that follows an
+execution already running): every message there carries its execution's id, and the hub hands
+it to the mailboxes expecting that id. No per-execution SUBSCRIBE, no round trip to wait for.
+``subscribe`` still follows any other channel (an execution's own, as APIs of before did).
+
+If the connection drops, every subscriber is told
 (``RESYNC``) so it re-reads the stored record: a lost message costs a read, never an answer.
 Each subscriber's messages wait in a bounded ``Mailbox``: one that does not keep up loses old
 progress events, never the others, and never makes the process buffer without end.
@@ -11,20 +17,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import uuid
 from collections import defaultdict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 
 from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 
 from api.mailbox import RESYNC as RESYNC
 from api.mailbox import Mailbox
+from carmy_worker.store import keys
 from carmy_worker.store.pubsub import Message, listen_forever
 
 # How long a subscription may wait for Redis to confirm it while the connection is up: a busy
 # process confirms late, and that must not pass for an outage. A dropped connection fails every
 # waiting subscription at once.
 SUBSCRIBE_TIMEOUT = 10.0
+# How long the app's start waits for the process's channel to be subscribed.
+READY_WAIT = 2.0
 
 
 class HubUnavailable(Exception):
@@ -35,14 +45,26 @@ class EventHub:
     def __init__(self, redis: Redis, *, on_broadcast: dict[str, Callable[[bytes], None]] | None = None) -> None:
         self._redis = redis
         self._pubsub: PubSub | None = None
+        # This process's channel, and whether Redis confirmed the subscription to it on the
+        # current connection: until then an event published there could be lost unnoticed.
+        self.channel = keys.api_channel(uuid.uuid4().hex)
+        self._ready = False
+        self._confirmed = asyncio.Event()  # set with _ready, for start() to wait on
+        self._resync_due = False  # a reconnection: re-read once the process channel is confirmed
+        self._expected: dict[str, set[Mailbox]] = {}
         self._queues: dict[str, set[Mailbox]] = {}
         self._confirms: dict[str, list[asyncio.Future[None]]] = defaultdict(list)
         # Process-wide channels (catalog changes) and their handlers: always subscribed.
         self._broadcast = dict(on_broadcast or {})
         self._reader: asyncio.Task[None] | None = None
 
-    async def start(self) -> None:
+    async def start(self, *, wait: float = READY_WAIT) -> None:
+        """Start listening; return once the process's channel is subscribed, or after ``wait``
+        seconds (Redis may not be there yet: calls are refused until it is)."""
         self._reader = asyncio.create_task(self._read_forever())
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(wait):
+                await self._confirmed.wait()
 
     async def close(self) -> None:
         if self._reader is not None:
@@ -51,6 +73,26 @@ class EventHub:
                 await self._reader
         if self._pubsub is not None:
             await self._pubsub.aclose()
+
+    @contextlib.contextmanager
+    def expect(self, exec_id: str) -> Iterator[Mailbox]:
+        """The events of ``exec_id`` that reach this process's ``channel``, from now on.
+
+        Register before the execution can publish (before SUBMIT or JOIN names ``channel``).
+        Raises ``HubUnavailable`` while the process's subscription is not confirmed.
+        """
+        if not self._ready:
+            raise HubUnavailable("not connected")
+        queue = Mailbox()
+        self._expected.setdefault(exec_id, set()).add(queue)
+        try:
+            yield queue
+        finally:
+            waiting = self._expected.get(exec_id)
+            if waiting is not None:
+                waiting.discard(queue)
+                if not waiting:
+                    del self._expected[exec_id]
 
     @contextlib.asynccontextmanager
     async def subscribe(self, channel: str) -> AsyncIterator[Mailbox]:
@@ -92,16 +134,19 @@ class EventHub:
                 self._confirms.pop(channel, None)
 
     async def _read_forever(self) -> None:
-        await listen_forever(self._redis, lambda: [*self._broadcast, *self._queues], self._dispatch,
+        await listen_forever(self._redis, lambda: [self.channel, *self._broadcast, *self._queues], self._dispatch,
                              name="event hub", on_connect=self._connected, on_drop=self._dropped)
 
     def _connected(self, pubsub: PubSub, after_drop: bool) -> None:
         self._pubsub = pubsub
+        self._resync_due = after_drop
         if after_drop:  # back: let every waiter re-read its record now, not at its next tick
             self._resync()
 
     def _dropped(self) -> None:
         self._pubsub = None
+        self._ready = False
+        self._confirmed.clear()
         self._resync()  # whatever was in flight may be lost
         for futures in self._confirms.values():  # a confirmation will not come on this connection
             for future in futures:
@@ -109,19 +154,29 @@ class EventHub:
                     future.set_exception(HubUnavailable("connection lost"))
 
     def _resync(self) -> None:
-        for queues in self._queues.values():
+        for queues in (*self._queues.values(), *self._expected.values()):
             for queue in queues:
                 queue.put_nowait(RESYNC)
 
     def _dispatch(self, message: Message) -> None:
         kind, channel = message["type"], message["channel"].decode()
-        if kind == "message":
+        if kind == "message" and channel == self.channel:
+            exec_id, _, event = message["data"].partition(b" ")
+            for queue in self._expected.get(exec_id.decode(), ()):
+                queue.put_nowait(event)
+        elif kind == "message":
             handler = self._broadcast.get(channel)
             if handler is not None:
                 handler(message["data"])
             for queue in self._queues.get(channel, ()):
                 queue.put_nowait(message["data"])
         elif kind == "subscribe":
+            if channel == self.channel:
+                self._ready = True
+                self._confirmed.set()
+                if self._resync_due:  # events published before this confirmation were lost
+                    self._resync_due = False
+                    self._resync()
             for future in self._confirms.get(channel, ()):
                 if not future.done():
                     future.set_result(None)

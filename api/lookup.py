@@ -24,8 +24,9 @@ from starlette.types import Receive, Scope, Send
 
 from api import relay
 from api.auth import trusted_context
+from api.calls import Calls
 from api.executions import Executions, Found
-from api.hub import EventHub, HubUnavailable
+from api.hub import HubUnavailable
 from api.mailbox import Mailbox
 from api.responses import NO_STORE, envelope, envelope_error
 from api.settings import ApiSettings
@@ -55,10 +56,11 @@ def unavailable() -> Response:
 
 
 class ExecutionRoutes:
-    def __init__(self, *, settings: ApiSettings, executions: Executions, hub: EventHub) -> None:
+    def __init__(self, *, settings: ApiSettings, calls: Calls) -> None:
         self.settings = settings
-        self.executions = executions
-        self.hub = hub
+        self.calls = calls
+        self.executions: Executions = calls.executions
+        self.hub = calls.hub
 
     async def _find(self, scope: Scope) -> Found | None:
         exec_id = scope["path_params"]["execution_id"]
@@ -84,7 +86,10 @@ class ExecutionRoutes:
                 return not_found()
             if found.record is not None:
                 return relay.RecordResponse(found.record)
-            async with self.hub.subscribe(keys.events(found.execution_id)) as messages:
+            with self.hub.expect(found.execution_id) as messages:
+                _, record = await self.calls.follow(found.execution_id, found.tool, stream=False)
+                if record is not None:  # it ended meanwhile
+                    return relay.RecordResponse(record)
                 await self.executions.cancel(found.execution_id, found.tool)
                 record = await self._wait(found, messages)
         except (RedisError, HubUnavailable):
@@ -106,8 +111,9 @@ class ExecutionRoutes:
             if found is None:
                 return await not_found()(scope, receive, send)
             exec_id = found.execution_id
-            async with self.hub.subscribe(keys.events(exec_id)) as messages:
-                record = found.record or await self.executions.settled(exec_id, found.tool)
+            with self.hub.expect(exec_id) as messages:
+                _, record = (found.state, found.record) if found.record else await self.calls.follow(
+                    exec_id, found.tool, stream=True)
                 if record is not None:
                     return await relay.send_sse_record(send, exec_id, found.tool, record, replayed=True)
                 stream = relay.stream_sse(send, self.executions, exec_id, found.tool, messages, replayed=False,

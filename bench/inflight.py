@@ -100,3 +100,44 @@ async def hold(base: str, api_pid: int, redis_url: str, *, calls: int, tool: str
             result.failures.append(repr(answer) if not isinstance(answer, httpx.Response)
                                    else f"{answer.status_code} {answer.text[:200]}")
     return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m bench.inflight [--calls 500 5000]``: each count of calls in flight at once on
+    one API process (one worker running ``sleep2s`` with room for them all), as ``bin/bench`` does."""
+    import argparse
+    import tempfile
+    from pathlib import Path
+
+    from bench.processes import RedisServer
+    from bench.procs import Processes
+
+    parser = argparse.ArgumentParser(prog="python -m bench.inflight", description=main.__doc__)
+    parser.add_argument("--calls", type=int, nargs="+", default=[500], help="calls in flight (one run each)")
+    parser.add_argument("--tool", default="sleep2s")
+    args = parser.parse_args(argv)
+    workdir = Path(tempfile.mkdtemp(prefix="carmy-inflight-"))
+    server = RedisServer(workdir)
+    server.start()
+    failed = 0
+    try:
+        for calls in args.calls:
+            with Processes(workdir, server.url, f"inflight-{calls}") as procs:
+                procs.carmy_worker(env={"CARMY_CONCURRENCY": str(calls + 100)})
+                api, base = procs.carmy_api(env={"CARMY_MAX_PENDING": str(calls * 4)}, tool=args.tool)
+                r = asyncio.run(hold(base, api.pid, server.url, calls=calls, tool=args.tool))
+            p = r.peak
+            print(f"{calls} in flight: {r.ok} answered 200 completed; API RSS peak {p.rss_mib:.1f} MiB "
+                  f"(VmHWM {r.hwm_mib:.1f}), Redis connections {p.redis_connections} (CLIENT LIST {p.redis_clients}), "
+                  f"HTTP connections {p.http_connections}, {p.samples} samples", flush=True)
+            for failure in r.failures:
+                print(f"  failure: {failure}")
+            failed += r.ok != calls
+            server.flush()
+    finally:
+        server.stop()
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -47,7 +47,8 @@ def per_execution(before: dict[str, tuple[int, int]], after: dict[str, tuple[int
 
 SCRIPT_MODULES = ("carmy_worker.runtime.queue", "carmy_worker.runtime.lock", "carmy_worker.store.attempts",
                   "carmy_worker.store.submit", "carmy_worker.store.verdicts", "carmy_worker.store.roster",
-                  "carmy_worker.store.progress", "carmy_worker.store.janitor")
+                  "carmy_worker.store.progress", "carmy_worker.store.janitor",
+                  "carmy_worker.store.follow")
 
 
 def script_names() -> dict[str, str]:

@@ -177,8 +177,10 @@ canonical_json_encoder = msgspec.json.Encoder(order="sorted")
 
 # --- events ----------------------------------------------------------------------------------
 #
-# A worker publishes an execution's events on its channel (``store.keys.events``) as msgpack
-# ``Event``s; the API relays each as one SSE frame, or MCP progress. Their ``data`` is compact
+# A worker publishes an execution's events as msgpack ``Event``s, to the channel of each API
+# process that follows it (``store.lua.EMIT``: prefixed with the execution id there), or on the
+# execution's own channel (``store.keys.events``) for one an older API submitted; the API
+# relays each as one SSE frame, or MCP progress. Their ``data`` is compact
 # JSON, sent on as is.
 
 # The most any event carries through pub/sub. Redis drops a subscriber whose output buffer

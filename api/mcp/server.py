@@ -217,9 +217,13 @@ class McpServer:
                                     _request_id(params.meta), agent, id_field=f"_meta.{META_REQUEST_ID}")
             tool = call.tool
             patience = self.tasks.patience(ctx)  # None: this call cannot become a task
-            async with self.calls.start(tool, call.arguments, call.request_id, agent) as started:
+            report_progress = _may_report_progress(params.meta)
+            # Only a caller that gave a progressToken hears the tool's progress: for the others,
+            # the workers publish only the final event.
+            streams = report_progress and _progress_token(params.meta) is not None
+            async with self.calls.start(tool, call.arguments, call.request_id, agent, stream=streams) as started:
                 record = started.record or await self._follow(ctx, started, tool, agent,
-                                                              report_progress=_may_report_progress(params.meta),
+                                                              report_progress=report_progress,
                                                               patience=patience)
                 if record is None:  # still going after `patience`: a task to poll
                     return await self.tasks.created(ctx, started.execution_id, name, agent, owner=started.owner)
@@ -330,8 +334,12 @@ def _request_id(meta: types.RequestParamsMeta | None) -> object:
 def _may_report_progress(meta: types.RequestParamsMeta | None) -> bool:
     """Each progress notification repeats the caller's ``progressToken``: an over-long one gets
     none (MCP lets a server send none), rather than having its size multiplied."""
-    token = meta.get("progress_token") if meta else None  # the SDK's name for progressToken
+    token = _progress_token(meta)
     return token is None or len(str(token)) <= ECHO_LIMIT
+
+
+def _progress_token(meta: types.RequestParamsMeta | None) -> object:
+    return meta.get("progress_token") if meta else None  # the SDK's name for progressToken
 
 
 def _session(ctx: Ctx) -> str | None:

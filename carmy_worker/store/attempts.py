@@ -10,7 +10,7 @@ from redis.asyncio import Redis
 
 from carmy_worker.store import jobs, keys, metrics
 from carmy_worker.store.durable import Durability, durable
-from carmy_worker.store.lua import NOW, text
+from carmy_worker.store.lua import EMIT, NOW, text
 from carmy_worker.store.metrics import LUA_COUNT, LUA_OBSERVE
 from carmy_worker.wire import Record, final_event, started_event
 
@@ -20,7 +20,7 @@ from carmy_worker.wire import Record, final_event, started_event
 # Returns {verdict, attempt, ms it waited in the queue}. A lease the janitor took away (the
 # worker was paused between LEASE and CLAIM) claims nothing: another worker has the job now.
 # A non-idempotent execution is tried again only if no attempt ever began its tool.
-CLAIM = NOW + LUA_OBSERVE + """
+CLAIM = NOW + LUA_OBSERVE + EMIT + """
 if ARGV[7] ~= '' and redis.call('GET', KEYS[5]) ~= ARGV[7] then return {'moved', 0, 0} end
 if redis.call('EXISTS', KEYS[2]) == 1 then return {'settled', 0, 0} end
 if redis.call('EXISTS', KEYS[1]) == 0 then return {'gone', 0, 0} end
@@ -35,7 +35,7 @@ if attempt == 1 and tonumber(h[3]) < now then return {'expired', attempt, waited
 redis.call('HSET', KEYS[1], 'state', 'running', 'worker', ARGV[2], 'started_at', now)
 if ARGV[8] == '1' then redis.call('HSET', KEYS[1], 'began', attempt) end
 redis.call('SADD', KEYS[3], ARGV[1])
-redis.call('PUBLISH', ARGV[4], ARGV[5])
+emit(KEYS[1], ARGV[1], ARGV[4], ARGV[5], false)
 if attempt == 1 then observe('queue_wait', ARGV[6], waited) end
 return {'run', attempt, waited}
 """
@@ -47,7 +47,7 @@ return {'run', attempt, waited}
 # KEYS: exe, record, pending, running set, queued
 # ARGV: exec_id, attempt, record, retention s, events channel, final event, tool.completed event or '',
 #       metrics label, tool, run ms or '', worker_id if this attempt ran (CLAIM said run) or ''
-SETTLE = NOW + LUA_COUNT + LUA_OBSERVE + """
+SETTLE = NOW + LUA_COUNT + LUA_OBSERVE + EMIT + """
 if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
 local h = redis.call('HMGET', KEYS[1], 'attempt', 'reaped', 'worker')
 if h[1] ~= ARGV[2] or h[2] == ARGV[2] then return 0 end
@@ -57,8 +57,8 @@ redis.call('HSET', KEYS[1], 'state', 'done', 'ended_at', now)
 redis.call('ZREM', KEYS[3], ARGV[1])
 redis.call('SREM', KEYS[4], ARGV[1])
 redis.call('ZREM', KEYS[5], ARGV[1])
-if ARGV[7] ~= '' then redis.call('PUBLISH', ARGV[5], ARGV[7]) end
-redis.call('PUBLISH', ARGV[5], ARGV[6])
+if ARGV[7] ~= '' then emit(KEYS[1], ARGV[1], ARGV[5], ARGV[7], false) end
+emit(KEYS[1], ARGV[1], ARGV[5], ARGV[6], true)
 count(ARGV[8])
 if ARGV[10] ~= '' then observe('run', ARGV[9], tonumber(ARGV[10])) end
 return 1

@@ -35,7 +35,8 @@ def is_execution_id(value: str) -> bool:
 def execution(exec_id: str) -> str:
     """Hash of an execution's live state: tool, owner, attempt, state, worker, cancel, and when
     (Redis's clock, ms) it was accepted (``queued_at``), last claimed (``started_at``) and ended
-    (``ended_at``); while it runs, its newest progress ``message`` and when it came (``message_at``)."""
+    (``ended_at``); while it runs, its newest progress ``message`` and when it came (``message_at``);
+    where its events go (``reply``, ``joined``, ``stream``: ``lua.EMIT``)."""
     return f"{PREFIX}exe:{exec_id}"
 
 
@@ -50,6 +51,12 @@ def record(exec_id: str) -> str:
 def events(exec_id: str) -> str:
     """The pub/sub channel of one execution's events."""
     return f"{PREFIX}ev:{exec_id}"
+
+
+def api_channel(process_id: str) -> str:
+    """The pub/sub channel of one API process: the events of every execution it follows, each
+    message the execution id, a space, and the event (``lua.EMIT``)."""
+    return f"{PREFIX}api:{process_id}"
 
 
 def worker(worker_id: str) -> str:

@@ -1,5 +1,5 @@
-"""What the Lua scripts share: Redis's clock, and imposing a record over whoever holds an
-execution.
+"""What the Lua scripts share: Redis's clock, publishing an execution's events (``EMIT``), and
+imposing a record over whoever holds an execution.
 
 Every script of the store is called through one typed wrapper next to its source (named
 parameters in, a typed result out); nothing else builds a script's ``KEYS`` or ``ARGV``.
@@ -15,16 +15,40 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 """
 
+# Publishes one of an execution's events to whoever follows it; every script that publishes an
+# event goes through it. SUBMIT records in the execution's hash where its events go: `reply`, the
+# channel of the API process that holds the caller, and `stream` ('1' when someone relays every
+# event); JOIN (store/follow.py) adds the channels of later followers to `joined` (space
+# separated). On those channels a message is the execution id, a space, then the event, so that
+# one subscription per API process serves all its executions. A caller that only wants the answer
+# (JSON) gets only the `final` event: `tool.started`/`progress`/`completed` are not published at
+# all unless `stream` is set. An execution submitted by an API of before (no `reply` field) gets
+# every event on its own channel (keys.events), as it did then.
+EMIT = """
+local function emit(exe, exec_id, channel, event, final)
+  local h = redis.call('HMGET', exe, 'reply', 'joined', 'stream')
+  if not h[1] then redis.call('PUBLISH', channel, event) end
+  if not final and h[3] ~= '1' then return end
+  local message = exec_id .. ' ' .. event
+  if h[1] and h[1] ~= '' then redis.call('PUBLISH', h[1], message) end
+  if h[2] then
+    for follower in string.gmatch(h[2], '%S+') do
+      if follower ~= h[1] then redis.call('PUBLISH', follower, message) end
+    end
+  end
+end
+"""
+
 # Writes a record in place of whoever holds the execution (the janitor, a cancel): bumping the
 # attempt fences out a late writer of the old one.
-IMPOSE = LUA_COUNT + """
+IMPOSE = LUA_COUNT + EMIT + """
 local function impose(exe, rec, pending, exec_id, stored, retention, channel, final, label)
   local t = redis.call('TIME')
   redis.call('HINCRBY', exe, 'attempt', 1)
   redis.call('SET', rec, stored, 'EX', tonumber(retention))
   redis.call('HSET', exe, 'state', 'done', 'ended_at', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
   redis.call('ZREM', pending, exec_id)
-  redis.call('PUBLISH', channel, final)
+  emit(exe, exec_id, channel, final, true)
   count(label)
 end
 """

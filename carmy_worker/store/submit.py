@@ -16,7 +16,8 @@ from carmy_worker.wire import ExecutionJob, Record, msgpack_encoder, record_deco
 
 # KEYS: exe, pending, queued, arq job, arq queue, [idempotency]
 # ARGV: exec_id, fingerprint, arq job bytes, retention s, max pending, admission deadline ms,
-#       queue wait ms, workers alive (1/0), tool, owner, idempotent (1/0), record prefix, wake channel
+#       queue wait ms, workers alive (1/0), tool, owner, idempotent (1/0), record prefix, wake channel,
+#       reply channel ('' for the execution's own channel: lua.EMIT), '1' if the caller streams
 SUBMIT = NOW + """
 if #KEYS == 6 then
   local held = redis.call('GET', KEYS[6])
@@ -40,6 +41,7 @@ end
 local start_by = now + tonumber(ARGV[7])
 redis.call('HSET', KEYS[1], 'tool', ARGV[9], 'owner', ARGV[10], 'idem', ARGV[11],
            'state', 'queued', 'attempt', 0, 'start_by', start_by, 'wake', ARGV[13], 'queued_at', now)
+if ARGV[14] ~= '' then redis.call('HSET', KEYS[1], 'reply', ARGV[14], 'stream', ARGV[15]) end
 redis.call('EXPIRE', KEYS[1], retention)
 redis.call('ZADD', KEYS[2], now + tonumber(ARGV[6]), ARGV[1])
 redis.call('ZADD', KEYS[3], start_by, ARGV[1])
@@ -76,26 +78,29 @@ class Submit:
 
     async def __call__(
         self, job: ExecutionJob, *, queue: str, idempotent: bool, workers_alive: bool, max_pending: int,
-        queue_wait_ms: int, admission_ms: int,
+        queue_wait_ms: int, admission_ms: int, reply: str = "", stream: bool = True,
     ) -> Submission:
         """Queue ``job`` on ``queue`` unless its request id was seen or admission refuses it.
 
         ``job.arguments`` is the canonical JSON its fingerprint is taken from. It may wait for a
-        worker ``queue_wait_ms``; its admission slot is held at most ``admission_ms``.
+        worker ``queue_wait_ms``; its admission slot is held at most ``admission_ms``. Its events
+        go to ``reply`` (an API process's channel: ``keys.api_channel``), every event if
+        ``stream`` else only the final one; without ``reply``, every event goes to its own
+        channel (``keys.events``).
         """
         exec_id = job.execution_id
         redis_keys = [keys.execution(exec_id), keys.PENDING, keys.QUEUED, jobs.job_key(exec_id), queue]
         if job.request_id is not None:
             redis_keys.append(keys.idempotency(job.principal, job.session, job.request_id))
         arq_job = jobs.encode_job(msgpack_encoder.encode(job), int(time.time() * 1000))
-        reply = await self._script(keys=redis_keys, args=[
+        answer = await self._script(keys=redis_keys, args=[
             exec_id, keys.fingerprint(job.tool, job.arguments), arq_job, self.retention, max_pending, admission_ms,
             queue_wait_ms, 1 if workers_alive else 0, job.tool, keys.owner(job.principal), 1 if idempotent else 0,
-            keys.RECORD_PREFIX, jobs.wake_channel(queue),
+            keys.RECORD_PREFIX, jobs.wake_channel(queue), reply, "1" if stream else "",
         ])
-        kind = text(reply[0])
+        kind = text(answer[0])
         if kind == "replay":
-            return Submission("replay", text(reply[1]), record_decoder.decode(reply[2]))
+            return Submission("replay", text(answer[1]), record_decoder.decode(answer[2]))
         if kind == "full":
-            return Submission("full", pending=int(reply[1]))
-        return Submission(cast("SubmitKind", kind), text(reply[1]) if len(reply) > 1 else "")
+            return Submission("full", pending=int(answer[1]))
+        return Submission(cast("SubmitKind", kind), text(answer[1]) if len(answer) > 1 else "")
