@@ -5,12 +5,11 @@ registers the execution it waits for (``expect``) before it submits it, naming t
 where the execution's events go (SUBMIT's ``reply``, or JOIN's for a call that follows an
 execution already running): every message there carries its execution's id, and the hub hands
 it to the mailboxes expecting that id. No per-execution SUBSCRIBE, no round trip to wait for.
-``subscribe`` still follows any other channel (an execution's own, as APIs of before did).
 
-If the connection drops, every subscriber is told
-(``RESYNC``) so it re-reads the stored record: a lost message costs a read, never an answer.
-Each subscriber's messages wait in a bounded ``Mailbox``: one that does not keep up loses old
-progress events, never the others, and never makes the process buffer without end.
+If the connection drops, every waiting request is told (``RESYNC``) so it re-reads the stored
+record: a lost message costs a read, never an answer. Each request's messages wait in a bounded
+``Mailbox``: one that does not keep up loses old progress events, never the others, and never
+makes the process buffer without end.
 """
 
 from __future__ import annotations
@@ -18,8 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections import defaultdict
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 
 from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
@@ -29,16 +27,12 @@ from api.mailbox import Mailbox
 from carmy_worker.store import keys
 from carmy_worker.store.pubsub import Message, listen_forever
 
-# How long a subscription may wait for Redis to confirm it while the connection is up: a busy
-# process confirms late, and that must not pass for an outage. A dropped connection fails every
-# waiting subscription at once.
-SUBSCRIBE_TIMEOUT = 10.0
 # How long the app's start waits for the process's channel to be subscribed.
 READY_WAIT = 2.0
 
 
 class HubUnavailable(Exception):
-    """Redis did not confirm a subscription in time."""
+    """The process's channel is not subscribed (Redis is gone, or not confirmed yet)."""
 
 
 class EventHub:
@@ -52,8 +46,6 @@ class EventHub:
         self._confirmed = asyncio.Event()  # set with _ready, for start() to wait on
         self._resync_due = False  # a reconnection: re-read once the process channel is confirmed
         self._expected: dict[str, set[Mailbox]] = {}
-        self._queues: dict[str, set[Mailbox]] = {}
-        self._confirms: dict[str, list[asyncio.Future[None]]] = defaultdict(list)
         # Process-wide channels (catalog changes) and their handlers: always subscribed.
         self._broadcast = dict(on_broadcast or {})
         self._reader: asyncio.Task[None] | None = None
@@ -94,47 +86,8 @@ class EventHub:
                 if not waiting:
                     del self._expected[exec_id]
 
-    @contextlib.asynccontextmanager
-    async def subscribe(self, channel: str) -> AsyncIterator[Mailbox]:
-        """The messages on ``channel``, from the moment Redis confirmed."""
-        queue = Mailbox()
-        first = channel not in self._queues
-        self._queues.setdefault(channel, set()).add(queue)
-        try:
-            if first or self._confirms.get(channel):
-                await self._confirm(channel, send=first)
-            yield queue
-        finally:
-            subscribers = self._queues.get(channel)
-            if subscribers is not None:
-                subscribers.discard(queue)
-                if not subscribers:
-                    del self._queues[channel]
-                    if self._pubsub is not None:
-                        with contextlib.suppress(Exception):
-                            await self._pubsub.unsubscribe(channel)
-
-    async def _confirm(self, channel: str, *, send: bool) -> None:
-        confirmed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._confirms[channel].append(confirmed)
-        try:
-            if send:
-                if self._pubsub is None:
-                    raise HubUnavailable("not connected")
-                await self._pubsub.subscribe(channel)
-            await asyncio.wait_for(confirmed, SUBSCRIBE_TIMEOUT)
-        except (TimeoutError, OSError, ConnectionError) as exc:
-            raise HubUnavailable(str(exc) or "no confirmation") from exc
-        except Exception as exc:  # redis-py's own connection errors
-            raise HubUnavailable(str(exc)) from exc
-        finally:
-            with contextlib.suppress(ValueError):
-                self._confirms[channel].remove(confirmed)
-            if not self._confirms[channel]:
-                self._confirms.pop(channel, None)
-
     async def _read_forever(self) -> None:
-        await listen_forever(self._redis, lambda: [self.channel, *self._broadcast, *self._queues], self._dispatch,
+        await listen_forever(self._redis, lambda: [self.channel, *self._broadcast], self._dispatch,
                              name="event hub", on_connect=self._connected, on_drop=self._dropped)
 
     def _connected(self, pubsub: PubSub, after_drop: bool) -> None:
@@ -148,13 +101,9 @@ class EventHub:
         self._ready = False
         self._confirmed.clear()
         self._resync()  # whatever was in flight may be lost
-        for futures in self._confirms.values():  # a confirmation will not come on this connection
-            for future in futures:
-                if not future.done():
-                    future.set_exception(HubUnavailable("connection lost"))
 
     def _resync(self) -> None:
-        for queues in (*self._queues.values(), *self._expected.values()):
+        for queues in self._expected.values():
             for queue in queues:
                 queue.put_nowait(RESYNC)
 
@@ -168,15 +117,9 @@ class EventHub:
             handler = self._broadcast.get(channel)
             if handler is not None:
                 handler(message["data"])
-            for queue in self._queues.get(channel, ()):
-                queue.put_nowait(message["data"])
-        elif kind == "subscribe":
-            if channel == self.channel:
-                self._ready = True
-                self._confirmed.set()
-                if self._resync_due:  # events published before this confirmation were lost
-                    self._resync_due = False
-                    self._resync()
-            for future in self._confirms.get(channel, ()):
-                if not future.done():
-                    future.set_result(None)
+        elif kind == "subscribe" and channel == self.channel:
+            self._ready = True
+            self._confirmed.set()
+            if self._resync_due:  # events published before this confirmation were lost
+                self._resync_due = False
+                self._resync()
