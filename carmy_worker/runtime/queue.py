@@ -260,7 +260,7 @@ class _AnsweredPipeline:
         self._expect(key, jobs.retry_key(self._lease.job_id), self._lease.runs)
 
     def expire(self, key: str, seconds: int) -> None:
-        self._expect(key, jobs.retry_key(self._lease.job_id), seconds == _ARQ_RETRY_TTL_S)
+        self._expect(f"{key} {seconds}", f"{jobs.retry_key(self._lease.job_id)} {_ARQ_RETRY_TTL_S}", True)
 
     async def execute(self) -> list[Any]:
         return self._replies
@@ -418,7 +418,9 @@ def build_worker(
     on_shutdown: Callable[[dict[str, Any]], Awaitable[None]] | None = None,
     on_drain: Callable[[], None] | None = None,
 ) -> WakeableWorker:
-    """An arq worker that calls ``handler(payload, lease token)`` for each job of ``group``."""
+    """An arq worker that calls ``handler(payload, lease token)`` for each job of ``group``; a
+    handler that returns True has ended the lease itself (its SETTLE did), and arq's
+    ``finish_job`` then makes no round trip."""
 
     async def carmy_execute(ctx: dict[str, Any], payload: bytes) -> None:
         running = _running.get()
