@@ -122,9 +122,12 @@ Handler = Callable[[bytes, str], Awaitable[bool | None]]
 # its score moves to the end of its lease, when it is due again unless finished, so that the
 # scan for due jobs does not walk over leased ones (whoever ends a lease early without
 # finishing the job puts the score back: FINISH, REAP, the janitor, a heartbeat).
+# A job leased takes its wake token with it (the caller's, if it popped one, counts for the
+# first): tokens left over would wake workers for jobs already taken, one LEASE each.
 # Returns {id, score before, job, runs, id, ...}.
-# KEYS: queue, leases hash; ARGV: in-progress key prefix, how many, lease ms, how far down the
-# queue to look, token prefix, job key prefix, retry key prefix, retry key TTL s
+# KEYS: queue, leases hash, wake list; ARGV: in-progress key prefix, how many, lease ms, how far
+# down the queue to look, token prefix, job key prefix, retry key prefix, retry key TTL s,
+# tokens the caller popped (0 or 1)
 LEASE = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -145,6 +148,8 @@ for i = 1, #due, 2 do
     table.insert(leased, runs)
   end
 end
+local taken = #leased / 4 - tonumber(ARGV[9])
+if taken > 0 then redis.call('LPOP', KEYS[3], taken) end
 return leased
 """
 
@@ -192,12 +197,14 @@ class Leases:
         self.worker_id = worker_id
         self._hash = keys.leases(worker_id)
 
-    async def take(self, queue: str, *, most: int, lease_ms: int, look_ahead: int) -> list[Lease]:
-        """Up to ``most`` due jobs of ``queue``, leased for ``lease_ms``, with their arq job read."""
+    async def take(self, queue: str, *, most: int, lease_ms: int, look_ahead: int, woken: bool = False) -> list[Lease]:
+        """Up to ``most`` due jobs of ``queue``, leased for ``lease_ms``, with their arq job read,
+        and as many wake tokens (less the one this worker popped if ``woken``)."""
         prefix = f"{self.worker_id}/{secrets.token_hex(4)}/"
-        reply = await self._lease(keys=[queue, self._hash],
+        reply = await self._lease(keys=[queue, self._hash, jobs.wake_list(queue)],
                                   args=[jobs.IN_PROGRESS_KEY_PREFIX, most, lease_ms, look_ahead, prefix,
-                                        jobs.JOB_KEY_PREFIX, jobs.RETRY_KEY_PREFIX, _ARQ_RETRY_TTL_S])
+                                        jobs.JOB_KEY_PREFIX, jobs.RETRY_KEY_PREFIX, _ARQ_RETRY_TTL_S,
+                                        1 if woken else 0])
         return [Lease(job_id.decode(), int(float(score)), prefix + job_id.decode(), job, int(runs))
                 for job_id, score, job, runs in zip(reply[::4], reply[1::4], reply[2::4], reply[3::4], strict=True)]
 
@@ -292,6 +299,7 @@ class WakeableWorker(Worker):
 
     _slot_freed: asyncio.Event
     _waker: Redis | None = None  # its own connection: BLPOP holds it while it waits
+    _woken = False  # it popped a wake token that no LEASE has counted yet
     leases: Leases
     on_drain: Callable[[], None] | None = None
 
@@ -345,6 +353,8 @@ class WakeableWorker(Worker):
         token = await self._waker.execute_command("BLPOP", wake, self.poll_delay_s)  # redis-py types it int
         if token is not None and not self.allow_pick_jobs:  # draining since: it is another worker's
             await self._waker.lpush(wake, token[1])
+        elif token is not None:
+            self._woken = True
 
     def handle_sig_wait_for_completion(self, signum: Signals) -> None:
         if self.allow_pick_jobs and self.on_drain is not None:
@@ -356,8 +366,10 @@ class WakeableWorker(Worker):
         free = self.max_jobs - self.job_counter
         if self.allow_pick_jobs and free > 0:
             lease_ms = int(self.in_progress_timeout_s * 1000)
-            for lease in await self.leases.take(self.queue_name or "", most=free, lease_ms=lease_ms,
-                                                look_ahead=self.queue_read_limit):
+            leased = await self.leases.take(self.queue_name or "", most=free, lease_ms=lease_ms,
+                                            look_ahead=self.queue_read_limit, woken=self._woken)
+            self._woken = False
+            for lease in leased:
                 await self.sem.acquire()
                 self.job_counter += 1
                 task = self.loop.create_task(self._run_leased(lease, self.tasks.get(lease.job_id)))

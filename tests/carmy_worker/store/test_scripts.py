@@ -718,6 +718,21 @@ async def test_lease_takes_only_due_unleased_jobs_at_most_n_by_redis_clock(
     assert await take(5) == []
 
 
+async def test_a_lease_takes_the_wake_tokens_of_the_jobs_it_took(r: redis.Redis, ar: redis.asyncio.Redis) -> None:
+    """Tokens left for jobs already leased would each wake a worker for nothing: LEASE takes one
+    per job it leased, less the one its caller popped to wake up."""
+    for _ in range(3):
+        await submit(ar, new_id())
+    assert r.llen(WAKE) == 3
+    assert r.lpop(WAKE) is not None  # the BLPOP that woke this worker
+    assert len(await Leases(ar, "w1").take(QUEUE, most=2, lease_ms=MINUTE_MS, look_ahead=10, woken=True)) == 2
+    assert r.llen(WAKE) == 1  # for the one job still due
+    # A look without a token of its own (a slot freed, the fallback poll) takes the job's token.
+    assert len(await Leases(ar, "w2").take(QUEUE, most=2, lease_ms=MINUTE_MS, look_ahead=10)) == 1
+    assert r.llen(WAKE) == 0
+    assert await Leases(ar, "w3").take(QUEUE, most=2, lease_ms=MINUTE_MS, look_ahead=10) == []
+
+
 async def test_finish_ends_only_its_own_lease(r: redis.Redis, ar: redis.asyncio.Redis) -> None:
     done, retried, taken_away = new_id(), new_id(), new_id()
     for exec_id in (done, retried, taken_away):
