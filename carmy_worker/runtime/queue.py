@@ -298,7 +298,6 @@ class WakeableWorker(Worker):
     error); and tells us when a signal starts its graceful shutdown."""
 
     _slot_freed: asyncio.Event
-    _waker: Redis | None = None  # its own connection: BLPOP holds it while it waits
     _woken = False  # it popped a wake token that no LEASE has counted yet
     leases: Leases
     on_drain: Callable[[], None] | None = None
@@ -319,7 +318,8 @@ class WakeableWorker(Worker):
         self.ctx["redis"] = self._pool
         if self.on_startup:
             await self.on_startup(self.ctx)
-        self._waker = Redis(connection_pool=self._pool.connection_pool, single_connection_client=True)
+        # Its own connection: BLPOP holds it while it waits.
+        waker = Redis(connection_pool=self._pool.connection_pool, single_connection_client=True)
         backoff = 0.0
         try:
             while True:
@@ -329,16 +329,16 @@ class WakeableWorker(Worker):
                     if backoff:
                         log.info("queue reachable again")
                     backoff = 0.0
-                    await self._wait_for_work()
+                    await self._wait_for_work(waker)
                 except (RedisError, OSError) as exc:
                     if not backoff:
                         log.warning("queue unreachable (%s); retrying", exc)
                     backoff = min(backoff * 2 or 0.1, 2.0)
                     await asyncio.sleep(backoff)
         finally:
-            await asyncio.shield(self._waker.aclose())
+            await asyncio.shield(waker.aclose())
 
-    async def _wait_for_work(self) -> None:
+    async def _wait_for_work(self, waker: Redis) -> None:
         """Until a job may be there to take: a token on the wake list, a slot of a full worker
         freed (at once), or ``poll_delay_s`` (the fallback poll, also for deferred jobs coming
         due). Only a worker with a free slot pops a token: a full one leaves it to another."""
@@ -348,11 +348,10 @@ class WakeableWorker(Worker):
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._slot_freed.wait(), self.poll_delay_s)
             return
-        assert self._waker is not None
         wake = jobs.wake_list(self.queue_name or "")
-        token = await self._waker.execute_command("BLPOP", wake, self.poll_delay_s)  # redis-py types it int
+        token = await waker.execute_command("BLPOP", wake, self.poll_delay_s)  # redis-py types it int
         if token is not None and not self.allow_pick_jobs:  # draining since: it is another worker's
-            await self._waker.lpush(wake, token[1])
+            await waker.lpush(wake, token[1])
         elif token is not None:
             self._woken = True
 
