@@ -8,12 +8,20 @@ means rewriting this file only. Four things differ from arq's defaults:
 * the API writes jobs itself, inside the same Lua script that reserves idempotency and
   admission (one round trip), in exactly the layout ``ArqRedis.enqueue_job`` would write
   (``carmy_worker.store.jobs``, which does not import arq);
-* workers wait on a pub/sub wake-up channel instead of sleeping 0.5 s between polls, so a job
-  starts within milliseconds on an idle worker, and take due jobs with one Lua call (LEASE)
-  instead of arq's four round trips per job. The 0.5 s poll stays as a fallback;
+* workers block on the queue's wake list (``BLPOP`` on a connection of their own) instead of
+  sleeping 0.5 s between polls: whatever makes a job due (SUBMIT, a job put back) pushes one
+  token, so one job wakes one idle worker (not every worker of the pool), within
+  milliseconds. A full worker whose slot frees up looks again at once; the 0.5 s poll stays as a
+  fallback (deferred jobs come due that way). Due jobs are taken with one Lua call (LEASE)
+  instead of arq's four round trips per job; it also reads the job and counts its runs, so
+  arq's ``run_job`` reads them from the lease (its first pipeline is answered in memory), and
+  moves the job's score to the lease's end, so later scans skip it;
 * each lease holds a token (in arq's in-progress key and the worker's leases hash), and FINISH
   replaces arq's ``finish_job``: it ends only its own lease, so a worker that lost a job while
-  paused cannot delete it, and the janitor can hand back the leases of a dead worker.
+  paused cannot delete it, and the janitor can hand back the leases of a dead worker. A job
+  settled with its record ends its lease in the same script (SETTLE, ``store.attempts``), so
+  ``finish_job`` then has nothing left to do: a worker makes three round trips per job
+  (LEASE, CLAIM, SETTLE).
 
 The last two override arq internals. ``ARQ_PRIVATE_SURFACE`` names every private or
 undocumented name of arq this module relies on; ``tests/carmy_worker/runtime/test_arq_surface.py``
@@ -29,6 +37,7 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
+from dataclasses import dataclass
 from signal import Signals
 from typing import TYPE_CHECKING, Any, cast
 
@@ -37,11 +46,11 @@ from arq.connections import ArqRedis
 from arq.constants import in_progress_key_prefix, job_key_prefix, retry_key_prefix
 from arq.worker import Retry, Worker, func
 from msgspec import Struct
+from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from carmy_worker.store import jobs, keys
 from carmy_worker.store.connect import RedisConnector
-from carmy_worker.store.pubsub import listen_forever
 
 if TYPE_CHECKING:
     from arq.typing import StartupShutdown
@@ -51,6 +60,10 @@ log = logging.getLogger("carmy.queue")
 # arq retries jobs itself; we count attempts in our own execution hash and settle repeated
 # interruptions there, so arq's own limit only has to be out of the way.
 _ARQ_MAX_TRIES = 1000
+
+# arq's run_job keeps its count of a job's runs this long (its pipeline's EXPIRE); LEASE does
+# that count in its place.
+_ARQ_RETRY_TTL_S = 88400
 
 # What WakeableWorker uses of arq beyond its documented API (Worker(...), async_run, close,
 # func, Retry, ArqRedis): attributes it reads or writes and methods it overrides or calls.
@@ -62,7 +75,17 @@ ARQ_PRIVATE_SURFACE: dict[str, tuple[str, ...]] = {
     "arq.worker.Worker methods called": ("run_job", "heart_beat"),
     "arq.worker.Worker attributes": (
         "_pool", "pool", "ctx", "on_startup", "allow_pick_jobs", "max_jobs", "job_counter", "sem", "tasks",
-        "loop", "queue_name", "in_progress_timeout_s", "queue_read_limit", "poll_delay_s",
+        "loop", "queue_name", "in_progress_timeout_s", "queue_read_limit", "poll_delay_s", "allow_abort_jobs",
+    ),
+    # The property WakeableWorker overrides so that run_job's first pipeline, these statements of
+    # its source (allow_abort_jobs off), is answered from what LEASE read.
+    "arq.worker.Worker properties overridden": ("pool",),
+    "arq.worker.Worker.run_job statements": (
+        "async with self.pool.pipeline(transaction=True) as pipe:",
+        "pipe.get(job_key_prefix + job_id)",
+        "pipe.incr(retry_key_prefix + job_id)",
+        f"pipe.expire(retry_key_prefix + job_id, {_ARQ_RETRY_TTL_S})",
+        "v, job_try, _ = await pipe.execute()",
     ),
     # The job layout store.jobs writes without arq: key prefixes, and the job dict's fields.
     "arq.constants": ("job_key_prefix", "in_progress_key_prefix", "retry_key_prefix"),
@@ -85,7 +108,8 @@ def deserialize(data: bytes) -> dict[str, Any]:
     return _decoder.decode(data)  # type: ignore[no-any-return]
 
 
-Handler = Callable[[bytes, str], Awaitable[None]]  # (job payload, lease token)
+# (job payload, lease token) -> whether its SETTLE also ended the lease (then nothing is left to finish)
+Handler = Callable[[bytes, str], Awaitable[bool | None]]
 
 # Takes up to ARGV[2] jobs in one round trip: the due ones at the head of the queue (by Redis's
 # clock, like the scores SUBMIT writes) that no other worker has leased. arq polls with the
@@ -93,40 +117,60 @@ Handler = Callable[[bytes, str], Awaitable[None]]  # (job payload, lease token)
 # each). The in-progress keys set here are arq's, holding a token unique to this lease, also
 # listed in the worker's leases hash: the janitor puts back the jobs of a dead worker that
 # never claimed them, and a late finish of a lease that was taken away touches nothing.
-# Returns {id, score, id, score, ...}.
-# KEYS: queue, leases hash; ARGV: in-progress key prefix, how many, lease ms, how far down the
-# queue to look, token prefix
+# Each job leased is also read (arq's job bytes, '' if gone) and its runs counted (arq's retry
+# key: INCR and EXPIRE, as arq's run_job would), so run_job needs no round trip of its own; and
+# its score moves to the end of its lease, when it is due again unless finished, so that the
+# scan for due jobs does not walk over leased ones (whoever ends a lease early without
+# finishing the job puts the score back: FINISH, REAP, the janitor, a heartbeat).
+# A job leased takes its wake token with it (the caller's, if it popped one, counts for the
+# first): tokens left over would wake workers for jobs already taken, one LEASE each.
+# Returns {id, score before, job, runs, id, ...}.
+# KEYS: queue, leases hash, wake list; ARGV: in-progress key prefix, how many, lease ms, how far
+# down the queue to look, token prefix, job key prefix, retry key prefix, retry key TTL s,
+# tokens the caller popped (0 or 1)
 LEASE = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[4]))
-local leased, want = {}, tonumber(ARGV[2]) * 2
+local leased, want, lease_end = {}, tonumber(ARGV[2]) * 4, now + tonumber(ARGV[3])
 for i = 1, #due, 2 do
   if #leased >= want then break end
-  local token = ARGV[5] .. due[i]
-  if redis.call('SET', ARGV[1] .. due[i], token, 'NX', 'PX', ARGV[3]) then
-    redis.call('HSET', KEYS[2], due[i], token)
-    table.insert(leased, due[i])
+  local job = due[i]
+  local token = ARGV[5] .. job
+  if redis.call('SET', ARGV[1] .. job, token, 'NX', 'PX', ARGV[3]) then
+    redis.call('HSET', KEYS[2], job, token)
+    redis.call('ZADD', KEYS[1], lease_end, job)
+    local runs = redis.call('INCR', ARGV[7] .. job)
+    redis.call('EXPIRE', ARGV[7] .. job, tonumber(ARGV[8]))
+    table.insert(leased, job)
     table.insert(leased, due[i + 1])
+    table.insert(leased, redis.call('GET', ARGV[6] .. job) or '')
+    table.insert(leased, runs)
   end
 end
+local taken = #leased / 4 - tonumber(ARGV[9])
+if taken > 0 then redis.call('LPOP', KEYS[3], taken) end
 return leased
 """
 
 # arq's finish_job and finish_failed_job, for one lease: only while the in-progress key still
 # holds this lease's token. Finished: the job is gone; otherwise (a retry, a shutdown) it stays
-# queued, ARGV[4] ms later if given. A lease the janitor took away finishes as a no-op, so a
-# paused worker waking up late cannot delete the job another worker now runs.
-# KEYS: in-progress, job, retry, queue, leases hash; ARGV: job id, token, finished ('1' or ''), delay ms or ''
-FINISH = """
+# queued at score ARGV[4] (LEASE moved it to the lease's end): due at once, and one idle worker
+# woken, unless deferred. A lease the janitor took away finishes as a no-op, so a paused worker
+# waking up late cannot delete the job another worker now runs. (SETTLE ends the lease of a
+# job it settled itself: FINISH is for every other end.)
+# KEYS: in-progress, job, retry, queue, leases hash, wake list
+# ARGV: job id, token, finished ('1' or ''), score to queue it at again, '1' to wake a worker
+FINISH = jobs.WAKE_ONE + """
 if redis.call('HGET', KEYS[5], ARGV[1]) == ARGV[2] then redis.call('HDEL', KEYS[5], ARGV[1]) end
 if redis.call('GET', KEYS[1]) ~= ARGV[2] then return 0 end
 redis.call('DEL', KEYS[1])
 if ARGV[3] == '1' then
   redis.call('DEL', KEYS[2], KEYS[3])
   redis.call('ZREM', KEYS[4], ARGV[1])
-elseif ARGV[4] ~= '' then
-  redis.call('ZINCRBY', KEYS[4], tonumber(ARGV[4]), ARGV[1])
+else
+  redis.call('ZADD', KEYS[4], 'XX', ARGV[4], ARGV[1])
+  if ARGV[5] == '1' then wake_one(KEYS[6]) end
 end
 return 1
 """
@@ -138,8 +182,10 @@ FINISH_RETRY_S = 60.0
 
 class Lease(Struct, frozen=True):
     job_id: str
-    score: int
+    score: int  # the job's score when it was leased (LEASE then moved it to the lease's end)
     token: str
+    job: bytes = b""  # arq's job, as LEASE read it (empty: gone)
+    runs: int = 0  # arq's count of this job's runs (its retry key), this one included
 
 
 class Leases:
@@ -151,19 +197,25 @@ class Leases:
         self.worker_id = worker_id
         self._hash = keys.leases(worker_id)
 
-    async def take(self, queue: str, *, most: int, lease_ms: int, look_ahead: int) -> list[Lease]:
-        """Up to ``most`` due jobs of ``queue``, leased for ``lease_ms``."""
+    async def take(self, queue: str, *, most: int, lease_ms: int, look_ahead: int, woken: bool = False) -> list[Lease]:
+        """Up to ``most`` due jobs of ``queue``, leased for ``lease_ms``, with their arq job read,
+        and as many wake tokens (less the one this worker popped if ``woken``)."""
         prefix = f"{self.worker_id}/{secrets.token_hex(4)}/"
-        reply = await self._lease(keys=[queue, self._hash],
-                                  args=[jobs.IN_PROGRESS_KEY_PREFIX, most, lease_ms, look_ahead, prefix])
-        ids = [job_id.decode() for job_id in reply[::2]]
-        return [Lease(job_id, int(float(score)), prefix + job_id)
-                for job_id, score in zip(ids, reply[1::2], strict=True)]
+        reply = await self._lease(keys=[queue, self._hash, jobs.wake_list(queue)],
+                                  args=[jobs.IN_PROGRESS_KEY_PREFIX, most, lease_ms, look_ahead, prefix,
+                                        jobs.JOB_KEY_PREFIX, jobs.RETRY_KEY_PREFIX, _ARQ_RETRY_TTL_S,
+                                        1 if woken else 0])
+        return [Lease(job_id.decode(), int(float(score)), prefix + job_id.decode(), job, int(runs))
+                for job_id, score, job, runs in zip(reply[::4], reply[1::4], reply[2::4], reply[3::4], strict=True)]
 
-    async def finish(self, queue: str, job_id: str, token: str, *, finished: bool, delay_ms: int | None) -> bool:
-        """End the lease ``token`` on ``job_id``, retried through an outage; False if it was not ours any more."""
-        keys_ = [jobs.in_progress_key(job_id), jobs.job_key(job_id), jobs.retry_key(job_id), queue, self._hash]
-        args = [job_id, token, "1" if finished else "", "" if delay_ms is None else delay_ms]
+    async def finish(self, queue: str, lease: Lease, *, finished: bool, delay_ms: int | None) -> bool:
+        """End ``lease``, retried through an outage; False if it was not ours any more. Not
+        finished: the job is due again ``delay_ms`` after its score (at once without one)."""
+        job_id = lease.job_id
+        keys_ = [jobs.in_progress_key(job_id), jobs.job_key(job_id), jobs.retry_key(job_id), queue, self._hash,
+                 jobs.wake_list(queue)]
+        args = [job_id, lease.token, "1" if finished else "", lease.score + (delay_ms or 0),
+                "1" if delay_ms is None else ""]
         deadline = time.monotonic() + FINISH_RETRY_S
         delay = 0.05
         while True:
@@ -177,46 +229,131 @@ class Leases:
                 delay = min(delay * 2, 1.0)
 
 
-# The lease a job runs under, for the finish_job that arq's run_job calls at its end.
-_lease_token: ContextVar[str] = ContextVar("carmy_lease_token", default="")
+@dataclass
+class _Running:
+    """A lease while arq's run_job runs it (shared by run_job's task and the job's own)."""
+
+    lease: Lease
+    read: bool = False  # run_job's first pipeline was answered from the lease
+    ended: bool = False  # the handler's SETTLE ended the lease: finish_job has nothing to do
+
+
+_running: ContextVar[_Running | None] = ContextVar("carmy_running_lease", default=None)
+
+
+class _AnsweredPipeline:
+    """arq's run_job's first pipeline (GET the job, INCR and EXPIRE its retry key), answered
+    from what LEASE already did. Anything else arq asks is a change of arq: it fails loudly."""
+
+    def __init__(self, lease: Lease) -> None:
+        self._lease = lease
+        self._replies: list[Any] = []
+
+    async def __aenter__(self) -> _AnsweredPipeline:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        return None
+
+    def _expect(self, key: str, wanted: str, reply: Any) -> None:
+        if key != wanted:
+            raise RuntimeError(f"arq's run_job asked for {key!r}: re-check ARQ_PRIVATE_SURFACE")
+        self._replies.append(reply)
+
+    def get(self, key: str) -> None:
+        self._expect(key, jobs.job_key(self._lease.job_id), self._lease.job or None)
+
+    def incr(self, key: str) -> None:
+        self._expect(key, jobs.retry_key(self._lease.job_id), self._lease.runs)
+
+    def expire(self, key: str, seconds: int) -> None:
+        self._expect(f"{key} {seconds}", f"{jobs.retry_key(self._lease.job_id)} {_ARQ_RETRY_TTL_S}", True)
+
+    async def execute(self) -> list[Any]:
+        return self._replies
+
+
+class _LeasedPool:
+    """The pool as arq's run_job sees it for a leased job: its first pipeline is answered by
+    ``_AnsweredPipeline``; everything else is the real pool's."""
+
+    def __init__(self, pool: ArqRedis, running: _Running) -> None:
+        self._pool = pool
+        self._running = running
+
+    def pipeline(self, transaction: bool = True) -> Any:
+        if self._running.read or not transaction:
+            return self._pool.pipeline(transaction=transaction)
+        self._running.read = True
+        return _AnsweredPipeline(self._running.lease)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._pool, name)
 
 
 class WakeableWorker(Worker):
-    """An arq worker that polls when told to (and every ``poll_delay`` s as a fallback), keeps
-    going through Redis outages (arq's own loop exits on the first connection error), and
-    tells us when a signal starts its graceful shutdown."""
+    """An arq worker that looks for jobs when one is made due (a token on the queue's wake list:
+    one job wakes one idle worker) or one of its slots frees up, and every ``poll_delay`` s as a
+    fallback; keeps going through Redis outages (arq's own loop exits on the first connection
+    error); and tells us when a signal starts its graceful shutdown."""
 
-    _wake: asyncio.Event
+    _slot_freed: asyncio.Event
+    _woken = False  # it popped a wake token that no LEASE has counted yet
     leases: Leases
     on_drain: Callable[[], None] | None = None
 
+    @property
+    def pool(self) -> ArqRedis:
+        """arq's pool; inside arq's run_job for a leased job, until its first pipeline, one that
+        answers that pipeline from what LEASE read (one round trip less per job)."""
+        running = _running.get()
+        if running is None or running.read:
+            return cast("ArqRedis", self._pool)
+        return cast("ArqRedis", _LeasedPool(cast("ArqRedis", self._pool), running))
+
     async def main(self) -> None:
-        self._wake = asyncio.Event()
+        self._slot_freed = asyncio.Event()
         if self._pool is None:  # pragma: no cover - we always pass a pool
             raise RuntimeError("WakeableWorker needs redis_pool")
-        self.ctx["redis"] = self.pool
+        self.ctx["redis"] = self._pool
         if self.on_startup:
             await self.on_startup(self.ctx)
-        listener = asyncio.create_task(self._listen())
+        # Its own connection: BLPOP holds it while it waits.
+        waker = Redis(connection_pool=self._pool.connection_pool, single_connection_client=True)
         backoff = 0.0
         try:
             while True:
-                self._wake.clear()
+                self._slot_freed.clear()
                 try:
                     await self._poll_iteration()
                     if backoff:
                         log.info("queue reachable again")
                     backoff = 0.0
+                    await self._wait_for_work(waker)
                 except (RedisError, OSError) as exc:
                     if not backoff:
                         log.warning("queue unreachable (%s); retrying", exc)
                     backoff = min(backoff * 2 or 0.1, 2.0)
                     await asyncio.sleep(backoff)
-                    continue
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), self.poll_delay_s)
         finally:
-            listener.cancel()
+            await asyncio.shield(waker.aclose())
+
+    async def _wait_for_work(self, waker: Redis) -> None:
+        """Until a job may be there to take: a token on the wake list, a slot of a full worker
+        freed (at once), or ``poll_delay_s`` (the fallback poll, also for deferred jobs coming
+        due). Only a worker with a free slot pops a token: a full one leaves it to another."""
+        if self._slot_freed.is_set():
+            return
+        if not (self.allow_pick_jobs and self.max_jobs > self.job_counter):
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._slot_freed.wait(), self.poll_delay_s)
+            return
+        wake = jobs.wake_list(self.queue_name or "")
+        token = await waker.execute_command("BLPOP", wake, self.poll_delay_s)  # redis-py types it int
+        if token is not None and not self.allow_pick_jobs:  # draining since: it is another worker's
+            await waker.lpush(wake, token[1])
+        elif token is not None:
+            self._woken = True
 
     def handle_sig_wait_for_completion(self, signum: Signals) -> None:
         if self.allow_pick_jobs and self.on_drain is not None:
@@ -228,8 +365,10 @@ class WakeableWorker(Worker):
         free = self.max_jobs - self.job_counter
         if self.allow_pick_jobs and free > 0:
             lease_ms = int(self.in_progress_timeout_s * 1000)
-            for lease in await self.leases.take(self.queue_name or "", most=free, lease_ms=lease_ms,
-                                                look_ahead=self.queue_read_limit):
+            leased = await self.leases.take(self.queue_name or "", most=free, lease_ms=lease_ms,
+                                            look_ahead=self.queue_read_limit, woken=self._woken)
+            self._woken = False
+            for lease in leased:
                 await self.sem.acquire()
                 self.job_counter += 1
                 task = self.loop.create_task(self._run_leased(lease, self.tasks.get(lease.job_id)))
@@ -248,33 +387,34 @@ class WakeableWorker(Worker):
         execution twice at once."""
         if earlier is not None and not earlier.done():
             await asyncio.wait([earlier])
-        _lease_token.set(lease.token)
+        _running.set(_Running(lease))
         try:
             await self.run_job(lease.job_id, lease.score)
         except (RedisError, OSError) as exc:  # before the job ran (arq's own reads): give it back
             log.warning("job %s could not start (%s); giving it back", lease.job_id, exc)
-            await self.leases.finish(self.queue_name or "", lease.job_id, lease.token, finished=False, delay_ms=None)
+            await self.leases.finish(self.queue_name or "", lease, finished=False, delay_ms=None)
 
     async def finish_job(self, job_id: str, finish: bool, result_data: bytes | None, result_timeout_s: float | None,
                          keep_result_forever: bool, incr_score: int | None, keep_in_progress: float | None) -> None:
-        """arq's, for our leases: results are never kept, and a lease taken away finishes as a no-op."""
-        await self.leases.finish(self.queue_name or "", job_id, _lease_token.get(), finished=finish,
-                                 delay_ms=incr_score)
+        """arq's, for our leases: results are never kept, a lease taken away finishes as a no-op,
+        and one its SETTLE ended (the job is finished and gone) has nothing left to do."""
+        running = _running.get()
+        if running is None or (finish and running.ended):
+            return
+        await self.leases.finish(self.queue_name or "", running.lease, finished=finish, delay_ms=incr_score)
 
     async def finish_failed_job(self, job_id: str, result_data: bytes | None) -> None:
-        await self.leases.finish(self.queue_name or "", job_id, _lease_token.get(), finished=True, delay_ms=None)
+        running = _running.get()
+        if running is not None:
+            await self.leases.finish(self.queue_name or "", running.lease, finished=True, delay_ms=None)
 
     def _release_sem_dec_counter_on_complete(self) -> None:
+        # A worker that was full popped no tokens: jobs may have come due that nobody took
+        # (a backlog): look again at once. One with a free slot already waits for tokens.
+        was_full = self.job_counter >= self.max_jobs
         super()._release_sem_dec_counter_on_complete()
-        self._wake.set()  # a slot is free: more may be waiting
-
-    async def _listen(self) -> None:
-        def wake(*_: object) -> None:
-            self._wake.set()
-
-        # On every (re)connection too: anything queued while we were not listening.
-        await listen_forever(self.pool, lambda: [jobs.wake_channel(self.queue_name or "")], wake,
-                             name="wake-up channel", on_connect=wake, max_backoff=0.5)
+        if was_full:
+            self._slot_freed.set()
 
 
 def build_worker(
@@ -289,12 +429,16 @@ def build_worker(
     on_shutdown: Callable[[dict[str, Any]], Awaitable[None]] | None = None,
     on_drain: Callable[[], None] | None = None,
 ) -> WakeableWorker:
-    """An arq worker that calls ``handler(payload, lease token)`` for each job of ``group``."""
+    """An arq worker that calls ``handler(payload, lease token)`` for each job of ``group``; a
+    handler that returns True has ended the lease itself (its SETTLE did), and arq's
+    ``finish_job`` then makes no round trip."""
 
     async def carmy_execute(ctx: dict[str, Any], payload: bytes) -> None:
+        running = _running.get()
         try:
             # Attempts are counted in our execution hash, not by arq's job_try.
-            await handler(payload, _lease_token.get())
+            if await handler(payload, running.lease.token if running else "") and running is not None:
+                running.ended = True
         except RedisError as exc:
             # Redis failed us before the outcome was recorded: put the job back (arq would drop
             # a job that raised). Our scripts decide on the next try whether it may run again.

@@ -49,6 +49,8 @@ class Run:
     queue_wait_ms: int
     run_ms: int | None = None
     ran: bool = False  # CLAIM said run: this worker holds the execution (else it records a verdict)
+    lease: str = ""  # the token of the job's lease, which its SETTLE ends ('' to leave that to FINISH)
+    lease_ended: bool = False  # a SETTLE with the lease was written: the job is finished and gone
     cancelled: asyncio.Event = field(default_factory=asyncio.Event)
     ctx: Context | None = None
     lock: str = ""  # the key of the tool's lock while this attempt holds it
@@ -75,7 +77,7 @@ class Runtime:
     """Runs the jobs of one worker process. Built once, shared by all its jobs."""
 
     def __init__(self, *, redis: Redis, tools: dict[str, Tool], settings: WorkerSettings, worker_id: str,
-                 durability: Durability | None = None) -> None:
+                 durability: Durability | None = None, queue: str = "") -> None:
         self.redis = redis
         self.tools = tools
         self.settings = settings
@@ -90,7 +92,9 @@ class Runtime:
         # is registered in _runs, and must not be lost.
         self._early_cancels: OrderedDict[str, float] = OrderedDict()
         self._releases: set[asyncio.Task[None]] = set()  # lock releases still in flight
-        self._attempts = Attempts(redis, worker_id=worker_id, retention=settings.retention, durability=durability)
+        # With its queue known, SETTLE also ends the lease of the job it settles (no FINISH after it).
+        self._attempts = Attempts(redis, worker_id=worker_id, retention=settings.retention, durability=durability,
+                                  queue=queue)
         self._verdicts = Verdicts(redis, retention=settings.retention, durability=durability)
         # Called before each step of an async tool: the worker's presence checks there, at
         # once, whether it still holds its executions if its heartbeat has gone stale.
@@ -141,18 +145,20 @@ class Runtime:
     def close(self) -> None:
         self._threads.shutdown(wait=False, cancel_futures=True)
 
-    async def handle(self, payload: bytes, lease: str = "") -> None:
+    async def handle(self, payload: bytes, lease: str = "") -> bool:
         """Entry point for one arq job. Failures are recorded as data; only a shutdown
-        (CancelledError) or Redis failing before anything could be recorded gets out."""
+        (CancelledError) or Redis failing before anything could be recorded gets out.
+        True: the record's SETTLE also ended the lease (the job is finished and gone)."""
         try:
             job = job_decoder.decode(payload)
         except msgspec.DecodeError as exc:
             log.error("dropping an undecodable job: %s", exc)
-            return
+            return False
         tool = self.tools.get(job.tool)
         claim = await self._attempts.claim(job.execution_id, job.tool, max_attempts=MAX_ATTEMPTS, lease=lease,
                                            begins=tool is None or tool.spec.parallel_safe)
-        run = Run(job=job, attempt=claim.attempt, queue_wait_ms=claim.queue_wait_ms)
+        run = Run(job=job, attempt=claim.attempt, queue_wait_ms=claim.queue_wait_ms,
+                  lease=lease if self._attempts.queue else "")
         if claim.verdict == "run":
             run.ran = True
             self._hold(run)
@@ -165,6 +171,7 @@ class Runtime:
         finally:
             if self._runs.get(job.execution_id) is run:
                 del self._runs[job.execution_id]
+        return run.lease_ended
 
     def _hold(self, run: Run) -> None:
         exec_id = run.job.execution_id
@@ -202,7 +209,8 @@ class Runtime:
             raise
         except BaseException as again:  # in the execution's log line, say: still record it
             log.error("execution %s: recording TOOL_PANIC failed too; trying once more", exec_id, exc_info=again)
-            await self._attempts.settle(record, exec_id=exec_id, attempt=run.attempt, ran=run.ran)
+            if await self._attempts.settle(record, exec_id=exec_id, attempt=run.attempt, ran=run.ran, lease=run.lease):
+                run.lease_ended = bool(run.lease)
 
     async def _run(self, run: Run, tool: Tool) -> None:
         job = run.job
@@ -296,7 +304,8 @@ class Runtime:
         for tries in range(1, SETTLE_TRIES + 1):
             try:
                 written = await self._attempts.settle(record, exec_id=exec_id, attempt=run.attempt,
-                                                      completed_event=completed, run_ms=run.run_ms, ran=run.ran)
+                                                      completed_event=completed, run_ms=run.run_ms, ran=run.ran,
+                                                      lease=run.lease)
                 break
             except RedisError as exc:  # Redis is restarting: the outcome is worth waiting for
                 if tries == SETTLE_TRIES:
@@ -313,7 +322,9 @@ class Runtime:
                 "queue_wait_ms": run.queue_wait_ms, "run_ms": run.run_ms, "attempt": run.attempt,
                 "worker": self.worker_id, "recorded": written,
             }})
-        if not written:
+        if written:
+            run.lease_ended = bool(run.lease)
+        else:
             log.warning("execution %s was already settled elsewhere; this attempt's outcome is dropped", exec_id)
         return written
 

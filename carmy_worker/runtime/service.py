@@ -48,7 +48,7 @@ async def serve(tools: list[Tool], settings: WorkerSettings, connector: RedisCon
     )
     durability = Durability(settings.wait_replicas, settings.wait_timeout)
     runtime = Runtime(redis=redis, tools={t.name: t for t in tools}, settings=settings, worker_id=info.worker_id,
-                      durability=durability)
+                      durability=durability, queue=jobs.queue_name(info.group))
     presence = Presence(redis=redis, settings=settings, info=info, runtime=runtime, connector=connector)
     janitor = Janitor(redis, retention=settings.retention, dead_after=settings.dead_after, durability=durability)
     runtime.before_step = presence.ensure_fresh

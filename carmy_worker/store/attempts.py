@@ -44,9 +44,13 @@ return {'run', attempt, waited}
 # current attempt, not reaped, on this worker (a paused worker waking up late finds another
 # attempt, or its own put back in the queue by the janitor, and writes nothing; the worker
 # check keeps two claims of the same number apart, after a Redis crash lost the first).
-# KEYS: exe, record, pending, running set, queued
+# With the token of the job's lease (ARGV[12]), it also ends that lease as FINISH would for a
+# finished job (runtime.queue): the worker needs no round trip of its own after it.
+# KEYS: exe, record, pending, running set, queued, arq in-progress key, arq job, arq retry key,
+#       arq queue, leases hash
 # ARGV: exec_id, attempt, record, retention s, events channel, final event, tool.completed event or '',
-#       metrics label, tool, run ms or '', worker_id if this attempt ran (CLAIM said run) or ''
+#       metrics label, tool, run ms or '', worker_id if this attempt ran (CLAIM said run) or '',
+#       lease token or ''
 SETTLE = NOW + LUA_COUNT + LUA_OBSERVE + EMIT + """
 if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
 local h = redis.call('HMGET', KEYS[1], 'attempt', 'reaped', 'worker')
@@ -61,6 +65,12 @@ if ARGV[7] ~= '' then emit(KEYS[1], ARGV[1], ARGV[5], ARGV[7], false) end
 emit(KEYS[1], ARGV[1], ARGV[5], ARGV[6], true)
 count(ARGV[8])
 if ARGV[10] ~= '' then observe('run', ARGV[9], tonumber(ARGV[10])) end
+if ARGV[12] == '' then return 1 end
+if redis.call('HGET', KEYS[10], ARGV[1]) == ARGV[12] then redis.call('HDEL', KEYS[10], ARGV[1]) end
+if redis.call('GET', KEYS[6]) == ARGV[12] then
+  redis.call('DEL', KEYS[6], KEYS[7], KEYS[8])
+  redis.call('ZREM', KEYS[9], ARGV[1])
+end
 return 1
 """
 
@@ -89,13 +99,16 @@ class Claim(Struct):
 class Attempts:
     """CLAIM and SETTLE for the executions of one worker."""
 
-    def __init__(self, redis: Redis, *, worker_id: str, retention: int, durability: Durability | None = None) -> None:
+    def __init__(self, redis: Redis, *, worker_id: str, retention: int, durability: Durability | None = None,
+                 queue: str = "") -> None:
         self._claim = durable(redis.register_script(CLAIM), durability)
         self._settle = durable(redis.register_script(SETTLE), durability)
         self._holds = redis.register_script(HOLDS)
         self.worker_id = worker_id
         self.retention = retention
         self._running = keys.running(worker_id)
+        self._leases = keys.leases(worker_id)
+        self.queue = queue  # the worker's arq queue: SETTLE ends a job's lease there
 
     async def claim(self, exec_id: str, tool: str, *, max_attempts: int, lease: str = "",
                     begins: bool = True) -> Claim:
@@ -111,19 +124,23 @@ class Attempts:
         return Claim(cast("ClaimVerdict", text(verdict)), int(attempt), int(waited))
 
     async def settle(self, record: Record, *, exec_id: str, attempt: int, completed_event: bytes | None = None,
-                     run_ms: int | None = None, ran: bool = True) -> bool:
+                     run_ms: int | None = None, ran: bool = True, lease: str = "") -> bool:
         """Write ``record`` and announce it, if ``attempt`` is still the current one and none was written.
 
         ``completed_event`` (``tool.completed``) goes out just before the ``final`` event;
         ``run_ms``, when the tool ran, feeds the run-time histogram. ``ran``: the attempt was
         claimed to run (not to record a verdict), so it must also still be this worker's.
+        ``lease``: the token of the job's lease, ended with it if written (the job is finished);
+        a lease no longer this one's is left alone, as FINISH would.
         """
         stored, final = final_event(record)
         return bool(await self._settle(
-            keys=[keys.execution(exec_id), keys.record(exec_id), keys.PENDING, self._running, keys.QUEUED],
+            keys=[keys.execution(exec_id), keys.record(exec_id), keys.PENDING, self._running, keys.QUEUED,
+                  jobs.in_progress_key(exec_id), jobs.job_key(exec_id), jobs.retry_key(exec_id), self.queue,
+                  self._leases],
             args=[exec_id, attempt, stored, self.retention, keys.events(exec_id), final, completed_event or b"",
                   metrics.label(record), record.tool, "" if run_ms is None else run_ms,
-                  self.worker_id if ran else ""],
+                  self.worker_id if ran else "", lease],
         ))
 
     async def holds(self, exec_id: str, attempt: int) -> bool:

@@ -29,7 +29,7 @@ DEPARTED_MEMORY_S = 3600
 # KEYS: watch, workers zset, queued zset, draining set
 # ARGV: dead after ms, memory ms, running prefix, execution prefix, worker prefix, leases prefix,
 #       in-progress prefix
-JANITOR_SCAN = NOW + CUTOFF + """
+JANITOR_SCAN = NOW + CUTOFF + jobs.DUE_AGAIN + """
 local dead_before = cutoff(now, tonumber(ARGV[1]))
 local held, released = {}, {}
 for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', '(' .. dead_before)) do
@@ -46,7 +46,7 @@ for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', '(' .. dead_bef
       if redis.call('GET', ARGV[7] .. job) == token then
         redis.call('DEL', ARGV[7] .. job)
         local wake = redis.call('HGET', ARGV[4] .. job, 'wake')
-        if wake then redis.call('PUBLISH', wake, '') end
+        if wake then due_again(wake, job) end
         table.insert(released, job)
       end
       redis.call('HDEL', ARGV[6] .. id, job)

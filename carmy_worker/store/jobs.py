@@ -24,9 +24,38 @@ def queue_name(group: str) -> str:
     return f"carmy:queue:{group}"
 
 
-def wake_channel(queue: str) -> str:
-    """Published to when a job is queued, so idle workers look at once instead of polling."""
-    return queue + ":wake"
+WAKE_SUFFIX = ":wake"
+# Tokens a wake list keeps at most: enough for every job of a burst to wake a worker, bounded
+# when no worker pops them (none runs, or all are busy and take jobs as their slots free up).
+WAKE_LIMIT = 1000
+
+
+def wake_list(queue: str) -> str:
+    """A list that gets one token per job made due (queued, or put back): each idle worker
+    blocks on it (BLPOP), so one job wakes one worker. The execution hash names it (``wake``);
+    a script that has only that derives the queue by dropping ``WAKE_SUFFIX`` (``DUE_AGAIN``)."""
+    return queue + WAKE_SUFFIX
+
+
+# Lua: one token on a wake list, the list kept to its newest WAKE_LIMIT tokens.
+WAKE_ONE = f"""
+local function wake_one(wake)
+  redis.call('RPUSH', wake, '1')
+  redis.call('LTRIM', wake, -{WAKE_LIMIT}, -1)
+end
+"""
+
+# Lua: a job whose lease ended without finishing it is due again now (LEASE moved its score to
+# the end of its lease), and one idle worker is woken. Only if the job is still queued.
+# `wake` is the execution hash's field: the queue is its name without WAKE_SUFFIX.
+DUE_AGAIN = WAKE_ONE + f"""
+local function due_again(wake, job)
+  local t = redis.call('TIME')
+  local queue = string.sub(wake, 1, -{len(WAKE_SUFFIX) + 1})
+  redis.call('ZADD', queue, 'XX', 'LT', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), job)
+  if redis.call('ZSCORE', queue, job) then wake_one(wake) end
+end
+"""
 
 
 def job_key(exec_id: str) -> str:

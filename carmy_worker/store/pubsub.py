@@ -1,5 +1,5 @@
 """A pub/sub subscription that outlives its connection: the one reconnect loop of the project
-(the API's event hub, the workers' wake-up and cancel channels)."""
+(the API's event hub, the workers' cancel channel)."""
 
 from __future__ import annotations
 

@@ -51,7 +51,7 @@ end
 # ARGV: worker_id, offset ms, dead ms, execution prefix, record prefix, in-progress prefix,
 #       n, then n × (exec_id, attempt, lock key or ''), m, then m job ids it has, then
 #       (job, token) pairs to release
-HEARTBEAT = NOW + CUTOFF + """
+HEARTBEAT = NOW + CUTOFF + jobs.DUE_AGAIN + """
 cutoff(now, tonumber(ARGV[3]))
 redis.call('ZADD', KEYS[2], now + tonumber(ARGV[2]), ARGV[1])
 local lost, unlocked, named, has = {}, {}, {}, {}
@@ -89,7 +89,7 @@ while i < #ARGV do
     if redis.call('GET', ARGV[6] .. job) == token then
       redis.call('DEL', ARGV[6] .. job)
       local wake = redis.call('HGET', ARGV[4] .. job, 'wake')
-      if wake then redis.call('PUBLISH', wake, '') end
+      if wake then due_again(wake, job) end
     end
   end
 end

@@ -16,9 +16,9 @@ from carmy_worker.wire import ExecutionJob, Record, msgpack_encoder, record_deco
 
 # KEYS: exe, pending, queued, arq job, arq queue, [idempotency]
 # ARGV: exec_id, fingerprint, arq job bytes, retention s, max pending, admission deadline ms,
-#       queue wait ms, workers alive (1/0), tool, owner, idempotent (1/0), record prefix, wake channel,
+#       queue wait ms, workers alive (1/0), tool, owner, idempotent (1/0), record prefix, wake list,
 #       reply channel ('' for the execution's own channel: lua.EMIT), '1' if the caller streams
-SUBMIT = NOW + """
+SUBMIT = NOW + jobs.WAKE_ONE + """
 if #KEYS == 6 then
   local held = redis.call('GET', KEYS[6])
   if held then
@@ -47,7 +47,7 @@ redis.call('ZADD', KEYS[2], now + tonumber(ARGV[6]), ARGV[1])
 redis.call('ZADD', KEYS[3], start_by, ARGV[1])
 redis.call('SET', KEYS[4], ARGV[3], 'EX', retention)
 redis.call('ZADD', KEYS[5], now, ARGV[1])
-redis.call('PUBLISH', ARGV[13], '')
+wake_one(ARGV[13])
 return {'new', ARGV[1]}
 """
 
@@ -96,7 +96,7 @@ class Submit:
         answer = await self._script(keys=redis_keys, args=[
             exec_id, keys.fingerprint(job.tool, job.arguments), arq_job, self.retention, max_pending, admission_ms,
             queue_wait_ms, 1 if workers_alive else 0, job.tool, keys.owner(job.principal), 1 if idempotent else 0,
-            keys.RECORD_PREFIX, jobs.wake_channel(queue), reply, "1" if stream else "",
+            keys.RECORD_PREFIX, jobs.wake_list(queue), reply, "1" if stream else "",
         ])
         kind = text(answer[0])
         if kind == "replay":

@@ -32,14 +32,14 @@ return 'cancelled'
 
 # An execution whose worker stopped heartbeating (or lost track of it: ARGV[8] then names the
 # attempt that must still be current). Its arq lease (the in-progress key, if still the one the
-# worker took) is dropped so a live worker takes the job at once instead of after arq's expiry:
-# an idempotent execution simply runs again, and so does one whose tool no attempt began (it
-# was waiting for its lock); any other is settled uncertain first, so the re-delivered job
-# finds it settled and never runs the tool a second time (so is one whose job is gone: nothing
-# could run it again).
+# worker took) is dropped, its job due again at once and one idle worker woken, so a live worker
+# takes it now instead of when the lease ends: an idempotent execution simply runs again, and so
+# does one whose tool no attempt began (it was waiting for its lock); any other is settled
+# uncertain first, so the re-delivered job finds it settled and never runs the tool a second
+# time (so is one whose job is gone: nothing could run it again).
 # KEYS: exe, record, pending, running set, arq in-progress key, leases hash, arq job key
 # ARGV: exec_id, worker_id, record, retention s, events channel, final event, metrics label, attempt or ''
-REAP = IMPOSE + """
+REAP = IMPOSE + jobs.DUE_AGAIN + """
 local h = redis.call('HMGET', KEYS[1], 'worker', 'state', 'idem', 'wake', 'attempt', 'began')
 if ARGV[8] ~= '' and h[5] ~= ARGV[8] then return 'moved' end
 redis.call('SREM', KEYS[4], ARGV[1])
@@ -47,8 +47,10 @@ local token = redis.call('HGET', KEYS[6], ARGV[1])
 redis.call('HDEL', KEYS[6], ARGV[1])
 if redis.call('EXISTS', KEYS[2]) == 1 then return 'settled' end
 if h[1] ~= ARGV[2] or h[2] ~= 'running' then return 'moved' end
-if not token or redis.call('GET', KEYS[5]) == token then redis.call('DEL', KEYS[5]) end
-if h[4] then redis.call('PUBLISH', h[4], '') end
+if not token or redis.call('GET', KEYS[5]) == token then
+  redis.call('DEL', KEYS[5])
+  if h[4] then due_again(h[4], ARGV[1]) end
+end
 if (h[3] == '1' or not h[6]) and redis.call('EXISTS', KEYS[7]) == 1 then
   redis.call('HSET', KEYS[1], 'state', 'queued', 'reaped', h[5])
   return 'requeued'

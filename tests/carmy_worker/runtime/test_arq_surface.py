@@ -53,8 +53,19 @@ async def test_every_attribute_we_touch_exists_on_a_worker() -> None:
     assert missing == []
     # The ones whose meaning the lease loop relies on.
     assert (worker.max_jobs, worker.job_counter, worker.tasks, worker.allow_pick_jobs) == (3, 0, {}, True)
+    assert worker.allow_abort_jobs is False  # else run_job's first pipeline has one more command
     assert worker.queue_name == jobs.queue_name("g")
     await pool.aclose(close_connection_pool=True)
+
+
+def test_run_job_still_reads_the_job_with_the_pipeline_lease_answers() -> None:
+    """WakeableWorker answers run_job's first pipeline from what LEASE read, through its ``pool``
+    property: an arq whose run_job reads anything else there must fail here."""
+    assert queue.ARQ_PRIVATE_SURFACE["arq.worker.Worker properties overridden"] == ("pool",)
+    assert isinstance(inspect.getattr_static(arq.worker.Worker, "pool"), property)
+    source = inspect.getsource(arq.worker.Worker.run_job)
+    missing = [s for s in queue.ARQ_PRIVATE_SURFACE["arq.worker.Worker.run_job statements"] if s not in source]
+    assert missing == []
 
 
 def test_the_job_layout_the_api_writes_is_the_one_arq_reads() -> None:

@@ -45,7 +45,7 @@ from tests.support import RedisServer
 RETENTION = 600
 GROUP = "g1"
 QUEUE = jobs.queue_name(GROUP)
-WAKE = jobs.wake_channel(QUEUE)
+WAKE = jobs.wake_list(QUEUE)
 MINUTE_MS = 60_000
 PRINCIPAL = "alice"
 REAPED_WHY = "its worker stopped responding"
@@ -193,9 +193,8 @@ async def running(ar: redis.asyncio.Redis, *, idempotent: bool = False, request_
 
 
 async def test_submit_new_writes_execution_job_admission_and_idempotency(
-    r: redis.Redis, ar: redis.asyncio.Redis, listen: Any,
+    r: redis.Redis, ar: redis.asyncio.Redis,
 ) -> None:
-    wake = listen(WAKE)
     exec_id = new_id()
     before, wall_before = redis_now_ms(r), int(time.time() * 1000)
     assert await submit(ar, exec_id, request_id="rid", admission_ms=90_000, queue_wait_ms=30_000) == Submission(
@@ -219,7 +218,7 @@ async def test_submit_new_writes_execution_job_admission_and_idempotency(
     idem = keys.idempotency(PRINCIPAL, None, "rid")
     assert r.get(idem) == f"{exec_id} {keys.fingerprint('tally', b'{}')}".encode()
     assert RETENTION - 1 <= r.ttl(idem) <= RETENTION
-    assert received(wake) == [(WAKE, b"")]  # an idle worker looks at the queue at once
+    assert r.llen(WAKE) == 1  # one token: one idle worker looks at the queue at once
 
 
 async def test_submit_same_request_while_running_joins_the_original(r: redis.Redis, ar: redis.asyncio.Redis) -> None:
@@ -252,31 +251,24 @@ async def test_submit_same_request_with_other_arguments_conflicts(r: redis.Redis
     assert await submit(ar, second, request_id="rid", arguments=b'{"n":2}') == Submission("conflict", first)
 
 
-async def test_submit_over_max_pending_is_full_and_writes_nothing(
-    r: redis.Redis, ar: redis.asyncio.Redis, listen: Any,
-) -> None:
+async def test_submit_over_max_pending_is_full_and_writes_nothing(r: redis.Redis, ar: redis.asyncio.Redis) -> None:
     for _ in range(2):
         assert (await submit(ar, new_id(), max_pending=2)).kind == "new"
     before = sorted(r.keys())
-    wake = listen(WAKE)
     third = new_id()
     assert await submit(ar, third, request_id="rid", max_pending=2) == Submission("full", pending=2)
     assert sorted(r.keys()) == before
     assert not r.exists(keys.idempotency(PRINCIPAL, None, "rid"), keys.execution(third), jobs.job_key(third))
     assert r.zcard(keys.PENDING) == 2 and r.zcard(keys.QUEUED) == 2 and r.zcard(QUEUE) == 2
-    assert received(wake) == []
+    assert r.llen(WAKE) == 2  # the two queued ones' tokens, and no more
     # Nothing was recorded, so the same request_id is accepted once there is room.
     r.zpopmin(keys.PENDING)
     assert await submit(ar, third, request_id="rid", max_pending=2) == Submission("new", third)
 
 
-async def test_submit_without_live_workers_writes_nothing(
-    r: redis.Redis, ar: redis.asyncio.Redis, listen: Any,
-) -> None:
-    wake = listen(WAKE)
+async def test_submit_without_live_workers_writes_nothing(r: redis.Redis, ar: redis.asyncio.Redis) -> None:
     assert await submit(ar, new_id(), request_id="rid", workers_alive=False) == Submission("no_workers")
-    assert r.dbsize() == 0
-    assert received(wake) == []
+    assert r.dbsize() == 0  # no wake token either
 
 
 async def test_submit_prunes_expired_admission_entries_before_counting(
@@ -522,14 +514,17 @@ async def test_reap_requeues_an_idempotent_execution_of_a_dead_worker(
 ) -> None:
     exec_id = await running(ar, idempotent=True)
     r.set(jobs.in_progress_key(exec_id), b"1", px=MINUTE_MS)  # w1's arq lease on the job
-    channels = listen(WAKE, keys.events(exec_id))
+    r.zadd(QUEUE, {exec_id: redis_now_ms(r) + MINUTE_MS})  # where LEASE put it: the lease's end
+    r.delete(WAKE)
+    channels = listen(keys.events(exec_id))
     assert (await reap(ar, exec_id, "w1"))[0] == "requeued"
     assert state(r, exec_id)["state"] == "queued"
     assert not r.exists(jobs.in_progress_key(exec_id))  # another worker may take the job now
     assert not r.sismember(keys.running("w1"), exec_id)
     assert not r.exists(keys.record(exec_id))
     assert in_zset(r, keys.PENDING, exec_id)
-    assert received(channels) == [(WAKE, b"")]
+    assert r.zscore(QUEUE, exec_id) <= redis_now_ms(r)  # due again now, not when the lease would end
+    assert r.llen(WAKE) == 1 and received(channels) == []
     assert await claim(ar, exec_id, "w2") == ("run", 2)
 
 
@@ -538,7 +533,8 @@ async def test_reap_settles_a_non_idempotent_execution_uncertain(
 ) -> None:
     exec_id = await running(ar)
     r.set(jobs.in_progress_key(exec_id), b"1", px=MINUTE_MS)
-    wake, events = listen(WAKE), listen(keys.events(exec_id))
+    r.delete(WAKE)
+    events = listen(keys.events(exec_id))
     outcome, written = await reap(ar, exec_id, "w1")
     assert outcome == "uncertain"
     assert r.get(keys.record(exec_id)) == written
@@ -550,7 +546,7 @@ async def test_reap_settles_a_non_idempotent_execution_uncertain(
     assert not in_zset(r, keys.PENDING, exec_id)
     assert not r.sismember(keys.running("w1"), exec_id)
     assert event_names(events) == ["final"]
-    assert received(wake) == [(WAKE, b"")]
+    assert r.llen(WAKE) == 1  # the job is redelivered (and finds the record) rather than left waiting
     # The dead worker's late outcome is fenced out, and the re-delivered job never runs.
     assert await settle(ar, exec_id, 1, done_record(exec_id)) is False
     assert r.get(keys.record(exec_id)) == written
@@ -694,23 +690,47 @@ async def test_lease_takes_only_due_unleased_jobs_at_most_n_by_redis_clock(
                    "taken": now - 400})
     r.set(jobs.in_progress_key("taken"), b"other", px=MINUTE_MS)
 
+    r.set(jobs.job_key("due1"), b"job one")
+    r.set(jobs.retry_key("due2"), 4)
+
     async def take(n: int) -> list[tuple[str, int]]:
         got = await leases.take(QUEUE, most=n, lease_ms=5000, look_ahead=100)
         for lease in got:  # each lease's token is in arq's in-progress key and in the worker's hash
             assert lease.token.startswith("w1/") and lease.token.endswith(lease.job_id)
             assert r.get(jobs.in_progress_key(lease.job_id)) == lease.token.encode()
             assert r.hget(keys.leases("w1"), lease.job_id) == lease.token.encode()
-        return [(lease.job_id, lease.score) for lease in got]
+            # Its score is the lease's end now: the next scans for due jobs do not walk over it.
+            assert redis_now_ms(r) + 4000 < r.zscore(QUEUE, lease.job_id) <= redis_now_ms(r) + 5000
+            # arq's run counter, as arq's run_job would keep it.
+            assert int(r.get(jobs.retry_key(lease.job_id))) == lease.runs
+            assert 88000 < r.ttl(jobs.retry_key(lease.job_id)) <= 88400
+        return [(lease.job_id, lease.score, lease.job, lease.runs) for lease in got]
 
-    assert await take(2) == [("due1", now - 300), ("due2", now - 200)]
+    # Each with its arq job ('' when gone) and its count of runs.
+    assert await take(2) == [("due1", now - 300, b"job one", 1), ("due2", now - 200, b"", 5)]
     for job_id in ("due1", "due2"):
         assert 4000 < r.pttl(jobs.in_progress_key(job_id)) <= 5000
     assert not r.exists(jobs.in_progress_key("due3"), jobs.in_progress_key("later"))
     assert r.get(jobs.in_progress_key("taken")) == b"other"
     assert r.pttl(jobs.in_progress_key("taken")) > 5000
     # The next call takes what is left and due, and nothing twice.
-    assert await take(5) == [("due3", now - 100)]
+    assert await take(5) == [("due3", now - 100, b"", 1)]
     assert await take(5) == []
+
+
+async def test_a_lease_takes_the_wake_tokens_of_the_jobs_it_took(r: redis.Redis, ar: redis.asyncio.Redis) -> None:
+    """Tokens left for jobs already leased would each wake a worker for nothing: LEASE takes one
+    per job it leased, less the one its caller popped to wake up."""
+    for _ in range(3):
+        await submit(ar, new_id())
+    assert r.llen(WAKE) == 3
+    assert r.lpop(WAKE) is not None  # the BLPOP that woke this worker
+    assert len(await Leases(ar, "w1").take(QUEUE, most=2, lease_ms=MINUTE_MS, look_ahead=10, woken=True)) == 2
+    assert r.llen(WAKE) == 1  # for the one job still due
+    # A look without a token of its own (a slot freed, the fallback poll) takes the job's token.
+    assert len(await Leases(ar, "w2").take(QUEUE, most=2, lease_ms=MINUTE_MS, look_ahead=10)) == 1
+    assert r.llen(WAKE) == 0
+    assert await Leases(ar, "w3").take(QUEUE, most=2, lease_ms=MINUTE_MS, look_ahead=10) == []
 
 
 async def test_finish_ends_only_its_own_lease(r: redis.Redis, ar: redis.asyncio.Redis) -> None:
@@ -720,26 +740,53 @@ async def test_finish_ends_only_its_own_lease(r: redis.Redis, ar: redis.asyncio.
     leases = Leases(ar, "w1")
     got = {lease.job_id: lease for lease in await leases.take(QUEUE, most=3, lease_ms=MINUTE_MS, look_ahead=10)}
     assert set(got) == {done, retried, taken_away}
+    r.delete(WAKE)
     # Finished: the job is gone for good.
-    assert await leases.finish(QUEUE, done, got[done].token, finished=True, delay_ms=None) is True
-    assert not r.exists(jobs.job_key(done), jobs.in_progress_key(done))
+    assert await leases.finish(QUEUE, got[done], finished=True, delay_ms=None) is True
+    assert not r.exists(jobs.job_key(done), jobs.in_progress_key(done), jobs.retry_key(done))
     assert not in_zset(r, QUEUE, done)
-    # A retry: the job stays queued, later, and anyone may lease it.
-    score = r.zscore(QUEUE, retried)
-    assert await leases.finish(QUEUE, retried, got[retried].token, finished=False, delay_ms=1000) is True
+    assert r.llen(WAKE) == 0
+    # A retry: the job stays queued, later (from its score before the lease), and anyone may lease it.
+    assert await leases.finish(QUEUE, got[retried], finished=False, delay_ms=1000) is True
     assert r.exists(jobs.job_key(retried)) and not r.exists(jobs.in_progress_key(retried))
-    assert r.zscore(QUEUE, retried) == score + 1000
+    assert r.zscore(QUEUE, retried) == got[retried].score + 1000
+    assert r.llen(WAKE) == 0  # due later: the fallback poll finds it
     # The janitor gave this lease away and another worker leased the job: a late finish of the
     # old lease touches nothing.
     r.set(jobs.in_progress_key(taken_away), b"w2/new")
-    assert await leases.finish(QUEUE, taken_away, got[taken_away].token, finished=True, delay_ms=None) is False
+    assert await leases.finish(QUEUE, got[taken_away], finished=True, delay_ms=None) is False
     assert r.exists(jobs.job_key(taken_away)) and in_zset(r, QUEUE, taken_away)
     assert r.get(jobs.in_progress_key(taken_away)) == b"w2/new"
     assert r.hlen(keys.leases("w1")) == 0
 
 
+async def test_settle_with_the_lease_finishes_the_job_as_finish_would(r: redis.Redis, ar: redis.asyncio.Redis) -> None:
+    """SETTLE with the lease's token ends the lease too: no FINISH round trip after it. A lease
+    that is no longer this one's is left alone, as FINISH would leave it."""
+    mine, taken_away = new_id(), new_id()
+    for exec_id in (mine, taken_away):
+        await submit(ar, exec_id)
+    got = {lease.job_id: lease for lease in
+           await Leases(ar, "w1").take(QUEUE, most=2, lease_ms=MINUTE_MS, look_ahead=10)}
+    attempts = Attempts(ar, worker_id="w1", retention=RETENTION, queue=QUEUE)
+    for exec_id in (mine, taken_away):
+        assert (await attempts.claim(exec_id, "tally", max_attempts=3, lease=got[exec_id].token)).verdict == "run"
+    assert await attempts.settle(done_record(mine), exec_id=mine, attempt=1, lease=got[mine].token) is True
+    assert not r.exists(jobs.job_key(mine), jobs.in_progress_key(mine), jobs.retry_key(mine))
+    assert not in_zset(r, QUEUE, mine) and not r.hexists(keys.leases("w1"), mine)
+    # FINISH after it, as arq would call it, finds nothing left of the lease.
+    assert await Leases(ar, "w1").finish(QUEUE, got[mine], finished=True, delay_ms=None) is False
+    # Its lease ran out while it ran (a pause) and another worker leased the job since.
+    r.set(jobs.in_progress_key(taken_away), b"w2/new")
+    assert await attempts.settle(done_record(taken_away), exec_id=taken_away, attempt=1,
+                                 lease=got[taken_away].token) is True
+    assert r.get(jobs.in_progress_key(taken_away)) == b"w2/new"
+    assert r.exists(jobs.job_key(taken_away)) and in_zset(r, QUEUE, taken_away)
+    assert not r.hexists(keys.leases("w1"), taken_away)
+
+
 async def test_janitor_puts_back_jobs_a_dead_worker_leased_and_never_claimed(
-    r: redis.Redis, ar: redis.asyncio.Redis, listen: Any,
+    r: redis.Redis, ar: redis.asyncio.Redis,
 ) -> None:
     unclaimed, claimed, kept = new_id(), new_id(), new_id()
     for exec_id in (unclaimed, claimed):
@@ -750,13 +797,14 @@ async def test_janitor_puts_back_jobs_a_dead_worker_leased_and_never_claimed(
     await Leases(ar, "alive").take(QUEUE, most=1, lease_ms=MINUTE_MS, look_ahead=10)
     await heartbeat(ar, "dead", -10_000)
     await heartbeat(ar, "alive")
-    wake = listen(WAKE)
+    r.delete(WAKE)
     assert await sweep(ar) == [2]
     # Both of the dead worker's jobs can be leased again at once, and idle workers were woken.
     assert not r.exists(jobs.in_progress_key(unclaimed), jobs.in_progress_key(claimed))
     assert state(r, claimed)["state"] == "queued"
     assert r.hlen(keys.leases("dead")) == 0
-    assert wake.get_message(timeout=1)["channel"] == WAKE.encode()
+    assert r.llen(WAKE) == 2  # one token each
+    assert max(r.zscore(QUEUE, unclaimed), r.zscore(QUEUE, claimed)) <= redis_now_ms(r)
     # The live worker's lease is untouched.
     assert r.get(jobs.in_progress_key(kept)) == r.hget(keys.leases("alive"), kept)
     got = await Leases(ar, "w2").take(QUEUE, most=5, lease_ms=MINUTE_MS, look_ahead=10)
@@ -847,7 +895,8 @@ async def test_a_lease_taken_away_before_its_claim_claims_nothing(r: redis.Redis
     exec_id = new_id()
     await submit(ar, exec_id)
     [stale] = await Leases(ar, "w1").take(QUEUE, most=1, lease_ms=MINUTE_MS, look_ahead=10)
-    r.delete(jobs.in_progress_key(exec_id))  # what JANITOR_SCAN does for a dead worker's lease
+    r.delete(jobs.in_progress_key(exec_id))  # what JANITOR_SCAN does for a dead worker's lease:
+    r.zadd(QUEUE, {exec_id: 0}, xx=True)  # and the job is due again
     [fresh] = await Leases(ar, "w2").take(QUEUE, most=1, lease_ms=MINUTE_MS, look_ahead=10)
     running = await Attempts(ar, worker_id="w2", retention=RETENTION).claim(exec_id, "tally", max_attempts=3,
                                                                             lease=fresh.token)
@@ -887,7 +936,7 @@ async def test_reap_of_an_idempotent_execution_whose_job_is_gone_settles_it(
 
 
 async def test_heartbeat_releases_a_lease_its_worker_never_heard_of(
-    r: redis.Redis, ar: redis.asyncio.Redis, listen: Any,
+    r: redis.Redis, ar: redis.asyncio.Redis,
 ) -> None:
     """A LEASE whose reply was lost with the connection: the job is leased to a live worker that
     does not know it. Two heartbeats later it is free again, not when the lease expires."""
@@ -899,11 +948,11 @@ async def test_heartbeat_releases_a_lease_its_worker_never_heard_of(
     first = await heartbeat(ar, "w1", claims=Claims(jobs=[known]))
     assert first.orphans == [Orphan(unknown, leases[unknown].token)]
     assert r.exists(jobs.in_progress_key(unknown))  # one beat is not enough: its reply may be on its way
-    wake = listen(WAKE)
+    r.delete(WAKE)
     second = await heartbeat(ar, "w1", claims=Claims(jobs=[known], release=first.orphans))
     assert second.orphans == []
     assert not r.exists(jobs.in_progress_key(unknown)) and not r.hexists(keys.leases("w1"), unknown)
-    assert wake.get_message(timeout=1)["channel"] == WAKE.encode()
+    assert r.llen(WAKE) == 1 and r.zscore(QUEUE, unknown) <= redis_now_ms(r)  # due again now
     assert r.get(jobs.in_progress_key(known)) == leases[known].token.encode()
     # A lease that the worker has by the second beat (its reply came late) is kept.
     late = new_id()

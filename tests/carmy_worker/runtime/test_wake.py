@@ -1,0 +1,175 @@
+"""How workers wait for jobs: one job wakes one idle worker (a token on the queue's wake list,
+popped by one BLPOP), a worker blocked there still stops at once on SIGTERM, and a job runs
+under arq's run_job with three round trips of its own (LEASE, CLAIM, SETTLE: here the
+handler stands for the last two)."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+import pytest
+import redis
+
+from carmy_worker.runtime import queue
+from carmy_worker.store import jobs, keys, records
+from carmy_worker.store.attempts import Attempts
+from carmy_worker.store.submit import Submit
+from carmy_worker.wire import ExecutionJob, job_decoder
+from tests.support import RedisServer
+
+GROUP = "wake-test"
+QUEUE = jobs.queue_name(GROUP)
+WAKE = jobs.wake_list(QUEUE)
+# So long that only a token (or a freed slot) makes a worker look: a fallback poll would blur
+# what the tests count, and a worker that waited it out before stopping would fail them.
+NEVER_S = 600.0
+
+
+@dataclass
+class Pool:
+    """Workers on one queue, each with its LEASE calls counted."""
+
+    workers: list[queue.WakeableWorker] = field(default_factory=list)
+    leases: dict[str, int] = field(default_factory=dict)
+    runs: list[tuple[str, bytes]] = field(default_factory=list)
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+
+def blocked(r: redis.Redis) -> int:
+    """Connections blocked in BLPOP right now."""
+    return sum(1 for c in r.client_list() if c["cmd"] == "blpop" and "b" in c["flags"])
+
+
+async def until(condition: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not condition():
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+@asynccontextmanager
+async def pool_of(url: str, n: int, handler: Callable[[str, bytes, str], Awaitable[bool | None]],
+                  concurrency: int = 2) -> AsyncIterator[Pool]:
+    pool = Pool()
+    clients = []
+    for i in range(n):
+        worker_id = f"w{i}"
+        client = queue.connect(url)
+        clients.append(client)
+
+        async def handle(payload: bytes, lease: str, worker_id: str = worker_id) -> bool | None:
+            pool.runs.append((worker_id, payload))
+            return await handler(worker_id, payload, lease)
+
+        worker = queue.build_worker(handle, pool=client, worker_id=worker_id, group=GROUP,
+                                    concurrency=concurrency, max_timeout=5, drain_seconds=5)
+        worker.poll_delay_s = NEVER_S
+        take = worker.leases.take
+        pool.leases[worker_id] = 0
+
+        async def counted(*args: object, worker_id: str = worker_id, take: object = take, **kwargs: object) -> object:
+            pool.leases[worker_id] += 1
+            return await take(*args, **kwargs)  # type: ignore[operator]
+
+        worker.leases.take = counted  # type: ignore[method-assign]
+        pool.workers.append(worker)
+        pool.tasks.append(asyncio.create_task(worker.async_run()))
+    try:
+        yield pool
+    finally:
+        for worker in pool.workers:
+            worker.handle_sig(signal.SIGTERM)
+        await asyncio.gather(*pool.tasks, return_exceptions=True)
+        for worker in pool.workers:
+            await worker.close()
+
+
+async def submit(url: str, exec_id: str) -> None:
+    client = redis.asyncio.Redis.from_url(url)
+    job = ExecutionJob(execution_id=exec_id, tool="noop", arguments=b"{}")
+    got = await Submit(client, retention=600)(job, queue=QUEUE, idempotent=True, workers_alive=True,
+                                              max_pending=100, queue_wait_ms=60_000, admission_ms=60_000)
+    assert got.kind == "new"
+    await client.aclose()
+
+
+@pytest.fixture
+def r(sync_redis: redis.Redis) -> redis.Redis:
+    sync_redis.flushall()
+    return sync_redis
+
+
+async def test_one_job_wakes_exactly_one_worker(r: redis.Redis, redis_server: RedisServer) -> None:
+    async def handler(worker_id: str, payload: bytes, lease: str) -> None:
+        return None
+
+    async with pool_of(redis_server.url, 3, handler) as pool:
+        await until(lambda: blocked(r) == 3, "three idle workers blocked on the wake list")
+        for worker_id in pool.leases:  # each looked once as it started
+            pool.leases[worker_id] = 0
+        exec_id = keys.new_execution_id()
+        await submit(redis_server.url, exec_id)
+        await until(lambda: len(pool.runs) == 1 and not r.exists(jobs.job_key(exec_id)), "the job to run and end")
+        await until(lambda: blocked(r) == 3, "all three waiting again")
+        # One worker popped the one token and looked; the other two never woke.
+        assert sorted(pool.leases.values()) == [0, 0, 1]
+        assert r.llen(WAKE) == 0
+        assert job_decoder.decode(pool.runs[0][1]).execution_id == exec_id
+        # arq's FINISH ended the lease (the handler did not settle it): nothing is left of the job.
+        assert r.zcard(QUEUE) == 0 and not r.exists(jobs.in_progress_key(exec_id), jobs.retry_key(exec_id))
+
+
+async def test_a_settle_that_ended_the_lease_leaves_arq_nothing_to_finish(
+    r: redis.Redis, redis_server: RedisServer,
+) -> None:
+    """The handler's SETTLE ends the lease (it says so by returning True): arq's finish_job then
+    makes no round trip. The job was read from LEASE's reply, not by arq's pipeline."""
+    client = redis.asyncio.Redis.from_url(redis_server.url)
+
+    async def handler(worker_id: str, payload: bytes, lease: str) -> bool:
+        exec_id = job_decoder.decode(payload).execution_id
+        attempts = Attempts(client, worker_id=worker_id, retention=600, queue=QUEUE)
+        claim = await attempts.claim(exec_id, "noop", max_attempts=3, lease=lease)
+        assert claim.verdict == "run"
+        record = records.completed(exec_id, "noop", b"{}", cacheable=False, duration_ms=1)
+        return await attempts.settle(record, exec_id=exec_id, attempt=claim.attempt, lease=lease)
+
+    async with pool_of(redis_server.url, 1, handler) as pool:
+        await until(lambda: blocked(r) == 1, "the worker blocked on the wake list")
+        exec_id = keys.new_execution_id()
+        r.config_resetstat()
+        await submit(redis_server.url, exec_id)
+        await until(lambda: r.exists(keys.record(exec_id)) == 1 and blocked(r) == 1
+                    and all(t.done() for t in pool.workers[0].tasks.values()),
+                    "the job to be settled and the worker idle again")
+        stats = r.info("commandstats")
+        # SUBMIT, LEASE, CLAIM, SETTLE: four scripts; no FINISH, and no arq pipeline (MULTI/EXEC).
+        # (A script's first call fails with NOSCRIPT and is loaded: those failures are not calls.)
+        assert stats["cmdstat_evalsha"]["calls"] - stats["cmdstat_evalsha"]["failed_calls"] == 4
+        assert "cmdstat_multi" not in stats and "cmdstat_exec" not in stats
+        assert r.zcard(QUEUE) == 0 and r.hlen(keys.leases("w0")) == 0
+        assert not r.exists(jobs.job_key(exec_id), jobs.in_progress_key(exec_id), jobs.retry_key(exec_id))
+    await client.aclose()
+
+
+async def test_a_worker_blocked_on_the_wake_list_stops_at_once_on_sigterm(
+    r: redis.Redis, redis_server: RedisServer,
+) -> None:
+    async def handler(worker_id: str, payload: bytes, lease: str) -> None:
+        return None
+
+    async with pool_of(redis_server.url, 1, handler) as pool:
+        await until(lambda: blocked(r) == 1, "the worker blocked on the wake list")
+        worker, task = pool.workers[0], pool.tasks[0]
+        worker.handle_sig_wait_for_completion(signal.SIGTERM)  # what arq's SIGTERM handler calls
+        # Its BLPOP would only time out after NEVER_S: the drain does not wait for it.
+        done, _ = await asyncio.wait([task], timeout=30)
+        assert done == {task} and task.cancelled()  # arq ends its main task by cancelling it
+        # Its own connection is closed, not left blocked.
+        await until(lambda: blocked(r) == 0, "the BLPOP connection to go")
