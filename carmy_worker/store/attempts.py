@@ -9,6 +9,7 @@ from msgspec import Struct
 from redis.asyncio import Redis
 
 from carmy_worker.store import jobs, keys, metrics
+from carmy_worker.store.batch import Batch, batched
 from carmy_worker.store.durable import Durability, durable
 from carmy_worker.store.lua import EMIT, NOW, text
 from carmy_worker.store.metrics import LUA_COUNT, LUA_OBSERVE
@@ -101,8 +102,10 @@ class Attempts:
 
     def __init__(self, redis: Redis, *, worker_id: str, retention: int, durability: Durability | None = None,
                  queue: str = "") -> None:
-        self._claim = durable(redis.register_script(CLAIM), durability)
-        self._settle = durable(redis.register_script(SETTLE), durability)
+        # Under load a worker claims and settles several executions at once: one write for them all.
+        batch = Batch(redis)
+        self._claim = batched(durable(redis.register_script(CLAIM), durability), batch)
+        self._settle = batched(durable(redis.register_script(SETTLE), durability), batch)
         self._holds = redis.register_script(HOLDS)
         self.worker_id = worker_id
         self.retention = retention

@@ -19,6 +19,7 @@ from redis.exceptions import ConnectionError, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from carmy_worker.store.patience import LoopClock
+from carmy_worker.store.pubsub import raise_if_cancelled
 
 
 class StoreUnreachable(ConnectionError):
@@ -106,6 +107,8 @@ class StorePool(BlockingConnectionPool):
                     await self.ensure_connection(connection)
                     break
                 except RedisTimeoutError as exc:
+                    # redis-py may turn the caller's cancellation into a timeout: never retry that.
+                    raise_if_cancelled(exc)
                     # A timeout the loop's lateness made (the reply was there, the timer ran
                     # first) is tried again, within the caller's patience.
                     now, patience = self._clock.now(), math.inf if self.timeout is None else self.timeout

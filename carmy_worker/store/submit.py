@@ -10,6 +10,7 @@ from msgspec import Struct
 from redis.asyncio import Redis
 
 from carmy_worker.store import jobs, keys
+from carmy_worker.store.batch import Batch, batched
 from carmy_worker.store.durable import Durability, durable
 from carmy_worker.store.lua import NOW, text
 from carmy_worker.wire import ExecutionJob, Record, msgpack_encoder, record_decoder
@@ -73,7 +74,8 @@ class Submit:
     """SUBMIT on one client, with the store-wide retention."""
 
     def __init__(self, redis: Redis, *, retention: int, durability: Durability | None = None) -> None:
-        self._script = durable(redis.register_script(SUBMIT), durability)
+        # An API process under load submits many clients' calls at once: one write for them all.
+        self._script = batched(durable(redis.register_script(SUBMIT), durability), Batch(redis))
         self.retention = retention
 
     async def __call__(

@@ -5,24 +5,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator
 
 import pytest
 import redis
 import redis.asyncio
 
 from carmy_worker.store.durable import Durability, DurableScript, durable
-from tests.support import RedisServer
 
 SCRIPT = "redis.call('INCR', KEYS[1]); return redis.call('GET', KEYS[1])"
-
-
-@pytest.fixture
-async def ar(sync_redis: redis.Redis, redis_server: RedisServer) -> AsyncIterator[redis.asyncio.Redis]:
-    sync_redis.flushall()
-    client = redis.asyncio.Redis.from_url(redis_server.url)
-    yield client
-    await client.aclose()
 
 
 async def test_no_replica_asked_for_is_the_script_itself(ar: redis.asyncio.Redis) -> None:

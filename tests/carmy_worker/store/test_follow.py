@@ -5,7 +5,7 @@ submitted without a reply channel (by an API of before) on its own channel, as t
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 
 import pytest
 import redis
@@ -18,18 +18,9 @@ from carmy_worker.store.follow import Join
 from carmy_worker.store.submit import Submit
 from carmy_worker.store.verdicts import Verdicts
 from carmy_worker.wire import ExecutionJob, completed_event, event_decoder, json_encoder
-from tests.support import RedisServer
 
 RETENTION = 600
 API_A, API_B = keys.api_channel("a"), keys.api_channel("b")
-
-
-@pytest.fixture
-async def ar(sync_redis: redis.Redis, redis_server: RedisServer) -> AsyncIterator[redis.asyncio.Redis]:
-    sync_redis.flushall()
-    client = redis.asyncio.Redis.from_url(redis_server.url)
-    yield client
-    await client.aclose()
 
 
 @pytest.fixture
