@@ -3,8 +3,6 @@ nothing written on a refusal, and the principal's slot freed exactly when the gl
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import pytest
 import redis
 import redis.asyncio
@@ -25,7 +23,6 @@ from tests.carmy_worker.store.test_scripts import (
     redis_now_ms,
     settle,
 )
-from tests.support import RedisServer
 
 OWNER = keys.owner(PRINCIPAL)
 HELD = keys.quota_pending(OWNER)
@@ -33,16 +30,9 @@ BUCKET = keys.quota_bucket(OWNER)
 
 
 @pytest.fixture
-def r(sync_redis: redis.Redis) -> redis.Redis:
-    sync_redis.flushall()
+def r(sync_redis: redis.Redis, ar: redis.asyncio.Redis) -> redis.Redis:
+    """Observes what the scripts left (``ar``, the store's fixture, emptied Redis first)."""
     return sync_redis
-
-
-@pytest.fixture
-async def ar(r: redis.Redis, redis_server: RedisServer) -> AsyncIterator[redis.asyncio.Redis]:
-    client = redis.asyncio.Redis.from_url(redis_server.url)
-    yield client
-    await client.aclose()
 
 
 async def submit(ar: redis.asyncio.Redis, exec_id: str, quota: Quota, *, request_id: str | None = None,
