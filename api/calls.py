@@ -79,7 +79,7 @@ class Calls:
                 exec_id=exec_id, tool=tool, arguments=canonical_json_encoder.encode(arguments),
                 request_id=request_id, agent=agent, reply=self.hub.channel, stream=follow and stream,
                 traceparent=traceparent)
-            if sub.kind in ("conflict", "full", "no_workers"):
+            if sub.kind in ("conflict", "full", "limited", "no_workers"):
                 raise Rejected(refusal(sub, tool.spec.name))
             if sub.kind == "new":
                 yield Started(exec_id, messages, None, owner=True)

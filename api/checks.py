@@ -94,7 +94,7 @@ def _reason(problem: jsonschema_rs.ValidationError) -> str:
 
 
 def refusal(sub: Submission, name: str) -> ErrorBody:
-    """The error of a submission Redis did not accept (conflict, queue full, no workers)."""
+    """The error of a submission Redis did not accept (conflict, quota, queue full, no workers)."""
     if sub.kind == "conflict":
         return error(
             "IDEMPOTENCY_CONFLICT",
@@ -102,7 +102,21 @@ def refusal(sub: Submission, name: str) -> ErrorBody:
             suggested_action="use a new request_id for a different call",
             details={"execution_id": sub.execution_id},
         )
+    if sub.kind == "limited":
+        return rate_limited(sub)
     if sub.kind == "full":
         return error("QUEUE_FULL", f"Too many executions in progress ({sub.pending}); try again shortly.",
                      retry_after=1)
     return error("NO_WORKERS", f"No live worker serves {name} right now.", retry_after=2)
+
+
+def rate_limited(sub: Submission) -> ErrorBody:
+    """The caller's own quota refused it: ``retry_after`` is when it would be admitted again (the
+    rate's bucket), in whole seconds rounded up; a pending limit frees when one of its executions
+    ends, which nobody can foretell: 1 s, as ``QUEUE_FULL``."""
+    retry_after = max(1, -(-sub.retry_after_ms // 1000))
+    if sub.limit == "pending":
+        message = f"This caller already has {sub.pending} executions in progress, its limit; try again shortly."
+    else:
+        message = f"This caller is starting executions faster than its rate allows; try again in {retry_after} s."
+    return error("RATE_LIMITED", message, retry_after=retry_after, details={"limit": sub.limit})

@@ -79,6 +79,7 @@ class Executions:
             job, queue=jobs.queue_name(tool.groups[0] if tool.groups else ""), idempotent=tool.spec.idempotent,
             workers_alive=bool(tool.groups), max_pending=self.settings.max_pending, queue_wait_ms=queue_wait_ms,
             admission_ms=queue_wait_ms + int((tool.timeout + ADMISSION_GRACE_S) * 1000), reply=reply, stream=stream,
+            quota=self.settings.quotas.of(agent.principal),
         )
 
     async def join(self, exec_id: str, tool: str, *, channel: str, stream: bool) -> Joined:

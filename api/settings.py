@@ -10,6 +10,7 @@ import msgspec
 from msgspec import Struct
 
 from api.oauth.settings import OAuthSettings, oauth_from_env
+from api.quotas import Quotas, quotas_from_env
 from carmy_worker.settings import (
     DEFAULT_REDIS_URL,
     SettingsError,
@@ -61,6 +62,7 @@ class ApiSettings(Struct, frozen=True, kw_only=True):
     api_keys: dict[str, ApiKey] | None = None  # token -> key; None: no authentication
     oauth: OAuthSettings | None = None  # access tokens of one issuer, besides (or instead of) API keys
     max_pending: int = 1000  # queued-or-running executions, across all API processes
+    quotas: Quotas = Quotas()  # each principal's own limits (api/quotas.py); none by default
     retention: int = 86400  # seconds final records and idempotency records are kept
     queue_timeout: float = 60.0  # seconds an execution may wait for a worker before it is dropped
     max_body: int = 1_048_576
@@ -98,6 +100,7 @@ class ApiSettings(Struct, frozen=True, kw_only=True):
             api_keys=parse_api_keys(env.get("CARMY_API_KEYS")),
             oauth=oauth_from_env(env),
             max_pending=env_int(env, "CARMY_MAX_PENDING", 1000),
+            quotas=quotas_from_env(env),
             retention=env_int(env, "CARMY_RETENTION", 86400),
             queue_timeout=env_float(env, "CARMY_QUEUE_TIMEOUT", 60.0),
             header_timeout=env_float(env, "CARMY_HEADER_TIMEOUT", 15.0),

@@ -33,6 +33,7 @@ STATUS_BY_CATEGORY: Final[dict[str, int]] = {
 # Codes whose HTTP status is not the one of their category.
 STATUS_BY_CODE: Final[dict[str, int]] = {
     "PAYLOAD_TOO_LARGE": 413, "UNAUTHENTICATED": 401, "BODY_TIMEOUT": 408, "UNSUPPORTED_MEDIA_TYPE": 415,
+    "RATE_LIMITED": 429,
 }
 
 MAY_HAVE_COMMITTED = "External effects of the tool may have committed."
@@ -59,6 +60,7 @@ ErrorCode = Literal[
     "CANCELLED",
     "TOOL_PANIC",
     "QUEUE_FULL",
+    "RATE_LIMITED",
     "NO_WORKERS",
     "STORE_UNAVAILABLE",
 ]
@@ -85,12 +87,15 @@ CATEGORY: Final[dict[str, Category]] = {
     "CANCELLED": "cancelled",
     "TOOL_PANIC": "internal",
     "QUEUE_FULL": "capacity",
+    "RATE_LIMITED": "capacity",
     "NO_WORKERS": "capacity",
     "STORE_UNAVAILABLE": "capacity",
 }
 
 # Codes an agent may simply try again (after ``retry_after`` when given).
-RETRYABLE: Final[frozenset[str]] = frozenset({"QUEUE_FULL", "NO_WORKERS", "STORE_UNAVAILABLE", "AUTH_UNAVAILABLE"})
+RETRYABLE: Final[frozenset[str]] = frozenset({
+    "QUEUE_FULL", "RATE_LIMITED", "NO_WORKERS", "STORE_UNAVAILABLE", "AUTH_UNAVAILABLE",
+})
 # Codes an agent can recover from by changing something (its request, or waiting).
 RECOVERABLE: Final[frozenset[str]] = RETRYABLE | {
     "INVALID_REQUEST",

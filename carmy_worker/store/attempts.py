@@ -41,7 +41,8 @@ if attempt == 1 then observe('queue_wait', ARGV[6], waited) end
 return {'run', attempt, waited}
 """
 
-# A worker writes the record of its attempt: only if none exists and it still owns the
+# A worker writes the record of its attempt, and frees its admission slot (and its principal's:
+# the set the hash names in `quota`, store/quota.py): only if none exists and it still owns the
 # current attempt, not reaped, on this worker (a paused worker waking up late finds another
 # attempt, or its own put back in the queue by the janitor, and writes nothing; the worker
 # check keeps two claims of the same number apart, after a Redis crash lost the first).
@@ -54,12 +55,13 @@ return {'run', attempt, waited}
 #       lease token or ''
 SETTLE = NOW + LUA_COUNT + LUA_OBSERVE + EMIT + """
 if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
-local h = redis.call('HMGET', KEYS[1], 'attempt', 'reaped', 'worker')
+local h = redis.call('HMGET', KEYS[1], 'attempt', 'reaped', 'worker', 'quota')
 if h[1] ~= ARGV[2] or h[2] == ARGV[2] then return 0 end
 if ARGV[11] ~= '' and h[3] ~= ARGV[11] then return 0 end
 redis.call('SET', KEYS[2], ARGV[3], 'EX', tonumber(ARGV[4]))
 redis.call('HSET', KEYS[1], 'state', 'done', 'ended_at', now)
 redis.call('ZREM', KEYS[3], ARGV[1])
+if h[4] then redis.call('ZREM', h[4], ARGV[1]) end
 redis.call('SREM', KEYS[4], ARGV[1])
 redis.call('ZREM', KEYS[5], ARGV[1])
 if ARGV[7] ~= '' then emit(KEYS[1], ARGV[1], ARGV[5], ARGV[7], false) end

@@ -91,6 +91,17 @@ def owner(principal: str | None) -> str:
     return _digest(principal)[:32]
 
 
+def quota_pending(owner: str) -> str:
+    """Zset of one principal's pending executions (exec_id -> admission deadline, ms), by its
+    ``owner`` hash: the part of ``PENDING`` its quota counts (store/quota.py)."""
+    return f"{PREFIX}quota:pending:{owner}"
+
+
+def quota_bucket(owner: str) -> str:
+    """One principal's token bucket, by its ``owner`` hash: the µs instant it is full again."""
+    return f"{PREFIX}quota:bucket:{owner}"
+
+
 def fingerprint(tool: str, canonical_arguments: bytes) -> str:
     """Same tool and same arguments (canonical JSON) give the same fingerprint."""
     return hashlib.sha256(tool.encode() + b"\0" + canonical_arguments).hexdigest()

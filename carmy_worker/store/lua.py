@@ -40,7 +40,8 @@ end
 """
 
 # Writes a record in place of whoever holds the execution (the janitor, a cancel): bumping the
-# attempt fences out a late writer of the old one.
+# attempt fences out a late writer of the old one. It frees the execution's admission slot, and
+# its principal's (the pending set its hash names in `quota`: store/quota.py), as SETTLE does.
 IMPOSE = LUA_COUNT + EMIT + """
 local function impose(exe, rec, pending, exec_id, stored, retention, channel, final, label)
   local t = redis.call('TIME')
@@ -48,6 +49,8 @@ local function impose(exe, rec, pending, exec_id, stored, retention, channel, fi
   redis.call('SET', rec, stored, 'EX', tonumber(retention))
   redis.call('HSET', exe, 'state', 'done', 'ended_at', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
   redis.call('ZREM', pending, exec_id)
+  local quota = redis.call('HGET', exe, 'quota')
+  if quota then redis.call('ZREM', quota, exec_id) end
   emit(exe, exec_id, channel, final, true)
   count(label)
 end

@@ -13,15 +13,20 @@ from carmy_worker.store import jobs, keys
 from carmy_worker.store.batch import Batch, batched
 from carmy_worker.store.durable import Durability, durable
 from carmy_worker.store.lua import NOW, text
+from carmy_worker.store.quota import NO_QUOTA, QUOTA, Quota
 from carmy_worker.wire import ExecutionJob, Record, msgpack_encoder, record_decoder
 
-# KEYS: exe, pending, queued, arq job, arq queue, [idempotency]
+# KEYS: exe, pending, queued, arq job, arq queue, principal's pending set, principal's bucket,
+#       [idempotency]
 # ARGV: exec_id, fingerprint, arq job bytes, retention s, max pending, admission deadline ms,
 #       queue wait ms, workers alive (1/0), tool, owner, idempotent (1/0), record prefix, wake list,
-#       reply channel ('' for the execution's own channel: lua.EMIT), '1' if the caller streams
-SUBMIT = NOW + jobs.WAKE_ONE + """
-if #KEYS == 6 then
-  local held = redis.call('GET', KEYS[6])
+#       reply channel ('' for the execution's own channel: lua.EMIT), '1' if the caller streams,
+#       the principal's pending limit (0: none), its bucket's interval and tolerance (µs; 0: no rate)
+# A request id seen before is answered (replay, join, conflict) before any limit: a retry of an
+# accepted call always gets its answer, and is never charged.
+SUBMIT = NOW + jobs.WAKE_ONE + QUOTA + """
+if #KEYS == 8 then
+  local held = redis.call('GET', KEYS[8])
   if held then
     local sep = string.find(held, ' ', 1, true)
     local other = string.sub(held, 1, sep - 1)
@@ -32,12 +37,18 @@ if #KEYS == 6 then
   end
 end
 if ARGV[8] ~= '1' then return {'no_workers'} end
+local limit, interval = tonumber(ARGV[16]), tonumber(ARGV[17])
+local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+if limit > 0 or interval > 0 then
+  local refused = quota_refusal(KEYS[6], KEYS[7], limit, interval, tonumber(ARGV[18]), now, now_us)
+  if refused then return refused end
+end
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
 local pending = redis.call('ZCARD', KEYS[2])
 if pending >= tonumber(ARGV[5]) then return {'full', tostring(pending)} end
 local retention = tonumber(ARGV[4])
-if #KEYS == 6 then
-  redis.call('SET', KEYS[6], ARGV[1] .. ' ' .. ARGV[2], 'EX', retention)
+if #KEYS == 8 then
+  redis.call('SET', KEYS[8], ARGV[1] .. ' ' .. ARGV[2], 'EX', retention)
 end
 local start_by = now + tonumber(ARGV[7])
 redis.call('HSET', KEYS[1], 'tool', ARGV[9], 'owner', ARGV[10], 'idem', ARGV[11],
@@ -45,6 +56,9 @@ redis.call('HSET', KEYS[1], 'tool', ARGV[9], 'owner', ARGV[10], 'idem', ARGV[11]
 if ARGV[14] ~= '' then redis.call('HSET', KEYS[1], 'reply', ARGV[14], 'stream', ARGV[15]) end
 redis.call('EXPIRE', KEYS[1], retention)
 redis.call('ZADD', KEYS[2], now + tonumber(ARGV[6]), ARGV[1])
+if limit > 0 or interval > 0 then
+  quota_charge(KEYS[1], ARGV[1], KEYS[6], KEYS[7], limit, interval, now_us, now + tonumber(ARGV[6]), tonumber(ARGV[6]))
+end
 redis.call('ZADD', KEYS[3], start_by, ARGV[1])
 redis.call('SET', KEYS[4], ARGV[3], 'EX', retention)
 redis.call('ZADD', KEYS[5], now, ARGV[1])
@@ -52,7 +66,7 @@ wake_one(ARGV[13])
 return {'new', ARGV[1]}
 """
 
-SubmitKind = Literal["new", "join", "replay", "conflict", "full", "no_workers"]
+SubmitKind = Literal["new", "join", "replay", "conflict", "full", "limited", "no_workers"]
 
 
 class Submission(Struct):
@@ -61,13 +75,17 @@ class Submission(Struct):
     ``new``: queued as ``execution_id``. With a request id seen before: ``replay`` (finished,
     ``record`` set), ``join`` (still running as ``execution_id``) or ``conflict`` (other tool or
     arguments; ``execution_id`` is the first one). Refused, with nothing written: ``full``
-    (``pending`` executions already admitted) or ``no_workers``.
+    (``pending`` executions already admitted), ``limited`` (the principal's quota: ``limit`` is
+    ``pending``, with ``pending`` of its executions held, or ``rate``; try again after
+    ``retry_after_ms``) or ``no_workers``.
     """
 
     kind: SubmitKind
     execution_id: str = ""
     record: Record | None = None
     pending: int = 0
+    limit: str = ""
+    retry_after_ms: int = 0
 
 
 class Submit:
@@ -80,7 +98,7 @@ class Submit:
 
     async def __call__(
         self, job: ExecutionJob, *, queue: str, idempotent: bool, workers_alive: bool, max_pending: int,
-        queue_wait_ms: int, admission_ms: int, reply: str = "", stream: bool = True,
+        queue_wait_ms: int, admission_ms: int, reply: str = "", stream: bool = True, quota: Quota = NO_QUOTA,
     ) -> Submission:
         """Queue ``job`` on ``queue`` unless its request id was seen or admission refuses it.
 
@@ -88,21 +106,27 @@ class Submit:
         worker ``queue_wait_ms``; its admission slot is held at most ``admission_ms``. Its events
         go to ``reply`` (an API process's channel: ``keys.api_channel``), every event if
         ``stream`` else only the final one; without ``reply``, every event goes to its own
-        channel (``keys.events``).
+        channel (``keys.events``). ``quota``: the limits of ``job.principal``, checked and charged
+        in the same round trip as the global ``max_pending``.
         """
-        exec_id = job.execution_id
-        redis_keys = [keys.execution(exec_id), keys.PENDING, keys.QUEUED, jobs.job_key(exec_id), queue]
+        exec_id, owner = job.execution_id, keys.owner(job.principal)
+        redis_keys = [keys.execution(exec_id), keys.PENDING, keys.QUEUED, jobs.job_key(exec_id), queue,
+                      keys.quota_pending(owner), keys.quota_bucket(owner)]
         if job.request_id is not None:
             redis_keys.append(keys.idempotency(job.principal, job.session, job.request_id))
         arq_job = jobs.encode_job(msgpack_encoder.encode(job), int(time.time() * 1000))
         answer = await self._script(keys=redis_keys, args=[
             exec_id, keys.fingerprint(job.tool, job.arguments), arq_job, self.retention, max_pending, admission_ms,
-            queue_wait_ms, 1 if workers_alive else 0, job.tool, keys.owner(job.principal), 1 if idempotent else 0,
+            queue_wait_ms, 1 if workers_alive else 0, job.tool, owner, 1 if idempotent else 0,
             keys.RECORD_PREFIX, jobs.wake_list(queue), reply, "1" if stream else "",
+            quota.pending, quota.interval_us(), quota.tolerance_us(),
         ])
         kind = text(answer[0])
         if kind == "replay":
             return Submission("replay", text(answer[1]), record_decoder.decode(answer[2]))
         if kind == "full":
             return Submission("full", pending=int(answer[1]))
+        if kind == "limited":
+            return Submission("limited", pending=int(answer[3]), limit=text(answer[1]),
+                              retry_after_ms=int(answer[2]))
         return Submission(cast("SubmitKind", kind), text(answer[1]) if len(answer) > 1 else "")

@@ -27,9 +27,11 @@ from starlette.applications import Starlette
 
 from api.app import create_app
 from api.mcp.cancel import CallRegistry
+from api.quotas import Quotas
 from api.settings import ApiKey, ApiSettings
 from carmy_worker.sdk.context import AgentContext
 from carmy_worker.store import keys
+from carmy_worker.store.quota import Quota
 from tests import raw
 from tests.support import Stack, serving
 
@@ -558,3 +560,24 @@ async def test_recoverable_codes(url: str, name: str, arguments: dict[str, Any],
     async with connect(url) as client:
         err = error_of(await client.call_tool(name, arguments, meta=meta))
     assert (err["code"], err["recoverable"], err["retryable"]) == (code, True, False)
+
+
+async def test_rate_limited_is_an_error_result(stack: Stack, url: str) -> None:
+    """A quota's refusal over MCP: an error result saying when to send the very same call again;
+    a retry of the call it accepted still replays, uncharged."""
+    token = "quota-token-0123456789"
+    settings = ApiSettings(redis_url=stack.redis_url, api_keys={token: ApiKey(principal="mcp-quota")},
+                           quotas=Quotas(default=Quota(rate=0.01, burst=1)))  # one call per 100 s
+    first_meta: Any = {"carmy/request_id": "mcp-quota-1"}
+    with serving_mcp(create_app(settings)) as quota_url:
+        async with connect(quota_url, token=token) as client:
+            first = await client.call_tool("echo", {"text": "a"}, meta=first_meta)
+            refused = await client.call_tool("echo", {"text": "b"}, meta={"carmy/request_id": "mcp-quota-2"})
+            again = await client.call_tool("echo", {"text": "a"}, meta=first_meta)
+    assert not first.is_error and not again.is_error
+    assert again.meta is not None and again.meta["carmy/replayed"] is True
+    err = error_of(refused)
+    assert err["code"] == "RATE_LIMITED" and err["retryable"] is True and err["details"] == {"limit": "rate"}
+    assert 90 <= err["retry_after"] <= 100
+    assert next_actions(refused) == [
+        {"action": "retry", "tool": "echo", "same_request_id": True, "after_ms": err["retry_after"] * 1000}]

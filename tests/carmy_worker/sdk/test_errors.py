@@ -37,6 +37,7 @@ TABLE: dict[str, tuple[str, int, bool, bool]] = {
     "CANCELLED": ("cancelled", 408, False, True),
     "TOOL_PANIC": ("internal", 500, False, False),
     "QUEUE_FULL": ("capacity", 503, True, True),
+    "RATE_LIMITED": ("capacity", 429, True, True),
     "NO_WORKERS": ("capacity", 503, True, True),
     "STORE_UNAVAILABLE": ("capacity", 503, True, True),
 }
@@ -77,6 +78,7 @@ def test_special_statuses() -> None:
     assert http_status(error("UNAUTHENTICATED", "who are you")) == 401
     assert http_status(error("BODY_TIMEOUT", "too slow")) == 408
     assert http_status(error("UNSUPPORTED_MEDIA_TYPE", "send JSON")) == 415
+    assert http_status(error("RATE_LIMITED", "slow down")) == 429
 
 
 def test_internal_codes_are_not_recoverable() -> None:

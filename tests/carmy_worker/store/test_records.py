@@ -56,6 +56,8 @@ def test_next_actions_of_records(record: Record, expected: list[dict[str, Any]])
      [{"action": "retry", "tool": "t", "same_request_id": True, "after_ms": 1000}]),
     (error("NO_WORKERS", "none", retry_after=2),
      [{"action": "retry", "tool": "t", "same_request_id": True, "after_ms": 2000}]),
+    (error("RATE_LIMITED", "slow down", retry_after=4),
+     [{"action": "retry", "tool": "t", "same_request_id": True, "after_ms": 4000}]),
     (store_unavailable(retry_after=5),
      [{"action": "retry", "tool": "t", "same_request_id": True, "after_ms": 5000}]),
     (error("CONFIRMATION_REQUIRED", "ask"),
