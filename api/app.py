@@ -31,6 +31,7 @@ from carmy_worker.store import keys
 from carmy_worker.store.connect import RedisConnector
 from carmy_worker.store.durable import Durability
 from carmy_worker.store.janitor import Janitor
+from carmy_worker.tracing import start as start_tracing
 
 # How long a request may wait for one of the pool's connections while Redis is reachable: a
 # burst makes calls slower, not refused (an unreachable Redis is told at once, see StorePool).
@@ -70,9 +71,10 @@ def create_app(settings: ApiSettings | None = None) -> Starlette:
     api_metrics = ApiMetrics()
     ops = Ops(redis, catalog, api_metrics)
     calls = Calls(catalog=catalog, executions=executions, hub=hub)
-    execute = ExecuteEndpoint(settings=settings, calls=calls, metrics=api_metrics)
+    tracing = start_tracing(settings.tracing, service="carmy-api")
+    execute = ExecuteEndpoint(settings=settings, calls=calls, metrics=api_metrics, tracing=tracing)
     lookup = ExecutionRoutes(settings=settings, calls=calls)
-    mcp = McpServer(settings=settings, calls=calls)
+    mcp = McpServer(settings=settings, calls=calls, tracing=tracing)
     discovery, tools = endpoints(catalog)
 
     @contextlib.asynccontextmanager
@@ -92,6 +94,8 @@ def create_app(settings: ApiSettings | None = None) -> Starlette:
             await hub.close()
             await listener.aclose()
             await redis.aclose(close_connection_pool=True)
+            if tracing is not None:
+                tracing.shutdown()
 
     auth = authenticator(settings)
 

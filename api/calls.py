@@ -64,18 +64,21 @@ class Calls:
 
     @contextlib.asynccontextmanager
     async def start(self, tool: CatalogTool, arguments: dict[str, Any], request_id: str | None,
-                    agent: AgentContext, *, follow: bool = True, stream: bool = True) -> AsyncIterator[Started]:
+                    agent: AgentContext, *, follow: bool = True, stream: bool = True,
+                    traceparent: str | None = None) -> AsyncIterator[Started]:
         """Submit the call; with ``follow``, its events expected first so none is missed (every
         event if ``stream``, else only the final one: a caller that only wants the answer).
 
         A retry of the same request yields the execution it repeats: finished (with its record)
         or still going (followed instead of a new one). Refusals raise ``Rejected``.
+        ``traceparent`` (tracing on): the caller's span, which the new execution's spans join.
         """
         exec_id = keys.new_execution_id()
         with self._expect(exec_id, follow) as messages:
             sub = await self.executions.submit(
                 exec_id=exec_id, tool=tool, arguments=canonical_json_encoder.encode(arguments),
-                request_id=request_id, agent=agent, reply=self.hub.channel, stream=follow and stream)
+                request_id=request_id, agent=agent, reply=self.hub.channel, stream=follow and stream,
+                traceparent=traceparent)
             if sub.kind in ("conflict", "full", "limited", "no_workers"):
                 raise Rejected(refusal(sub, tool.spec.name))
             if sub.kind == "new":

@@ -10,10 +10,11 @@ import functools
 import logging
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import msgspec
 from redis.exceptions import RedisError
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from api import relay
 from api.auth import trusted_context
@@ -31,6 +32,11 @@ from carmy_worker.logs import request_id_hash
 from carmy_worker.sdk.errors import clip, store_unavailable
 from carmy_worker.store import keys, records
 from carmy_worker.wire import ErrorBody, ExecuteRequest, Record, request_decoder
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
+
+    from carmy_worker.tracing import Tracing
 
 log = logging.getLogger("carmy.api")
 
@@ -79,8 +85,10 @@ class Answer:
 
 
 class ExecuteEndpoint:
-    def __init__(self, *, settings: ApiSettings, calls: Calls, metrics: ApiMetrics) -> None:
+    def __init__(self, *, settings: ApiSettings, calls: Calls, metrics: ApiMetrics,
+                 tracing: Tracing | None = None) -> None:
         self.settings = settings
+        self.tracing = tracing  # None: tracing is off, and no span is made
         self.calls = calls
         self.executions = calls.executions
         self.metrics = metrics
@@ -88,10 +96,19 @@ class ExecuteEndpoint:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         start = time.perf_counter()
         self.metrics.in_flight.inc()
+        span, traceparent = None, None
+        if self.tracing is not None:
+            span = self.tracing.start("POST /agent/execute", _header(scope, b"traceparent"), {
+                "http.request.method": "POST", "url.path": scope["path"]}, server=True)
+            traceparent = self.tracing.traceparent(span)
+            send = _with_traceparent(send, traceparent.encode())
+        answer: Answer | None = None
         try:
-            answer = await self._handle(scope, receive, send)
+            answer = await self._handle(scope, receive, send, traceparent)
         finally:
             self.metrics.in_flight.dec()
+            if span is not None:
+                _end(span, answer)
         self.metrics.responses.labels(str(answer.status_code), answer.outcome).inc()
         if not log.isEnabledFor(logging.INFO):
             return
@@ -104,7 +121,7 @@ class ExecuteEndpoint:
             "replayed": answer.outcome in ("replayed", "joined"), "duration_ms": duration_ms,
         }})
 
-    async def _handle(self, scope: Scope, receive: Receive, send: Send) -> Answer:
+    async def _handle(self, scope: Scope, receive: Receive, send: Send, traceparent: str | None = None) -> Answer:
         try:
             body = await read_body(scope, receive, self.settings.max_body)
         except BodyTooLarge:
@@ -124,7 +141,7 @@ class ExecuteEndpoint:
             call = self.calls.admit(request.tool, request.arguments, request.request_id, agent)
             tool = call.tool
             async with self.calls.start(tool, call.arguments, call.request_id, agent,
-                                        follow=not respond_async, stream=sse) as started:
+                                        follow=not respond_async, stream=sse, traceparent=traceparent) as started:
                 if started.record is not None:
                     return await self._replay(request, started.execution_id, started.record, sse, send)
                 if respond_async:
@@ -185,3 +202,34 @@ class ExecuteEndpoint:
         if record is None:
             return Answer.of("disconnected", None, exec_id, request)
         return Answer.of("joined" if joined else "answered", record, exec_id, request)
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    value: bytes
+    for key, value in scope["headers"]:
+        if key == name:
+            return value.decode("latin-1")
+    return None
+
+
+def _with_traceparent(send: Send, traceparent: bytes) -> Send:
+    """``send`` with a ``traceparent`` header on the answer: the request's span, whose trace the
+    execution's spans join (docs/protocol.md, 11)."""
+
+    async def traced(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", ()), (b"traceparent", traceparent)]}
+        await send(message)
+
+    return traced
+
+
+def _end(span: Span, answer: Answer | None) -> None:
+    if answer is not None:
+        span.set_attribute("http.response.status_code", answer.status_code)
+        span.set_attribute("carmy.outcome", answer.outcome)
+        if answer.execution_id is not None:
+            span.set_attribute("carmy.execution_id", answer.execution_id)
+        if answer.tool is not None:
+            span.set_attribute("carmy.tool", clip(answer.tool))
+    span.end()

@@ -62,16 +62,17 @@ class Executions:
 
     async def submit(
         self, *, exec_id: str, tool: CatalogTool, arguments: bytes, request_id: str | None, agent: AgentContext,
-        reply: str = "", stream: bool = True,
+        reply: str = "", stream: bool = True, traceparent: str | None = None,
     ) -> Submission:
         """Queue a call of ``tool`` (``arguments`` as canonical JSON) for the newest live group serving it.
 
         Its events go to ``reply`` (this process's channel), all of them if ``stream``, else only
-        the final one (see ``Submit``)."""
+        the final one (see ``Submit``). ``traceparent``: the span the worker's spans join, when
+        tracing is on."""
         job = ExecutionJob(
             execution_id=exec_id, tool=tool.spec.name, arguments=arguments, request_id=request_id,
             principal=agent.principal, session=agent.session, permissions=sorted(agent.permissions),
-            metadata=agent.metadata,
+            metadata=agent.metadata, traceparent=traceparent,
         )
         queue_wait_ms = int(self.settings.queue_timeout * 1000)
         return await self._submit(

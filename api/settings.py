@@ -11,7 +11,16 @@ from msgspec import Struct
 
 from api.oauth.settings import OAuthSettings, oauth_from_env
 from api.quotas import Quotas, quotas_from_env
-from carmy_worker.settings import DEFAULT_REDIS_URL, SettingsError, env_bool, env_choice, env_float, env_int
+from carmy_worker.settings import (
+    DEFAULT_REDIS_URL,
+    SettingsError,
+    TracingSettings,
+    env_bool,
+    env_choice,
+    env_float,
+    env_int,
+    env_tracing,
+)
 
 # The names a browser on this machine uses for a server bound to loopback, with any port.
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]")
@@ -76,6 +85,7 @@ class ApiSettings(Struct, frozen=True, kw_only=True):
     # MCP tasks: how long a tools/call of a client that accepts tasks is followed before it
     # is answered with a task instead of its result.
     mcp_task_after: float = 2.0
+    tracing: TracingSettings = TracingSettings()  # off: no span, and OpenTelemetry not imported
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> ApiSettings:
@@ -103,6 +113,7 @@ class ApiSettings(Struct, frozen=True, kw_only=True):
             wait_replicas=env_int(env, "CARMY_REDIS_WAIT_REPLICAS", 0, minimum=0),
             wait_timeout=env_int(env, "CARMY_REDIS_WAIT_TIMEOUT", 500),
             mcp_task_after=env_float(env, "CARMY_MCP_TASK_AFTER", 2.0),
+            tracing=env_tracing(env),
         )
 
     def hosts_allowed(self) -> tuple[str, ...]:

@@ -84,6 +84,8 @@ class Report:
             self.ratio("Carmy vs bare Starlette, throughput at 64 clients", "ours_64", "bare_64", by_rps=True),
             self.ratio("arq textbook vs Carmy, p50 at 1 client", "arq_1", "ours_1", by_rps=False),
             self.ratio("Carmy vs bare Starlette, p50 at 1 client", "ours_1", "bare_1", by_rps=False),
+            self.ratio("Carmy tracing on vs off, p50 at 1 client", "traced_1", "ours_1", by_rps=False),
+            self.ratio("Carmy tracing on vs off, throughput at 64 clients", "traced_64", "ours_64", by_rps=True),
             self.ratio("Carmy vs Redis round-trip floor, p50 at 1 client", "ours_1", "floor", by_rps=False),
             self.ratio("Discovery with If-None-Match (304) vs without (200), throughput at 64 clients",
                        "discovery_304_64", "discovery_200_64", by_rps=True),

@@ -97,6 +97,22 @@ def carmy(b: Bench) -> None:
     b.redis.flush()
 
 
+# Spans written to /dev/null: the cost of making and encoding them, without an exporter's network.
+TRACED = {"CARMY_TRACING": "file:/dev/null"}
+
+
+def traced(b: Bench) -> None:
+    """``carmy`` with tracing on in the API and the workers: what the spans cost."""
+    with b.processes("traced") as procs:
+        procs.carmy_worker(env={"CARMY_CONCURRENCY": str(WORKER_CONCURRENCY), **TRACED})
+        _, base = procs.carmy_api(env=TRACED)
+        b.load("traced_1", "Carmy, no-op over HTTP, tracing on (1 API + 1 worker)", base, execute("noop"), 1, procs)
+        procs.carmy_worker(env={"CARMY_CONCURRENCY": str(WORKER_CONCURRENCY), **TRACED})
+        b.load("traced_64", "Carmy, no-op over HTTP, tracing on (1 API + 2 workers)", base, execute("noop"),
+               CLIENTS, procs)
+    b.redis.flush()
+
+
 def discovery(b: Bench, base: str, procs: Processes) -> None:
     """``GET /.well-known/agent`` in full, and revalidated with its ETag (304, no body)."""
     etag = httpx.get(base + "/.well-known/agent").headers["etag"]
@@ -165,4 +181,4 @@ def in_flight(b: Bench) -> None:
     b.redis.flush()
 
 
-ALL = (carmy, bare, arq_textbook, floor, scale_out, in_flight)
+ALL = (carmy, traced, bare, arq_textbook, floor, scale_out, in_flight)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from typing import Literal
 
 from msgspec import Struct
 
@@ -62,6 +63,26 @@ def env_choice(env: Mapping[str, str], name: str, choices: tuple[str, ...]) -> s
     return raw
 
 
+class TracingSettings(Struct, frozen=True):
+    """``CARMY_TRACING``: where spans go (``carmy_worker.tracing``). Nowhere (``off``, the
+    default), over OTLP/HTTP (``otlp``: the exporter reads the standard ``OTEL_EXPORTER_OTLP_*``
+    variables), or one JSON object a line appended to ``path`` (``file:<path>``)."""
+
+    mode: Literal["off", "otlp", "file"] = "off"
+    path: str = ""
+
+
+def env_tracing(env: Mapping[str, str]) -> TracingSettings:
+    raw = (env.get("CARMY_TRACING") or "").strip()
+    if raw.lower() in ("", "off"):
+        return TracingSettings()
+    if raw.lower() == "otlp":
+        return TracingSettings("otlp")
+    if raw.startswith("file:") and raw[5:]:
+        return TracingSettings("file", raw[5:])
+    raise SettingsError(f"CARMY_TRACING must be off, otlp or file:<path>, got {raw!r}")
+
+
 class WorkerSettings(Struct, frozen=True, kw_only=True):
     """Settings of one worker process (the README's Settings table)."""
 
@@ -78,6 +99,7 @@ class WorkerSettings(Struct, frozen=True, kw_only=True):
     # Replicas that must acknowledge CLAIM, SETTLE and imposed records (Redis WAIT), and for how long (ms).
     wait_replicas: int = 0
     wait_timeout: int = 500
+    tracing: TracingSettings = TracingSettings()
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> WorkerSettings:
@@ -91,4 +113,5 @@ class WorkerSettings(Struct, frozen=True, kw_only=True):
             max_result_bytes=env_int(env, "CARMY_MAX_RESULT_BYTES", 1024 * 1024),
             wait_replicas=env_int(env, "CARMY_REDIS_WAIT_REPLICAS", 0, minimum=0),
             wait_timeout=env_int(env, "CARMY_REDIS_WAIT_TIMEOUT", 500),
+            tracing=env_tracing(env),
         )

@@ -156,6 +156,9 @@ class ExecutionJob(Struct, kw_only=True):
     session: str | None = None
     permissions: list[str] = []
     metadata: dict[str, Any] = {}
+    # The W3C traceparent of the span that submitted it, when tracing is on (carmy_worker.tracing):
+    # the worker's spans join that trace.
+    traceparent: str | None = None
 
 
 class Record(Struct, kw_only=True):
@@ -216,6 +219,7 @@ class ProgressData(Struct, omit_defaults=True, kw_only=True):
     total: float | int | None = None
     message: str | None = None
     partial: Any | UnsetType = UNSET
+    trace_id: str | None = None  # the execution's trace, when tracing is on (docs/protocol.md)
 
 
 class CompletedData(Struct):

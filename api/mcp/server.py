@@ -21,7 +21,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Mapping
 from importlib import metadata
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import anyio
 import mcp_types as types
@@ -61,6 +61,7 @@ from api.mcp.wire import (
     META_EXECUTION_ID,
     META_REPLAYED,
     META_REQUEST_ID,
+    META_TRACEPARENT,
     call_result,
     mcp_tool,
     progress_decoder,
@@ -70,6 +71,9 @@ from carmy_worker.sdk.context import AgentContext
 from carmy_worker.sdk.errors import ECHO_LIMIT, clip, store_unavailable
 from carmy_worker.store import keys, records
 from carmy_worker.wire import ErrorBody, Event, Record
+
+if TYPE_CHECKING:
+    from carmy_worker.tracing import Tracing
 
 log = logging.getLogger("carmy.api")
 
@@ -86,8 +90,9 @@ class McpServer:
     """The MCP endpoint: ``asgi`` serves ``/mcp`` while ``lifespan()`` is entered (``create_app``
     mounts both)."""
 
-    def __init__(self, *, settings: ApiSettings, calls: Calls) -> None:
+    def __init__(self, *, settings: ApiSettings, calls: Calls, tracing: Tracing | None = None) -> None:
         self.settings = settings
+        self.tracing = tracing  # None: tracing is off, and no span is made
         self.calls = calls
         self.catalog = calls.catalog
         self.executions = calls.executions
@@ -190,10 +195,21 @@ class McpServer:
     async def _call_tool(self, ctx: Ctx, params: types.CallToolRequestParams) -> types.CallToolResult | TaskResult:
         start = time.perf_counter()
         result: types.CallToolResult | TaskResult | None = None
+        span, traceparent = None, None
+        if self.tracing is not None:
+            # The MCP SDK's own spans use the global tracer provider, which Carmy leaves unset.
+            span = self.tracing.start(f"tools/call {clip(params.name)}", _traceparent(params.meta), {
+                "mcp.method.name": "tools/call", "gen_ai.tool.name": clip(params.name)}, server=True)
+            traceparent = self.tracing.traceparent(span)
         try:
-            result = await self._answer(ctx, params)
+            result = await self._answer(ctx, params, traceparent)
             return result
         finally:
+            if span is not None:
+                meta = (result.meta or {}) if isinstance(result, types.CallToolResult) else {}
+                if meta.get(META_EXECUTION_ID):
+                    span.set_attribute("carmy.execution_id", meta[META_EXECUTION_ID])
+                span.end()
             if not isinstance(result, dict):  # a task is logged as one (api.mcp.tasks)
                 meta = (result.meta or {}) if result is not None else {}
                 err = meta.get(META_ERROR)
@@ -205,7 +221,8 @@ class McpServer:
                     "duration_ms": round((time.perf_counter() - start) * 1000, 1),
                 }})
 
-    async def _answer(self, ctx: Ctx, params: types.CallToolRequestParams) -> types.CallToolResult | TaskResult:
+    async def _answer(self, ctx: Ctx, params: types.CallToolRequestParams,
+                      traceparent: str | None = None) -> types.CallToolResult | TaskResult:
         agent = trusted_context(request_scope(ctx))
         name, modern = params.name, _modern(ctx)
         if self.catalog.view.get(name) is None:
@@ -221,7 +238,8 @@ class McpServer:
             # Only a caller that gave a progressToken hears the tool's progress: for the others,
             # the workers publish only the final event.
             streams = report_progress and _progress_token(params.meta) is not None
-            async with self.calls.start(tool, call.arguments, call.request_id, agent, stream=streams) as started:
+            async with self.calls.start(tool, call.arguments, call.request_id, agent, stream=streams,
+                                        traceparent=traceparent) as started:
                 record = started.record or await self._follow(ctx, started, tool, agent,
                                                               report_progress=report_progress,
                                                               patience=patience)
@@ -329,6 +347,12 @@ def _refused(name: str, err: ErrorBody) -> types.CallToolResult:
 def _request_id(meta: types.RequestParamsMeta | None) -> object:
     """``_meta["carmy/request_id"]`` as sent (any JSON value): ``Calls.admit`` checks it in turn."""
     return cast("Mapping[str, Any]", meta or {}).get(META_REQUEST_ID)
+
+
+def _traceparent(meta: types.RequestParamsMeta | None) -> str | None:
+    """``_meta.traceparent`` (W3C Trace Context in MCP's ``_meta``), if a string."""
+    value = cast("Mapping[str, Any]", meta or {}).get(META_TRACEPARENT)
+    return value if isinstance(value, str) else None
 
 
 def _may_report_progress(meta: types.RequestParamsMeta | None) -> bool:

@@ -18,6 +18,8 @@ META_EXECUTION_ID = "carmy/execution_id"
 META_REPLAYED = "carmy/replayed"
 META_ERROR = "carmy/error"  # on a failed call: the carmy/1 error object, for code that acts on it
 META_NEXT_ACTIONS = "carmy/next_actions"  # on a failed call with suggestions: _agent.next_actions
+META_TRACE_ID = "carmy/trace_id"  # tracing on: the execution's trace, as _agent.trace_id in carmy/1
+META_TRACEPARENT = "traceparent"  # on a call: the caller's span (W3C), as the traceparent header
 
 
 def mcp_tool(spec: ToolSpec, *, title: str | None = None, any_output: bool = False) -> types.Tool:
@@ -50,6 +52,7 @@ def mcp_tool(spec: ToolSpec, *, title: str | None = None, any_output: bool = Fal
 
 class _Hints(msgspec.Struct):
     next_actions: msgspec.Raw = msgspec.Raw(b"[]")
+    trace_id: str | None = None
 
 
 class _ResultBody(msgspec.Struct):
@@ -75,10 +78,13 @@ def call_result(record: Record, *, replayed: bool, any_output: bool = False) -> 
     ``structuredContent``: clients (the TypeScript SDK, the Inspector) validate that against the
     tool's ``outputSchema`` even on errors, and would throw instead of showing the error.
     The body's ``_agent.next_actions``, when there are any, go in ``_meta["carmy/next_actions"]``
-    (the list a JSON answer carries: both come from the same body).
+    (the list a JSON answer carries: both come from the same body), and its ``_agent.trace_id``
+    (tracing on) in ``_meta["carmy/trace_id"]``.
     """
     body = _result_decoder.decode(record.body)
     meta: dict[str, Any] = {META_EXECUTION_ID: body.execution_id, META_REPLAYED: replayed}
+    if body.agent.trace_id is not None:
+        meta[META_TRACE_ID] = body.agent.trace_id
     if len(body.error):
         text = bytes(body.error).decode()
         meta[META_ERROR] = msgspec.json.decode(text)

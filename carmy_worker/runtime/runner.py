@@ -9,6 +9,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import msgspec
 from redis.asyncio import Redis
@@ -27,7 +28,13 @@ from carmy_worker.store.attempts import Attempts, ClaimVerdict
 from carmy_worker.store.durable import Durability
 from carmy_worker.store.roster import Holding, Stray
 from carmy_worker.store.verdicts import Verdicts
+from carmy_worker.tracing import trace_id_of, with_trace_id
 from carmy_worker.wire import ExecutionJob, Record, completed_event, job_decoder
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
+
+    from carmy_worker.tracing import Tracing
 
 log = logging.getLogger("carmy.worker")
 
@@ -77,8 +84,9 @@ class Runtime:
     """Runs the jobs of one worker process. Built once, shared by all its jobs."""
 
     def __init__(self, *, redis: Redis, tools: dict[str, Tool], settings: WorkerSettings, worker_id: str,
-                 durability: Durability | None = None, queue: str = "") -> None:
+                 durability: Durability | None = None, queue: str = "", tracing: Tracing | None = None) -> None:
         self.redis = redis
+        self.tracing = tracing  # None: tracing is off, and no span is made
         self.tools = tools
         self.settings = settings
         self.worker_id = worker_id
@@ -159,6 +167,12 @@ class Runtime:
                                            begins=tool is None or tool.spec.parallel_safe)
         run = Run(job=job, attempt=claim.attempt, queue_wait_ms=claim.queue_wait_ms,
                   lease=lease if self._attempts.queue else "")
+        if self.tracing is not None and job.traceparent:
+            # SUBMIT to CLAIM, as Redis's clock measured it, ending now.
+            claimed_ns = time.time_ns()
+            self.tracing.interval("carmy.queued", job.traceparent, {
+                "carmy.execution_id": job.execution_id, "carmy.tool": job.tool, "carmy.attempt": claim.attempt,
+                "carmy.claim": claim.verdict}, claimed_ns - claim.queue_wait_ms * 1_000_000, claimed_ns)
         if claim.verdict == "run":
             run.ran = True
             self._hold(run)
@@ -221,11 +235,18 @@ class Runtime:
         )
         run.ctx = Context(execution_id=job.execution_id, tool=tool.name, request_id=job.request_id, agent=agent,
                           emit=publisher.emit, attempt=run.attempt,
-                          holds=lambda: self._attempts.holds(job.execution_id, run.attempt))
+                          holds=lambda: self._attempts.holds(job.execution_id, run.attempt),
+                          trace_id=trace_id_of(job.traceparent))
         timeout = tool.timeout or self.settings.default_timeout
+        span: Span | None = None
+        if self.tracing is not None and job.traceparent:
+            span = self.tracing.start("carmy.run", job.traceparent, {
+                "carmy.execution_id": job.execution_id, "carmy.tool": tool.name, "carmy.attempt": run.attempt})
         start = time.perf_counter()
         try:
             outcome = await self._invoke(run, tool, timeout)
+            if span is not None:
+                span.set_attribute("carmy.outcome", _outcome_name(outcome))
         except asyncio.CancelledError:
             # The worker is shutting down past its drain time. A tool that may not run twice
             # is settled uncertain now; any other goes back to the queue for another worker.
@@ -233,6 +254,8 @@ class Runtime:
             raise
         finally:
             await publisher.close()
+            if span is not None:
+                span.end()
         run.run_ms = round((time.perf_counter() - start) * 1000)
         if run.lost:
             log.warning("execution %s: the outcome of attempt %d is dropped (%s)", job.execution_id, run.attempt,
@@ -300,6 +323,9 @@ class Runtime:
         the job goes back to the queue rather than being finished without a record.
         """
         exec_id = run.job.execution_id
+        trace_id = trace_id_of(run.job.traceparent)
+        if trace_id is not None:  # every replay of the result names the execution's trace
+            record = msgspec.structs.replace(record, body=with_trace_id(record.body, trace_id))
         delay = 0.1
         for tries in range(1, SETTLE_TRIES + 1):
             try:
@@ -345,3 +371,12 @@ class Runtime:
             await self._verdicts.reap(job.execution_id, job.tool, worker_id=self.worker_id, why="its worker shut down")
         except Exception as exc:  # the janitor of another process will do it
             log.warning("could not hand execution %s back: %s", job.execution_id, exc)
+
+
+def _outcome_name(outcome: Outcome) -> str:
+    """How the tool's call ended, for its span."""
+    if outcome.data is not None:
+        return "completed"
+    if outcome.error is not None:
+        return "failed"
+    return "timed_out" if outcome.timed_out else "cancelled"

@@ -22,6 +22,7 @@ from carmy_worker.store.connect import RedisConnector
 from carmy_worker.store.durable import Durability
 from carmy_worker.store.janitor import Janitor
 from carmy_worker.store.pubsub import Message, listen_forever
+from carmy_worker.tracing import start as start_tracing
 from carmy_worker.wire import WorkerInfo
 
 log = logging.getLogger("carmy.worker")
@@ -47,8 +48,9 @@ async def serve(tools: list[Tool], settings: WorkerSettings, connector: RedisCon
         group=group_of(described), host=socket.gethostname(), pid=os.getpid(),
     )
     durability = Durability(settings.wait_replicas, settings.wait_timeout)
+    tracing = start_tracing(settings.tracing, service="carmy-worker")
     runtime = Runtime(redis=redis, tools={t.name: t for t in tools}, settings=settings, worker_id=info.worker_id,
-                      durability=durability, queue=jobs.queue_name(info.group))
+                      durability=durability, queue=jobs.queue_name(info.group), tracing=tracing)
     presence = Presence(redis=redis, settings=settings, info=info, runtime=runtime, connector=connector)
     janitor = Janitor(redis, retention=settings.retention, dead_after=settings.dead_after, durability=durability)
     runtime.before_step = presence.ensure_fresh
@@ -80,3 +82,5 @@ async def serve(tools: list[Tool], settings: WorkerSettings, connector: RedisCon
             await worker.async_run()
     finally:
         await worker.close()
+        if tracing is not None:
+            tracing.shutdown()

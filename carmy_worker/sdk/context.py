@@ -61,8 +61,11 @@ class Context:
         emit: Callable[[bytes, bool], None],
         attempt: int = 1,
         holds: Callable[[], Awaitable[bool]] | None = None,
+        trace_id: str | None = None,
     ) -> None:
         self.execution_id = execution_id
+        # The execution's trace when tracing is on: each progress event names it.
+        self.trace_id = trace_id
         self.attempt = attempt
         self.tool = tool
         self.request_id = request_id
@@ -115,14 +118,16 @@ class Context:
         if message is not None and not isinstance(message, str):
             raise TypeError(f"ctx.progress: message must be a str, not {type(message).__name__}")
         self._send(ProgressData(
-            execution_id=self.execution_id, tool=self.tool, progress=progress, total=total, message=message
+            execution_id=self.execution_id, tool=self.tool, progress=progress, total=total, message=message,
+            trace_id=self.trace_id,
         ), partial=False)
         self._last_progress = progress
 
     def partial(self, value: Any) -> None:
         """Send a partial result (any JSON-encodable value) as a ``tool.progress`` event."""
         self._send(ProgressData(
-            execution_id=self.execution_id, tool=self.tool, progress=self._last_progress, partial=value
+            execution_id=self.execution_id, tool=self.tool, progress=self._last_progress, partial=value,
+            trace_id=self.trace_id,
         ), partial=True)
 
     def _send(self, data: ProgressData, *, partial: bool) -> None:
