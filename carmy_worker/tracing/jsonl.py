@@ -40,7 +40,7 @@ def line(span: ReadableSpan) -> SpanLine:
     )
 
 
-class JsonLinesExporter(SpanExporter):  # type: ignore[misc]  # the SDK ships no annotations
+class JsonLinesExporter(SpanExporter):  # type: ignore[misc,unused-ignore]  # untyped in some SDK installs
     def __init__(self, path: str) -> None:
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         self._encoder = msgspec.json.Encoder()

@@ -26,7 +26,8 @@ def exporter(settings: TracingSettings) -> SpanExporter:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     except ImportError:
         raise SettingsError("CARMY_TRACING=otlp needs the OTLP exporter: pip install 'carmy[otlp]'") from None
-    return OTLPSpanExporter()  # endpoint, headers, timeout: the standard OTEL_EXPORTER_OTLP_* variables
+    otlp: SpanExporter = OTLPSpanExporter()  # endpoint, headers, timeout: the standard OTEL_EXPORTER_OTLP_* variables
+    return otlp
 
 
 class Tracing:
