@@ -19,6 +19,7 @@ from starlette.types import Message, Receive, Scope, Send
 from api import relay
 from api.auth import trusted_context
 from api.body import BodyTooLarge, ClientGone, read_body
+from api.browser import header
 from api.calls import Calls, Started
 from api.catalog import CatalogTool
 from api.checks import Rejected
@@ -98,7 +99,7 @@ class ExecuteEndpoint:
         self.metrics.in_flight.inc()
         span, traceparent = None, None
         if self.tracing is not None:
-            span = self.tracing.start("POST /agent/execute", _header(scope, b"traceparent"), {
+            span = self.tracing.start("POST /agent/execute", header(scope, b"traceparent"), {
                 "http.request.method": "POST", "url.path": scope["path"]}, server=True)
             traceparent = self.tracing.traceparent(span)
             send = _with_traceparent(send, traceparent.encode())
@@ -202,14 +203,6 @@ class ExecuteEndpoint:
         if record is None:
             return Answer.of("disconnected", None, exec_id, request)
         return Answer.of("joined" if joined else "answered", record, exec_id, request)
-
-
-def _header(scope: Scope, name: bytes) -> str | None:
-    value: bytes
-    for key, value in scope["headers"]:
-        if key == name:
-            return value.decode("latin-1")
-    return None
 
 
 def _with_traceparent(send: Send, traceparent: bytes) -> Send:
