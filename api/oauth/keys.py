@@ -65,6 +65,8 @@ class KeySet:
 
         A token without ``kid`` may use the set's only key.
         """
+        if kid not in self._jwks and not (kid is None and len(self._jwks) == 1):
+            return None  # not remembered: a made-up kid comes from an unverified header
         if (kid, alg) not in self._prepared:
             self._prepared[(kid, alg)] = self._prepare(kid, alg)
         return self._prepared[(kid, alg)]

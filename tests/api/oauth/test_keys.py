@@ -36,6 +36,16 @@ def test_a_key_serves_its_own_algorithm_only() -> None:
     assert KeySet({"keys": [rsa.jwk()]}).key(None, "RS256") is not None
 
 
+def test_made_up_kids_are_not_remembered() -> None:
+    """A kid comes from the token's unverified header: a set that remembered every one it was
+    asked for would grow with each forged token (a key file's set lives as long as the process)."""
+    keys = KeySet({"keys": [new_key("r").jwk()]})
+    for i in range(1000):
+        assert keys.key(f"made-up-{i}", "RS256") is None
+    assert keys.key("r", "RS256") is not None
+    assert len(keys._prepared) == 1
+
+
 async def test_fetched_once_shared_refreshed_when_stale_or_unknown_at_most_every_min_refresh() -> None:
     old, new = new_key("old"), new_key("new")
     now = [0.0]
