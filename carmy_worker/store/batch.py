@@ -6,7 +6,7 @@ own, on a connection of its own. On these machines that write, which also wakes 
 of a round trip's CPU, on both sides. ``Batch`` collects the calls made during one turn of the
 loop and sends them as one pipeline, on one connection: not a transaction, each script is as
 atomic as it always was, and each caller gets its own reply or error. A lone call goes out as it
-is, so a process serving one client at a time pays nothing for it.
+is, not in a pipeline: one client at a time pays one turn of the loop and one task for it.
 
 Only for scripts whose writes do not wait for replicas (``store.durable``): those keep their
 own call and ``WAIT``.
@@ -85,13 +85,18 @@ class Batch:
             if isinstance(exc, asyncio.CancelledError):
                 raise
             return
-        for call, reply in zip(calls, replies, strict=True):
-            if isinstance(reply, NoScriptError):  # a restarted Redis lost the script: that call did not run
-                await self._one(call)
-            elif isinstance(reply, Exception):
-                _fail(call.future, reply)
-            else:
-                _answer(call.future, reply)
+        try:
+            for call, reply in zip(calls, replies, strict=True):
+                if isinstance(reply, NoScriptError):  # a restarted Redis lost the script: that call did not run
+                    await self._one(call)
+                elif isinstance(reply, Exception):
+                    _fail(call.future, reply)
+                else:
+                    _answer(call.future, reply)
+        except BaseException as exc:  # cancelled while a lost script was sent again: nobody waits for ever
+            for call in calls:
+                _fail(call.future, exc)
+            raise
 
 
 class BatchedScript:
