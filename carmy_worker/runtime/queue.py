@@ -122,13 +122,11 @@ Handler = Callable[[bytes, str], Awaitable[bool | None]]
 # its score moves to the end of its lease, when it is due again unless finished, so that the
 # scan for due jobs does not walk over leased ones (whoever ends a lease early without
 # finishing the job puts the score back: FINISH, REAP, the janitor, a heartbeat).
-# A job leased takes its wake token with it (the caller's, if it popped one, counts for the
-# first): tokens left over would wake workers for jobs already taken, one LEASE each.
+# Then the wake list holds one token per job still due and unleased (jobs.WAKE_FOR).
 # Returns {id, score before, job, runs, id, ...}.
 # KEYS: queue, leases hash, wake list; ARGV: in-progress key prefix, how many, lease ms, how far
-# down the queue to look, token prefix, job key prefix, retry key prefix, retry key TTL s,
-# tokens the caller popped (0 or 1)
-LEASE = """
+# down the queue to look, token prefix, job key prefix, retry key prefix, retry key TTL s
+LEASE = jobs.WAKE_FOR + """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[4]))
@@ -148,8 +146,7 @@ for i = 1, #due, 2 do
     table.insert(leased, runs)
   end
 end
-local taken = #leased / 4 - tonumber(ARGV[9])
-if taken > 0 then redis.call('LPOP', KEYS[3], taken) end
+wake_for(KEYS[3], redis.call('ZCOUNT', KEYS[1], '-inf', now))
 return leased
 """
 
@@ -197,14 +194,13 @@ class Leases:
         self.worker_id = worker_id
         self._hash = keys.leases(worker_id)
 
-    async def take(self, queue: str, *, most: int, lease_ms: int, look_ahead: int, woken: bool = False) -> list[Lease]:
-        """Up to ``most`` due jobs of ``queue``, leased for ``lease_ms``, with their arq job read,
-        and as many wake tokens (less the one this worker popped if ``woken``)."""
+    async def take(self, queue: str, *, most: int, lease_ms: int, look_ahead: int) -> list[Lease]:
+        """Up to ``most`` due jobs of ``queue``, leased for ``lease_ms``, with their arq job read;
+        the wake list then holds one token per job still due."""
         prefix = f"{self.worker_id}/{secrets.token_hex(4)}/"
         reply = await self._lease(keys=[queue, self._hash, jobs.wake_list(queue)],
                                   args=[jobs.IN_PROGRESS_KEY_PREFIX, most, lease_ms, look_ahead, prefix,
-                                        jobs.JOB_KEY_PREFIX, jobs.RETRY_KEY_PREFIX, _ARQ_RETRY_TTL_S,
-                                        1 if woken else 0])
+                                        jobs.JOB_KEY_PREFIX, jobs.RETRY_KEY_PREFIX, _ARQ_RETRY_TTL_S])
         return [Lease(job_id.decode(), int(float(score)), prefix + job_id.decode(), job, int(runs))
                 for job_id, score, job, runs in zip(reply[::4], reply[1::4], reply[2::4], reply[3::4], strict=True)]
 
@@ -298,7 +294,6 @@ class WakeableWorker(Worker):
     error); and tells us when a signal starts its graceful shutdown."""
 
     _slot_freed: asyncio.Event
-    _woken = False  # it popped a wake token that no LEASE has counted yet
     leases: Leases
     on_drain: Callable[[], None] | None = None
 
@@ -352,8 +347,6 @@ class WakeableWorker(Worker):
         token = await waker.execute_command("BLPOP", wake, self.poll_delay_s)  # redis-py types it int
         if token is not None and not self.allow_pick_jobs:  # draining since: it is another worker's
             await waker.lpush(wake, token[1])
-        elif token is not None:
-            self._woken = True
 
     def handle_sig_wait_for_completion(self, signum: Signals) -> None:
         if self.allow_pick_jobs and self.on_drain is not None:
@@ -366,8 +359,7 @@ class WakeableWorker(Worker):
         if self.allow_pick_jobs and free > 0:
             lease_ms = int(self.in_progress_timeout_s * 1000)
             leased = await self.leases.take(self.queue_name or "", most=free, lease_ms=lease_ms,
-                                            look_ahead=self.queue_read_limit, woken=self._woken)
-            self._woken = False
+                                            look_ahead=self.queue_read_limit)
             for lease in leased:
                 await self.sem.acquire()
                 self.job_counter += 1

@@ -45,6 +45,22 @@ local function wake_one(wake)
 end
 """
 
+# Lua: the wake list holds one token per job `due` (due and unleased), up to WAKE_LIMIT. After a
+# LEASE: tokens left for jobs already taken would wake workers for nothing, and a due job that
+# never pushed one (put back after a Retry, its lease expired) gets one, so an idle worker comes.
+WAKE_FOR = f"""
+local function wake_for(wake, due)
+  due = math.min(due, {WAKE_LIMIT})
+  local have = redis.call('LLEN', wake)
+  if due == 0 then
+    redis.call('DEL', wake)
+  elseif have > due then
+    redis.call('LTRIM', wake, -due, -1)
+  end
+  for _ = have + 1, due do redis.call('RPUSH', wake, '1') end
+end
+"""
+
 # Lua: a job whose lease ended without finishing it is due again now (LEASE moved its score to
 # the end of its lease), and one idle worker is woken. Only if the job is still queued.
 # `wake` is the execution hash's field: the queue is its name without WAKE_SUFFIX.

@@ -718,19 +718,32 @@ async def test_lease_takes_only_due_unleased_jobs_at_most_n_by_redis_clock(
     assert await take(5) == []
 
 
-async def test_a_lease_takes_the_wake_tokens_of_the_jobs_it_took(r: redis.Redis, ar: redis.asyncio.Redis) -> None:
-    """Tokens left for jobs already leased would each wake a worker for nothing: LEASE takes one
-    per job it leased, less the one its caller popped to wake up."""
+async def test_a_lease_leaves_one_wake_token_per_job_still_due(r: redis.Redis, ar: redis.asyncio.Redis) -> None:
+    """Tokens left for jobs already leased would each wake a worker for nothing; but a due job
+    that never pushed a token of its own (put back after a Retry) must not take another's."""
     for _ in range(3):
         await submit(ar, new_id())
     assert r.llen(WAKE) == 3
     assert r.lpop(WAKE) is not None  # the BLPOP that woke this worker
-    assert len(await Leases(ar, "w1").take(QUEUE, most=2, lease_ms=MINUTE_MS, look_ahead=10, woken=True)) == 2
+    assert len(await Leases(ar, "w1").take(QUEUE, most=2, lease_ms=MINUTE_MS, look_ahead=10)) == 2
     assert r.llen(WAKE) == 1  # for the one job still due
     # A look without a token of its own (a slot freed, the fallback poll) takes the job's token.
     assert len(await Leases(ar, "w2").take(QUEUE, most=2, lease_ms=MINUTE_MS, look_ahead=10)) == 1
     assert r.llen(WAKE) == 0
     assert await Leases(ar, "w3").take(QUEUE, most=2, lease_ms=MINUTE_MS, look_ahead=10) == []
+    # A job back in the queue without a token (a Retry defers it: FINISH wakes nobody), and two
+    # new ones: leasing one of the three leaves a token for each of the two still due.
+    retried = new_id()
+    await submit(ar, retried)
+    [lease] = await Leases(ar, "w4").take(QUEUE, most=1, lease_ms=MINUTE_MS, look_ahead=10)
+    r.lpop(WAKE)
+    assert await Leases(ar, "w4").finish(QUEUE, lease, finished=False, delay_ms=0)
+    assert r.llen(WAKE) == 0
+    await submit(ar, new_id())
+    await submit(ar, new_id())
+    assert r.lpop(WAKE) is not None
+    assert len(await Leases(ar, "w5").take(QUEUE, most=1, lease_ms=MINUTE_MS, look_ahead=10)) == 1
+    assert r.llen(WAKE) == 2  # one for each job still due, the retried one included
 
 
 async def test_finish_ends_only_its_own_lease(r: redis.Redis, ar: redis.asyncio.Redis) -> None:
