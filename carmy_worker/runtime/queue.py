@@ -122,7 +122,8 @@ Handler = Callable[[bytes, str], Awaitable[bool | None]]
 # its score moves to the end of its lease, when it is due again unless finished, so that the
 # scan for due jobs does not walk over leased ones (whoever ends a lease early without
 # finishing the job puts the score back: FINISH, REAP, the janitor, a heartbeat).
-# Then the wake list holds one token per job still due and unleased (jobs.WAKE_FOR).
+# Then the wake list holds one token per job still due and unleased that it looked at
+# (jobs.WAKE_FOR).
 # Returns {id, score before, job, runs, id, ...}.
 # KEYS: queue, leases hash, wake list; ARGV: in-progress key prefix, how many, lease ms, how far
 # down the queue to look, token prefix, job key prefix, retry key prefix, retry key TTL s
@@ -130,12 +131,15 @@ LEASE = jobs.WAKE_FOR + """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[4]))
-local leased, want, lease_end = {}, tonumber(ARGV[2]) * 4, now + tonumber(ARGV[3])
+local leased, want, lease_end, waiting = {}, tonumber(ARGV[2]) * 4, now + tonumber(ARGV[3]), 0
 for i = 1, #due, 2 do
-  if #leased >= want then break end
   local job = due[i]
   local token = ARGV[5] .. job
-  if redis.call('SET', ARGV[1] .. job, token, 'NX', 'PX', ARGV[3]) then
+  if #leased >= want then
+    -- due, and takeable by another worker (a job another lease holds is not counted: no
+    -- worker must be woken for it, again and again, while it runs)
+    if redis.call('EXISTS', ARGV[1] .. job) == 0 then waiting = waiting + 1 end
+  elseif redis.call('SET', ARGV[1] .. job, token, 'NX', 'PX', ARGV[3]) then
     redis.call('HSET', KEYS[2], job, token)
     redis.call('ZADD', KEYS[1], lease_end, job)
     local runs = redis.call('INCR', ARGV[7] .. job)
@@ -146,7 +150,7 @@ for i = 1, #due, 2 do
     table.insert(leased, runs)
   end
 end
-wake_for(KEYS[3], redis.call('ZCOUNT', KEYS[1], '-inf', now))
+wake_for(KEYS[3], waiting)
 return leased
 """
 
