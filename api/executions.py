@@ -152,7 +152,7 @@ class Executions:
     ) -> Record:
         """Wait for the execution's record, passing each event before it to ``on_event``.
 
-        ``messages`` is its channel's subscription (``EventHub.subscribe``). The ``final`` event
+        ``messages`` is its mailbox (``EventHub.expect``). The ``final`` event
         carries the record, unless the record is large: then it is read from Redis. After ``tick``
         seconds without a message it calls ``on_idle`` (for keep-alives) and re-reads the record,
         as it does after each reconnection of the hub: a lost message costs a read, never an

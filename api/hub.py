@@ -38,12 +38,10 @@ class HubUnavailable(Exception):
 class EventHub:
     def __init__(self, redis: Redis, *, on_broadcast: dict[str, Callable[[bytes], None]] | None = None) -> None:
         self._redis = redis
-        self._pubsub: PubSub | None = None
         # This process's channel, and whether Redis confirmed the subscription to it on the
         # current connection: until then an event published there could be lost unnoticed.
         self.channel = keys.api_channel(uuid.uuid4().hex)
-        self._ready = False
-        self._confirmed = asyncio.Event()  # set with _ready, for start() to wait on
+        self._confirmed = asyncio.Event()
         self._resync_due = False  # a reconnection: re-read once the process channel is confirmed
         self._expected: dict[str, set[Mailbox]] = {}
         # Process-wide channels (catalog changes) and their handlers: always subscribed.
@@ -62,9 +60,7 @@ class EventHub:
         if self._reader is not None:
             self._reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._reader
-        if self._pubsub is not None:
-            await self._pubsub.aclose()
+                await self._reader  # listen_forever closes its connection as it ends
 
     @contextlib.contextmanager
     def expect(self, exec_id: str) -> Iterator[Mailbox]:
@@ -73,7 +69,7 @@ class EventHub:
         Register before the execution can publish (before SUBMIT or JOIN names ``channel``).
         Raises ``HubUnavailable`` while the process's subscription is not confirmed.
         """
-        if not self._ready:
+        if not self._confirmed.is_set():
             raise HubUnavailable("not connected")
         queue = Mailbox()
         self._expected.setdefault(exec_id, set()).add(queue)
@@ -90,15 +86,12 @@ class EventHub:
         await listen_forever(self._redis, lambda: [self.channel, *self._broadcast], self._dispatch,
                              name="event hub", on_connect=self._connected, on_drop=self._dropped)
 
-    def _connected(self, pubsub: PubSub, after_drop: bool) -> None:
-        self._pubsub = pubsub
+    def _connected(self, _pubsub: PubSub, after_drop: bool) -> None:
+        # Subscribed, not yet confirmed: the waiters re-read once Redis confirms (_dispatch),
+        # since events published until then are lost too.
         self._resync_due = after_drop
-        if after_drop:  # back: let every waiter re-read its record now, not at its next tick
-            self._resync()
 
     def _dropped(self) -> None:
-        self._pubsub = None
-        self._ready = False
         self._confirmed.clear()
         self._resync()  # whatever was in flight may be lost
 
@@ -118,7 +111,6 @@ class EventHub:
             if handler is not None:
                 handler(message["data"])
         elif kind == "subscribe" and channel == self.channel:
-            self._ready = True
             self._confirmed.set()
             if self._resync_due:  # events published before this confirmation were lost
                 self._resync_due = False

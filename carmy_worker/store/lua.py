@@ -30,7 +30,7 @@ local function emit(exe, exec_id, channel, event, final)
   if not h[1] then redis.call('PUBLISH', channel, event) end
   if not final and h[3] ~= '1' then return end
   local message = exec_id .. ' ' .. event
-  if h[1] and h[1] ~= '' then redis.call('PUBLISH', h[1], message) end
+  if h[1] then redis.call('PUBLISH', h[1], message) end
   if h[2] then
     for follower in string.gmatch(h[2], '%S+') do
       if follower ~= h[1] then redis.call('PUBLISH', follower, message) end

@@ -22,8 +22,6 @@ def after_refusal(err: ErrorBody, tool: str) -> list[NextAction]:
         return [NextAction(action="retry", tool=tool, same_request_id=True, requires=f"confirm:{tool}")]
     if err.code == "IDEMPOTENCY_CONFLICT":
         return [NextAction(action="retry", tool=tool, same_request_id=False)]
-    if err.code == "EXECUTION_UNCERTAIN":  # the store lost the execution: it may have run
-        return [NextAction(action="reconcile", tool=tool)]
     if err.retryable:  # QUEUE_FULL, RATE_LIMITED, NO_WORKERS...: the same call once retry_after has passed
         return [NextAction(action="retry", tool=tool, same_request_id=True, after_ms=_after_ms(err))]
     return []

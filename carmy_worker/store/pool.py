@@ -116,6 +116,7 @@ class StorePool(BlockingConnectionPool):
                         self._mark_unreachable(exc)
                         raise
                 except (RedisError, OSError) as exc:
+                    raise_if_cancelled(exc)  # one caller's cancellation is no outage for the others
                     self._mark_unreachable(exc)
                     raise
         finally:

@@ -31,7 +31,7 @@ async def test_a_dropped_connection_resyncs_waiters_and_refuses_new_calls_until_
             with pytest.raises(HubUnavailable), hub.expect("exec_new"):
                 pass
             server.start()
-            await wait_until_async(lambda: hub._ready, what="the process channel subscribed again")
+            await wait_until_async(lambda: hub._confirmed.is_set(), what="the process channel subscribed again")
             # Events published while the channel was not subscribed were lost: told again.
             assert await waiting.get() == RESYNC
         with hub.expect("exec_new") as fresh, server.client() as control:

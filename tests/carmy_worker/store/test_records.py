@@ -63,7 +63,6 @@ def test_next_actions_of_records(record: Record, expected: list[dict[str, Any]])
     (error("CONFIRMATION_REQUIRED", "ask"),
      [{"action": "retry", "tool": "t", "same_request_id": True, "requires": "confirm:t"}]),
     (error("IDEMPOTENCY_CONFLICT", "used"), RETRY_NEW_ID),
-    (error("EXECUTION_UNCERTAIN", "lost"), RECONCILE),
     (error("INVALID_ID", "bad"), []),
     (error("INVALID_ARGUMENTS", "bad"), []),
     (error("TOOL_NOT_FOUND", "none"), []),
