@@ -14,7 +14,7 @@ from collections.abc import Mapping
 import msgspec
 from msgspec import Struct
 
-from carmy_worker.settings import SettingsError, env_int
+from carmy_worker.settings import SettingsError, env_float, env_int
 from carmy_worker.store.quota import NO_QUOTA, Quota
 
 
@@ -42,7 +42,7 @@ class Quotas(Struct, frozen=True):
 def quotas_from_env(env: Mapping[str, str]) -> Quotas:
     default = Quota(
         pending=env_int(env, "CARMY_QUOTA_PENDING", 0, minimum=0),
-        rate=_rate(env.get("CARMY_QUOTA_RATE"), "CARMY_QUOTA_RATE"),
+        rate=env_float(env, "CARMY_QUOTA_RATE", 0.0, zero_ok=True),
         burst=env_int(env, "CARMY_QUOTA_BURST", 0, minimum=0),
     )
     return Quotas(default, parse_overrides(env.get("CARMY_QUOTAS"), default))
@@ -67,15 +67,3 @@ def parse_overrides(raw: str | None, default: Quota) -> dict[str, Quota]:
             raise SettingsError(f"CARMY_QUOTAS: the limits of {principal!r} must be at least 0")
         quotas[principal] = quota
     return quotas
-
-
-def _rate(raw: str | None, name: str) -> float:
-    if raw is None or raw.strip() == "":
-        return 0.0
-    try:
-        value = float(raw)
-    except ValueError:
-        raise SettingsError(f"{name} must be a number, got {raw!r}") from None
-    if not 0 <= value < float("inf"):
-        raise SettingsError(f"{name} must be 0 (no limit) or a positive number, got {raw!r}")
-    return value

@@ -31,7 +31,8 @@ def env_int(env: Mapping[str, str], name: str, default: int, *, minimum: int = 1
     return value
 
 
-def env_float(env: Mapping[str, str], name: str, default: float) -> float:
+def env_float(env: Mapping[str, str], name: str, default: float, *, zero_ok: bool = False) -> float:
+    """A positive number of ``name`` (``zero_ok``: or 0, where 0 means "none")."""
     raw = env.get(name)
     if raw is None or raw == "":
         return default
@@ -39,8 +40,9 @@ def env_float(env: Mapping[str, str], name: str, default: float) -> float:
         value = float(raw)
     except ValueError:
         raise SettingsError(f"{name} must be a number, got {raw!r}") from None
-    if not 0 < value < float("inf"):
-        raise SettingsError(f"{name} must be a positive number, got {raw!r}")
+    in_range = value >= 0 if zero_ok else value > 0  # NaN is neither
+    if not in_range or value == float("inf"):
+        raise SettingsError(f"{name} must be {'0 or ' if zero_ok else ''}a positive number, got {raw!r}")
     return value
 
 

@@ -68,14 +68,13 @@ def oauth_from_env(env: Mapping[str, str]) -> OAuthSettings | None:
     if not resource:
         raise SettingsError("CARMY_OAUTH_ISSUER needs CARMY_OAUTH_RESOURCE (this server's URL, the tokens' audience)")
     algorithms = tuple(a for a in (env.get("CARMY_OAUTH_ALGORITHMS") or "").replace(",", " ").split())
-    leeway = env.get("CARMY_OAUTH_LEEWAY")
     return OAuthSettings(
         issuer=issuer,
         resource=resource,
         jwks_url=(env.get("CARMY_OAUTH_JWKS_URL") or "").strip() or None,
         jwks_file=(env.get("CARMY_OAUTH_JWKS_FILE") or "").strip() or None,
         algorithms=algorithms or ASYMMETRIC,
-        leeway=0.0 if leeway is not None and leeway.strip() == "0" else env_float(env, "CARMY_OAUTH_LEEWAY", 30.0),
+        leeway=env_float(env, "CARMY_OAUTH_LEEWAY", 30.0, zero_ok=True),
         principal_claim=(env.get("CARMY_OAUTH_PRINCIPAL_CLAIM") or "sub").strip(),
         scopes=tuple((env.get("CARMY_OAUTH_SCOPES") or "").split()),
         jwks_max_age=env_float(env, "CARMY_OAUTH_JWKS_MAX_AGE", 600.0),

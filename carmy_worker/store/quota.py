@@ -22,11 +22,6 @@ class Quota(Struct, frozen=True, forbid_unknown_fields=True):
     rate: float = 0.0  # new executions per second, on average
     burst: int = 0  # new executions at once after a quiet spell; 0: one second's worth (at least 1)
 
-    @property
-    def limits(self) -> bool:
-        """Whether any limit applies (SUBMIT skips the quota's keys when none does)."""
-        return self.pending > 0 or self.rate > 0
-
     def interval_us(self) -> int:
         """µs between two executions at ``rate`` (0: no rate limit)."""
         return max(1, round(1_000_000 / self.rate)) if self.rate > 0 else 0

@@ -1,7 +1,7 @@
 """Traces across the queue (OpenTelemetry), off by default.
 
-One trace per execution: the API's span for the request (``carmy.request``, or
-``carmy.mcp.tools/call``), then in the worker the time queued (``carmy.queued``, SUBMIT to CLAIM)
+One trace per execution: the API's span for the request (``POST /agent/execute``, or
+``tools/call <tool>`` over MCP), then in the worker the time queued (``carmy.queued``, SUBMIT to CLAIM)
 and the tool's run (``carmy.run``), both children of the request's span. The job carries the
 request span's W3C ``traceparent`` from the API to the worker (``ExecutionJob.traceparent``).
 

@@ -68,10 +68,6 @@ class Tracing:
         ctx = span.get_span_context()
         return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"
 
-    @staticmethod
-    def trace_id(span: Span) -> str:
-        return f"{span.get_span_context().trace_id:032x}"
-
     def shutdown(self) -> None:
         """Export what is left; at the end of the process."""
         self._provider.shutdown()

@@ -13,7 +13,7 @@ from carmy_worker.store.quota import NO_QUOTA, Quota
 def test_off_by_default() -> None:
     quotas = ApiSettings.from_env({}).quotas
     assert quotas == Quotas() and quotas.of("alice") == quotas.of(None) == NO_QUOTA
-    assert not NO_QUOTA.limits
+    assert NO_QUOTA.pending == 0 and NO_QUOTA.rate == 0
 
 
 def test_a_default_for_everyone_and_overrides_field_by_field() -> None:
@@ -37,6 +37,7 @@ def test_the_bucket_in_microseconds() -> None:
     {"CARMY_QUOTA_PENDING": "-1"},
     {"CARMY_QUOTA_RATE": "-1"},
     {"CARMY_QUOTA_RATE": "inf"},
+    {"CARMY_QUOTA_RATE": "nan"},
     {"CARMY_QUOTA_RATE": "fast"},
     {"CARMY_QUOTA_BURST": "-2"},
     {"CARMY_QUOTAS": "{not json"},

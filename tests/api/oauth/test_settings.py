@@ -35,6 +35,10 @@ def test_every_setting() -> None:
                                   jwks_url="https://issuer.test/jwks", algorithms=("ES256", "EdDSA"), leeway=0.0,
                                   principal_claim="email", scopes=("carmy", "tools"), jwks_max_age=60.0,
                                   jwks_min_refresh=2.0)
+    # 0 is a leeway however it is written; env_float takes it as a number, not as a string "0".
+    for zero in ("0.0", "00", " 0 "):
+        leeway = oauth_from_env({**BASE, "CARMY_OAUTH_LEEWAY": zero})
+        assert leeway is not None and leeway.leeway == 0.0
 
 
 @pytest.mark.parametrize(("change", "message"), [
