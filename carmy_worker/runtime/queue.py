@@ -162,14 +162,10 @@ return leased
 # job it settled itself: FINISH is for every other end.)
 # KEYS: in-progress, job, retry, queue, leases hash, wake list
 # ARGV: job id, token, finished ('1' or ''), score to queue it at again, '1' to wake a worker
-FINISH = jobs.WAKE_ONE + """
-if redis.call('HGET', KEYS[5], ARGV[1]) == ARGV[2] then redis.call('HDEL', KEYS[5], ARGV[1]) end
-if redis.call('GET', KEYS[1]) ~= ARGV[2] then return 0 end
-redis.call('DEL', KEYS[1])
-if ARGV[3] == '1' then
-  redis.call('DEL', KEYS[2], KEYS[3])
-  redis.call('ZREM', KEYS[4], ARGV[1])
-else
+FINISH = jobs.WAKE_ONE + jobs.END_LEASE + """
+local finished = ARGV[3] == '1'
+if not end_lease(KEYS[5], KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[1], ARGV[2], finished) then return 0 end
+if not finished then
   redis.call('ZADD', KEYS[4], 'XX', ARGV[4], ARGV[1])
   if ARGV[5] == '1' then wake_one(KEYS[6]) end
 end

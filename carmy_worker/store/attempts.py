@@ -47,13 +47,13 @@ return {'run', attempt, waited}
 # attempt, or its own put back in the queue by the janitor, and writes nothing; the worker
 # check keeps two claims of the same number apart, after a Redis crash lost the first).
 # With the token of the job's lease (ARGV[12]), it also ends that lease as FINISH would for a
-# finished job (runtime.queue): the worker needs no round trip of its own after it.
+# finished job (jobs.END_LEASE): the worker needs no round trip of its own after it.
 # KEYS: exe, record, pending, running set, queued, arq in-progress key, arq job, arq retry key,
 #       arq queue, leases hash
 # ARGV: exec_id, attempt, record, retention s, events channel, final event, tool.completed event or '',
 #       metrics label, tool, run ms or '', worker_id if this attempt ran (CLAIM said run) or '',
 #       lease token or ''
-SETTLE = NOW + LUA_COUNT + LUA_OBSERVE + EMIT + """
+SETTLE = NOW + LUA_COUNT + LUA_OBSERVE + EMIT + jobs.END_LEASE + """
 if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
 local h = redis.call('HMGET', KEYS[1], 'attempt', 'reaped', 'worker', 'quota')
 if h[1] ~= ARGV[2] or h[2] == ARGV[2] then return 0 end
@@ -68,12 +68,7 @@ if ARGV[7] ~= '' then emit(KEYS[1], ARGV[1], ARGV[5], ARGV[7], false) end
 emit(KEYS[1], ARGV[1], ARGV[5], ARGV[6], true)
 count(ARGV[8])
 if ARGV[10] ~= '' then observe('run', ARGV[9], tonumber(ARGV[10])) end
-if ARGV[12] == '' then return 1 end
-if redis.call('HGET', KEYS[10], ARGV[1]) == ARGV[12] then redis.call('HDEL', KEYS[10], ARGV[1]) end
-if redis.call('GET', KEYS[6]) == ARGV[12] then
-  redis.call('DEL', KEYS[6], KEYS[7], KEYS[8])
-  redis.call('ZREM', KEYS[9], ARGV[1])
-end
+if ARGV[12] ~= '' then end_lease(KEYS[10], KEYS[6], KEYS[7], KEYS[8], KEYS[9], ARGV[1], ARGV[12], true) end
 return 1
 """
 

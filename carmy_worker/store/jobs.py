@@ -45,6 +45,23 @@ local function wake_one(wake)
 end
 """
 
+# Lua: ends the lease `token` on `job` (arq's finish_job, for our leases): out of the worker's
+# leases hash, and, only while arq's in-progress key still holds that token, the in-progress key
+# dropped; `finished`: the job with it (its arq job, its retry count, its queue entry). A lease
+# taken away (the janitor gave the job to another worker) ends as a no-op: false.
+END_LEASE = """
+local function end_lease(leases, in_progress, job_key, retry_key, queue, job, token, finished)
+  if redis.call('HGET', leases, job) == token then redis.call('HDEL', leases, job) end
+  if redis.call('GET', in_progress) ~= token then return false end
+  redis.call('DEL', in_progress)
+  if finished then
+    redis.call('DEL', job_key, retry_key)
+    redis.call('ZREM', queue, job)
+  end
+  return true
+end
+"""
+
 # Lua: the wake list holds one token per job `due` (due and unleased), up to WAKE_LIMIT. After a
 # LEASE: tokens left for jobs already taken would wake workers for nothing, and a due job that
 # never pushed one (put back after a Retry, its lease expired) gets one, so an idle worker comes.
