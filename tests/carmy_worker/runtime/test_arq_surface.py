@@ -10,6 +10,7 @@ import arq
 import arq.constants
 import arq.jobs
 import arq.worker
+import pytest
 
 from carmy_worker.runtime import queue
 from carmy_worker.store import jobs
@@ -79,3 +80,18 @@ def test_the_job_layout_the_api_writes_is_the_one_arq_reads() -> None:
     function, args, kwargs, job_try, enqueue_ms = arq.jobs.deserialize_job_raw(raw, deserializer=queue.deserialize)
     assert (function, list(args), kwargs, job_try, enqueue_ms) == (jobs.FUNCTION, [payload], {}, 1, 1_700_000_000_123)
     assert sorted(queue.deserialize(raw)) == sorted(queue.ARQ_PRIVATE_SURFACE["arq.jobs.deserialize_job_raw fields"])
+
+
+async def test_a_pipeline_of_run_job_other_than_the_one_pinned_fails_loudly() -> None:
+    """The pipeline answered from the lease serves exactly run_job's first pipeline: a key or TTL
+    arq did not ask for before is a change of arq, not something to answer wrongly."""
+    lease = queue.Lease("exec_1", 0, "w/t/exec_1", b"job", 1)
+    pipe = queue._AnsweredPipeline(lease)
+    pipe.get(jobs.job_key("exec_1"))
+    pipe.incr(jobs.retry_key("exec_1"))
+    pipe.expire(jobs.retry_key("exec_1"), queue._ARQ_RETRY_TTL_S)
+    assert await pipe.execute() == [b"job", 1, True]
+    for ask in (lambda: pipe.get(jobs.job_key("exec_2")), lambda: pipe.incr(jobs.job_key("exec_1")),
+                lambda: pipe.expire(jobs.retry_key("exec_1"), 60)):
+        with pytest.raises(RuntimeError, match="ARQ_PRIVATE_SURFACE"):
+            ask()

@@ -1014,3 +1014,8 @@ async def test_an_attempt_given_away_while_it_waited_for_its_lock_takes_nothing(
     never = asyncio.Event()
     assert await ToolLock(ar, "tally", exec_id, 1, worker_id="w1").acquire(1, never) == "lost"
     assert not r.exists(keys.lock("tally")) and "began" not in state(r, exec_id)
+
+
+async def test_a_wake_list_nobody_pops_stays_bounded(r: redis.Redis, ar: redis.asyncio.Redis) -> None:
+    await ar.eval(jobs.WAKE_ONE + f"for _ = 1, {jobs.WAKE_LIMIT + 5} do wake_one(KEYS[1]) end", 1, WAKE)
+    assert r.llen(WAKE) == jobs.WAKE_LIMIT
