@@ -29,7 +29,7 @@ from api.lookup import accepted
 from api.ops import ApiMetrics
 from api.responses import envelope_error
 from api.settings import ApiSettings
-from carmy_worker.logs import request_id_hash
+from carmy_worker.logs import info_line, request_id_hash
 from carmy_worker.sdk.errors import clip, store_unavailable
 from carmy_worker.store import keys, records
 from carmy_worker.wire import ErrorBody, ExecuteRequest, Record, request_decoder
@@ -114,13 +114,13 @@ class ExecuteEndpoint:
         if not log.isEnabledFor(logging.INFO):
             return
         duration_ms = round((time.perf_counter() - start) * 1000, 1)
-        log.info("request", extra={"carmy": {
+        info_line(log, "request", {
             # An unknown tool's name is the caller's text: keep the line short whatever they sent.
             "event": "request", "execution_id": answer.execution_id, "tool": clip(answer.tool) if answer.tool else None,
             "request_id_hash": request_id_hash(answer.request_id), "outcome": answer.outcome,
             "status_code": answer.status_code, "error_code": answer.error_code,
             "replayed": answer.outcome in ("replayed", "joined"), "duration_ms": duration_ms,
-        }})
+        })
 
     async def _handle(self, scope: Scope, receive: Receive, send: Send, traceparent: str | None = None) -> Answer:
         try:

@@ -15,7 +15,7 @@ import msgspec
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from carmy_worker.logs import request_id_hash
+from carmy_worker.logs import info_line, request_id_hash
 from carmy_worker.runtime.invoke import Outcome, invoke
 from carmy_worker.runtime.lock import ToolLock
 from carmy_worker.runtime.publisher import ProgressPublisher
@@ -342,12 +342,12 @@ class Runtime:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
         if log.isEnabledFor(logging.INFO):  # the fields are built only for a line that is written
-            log.info("execution", extra={"carmy": {
+            info_line(log, "execution", {
                 "event": "execution", "execution_id": exec_id, "request_id_hash": request_id_hash(run.job.request_id),
                 "tool": record.tool, "status": record.status, "error_code": record.error_code,
                 "queue_wait_ms": run.queue_wait_ms, "run_ms": run.run_ms, "attempt": run.attempt,
                 "worker": self.worker_id, "recorded": written,
-            }})
+            })
         if written:
             run.lease_ended = bool(run.lease)
         else:

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import io
 import json
 import logging
+import re
 import sys
 import threading
+from collections.abc import Iterator
 
 import pytest
 
@@ -88,3 +92,75 @@ def test_an_exception_ending_a_thread_is_a_log_line(caplog: pytest.LogCaptureFix
     [line] = caplog.records
     assert line.getMessage() == "uncaught exception in thread stray"
     assert line.exc_info is not None and repr(line.exc_info[1]) == "RuntimeError('left behind')"
+
+
+@pytest.fixture
+def configured(monkeypatch: pytest.MonkeyPatch) -> Iterator[io.StringIO]:
+    """``logs.configure("json")`` writing to a buffer, undone afterwards (pytest's capture included)."""
+    stream = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", stream)
+    for name in ("_srcfile", "logThreads", "logProcesses", "logMultiprocessing", "_handler"):
+        target = logs if name == "_handler" else logging
+        monkeypatch.setattr(target, name, getattr(target, name))
+    root = logging.getLogger()
+    handlers, level, hook = root.handlers[:], root.level, threading.excepthook
+    try:
+        logs.configure("json")
+        yield stream
+    finally:
+        root.handlers[:], root.level, threading.excepthook = handlers, level, hook
+
+
+def alone() -> None:
+    """Only the handler ``configure`` set up, as in a served process: pytest adds its capture
+    handler to the root for each phase of a test."""
+    assert logs._handler is not None
+    logging.getLogger().handlers[:] = [logs._handler]
+
+
+FIELDS = {"event": "request", "tool": "café\n", "status_code": 200, "replayed": False, "error_code": None}
+
+
+def test_info_line_is_the_line_logger_info_writes(configured: io.StringIO) -> None:
+    alone()
+    log = logging.getLogger("carmy.api")
+    logs.info_line(log, "request", FIELDS)  # off the event loop: written at once
+    log.info("request", extra={"carmy": FIELDS})
+    fast, slow = configured.getvalue().splitlines()
+    # Byte for byte, but for the time of day (the two lines may be a millisecond apart).
+    assert re.fullmatch(r'\{"ts": "\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", (.*)', fast)
+    assert fast.partition('Z", ')[2] == slow.partition('Z", ')[2]
+
+
+async def test_lines_of_a_loop_turn_are_written_together_and_in_order(configured: io.StringIO) -> None:
+    alone()
+    log = logging.getLogger("carmy.api")
+    logs.info_line(log, "request", {**FIELDS, "n": 1})
+    logs.info_line(log, "request", {**FIELDS, "n": 2})
+    assert configured.getvalue() == ""  # waiting for the end of this turn
+    log.warning("not a request")  # any other record goes out after the lines logged before it
+    logs.info_line(log, "request", {**FIELDS, "n": 3})
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    lines = [json.loads(line) for line in configured.getvalue().splitlines()]
+    assert [line.get("n", line["message"]) for line in lines] == [1, 2, "not a request", 3]
+
+
+def test_info_line_honours_the_level(configured: io.StringIO) -> None:
+    alone()
+    log = logging.getLogger("carmy.quiet")
+    log.setLevel(logging.WARNING)
+    try:
+        logs.info_line(log, "request", FIELDS)
+    finally:
+        log.setLevel(logging.NOTSET)
+    assert configured.getvalue() == ""
+
+
+def test_info_line_goes_through_logging_when_others_listen(configured: io.StringIO,
+                                                           caplog: pytest.LogCaptureFixture) -> None:
+    # pytest's capture (or a host application's handler) on the root: they get the record too.
+    with caplog.at_level(logging.INFO, logger="carmy.api"):
+        logs.info_line(logging.getLogger("carmy.api"), "request", FIELDS)
+    [record] = caplog.records
+    assert record.getMessage() == "request" and record.carmy == FIELDS  # type: ignore[attr-defined]
