@@ -27,6 +27,7 @@ from uvicorn._types import ASGIReceiveCallable, ASGISendCallable, Scope
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from api.halfclose import ResetProbe
+from api.onewrite import OneWriteCycle
 from api.settings import ApiSettings
 from carmy_worker.sdk.errors import error
 from carmy_worker.wire import EnvelopeError, json_encoder
@@ -138,7 +139,10 @@ class HardenedHttpToolsProtocol(HttpToolsProtocol):
         if self._header_bytes > self.max_header_bytes and self._headers_size() > self.max_header_bytes:
             # Answered by uvicorn's own machinery, which closes the connection after it.
             self.app = headers_too_large
+        previous = self.cycle
         super().on_headers_complete()
+        if self.cycle is not previous:  # not an upgrade: a request to answer
+            OneWriteCycle.install(self.cycle)
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
