@@ -27,6 +27,7 @@ from api.mcp import MCP_PATH, McpServer
 from api.oauth import ProtectedResources, TokenVerifier, key_source
 from api.ops import ApiMetrics, Ops
 from api.settings import ApiSettings
+from api.shortcut import CarmyApp
 from carmy_worker.store import keys
 from carmy_worker.store.connect import RedisConnector
 from carmy_worker.store.durable import Durability
@@ -40,6 +41,7 @@ POOL_WAIT_S = 10.0
 # than REPLY_TIMEOUT_S (plus the WAIT for replicas, when asked for): STORE_UNAVAILABLE.
 CONNECT_TIMEOUT_S = 0.5
 REPLY_TIMEOUT_S = 1.0
+EXECUTE_PATH = "/agent/execute"
 
 
 def connect(settings: ApiSettings, connector: RedisConnector) -> Redis:
@@ -102,11 +104,14 @@ def create_app(settings: ApiSettings | None = None) -> Starlette:
     def guarded(endpoint: ASGIApp, *, mcp: bool = False) -> ASGIApp:
         return RequireAuth(endpoint, auth, mcp=mcp)
 
-    return Starlette(
+    execute_route = guarded(RequireJson(execute))
+    return CarmyApp(
+        # POST /agent/execute skips Starlette's router and error layers (api/shortcut.py says why).
+        shortcut_path=EXECUTE_PATH, shortcut=execute_route,
         routes=[
             Route("/.well-known/agent", discovery, methods=["GET"]),
             Route("/agent/tools", guarded(request_response(tools)), methods=["GET"]),
-            Route("/agent/execute", guarded(RequireJson(execute)), methods=["POST"]),
+            Route(EXECUTE_PATH, execute_route, methods=["POST"]),
             Route("/agent/executions/{execution_id}", guarded(request_response(lookup.get)), methods=["GET"]),
             Route("/agent/executions/{execution_id}", guarded(request_response(lookup.delete)), methods=["DELETE"]),
             Route("/agent/executions/{execution_id}/events", guarded(lookup.events), methods=["GET"]),

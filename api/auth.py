@@ -17,6 +17,7 @@ from typing import Any
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from api.fields import fields
 from api.oauth.metadata import ProtectedResources
 from api.oauth.tokens import Refusal, TokenVerifier, looks_like_jwt
 from api.responses import envelope, envelope_error
@@ -130,7 +131,7 @@ class RequireAuth:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.auth is None:
             return await self.app(scope, receive, send)
-        authorization = next((v for k, v in scope["headers"] if k == b"authorization"), None)
+        authorization = fields(scope).get(b"authorization")
         found = await self.auth.identify(authorization, mcp=self.mcp)
         if not isinstance(found, AgentContext):
             return await self.auth.refuse(found, mcp=self.mcp)(scope, receive, send)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from starlette.types import Receive, Scope
 
+from api.fields import fields
+
 
 class BodyTooLarge(Exception):
     pass
@@ -15,14 +17,13 @@ class ClientGone(Exception):
 
 async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
     """The whole body, or ``BodyTooLarge`` as soon as it is known to exceed ``limit`` bytes."""
-    for name, value in scope["headers"]:
-        if name == b"content-length":
-            try:
-                if int(value) > limit:
-                    raise BodyTooLarge
-            except ValueError:
-                pass  # the server rejects malformed lengths before we see them
-            break
+    length = fields(scope).get(b"content-length")
+    if length is not None:
+        try:
+            if int(length) > limit:
+                raise BodyTooLarge
+        except ValueError:
+            pass  # the server rejects malformed lengths before we see them
     chunks: list[bytes] = []
     size = 0
     while True:

@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from api.fields import header
 from api.responses import envelope_error
 from api.settings import ApiSettings
 from carmy_worker.sdk.errors import clip
@@ -29,10 +30,6 @@ from carmy_worker.sdk.errors import clip
 PROBES = frozenset({"/health", "/ready"})
 HOSTS_REMEMBERED = 64  # Host values whose verdict BrowserGuard keeps
 DEFAULT_PORTS = {"http": 80, "https": 443}
-
-
-def header(scope: Scope, name: bytes) -> str | None:
-    return next((value.decode("latin-1") for key, value in scope["headers"] if key == name), None)
 
 
 def split_host(value: str) -> tuple[str, int | None] | None:

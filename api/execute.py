@@ -19,11 +19,11 @@ from starlette.types import Message, Receive, Scope, Send
 from api import relay
 from api.auth import trusted_context
 from api.body import BodyTooLarge, ClientGone, read_body
-from api.browser import header
 from api.calls import Calls, Started
 from api.catalog import CatalogTool
 from api.checks import Rejected
 from api.executions import RECHECK_S
+from api.fields import fields, header
 from api.hub import HubUnavailable
 from api.lookup import accepted
 from api.ops import ApiMetrics
@@ -43,16 +43,15 @@ log = logging.getLogger("carmy.api")
 
 
 def wants_sse(scope: Scope) -> bool:
-    return any(name == b"accept" and b"text/event-stream" in value for name, value in scope["headers"])
+    accept = fields(scope).get(b"accept")
+    return accept is not None and b"text/event-stream" in accept
 
 
 def prefers_async(scope: Scope) -> bool:
     """``Prefer: respond-async`` (RFC 7240), among any other preferences."""
-    for name, value in scope["headers"]:
-        if name == b"prefer" and any(p.split(b";")[0].strip().lower() == b"respond-async"
-                                     for p in value.split(b",")):
-            return True
-    return False
+    prefer = fields(scope).get(b"prefer")
+    return prefer is not None and any(p.split(b";")[0].strip().lower() == b"respond-async"
+                                      for p in prefer.split(b","))
 
 
 def decode_envelope(body: bytes) -> ExecuteRequest | str:
