@@ -109,7 +109,7 @@ class ExecuteEndpoint:
             self.metrics.in_flight.dec()
             if span is not None:
                 _end(span, answer)
-        self.metrics.responses.labels(str(answer.status_code), answer.outcome).inc()
+        self.metrics.responded(answer.status_code, answer.outcome)
         if not log.isEnabledFor(logging.INFO):
             return
         duration_ms = round((time.perf_counter() - start) * 1000, 1)

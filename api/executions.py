@@ -162,13 +162,7 @@ class Executions:
         unreachable_since: float | None = None
         loop = asyncio.get_running_loop()
         while True:
-            # Not asyncio.wait_for: on 3.11 it can return a message instead of raising the
-            # CancelledError of a caller that went away, and the wait would go on.
-            try:
-                async with asyncio.timeout(tick):
-                    message: bytes | None = await messages.get()
-            except TimeoutError:
-                message = None
+            message = await messages.get(timeout=tick)  # None: tick seconds without one
             if message is not None and message != RESYNC:
                 event = event_decoder.decode(message)
                 if event.name != "final":

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
@@ -62,25 +62,28 @@ class EventHub:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reader  # listen_forever closes its connection as it ends
 
-    @contextlib.contextmanager
-    def expect(self, exec_id: str) -> Iterator[Mailbox]:
-        """The events of ``exec_id`` that reach this process's ``channel``, from now on.
+    def expect(self, exec_id: str) -> Expectation:
+        """The events of ``exec_id`` that reach this process's ``channel``, from now on: a
+        context manager whose ``with`` gives their ``Mailbox``.
 
         Register before the execution can publish (before SUBMIT or JOIN names ``channel``).
-        Raises ``HubUnavailable`` while the process's subscription is not confirmed.
+        Entering raises ``HubUnavailable`` while the process's subscription is not confirmed.
         """
+        return Expectation(self, exec_id)
+
+    def _register(self, exec_id: str) -> Mailbox:
         if not self._confirmed.is_set():
             raise HubUnavailable("not connected")
         queue = Mailbox()
         self._expected.setdefault(exec_id, set()).add(queue)
-        try:
-            yield queue
-        finally:
-            waiting = self._expected.get(exec_id)
-            if waiting is not None:
-                waiting.discard(queue)
-                if not waiting:
-                    del self._expected[exec_id]
+        return queue
+
+    def _unregister(self, exec_id: str, queue: Mailbox) -> None:
+        waiting = self._expected.get(exec_id)
+        if waiting is not None:
+            waiting.discard(queue)
+            if not waiting:
+                del self._expected[exec_id]
 
     async def _read_forever(self) -> None:
         await listen_forever(self._redis, lambda: [self.channel, *self._broadcast], self._dispatch,
@@ -115,3 +118,24 @@ class EventHub:
             if self._resync_due:  # events published before this confirmation were lost
                 self._resync_due = False
                 self._resync()
+
+
+class Expectation:
+    """``EventHub.expect``'s context manager: a class rather than a generator, since every call
+    enters one (``contextlib.contextmanager`` cost three times as much)."""
+
+    __slots__ = ("_exec_id", "_hub", "_queue")
+
+    def __init__(self, hub: EventHub, exec_id: str) -> None:
+        self._hub = hub
+        self._exec_id = exec_id
+        self._queue: Mailbox | None = None
+
+    def __enter__(self) -> Mailbox:
+        self._queue = self._hub._register(self._exec_id)
+        return self._queue
+
+    def __exit__(self, *exc: object) -> None:
+        if self._queue is not None:
+            self._hub._unregister(self._exec_id, self._queue)
+            self._queue = None

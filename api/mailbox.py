@@ -35,7 +35,7 @@ class Mailbox:
 
     def __init__(self, *, max_progress: int = MAX_PROGRESS, max_progress_bytes: int = MAX_PROGRESS_BYTES) -> None:
         self._items: deque[bytes] = deque()
-        self._ready = asyncio.Event()
+        self._waiter: asyncio.Future[None] | None = None  # the reader's, while it waits
         self._max_progress = max_progress
         self._max_progress_bytes = max_progress_bytes
         self._progress = 0  # waiting progress events
@@ -46,7 +46,9 @@ class Mailbox:
         if message == RESYNC and self._items and self._items[-1] == RESYNC:
             return  # one re-read is enough, however often the hub reconnected meanwhile
         self._items.append(message)
-        self._ready.set()
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
         if is_progress(message):
             self._progress += 1
             self._progress_bytes += len(message)
@@ -54,11 +56,25 @@ class Mailbox:
                                           or self._progress_bytes > self._max_progress_bytes):
                 self._drop_oldest_progress()
 
-    async def get(self) -> bytes:
-        """The next message, waiting for one; a cancelled wait takes none."""
-        while not self._items:
-            self._ready.clear()
-            await self._ready.wait()
+    async def get(self, timeout: float | None = None) -> bytes | None:
+        """The next message, waiting for one, or None after ``timeout`` seconds without one; a
+        cancelled wait takes none.
+
+        One future and, with a timeout, one timer per wait: this is where every call waits for
+        its answer, and ``asyncio.timeout`` around an ``asyncio.Event`` cost three times as much.
+        """
+        if not self._items:
+            loop = asyncio.get_running_loop()
+            waiter = self._waiter = loop.create_future()
+            timer = None if timeout is None else loop.call_later(timeout, _expire, waiter)
+            try:
+                await waiter
+            finally:
+                self._waiter = None
+                if timer is not None:
+                    timer.cancel()
+            if not self._items:
+                return None
         message = self._items.popleft()
         if is_progress(message):
             self._progress -= 1
@@ -78,3 +94,8 @@ class Mailbox:
                 self._progress_bytes -= len(message)
                 self._dropped += 1
                 return
+
+
+def _expire(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)

@@ -43,6 +43,15 @@ class ApiMetrics:
                                  registry=self.registry)
         self.responses = Counter("carmy_api_execute_responses", "Execute responses by HTTP status and outcome",
                                  ["status_code", "outcome"], registry=self.registry)
+        # Each pair's child of ``responses``: labels() takes a lock and builds its key every call.
+        self._responded: dict[tuple[int, str], Any] = {}
+
+    def responded(self, status_code: int, outcome: str) -> None:
+        """Count one execute response."""
+        child = self._responded.get((status_code, outcome))
+        if child is None:
+            child = self._responded[status_code, outcome] = self.responses.labels(str(status_code), outcome)
+        child.inc()
 
 
 def _split(field_name: bytes) -> list[str]:

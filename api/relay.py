@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
@@ -40,13 +41,14 @@ async def race_disconnect(work: Awaitable[Record], receive: Receive,
     Returns what ``work`` returned (the record it answered with), or None if the client left.
     An error of ``work`` is raised as itself, unless the client had left.
 
-    Two plain asyncio tasks and one ``asyncio.wait``: this runs once per call, and an anyio task
-    group cost several times as much CPU (a tenth of the API's under load).
+    Two plain asyncio tasks and a future that the first to end completes: this runs once per
+    call, and an anyio task group cost several times as much CPU (a tenth of the API's under
+    load), ``asyncio.wait`` twice as much.
     """
     answering = asyncio.ensure_future(work)
     watching = asyncio.ensure_future(until_disconnect(receive))
     try:
-        await asyncio.wait((answering, watching), return_when=asyncio.FIRST_COMPLETED)
+        await _first_done(answering, watching)
         # A complete response also ends receive(): that is not a departure.
         if answering.done():
             return answering.result()
@@ -61,6 +63,23 @@ async def race_disconnect(work: Awaitable[Record], receive: Receive,
     finally:
         watching.cancel()
         await _stopped(answering)
+
+
+async def _first_done(*tasks: asyncio.Future[Any]) -> None:
+    """Until one of ``tasks`` is done: ``asyncio.wait(FIRST_COMPLETED)`` without its sets and checks."""
+    waiter = asyncio.get_running_loop().create_future()
+
+    def wake(_: object) -> None:
+        if not waiter.done():
+            waiter.set_result(None)
+
+    for task in tasks:
+        task.add_done_callback(wake)
+    try:
+        await waiter
+    finally:
+        for task in tasks:
+            task.remove_done_callback(wake)
 
 
 _detached: set[asyncio.Future[None]] = set()

@@ -47,7 +47,7 @@ _encoder = json.JSONEncoder(default=str)
 
 
 def _json_line(ts: str, level: str, logger: str, message: str, fields: object, exc: str | None = None) -> str:
-    line: dict[str, Any] = {"ts": ts, "level": level, "logger": logger, "message": message}
+    line: dict[Any, Any] = {"ts": ts, "level": level, "logger": logger, "message": message}
     if isinstance(fields, dict):
         if _BASE.isdisjoint(fields):
             line.update(fields)

@@ -10,6 +10,7 @@ import pytest
 import redis.asyncio
 
 from api.executions import Executions
+from api.mailbox import Mailbox
 from api.settings import ApiSettings
 from carmy_worker.store import jobs, keys, records
 from carmy_worker.store.attempts import Attempts
@@ -54,7 +55,7 @@ async def settled_with(ar: redis.asyncio.Redis, data_json: bytes) -> tuple[str, 
 async def outcome(ar: redis.asyncio.Redis, exec_id: str, messages: list[bytes]) -> Record:
     """What a waiter of ``exec_id`` answers, given ``messages`` from its subscription."""
     executions = Executions(ar, ApiSettings(retention=RETENTION))
-    queue: asyncio.Queue[bytes] = asyncio.Queue()
+    queue = Mailbox()
     for message in messages:
         queue.put_nowait(message)
     return await asyncio.wait_for(executions.outcome(exec_id, "t", queue, tick=NEVER), 5)

@@ -73,3 +73,13 @@ async def test_a_cancelled_wait_takes_nothing() -> None:
     waiting.cancel()  # woken, but cancelled before it ran
     await asyncio.gather(waiting, return_exceptions=True)
     assert await box.get() == progress(1)
+
+
+async def test_a_wait_with_a_timeout_ends_empty_handed_or_with_the_message() -> None:
+    box = Mailbox()
+    assert await box.get(timeout=0.01) is None  # nothing came
+    waiting = asyncio.ensure_future(box.get(timeout=30))
+    await asyncio.sleep(0)
+    box.put_nowait(FINAL)
+    assert await waiting == FINAL
+

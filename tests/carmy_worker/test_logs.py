@@ -164,3 +164,26 @@ def test_info_line_goes_through_logging_when_others_listen(configured: io.String
         logs.info_line(logging.getLogger("carmy.api"), "request", FIELDS)
     [record] = caplog.records
     assert record.getMessage() == "request" and record.carmy == FIELDS  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("value", [
+    "plain", 'quote " and \\ backslash', "café ☕ \U0001f600", "\x00\n\u2028", "", 0, -12, 10**30, 1.5, 1e-7, 3.0,
+    float("nan"), float("inf"), float("-inf"), True, False, None, [1, "a"], {"nested": {"x": None}}, (1, 2),
+    logging.INFO.__class__, b"bytes",
+])
+def test_json_lines_are_json_dumps_bytes_whatever_the_value(value: object) -> None:
+    r = record("request", event="request", value=value, ts="forged")
+    r.created, r.msecs = 1764460800.25, 250.0
+    assert JsonFormatter().format(r) == json.dumps({
+        "ts": "2025-11-30T00:00:00.250Z", "level": "info", "logger": "carmy.api", "message": "request",
+        "event": "request", "value": value,
+    }, default=str)
+
+
+def test_json_lines_with_a_key_that_is_not_text_are_json_dumps_bytes_too() -> None:
+    r = record("request", event="request")
+    r.carmy = {1: "one", "event": "request", None: 2}  # type: ignore[attr-defined]
+    r.created, r.msecs = 1764460800.25, 250.0
+    assert JsonFormatter().format(r) == json.dumps({
+        "ts": "2025-11-30T00:00:00.250Z", "level": "info", "logger": "carmy.api", "message": "request",
+        1: "one", "event": "request", None: 2})
