@@ -152,8 +152,11 @@ class Catalog:
                 if self._ok:
                     log.warning("catalog refresh failed: %s", exc)
                 self._ok = False
+            # Not asyncio.wait_for: on 3.11 a cancel that comes as the event is set is swallowed,
+            # and the app's shutdown then waits for a task that goes on refreshing.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), self.refresh_interval)
+                async with asyncio.timeout(self.refresh_interval):
+                    await self._changed.wait()
 
     async def refresh(self) -> None:
         roster = await self._liveness.roster()
