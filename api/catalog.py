@@ -152,8 +152,11 @@ class Catalog:
                 if self._ok:
                     log.warning("catalog refresh failed: %s", exc)
                 self._ok = False
+            # asyncio.timeout, not wait_for: on Python 3.11, wait_for swallows a cancellation that
+            # comes as the event is set, and the loop would go on past the app's shutdown.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), self.refresh_interval)
+                async with asyncio.timeout(self.refresh_interval):
+                    await self._changed.wait()
 
     async def refresh(self) -> None:
         roster = await self._liveness.roster()
