@@ -14,14 +14,15 @@ means rewriting this file only. Four things differ from arq's defaults:
   milliseconds. A full worker whose slot frees up looks again at once; the 0.5 s poll stays as a
   fallback (deferred jobs come due that way). Due jobs are taken with one Lua call (LEASE)
   instead of arq's four round trips per job; it also reads the job and counts its runs, so
-  arq's ``run_job`` reads them from the lease (its first pipeline is answered in memory), and
-  moves the job's score to the lease's end, so later scans skip it;
+  arq's ``run_job`` reads them from the lease (its first pipeline is answered in memory),
+  moves the job's score to the lease's end, so later scans skip it, and claims the job's
+  execution for this worker (``store.attempts.CLAIM_ONE``: no CLAIM round trip);
 * each lease holds a token (in arq's in-progress key and the worker's leases hash), and FINISH
   replaces arq's ``finish_job``: it ends only its own lease, so a worker that lost a job while
   paused cannot delete it, and the janitor can hand back the leases of a dead worker. A job
   settled with its record ends its lease in the same script (SETTLE, ``store.attempts``), so
-  ``finish_job`` then has nothing left to do: a worker makes three round trips per job
-  (LEASE, CLAIM, SETTLE).
+  ``finish_job`` then has nothing left to do: a worker makes two round trips per job
+  (LEASE, SETTLE), plus the ``BLPOP`` that wakes it.
 
 The last two override arq internals. ``ARQ_PRIVATE_SURFACE`` names every private or
 undocumented name of arq this module relies on; ``tests/carmy_worker/runtime/test_arq_surface.py``
@@ -50,6 +51,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from carmy_worker.store import jobs, keys
+from carmy_worker.store.attempts import CLAIM_ONE, MAX_ATTEMPTS, Claim, ClaimVerdict
 from carmy_worker.store.connect import RedisConnector
 
 if TYPE_CHECKING:
@@ -110,28 +112,31 @@ def deserialize(data: bytes) -> dict[str, Any]:
 
 # (job payload, lease token) -> whether its SETTLE also ended the lease (then nothing is left to finish)
 Handler = Callable[[bytes, str], Awaitable[bool | None]]
+# (job payload, the claim LEASE made, lease token), called as soon as LEASE answers, before arq's
+# run_job gets to the job: the worker holds the execution from then on.
+Admit = Callable[[bytes, Claim, str], None]
 
 # Takes up to ARGV[2] jobs in one round trip: the due ones at the head of the queue (by Redis's
 # clock, like the scores SUBMIT writes) that no other worker has leased. arq polls with the
 # worker's clock, then takes each job with WATCH/EXISTS/ZSCORE/MULTI/EXEC (four round trips
 # each). The in-progress keys set here are arq's, holding a token unique to this lease, also
-# listed in the worker's leases hash: the janitor puts back the jobs of a dead worker that
-# never claimed them, and a late finish of a lease that was taken away touches nothing.
+# listed in the worker's leases hash: the janitor puts back the jobs of a dead worker, and a late
+# finish of a lease that was taken away touches nothing.
 # Each job leased is also read (arq's job bytes, '' if gone) and its runs counted (arq's retry
-# key: INCR and EXPIRE, as arq's run_job would), so run_job needs no round trip of its own; and
-# its score moves to the end of its lease, when it is due again unless finished, so that the
-# scan for due jobs does not walk over leased ones (whoever ends a lease early without
-# finishing the job puts the score back: FINISH, REAP, the janitor, a heartbeat).
+# key: INCR and EXPIRE, as arq's run_job would), so run_job needs no round trip of its own; its
+# score moves to the end of its lease, when it is due again unless finished, so that the scan for
+# due jobs does not walk over leased ones (whoever ends a lease early without finishing the job
+# puts the score back: FINISH, REAP, the janitor, a heartbeat); and, if it was there to read, its
+# execution is claimed (store.attempts.CLAIM_ONE), so the worker needs no CLAIM round trip either.
 # Then the wake list holds one token per job still due and unleased that it looked at
 # (jobs.WAKE_FOR).
-# Returns {id, score before, job, runs, id, ...}.
-# KEYS: queue, leases hash, wake list; ARGV: in-progress key prefix, how many, lease ms, how far
-# down the queue to look, token prefix, job key prefix, retry key prefix, retry key TTL s
-LEASE = jobs.WAKE_FOR + """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+# Returns {id, score before, job, runs, verdict ('' if not claimed), attempt, ms waited, id, ...}.
+# KEYS: queue, leases hash, wake list, running set
+# ARGV: in-progress key prefix, how many, lease ms, how far down the queue to look, token prefix,
+#       job key prefix, retry key prefix, retry key TTL s, worker_id, max attempts, lock tools
+LEASE = CLAIM_ONE + jobs.WAKE_FOR + """
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[4]))
-local leased, want, lease_end, waiting = {}, tonumber(ARGV[2]) * 4, now + tonumber(ARGV[3]), 0
+local leased, want, lease_end, waiting = {}, tonumber(ARGV[2]) * 7, now + tonumber(ARGV[3]), 0
 for i = 1, #due, 2 do
   local job = due[i]
   local token = ARGV[5] .. job
@@ -144,10 +149,12 @@ for i = 1, #due, 2 do
     redis.call('ZADD', KEYS[1], lease_end, job)
     local runs = redis.call('INCR', ARGV[7] .. job)
     redis.call('EXPIRE', ARGV[7] .. job, tonumber(ARGV[8]))
-    table.insert(leased, job)
-    table.insert(leased, due[i + 1])
-    table.insert(leased, redis.call('GET', ARGV[6] .. job) or '')
-    table.insert(leased, runs)
+    local bytes = redis.call('GET', ARGV[6] .. job) or ''
+    local verdict, attempt, waited = '', 0, 0
+    if bytes ~= '' then
+      verdict, attempt, waited = claim(job, ARGV[9], KEYS[4], tonumber(ARGV[10]), ARGV[11])
+    end
+    for _, v in ipairs({job, due[i + 1], bytes, runs, verdict, attempt, waited}) do table.insert(leased, v) end
   end
 end
 wake_for(KEYS[3], waiting)
@@ -183,26 +190,37 @@ class Lease(Struct, frozen=True):
     token: str
     job: bytes = b""  # arq's job, as LEASE read it (empty: gone)
     runs: int = 0  # arq's count of this job's runs (its retry key), this one included
+    claim: Claim | None = None  # its execution's claim, made with the lease (None: job gone)
 
 
 class Leases:
     """LEASE and FINISH for one worker's jobs, on one client."""
 
-    def __init__(self, redis: ArqRedis, worker_id: str) -> None:
+    def __init__(self, redis: ArqRedis, worker_id: str, *, lock_tools: tuple[str, ...] = ()) -> None:
         self._lease = redis.register_script(LEASE)
         self._finish = redis.register_script(FINISH)
         self.worker_id = worker_id
         self._hash = keys.leases(worker_id)
+        self._running = keys.running(worker_id)
+        # The tools whose attempts begin when they have their lock, not at their claim.
+        self._lock_tools = f" {' '.join(lock_tools)} " if lock_tools else ""
 
     async def take(self, queue: str, *, most: int, lease_ms: int, look_ahead: int) -> list[Lease]:
-        """Up to ``most`` due jobs of ``queue``, leased for ``lease_ms``, with their arq job read;
-        the wake list then holds one token per job still due."""
+        """Up to ``most`` due jobs of ``queue``, leased for ``lease_ms``, with their arq job read
+        and their execution claimed by this worker; the wake list then holds one token per job
+        still due."""
         prefix = f"{self.worker_id}/{secrets.token_hex(4)}/"
-        reply = await self._lease(keys=[queue, self._hash, jobs.wake_list(queue)],
+        reply = await self._lease(keys=[queue, self._hash, jobs.wake_list(queue), self._running],
                                   args=[jobs.IN_PROGRESS_KEY_PREFIX, most, lease_ms, look_ahead, prefix,
-                                        jobs.JOB_KEY_PREFIX, jobs.RETRY_KEY_PREFIX, _ARQ_RETRY_TTL_S])
-        return [Lease(job_id.decode(), int(float(score)), prefix + job_id.decode(), job, int(runs))
-                for job_id, score, job, runs in zip(reply[::4], reply[1::4], reply[2::4], reply[3::4], strict=True)]
+                                        jobs.JOB_KEY_PREFIX, jobs.RETRY_KEY_PREFIX, _ARQ_RETRY_TTL_S,
+                                        self.worker_id, MAX_ATTEMPTS, self._lock_tools])
+        leases = []
+        for i in range(0, len(reply), 7):
+            job_id, score, job, runs, verdict, attempt, waited = reply[i:i + 7]
+            job_id = job_id.decode()
+            claim = Claim(cast("ClaimVerdict", verdict.decode()), int(attempt), int(waited)) if verdict else None
+            leases.append(Lease(job_id, int(float(score)), prefix + job_id, job, int(runs), claim))
+        return leases
 
     async def finish(self, queue: str, lease: Lease, *, finished: bool, delay_ms: int | None) -> bool:
         """End ``lease``, retried through an outage; False if it was not ours any more. Not
@@ -296,6 +314,8 @@ class WakeableWorker(Worker):
     _slot_freed: asyncio.Event
     leases: Leases
     on_drain: Callable[[], None] | None = None
+    admit: Admit | None = None  # told of each claim LEASE made, before run_job runs its job
+    forget: Callable[[str], None] | None = None  # told of each lease whose run_job has returned
 
     @property
     def pool(self) -> ArqRedis:
@@ -340,8 +360,9 @@ class WakeableWorker(Worker):
         if self._slot_freed.is_set():
             return
         if not (self.allow_pick_jobs and self.max_jobs > self.job_counter):
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._slot_freed.wait(), self.poll_delay_s)
+            with contextlib.suppress(TimeoutError):  # not wait_for: it can swallow a cancellation (3.11)
+                async with asyncio.timeout(self.poll_delay_s):
+                    await self._slot_freed.wait()
             return
         wake = jobs.wake_list(self.queue_name or "")
         token = await waker.execute_command("BLPOP", wake, self.poll_delay_s)  # redis-py types it int
@@ -360,6 +381,9 @@ class WakeableWorker(Worker):
             lease_ms = int(self.in_progress_timeout_s * 1000)
             leased = await self.leases.take(self.queue_name or "", most=free, lease_ms=lease_ms,
                                             look_ahead=self.queue_read_limit)
+            # Before anything else runs: from now on the heartbeat reports these executions held.
+            for lease in leased:
+                self._admit(lease)
             for lease in leased:
                 await self.sem.acquire()
                 self.job_counter += 1
@@ -371,6 +395,16 @@ class WakeableWorker(Worker):
                 del self.tasks[job_id]
                 task.result()  # arq's way of surfacing an error of run_job itself
         await self.heart_beat()
+
+    def _admit(self, lease: Lease) -> None:
+        if lease.claim is None or self.admit is None:
+            return
+        try:
+            payload = deserialize(lease.job)["a"][0]
+        except Exception as exc:  # not arq's job: run_job says so; the heartbeat settles the claim
+            log.error("job %s cannot be read (%s)", lease.job_id, exc)
+            return
+        self.admit(payload, lease.claim, lease.token)
 
     async def _run_leased(self, lease: Lease, earlier: asyncio.Task[None] | None) -> None:
         """arq's run_job under ``lease``. If this process still runs an earlier lease of the same
@@ -385,6 +419,9 @@ class WakeableWorker(Worker):
         except (RedisError, OSError) as exc:  # before the job ran (arq's own reads): give it back
             log.warning("job %s could not start (%s); giving it back", lease.job_id, exc)
             await self.leases.finish(self.queue_name or "", lease, finished=False, delay_ms=None)
+        finally:
+            if self.forget is not None:
+                self.forget(lease.token)
 
     async def finish_job(self, job_id: str, finish: bool, result_data: bytes | None, result_timeout_s: float | None,
                          keep_result_forever: bool, incr_score: int | None, keep_in_progress: float | None) -> None:
@@ -420,10 +457,16 @@ def build_worker(
     drain_seconds: float,
     on_shutdown: Callable[[dict[str, Any]], Awaitable[None]] | None = None,
     on_drain: Callable[[], None] | None = None,
+    admit: Admit | None = None,
+    forget: Callable[[str], None] | None = None,
+    lock_tools: tuple[str, ...] = (),
 ) -> WakeableWorker:
     """An arq worker that calls ``handler(payload, lease token)`` for each job of ``group``; a
     handler that returns True has ended the lease itself (its SETTLE did), and arq's
-    ``finish_job`` then makes no round trip."""
+    ``finish_job`` then makes no round trip. Each job's execution is claimed with its lease:
+    ``admit(payload, claim, token)`` hears of it at once, ``forget(token)`` when arq's run_job
+    has returned (whether or not it called the handler). ``lock_tools``: the tools whose
+    attempts begin when they have their lock, not at their claim."""
 
     async def carmy_execute(ctx: dict[str, Any], payload: bytes) -> None:
         running = _running.get()
@@ -453,7 +496,8 @@ def build_worker(
         health_check_interval=3600,
     )
     worker.on_drain = on_drain
-    worker.leases = Leases(pool, worker_id)
+    worker.admit, worker.forget = admit, forget
+    worker.leases = Leases(pool, worker_id, lock_tools=lock_tools)
     return worker
 
 

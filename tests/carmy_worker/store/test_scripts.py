@@ -23,7 +23,7 @@ from carmy_worker.runtime.lock import ToolLock
 from carmy_worker.runtime.queue import Leases
 from carmy_worker.runtime.runner import MAX_ATTEMPTS
 from carmy_worker.store import jobs, keys, metrics, records
-from carmy_worker.store.attempts import Attempts
+from carmy_worker.store.attempts import STARTED, Attempts, Claim
 from carmy_worker.store.janitor import DEPARTED_MEMORY_S, Janitor
 from carmy_worker.store.roster import Beat, Claims, Holding, Liveness, Orphan, Stray, lock_holder
 from carmy_worker.store.submit import Submission, Submit
@@ -39,6 +39,7 @@ from carmy_worker.wire import (
     json_encoder,
     msgpack_encoder,
     record_decoder,
+    started_event,
 )
 from tests.support import RedisServer
 
@@ -718,6 +719,33 @@ async def test_lease_takes_only_due_unleased_jobs_at_most_n_by_redis_clock(
     assert await take(5) == []
 
 
+@pytest.mark.parametrize("tool", ["t", "tally", "a.b-c_d", "x" * 128])
+def test_the_started_event_a_script_builds_is_the_workers_byte_for_byte(r: redis.Redis, tool: str) -> None:
+    exec_id = new_id()
+    built = r.eval(STARTED + "return started_event(ARGV[1], ARGV[2])", 0, exec_id, tool)
+    assert built == started_event(exec_id, tool)
+
+
+async def test_lease_claims_each_job_it_leases(r: redis.Redis, ar: redis.asyncio.Redis, listen: Any) -> None:
+    """LEASE claims the execution of each job it leases, as CLAIM would, in the same round trip:
+    the attempt begins at once unless its tool first waits for its lock."""
+    plain, locked, cancelled = new_id(), new_id(), new_id()
+    await submit(ar, plain)
+    await submit(ar, locked, tool="serial")
+    await submit(ar, cancelled)
+    r.hset(keys.execution(cancelled), "cancel", "1")
+    events = listen(keys.events(plain))
+    got = {lease.job_id: lease.claim for lease in
+           await Leases(ar, "w1", lock_tools=("serial",)).take(QUEUE, most=3, lease_ms=MINUTE_MS, look_ahead=10)}
+    assert {e: (c.verdict, c.attempt) for e, c in got.items() if c} == {
+        plain: ("run", 1), locked: ("run", 1), cancelled: ("cancelled", 1)}
+    assert state(r, plain)["began"] == "1" and "began" not in state(r, locked)
+    assert r.smembers(keys.running("w1")) == {plain.encode(), locked.encode()}
+    assert all(state(r, e)["worker"] == "w1" for e in (plain, locked))
+    [(_, data)] = received(events)
+    assert data == started_event(plain, "tally")
+
+
 async def test_a_lease_leaves_one_wake_token_per_job_still_due(r: redis.Redis, ar: redis.asyncio.Redis) -> None:
     """Tokens left for jobs already leased would each wake a worker for nothing; but a due job
     that never pushed a token of its own (put back after a Retry) must not take another's."""
@@ -782,8 +810,8 @@ async def test_settle_with_the_lease_finishes_the_job_as_finish_would(r: redis.R
     got = {lease.job_id: lease for lease in
            await Leases(ar, "w1").take(QUEUE, most=2, lease_ms=MINUTE_MS, look_ahead=10)}
     attempts = Attempts(ar, worker_id="w1", retention=RETENTION, queue=QUEUE)
-    for exec_id in (mine, taken_away):
-        assert (await attempts.claim(exec_id, "tally", max_attempts=3, lease=got[exec_id].token)).verdict == "run"
+    for exec_id in (mine, taken_away):  # LEASE claimed them for w1
+        assert got[exec_id].claim == Claim("run", 1, got[exec_id].claim.queue_wait_ms)
     assert await attempts.settle(done_record(mine), exec_id=mine, attempt=1, lease=got[mine].token) is True
     assert not r.exists(jobs.job_key(mine), jobs.in_progress_key(mine), jobs.retry_key(mine))
     assert not in_zset(r, QUEUE, mine) and not r.hexists(keys.leases("w1"), mine)
@@ -802,10 +830,14 @@ async def test_janitor_puts_back_jobs_a_dead_worker_leased_and_never_claimed(
     r: redis.Redis, ar: redis.asyncio.Redis,
 ) -> None:
     unclaimed, claimed, kept = new_id(), new_id(), new_id()
-    for exec_id in (unclaimed, claimed):
-        await submit(ar, exec_id, idempotent=True)
-    await Leases(ar, "dead").take(QUEUE, most=2, lease_ms=MINUTE_MS, look_ahead=10)
-    assert await claim(ar, claimed, "dead") == ("run", 1)
+    await submit(ar, claimed, idempotent=True)
+    [lease] = await Leases(ar, "dead").take(QUEUE, most=2, lease_ms=MINUTE_MS, look_ahead=10)
+    assert lease.claim is not None and (lease.claim.verdict, lease.claim.attempt) == ("run", 1)
+    # A lease with no claim, as a worker of before (LEASE, then CLAIM) could leave it.
+    await submit(ar, unclaimed, idempotent=True)
+    r.set(jobs.in_progress_key(unclaimed), f"dead/old/{unclaimed}", px=MINUTE_MS)
+    r.hset(keys.leases("dead"), unclaimed, f"dead/old/{unclaimed}")
+    r.zadd(QUEUE, {unclaimed: redis_now_ms(r) + MINUTE_MS}, xx=True)
     await submit(ar, kept)
     await Leases(ar, "alive").take(QUEUE, most=1, lease_ms=MINUTE_MS, look_ahead=10)
     await heartbeat(ar, "dead", -10_000)
@@ -902,20 +934,19 @@ async def test_short_gaps_between_observations_change_nothing(r: redis.Redis, ar
 
 
 async def test_a_lease_taken_away_before_its_claim_claims_nothing(r: redis.Redis, ar: redis.asyncio.Redis) -> None:
-    """A worker paused between LEASE and CLAIM: the janitor gave its job to another worker, which
-    runs it. The late CLAIM must not take a second attempt (a non-idempotent execution would be
-    judged uncertain under the worker that is running it)."""
+    """A worker paused between its lease and its CLAIM (a job run under no claiming lease): the
+    janitor gave its job to another worker, which runs it. The late CLAIM must not take a second
+    attempt (a non-idempotent execution would be judged uncertain under the worker that is
+    running it)."""
     exec_id = new_id()
     await submit(ar, exec_id)
-    [stale] = await Leases(ar, "w1").take(QUEUE, most=1, lease_ms=MINUTE_MS, look_ahead=10)
-    r.delete(jobs.in_progress_key(exec_id))  # what JANITOR_SCAN does for a dead worker's lease:
-    r.zadd(QUEUE, {exec_id: 0}, xx=True)  # and the job is due again
+    stale = f"w1/old/{exec_id}"  # w1's lease, its claim not made yet
+    r.set(jobs.in_progress_key(exec_id), stale, px=MINUTE_MS)
+    r.delete(jobs.in_progress_key(exec_id))  # what JANITOR_SCAN does for a dead worker's lease
     [fresh] = await Leases(ar, "w2").take(QUEUE, most=1, lease_ms=MINUTE_MS, look_ahead=10)
-    running = await Attempts(ar, worker_id="w2", retention=RETENTION).claim(exec_id, "tally", max_attempts=3,
-                                                                            lease=fresh.token)
-    assert (running.verdict, running.attempt) == ("run", 1)
+    assert fresh.claim is not None and (fresh.claim.verdict, fresh.claim.attempt) == ("run", 1)
     late = await Attempts(ar, worker_id="w1", retention=RETENTION).claim(exec_id, "tally", max_attempts=3,
-                                                                         lease=stale.token)
+                                                                         lease=stale)
     assert late.verdict == "moved"
     assert state(r, exec_id)["attempt"] == "1" and state(r, exec_id)["worker"] == "w2"
 
