@@ -53,6 +53,7 @@ from redis.exceptions import RedisError
 from carmy_worker.store import jobs, keys
 from carmy_worker.store.attempts import CLAIM_ONE, MAX_ATTEMPTS, Claim, ClaimVerdict
 from carmy_worker.store.connect import RedisConnector
+from carmy_worker.store.durable import Durability, durable
 
 if TYPE_CHECKING:
     from arq.typing import StartupShutdown
@@ -196,8 +197,10 @@ class Lease(Struct, frozen=True):
 class Leases:
     """LEASE and FINISH for one worker's jobs, on one client."""
 
-    def __init__(self, redis: ArqRedis, worker_id: str, *, lock_tools: tuple[str, ...] = ()) -> None:
-        self._lease = redis.register_script(LEASE)
+    def __init__(self, redis: ArqRedis, worker_id: str, *, lock_tools: tuple[str, ...] = (),
+                 durability: Durability | None = None) -> None:
+        # It claims: a claim a failover loses resets the attempt count (store.durable).
+        self._lease = durable(redis.register_script(LEASE), durability)
         self._finish = redis.register_script(FINISH)
         self.worker_id = worker_id
         self._hash = keys.leases(worker_id)
@@ -460,13 +463,15 @@ def build_worker(
     admit: Admit | None = None,
     forget: Callable[[str], None] | None = None,
     lock_tools: tuple[str, ...] = (),
+    durability: Durability | None = None,
 ) -> WakeableWorker:
     """An arq worker that calls ``handler(payload, lease token)`` for each job of ``group``; a
     handler that returns True has ended the lease itself (its SETTLE did), and arq's
     ``finish_job`` then makes no round trip. Each job's execution is claimed with its lease:
     ``admit(payload, claim, token)`` hears of it at once, ``forget(token)`` when arq's run_job
     has returned (whether or not it called the handler). ``lock_tools``: the tools whose
-    attempts begin when they have their lock, not at their claim."""
+    attempts begin when they have their lock, not at their claim. ``durability``: the replicas
+    each LEASE waits for (it claims)."""
 
     async def carmy_execute(ctx: dict[str, Any], payload: bytes) -> None:
         running = _running.get()
@@ -497,7 +502,7 @@ def build_worker(
     )
     worker.on_drain = on_drain
     worker.admit, worker.forget = admit, forget
-    worker.leases = Leases(pool, worker_id, lock_tools=lock_tools)
+    worker.leases = Leases(pool, worker_id, lock_tools=lock_tools, durability=durability)
     return worker
 
 

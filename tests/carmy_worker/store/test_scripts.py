@@ -9,6 +9,7 @@ call it; the blocking client ``r`` only observes what they left in Redis.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -21,9 +22,9 @@ from redis.client import PubSub
 
 from carmy_worker.runtime.lock import ToolLock
 from carmy_worker.runtime.queue import Leases
-from carmy_worker.runtime.runner import MAX_ATTEMPTS
 from carmy_worker.store import jobs, keys, metrics, records
-from carmy_worker.store.attempts import STARTED, Attempts, Claim
+from carmy_worker.store.attempts import MAX_ATTEMPTS, STARTED, Attempts, Claim
+from carmy_worker.store.durable import Durability
 from carmy_worker.store.janitor import DEPARTED_MEMORY_S, Janitor
 from carmy_worker.store.roster import Beat, Claims, Holding, Liveness, Orphan, Stray, lock_holder
 from carmy_worker.store.submit import Submission, Submit
@@ -744,6 +745,20 @@ async def test_lease_claims_each_job_it_leases(r: redis.Redis, ar: redis.asyncio
     assert all(state(r, e)["worker"] == "w1" for e in (plain, locked))
     [(_, data)] = received(events)
     assert data == started_event(plain, "tally")
+
+
+async def test_a_lease_waits_for_the_replicas_asked_for(
+    r: redis.Redis, ar: redis.asyncio.Redis, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """LEASE claims, and a claim a failover loses resets the attempt count: with
+    CARMY_REDIS_WAIT_REPLICAS it is followed by WAIT, as CLAIM was."""
+    exec_id = new_id()
+    await submit(ar, exec_id)
+    with caplog.at_level(logging.WARNING, logger="carmy.store"):
+        [lease] = await Leases(ar, "w1", durability=Durability(1, timeout_ms=20)).take(
+            QUEUE, most=1, lease_ms=MINUTE_MS, look_ahead=10)
+    assert lease.claim is not None and lease.claim.verdict == "run"
+    assert "writes reach 0 of the 1 replicas" in caplog.text  # this server has none
 
 
 async def test_a_lease_leaves_one_wake_token_per_job_still_due(r: redis.Redis, ar: redis.asyncio.Redis) -> None:
