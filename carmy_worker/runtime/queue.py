@@ -8,21 +8,22 @@ means rewriting this file only. Four things differ from arq's defaults:
 * the API writes jobs itself, inside the same Lua script that reserves idempotency and
   admission (one round trip), in exactly the layout ``ArqRedis.enqueue_job`` would write
   (``carmy_worker.store.jobs``, which does not import arq);
-* workers block on the queue's wake list (``BLPOP`` on a connection of their own) instead of
-  sleeping 0.5 s between polls: whatever makes a job due (SUBMIT, a job put back) pushes one
-  token, so one job wakes one idle worker (not every worker of the pool), within
-  milliseconds. A full worker whose slot frees up looks again at once; the 0.5 s poll stays as a
-  fallback (deferred jobs come due that way). Due jobs are taken with one Lua call (LEASE)
-  instead of arq's four round trips per job; it also reads the job and counts its runs, so
-  arq's ``run_job`` reads them from the lease (its first pipeline is answered in memory),
+* workers block on the queue's wake list (``BLPOP``) instead of sleeping 0.5 s between polls:
+  whatever makes a job due (SUBMIT, a job put back) pushes one token, so one job wakes one idle
+  worker (not every worker of the pool), within milliseconds. A full worker whose slot frees up
+  looks again at once; the 0.5 s poll stays as a fallback (deferred jobs come due that way).
+  Due jobs are taken with one Lua call (LEASE) instead of arq's four round trips per job, sent
+  in the same pipeline as the ``BLPOP``: Redis runs it as soon as the token is popped. It also
+  reads the job and counts its runs, so arq's ``run_job`` reads them from the lease (its first
+  pipeline is answered in memory),
   moves the job's score to the lease's end, so later scans skip it, and claims the job's
   execution for this worker (``store.attempts.CLAIM_ONE``: no CLAIM round trip);
 * each lease holds a token (in arq's in-progress key and the worker's leases hash), and FINISH
   replaces arq's ``finish_job``: it ends only its own lease, so a worker that lost a job while
   paused cannot delete it, and the janitor can hand back the leases of a dead worker. A job
   settled with its record ends its lease in the same script (SETTLE, ``store.attempts``), so
-  ``finish_job`` then has nothing left to do: a worker makes two round trips per job
-  (LEASE, SETTLE), plus the ``BLPOP`` that wakes it.
+  ``finish_job`` then has nothing left to do: a job costs an idle worker two round trips
+  (``BLPOP`` with LEASE, then SETTLE).
 
 The last two override arq internals. ``ARQ_PRIVATE_SURFACE`` names every private or
 undocumented name of arq this module relies on; ``tests/carmy_worker/runtime/test_arq_surface.py``
@@ -48,7 +49,7 @@ from arq.constants import in_progress_key_prefix, job_key_prefix, retry_key_pref
 from arq.worker import Retry, Worker, func
 from msgspec import Struct
 from redis.asyncio import Redis
-from redis.exceptions import RedisError
+from redis.exceptions import NoScriptError, RedisError
 
 from carmy_worker.store import jobs, keys
 from carmy_worker.store.attempts import CLAIM_ONE, MAX_ATTEMPTS, Claim, ClaimVerdict
@@ -199,8 +200,10 @@ class Leases:
 
     def __init__(self, redis: ArqRedis, worker_id: str, *, lock_tools: tuple[str, ...] = (),
                  durability: Durability | None = None) -> None:
+        self._script = redis.register_script(LEASE)
         # It claims: a claim a failover loses resets the attempt count (store.durable).
-        self._lease = durable(redis.register_script(LEASE), durability)
+        self._durability = durability if durability is not None and durability.replicas else None
+        self._lease = durable(self._script, durability)
         self._finish = redis.register_script(FINISH)
         self.worker_id = worker_id
         self._hash = keys.leases(worker_id)
@@ -212,11 +215,41 @@ class Leases:
         """Up to ``most`` due jobs of ``queue``, leased for ``lease_ms``, with their arq job read
         and their execution claimed by this worker; the wake list then holds one token per job
         still due."""
+        keys_, args = self._call(queue, most, lease_ms, look_ahead)
+        return self._leases(await self._lease(keys=keys_, args=args), args[4])
+
+    async def wait_and_take(self, redis: Redis, queue: str, *, timeout: float, most: int, lease_ms: int,
+                            look_ahead: int) -> list[Lease]:
+        """Wait up to ``timeout`` s for a token on ``queue``'s wake list, then ``take``, in one
+        round trip on a connection of ``redis``'s pool held meanwhile: ``BLPOP`` and LEASE go
+        out together, and Redis runs LEASE as soon as ``BLPOP`` returns (a token popped, or the
+        timeout: the fallback poll), so the job that woke the worker comes with the wake-up."""
+        keys_, args = self._call(queue, most, lease_ms, look_ahead)
+        async with redis.pipeline(transaction=False) as pipe:
+            pipe.execute_command("BLPOP", jobs.wake_list(queue), timeout)
+            # EVALSHA itself: a script in a pipeline costs an EXISTS check first.
+            pipe.evalsha(self._script.sha, len(keys_), *keys_, *args)
+            if self._durability is not None:
+                pipe.wait(self._durability.replicas, self._durability.timeout_ms)
+            replies = await pipe.execute(raise_on_error=False)
+        if isinstance(replies[1], NoScriptError):  # a new primary, or a flushed cache: LEASE did not run
+            return await self.take(queue, most=most, lease_ms=lease_ms, look_ahead=look_ahead)
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        if self._durability is not None:
+            self._durability.acknowledged(int(replies[2]))
+        return self._leases(replies[1], args[4])
+
+    def _call(self, queue: str, most: int, lease_ms: int, look_ahead: int) -> tuple[list[str], list[Any]]:
+        """LEASE's keys and arguments (a new token prefix: ``args[4]``)."""
         prefix = f"{self.worker_id}/{secrets.token_hex(4)}/"
-        reply = await self._lease(keys=[queue, self._hash, jobs.wake_list(queue), self._running],
-                                  args=[jobs.IN_PROGRESS_KEY_PREFIX, most, lease_ms, look_ahead, prefix,
-                                        jobs.JOB_KEY_PREFIX, jobs.RETRY_KEY_PREFIX, _ARQ_RETRY_TTL_S,
-                                        self.worker_id, MAX_ATTEMPTS, self._lock_tools])
+        return ([queue, self._hash, jobs.wake_list(queue), self._running],
+                [jobs.IN_PROGRESS_KEY_PREFIX, most, lease_ms, look_ahead, prefix, jobs.JOB_KEY_PREFIX,
+                 jobs.RETRY_KEY_PREFIX, _ARQ_RETRY_TTL_S, self.worker_id, MAX_ATTEMPTS, self._lock_tools])
+
+    @staticmethod
+    def _leases(reply: list[Any], prefix: str) -> list[Lease]:
         leases = []
         for i in range(0, len(reply), 7):
             job_id, score, job, runs, verdict, attempt, waited = reply[i:i + 7]
@@ -336,54 +369,57 @@ class WakeableWorker(Worker):
         self.ctx["redis"] = self._pool
         if self.on_startup:
             await self.on_startup(self.ctx)
-        # Its own connection: BLPOP holds it while it waits.
-        waker = Redis(connection_pool=self._pool.connection_pool, single_connection_client=True)
         backoff = 0.0
-        try:
-            while True:
-                self._slot_freed.clear()
-                try:
-                    await self._poll_iteration()
-                    if backoff:
-                        log.info("queue reachable again")
-                    backoff = 0.0
-                    await self._wait_for_work(waker)
-                except (RedisError, OSError) as exc:
-                    if not backoff:
-                        log.warning("queue unreachable (%s); retrying", exc)
-                    backoff = min(backoff * 2 or 0.1, 2.0)
-                    await asyncio.sleep(backoff)
-        finally:
-            await asyncio.shield(waker.aclose())
+        taken: list[Lease] | None = None  # what the last wait's LEASE took (None: take now)
+        while True:
+            self._slot_freed.clear()
+            try:
+                leased, taken = taken, None  # run once, even if what follows fails
+                await self._poll_iteration(leased)
+                if backoff:
+                    log.info("queue reachable again")
+                backoff = 0.0
+                taken = await self._wait_for_work()
+            except (RedisError, OSError) as exc:
+                if not backoff:
+                    log.warning("queue unreachable (%s); retrying", exc)
+                backoff = min(backoff * 2 or 0.1, 2.0)
+                await asyncio.sleep(backoff)
 
-    async def _wait_for_work(self, waker: Redis) -> None:
+    async def _wait_for_work(self) -> list[Lease] | None:
         """Until a job may be there to take: a token on the wake list, a slot of a full worker
         freed (at once), or ``poll_delay_s`` (the fallback poll, also for deferred jobs coming
-        due). Only a worker with a free slot pops a token: a full one leaves it to another."""
+        due). Only a worker with a free slot pops a token, and it leases in the same round
+        trip (``Leases.wait_and_take``): what it took, or None when it only waited (a full or
+        draining worker, which leaves tokens to others)."""
         if self._slot_freed.is_set():
-            return
-        if not (self.allow_pick_jobs and self.max_jobs > self.job_counter):
+            return None
+        free = self.max_jobs - self.job_counter
+        if not (self.allow_pick_jobs and free > 0):
             with contextlib.suppress(TimeoutError):  # not wait_for: it can swallow a cancellation (3.11)
                 async with asyncio.timeout(self.poll_delay_s):
                     await self._slot_freed.wait()
-            return
-        wake = jobs.wake_list(self.queue_name or "")
-        token = await waker.execute_command("BLPOP", wake, self.poll_delay_s)  # redis-py types it int
-        if token is not None and not self.allow_pick_jobs:  # draining since: it is another worker's
-            await waker.lpush(wake, token[1])
+            return None
+        # A drain that begins meanwhile does not stop this LEASE: what it took is run and drained.
+        return await self.leases.wait_and_take(
+            cast("ArqRedis", self._pool), self.queue_name or "", timeout=self.poll_delay_s, most=free,
+            lease_ms=int(self.in_progress_timeout_s * 1000), look_ahead=self.queue_read_limit)
 
     def handle_sig_wait_for_completion(self, signum: Signals) -> None:
         if self.allow_pick_jobs and self.on_drain is not None:
             self.on_drain()
         super().handle_sig_wait_for_completion(signum)
 
-    async def _poll_iteration(self) -> None:
-        """Take what is due (one script call), then tidy finished tasks, as arq's does."""
+    async def _poll_iteration(self, taken: list[Lease] | None = None) -> None:
+        """Run what the last wait took, or else take what is due (one script call), then tidy
+        finished tasks, as arq's does."""
         free = self.max_jobs - self.job_counter
-        if self.allow_pick_jobs and free > 0:
+        leased = taken or []
+        if taken is None and self.allow_pick_jobs and free > 0:
             lease_ms = int(self.in_progress_timeout_s * 1000)
             leased = await self.leases.take(self.queue_name or "", most=free, lease_ms=lease_ms,
                                             look_ahead=self.queue_read_limit)
+        if leased:
             # Before anything else runs: from now on the heartbeat reports these executions held.
             for lease in leased:
                 self._admit(lease)

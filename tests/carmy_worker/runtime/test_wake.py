@@ -70,14 +70,14 @@ async def pool_of(url: str, n: int, handler: Callable[[str, bytes, str], Awaitab
         worker = queue.build_worker(handle, pool=client, worker_id=worker_id, group=GROUP,
                                     concurrency=concurrency, max_timeout=5, drain_seconds=5, admit=admit)
         worker.poll_delay_s = NEVER_S
-        take = worker.leases.take
         pool.leases[worker_id] = 0
+        for name in ("take", "wait_and_take"):  # each LEASE, alone or after a BLPOP, is a look
+            async def counted(*args: object, worker_id: str = worker_id, take: object = getattr(worker.leases, name),
+                              **kwargs: object) -> object:
+                pool.leases[worker_id] += 1
+                return await take(*args, **kwargs)  # type: ignore[operator]
 
-        async def counted(*args: object, worker_id: str = worker_id, take: object = take, **kwargs: object) -> object:
-            pool.leases[worker_id] += 1
-            return await take(*args, **kwargs)  # type: ignore[operator]
-
-        worker.leases.take = counted  # type: ignore[method-assign]
+            setattr(worker.leases, name, counted)
         pool.workers.append(worker)
         pool.tasks.append(asyncio.create_task(worker.async_run()))
     try:

@@ -759,6 +759,49 @@ async def test_a_lease_waits_for_the_replicas_asked_for(
             QUEUE, most=1, lease_ms=MINUTE_MS, look_ahead=10)
     assert lease.claim is not None and lease.claim.verdict == "run"
     assert "writes reach 0 of the 1 replicas" in caplog.text  # this server has none
+    # So is the LEASE that goes out with a BLPOP.
+    durability = Durability(1, timeout_ms=20)
+    again = new_id()
+    await submit(ar, again)
+    [lease] = await Leases(ar, "w1", durability=durability).wait_and_take(
+        ar, QUEUE, timeout=1, most=1, lease_ms=MINUTE_MS, look_ahead=10)
+    assert lease.job_id == again and durability._short  # the WAIT fell short, and it heard so
+
+
+async def test_a_wait_for_a_token_brings_the_lease_with_it(r: redis.Redis, ar: redis.asyncio.Redis) -> None:
+    """BLPOP and LEASE go out together: Redis leases (and claims) the job the moment its token is
+    popped, and the worker gets both in one reply."""
+    waiting = asyncio.create_task(Leases(ar, "w1").wait_and_take(ar, QUEUE, timeout=10, most=2, lease_ms=MINUTE_MS,
+                                                                   look_ahead=10))
+    deadline = time.monotonic() + 10
+    while not any(c["cmd"] == "blpop" and "b" in c["flags"] for c in r.client_list()):
+        assert time.monotonic() < deadline, "the wait never blocked"
+        await asyncio.sleep(0.01)
+    exec_id = new_id()
+    await submit(ar, exec_id)
+    [lease] = await asyncio.wait_for(waiting, 10)
+    assert lease.job_id == exec_id and lease.claim is not None and lease.claim.verdict == "run"
+    assert r.llen(WAKE) == 0 and state(r, exec_id)["worker"] == "w1"
+
+
+async def test_a_wait_that_times_out_still_leases_what_is_due(r: redis.Redis, ar: redis.asyncio.Redis) -> None:
+    """The fallback poll: a due job that has no token (its token went to a worker that was not
+    looking) is leased when the wait times out."""
+    exec_id = new_id()
+    await submit(ar, exec_id)
+    r.delete(WAKE)
+    [lease] = await Leases(ar, "w1").wait_and_take(ar, QUEUE, timeout=0.05, most=2, lease_ms=MINUTE_MS, look_ahead=10)
+    assert lease.job_id == exec_id
+
+
+async def test_a_wait_on_a_server_without_the_script_loads_it_and_leases(
+    r: redis.Redis, ar: redis.asyncio.Redis,
+) -> None:
+    exec_id = new_id()
+    await submit(ar, exec_id)
+    r.script_flush()  # a new primary, say
+    [lease] = await Leases(ar, "w1").wait_and_take(ar, QUEUE, timeout=1, most=2, lease_ms=MINUTE_MS, look_ahead=10)
+    assert lease.job_id == exec_id and lease.claim is not None and lease.claim.attempt == 1
 
 
 async def test_a_lease_leaves_one_wake_token_per_job_still_due(r: redis.Redis, ar: redis.asyncio.Redis) -> None:
