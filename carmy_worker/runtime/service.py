@@ -12,6 +12,7 @@ import time
 
 from redis.asyncio import Redis
 
+from carmy_worker import collector
 from carmy_worker.runtime import queue
 from carmy_worker.runtime.presence import Presence, describe, group_of, new_worker_id
 from carmy_worker.runtime.runner import Runtime
@@ -77,6 +78,7 @@ async def serve(tools: list[Tool], settings: WorkerSettings, connector: RedisCon
         lock_tools=tuple(t.name for t in tools if not t.spec.parallel_safe), durability=durability,
     )
     presence.leased = lambda: list(worker.tasks)  # one C-level copy: safe from the heartbeat thread
+    collector.freeze_start_up()
     log.info("worker %s serving %d tools (%s) on queue %s", info.worker_id, len(tools),
              ", ".join(t.name for t in tools), jobs.queue_name(info.group))
     try:
