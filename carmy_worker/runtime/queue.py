@@ -135,7 +135,7 @@ Admit = Callable[[bytes, Claim, str], None]
 # Returns {id, score before, job, runs, verdict ('' if not claimed), attempt, ms waited, id, ...}.
 # KEYS: queue, leases hash, wake list, running set
 # ARGV: in-progress key prefix, how many, lease ms, how far down the queue to look, token prefix,
-#       job key prefix, retry key prefix, retry key TTL s, worker_id, max attempts, lock tools
+#       job key prefix, retry key prefix, retry key TTL s, worker_id, max attempts
 LEASE = CLAIM_ONE + jobs.WAKE_FOR + """
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[4]))
 local leased, want, lease_end, waiting = {}, tonumber(ARGV[2]) * 7, now + tonumber(ARGV[3]), 0
@@ -154,7 +154,7 @@ for i = 1, #due, 2 do
     local bytes = redis.call('GET', ARGV[6] .. job) or ''
     local verdict, attempt, waited = '', 0, 0
     if bytes ~= '' then
-      verdict, attempt, waited = claim(job, ARGV[9], KEYS[4], tonumber(ARGV[10]), ARGV[11])
+      verdict, attempt, waited = claim(job, ARGV[9], KEYS[4], tonumber(ARGV[10]))
     end
     for _, v in ipairs({job, due[i + 1], bytes, runs, verdict, attempt, waited}) do table.insert(leased, v) end
   end
@@ -198,8 +198,7 @@ class Lease(Struct, frozen=True):
 class Leases:
     """LEASE and FINISH for one worker's jobs, on one client."""
 
-    def __init__(self, redis: ArqRedis, worker_id: str, *, lock_tools: tuple[str, ...] = (),
-                 durability: Durability | None = None) -> None:
+    def __init__(self, redis: ArqRedis, worker_id: str, *, durability: Durability | None = None) -> None:
         self._script = redis.register_script(LEASE)
         # It claims: a claim a failover loses resets the attempt count (store.durable).
         self._durability = durability if durability is not None and durability.replicas else None
@@ -208,8 +207,6 @@ class Leases:
         self.worker_id = worker_id
         self._hash = keys.leases(worker_id)
         self._running = keys.running(worker_id)
-        # The tools whose attempts begin when they have their lock, not at their claim.
-        self._lock_tools = f" {' '.join(lock_tools)} " if lock_tools else ""
 
     async def take(self, queue: str, *, most: int, lease_ms: int, look_ahead: int) -> list[Lease]:
         """Up to ``most`` due jobs of ``queue``, leased for ``lease_ms``, with their arq job read
@@ -246,7 +243,7 @@ class Leases:
         prefix = f"{self.worker_id}/{secrets.token_hex(4)}/"
         return ([queue, self._hash, jobs.wake_list(queue), self._running],
                 [jobs.IN_PROGRESS_KEY_PREFIX, most, lease_ms, look_ahead, prefix, jobs.JOB_KEY_PREFIX,
-                 jobs.RETRY_KEY_PREFIX, _ARQ_RETRY_TTL_S, self.worker_id, MAX_ATTEMPTS, self._lock_tools])
+                 jobs.RETRY_KEY_PREFIX, _ARQ_RETRY_TTL_S, self.worker_id, MAX_ATTEMPTS])
 
     @staticmethod
     def _leases(reply: list[Any], prefix: str) -> list[Lease]:
@@ -498,16 +495,14 @@ def build_worker(
     on_drain: Callable[[], None] | None = None,
     admit: Admit | None = None,
     forget: Callable[[str], None] | None = None,
-    lock_tools: tuple[str, ...] = (),
     durability: Durability | None = None,
 ) -> WakeableWorker:
     """An arq worker that calls ``handler(payload, lease token)`` for each job of ``group``; a
     handler that returns True has ended the lease itself (its SETTLE did), and arq's
     ``finish_job`` then makes no round trip. Each job's execution is claimed with its lease:
     ``admit(payload, claim, token)`` hears of it at once, ``forget(token)`` when arq's run_job
-    has returned (whether or not it called the handler). ``lock_tools``: the tools whose
-    attempts begin when they have their lock, not at their claim. ``durability``: the replicas
-    each LEASE waits for (it claims)."""
+    has returned (whether or not it called the handler). ``durability``: the replicas each LEASE
+    waits for (it claims)."""
 
     async def carmy_execute(ctx: dict[str, Any], payload: bytes) -> None:
         running = _running.get()
@@ -538,7 +533,7 @@ def build_worker(
     )
     worker.on_drain = on_drain
     worker.admit, worker.forget = admit, forget
-    worker.leases = Leases(pool, worker_id, lock_tools=lock_tools, durability=durability)
+    worker.leases = Leases(pool, worker_id, durability=durability)
     return worker
 
 

@@ -196,9 +196,7 @@ class Runtime:
             except msgspec.DecodeError as exc:
                 log.error("dropping an undecodable job: %s", exc)
                 return False
-            tool = self.tools.get(job.tool)
-            claim = await self._attempts.claim(job.execution_id, job.tool, max_attempts=MAX_ATTEMPTS, lease=lease,
-                                               begins=tool is None or tool.spec.parallel_safe)
+            claim = await self._attempts.claim(job.execution_id, job.tool, max_attempts=MAX_ATTEMPTS, lease=lease)
             run = Run(job=job, attempt=claim.attempt, queue_wait_ms=claim.queue_wait_ms,
                       lease=lease if self._attempts.queue else "", ran=claim.verdict == "run")
             verdict = claim.verdict
@@ -312,6 +310,10 @@ class Runtime:
             return not run.halted
 
         if tool.spec.parallel_safe:
+            # A tool that may not run twice is marked as begun first (a lock marks it for the others).
+            if not tool.spec.idempotent and not await self._attempts.begin(job.execution_id, run.attempt):
+                self.lose(job.execution_id, run.attempt, "it went to another attempt before its tool began")
+                return Outcome(cancelled=True)
             return await invoke(tool, ctx, job.arguments, timeout=timeout, executor=self._threads,
                                 cancelled=cancelled, max_result_bytes=self.settings.max_result_bytes,
                                 may_step=may_step)

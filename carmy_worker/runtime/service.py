@@ -75,7 +75,7 @@ async def serve(tools: list[Tool], settings: WorkerSettings, connector: RedisCon
         runtime.handle, pool=redis, worker_id=info.worker_id, group=info.group, concurrency=settings.concurrency,
         max_timeout=longest, drain_seconds=longest, on_shutdown=on_shutdown, on_drain=on_drain,
         admit=runtime.admit, forget=runtime.forget,
-        lock_tools=tuple(t.name for t in tools if not t.spec.parallel_safe), durability=durability,
+        durability=durability,
     )
     presence.leased = lambda: list(worker.tasks)  # one C-level copy: safe from the heartbeat thread
     collector.freeze_start_up()

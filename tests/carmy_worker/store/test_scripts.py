@@ -184,10 +184,12 @@ def in_zset(r: redis.Redis, zset: str, member: str) -> bool:
 
 async def running(ar: redis.asyncio.Redis, *, idempotent: bool = False, request_id: str | None = None,
                   worker_id: str = "w1") -> str:
-    """A new execution, claimed by ``worker_id`` (attempt 1)."""
+    """A new execution, claimed by ``worker_id`` (attempt 1), its tool begun (BEGIN, as the
+    runtime marks a non-idempotent one)."""
     exec_id = new_id()
     await submit(ar, exec_id, idempotent=idempotent, request_id=request_id)
     assert await claim(ar, exec_id, worker_id) == ("run", 1)
+    assert await Attempts(ar, worker_id=worker_id, retention=RETENTION).begin(exec_id, 1) is True
     return exec_id
 
 
@@ -728,23 +730,41 @@ def test_the_started_event_a_script_builds_is_the_workers_byte_for_byte(r: redis
 
 
 async def test_lease_claims_each_job_it_leases(r: redis.Redis, ar: redis.asyncio.Redis, listen: Any) -> None:
-    """LEASE claims the execution of each job it leases, as CLAIM would, in the same round trip:
-    the attempt begins at once unless its tool first waits for its lock."""
-    plain, locked, cancelled = new_id(), new_id(), new_id()
+    """LEASE claims the execution of each job it leases, as CLAIM would, in the same round trip.
+    A claim does not begin the tool: BEGIN does, just before a non-idempotent tool starts."""
+    plain, other, cancelled = new_id(), new_id(), new_id()
     await submit(ar, plain)
-    await submit(ar, locked, tool="serial")
+    await submit(ar, other, tool="serial")
     await submit(ar, cancelled)
     r.hset(keys.execution(cancelled), "cancel", "1")
     events = listen(keys.events(plain))
     got = {lease.job_id: lease.claim for lease in
-           await Leases(ar, "w1", lock_tools=("serial",)).take(QUEUE, most=3, lease_ms=MINUTE_MS, look_ahead=10)}
+           await Leases(ar, "w1").take(QUEUE, most=3, lease_ms=MINUTE_MS, look_ahead=10)}
     assert {e: (c.verdict, c.attempt) for e, c in got.items() if c} == {
-        plain: ("run", 1), locked: ("run", 1), cancelled: ("cancelled", 1)}
-    assert state(r, plain)["began"] == "1" and "began" not in state(r, locked)
-    assert r.smembers(keys.running("w1")) == {plain.encode(), locked.encode()}
-    assert all(state(r, e)["worker"] == "w1" for e in (plain, locked))
+        plain: ("run", 1), other: ("run", 1), cancelled: ("cancelled", 1)}
+    assert r.smembers(keys.running("w1")) == {plain.encode(), other.encode()}
+    assert all(state(r, e)["worker"] == "w1" and "began" not in state(r, e) for e in (plain, other))
     [(_, data)] = received(events)
     assert data == started_event(plain, "tally")
+
+
+async def test_a_claimed_execution_whose_tool_never_began_goes_to_another_worker(
+    r: redis.Redis, ar: redis.asyncio.Redis,
+) -> None:
+    """A worker stopped after its LEASE (one sent behind a BLPOP runs even while it is stopped):
+    its non-idempotent execution never began, so REAP gives it to another worker rather than
+    settling it uncertain. Once BEGIN marked it, it would be uncertain."""
+    exec_id = new_id()
+    await submit(ar, exec_id)
+    [lease] = await Leases(ar, "w1").take(QUEUE, most=1, lease_ms=MINUTE_MS, look_ahead=10)
+    assert lease.claim is not None and lease.claim.verdict == "run"
+    assert (await reap(ar, exec_id, "w1"))[0] == "requeued"
+    assert await Attempts(ar, worker_id="w1", retention=RETENTION).begin(exec_id, 1) is False  # too late
+    [again] = await Leases(ar, "w2").take(QUEUE, most=1, lease_ms=MINUTE_MS, look_ahead=10)
+    assert again.claim is not None and (again.claim.verdict, again.claim.attempt) == ("run", 2)
+    assert await Attempts(ar, worker_id="w2", retention=RETENTION).begin(exec_id, 2) is True
+    assert state(r, exec_id)["began"] == "2"
+    assert (await reap(ar, exec_id, "w2"))[0] == "uncertain"
 
 
 async def test_a_lease_waits_for_the_replicas_asked_for(
@@ -1076,12 +1096,12 @@ async def test_a_non_idempotent_execution_whose_tool_never_began_is_tried_again(
     exec_id = new_id()
     await submit(ar, exec_id)
     waiting = await Attempts(ar, worker_id="w1", retention=RETENTION).claim(
-        exec_id, "tally", max_attempts=MAX_ATTEMPTS, begins=False)
+        exec_id, "tally", max_attempts=MAX_ATTEMPTS)
     assert (waiting.verdict, waiting.attempt) == ("run", 1)
     assert (await reap(ar, exec_id, "w1"))[0] == "requeued"
     assert not r.exists(keys.record(exec_id))
     again = await Attempts(ar, worker_id="w2", retention=RETENTION).claim(
-        exec_id, "tally", max_attempts=MAX_ATTEMPTS, begins=False)
+        exec_id, "tally", max_attempts=MAX_ATTEMPTS)
     assert (again.verdict, again.attempt) == ("run", 2)
     # Once an attempt has begun the tool (it took the lock), a later one is uncertain.
     never = asyncio.Event()
@@ -1098,7 +1118,7 @@ async def test_an_attempt_given_away_while_it_waited_for_its_lock_takes_nothing(
 ) -> None:
     exec_id = new_id()
     await submit(ar, exec_id, idempotent=True)
-    await Attempts(ar, worker_id="w1", retention=RETENTION).claim(exec_id, "tally", max_attempts=3, begins=False)
+    await Attempts(ar, worker_id="w1", retention=RETENTION).claim(exec_id, "tally", max_attempts=3)
     assert (await reap(ar, exec_id, "w1"))[0] == "requeued"  # w1 was paused while it waited
     never = asyncio.Event()
     assert await ToolLock(ar, "tally", exec_id, 1, worker_id="w1").acquire(1, never) == "lost"
