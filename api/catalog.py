@@ -152,8 +152,8 @@ class Catalog:
                 if self._ok:
                     log.warning("catalog refresh failed: %s", exc)
                 self._ok = False
-            # Not asyncio.wait_for: on 3.11 a cancel that comes as the event is set is swallowed,
-            # and the app's shutdown then waits for a task that goes on refreshing.
+            # asyncio.timeout, not wait_for: on Python 3.11, wait_for swallows a cancellation that
+            # comes as the event is set, and the loop would go on past the app's shutdown.
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.refresh_interval):
                     await self._changed.wait()

@@ -1,4 +1,4 @@
-"""``python -m bench.profile [--seconds 20] [--clients 64] [--workers 2] [--out DIR]``: where an
+"""``python -m bench.profile [--seconds 20] [--clients 64] [--workers 2] [--tool noop] [--out DIR]``: where an
 execution's time goes, under the benchmark's load (bench/README.md, "Where the time goes").
 
 Starts a private redis-server, ``--workers`` workers of ``bench.tools`` and one API, drives
@@ -115,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=int, default=20)
     parser.add_argument("--clients", type=int, default=64)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--tool", default="noop", help="a tool of bench.tools, e.g. sleep50 (the scale-out rows')")
     parser.add_argument("--rate", type=int, default=100, help="py-spy samples per second")
     parser.add_argument("--top", type=int, default=60)
     parser.add_argument("--no-spy", action="store_true", help="only the Redis and CPU figures")
@@ -129,8 +130,8 @@ def main(argv: list[str] | None = None) -> int:
         with Processes(workdir, server.url, "profile") as procs:
             workers = [procs.carmy_worker(env={"CARMY_CONCURRENCY": str(WORKER_CONCURRENCY)})
                        for _ in range(args.workers)]
-            api, base = procs.carmy_api()
-            request = execute("noop")
+            api, base = procs.carmy_api(tool=args.tool)
+            request = execute(args.tool)
             wrk.run(base, request, clients=args.clients, seconds=2, workdir=workdir)  # warm-up
             targets = {"api": api, "worker": workers[0]}
             spies = {name: subprocess.Popen(

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Coroutine
 from typing import Any
 
-from carmy_worker import logs
+from carmy_worker import collector, logs
 from carmy_worker.runtime.service import serve
 from carmy_worker.sdk.toolbox import Tool, Toolbox, ToolDefinitionError
 from carmy_worker.settings import SettingsError, WorkerSettings
@@ -58,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     except (SettingsError, ToolDefinitionError, ImportError) as exc:
         print(f"carmy_worker: {exc}", file=sys.stderr)
         return 2
+    collector.for_serving()
     run(serve(tools, settings, connector))
     return 0
 

@@ -79,8 +79,9 @@ class ToolLock:
                 return "cancelled"
             if remaining <= 0:
                 return "timed_out"
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(cancelled.wait(), min(delay, remaining))
+            with contextlib.suppress(TimeoutError):  # not wait_for: it can swallow a cancellation (3.11)
+                async with asyncio.timeout(min(delay, remaining)):
+                    await cancelled.wait()
             delay = min(delay * 2, _MAX_POLL_S)
         if taken < 0:
             return "lost"

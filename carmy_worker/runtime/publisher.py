@@ -8,7 +8,6 @@ import threading
 from collections import deque
 
 import msgspec
-from redis.asyncio import Redis
 
 from carmy_worker.store.progress import Progress
 from carmy_worker.wire import event_decoder, progress_event
@@ -46,9 +45,9 @@ class ProgressPublisher:
     execution's status (``store.progress``).
     """
 
-    def __init__(self, redis: Redis, exec_id: str, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, progress: Progress, exec_id: str, loop: asyncio.AbstractEventLoop) -> None:
         self._exec_id = exec_id
-        self._publish = Progress(redis, exec_id)
+        self._progress = progress
         self._loop = loop
         self._lock = threading.Lock()  # guards everything below: emit runs in the tool's thread
         self._waiting: deque[tuple[bytes, bool]] = deque()  # (message, is a partial result)
@@ -112,7 +111,7 @@ class ProgressPublisher:
             self._ready.clear()
             while (message := self._next()) is not None:
                 try:
-                    await self._publish(message, _message_of(message))
+                    await self._progress(self._exec_id, message, _message_of(message))
                 except Exception as exc:  # progress is best effort; the result is not
                     log.warning("progress event of execution %s lost: %s", self._exec_id, exc)
             if self._closed:

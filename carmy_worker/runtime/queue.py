@@ -8,20 +8,22 @@ means rewriting this file only. Four things differ from arq's defaults:
 * the API writes jobs itself, inside the same Lua script that reserves idempotency and
   admission (one round trip), in exactly the layout ``ArqRedis.enqueue_job`` would write
   (``carmy_worker.store.jobs``, which does not import arq);
-* workers block on the queue's wake list (``BLPOP`` on a connection of their own) instead of
-  sleeping 0.5 s between polls: whatever makes a job due (SUBMIT, a job put back) pushes one
-  token, so one job wakes one idle worker (not every worker of the pool), within
-  milliseconds. A full worker whose slot frees up looks again at once; the 0.5 s poll stays as a
-  fallback (deferred jobs come due that way). Due jobs are taken with one Lua call (LEASE)
-  instead of arq's four round trips per job; it also reads the job and counts its runs, so
-  arq's ``run_job`` reads them from the lease (its first pipeline is answered in memory), and
-  moves the job's score to the lease's end, so later scans skip it;
+* workers block on the queue's wake list (``BLPOP``) instead of sleeping 0.5 s between polls:
+  whatever makes a job due (SUBMIT, a job put back) pushes one token, so one job wakes one idle
+  worker (not every worker of the pool), within milliseconds. A full worker whose slot frees up
+  looks again at once; the 0.5 s poll stays as a fallback (deferred jobs come due that way).
+  Due jobs are taken with one Lua call (LEASE) instead of arq's four round trips per job, sent
+  in the same pipeline as the ``BLPOP``: Redis runs it as soon as the token is popped. It also
+  reads the job and counts its runs, so arq's ``run_job`` reads them from the lease (its first
+  pipeline is answered in memory),
+  moves the job's score to the lease's end, so later scans skip it, and claims the job's
+  execution for this worker (``store.attempts.CLAIM_ONE``: no CLAIM round trip);
 * each lease holds a token (in arq's in-progress key and the worker's leases hash), and FINISH
   replaces arq's ``finish_job``: it ends only its own lease, so a worker that lost a job while
   paused cannot delete it, and the janitor can hand back the leases of a dead worker. A job
   settled with its record ends its lease in the same script (SETTLE, ``store.attempts``), so
-  ``finish_job`` then has nothing left to do: a worker makes three round trips per job
-  (LEASE, CLAIM, SETTLE).
+  ``finish_job`` then has nothing left to do: a job costs an idle worker two round trips
+  (``BLPOP`` with LEASE, then SETTLE).
 
 The last two override arq internals. ``ARQ_PRIVATE_SURFACE`` names every private or
 undocumented name of arq this module relies on; ``tests/carmy_worker/runtime/test_arq_surface.py``
@@ -47,10 +49,12 @@ from arq.constants import in_progress_key_prefix, job_key_prefix, retry_key_pref
 from arq.worker import Retry, Worker, func
 from msgspec import Struct
 from redis.asyncio import Redis
-from redis.exceptions import RedisError
+from redis.exceptions import NoScriptError, RedisError
 
 from carmy_worker.store import jobs, keys
+from carmy_worker.store.attempts import CLAIM_ONE, MAX_ATTEMPTS, Claim, ClaimVerdict
 from carmy_worker.store.connect import RedisConnector
+from carmy_worker.store.durable import Durability, durable
 
 if TYPE_CHECKING:
     from arq.typing import StartupShutdown
@@ -110,28 +114,31 @@ def deserialize(data: bytes) -> dict[str, Any]:
 
 # (job payload, lease token) -> whether its SETTLE also ended the lease (then nothing is left to finish)
 Handler = Callable[[bytes, str], Awaitable[bool | None]]
+# (job payload, the claim LEASE made, lease token), called as soon as LEASE answers, before arq's
+# run_job gets to the job: the worker holds the execution from then on.
+Admit = Callable[[bytes, Claim, str], None]
 
 # Takes up to ARGV[2] jobs in one round trip: the due ones at the head of the queue (by Redis's
 # clock, like the scores SUBMIT writes) that no other worker has leased. arq polls with the
 # worker's clock, then takes each job with WATCH/EXISTS/ZSCORE/MULTI/EXEC (four round trips
 # each). The in-progress keys set here are arq's, holding a token unique to this lease, also
-# listed in the worker's leases hash: the janitor puts back the jobs of a dead worker that
-# never claimed them, and a late finish of a lease that was taken away touches nothing.
+# listed in the worker's leases hash: the janitor puts back the jobs of a dead worker, and a late
+# finish of a lease that was taken away touches nothing.
 # Each job leased is also read (arq's job bytes, '' if gone) and its runs counted (arq's retry
-# key: INCR and EXPIRE, as arq's run_job would), so run_job needs no round trip of its own; and
-# its score moves to the end of its lease, when it is due again unless finished, so that the
-# scan for due jobs does not walk over leased ones (whoever ends a lease early without
-# finishing the job puts the score back: FINISH, REAP, the janitor, a heartbeat).
+# key: INCR and EXPIRE, as arq's run_job would), so run_job needs no round trip of its own; its
+# score moves to the end of its lease, when it is due again unless finished, so that the scan for
+# due jobs does not walk over leased ones (whoever ends a lease early without finishing the job
+# puts the score back: FINISH, REAP, the janitor, a heartbeat); and, if it was there to read, its
+# execution is claimed (store.attempts.CLAIM_ONE), so the worker needs no CLAIM round trip either.
 # Then the wake list holds one token per job still due and unleased that it looked at
 # (jobs.WAKE_FOR).
-# Returns {id, score before, job, runs, id, ...}.
-# KEYS: queue, leases hash, wake list; ARGV: in-progress key prefix, how many, lease ms, how far
-# down the queue to look, token prefix, job key prefix, retry key prefix, retry key TTL s
-LEASE = jobs.WAKE_FOR + """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+# Returns {id, score before, job, runs, verdict ('' if not claimed), attempt, ms waited, id, ...}.
+# KEYS: queue, leases hash, wake list, running set
+# ARGV: in-progress key prefix, how many, lease ms, how far down the queue to look, token prefix,
+#       job key prefix, retry key prefix, retry key TTL s, worker_id, max attempts
+LEASE = CLAIM_ONE + jobs.WAKE_FOR + """
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[4]))
-local leased, want, lease_end, waiting = {}, tonumber(ARGV[2]) * 4, now + tonumber(ARGV[3]), 0
+local leased, want, lease_end, waiting = {}, tonumber(ARGV[2]) * 7, now + tonumber(ARGV[3]), 0
 for i = 1, #due, 2 do
   local job = due[i]
   local token = ARGV[5] .. job
@@ -144,10 +151,12 @@ for i = 1, #due, 2 do
     redis.call('ZADD', KEYS[1], lease_end, job)
     local runs = redis.call('INCR', ARGV[7] .. job)
     redis.call('EXPIRE', ARGV[7] .. job, tonumber(ARGV[8]))
-    table.insert(leased, job)
-    table.insert(leased, due[i + 1])
-    table.insert(leased, redis.call('GET', ARGV[6] .. job) or '')
-    table.insert(leased, runs)
+    local bytes = redis.call('GET', ARGV[6] .. job) or ''
+    local verdict, attempt, waited = '', 0, 0
+    if bytes ~= '' then
+      verdict, attempt, waited = claim(job, ARGV[9], KEYS[4], tonumber(ARGV[10]))
+    end
+    for _, v in ipairs({job, due[i + 1], bytes, runs, verdict, attempt, waited}) do table.insert(leased, v) end
   end
 end
 wake_for(KEYS[3], waiting)
@@ -183,26 +192,68 @@ class Lease(Struct, frozen=True):
     token: str
     job: bytes = b""  # arq's job, as LEASE read it (empty: gone)
     runs: int = 0  # arq's count of this job's runs (its retry key), this one included
+    claim: Claim | None = None  # its execution's claim, made with the lease (None: job gone)
 
 
 class Leases:
     """LEASE and FINISH for one worker's jobs, on one client."""
 
-    def __init__(self, redis: ArqRedis, worker_id: str) -> None:
-        self._lease = redis.register_script(LEASE)
+    def __init__(self, redis: ArqRedis, worker_id: str, *, durability: Durability | None = None) -> None:
+        self._script = redis.register_script(LEASE)
+        # It claims: a claim a failover loses resets the attempt count (store.durable).
+        self._durability = durability if durability is not None and durability.replicas else None
+        self._lease = durable(self._script, durability)
         self._finish = redis.register_script(FINISH)
         self.worker_id = worker_id
         self._hash = keys.leases(worker_id)
+        self._running = keys.running(worker_id)
 
     async def take(self, queue: str, *, most: int, lease_ms: int, look_ahead: int) -> list[Lease]:
-        """Up to ``most`` due jobs of ``queue``, leased for ``lease_ms``, with their arq job read;
-        the wake list then holds one token per job still due."""
+        """Up to ``most`` due jobs of ``queue``, leased for ``lease_ms``, with their arq job read
+        and their execution claimed by this worker; the wake list then holds one token per job
+        still due."""
+        keys_, args = self._call(queue, most, lease_ms, look_ahead)
+        return self._leases(await self._lease(keys=keys_, args=args), args[4])
+
+    async def wait_and_take(self, redis: Redis, queue: str, *, timeout: float, most: int, lease_ms: int,
+                            look_ahead: int) -> list[Lease]:
+        """Wait up to ``timeout`` s for a token on ``queue``'s wake list, then ``take``, in one
+        round trip on a connection of ``redis``'s pool held meanwhile: ``BLPOP`` and LEASE go
+        out together, and Redis runs LEASE as soon as ``BLPOP`` returns (a token popped, or the
+        timeout: the fallback poll), so the job that woke the worker comes with the wake-up."""
+        keys_, args = self._call(queue, most, lease_ms, look_ahead)
+        async with redis.pipeline(transaction=False) as pipe:
+            pipe.execute_command("BLPOP", jobs.wake_list(queue), timeout)
+            # EVALSHA itself: a script in a pipeline costs an EXISTS check first.
+            pipe.evalsha(self._script.sha, len(keys_), *keys_, *args)
+            if self._durability is not None:
+                pipe.wait(self._durability.replicas, self._durability.timeout_ms)
+            replies = await pipe.execute(raise_on_error=False)
+        if isinstance(replies[1], NoScriptError):  # a new primary, or a flushed cache: LEASE did not run
+            return await self.take(queue, most=most, lease_ms=lease_ms, look_ahead=look_ahead)
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        if self._durability is not None:
+            self._durability.acknowledged(int(replies[2]))
+        return self._leases(replies[1], args[4])
+
+    def _call(self, queue: str, most: int, lease_ms: int, look_ahead: int) -> tuple[list[str], list[Any]]:
+        """LEASE's keys and arguments (a new token prefix: ``args[4]``)."""
         prefix = f"{self.worker_id}/{secrets.token_hex(4)}/"
-        reply = await self._lease(keys=[queue, self._hash, jobs.wake_list(queue)],
-                                  args=[jobs.IN_PROGRESS_KEY_PREFIX, most, lease_ms, look_ahead, prefix,
-                                        jobs.JOB_KEY_PREFIX, jobs.RETRY_KEY_PREFIX, _ARQ_RETRY_TTL_S])
-        return [Lease(job_id.decode(), int(float(score)), prefix + job_id.decode(), job, int(runs))
-                for job_id, score, job, runs in zip(reply[::4], reply[1::4], reply[2::4], reply[3::4], strict=True)]
+        return ([queue, self._hash, jobs.wake_list(queue), self._running],
+                [jobs.IN_PROGRESS_KEY_PREFIX, most, lease_ms, look_ahead, prefix, jobs.JOB_KEY_PREFIX,
+                 jobs.RETRY_KEY_PREFIX, _ARQ_RETRY_TTL_S, self.worker_id, MAX_ATTEMPTS])
+
+    @staticmethod
+    def _leases(reply: list[Any], prefix: str) -> list[Lease]:
+        leases = []
+        for i in range(0, len(reply), 7):
+            job_id, score, job, runs, verdict, attempt, waited = reply[i:i + 7]
+            job_id = job_id.decode()
+            claim = Claim(cast("ClaimVerdict", verdict.decode()), int(attempt), int(waited)) if verdict else None
+            leases.append(Lease(job_id, int(float(score)), prefix + job_id, job, int(runs), claim))
+        return leases
 
     async def finish(self, queue: str, lease: Lease, *, finished: bool, delay_ms: int | None) -> bool:
         """End ``lease``, retried through an outage; False if it was not ours any more. Not
@@ -296,6 +347,8 @@ class WakeableWorker(Worker):
     _slot_freed: asyncio.Event
     leases: Leases
     on_drain: Callable[[], None] | None = None
+    admit: Admit | None = None  # told of each claim LEASE made, before run_job runs its job
+    forget: Callable[[str], None] | None = None  # told of each lease whose run_job has returned
 
     @property
     def pool(self) -> ArqRedis:
@@ -313,53 +366,60 @@ class WakeableWorker(Worker):
         self.ctx["redis"] = self._pool
         if self.on_startup:
             await self.on_startup(self.ctx)
-        # Its own connection: BLPOP holds it while it waits.
-        waker = Redis(connection_pool=self._pool.connection_pool, single_connection_client=True)
         backoff = 0.0
-        try:
-            while True:
-                self._slot_freed.clear()
-                try:
-                    await self._poll_iteration()
-                    if backoff:
-                        log.info("queue reachable again")
-                    backoff = 0.0
-                    await self._wait_for_work(waker)
-                except (RedisError, OSError) as exc:
-                    if not backoff:
-                        log.warning("queue unreachable (%s); retrying", exc)
-                    backoff = min(backoff * 2 or 0.1, 2.0)
-                    await asyncio.sleep(backoff)
-        finally:
-            await asyncio.shield(waker.aclose())
+        taken: list[Lease] | None = None  # what the last wait's LEASE took (None: take now)
+        while True:
+            self._slot_freed.clear()
+            try:
+                leased, taken = taken, None  # run once, even if what follows fails
+                await self._poll_iteration(leased)
+                if backoff:
+                    log.info("queue reachable again")
+                backoff = 0.0
+                taken = await self._wait_for_work()
+            except (RedisError, OSError) as exc:
+                if not backoff:
+                    log.warning("queue unreachable (%s); retrying", exc)
+                backoff = min(backoff * 2 or 0.1, 2.0)
+                await asyncio.sleep(backoff)
 
-    async def _wait_for_work(self, waker: Redis) -> None:
+    async def _wait_for_work(self) -> list[Lease] | None:
         """Until a job may be there to take: a token on the wake list, a slot of a full worker
         freed (at once), or ``poll_delay_s`` (the fallback poll, also for deferred jobs coming
-        due). Only a worker with a free slot pops a token: a full one leaves it to another."""
+        due). Only a worker with a free slot pops a token, and it leases in the same round
+        trip (``Leases.wait_and_take``): what it took, or None when it only waited (a full or
+        draining worker, which leaves tokens to others)."""
         if self._slot_freed.is_set():
-            return
-        if not (self.allow_pick_jobs and self.max_jobs > self.job_counter):
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._slot_freed.wait(), self.poll_delay_s)
-            return
-        wake = jobs.wake_list(self.queue_name or "")
-        token = await waker.execute_command("BLPOP", wake, self.poll_delay_s)  # redis-py types it int
-        if token is not None and not self.allow_pick_jobs:  # draining since: it is another worker's
-            await waker.lpush(wake, token[1])
+            return None
+        free = self.max_jobs - self.job_counter
+        if not (self.allow_pick_jobs and free > 0):
+            with contextlib.suppress(TimeoutError):  # not wait_for: it can swallow a cancellation (3.11)
+                async with asyncio.timeout(self.poll_delay_s):
+                    await self._slot_freed.wait()
+            return None
+        # A drain that begins meanwhile does not stop this LEASE: what it took is run and drained.
+        return await self.leases.wait_and_take(
+            cast("ArqRedis", self._pool), self.queue_name or "", timeout=self.poll_delay_s, most=free,
+            lease_ms=int(self.in_progress_timeout_s * 1000), look_ahead=self.queue_read_limit)
 
     def handle_sig_wait_for_completion(self, signum: Signals) -> None:
         if self.allow_pick_jobs and self.on_drain is not None:
             self.on_drain()
         super().handle_sig_wait_for_completion(signum)
 
-    async def _poll_iteration(self) -> None:
-        """Take what is due (one script call), then tidy finished tasks, as arq's does."""
+    async def _poll_iteration(self, taken: list[Lease] | None = None) -> None:
+        """Run what the last wait took, or else take what is due (one script call), then tidy
+        finished tasks, as arq's does."""
         free = self.max_jobs - self.job_counter
-        if self.allow_pick_jobs and free > 0:
+        leased = taken or []
+        if taken is None and self.allow_pick_jobs and free > 0:
             lease_ms = int(self.in_progress_timeout_s * 1000)
             leased = await self.leases.take(self.queue_name or "", most=free, lease_ms=lease_ms,
                                             look_ahead=self.queue_read_limit)
+        if leased:
+            # Before anything else runs: from now on the heartbeat reports these executions held.
+            for lease in leased:
+                self._admit(lease)
             for lease in leased:
                 await self.sem.acquire()
                 self.job_counter += 1
@@ -371,6 +431,16 @@ class WakeableWorker(Worker):
                 del self.tasks[job_id]
                 task.result()  # arq's way of surfacing an error of run_job itself
         await self.heart_beat()
+
+    def _admit(self, lease: Lease) -> None:
+        if lease.claim is None or self.admit is None:
+            return
+        try:
+            payload = deserialize(lease.job)["a"][0]
+        except Exception as exc:  # not arq's job: run_job says so; the heartbeat settles the claim
+            log.error("job %s cannot be read (%s)", lease.job_id, exc)
+            return
+        self.admit(payload, lease.claim, lease.token)
 
     async def _run_leased(self, lease: Lease, earlier: asyncio.Task[None] | None) -> None:
         """arq's run_job under ``lease``. If this process still runs an earlier lease of the same
@@ -385,6 +455,9 @@ class WakeableWorker(Worker):
         except (RedisError, OSError) as exc:  # before the job ran (arq's own reads): give it back
             log.warning("job %s could not start (%s); giving it back", lease.job_id, exc)
             await self.leases.finish(self.queue_name or "", lease, finished=False, delay_ms=None)
+        finally:
+            if self.forget is not None:
+                self.forget(lease.token)
 
     async def finish_job(self, job_id: str, finish: bool, result_data: bytes | None, result_timeout_s: float | None,
                          keep_result_forever: bool, incr_score: int | None, keep_in_progress: float | None) -> None:
@@ -420,10 +493,16 @@ def build_worker(
     drain_seconds: float,
     on_shutdown: Callable[[dict[str, Any]], Awaitable[None]] | None = None,
     on_drain: Callable[[], None] | None = None,
+    admit: Admit | None = None,
+    forget: Callable[[str], None] | None = None,
+    durability: Durability | None = None,
 ) -> WakeableWorker:
     """An arq worker that calls ``handler(payload, lease token)`` for each job of ``group``; a
     handler that returns True has ended the lease itself (its SETTLE did), and arq's
-    ``finish_job`` then makes no round trip."""
+    ``finish_job`` then makes no round trip. Each job's execution is claimed with its lease:
+    ``admit(payload, claim, token)`` hears of it at once, ``forget(token)`` when arq's run_job
+    has returned (whether or not it called the handler). ``durability``: the replicas each LEASE
+    waits for (it claims)."""
 
     async def carmy_execute(ctx: dict[str, Any], payload: bytes) -> None:
         running = _running.get()
@@ -453,7 +532,8 @@ def build_worker(
         health_check_interval=3600,
     )
     worker.on_drain = on_drain
-    worker.leases = Leases(pool, worker_id)
+    worker.admit, worker.forget = admit, forget
+    worker.leases = Leases(pool, worker_id, durability=durability)
     return worker
 
 

@@ -24,8 +24,9 @@ from carmy_worker.sdk.errors import error
 from carmy_worker.sdk.toolbox import Tool
 from carmy_worker.settings import WorkerSettings
 from carmy_worker.store import records
-from carmy_worker.store.attempts import Attempts, ClaimVerdict
+from carmy_worker.store.attempts import MAX_ATTEMPTS, Attempts, Claim, ClaimVerdict
 from carmy_worker.store.durable import Durability
+from carmy_worker.store.progress import Progress
 from carmy_worker.store.roster import Holding, Stray
 from carmy_worker.store.verdicts import Verdicts
 from carmy_worker.tracing import trace_id_of, with_trace_id
@@ -38,10 +39,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("carmy.worker")
 
-# An idempotent execution interrupted this many times is given up as uncertain.
-MAX_ATTEMPTS = 3
 # How long a cancellation heard before its execution started here is remembered (it only has to
-# outlive one CLAIM round trip; every worker hears every cancellation, so it must not pile up).
+# outlive one LEASE round trip; every worker hears every cancellation, so it must not pile up).
 EARLY_CANCEL_MEMORY_S = 10.0
 # Recording an outcome is retried through a Redis restart (about a minute with the backoff).
 SETTLE_TRIES = 40
@@ -92,11 +91,13 @@ class Runtime:
         self.worker_id = worker_id
         # Twice the concurrency: threads of timed-out sync tools may still be finishing.
         self._threads = ThreadPoolExecutor(max_workers=settings.concurrency * 2, thread_name_prefix="carmy-tool")
-        # The attempts this worker holds, from CLAIM until their record is written: what its
-        # heartbeat reports, and what a cancellation or a lost lease stops.
+        # The attempts this worker holds, from their claim until their record is written: what
+        # its heartbeat reports, and what a cancellation or a lost lease stops.
         self._runs: dict[str, Run] = {}
+        # Claims LEASE made whose job arq has not handed to ``handle`` yet, by lease token.
+        self._admitted: dict[str, tuple[Run, ClaimVerdict]] = {}
         # Cancellations heard for executions not (yet) running here, by when they were heard: a
-        # cancel published while this worker's CLAIM was in flight arrives before the execution
+        # cancel published while this worker's LEASE was in flight arrives before the execution
         # is registered in _runs, and must not be lost.
         self._early_cancels: OrderedDict[str, float] = OrderedDict()
         self._releases: set[asyncio.Task[None]] = set()  # lock releases still in flight
@@ -104,6 +105,7 @@ class Runtime:
         self._attempts = Attempts(redis, worker_id=worker_id, retention=settings.retention, durability=durability,
                                   queue=queue)
         self._verdicts = Verdicts(redis, retention=settings.retention, durability=durability)
+        self._progress = Progress(redis)
         # Called before each step of an async tool: the worker's presence checks there, at
         # once, whether it still holds its executions if its heartbeat has gone stale.
         self.before_step: Callable[[], None] = lambda: None
@@ -153,31 +155,62 @@ class Runtime:
     def close(self) -> None:
         self._threads.shutdown(wait=False, cancel_futures=True)
 
+    def admit(self, payload: bytes, claim: Claim, lease: str) -> None:
+        """LEASE claimed the execution of ``payload`` for this worker, under ``lease``: hold it
+        from now on (the heartbeat reports it), until ``handle`` runs it. Called on the event
+        loop, before anything else runs there."""
+        try:
+            job = job_decoder.decode(payload)
+        except msgspec.DecodeError:
+            return  # handle says so; the heartbeat settles the claim as a stray
+        run = Run(job=job, attempt=claim.attempt, queue_wait_ms=claim.queue_wait_ms,
+                  lease=lease if self._attempts.queue else "", ran=claim.verdict == "run")
+        self._admitted[lease] = (run, claim.verdict)
+        if run.ran:
+            self._hold(run)
+
+    def forget(self, lease: str) -> None:
+        """arq is done with ``lease``'s job. If it never handed the job to ``handle``, the claim
+        is let go: the next heartbeat finds the execution a stray and settles it."""
+        admitted = self._admitted.pop(lease, None)
+        if admitted is None:
+            return
+        run = admitted[0]
+        log.warning("execution %s was claimed but its job never reached the handler", run.job.execution_id)
+        if self._runs.get(run.job.execution_id) is run:
+            del self._runs[run.job.execution_id]
+
     async def handle(self, payload: bytes, lease: str = "") -> bool:
         """Entry point for one arq job. Failures are recorded as data; only a shutdown
         (CancelledError) or Redis failing before anything could be recorded gets out.
-        True: the record's SETTLE also ended the lease (the job is finished and gone)."""
-        try:
-            job = job_decoder.decode(payload)
-        except msgspec.DecodeError as exc:
-            log.error("dropping an undecodable job: %s", exc)
-            return False
-        tool = self.tools.get(job.tool)
-        claim = await self._attempts.claim(job.execution_id, job.tool, max_attempts=MAX_ATTEMPTS, lease=lease,
-                                           begins=tool is None or tool.spec.parallel_safe)
-        run = Run(job=job, attempt=claim.attempt, queue_wait_ms=claim.queue_wait_ms,
-                  lease=lease if self._attempts.queue else "")
+        True: the record's SETTLE also ended the lease (the job is finished and gone).
+
+        Its execution was claimed with ``lease`` (``admit``); a job run under no such claim is
+        claimed here first (one more round trip)."""
+        admitted = self._admitted.pop(lease, None) if lease else None
+        if admitted is not None:
+            run, verdict = admitted
+        else:
+            try:
+                job = job_decoder.decode(payload)
+            except msgspec.DecodeError as exc:
+                log.error("dropping an undecodable job: %s", exc)
+                return False
+            claim = await self._attempts.claim(job.execution_id, job.tool, max_attempts=MAX_ATTEMPTS, lease=lease)
+            run = Run(job=job, attempt=claim.attempt, queue_wait_ms=claim.queue_wait_ms,
+                      lease=lease if self._attempts.queue else "", ran=claim.verdict == "run")
+            verdict = claim.verdict
+            if run.ran:
+                self._hold(run)
+        job = run.job
         if self.tracing is not None and job.traceparent:
-            # SUBMIT to CLAIM, as Redis's clock measured it, ending now.
+            # SUBMIT to the claim, as Redis's clock measured it, ending now.
             claimed_ns = time.time_ns()
             self.tracing.interval("carmy.queued", job.traceparent, {
-                "carmy.execution_id": job.execution_id, "carmy.tool": job.tool, "carmy.attempt": claim.attempt,
-                "carmy.claim": claim.verdict}, claimed_ns - claim.queue_wait_ms * 1_000_000, claimed_ns)
-        if claim.verdict == "run":
-            run.ran = True
-            self._hold(run)
+                "carmy.execution_id": job.execution_id, "carmy.tool": job.tool, "carmy.attempt": run.attempt,
+                "carmy.claim": verdict}, claimed_ns - run.queue_wait_ms * 1_000_000, claimed_ns)
         try:
-            await self._conclude(run, claim.verdict)
+            await self._conclude(run, verdict)
         except (asyncio.CancelledError, RedisError):
             raise  # shutting down; or Redis failed before the outcome was recorded: the job goes back
         except BaseException as exc:  # whatever got past every other net (a KeyboardInterrupt too)
@@ -229,7 +262,7 @@ class Runtime:
     async def _run(self, run: Run, tool: Tool) -> None:
         job = run.job
         loop = asyncio.get_running_loop()
-        publisher = ProgressPublisher(self.redis, job.execution_id, loop)
+        publisher = ProgressPublisher(self._progress, job.execution_id, loop)
         agent = AgentContext(
             principal=job.principal, session=job.session, permissions=frozenset(job.permissions), metadata=job.metadata
         )
@@ -277,6 +310,10 @@ class Runtime:
             return not run.halted
 
         if tool.spec.parallel_safe:
+            # A tool that may not run twice is marked as begun first (a lock marks it for the others).
+            if not tool.spec.idempotent and not await self._attempts.begin(job.execution_id, run.attempt):
+                self.lose(job.execution_id, run.attempt, "it went to another attempt before its tool began")
+                return Outcome(cancelled=True)
             return await invoke(tool, ctx, job.arguments, timeout=timeout, executor=self._threads,
                                 cancelled=cancelled, max_result_bytes=self.settings.max_result_bytes,
                                 may_step=may_step)

@@ -12,6 +12,7 @@ import time
 
 from redis.asyncio import Redis
 
+from carmy_worker import collector
 from carmy_worker.runtime import queue
 from carmy_worker.runtime.presence import Presence, describe, group_of, new_worker_id
 from carmy_worker.runtime.runner import Runtime
@@ -73,8 +74,11 @@ async def serve(tools: list[Tool], settings: WorkerSettings, connector: RedisCon
     worker = queue.build_worker(
         runtime.handle, pool=redis, worker_id=info.worker_id, group=info.group, concurrency=settings.concurrency,
         max_timeout=longest, drain_seconds=longest, on_shutdown=on_shutdown, on_drain=on_drain,
+        admit=runtime.admit, forget=runtime.forget,
+        durability=durability,
     )
     presence.leased = lambda: list(worker.tasks)  # one C-level copy: safe from the heartbeat thread
+    collector.freeze_start_up()
     log.info("worker %s serving %d tools (%s) on queue %s", info.worker_id, len(tools),
              ", ".join(t.name for t in tools), jobs.queue_name(info.group))
     try:

@@ -13,32 +13,62 @@ from carmy_worker.store.batch import Batch, batched
 from carmy_worker.store.durable import Durability, durable
 from carmy_worker.store.lua import EMIT, NOW, text
 from carmy_worker.store.metrics import LUA_COUNT, LUA_OBSERVE
-from carmy_worker.wire import Record, final_event, started_event
+from carmy_worker.wire import Record, final_event
 
-# KEYS: exe, record, running set, queued, arq in-progress key
-# ARGV: exec_id, worker_id, max attempts, events channel, tool.started event, tool, lease token or '',
-#       '1' if the tool begins at once ('' if it first waits for its lock, which marks `began`)
-# Returns {verdict, attempt, ms it waited in the queue}. A lease the janitor took away (the
-# worker was paused between LEASE and CLAIM) claims nothing: another worker has the job now.
-# A non-idempotent execution is tried again only if no attempt ever began its tool.
-CLAIM = NOW + LUA_OBSERVE + EMIT + """
-if ARGV[7] ~= '' and redis.call('GET', KEYS[5]) ~= ARGV[7] then return {'moved', 0, 0} end
-if redis.call('EXISTS', KEYS[2]) == 1 then return {'settled', 0, 0} end
-if redis.call('EXISTS', KEYS[1]) == 0 then return {'gone', 0, 0} end
-redis.call('ZREM', KEYS[4], ARGV[1])
-local attempt = redis.call('HINCRBY', KEYS[1], 'attempt', 1)
-local h = redis.call('HMGET', KEYS[1], 'cancel', 'idem', 'start_by', 'queued_at', 'began')
-local waited = now - tonumber(h[4] or now)
-if h[1] == '1' then return {'cancelled', attempt, waited} end
-if attempt > 1 and h[2] ~= '1' and h[5] then return {'uncertain', attempt, waited} end
-if attempt > tonumber(ARGV[3]) then return {'uncertain', attempt, waited} end
-if attempt == 1 and tonumber(h[3]) < now then return {'expired', attempt, waited} end
-redis.call('HSET', KEYS[1], 'state', 'running', 'worker', ARGV[2], 'started_at', now)
-if ARGV[8] == '1' then redis.call('HSET', KEYS[1], 'began', attempt) end
-redis.call('SADD', KEYS[3], ARGV[1])
-emit(KEYS[1], ARGV[1], ARGV[4], ARGV[5], false)
-if attempt == 1 then observe('queue_wait', ARGV[6], waited) end
-return {'run', attempt, waited}
+# An idempotent execution interrupted this many times is given up as uncertain.
+MAX_ATTEMPTS = 3
+
+# Lua: the bytes of wire.started_event (msgpack: the event's type, then its JSON data as bin),
+# so that a script can announce a claim without the worker building the event first. Tool names
+# and execution ids need no JSON escaping (their formats: sdk.toolbox, keys); a test compares
+# these bytes with wire.started_event's.
+STARTED = """
+local function started_event(exec_id, tool)
+  local data = '{"execution_id":"' .. exec_id .. '","tool":"' .. tool .. '"}'
+  if #data < 256 then return '\\146\\172tool.started\\196' .. string.char(#data) .. data end
+  return '\\146\\172tool.started\\197' .. string.char(math.floor(#data / 256), #data % 256) .. data
+end
+"""
+
+# Lua: the next attempt at an execution, for a worker that holds its job's lease. Returns
+# {verdict, attempt, ms it waited in the queue}. A non-idempotent execution is tried again only if
+# no attempt ever began its tool. A claim does not mark `began`: a worker may be paused or die
+# between its LEASE and the tool (a LEASE sent behind a BLPOP even runs while its worker is
+# stopped), and its executions must then go to another worker, not end uncertain. What begins a
+# non-idempotent tool is BEGIN, just before it; for a parallel_safe=False one, taking its lock.
+# LEASE (runtime.queue) claims each job it leases with it, in the same round trip; CLAIM claims
+# one.
+CLAIM_ONE = NOW + LUA_OBSERVE + EMIT + STARTED + f"""
+local function claim(exec_id, worker_id, running, max_attempts)
+  local exe = '{keys.execution("")}' .. exec_id
+  if redis.call('EXISTS', '{keys.RECORD_PREFIX}' .. exec_id) == 1 then return 'settled', 0, 0 end
+  if redis.call('EXISTS', exe) == 0 then return 'gone', 0, 0 end
+  redis.call('ZREM', '{keys.QUEUED}', exec_id)
+  local attempt = redis.call('HINCRBY', exe, 'attempt', 1)
+  local h = redis.call('HMGET', exe, 'cancel', 'idem', 'start_by', 'queued_at', 'began', 'tool')
+  local waited = now - tonumber(h[4] or now)
+  if h[1] == '1' then return 'cancelled', attempt, waited end
+  if attempt > 1 and h[2] ~= '1' and h[5] then return 'uncertain', attempt, waited end
+  if attempt > max_attempts then return 'uncertain', attempt, waited end
+  if attempt == 1 and tonumber(h[3]) < now then return 'expired', attempt, waited end
+  local tool = h[6] or ''
+  redis.call('HSET', exe, 'state', 'running', 'worker', worker_id, 'started_at', now)
+  redis.call('SADD', running, exec_id)
+  emit(exe, exec_id, '{keys.events("")}' .. exec_id, started_event(exec_id, tool), false)
+  if attempt == 1 then observe('queue_wait', tool, waited) end
+  return 'run', attempt, waited
+end
+"""
+
+# CLAIM_ONE for a worker that leased the job itself: only if the lease (ARGV[4], the token in
+# arq's in-progress key) is still current. A lease the janitor took away (the worker was paused
+# after LEASE) claims nothing: another worker has the job now.
+# KEYS: running set, arq in-progress key
+# ARGV: exec_id, worker_id, max attempts, lease token or ''
+CLAIM = CLAIM_ONE + """
+if ARGV[4] ~= '' and redis.call('GET', KEYS[2]) ~= ARGV[4] then return {'moved', 0, 0} end
+local verdict, attempt, waited = claim(ARGV[1], ARGV[2], KEYS[1], tonumber(ARGV[3]))
+return {verdict, attempt, waited}
 """
 
 # A worker writes the record of its attempt, and frees its admission slot (and its principal's:
@@ -73,12 +103,16 @@ return 1
 """
 
 # Whether an attempt still holds its execution: current, not reaped, running on this worker, no
-# record yet (what SETTLE and HEARTBEAT require too).
-# KEYS: exe, record; ARGV: attempt, worker_id
+# record yet (what SETTLE and HEARTBEAT require too). With ARGV[3] = '1' (BEGIN), an attempt that
+# holds it also marks that it began the tool, just before it does.
+# KEYS: exe, record; ARGV: attempt, worker_id, '1' to mark `began`
 HOLDS = """
 if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
 local h = redis.call('HMGET', KEYS[1], 'attempt', 'reaped', 'state', 'worker')
-if h[1] == ARGV[1] and h[2] ~= ARGV[1] and h[3] == 'running' and h[4] == ARGV[2] then return 1 end
+if h[1] == ARGV[1] and h[2] ~= ARGV[1] and h[3] == 'running' and h[4] == ARGV[2] then
+  if ARGV[3] == '1' then redis.call('HSET', KEYS[1], 'began', ARGV[1]) end
+  return 1
+end
 return 0
 """
 
@@ -104,22 +138,20 @@ class Attempts:
         self._claim = batched(durable(redis.register_script(CLAIM), durability), batch)
         self._settle = batched(durable(redis.register_script(SETTLE), durability), batch)
         self._holds = redis.register_script(HOLDS)
+        # A `began` a failover loses would let a non-idempotent tool run again (store.durable).
+        self._begin = durable(self._holds, durability)
         self.worker_id = worker_id
         self.retention = retention
         self._running = keys.running(worker_id)
         self._leases = keys.leases(worker_id)
         self.queue = queue  # the worker's arq queue: SETTLE ends a job's lease there
 
-    async def claim(self, exec_id: str, tool: str, *, max_attempts: int, lease: str = "",
-                    begins: bool = True) -> Claim:
+    async def claim(self, exec_id: str, tool: str, *, max_attempts: int, lease: str = "") -> Claim:
         """Take the next attempt, if ``lease`` (the token of the job's lease) is still current;
-        on ``run`` the execution is this worker's and ``tool.started`` is out. ``begins``: the
-        tool begins at once (a ``parallel_safe=False`` one begins when it has its lock)."""
+        on ``run`` the execution is this worker's and ``tool.started`` is out."""
         verdict, attempt, waited = await self._claim(
-            keys=[keys.execution(exec_id), keys.record(exec_id), self._running, keys.QUEUED,
-                  jobs.in_progress_key(exec_id)],
-            args=[exec_id, self.worker_id, max_attempts, keys.events(exec_id), started_event(exec_id, tool), tool,
-                  lease, "1" if begins else ""],
+            keys=[self._running, jobs.in_progress_key(exec_id)],
+            args=[exec_id, self.worker_id, max_attempts, lease],
         )
         return Claim(cast("ClaimVerdict", text(verdict)), int(attempt), int(waited))
 
@@ -146,4 +178,10 @@ class Attempts:
     async def holds(self, exec_id: str, attempt: int) -> bool:
         """Whether ``attempt`` is still the current, running attempt at ``exec_id``, with no record."""
         return bool(await self._holds(keys=[keys.execution(exec_id), keys.record(exec_id)],
-                                      args=[attempt, self.worker_id]))
+                                      args=[attempt, self.worker_id, ""]))
+
+    async def begin(self, exec_id: str, attempt: int) -> bool:
+        """Just before a non-idempotent tool starts: whether ``attempt`` still holds ``exec_id``,
+        marked as having begun its tool if so (a later attempt is then uncertain, not a rerun)."""
+        return bool(await self._begin(keys=[keys.execution(exec_id), keys.record(exec_id)],
+                                      args=[attempt, self.worker_id, "1"]))

@@ -28,6 +28,7 @@ from redis.asyncio.connection import parse_url
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 
 from carmy_worker.settings import SettingsError
+from carmy_worker.store.packing import packed_by_hiredis
 from carmy_worker.store.pool import StorePool
 
 SENTINEL_SCHEME = "redis+sentinel"
@@ -120,8 +121,8 @@ class RedisConnector:
         """An unbounded asyncio pool (workers, pub/sub listeners)."""
         target = self.sentinel
         if target is None:
-            return ConnectionPool.from_url(self.url, **options)
-        return SentinelConnectionPool(target.service, _manager(target), **_node(target, options))
+            return packed_by_hiredis(ConnectionPool.from_url(self.url, **options))
+        return packed_by_hiredis(SentinelConnectionPool(target.service, _manager(target), **_node(target, options)))
 
     def client(self, **options: Any) -> Redis:
         """An asyncio client on its own unbounded pool (closed with the client)."""
@@ -137,7 +138,7 @@ class RedisConnector:
         else:
             pool = SentinelPool(target.service, _manager(target), max_connections=max_connections, timeout=wait,
                                 **_node(target, options))
-        return Redis.from_pool(pool)
+        return Redis.from_pool(packed_by_hiredis(pool))
 
     def sync_client(self, **options: Any) -> redis.Redis:
         """A synchronous client (the heartbeat thread, the health check)."""

@@ -23,14 +23,12 @@ return 1
 
 
 class Progress:
-    """Publishes one execution's events through PROGRESS."""
+    """Publishes executions' events through PROGRESS (one per worker: registering the script
+    hashes its text)."""
 
-    def __init__(self, redis: Redis, exec_id: str) -> None:
-        self._exec_id = exec_id
-        self._exe = keys.execution(exec_id)
-        self._channel = keys.events(exec_id)
+    def __init__(self, redis: Redis) -> None:
         self._script = redis.register_script(PROGRESS)
 
-    async def __call__(self, event: bytes, message: str | None) -> None:
-        await self._script(keys=[self._exe], args=[self._channel, event, message or "",
-                                                   "" if message is None else "1", self._exec_id])
+    async def __call__(self, exec_id: str, event: bytes, message: str | None) -> None:
+        await self._script(keys=[keys.execution(exec_id)], args=[
+            keys.events(exec_id), event, message or "", "" if message is None else "1", exec_id])

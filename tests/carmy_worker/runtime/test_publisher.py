@@ -15,6 +15,7 @@ from redis.asyncio.client import PubSub
 
 from carmy_worker.runtime.publisher import BACKLOG_BYTES, BACKLOG_EVENTS, ProgressPublisher
 from carmy_worker.store import keys
+from carmy_worker.store.progress import Progress
 from carmy_worker.wire import ProgressData, event_decoder, json_encoder
 from tests.support import RedisServer
 
@@ -52,7 +53,7 @@ async def published_until(pubsub: PubSub, last: int) -> list[ProgressData]:
 
 async def test_events_are_published_in_order(ar: redis.asyncio.Redis, channel: tuple[str, PubSub]) -> None:
     exec_id, pubsub = channel
-    publisher = ProgressPublisher(ar, exec_id, asyncio.get_running_loop())
+    publisher = ProgressPublisher(Progress(ar), exec_id, asyncio.get_running_loop())
     for i in range(1, 11):
         publisher.emit(event(i), False)
         await asyncio.sleep(0)
@@ -64,7 +65,7 @@ async def test_a_tight_loop_keeps_the_newest_events(
     ar: redis.asyncio.Redis, channel: tuple[str, PubSub], caplog: pytest.LogCaptureFixture,
 ) -> None:
     exec_id, pubsub = channel
-    publisher = ProgressPublisher(ar, exec_id, asyncio.get_running_loop())
+    publisher = ProgressPublisher(Progress(ar), exec_id, asyncio.get_running_loop())
     for i in range(1, 20_001):  # never yields: nothing can be published meanwhile
         publisher.emit(event(i), False)
     with caplog.at_level(logging.WARNING, logger="carmy.worker"):
@@ -77,7 +78,7 @@ async def test_a_tight_loop_keeps_the_newest_events(
 
 async def test_partial_results_outlast_plain_progress(ar: redis.asyncio.Redis, channel: tuple[str, PubSub]) -> None:
     exec_id, pubsub = channel
-    publisher = ProgressPublisher(ar, exec_id, asyncio.get_running_loop())
+    publisher = ProgressPublisher(Progress(ar), exec_id, asyncio.get_running_loop())
     for i in range(1, 2001):
         if i % 100 == 0:
             publisher.emit(event(i, partial={"rows": i}), True)
@@ -92,7 +93,7 @@ async def test_partial_results_outlast_plain_progress(ar: redis.asyncio.Redis, c
 
 async def test_only_partial_results_waiting_the_oldest_go(ar: redis.asyncio.Redis, channel: tuple[str, PubSub]) -> None:
     exec_id, pubsub = channel
-    publisher = ProgressPublisher(ar, exec_id, asyncio.get_running_loop())
+    publisher = ProgressPublisher(Progress(ar), exec_id, asyncio.get_running_loop())
     for i in range(1, 1001):
         publisher.emit(event(i, partial=i), True)
     await publisher.close()
@@ -101,7 +102,7 @@ async def test_only_partial_results_waiting_the_oldest_go(ar: redis.asyncio.Redi
 
 async def test_the_backlog_is_bounded_in_bytes_too(ar: redis.asyncio.Redis, channel: tuple[str, PubSub]) -> None:
     exec_id, pubsub = channel
-    publisher = ProgressPublisher(ar, exec_id, asyncio.get_running_loop())
+    publisher = ProgressPublisher(Progress(ar), exec_id, asyncio.get_running_loop())
     pad = "p" * 60_000
     for i in range(1, 101):
         publisher.emit(event(i, pad=pad), False)
@@ -115,7 +116,7 @@ async def test_events_from_a_thread_keep_their_order_and_the_newest(
     ar: redis.asyncio.Redis, channel: tuple[str, PubSub],
 ) -> None:
     exec_id, pubsub = channel
-    publisher = ProgressPublisher(ar, exec_id, asyncio.get_running_loop())
+    publisher = ProgressPublisher(Progress(ar), exec_id, asyncio.get_running_loop())
 
     def tool() -> None:
         for i in range(1, 50_001):
@@ -131,7 +132,7 @@ async def test_events_from_a_thread_keep_their_order_and_the_newest(
 
 async def test_events_after_close_are_dropped(ar: redis.asyncio.Redis, channel: tuple[str, PubSub]) -> None:
     exec_id, pubsub = channel
-    publisher = ProgressPublisher(ar, exec_id, asyncio.get_running_loop())
+    publisher = ProgressPublisher(Progress(ar), exec_id, asyncio.get_running_loop())
     publisher.emit(event(1), False)
     await publisher.close()
     publisher.emit(event(2), False)  # a thread the tool left behind, say
@@ -146,7 +147,7 @@ async def test_the_newest_message_is_kept_while_it_runs(ar: redis.asyncio.Redis,
     exec_id, pubsub = channel
     exe = keys.execution(exec_id)
     await ar.hset(exe, mapping={"state": "running"})
-    publisher = ProgressPublisher(ar, exec_id, asyncio.get_running_loop())
+    publisher = ProgressPublisher(Progress(ar), exec_id, asyncio.get_running_loop())
     publisher.emit(event(1, pad="first"), False)
     publisher.emit(event(2), False)  # no message: the status stays the last one given
     await publisher.close()
@@ -158,7 +159,7 @@ async def test_the_newest_message_is_kept_while_it_runs(ar: redis.asyncio.Redis,
 
 async def test_no_status_for_an_execution_that_is_not_running(ar: redis.asyncio.Redis) -> None:
     exec_id = keys.new_execution_id()  # expired, say: its hash must not come back without a TTL
-    publisher = ProgressPublisher(ar, exec_id, asyncio.get_running_loop())
+    publisher = ProgressPublisher(Progress(ar), exec_id, asyncio.get_running_loop())
     publisher.emit(event(1, pad="late"), False)
     await publisher.close()
     assert not await ar.exists(keys.execution(exec_id))

@@ -14,6 +14,7 @@ import redis.asyncio
 
 from carmy_worker import Context, Toolbox
 from carmy_worker.runtime import runner
+from carmy_worker.runtime.queue import Lease, Leases
 from carmy_worker.runtime.runner import Runtime
 from carmy_worker.settings import WorkerSettings
 from carmy_worker.store import jobs, keys, records
@@ -45,10 +46,10 @@ async def runtime(redis_server: RedisServer) -> AsyncIterator[Runtime]:
     await client.aclose()
 
 
-async def queued(rt: Runtime, exec_id: str, tool: str) -> bytes:
+async def queued(rt: Runtime, exec_id: str, tool: str, group: str = "g") -> bytes:
     """Submit an execution of ``tool``: the payload of its job."""
     job = ExecutionJob(execution_id=exec_id, tool=tool, arguments=b"{}")
-    await Submit(rt.redis, retention=600)(job, queue=jobs.queue_name("g"), idempotent=False, workers_alive=True,
+    await Submit(rt.redis, retention=600)(job, queue=jobs.queue_name(group), idempotent=False, workers_alive=True,
                                           max_pending=10, queue_wait_ms=60_000, admission_ms=60_000)
     return msgpack_encoder.encode(job)
 
@@ -111,3 +112,52 @@ def test_cancels_of_executions_that_never_come_here_are_forgotten(runtime: Runti
     runtime._early_cancels.update((k, 0.0) for k in list(runtime._early_cancels))  # heard long ago
     runtime.cancel("exec_now")
     assert list(runtime._early_cancels) == ["exec_now"]
+
+
+async def leased(rt: Runtime, exec_id: str, tool: str) -> tuple[bytes, Lease]:
+    """Submit an execution of ``tool`` and lease its job as a worker's LEASE would: its payload
+    and the lease, with the claim LEASE made."""
+    payload = await queued(rt, exec_id, tool, group=exec_id)  # a queue of its own
+    [lease] = await Leases(rt.redis, rt.worker_id).take(jobs.queue_name(exec_id), most=1, lease_ms=60_000,
+                                                          look_ahead=10)
+    return payload, lease
+
+
+async def test_a_job_claimed_with_its_lease_is_held_at_once_and_run_without_another_claim(runtime: Runtime) -> None:
+    exec_id = keys.new_execution_id()
+    payload, lease = await leased(runtime, exec_id, "fine")
+    assert lease.claim is not None and (lease.claim.verdict, lease.claim.attempt) == ("run", 1)
+    runtime.admit(payload, lease.claim, lease.token)
+    # Held from the lease on: a heartbeat now names it, so it is not taken for a stray.
+    assert [(h.execution_id, h.attempt) for h in runtime.holdings()] == [(exec_id, 1)]
+    await runtime.handle(payload, lease.token)
+    record = record_decoder.decode(await runtime.redis.get(keys.record(exec_id)))
+    assert record.status == "completed"
+    assert await runtime.redis.hget(keys.execution(exec_id), "attempt") == b"1"  # claimed once
+    assert runtime.holdings() == []
+
+
+async def test_a_claim_whose_job_never_reaches_the_handler_is_let_go(
+    runtime: Runtime, caplog: pytest.LogCaptureFixture,
+) -> None:
+    exec_id = keys.new_execution_id()
+    payload, lease = await leased(runtime, exec_id, "fine")
+    assert lease.claim is not None
+    runtime.admit(payload, lease.claim, lease.token)
+    with caplog.at_level(logging.WARNING, logger="carmy.worker"):
+        runtime.forget(lease.token)  # arq's run_job returned without calling the handler
+    # No longer held: the next heartbeat finds it a stray, and settles it.
+    assert runtime.holdings() == []
+    assert f"execution {exec_id} was claimed but its job never reached the handler" in caplog.text
+    runtime.forget(lease.token)  # once more, as after a normal run: nothing to do
+
+
+async def test_a_cancel_heard_while_the_lease_was_in_flight_is_not_lost(runtime: Runtime) -> None:
+    exec_id = keys.new_execution_id()
+    payload, lease = await leased(runtime, exec_id, "waits")
+    assert lease.claim is not None
+    runtime.cancel(exec_id)  # the cancel message came before LEASE's reply
+    runtime.admit(payload, lease.claim, lease.token)
+    await asyncio.wait_for(runtime.handle(payload, lease.token), 5)  # not the tool's 20 s
+    record = record_decoder.decode(await runtime.redis.get(keys.record(exec_id)))
+    assert (record.status, record.error_code) == ("cancelled", "CANCELLED")

@@ -1,7 +1,7 @@
 """How workers wait for jobs: one job wakes one idle worker (a token on the queue's wake list,
 popped by one BLPOP), a worker blocked there still stops at once on SIGTERM, and a job runs
-under arq's run_job with three round trips of its own (LEASE, CLAIM, SETTLE: here the
-handler stands for the last two)."""
+under arq's run_job with two round trips of its own (LEASE, which claims the job's execution,
+and SETTLE: here the handler stands for the last)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import redis
 
 from carmy_worker.runtime import queue
 from carmy_worker.store import jobs, keys, records
-from carmy_worker.store.attempts import Attempts
+from carmy_worker.store.attempts import Attempts, Claim
 from carmy_worker.store.submit import Submit
 from carmy_worker.wire import ExecutionJob, job_decoder
 from tests.support import RedisServer
@@ -55,7 +55,7 @@ async def until(condition: Callable[[], bool], what: str, timeout: float = 20.0)
 
 @asynccontextmanager
 async def pool_of(url: str, n: int, handler: Callable[[str, bytes, str], Awaitable[bool | None]],
-                  concurrency: int = 2) -> AsyncIterator[Pool]:
+                  concurrency: int = 2, admit: queue.Admit | None = None) -> AsyncIterator[Pool]:
     pool = Pool()
     clients = []
     for i in range(n):
@@ -68,16 +68,16 @@ async def pool_of(url: str, n: int, handler: Callable[[str, bytes, str], Awaitab
             return await handler(worker_id, payload, lease)
 
         worker = queue.build_worker(handle, pool=client, worker_id=worker_id, group=GROUP,
-                                    concurrency=concurrency, max_timeout=5, drain_seconds=5)
+                                    concurrency=concurrency, max_timeout=5, drain_seconds=5, admit=admit)
         worker.poll_delay_s = NEVER_S
-        take = worker.leases.take
         pool.leases[worker_id] = 0
+        for name in ("take", "wait_and_take"):  # each LEASE, alone or after a BLPOP, is a look
+            async def counted(*args: object, worker_id: str = worker_id, take: object = getattr(worker.leases, name),
+                              **kwargs: object) -> object:
+                pool.leases[worker_id] += 1
+                return await take(*args, **kwargs)  # type: ignore[operator]
 
-        async def counted(*args: object, worker_id: str = worker_id, take: object = take, **kwargs: object) -> object:
-            pool.leases[worker_id] += 1
-            return await take(*args, **kwargs)  # type: ignore[operator]
-
-        worker.leases.take = counted  # type: ignore[method-assign]
+            setattr(worker.leases, name, counted)
         pool.workers.append(worker)
         pool.tasks.append(asyncio.create_task(worker.async_run()))
     try:
@@ -129,18 +129,23 @@ async def test_a_settle_that_ended_the_lease_leaves_arq_nothing_to_finish(
     r: redis.Redis, redis_server: RedisServer,
 ) -> None:
     """The handler's SETTLE ends the lease (it says so by returning True): arq's finish_job then
-    makes no round trip. The job was read from LEASE's reply, not by arq's pipeline."""
+    makes no round trip. The job was read, and its execution claimed, by LEASE: neither arq's
+    pipeline nor a CLAIM of its own."""
     client = redis.asyncio.Redis.from_url(redis_server.url)
+    claims: dict[str, Claim] = {}
+
+    def admit(payload: bytes, claim: Claim, lease: str) -> None:
+        claims[lease] = claim
 
     async def handler(worker_id: str, payload: bytes, lease: str) -> bool:
         exec_id = job_decoder.decode(payload).execution_id
         attempts = Attempts(client, worker_id=worker_id, retention=600, queue=QUEUE)
-        claim = await attempts.claim(exec_id, "noop", max_attempts=3, lease=lease)
-        assert claim.verdict == "run"
+        claim = claims.pop(lease)  # admitted before arq's run_job handed the job over
+        assert (claim.verdict, claim.attempt) == ("run", 1)
         record = records.completed(exec_id, "noop", b"{}", cacheable=False, duration_ms=1)
         return await attempts.settle(record, exec_id=exec_id, attempt=claim.attempt, lease=lease)
 
-    async with pool_of(redis_server.url, 1, handler) as pool:
+    async with pool_of(redis_server.url, 1, handler, admit=admit) as pool:
         await until(lambda: blocked(r) == 1, "the worker blocked on the wake list")
         exec_id = keys.new_execution_id()
         r.config_resetstat()
@@ -149,9 +154,9 @@ async def test_a_settle_that_ended_the_lease_leaves_arq_nothing_to_finish(
                     and all(t.done() for t in pool.workers[0].tasks.values()),
                     "the job to be settled and the worker idle again")
         stats = r.info("commandstats")
-        # SUBMIT, LEASE, CLAIM, SETTLE: four scripts; no FINISH, and no arq pipeline (MULTI/EXEC).
+        # SUBMIT, LEASE, SETTLE: three scripts; no CLAIM, no FINISH, and no arq pipeline (MULTI/EXEC).
         # (A script's first call fails with NOSCRIPT and is loaded: those failures are not calls.)
-        assert stats["cmdstat_evalsha"]["calls"] - stats["cmdstat_evalsha"]["failed_calls"] == 4
+        assert stats["cmdstat_evalsha"]["calls"] - stats["cmdstat_evalsha"]["failed_calls"] == 3
         assert "cmdstat_multi" not in stats and "cmdstat_exec" not in stats
         assert r.zcard(QUEUE) == 0 and r.hlen(keys.leases("w0")) == 0
         assert not r.exists(jobs.job_key(exec_id), jobs.in_progress_key(exec_id), jobs.retry_key(exec_id))

@@ -9,6 +9,7 @@ call it; the blocking client ``r`` only observes what they left in Redis.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -21,9 +22,9 @@ from redis.client import PubSub
 
 from carmy_worker.runtime.lock import ToolLock
 from carmy_worker.runtime.queue import Leases
-from carmy_worker.runtime.runner import MAX_ATTEMPTS
 from carmy_worker.store import jobs, keys, metrics, records
-from carmy_worker.store.attempts import Attempts
+from carmy_worker.store.attempts import MAX_ATTEMPTS, STARTED, Attempts, Claim
+from carmy_worker.store.durable import Durability
 from carmy_worker.store.janitor import DEPARTED_MEMORY_S, Janitor
 from carmy_worker.store.roster import Beat, Claims, Holding, Liveness, Orphan, Stray, lock_holder
 from carmy_worker.store.submit import Submission, Submit
@@ -39,6 +40,7 @@ from carmy_worker.wire import (
     json_encoder,
     msgpack_encoder,
     record_decoder,
+    started_event,
 )
 from tests.support import RedisServer
 
@@ -182,10 +184,12 @@ def in_zset(r: redis.Redis, zset: str, member: str) -> bool:
 
 async def running(ar: redis.asyncio.Redis, *, idempotent: bool = False, request_id: str | None = None,
                   worker_id: str = "w1") -> str:
-    """A new execution, claimed by ``worker_id`` (attempt 1)."""
+    """A new execution, claimed by ``worker_id`` (attempt 1), its tool begun (BEGIN, as the
+    runtime marks a non-idempotent one)."""
     exec_id = new_id()
     await submit(ar, exec_id, idempotent=idempotent, request_id=request_id)
     assert await claim(ar, exec_id, worker_id) == ("run", 1)
+    assert await Attempts(ar, worker_id=worker_id, retention=RETENTION).begin(exec_id, 1) is True
     return exec_id
 
 
@@ -718,6 +722,108 @@ async def test_lease_takes_only_due_unleased_jobs_at_most_n_by_redis_clock(
     assert await take(5) == []
 
 
+@pytest.mark.parametrize("tool", ["t", "tally", "a.b-c_d", "x" * 128])
+def test_the_started_event_a_script_builds_is_the_workers_byte_for_byte(r: redis.Redis, tool: str) -> None:
+    exec_id = new_id()
+    built = r.eval(STARTED + "return started_event(ARGV[1], ARGV[2])", 0, exec_id, tool)
+    assert built == started_event(exec_id, tool)
+
+
+async def test_lease_claims_each_job_it_leases(r: redis.Redis, ar: redis.asyncio.Redis, listen: Any) -> None:
+    """LEASE claims the execution of each job it leases, as CLAIM would, in the same round trip.
+    A claim does not begin the tool: BEGIN does, just before a non-idempotent tool starts."""
+    plain, other, cancelled = new_id(), new_id(), new_id()
+    await submit(ar, plain)
+    await submit(ar, other, tool="serial")
+    await submit(ar, cancelled)
+    r.hset(keys.execution(cancelled), "cancel", "1")
+    events = listen(keys.events(plain))
+    got = {lease.job_id: lease.claim for lease in
+           await Leases(ar, "w1").take(QUEUE, most=3, lease_ms=MINUTE_MS, look_ahead=10)}
+    assert {e: (c.verdict, c.attempt) for e, c in got.items() if c} == {
+        plain: ("run", 1), other: ("run", 1), cancelled: ("cancelled", 1)}
+    assert r.smembers(keys.running("w1")) == {plain.encode(), other.encode()}
+    assert all(state(r, e)["worker"] == "w1" and "began" not in state(r, e) for e in (plain, other))
+    [(_, data)] = received(events)
+    assert data == started_event(plain, "tally")
+
+
+async def test_a_claimed_execution_whose_tool_never_began_goes_to_another_worker(
+    r: redis.Redis, ar: redis.asyncio.Redis,
+) -> None:
+    """A worker stopped after its LEASE (one sent behind a BLPOP runs even while it is stopped):
+    its non-idempotent execution never began, so REAP gives it to another worker rather than
+    settling it uncertain. Once BEGIN marked it, it would be uncertain."""
+    exec_id = new_id()
+    await submit(ar, exec_id)
+    [lease] = await Leases(ar, "w1").take(QUEUE, most=1, lease_ms=MINUTE_MS, look_ahead=10)
+    assert lease.claim is not None and lease.claim.verdict == "run"
+    assert (await reap(ar, exec_id, "w1"))[0] == "requeued"
+    assert await Attempts(ar, worker_id="w1", retention=RETENTION).begin(exec_id, 1) is False  # too late
+    [again] = await Leases(ar, "w2").take(QUEUE, most=1, lease_ms=MINUTE_MS, look_ahead=10)
+    assert again.claim is not None and (again.claim.verdict, again.claim.attempt) == ("run", 2)
+    assert await Attempts(ar, worker_id="w2", retention=RETENTION).begin(exec_id, 2) is True
+    assert state(r, exec_id)["began"] == "2"
+    assert (await reap(ar, exec_id, "w2"))[0] == "uncertain"
+
+
+async def test_a_lease_waits_for_the_replicas_asked_for(
+    r: redis.Redis, ar: redis.asyncio.Redis, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """LEASE claims, and a claim a failover loses resets the attempt count: with
+    CARMY_REDIS_WAIT_REPLICAS it is followed by WAIT, as CLAIM was."""
+    exec_id = new_id()
+    await submit(ar, exec_id)
+    with caplog.at_level(logging.WARNING, logger="carmy.store"):
+        [lease] = await Leases(ar, "w1", durability=Durability(1, timeout_ms=20)).take(
+            QUEUE, most=1, lease_ms=MINUTE_MS, look_ahead=10)
+    assert lease.claim is not None and lease.claim.verdict == "run"
+    assert "writes reach 0 of the 1 replicas" in caplog.text  # this server has none
+    # So is the LEASE that goes out with a BLPOP.
+    durability = Durability(1, timeout_ms=20)
+    again = new_id()
+    await submit(ar, again)
+    [lease] = await Leases(ar, "w1", durability=durability).wait_and_take(
+        ar, QUEUE, timeout=1, most=1, lease_ms=MINUTE_MS, look_ahead=10)
+    assert lease.job_id == again and durability._short  # the WAIT fell short, and it heard so
+
+
+async def test_a_wait_for_a_token_brings_the_lease_with_it(r: redis.Redis, ar: redis.asyncio.Redis) -> None:
+    """BLPOP and LEASE go out together: Redis leases (and claims) the job the moment its token is
+    popped, and the worker gets both in one reply."""
+    waiting = asyncio.create_task(Leases(ar, "w1").wait_and_take(ar, QUEUE, timeout=10, most=2, lease_ms=MINUTE_MS,
+                                                                   look_ahead=10))
+    deadline = time.monotonic() + 10
+    while not any(c["cmd"] == "blpop" and "b" in c["flags"] for c in r.client_list()):
+        assert time.monotonic() < deadline, "the wait never blocked"
+        await asyncio.sleep(0.01)
+    exec_id = new_id()
+    await submit(ar, exec_id)
+    [lease] = await asyncio.wait_for(waiting, 10)
+    assert lease.job_id == exec_id and lease.claim is not None and lease.claim.verdict == "run"
+    assert r.llen(WAKE) == 0 and state(r, exec_id)["worker"] == "w1"
+
+
+async def test_a_wait_that_times_out_still_leases_what_is_due(r: redis.Redis, ar: redis.asyncio.Redis) -> None:
+    """The fallback poll: a due job that has no token (its token went to a worker that was not
+    looking) is leased when the wait times out."""
+    exec_id = new_id()
+    await submit(ar, exec_id)
+    r.delete(WAKE)
+    [lease] = await Leases(ar, "w1").wait_and_take(ar, QUEUE, timeout=0.05, most=2, lease_ms=MINUTE_MS, look_ahead=10)
+    assert lease.job_id == exec_id
+
+
+async def test_a_wait_on_a_server_without_the_script_loads_it_and_leases(
+    r: redis.Redis, ar: redis.asyncio.Redis,
+) -> None:
+    exec_id = new_id()
+    await submit(ar, exec_id)
+    r.script_flush()  # a new primary, say
+    [lease] = await Leases(ar, "w1").wait_and_take(ar, QUEUE, timeout=1, most=2, lease_ms=MINUTE_MS, look_ahead=10)
+    assert lease.job_id == exec_id and lease.claim is not None and lease.claim.attempt == 1
+
+
 async def test_a_lease_leaves_one_wake_token_per_job_still_due(r: redis.Redis, ar: redis.asyncio.Redis) -> None:
     """Tokens left for jobs already leased would each wake a worker for nothing; but a due job
     that never pushed a token of its own (put back after a Retry) must not take another's."""
@@ -782,8 +888,8 @@ async def test_settle_with_the_lease_finishes_the_job_as_finish_would(r: redis.R
     got = {lease.job_id: lease for lease in
            await Leases(ar, "w1").take(QUEUE, most=2, lease_ms=MINUTE_MS, look_ahead=10)}
     attempts = Attempts(ar, worker_id="w1", retention=RETENTION, queue=QUEUE)
-    for exec_id in (mine, taken_away):
-        assert (await attempts.claim(exec_id, "tally", max_attempts=3, lease=got[exec_id].token)).verdict == "run"
+    for exec_id in (mine, taken_away):  # LEASE claimed them for w1
+        assert got[exec_id].claim == Claim("run", 1, got[exec_id].claim.queue_wait_ms)
     assert await attempts.settle(done_record(mine), exec_id=mine, attempt=1, lease=got[mine].token) is True
     assert not r.exists(jobs.job_key(mine), jobs.in_progress_key(mine), jobs.retry_key(mine))
     assert not in_zset(r, QUEUE, mine) and not r.hexists(keys.leases("w1"), mine)
@@ -802,10 +908,14 @@ async def test_janitor_puts_back_jobs_a_dead_worker_leased_and_never_claimed(
     r: redis.Redis, ar: redis.asyncio.Redis,
 ) -> None:
     unclaimed, claimed, kept = new_id(), new_id(), new_id()
-    for exec_id in (unclaimed, claimed):
-        await submit(ar, exec_id, idempotent=True)
-    await Leases(ar, "dead").take(QUEUE, most=2, lease_ms=MINUTE_MS, look_ahead=10)
-    assert await claim(ar, claimed, "dead") == ("run", 1)
+    await submit(ar, claimed, idempotent=True)
+    [lease] = await Leases(ar, "dead").take(QUEUE, most=2, lease_ms=MINUTE_MS, look_ahead=10)
+    assert lease.claim is not None and (lease.claim.verdict, lease.claim.attempt) == ("run", 1)
+    # A lease with no claim, as a worker of before (LEASE, then CLAIM) could leave it.
+    await submit(ar, unclaimed, idempotent=True)
+    r.set(jobs.in_progress_key(unclaimed), f"dead/old/{unclaimed}", px=MINUTE_MS)
+    r.hset(keys.leases("dead"), unclaimed, f"dead/old/{unclaimed}")
+    r.zadd(QUEUE, {unclaimed: redis_now_ms(r) + MINUTE_MS}, xx=True)
     await submit(ar, kept)
     await Leases(ar, "alive").take(QUEUE, most=1, lease_ms=MINUTE_MS, look_ahead=10)
     await heartbeat(ar, "dead", -10_000)
@@ -902,20 +1012,19 @@ async def test_short_gaps_between_observations_change_nothing(r: redis.Redis, ar
 
 
 async def test_a_lease_taken_away_before_its_claim_claims_nothing(r: redis.Redis, ar: redis.asyncio.Redis) -> None:
-    """A worker paused between LEASE and CLAIM: the janitor gave its job to another worker, which
-    runs it. The late CLAIM must not take a second attempt (a non-idempotent execution would be
-    judged uncertain under the worker that is running it)."""
+    """A worker paused between its lease and its CLAIM (a job run under no claiming lease): the
+    janitor gave its job to another worker, which runs it. The late CLAIM must not take a second
+    attempt (a non-idempotent execution would be judged uncertain under the worker that is
+    running it)."""
     exec_id = new_id()
     await submit(ar, exec_id)
-    [stale] = await Leases(ar, "w1").take(QUEUE, most=1, lease_ms=MINUTE_MS, look_ahead=10)
-    r.delete(jobs.in_progress_key(exec_id))  # what JANITOR_SCAN does for a dead worker's lease:
-    r.zadd(QUEUE, {exec_id: 0}, xx=True)  # and the job is due again
+    stale = f"w1/old/{exec_id}"  # w1's lease, its claim not made yet
+    r.set(jobs.in_progress_key(exec_id), stale, px=MINUTE_MS)
+    r.delete(jobs.in_progress_key(exec_id))  # what JANITOR_SCAN does for a dead worker's lease
     [fresh] = await Leases(ar, "w2").take(QUEUE, most=1, lease_ms=MINUTE_MS, look_ahead=10)
-    running = await Attempts(ar, worker_id="w2", retention=RETENTION).claim(exec_id, "tally", max_attempts=3,
-                                                                            lease=fresh.token)
-    assert (running.verdict, running.attempt) == ("run", 1)
+    assert fresh.claim is not None and (fresh.claim.verdict, fresh.claim.attempt) == ("run", 1)
     late = await Attempts(ar, worker_id="w1", retention=RETENTION).claim(exec_id, "tally", max_attempts=3,
-                                                                         lease=stale.token)
+                                                                         lease=stale)
     assert late.verdict == "moved"
     assert state(r, exec_id)["attempt"] == "1" and state(r, exec_id)["worker"] == "w2"
 
@@ -987,12 +1096,12 @@ async def test_a_non_idempotent_execution_whose_tool_never_began_is_tried_again(
     exec_id = new_id()
     await submit(ar, exec_id)
     waiting = await Attempts(ar, worker_id="w1", retention=RETENTION).claim(
-        exec_id, "tally", max_attempts=MAX_ATTEMPTS, begins=False)
+        exec_id, "tally", max_attempts=MAX_ATTEMPTS)
     assert (waiting.verdict, waiting.attempt) == ("run", 1)
     assert (await reap(ar, exec_id, "w1"))[0] == "requeued"
     assert not r.exists(keys.record(exec_id))
     again = await Attempts(ar, worker_id="w2", retention=RETENTION).claim(
-        exec_id, "tally", max_attempts=MAX_ATTEMPTS, begins=False)
+        exec_id, "tally", max_attempts=MAX_ATTEMPTS)
     assert (again.verdict, again.attempt) == ("run", 2)
     # Once an attempt has begun the tool (it took the lock), a later one is uncertain.
     never = asyncio.Event()
@@ -1009,7 +1118,7 @@ async def test_an_attempt_given_away_while_it_waited_for_its_lock_takes_nothing(
 ) -> None:
     exec_id = new_id()
     await submit(ar, exec_id, idempotent=True)
-    await Attempts(ar, worker_id="w1", retention=RETENTION).claim(exec_id, "tally", max_attempts=3, begins=False)
+    await Attempts(ar, worker_id="w1", retention=RETENTION).claim(exec_id, "tally", max_attempts=3)
     assert (await reap(ar, exec_id, "w1"))[0] == "requeued"  # w1 was paused while it waited
     never = asyncio.Event()
     assert await ToolLock(ar, "tally", exec_id, 1, worker_id="w1").acquire(1, never) == "lost"
