@@ -20,7 +20,6 @@ per call on every request.
 from __future__ import annotations
 
 import asyncio
-import gc
 import socket
 
 import uvicorn
@@ -31,13 +30,13 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 from api.halfclose import ResetProbe
 from api.onewrite import OneWriteCycle
 from api.settings import ApiSettings
+from carmy_worker import collector
 from carmy_worker.sdk.errors import error
 from carmy_worker.wire import EnvelopeError, json_encoder
 
 KEEP_ALIVE = 5  # seconds an idle keep-alive connection is kept (uvicorn's own timer)
 GRACEFUL_SHUTDOWN = 30  # seconds open requests and SSE streams get on SIGTERM, then they are cancelled
 BACKLOG = 2048  # pending connections the kernel queues for accept() (capped by net.core.somaxconn)
-GC_YOUNG = 20_000  # net allocations between young-generation collections (Python's default: 700; see Server)
 
 
 async def headers_too_large(scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
@@ -276,22 +275,15 @@ def config(app: ASGIApp, settings: ApiSettings) -> uvicorn.Config:
 
 
 class Server(uvicorn.Server):
-    """uvicorn's server, with the garbage collector set for a process that serves requests.
-
-    Python's default runs a young-generation collection every 700 net allocations of container
-    objects. Each call in flight holds a few hundred (its task, coroutines, dicts, futures), so at
-    64 calls in flight a collection ran every other request and found nearly everything alive:
-    8 % of the API's CPU, for objects freed by reference counting moments later. ``GC_YOUNG``
-    lets them die first (the collector still runs, for cycles, as allocations grow); what was
-    built at start-up is frozen out of every collection (``gc.freeze``).
-    """
+    """uvicorn's server, with the garbage collector set for a serving process
+    (``carmy_worker.collector``): what start-up built is frozen once the app has started."""
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
-        gc.freeze()
+        collector.freeze_start_up()
 
 
 def run(app: ASGIApp, settings: ApiSettings) -> None:
     """Serve ``app`` until SIGINT or SIGTERM (exits the process if it cannot start)."""
-    gc.set_threshold(GC_YOUNG, *gc.get_threshold()[1:])
+    collector.for_serving()
     Server(config(app, settings)).run()
