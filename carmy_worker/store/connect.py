@@ -28,6 +28,7 @@ from redis.asyncio.connection import parse_url
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 
 from carmy_worker.settings import SettingsError
+from carmy_worker.store.checkout import QuickCheckout
 from carmy_worker.store.packing import packed_by_hiredis
 from carmy_worker.store.pool import StorePool
 
@@ -47,6 +48,17 @@ class SentinelTarget(Struct, frozen=True):
     username: str | None = None
     password: str | None = None
     sentinel_password: str | None = None
+
+
+class Pool(QuickCheckout, ConnectionPool):
+    """An unbounded pool whose connections are checked without a read (``store.checkout``)."""
+
+
+class SentinelManagedPool(QuickCheckout, SentinelConnectionPool):
+    """The same, over the primary the Sentinels name."""
+
+    def __init__(self, service: str, manager: Sentinel, **options: Any) -> None:
+        super().__init__(service, manager, **options)  # type: ignore[no-untyped-call]  # redis-py unannotated
 
 
 class SentinelPool(SentinelConnectionPool, StorePool):
@@ -121,8 +133,8 @@ class RedisConnector:
         """An unbounded asyncio pool (workers, pub/sub listeners)."""
         target = self.sentinel
         if target is None:
-            return packed_by_hiredis(ConnectionPool.from_url(self.url, **options))
-        return packed_by_hiredis(SentinelConnectionPool(target.service, _manager(target), **_node(target, options)))
+            return packed_by_hiredis(Pool.from_url(self.url, **options))
+        return packed_by_hiredis(SentinelManagedPool(target.service, _manager(target), **_node(target, options)))
 
     def client(self, **options: Any) -> Redis:
         """An asyncio client on its own unbounded pool (closed with the client)."""

@@ -18,6 +18,7 @@ from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import ConnectionError, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from carmy_worker.store.checkout import QuickCheckout
 from carmy_worker.store.patience import LoopClock
 from carmy_worker.store.pubsub import raise_if_cancelled
 
@@ -36,7 +37,7 @@ class _Waiter:
         self.since = since
 
 
-class StorePool(BlockingConnectionPool):
+class StorePool(QuickCheckout, BlockingConnectionPool):
     """A ``BlockingConnectionPool`` whose callers wait their turn for a free connection, up to
     ``timeout`` seconds of the loop's time (``LoopClock``) while Redis is reachable, and not at
     all while it is not.
