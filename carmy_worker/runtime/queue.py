@@ -114,9 +114,10 @@ def deserialize(data: bytes) -> dict[str, Any]:
 
 # (job payload, lease token) -> whether its SETTLE also ended the lease (then nothing is left to finish)
 Handler = Callable[[bytes, str], Awaitable[bool | None]]
-# (job payload, the claim LEASE made, lease token), called as soon as LEASE answers, before arq's
-# run_job gets to the job: the worker holds the execution from then on.
-Admit = Callable[[bytes, Claim, str], None]
+# (job payload, the claim LEASE made, lease token, when LEASE was sent: time.monotonic()), called
+# as soon as LEASE answers, before arq's run_job gets to the job: the worker holds the execution
+# from then on.
+Admit = Callable[[bytes, Claim, str, float], None]
 
 # Takes up to ARGV[2] jobs in one round trip: the due ones at the head of the queue (by Redis's
 # clock, like the scores SUBMIT writes) that no other worker has leased. arq polls with the
@@ -193,6 +194,7 @@ class Lease(Struct, frozen=True):
     job: bytes = b""  # arq's job, as LEASE read it (empty: gone)
     runs: int = 0  # arq's count of this job's runs (its retry key), this one included
     claim: Claim | None = None  # its execution's claim, made with the lease (None: job gone)
+    sent_at: float = 0.0  # when LEASE was sent (time.monotonic); it may run later, its worker stopped
 
 
 class Leases:
@@ -213,7 +215,8 @@ class Leases:
         and their execution claimed by this worker; the wake list then holds one token per job
         still due."""
         keys_, args = self._call(queue, most, lease_ms, look_ahead)
-        return self._leases(await self._lease(keys=keys_, args=args), args[4])
+        sent_at = time.monotonic()
+        return self._leases(await self._lease(keys=keys_, args=args), args[4], sent_at)
 
     async def wait_and_take(self, redis: Redis, queue: str, *, timeout: float, most: int, lease_ms: int,
                             look_ahead: int) -> list[Lease]:
@@ -222,6 +225,7 @@ class Leases:
         out together, and Redis runs LEASE as soon as ``BLPOP`` returns (a token popped, or the
         timeout: the fallback poll), so the job that woke the worker comes with the wake-up."""
         keys_, args = self._call(queue, most, lease_ms, look_ahead)
+        sent_at = time.monotonic()
         async with redis.pipeline(transaction=False) as pipe:
             pipe.execute_command("BLPOP", jobs.wake_list(queue), timeout)
             # EVALSHA itself: a script in a pipeline costs an EXISTS check first.
@@ -236,7 +240,7 @@ class Leases:
                 raise reply
         if self._durability is not None:
             self._durability.acknowledged(int(replies[2]))
-        return self._leases(replies[1], args[4])
+        return self._leases(replies[1], args[4], sent_at)
 
     def _call(self, queue: str, most: int, lease_ms: int, look_ahead: int) -> tuple[list[str], list[Any]]:
         """LEASE's keys and arguments (a new token prefix: ``args[4]``)."""
@@ -246,13 +250,13 @@ class Leases:
                  jobs.RETRY_KEY_PREFIX, _ARQ_RETRY_TTL_S, self.worker_id, MAX_ATTEMPTS])
 
     @staticmethod
-    def _leases(reply: list[Any], prefix: str) -> list[Lease]:
+    def _leases(reply: list[Any], prefix: str, sent_at: float) -> list[Lease]:
         leases = []
         for i in range(0, len(reply), 7):
             job_id, score, job, runs, verdict, attempt, waited = reply[i:i + 7]
             job_id = job_id.decode()
             claim = Claim(cast("ClaimVerdict", verdict.decode()), int(attempt), int(waited)) if verdict else None
-            leases.append(Lease(job_id, int(float(score)), prefix + job_id, job, int(runs), claim))
+            leases.append(Lease(job_id, int(float(score)), prefix + job_id, job, int(runs), claim, sent_at))
         return leases
 
     async def finish(self, queue: str, lease: Lease, *, finished: bool, delay_ms: int | None) -> bool:
@@ -440,7 +444,7 @@ class WakeableWorker(Worker):
         except Exception as exc:  # not arq's job: run_job says so; the heartbeat settles the claim
             log.error("job %s cannot be read (%s)", lease.job_id, exc)
             return
-        self.admit(payload, lease.claim, lease.token)
+        self.admit(payload, lease.claim, lease.token, lease.sent_at)
 
     async def _run_leased(self, lease: Lease, earlier: asyncio.Task[None] | None) -> None:
         """arq's run_job under ``lease``. If this process still runs an earlier lease of the same
@@ -500,7 +504,7 @@ def build_worker(
     """An arq worker that calls ``handler(payload, lease token)`` for each job of ``group``; a
     handler that returns True has ended the lease itself (its SETTLE did), and arq's
     ``finish_job`` then makes no round trip. Each job's execution is claimed with its lease:
-    ``admit(payload, claim, token)`` hears of it at once, ``forget(token)`` when arq's run_job
+    ``admit(payload, claim, token, sent_at)`` hears of it at once, ``forget(token)`` when arq's run_job
     has returned (whether or not it called the handler). ``durability``: the replicas each LEASE
     waits for (it claims)."""
 

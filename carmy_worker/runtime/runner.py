@@ -56,6 +56,7 @@ class Run:
     run_ms: int | None = None
     ran: bool = False  # CLAIM said run: this worker holds the execution (else it records a verdict)
     lease: str = ""  # the token of the job's lease, which its SETTLE ends ('' to leave that to FINISH)
+    claimed_at: float = field(default_factory=time.monotonic)  # when its claim was sent
     lease_ended: bool = False  # a SETTLE with the lease was written: the job is finished and gone
     cancelled: asyncio.Event = field(default_factory=asyncio.Event)
     ctx: Context | None = None
@@ -155,16 +156,16 @@ class Runtime:
     def close(self) -> None:
         self._threads.shutdown(wait=False, cancel_futures=True)
 
-    def admit(self, payload: bytes, claim: Claim, lease: str) -> None:
-        """LEASE claimed the execution of ``payload`` for this worker, under ``lease``: hold it
-        from now on (the heartbeat reports it), until ``handle`` runs it. Called on the event
-        loop, before anything else runs there."""
+    def admit(self, payload: bytes, claim: Claim, lease: str, sent_at: float) -> None:
+        """LEASE, sent at ``sent_at`` (``time.monotonic``), claimed the execution of ``payload``
+        for this worker, under ``lease``: hold it from now on (the heartbeat reports it), until
+        ``handle`` runs it. Called on the event loop, before anything else runs there."""
         try:
             job = job_decoder.decode(payload)
         except msgspec.DecodeError:
             return  # handle says so; the heartbeat settles the claim as a stray
         run = Run(job=job, attempt=claim.attempt, queue_wait_ms=claim.queue_wait_ms,
-                  lease=lease if self._attempts.queue else "", ran=claim.verdict == "run")
+                  lease=lease if self._attempts.queue else "", ran=claim.verdict == "run", claimed_at=sent_at)
         self._admitted[lease] = (run, claim.verdict)
         if run.ran:
             self._hold(run)
@@ -309,11 +310,10 @@ class Runtime:
                 self.before_step()
             return not run.halted
 
+        if not await self._still_holds(run, tool):
+            self.lose(job.execution_id, run.attempt, "it went to another attempt before its tool began")
+            return Outcome(cancelled=True)
         if tool.spec.parallel_safe:
-            # A tool that may not run twice is marked as begun first (a lock marks it for the others).
-            if not tool.spec.idempotent and not await self._attempts.begin(job.execution_id, run.attempt):
-                self.lose(job.execution_id, run.attempt, "it went to another attempt before its tool began")
-                return Outcome(cancelled=True)
             return await invoke(tool, ctx, job.arguments, timeout=timeout, executor=self._threads,
                                 cancelled=cancelled, max_result_bytes=self.settings.max_result_bytes,
                                 may_step=may_step)
@@ -339,6 +339,21 @@ class Runtime:
         return await invoke(tool, ctx, job.arguments, timeout=deadline - loop.time(), executor=self._threads,
                             cancelled=cancelled, max_result_bytes=self.settings.max_result_bytes, on_end=release,
                             may_step=may_step)
+
+    async def _still_holds(self, run: Run, tool: Tool) -> bool:
+        """Whether ``run`` may start its tool. A tool that may not run twice is marked as begun
+        first (BEGIN; a lock marks a ``parallel_safe=False`` one). Any other asks Redis only if
+        its claim is old: a LEASE queued behind a BLPOP runs even while its worker is stopped,
+        and a worker that wakes up more than ``dead_after``/2 later may find its execution given
+        to another (``Runtime.lose`` stops only what has started)."""
+        exec_id = run.job.execution_id
+        if run.lost:
+            return False
+        if tool.spec.parallel_safe and not tool.spec.idempotent:
+            return await self._attempts.begin(exec_id, run.attempt)
+        if time.monotonic() - run.claimed_at > self.settings.dead_after / 2:
+            return await self._attempts.holds(exec_id, run.attempt)
+        return True
 
     def _record_of(self, job: ExecutionJob, tool: Tool, outcome: Outcome, timeout: float, duration_ms: int) -> Record:
         exec_id = job.execution_id

@@ -19,6 +19,7 @@ from carmy_worker.runtime.runner import Runtime
 from carmy_worker.settings import WorkerSettings
 from carmy_worker.store import jobs, keys, records
 from carmy_worker.store.submit import Submit
+from carmy_worker.store.verdicts import Verdicts
 from carmy_worker.wire import ExecutionJob, msgpack_encoder, record_decoder
 from tests.support import RedisServer
 
@@ -35,6 +36,16 @@ async def fine(ctx: Context) -> int:
 async def waits(ctx: Context) -> None:
     """Waits until cancelled."""
     await asyncio.sleep(20)
+
+
+CALLS: list[str] = []
+
+
+@tools.tool(effect="none", idempotent=True, parallel_safe=True)
+def counted(ctx: Context) -> int:
+    """Counts its calls."""
+    CALLS.append(ctx.execution_id)
+    return len(CALLS)
 
 
 @pytest.fixture
@@ -127,7 +138,7 @@ async def test_a_job_claimed_with_its_lease_is_held_at_once_and_run_without_anot
     exec_id = keys.new_execution_id()
     payload, lease = await leased(runtime, exec_id, "fine")
     assert lease.claim is not None and (lease.claim.verdict, lease.claim.attempt) == ("run", 1)
-    runtime.admit(payload, lease.claim, lease.token)
+    runtime.admit(payload, lease.claim, lease.token, lease.sent_at)
     # Held from the lease on: a heartbeat now names it, so it is not taken for a stray.
     assert [(h.execution_id, h.attempt) for h in runtime.holdings()] == [(exec_id, 1)]
     await runtime.handle(payload, lease.token)
@@ -143,7 +154,7 @@ async def test_a_claim_whose_job_never_reaches_the_handler_is_let_go(
     exec_id = keys.new_execution_id()
     payload, lease = await leased(runtime, exec_id, "fine")
     assert lease.claim is not None
-    runtime.admit(payload, lease.claim, lease.token)
+    runtime.admit(payload, lease.claim, lease.token, lease.sent_at)
     with caplog.at_level(logging.WARNING, logger="carmy.worker"):
         runtime.forget(lease.token)  # arq's run_job returned without calling the handler
     # No longer held: the next heartbeat finds it a stray, and settles it.
@@ -157,7 +168,23 @@ async def test_a_cancel_heard_while_the_lease_was_in_flight_is_not_lost(runtime:
     payload, lease = await leased(runtime, exec_id, "waits")
     assert lease.claim is not None
     runtime.cancel(exec_id)  # the cancel message came before LEASE's reply
-    runtime.admit(payload, lease.claim, lease.token)
+    runtime.admit(payload, lease.claim, lease.token, lease.sent_at)
     await asyncio.wait_for(runtime.handle(payload, lease.token), 5)  # not the tool's 20 s
     record = record_decoder.decode(await runtime.redis.get(keys.record(exec_id)))
     assert (record.status, record.error_code) == ("cancelled", "CANCELLED")
+
+
+async def test_a_claim_read_late_whose_execution_moved_on_does_not_start_its_tool(runtime: Runtime) -> None:
+    """A LEASE queued behind a BLPOP ran while its worker was stopped; the janitor gave the
+    execution back to the queue meanwhile. When the worker reads the reply, seconds late, it asks
+    before it starts the tool, finds the attempt no longer its own, and neither runs nor records."""
+    exec_id = keys.new_execution_id()
+    payload, lease = await leased(runtime, exec_id, "counted")
+    assert lease.claim is not None and lease.claim.verdict == "run"
+    assert await Verdicts(runtime.redis, retention=600).reap(
+        exec_id, "counted", worker_id=runtime.worker_id, why="its worker stopped") == "requeued"
+    runtime.admit(payload, lease.claim, lease.token, lease.sent_at - 10)  # read 10 s after it was sent
+    await runtime.handle(payload, lease.token)
+    assert exec_id not in CALLS
+    assert await runtime.redis.get(keys.record(exec_id)) is None  # another attempt will record it
+    assert runtime.holdings() == []

@@ -134,7 +134,7 @@ async def test_a_settle_that_ended_the_lease_leaves_arq_nothing_to_finish(
     client = redis.asyncio.Redis.from_url(redis_server.url)
     claims: dict[str, Claim] = {}
 
-    def admit(payload: bytes, claim: Claim, lease: str) -> None:
+    def admit(payload: bytes, claim: Claim, lease: str, sent_at: float) -> None:
         claims[lease] = claim
 
     async def handler(worker_id: str, payload: bytes, lease: str) -> bool:
