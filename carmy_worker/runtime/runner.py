@@ -197,7 +197,7 @@ class Runtime:
             except msgspec.DecodeError as exc:
                 log.error("dropping an undecodable job: %s", exc)
                 return False
-            claim = await self._attempts.claim(job.execution_id, job.tool, max_attempts=MAX_ATTEMPTS, lease=lease)
+            claim = await self._attempts.claim(job.execution_id, max_attempts=MAX_ATTEMPTS, lease=lease)
             run = Run(job=job, attempt=claim.attempt, queue_wait_ms=claim.queue_wait_ms,
                       lease=lease if self._attempts.queue else "", ran=claim.verdict == "run")
             verdict = claim.verdict

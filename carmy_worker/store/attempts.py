@@ -146,7 +146,7 @@ class Attempts:
         self._leases = keys.leases(worker_id)
         self.queue = queue  # the worker's arq queue: SETTLE ends a job's lease there
 
-    async def claim(self, exec_id: str, tool: str, *, max_attempts: int, lease: str = "") -> Claim:
+    async def claim(self, exec_id: str, *, max_attempts: int, lease: str = "") -> Claim:
         """Take the next attempt, if ``lease`` (the token of the job's lease) is still current;
         on ``run`` the execution is this worker's and ``tool.started`` is out."""
         verdict, attempt, waited = await self._claim(

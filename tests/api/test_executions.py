@@ -37,7 +37,7 @@ async def settled_with(ar: redis.asyncio.Redis, data_json: bytes) -> tuple[str, 
     await Submit(ar, retention=RETENTION)(job, queue=jobs.queue_name("g"), idempotent=False, workers_alive=True,
                                           max_pending=10, queue_wait_ms=60_000, admission_ms=60_000)
     attempts = Attempts(ar, worker_id="w1", retention=RETENTION)
-    assert (await attempts.claim(exec_id, "t", max_attempts=3)).verdict == "run"
+    assert (await attempts.claim(exec_id, max_attempts=3)).verdict == "run"
     record = records.completed(exec_id, "t", data_json, cacheable=False, duration_ms=1)
     async with ar.pubsub() as pubsub:
         await pubsub.subscribe(keys.events(exec_id))

@@ -62,7 +62,7 @@ async def submitted(ar: redis.asyncio.Redis, *, reply: str, stream: bool) -> str
 async def run(ar: redis.asyncio.Redis, exec_id: str) -> None:
     """Claim and settle it, as a worker does."""
     attempts = Attempts(ar, worker_id="w1", retention=RETENTION)
-    assert (await attempts.claim(exec_id, "t", max_attempts=3)).verdict == "run"
+    assert (await attempts.claim(exec_id, max_attempts=3)).verdict == "run"
     record = records.completed(exec_id, "t", json_encoder.encode(1), cacheable=False, duration_ms=1)
     done = completed_event(exec_id, "t", 1, ok=True)
     assert await attempts.settle(record, exec_id=exec_id, attempt=1, completed_event=done)

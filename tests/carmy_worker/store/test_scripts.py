@@ -94,8 +94,8 @@ async def submit(
     )
 
 
-async def claim(ar: redis.asyncio.Redis, exec_id: str, worker_id: str = "w1", tool: str = "tally") -> tuple[str, int]:
-    got = await Attempts(ar, worker_id=worker_id, retention=RETENTION).claim(exec_id, tool, max_attempts=MAX_ATTEMPTS)
+async def claim(ar: redis.asyncio.Redis, exec_id: str, worker_id: str = "w1") -> tuple[str, int]:
+    got = await Attempts(ar, worker_id=worker_id, retention=RETENTION).claim(exec_id, max_attempts=MAX_ATTEMPTS)
     return got.verdict, got.attempt
 
 
@@ -1023,7 +1023,7 @@ async def test_a_lease_taken_away_before_its_claim_claims_nothing(r: redis.Redis
     r.delete(jobs.in_progress_key(exec_id))  # what JANITOR_SCAN does for a dead worker's lease
     [fresh] = await Leases(ar, "w2").take(QUEUE, most=1, lease_ms=MINUTE_MS, look_ahead=10)
     assert fresh.claim is not None and (fresh.claim.verdict, fresh.claim.attempt) == ("run", 1)
-    late = await Attempts(ar, worker_id="w1", retention=RETENTION).claim(exec_id, "tally", max_attempts=3,
+    late = await Attempts(ar, worker_id="w1", retention=RETENTION).claim(exec_id, max_attempts=3,
                                                                          lease=stale)
     assert late.verdict == "moved"
     assert state(r, exec_id)["attempt"] == "1" and state(r, exec_id)["worker"] == "w2"
@@ -1096,12 +1096,12 @@ async def test_a_non_idempotent_execution_whose_tool_never_began_is_tried_again(
     exec_id = new_id()
     await submit(ar, exec_id)
     waiting = await Attempts(ar, worker_id="w1", retention=RETENTION).claim(
-        exec_id, "tally", max_attempts=MAX_ATTEMPTS)
+        exec_id, max_attempts=MAX_ATTEMPTS)
     assert (waiting.verdict, waiting.attempt) == ("run", 1)
     assert (await reap(ar, exec_id, "w1"))[0] == "requeued"
     assert not r.exists(keys.record(exec_id))
     again = await Attempts(ar, worker_id="w2", retention=RETENTION).claim(
-        exec_id, "tally", max_attempts=MAX_ATTEMPTS)
+        exec_id, max_attempts=MAX_ATTEMPTS)
     assert (again.verdict, again.attempt) == ("run", 2)
     # Once an attempt has begun the tool (it took the lock), a later one is uncertain.
     never = asyncio.Event()
@@ -1118,7 +1118,7 @@ async def test_an_attempt_given_away_while_it_waited_for_its_lock_takes_nothing(
 ) -> None:
     exec_id = new_id()
     await submit(ar, exec_id, idempotent=True)
-    await Attempts(ar, worker_id="w1", retention=RETENTION).claim(exec_id, "tally", max_attempts=3)
+    await Attempts(ar, worker_id="w1", retention=RETENTION).claim(exec_id, max_attempts=3)
     assert (await reap(ar, exec_id, "w1"))[0] == "requeued"  # w1 was paused while it waited
     never = asyncio.Event()
     assert await ToolLock(ar, "tally", exec_id, 1, worker_id="w1").acquire(1, never) == "lost"
