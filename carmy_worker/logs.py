@@ -122,6 +122,7 @@ class LineHandler(logging.StreamHandler):  # type: ignore[type-arg]
         self._clock = _Clock()
         self._waiting: list[str] = []
         self._flush_due = False
+        self._flush_loop: asyncio.AbstractEventLoop | None = None  # where the due flush was scheduled
 
     def serves(self, logger: logging.Logger) -> bool:
         """Whether ``logger``'s records reach this handler alone, unfiltered (as ``configure``
@@ -155,8 +156,9 @@ class LineHandler(logging.StreamHandler):  # type: ignore[type-arg]
             self._waiting.append(text + self.terminator)
             if loop is None:
                 self._flush_quietly()
-            elif not self._flush_due:
-                self._flush_due = True
+            elif not self._flush_due or self._flush_loop is not loop:
+                # (A flush due on another loop, closed before it ran, would never come.)
+                self._flush_due, self._flush_loop = True, loop
                 loop.call_soon(self._flush_quietly)
 
     def emit(self, record: logging.LogRecord) -> None:

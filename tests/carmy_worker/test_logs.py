@@ -146,6 +146,28 @@ async def test_lines_of_a_loop_turn_are_written_together_and_in_order(configured
     assert [line.get("n", line["message"]) for line in lines] == [1, 2, "not a request", 3]
 
 
+def test_a_line_logged_on_a_new_loop_is_written_when_the_old_loop_closed_first(configured: io.StringIO) -> None:
+    """A flush scheduled on a loop that closed before it ran is not waited for."""
+    alone()
+    log = logging.getLogger("carmy.api")
+
+    async def one(n: int) -> None:
+        logs.info_line(log, "request", {**FIELDS, "n": n})
+
+    loop = asyncio.new_event_loop()
+
+    def log_then_stop() -> None:
+        logs.info_line(log, "request", {**FIELDS, "n": 1})  # schedules its flush...
+        loop.stop()  # ...which this turn does not run: the loop stops, then closes
+
+    loop.call_soon(log_then_stop)
+    loop.run_forever()
+    loop.close()
+    assert configured.getvalue() == ""
+    asyncio.run(one(2))  # the next loop writes both lines at the end of its turn
+    assert [json.loads(line)["n"] for line in configured.getvalue().splitlines()] == [1, 2]
+
+
 def test_info_line_honours_the_level(configured: io.StringIO) -> None:
     alone()
     log = logging.getLogger("carmy.quiet")
