@@ -223,24 +223,34 @@ class Leases:
         """Wait up to ``timeout`` s for a token on ``queue``'s wake list, then ``take``, in one
         round trip on a connection of ``redis``'s pool held meanwhile: ``BLPOP`` and LEASE go
         out together, and Redis runs LEASE as soon as ``BLPOP`` returns (a token popped, or the
-        timeout: the fallback poll), so the job that woke the worker comes with the wake-up."""
+        timeout: the fallback poll), so the job that woke the worker comes with the wake-up.
+        With replicas to wait for, ``WAIT`` follows on the same connection only if LEASE claimed
+        something: an idle poll has nothing to protect, and must not wait for absent replicas."""
         keys_, args = self._call(queue, most, lease_ms, look_ahead)
+        pool = redis.connection_pool
         sent_at = time.monotonic()
-        async with redis.pipeline(transaction=False) as pipe:
-            pipe.execute_command("BLPOP", jobs.wake_list(queue), timeout)
-            # EVALSHA itself: a script in a pipeline costs an EXISTS check first.
-            pipe.evalsha(self._script.sha, len(keys_), *keys_, *args)
-            if self._durability is not None:
-                pipe.wait(self._durability.replicas, self._durability.timeout_ms)
-            replies = await pipe.execute(raise_on_error=False)
-        if isinstance(replies[1], NoScriptError):  # a new primary, or a flushed cache: LEASE did not run
+        conn = await pool.get_connection()
+        reply: list[Any] | None = None
+        try:
+            await conn.send_packed_command(conn.pack_commands([
+                ("BLPOP", jobs.wake_list(queue), timeout),
+                # EVALSHA itself: a script in a pipeline costs an EXISTS check first.
+                ("EVALSHA", self._script.sha, len(keys_), *keys_, *args),
+            ]))
+            await conn.read_response()  # a token, or none after the timeout: LEASE ran either way
+            with contextlib.suppress(NoScriptError):  # a new primary, or a flushed cache: it did not run
+                reply = await conn.read_response()
+            if reply and self._durability is not None:  # it claimed: the claims must reach the replicas
+                await conn.send_command("WAIT", self._durability.replicas, self._durability.timeout_ms)
+                self._durability.acknowledged(int(await conn.read_response()))
+        except BaseException:
+            await conn.disconnect()  # a reply may be left unread on it
+            raise
+        finally:
+            await pool.release(conn)
+        if reply is None:
             return await self.take(queue, most=most, lease_ms=lease_ms, look_ahead=look_ahead)
-        for reply in replies:
-            if isinstance(reply, Exception):
-                raise reply
-        if self._durability is not None:
-            self._durability.acknowledged(int(replies[2]))
-        return self._leases(replies[1], args[4], sent_at)
+        return self._leases(reply, args[4], sent_at)
 
     def _call(self, queue: str, most: int, lease_ms: int, look_ahead: int) -> tuple[list[str], list[Any]]:
         """LEASE's keys and arguments (a new token prefix: ``args[4]``)."""

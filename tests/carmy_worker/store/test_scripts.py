@@ -786,6 +786,11 @@ async def test_a_lease_waits_for_the_replicas_asked_for(
     [lease] = await Leases(ar, "w1", durability=durability).wait_and_take(
         ar, QUEUE, timeout=1, most=1, lease_ms=MINUTE_MS, look_ahead=10)
     assert lease.job_id == again and durability._short  # the WAIT fell short, and it heard so
+    # A poll that claims nothing waits for no replica: it has nothing to protect.
+    waits = r.info("commandstats").get("cmdstat_wait", {}).get("calls", 0)
+    assert await Leases(ar, "w1", durability=durability).wait_and_take(
+        ar, QUEUE, timeout=0.05, most=1, lease_ms=MINUTE_MS, look_ahead=10) == []
+    assert r.info("commandstats")["cmdstat_wait"]["calls"] == waits
 
 
 async def test_a_wait_for_a_token_brings_the_lease_with_it(r: redis.Redis, ar: redis.asyncio.Redis) -> None:
