@@ -43,6 +43,7 @@ from api.catalog import CatalogTool
 from api.checks import Rejected
 from api.discovery import CATALOG_MAX_AGE_S
 from api.executions import ADMISSION_GRACE_S
+from api.fields import header
 from api.hub import HubUnavailable
 from api.mcp.cancel import (
     SESSION_HEADER,
@@ -170,7 +171,7 @@ class McpServer:
                 await Response(status_code=202)(scope, receive, send)
                 return
             receive = replaying(body, receive)
-            if _header(scope, SESSION_HEADER) is None:
+            if header(scope, SESSION_HEADER.encode()) is None:
                 send = assigning_session_id(send)
             send = scope[Unanswered.SCOPE_KEY] = Unanswered(send)
         await manager.handle_request(scope, receive, send)
@@ -327,7 +328,7 @@ class McpServer:
             return False
 
     async def _cancel_call(self, scope: Scope, request_id: types.RequestId | None) -> None:
-        session = _header(scope, SESSION_HEADER)
+        session = header(scope, SESSION_HEADER.encode())
         if session is None or request_id is None:
             return
         try:
@@ -386,14 +387,10 @@ def _trimmed(scope: Scope) -> Scope:
     return {**scope, "headers": [(k, v.strip(b" \t") if k.startswith(b"mcp-") else v) for k, v in headers]}
 
 
-def _header(scope: Scope, name: str) -> str | None:
-    raw = name.encode()
-    return next((v.decode("latin-1") for k, v in scope["headers"] if k == raw), None)
-
 
 def _handshake_era(scope: Scope) -> bool:
     """Whether the SDK serves this request by the handshake versions (as its manager decides)."""
-    version = _header(scope, "mcp-protocol-version")
+    version = header(scope, b"mcp-protocol-version")
     return version is None or version in HANDSHAKE_PROTOCOL_VERSIONS
 
 
