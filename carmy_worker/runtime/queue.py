@@ -214,9 +214,9 @@ class Leases:
         """Up to ``most`` due jobs of ``queue``, leased for ``lease_ms``, with their arq job read
         and their execution claimed by this worker; the wake list then holds one token per job
         still due."""
-        keys_, args = self._call(queue, most, lease_ms, look_ahead)
+        keys_, args, prefix = self._call(queue, most, lease_ms, look_ahead)
         sent_at = time.monotonic()
-        return self._leases(await self._lease(keys=keys_, args=args), args[4], sent_at)
+        return self._leases(await self._lease(keys=keys_, args=args), prefix, sent_at)
 
     async def wait_and_take(self, redis: Redis, queue: str, *, timeout: float, most: int, lease_ms: int,
                             look_ahead: int) -> list[Lease]:
@@ -226,7 +226,7 @@ class Leases:
         timeout: the fallback poll), so the job that woke the worker comes with the wake-up.
         With replicas to wait for, ``WAIT`` follows on the same connection only if LEASE claimed
         something: an idle poll has nothing to protect, and must not wait for absent replicas."""
-        keys_, args = self._call(queue, most, lease_ms, look_ahead)
+        keys_, args, prefix = self._call(queue, most, lease_ms, look_ahead)
         pool = redis.connection_pool
         sent_at = time.monotonic()
         conn = await pool.get_connection()
@@ -250,14 +250,14 @@ class Leases:
             await pool.release(conn)
         if reply is None:
             return await self.take(queue, most=most, lease_ms=lease_ms, look_ahead=look_ahead)
-        return self._leases(reply, args[4], sent_at)
+        return self._leases(reply, prefix, sent_at)
 
-    def _call(self, queue: str, most: int, lease_ms: int, look_ahead: int) -> tuple[list[str], list[Any]]:
-        """LEASE's keys and arguments (a new token prefix: ``args[4]``)."""
+    def _call(self, queue: str, most: int, lease_ms: int, look_ahead: int) -> tuple[list[str], list[Any], str]:
+        """LEASE's keys and arguments, and the prefix of this call's lease tokens (new each call)."""
         prefix = f"{self.worker_id}/{secrets.token_hex(4)}/"
         return ([queue, self._hash, jobs.wake_list(queue), self._running],
                 [jobs.IN_PROGRESS_KEY_PREFIX, most, lease_ms, look_ahead, prefix, jobs.JOB_KEY_PREFIX,
-                 jobs.RETRY_KEY_PREFIX, _ARQ_RETRY_TTL_S, self.worker_id, MAX_ATTEMPTS])
+                 jobs.RETRY_KEY_PREFIX, _ARQ_RETRY_TTL_S, self.worker_id, MAX_ATTEMPTS], prefix)
 
     @staticmethod
     def _leases(reply: list[Any], prefix: str, sent_at: float) -> list[Lease]:

@@ -54,7 +54,7 @@ class Run:
     attempt: int
     queue_wait_ms: int
     run_ms: int | None = None
-    ran: bool = False  # CLAIM said run: this worker holds the execution (else it records a verdict)
+    ran: bool = False  # its claim said run: this worker holds the execution (else it records a verdict)
     lease: str = ""  # the token of the job's lease, which its SETTLE ends ('' to leave that to FINISH)
     claimed_at: float = field(default_factory=time.monotonic)  # when its claim was sent
     lease_ended: bool = False  # a SETTLE with the lease was written: the job is finished and gone
@@ -164,11 +164,7 @@ class Runtime:
             job = job_decoder.decode(payload)
         except msgspec.DecodeError:
             return  # handle says so; the heartbeat settles the claim as a stray
-        run = Run(job=job, attempt=claim.attempt, queue_wait_ms=claim.queue_wait_ms,
-                  lease=lease if self._attempts.queue else "", ran=claim.verdict == "run", claimed_at=sent_at)
-        self._admitted[lease] = (run, claim.verdict)
-        if run.ran:
-            self._hold(run)
+        self._admitted[lease] = (self._claimed(job, claim, lease, sent_at), claim.verdict)
 
     def forget(self, lease: str) -> None:
         """arq is done with ``lease``'s job. If it never handed the job to ``handle``, the claim
@@ -197,12 +193,9 @@ class Runtime:
             except msgspec.DecodeError as exc:
                 log.error("dropping an undecodable job: %s", exc)
                 return False
+            sent_at = time.monotonic()
             claim = await self._attempts.claim(job.execution_id, max_attempts=MAX_ATTEMPTS, lease=lease)
-            run = Run(job=job, attempt=claim.attempt, queue_wait_ms=claim.queue_wait_ms,
-                      lease=lease if self._attempts.queue else "", ran=claim.verdict == "run")
-            verdict = claim.verdict
-            if run.ran:
-                self._hold(run)
+            run, verdict = self._claimed(job, claim, lease, sent_at), claim.verdict
         job = run.job
         if self.tracing is not None and job.traceparent:
             # SUBMIT to the claim, as Redis's clock measured it, ending now.
@@ -220,6 +213,14 @@ class Runtime:
             if self._runs.get(job.execution_id) is run:
                 del self._runs[job.execution_id]
         return run.lease_ended
+
+    def _claimed(self, job: ExecutionJob, claim: Claim, lease: str, sent_at: float) -> Run:
+        """The attempt ``claim`` gave this worker, held from now on if it may run."""
+        run = Run(job=job, attempt=claim.attempt, queue_wait_ms=claim.queue_wait_ms,
+                  lease=lease if self._attempts.queue else "", ran=claim.verdict == "run", claimed_at=sent_at)
+        if run.ran:
+            self._hold(run)
+        return run
 
     def _hold(self, run: Run) -> None:
         exec_id = run.job.execution_id
