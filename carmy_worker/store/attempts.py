@@ -11,7 +11,7 @@ from redis.asyncio import Redis
 from carmy_worker.store import jobs, keys, metrics
 from carmy_worker.store.batch import Batch, batched
 from carmy_worker.store.durable import Durability, durable
-from carmy_worker.store.lua import EMIT, NOW, text
+from carmy_worker.store.lua import EMIT, FOLLOWERS, NOW, text
 from carmy_worker.store.metrics import LUA_COUNT, LUA_OBSERVE
 from carmy_worker.wire import Record, final_event
 
@@ -45,7 +45,7 @@ local function claim(exec_id, worker_id, running, max_attempts)
   if redis.call('EXISTS', exe) == 0 then return 'gone', 0, 0 end
   redis.call('ZREM', '{keys.QUEUED}', exec_id)
   local attempt = redis.call('HINCRBY', exe, 'attempt', 1)
-  local h = redis.call('HMGET', exe, 'cancel', 'idem', 'start_by', 'queued_at', 'began', 'tool')
+  local h = redis.call('HMGET', exe, 'cancel', 'idem', 'start_by', 'queued_at', 'began', 'tool', {FOLLOWERS})
   local waited = now - tonumber(h[4] or now)
   if h[1] == '1' then return 'cancelled', attempt, waited end
   if attempt > 1 and h[2] ~= '1' and h[5] then return 'uncertain', attempt, waited end
@@ -54,7 +54,8 @@ local function claim(exec_id, worker_id, running, max_attempts)
   local tool = h[6] or ''
   redis.call('HSET', exe, 'state', 'running', 'worker', worker_id, 'started_at', now)
   redis.call('SADD', running, exec_id)
-  emit(exe, exec_id, '{keys.events("")}' .. exec_id, started_event(exec_id, tool), false)
+  local f = {{h[7], h[8], h[9]}}
+  if emits(f, false) then emit_to(f, exec_id, '{keys.events("")}' .. exec_id, started_event(exec_id, tool), false) end
   if attempt == 1 then observe('queue_wait', tool, waited) end
   return 'run', attempt, waited
 end
@@ -85,7 +86,7 @@ return {verdict, attempt, waited}
 #       lease token or ''
 SETTLE = NOW + LUA_COUNT + LUA_OBSERVE + EMIT + jobs.END_LEASE + """
 if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
-local h = redis.call('HMGET', KEYS[1], 'attempt', 'reaped', 'worker', 'quota')
+local h = redis.call('HMGET', KEYS[1], 'attempt', 'reaped', 'worker', 'quota', """ + FOLLOWERS + """)
 if h[1] ~= ARGV[2] or h[2] == ARGV[2] then return 0 end
 if ARGV[11] ~= '' and h[3] ~= ARGV[11] then return 0 end
 redis.call('SET', KEYS[2], ARGV[3], 'EX', tonumber(ARGV[4]))
@@ -94,8 +95,9 @@ redis.call('ZREM', KEYS[3], ARGV[1])
 if h[4] then redis.call('ZREM', h[4], ARGV[1]) end
 redis.call('SREM', KEYS[4], ARGV[1])
 redis.call('ZREM', KEYS[5], ARGV[1])
-if ARGV[7] ~= '' then emit(KEYS[1], ARGV[1], ARGV[5], ARGV[7], false) end
-emit(KEYS[1], ARGV[1], ARGV[5], ARGV[6], true)
+local f = {h[5], h[6], h[7]}
+if ARGV[7] ~= '' then emit_to(f, ARGV[1], ARGV[5], ARGV[7], false) end
+emit_to(f, ARGV[1], ARGV[5], ARGV[6], true)
 count(ARGV[8])
 if ARGV[10] ~= '' then observe('run', ARGV[9], tonumber(ARGV[10])) end
 if ARGV[12] ~= '' then end_lease(KEYS[10], KEYS[6], KEYS[7], KEYS[8], KEYS[9], ARGV[1], ARGV[12], true) end

@@ -24,18 +24,24 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 # (JSON) gets only the `final` event: `tool.started`/`progress`/`completed` are not published at
 # all unless `stream` is set. An execution submitted by an API of before (no `reply` field) gets
 # every event on its own channel (keys.events), as it did then.
-EMIT = """
-local function emit(exe, exec_id, channel, event, final)
-  local h = redis.call('HMGET', exe, 'reply', 'joined', 'stream')
-  if not h[1] then redis.call('PUBLISH', channel, event) end
-  if not final and h[3] ~= '1' then return end
+# A script that reads the execution's hash anyway reads FOLLOWERS with it and calls `emit_to`
+# (and, to skip building an event nobody gets, `emits`); `emit` reads them itself.
+FOLLOWERS = "'reply', 'joined', 'stream'"
+EMIT = f"""
+local function emits(f, final) return final or not f[1] or f[3] == '1' end
+local function emit_to(f, exec_id, channel, event, final)
+  if not f[1] then redis.call('PUBLISH', channel, event) end
+  if not final and f[3] ~= '1' then return end
   local message = exec_id .. ' ' .. event
-  if h[1] then redis.call('PUBLISH', h[1], message) end
-  if h[2] then
-    for follower in string.gmatch(h[2], '%S+') do
-      if follower ~= h[1] then redis.call('PUBLISH', follower, message) end
+  if f[1] then redis.call('PUBLISH', f[1], message) end
+  if f[2] then
+    for follower in string.gmatch(f[2], '%S+') do
+      if follower ~= f[1] then redis.call('PUBLISH', follower, message) end
     end
   end
+end
+local function emit(exe, exec_id, channel, event, final)
+  emit_to(redis.call('HMGET', exe, {FOLLOWERS}), exec_id, channel, event, final)
 end
 """
 
