@@ -1,4 +1,5 @@
-"""Script calls of one turn of the event loop go out together, each caller getting its own answer."""
+"""Script calls of one turn of the event loop go out together, on a connection that keeps them in flight,
+each caller getting its own answer."""
 
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ from typing import Any
 
 import pytest
 import redis.asyncio
-from redis.exceptions import ConnectionError, ResponseError
+from redis.exceptions import ConnectionError, DataError, ResponseError, TimeoutError
 
 from carmy_worker.store.batch import Batch
+from tests.support import RedisServer
 
 # Appends ARGV[1] to a list and answers with the list's length; fails on demand.
 APPEND = """
@@ -17,36 +19,88 @@ if ARGV[1] == 'fail' then return redis.error_reply('asked to fail') end
 return redis.call('RPUSH', KEYS[1], ARGV[1])
 """
 
-
-class CountingPipelines:
-    """Counts the pipelines a client opens (one per batch of more than one call)."""
-
-    def __init__(self, client: redis.asyncio.Redis) -> None:
-        self.opened = 0
-        original = client.pipeline
-
-        def pipeline(*args: Any, **kwargs: Any) -> Any:
-            self.opened += 1
-            return original(*args, **kwargs)
-
-        client.pipeline = pipeline  # type: ignore[method-assign]
+# Keeps Redis busy for ARGV[1] ms, then appends 'spun' to a list.
+SPIN = """
+local function ms() local t = redis.call('TIME') return t[1] * 1000 + math.floor(t[2] / 1000) end
+local stop = ms() + tonumber(ARGV[1])
+while ms() < stop do end
+return redis.call('RPUSH', KEYS[1], 'spun')
+"""
 
 
-async def test_calls_of_one_turn_go_out_in_one_pipeline_each_with_its_own_reply(ar: redis.asyncio.Redis) -> None:
-    pipelines = CountingPipelines(ar)
+class CountingWrites:
+    """Counts the writes made on Redis connections (asyncio's ``StreamWriter.writelines``)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.made = 0
+        original = asyncio.StreamWriter.writelines
+
+        def writelines(writer: asyncio.StreamWriter, data: Any) -> None:
+            self.made += 1
+            original(writer, data)
+
+        monkeypatch.setattr(asyncio.StreamWriter, "writelines", writelines)
+
+
+async def clients(r: redis.asyncio.Redis) -> int:
+    return len(await r.client_list())
+
+
+async def test_calls_of_one_turn_go_out_in_one_write_each_with_its_own_reply(
+        ar: redis.asyncio.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
     script = Batch(ar).script(ar.register_script(APPEND))
+    await script(keys=["warm"], args=["x"])  # the batch's connection is open
+    writes = CountingWrites(monkeypatch)
     replies = await asyncio.gather(*(script(keys=["l"], args=[str(i)]) for i in range(20)))
+    assert writes.made == 1
     assert sorted(replies) == list(range(1, 21))
     assert await ar.lrange("l", 0, -1) == [str(i).encode() for i in range(20)]  # in the order called
-    assert pipelines.opened == 1
 
 
-async def test_a_lone_call_goes_out_as_it_is(ar: redis.asyncio.Redis) -> None:
-    pipelines = CountingPipelines(ar)
+async def test_calls_of_later_turns_go_out_while_earlier_ones_wait_on_the_same_connection(
+        ar: redis.asyncio.Redis) -> None:
+    batch = Batch(ar)
+    slow, script = batch.script(ar.register_script(SPIN)), batch.script(ar.register_script(APPEND))
+    await slow(keys=["warm"], args=["0"])  # loaded: the spin itself goes out in the batch
+    before = await clients(ar)
+    spinning = asyncio.ensure_future(slow(keys=["l"], args=["150"]))
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # the spin is written; the next call goes out behind it, in flight with it
+    appended = await script(keys=["l"], args=["after"])
+    assert spinning.done()  # Redis answers in order: the spin's reply came first
+    assert (await spinning, appended) == (1, 2)
+    assert await clients(ar) == before  # no other connection was opened for it
+
+
+async def test_an_idle_connection_redis_closed_is_replaced_without_failing_a_call(ar: redis.asyncio.Redis) -> None:
     script = Batch(ar).script(ar.register_script(APPEND))
     assert await script(keys=["l"], args=["a"]) == 1
+    assert await ar.client_kill_filter(_type="normal", skipme=True) >= 1  # the batch's connection
     assert await script(keys=["l"], args=["b"]) == 2
-    assert pipelines.opened == 0
+
+
+async def test_a_failed_connection_fails_the_calls_in_flight_on_it_and_the_next_call_opens_another(
+        ar: redis.asyncio.Redis, redis_server: RedisServer) -> None:
+    impatient = redis.asyncio.Redis.from_url(redis_server.url, socket_timeout=0.2)
+    batch = Batch(impatient)
+    slow, script = batch.script(impatient.register_script(SPIN)), batch.script(impatient.register_script(APPEND))
+    try:
+        await slow(keys=["warm"], args=["0"])
+        results = await asyncio.gather(slow(keys=["l"], args=["600"]), script(keys=["l"], args=["a"]),
+                                       return_exceptions=True)
+        assert all(isinstance(r, TimeoutError) for r in results), results
+        assert redis_server.client().llen("l") == 2  # waits for the spin to end; "a" ran after it
+        assert await script(keys=["l"], args=["b"]) == 3
+    finally:
+        await impatient.aclose()
+
+
+async def test_an_argument_that_cannot_be_sent_fails_its_call_only(ar: redis.asyncio.Redis) -> None:
+    script = Batch(ar).script(ar.register_script(APPEND))
+    results = await asyncio.gather(script(keys=["l"], args=["a"]), script(keys=["l"], args=[None]),
+                                   return_exceptions=True)
+    assert results[0] == 1
+    assert isinstance(results[1], DataError)
 
 
 async def test_an_error_is_its_callers_only(ar: redis.asyncio.Redis) -> None:
