@@ -6,17 +6,19 @@ and SETTLE: here the handler stands for the last)."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 import redis
 
 from carmy_worker.runtime import queue
 from carmy_worker.store import jobs, keys, records
-from carmy_worker.store.attempts import Attempts, Claim
+from carmy_worker.store.attempts import SETTLE, Attempts, Claim
 from carmy_worker.store.submit import Submit
 from carmy_worker.wire import ExecutionJob, job_decoder
 from tests.support import RedisServer
@@ -178,3 +180,51 @@ async def test_a_worker_blocked_on_the_wake_list_stops_at_once_on_sigterm(
         assert done == {task} and task.cancelled()  # arq ends its main task by cancelling it
         # Its own connection is closed, not left blocked.
         await until(lambda: blocked(r) == 0, "the BLPOP connection to go")
+
+
+async def test_a_quick_jobs_settle_goes_out_before_its_worker_waits_again(
+    r: redis.Redis, redis_server: RedisServer,
+) -> None:
+    """The worker's next BLPOP is not on a quick job's path: the job's SETTLE reaches Redis
+    first (``queue.START_TURNS``), as MONITOR sees the commands arrive."""
+    client = redis.asyncio.Redis.from_url(redis_server.url)
+    claims: dict[str, Claim] = {}
+
+    def admit(payload: bytes, claim: Claim, lease: str, sent_at: float) -> None:
+        claims[lease] = claim
+
+    attempts = Attempts(client, worker_id="w0", retention=600, queue=QUEUE)  # one, as a worker's runtime has
+
+    async def handler(worker_id: str, payload: bytes, lease: str) -> bool:
+        exec_id = job_decoder.decode(payload).execution_id
+        record = records.completed(exec_id, "noop", b"{}", cacheable=False, duration_ms=1)
+        return await attempts.settle(record, exec_id=exec_id, attempt=claims.pop(lease).attempt, lease=lease)
+
+    seen: list[str] = []
+
+    async def watch(monitor: Any) -> None:
+        while True:
+            command = await monitor.next_command()
+            if command["client_type"] != "lua":  # not the commands the scripts run
+                seen.append(command["command"])
+
+    lease_sha, settle_sha = (hashlib.sha1(script.encode()).hexdigest() for script in (queue.LEASE, SETTLE))
+    async with pool_of(redis_server.url, 1, handler, admit=admit) as pool:
+        await until(lambda: blocked(r) == 1, "the worker blocked on the wake list")
+        exec_id = keys.new_execution_id()
+        # Its batch's connection open, as after a worker's first job: settling nothing writes nothing.
+        nothing = records.completed(exec_id, "noop", b"{}", cacheable=False, duration_ms=1)
+        assert not await attempts.settle(nothing, exec_id=exec_id, attempt=1)
+        async with client.monitor() as monitor:
+            watching = asyncio.ensure_future(watch(monitor))
+            await submit(redis_server.url, exec_id)
+            await until(lambda: r.exists(keys.record(exec_id)) == 1 and blocked(r) == 1
+                        and all(t.done() for t in pool.workers[0].tasks.values()),
+                        "the job to be settled and the worker waiting again")
+            await until(lambda: any(c.startswith("BLPOP") for c in seen), "MONITOR to show the BLPOP")
+            watching.cancel()
+    await client.aclose()
+    order = [c.split()[0] if not c.startswith("EVALSHA") else
+             {lease_sha: "LEASE", settle_sha: "SETTLE"}.get(c.split()[1], "other script") for c in seen]
+    order = [c for c in order if c in ("LEASE", "SETTLE", "BLPOP")]
+    assert order == ["LEASE", "SETTLE", "BLPOP"], seen
