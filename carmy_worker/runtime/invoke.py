@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Coroutine, Generator
 from concurrent.futures import Executor
@@ -86,6 +87,54 @@ def _contained_sync(fn: Callable[..., Any], *args: Any) -> Any:
         raise Escaped(type(exc).__name__) from exc
 
 
+class Cancellation(asyncio.Event):
+    """A run's cancellation: an ``asyncio.Event`` that also calls back when set, so that
+    ``invoke`` waits for it alongside the tool and the timeout with no task of its own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._callbacks: list[Callable[[], object]] = []
+
+    def set(self) -> None:
+        super().set()
+        callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback()
+
+    def call_when_set(self, callback: Callable[[], object]) -> None:
+        """``callback()`` once set (at once if it is)."""
+        if self.is_set():
+            callback()
+        else:
+            self._callbacks.append(callback)
+
+    def forget(self, callback: Callable[[], object]) -> None:
+        with contextlib.suppress(ValueError):
+            self._callbacks.remove(callback)
+
+
+async def _first_of(call: asyncio.Future[Any], cancelled: Cancellation, timeout: float) -> None:
+    """Until ``call`` is done, ``cancelled`` is set or ``timeout`` seconds have passed: one future
+    that the first of them completes (``asyncio.wait`` and a task waiting for the event cost
+    more than the call of a quick tool)."""
+    loop = asyncio.get_running_loop()
+    woken: asyncio.Future[None] = loop.create_future()
+
+    def wake(_: object = None) -> None:
+        if not woken.done():
+            woken.set_result(None)
+
+    call.add_done_callback(wake)
+    timer = loop.call_later(timeout, wake)
+    cancelled.call_when_set(wake)
+    try:
+        await woken
+    finally:
+        timer.cancel()
+        call.remove_done_callback(wake)
+        cancelled.forget(wake)
+
+
 def decode_input(tool: Tool, arguments: bytes) -> Any:
     """The tool's input value; raises ``msgspec.ValidationError`` on bad arguments."""
     if tool.input_decoder is None:
@@ -97,7 +146,7 @@ def decode_input(tool: Tool, arguments: bytes) -> Any:
 
 async def invoke(
     tool: Tool, ctx: Context, arguments: bytes, *, timeout: float, executor: Executor,
-    cancelled: asyncio.Event, max_result_bytes: int, on_end: Callable[[], object] | None = None,
+    cancelled: Cancellation, max_result_bytes: int, on_end: Callable[[], object] | None = None,
     may_step: Callable[[], bool] | None = None,
 ) -> Outcome:
     """Run ``tool`` once. Returns when it finished, timed out, or ``cancelled`` was set.
@@ -127,14 +176,11 @@ async def invoke(
     ctx._start(call)
     if on_end is not None:
         call.add_done_callback(lambda _: on_end())
-    stop = asyncio.ensure_future(cancelled.wait())
     try:
-        await asyncio.wait((call, stop), timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        await _first_of(call, cancelled, timeout)
     except asyncio.CancelledError:  # the worker itself is stopping: let arq know
         ctx._cancel()
         raise
-    finally:
-        stop.cancel()
     if not call.done():
         ctx._cancel()
         return Outcome(cancelled=True) if cancelled.is_set() else Outcome(timed_out=True)
