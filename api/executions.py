@@ -15,6 +15,7 @@ from api.catalog import CatalogTool
 from api.hub import RESYNC
 from api.mailbox import Mailbox
 from api.settings import ApiSettings
+from carmy_worker.loop import running_loop
 from carmy_worker.sdk.context import AgentContext
 from carmy_worker.sdk.errors import store_unavailable
 from carmy_worker.store import jobs, keys, records
@@ -160,7 +161,6 @@ class Executions:
         answers a (not stored) ``STORE_UNAVAILABLE`` result.
         """
         unreachable_since: float | None = None
-        loop = asyncio.get_running_loop()
         while True:
             message = await messages.get(timeout=tick)  # None: tick seconds without one
             if message is not None and message != RESYNC:
@@ -177,8 +177,9 @@ class Executions:
                 unreachable_since = None
             except RedisError:
                 record = None
-                unreachable_since = unreachable_since or loop.time()
-                if loop.time() - unreachable_since > PATIENCE_S:
+                now = running_loop().time()
+                unreachable_since = unreachable_since or now
+                if now - unreachable_since > PATIENCE_S:
                     # Not stored: the execution goes on, and a retry with the same request_id joins it.
                     return records.refused(exec_id, tool, store_unavailable(
                         "The execution store cannot be reached; retry with the same request_id to get the result "

@@ -15,6 +15,7 @@ from collections import deque
 
 import msgspec
 
+from carmy_worker.loop import running_loop
 from carmy_worker.wire import progress_event
 
 MAX_PROGRESS = 1000  # progress events one subscriber may have waiting
@@ -64,7 +65,7 @@ class Mailbox:
         its answer, and ``asyncio.timeout`` around an ``asyncio.Event`` cost three times as much.
         """
         if not self._items:
-            loop = asyncio.get_running_loop()
+            loop = running_loop()
             waiter = self._waiter = loop.create_future()
             timer = None if timeout is None else loop.call_later(timeout, _expire, waiter)
             try:

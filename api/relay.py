@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from starlette.responses import Response
@@ -14,6 +14,7 @@ from starlette.types import Receive, Scope, Send
 
 from api.executions import RECHECK_S, Executions
 from api.mailbox import Mailbox
+from carmy_worker.loop import running_loop
 from carmy_worker.wire import SSE_KEEPALIVE, Event, Record, sse_completed, sse_frame, sse_started
 
 SSE_HEADERS = [
@@ -28,7 +29,7 @@ async def until_disconnect(receive: Receive) -> None:
         pass
 
 
-async def race_disconnect(work: Awaitable[Record], receive: Receive,
+async def race_disconnect(work: Coroutine[Any, Any, Record], receive: Receive,
                           on_disconnect: Callable[[], Awaitable[None]] | None) -> Record | None:
     """Run ``work``; if the client disconnects first, stop it and call ``on_disconnect``.
 
@@ -45,10 +46,11 @@ async def race_disconnect(work: Awaitable[Record], receive: Receive,
     call, and an anyio task group cost several times as much CPU (a tenth of the API's under
     load), ``asyncio.wait`` twice as much.
     """
-    answering = asyncio.ensure_future(work)
-    watching = asyncio.ensure_future(until_disconnect(receive))
+    loop = running_loop()
+    answering = loop.create_task(work)
+    watching = loop.create_task(until_disconnect(receive))
     try:
-        await _first_done(answering, watching)
+        await _first_done(loop, answering, watching)
         # A complete response also ends receive(): that is not a departure.
         if answering.done():
             return answering.result()
@@ -65,9 +67,9 @@ async def race_disconnect(work: Awaitable[Record], receive: Receive,
         await _stopped(answering)
 
 
-async def _first_done(*tasks: asyncio.Future[Any]) -> None:
+async def _first_done(loop: asyncio.AbstractEventLoop, *tasks: asyncio.Future[Any]) -> None:
     """Until one of ``tasks`` is done: ``asyncio.wait(FIRST_COMPLETED)`` without its sets and checks."""
-    waiter = asyncio.get_running_loop().create_future()
+    waiter = loop.create_future()
 
     def wake(_: object) -> None:
         if not waiter.done():

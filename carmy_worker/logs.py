@@ -24,6 +24,8 @@ import threading
 import time
 from typing import Any, TextIO
 
+from carmy_worker.loop import running_loop_or_none
+
 _BASE = frozenset({"ts", "level", "logger", "message", "exc"})
 
 
@@ -148,10 +150,7 @@ class LineHandler(logging.StreamHandler):  # type: ignore[type-arg]
             record = logger.makeRecord(logger.name, logging.INFO, "(unknown file)", 0, message, (), None,
                                        extra={"carmy": fields})
             text = self.format(record)
-        try:
-            loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
-        except RuntimeError:
-            loop = None
+        loop = running_loop_or_none()
         with self.lock:  # type: ignore[union-attr]
             self._waiting.append(text + self.terminator)
             if loop is None:

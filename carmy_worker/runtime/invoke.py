@@ -12,6 +12,7 @@ from typing import Any
 import msgspec
 from msgspec import Struct
 
+from carmy_worker.loop import running_loop
 from carmy_worker.runtime import results
 from carmy_worker.sdk.context import Context
 from carmy_worker.sdk.errors import ToolError, error
@@ -117,7 +118,7 @@ async def _first_of(call: asyncio.Future[Any], cancelled: Cancellation, timeout:
     """Until ``call`` is done, ``cancelled`` is set or ``timeout`` seconds have passed: one future
     that the first of them completes (``asyncio.wait`` and a task waiting for the event cost
     more than the call of a quick tool)."""
-    loop = asyncio.get_running_loop()
+    loop = running_loop()
     woken: asyncio.Future[None] = loop.create_future()
 
     def wake(_: object = None) -> None:
@@ -170,9 +171,9 @@ async def invoke(
             on_end()
         return Outcome(timed_out=True)
     if tool.is_async:
-        call: asyncio.Future[Any] = asyncio.ensure_future(_contained(tool.fn(*args), may_step))
+        call: asyncio.Future[Any] = running_loop().create_task(_contained(tool.fn(*args), may_step))
     else:
-        call = asyncio.get_running_loop().run_in_executor(executor, _contained_sync, tool.fn, *args)
+        call = running_loop().run_in_executor(executor, _contained_sync, tool.fn, *args)
     ctx._start(call)
     if on_end is not None:
         call.add_done_callback(lambda _: on_end())

@@ -9,6 +9,7 @@ from collections import deque
 
 import msgspec
 
+from carmy_worker.loop import running_loop_or_none
 from carmy_worker.store.progress import Progress
 from carmy_worker.wire import event_decoder, progress_event
 
@@ -78,7 +79,7 @@ class ProgressPublisher:
             self._loop.call_soon_threadsafe(self._wake)
 
     def _on_loop(self) -> bool:
-        return asyncio._get_running_loop() is self._loop  # None off the loop, without an exception
+        return running_loop_or_none() is self._loop  # None off the loop, without an exception
 
     def _drop_oldest(self) -> None:
         """Under the lock: the oldest plain progress event, else the oldest partial result (never

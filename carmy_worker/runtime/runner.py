@@ -16,6 +16,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from carmy_worker.logs import info_line, request_id_hash
+from carmy_worker.loop import running_loop
 from carmy_worker.runtime.invoke import Cancellation, Outcome, invoke
 from carmy_worker.runtime.lock import ToolLock
 from carmy_worker.runtime.publisher import ProgressPublisher
@@ -64,7 +65,7 @@ class Run:
     # Set from any thread (the heartbeat's too); the tool sees them before its next step.
     lost: str = ""  # why this attempt no longer holds its execution: its outcome is not recorded
     unlocked: bool = False  # it lost the tool's lock while it ran: it ends uncertain
-    loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.get_running_loop)
+    loop: asyncio.AbstractEventLoop = field(default_factory=running_loop)
 
     @property
     def halted(self) -> bool:
@@ -263,7 +264,7 @@ class Runtime:
 
     async def _run(self, run: Run, tool: Tool) -> None:
         job = run.job
-        loop = asyncio.get_running_loop()
+        loop = run.loop
         publisher = ProgressPublisher(self._progress, job.execution_id, loop)
         agent = AgentContext(
             principal=job.principal, session=job.session, permissions=frozenset(job.permissions), metadata=job.metadata

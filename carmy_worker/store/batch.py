@@ -31,6 +31,7 @@ from redis.asyncio.connection import AbstractConnection
 from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError, ResponseError
 
+from carmy_worker.loop import running_loop
 from carmy_worker.store.checkout import has_unread
 
 
@@ -80,7 +81,7 @@ class Batch:
 
     def call(self, script: AsyncScript, keys: list[Any], args: list[Any]) -> asyncio.Future[Any]:
         """Queue one call; it goes out with the others of this turn of the loop."""
-        loop = asyncio.get_running_loop()
+        loop = running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         self._waiting.append(_Call(script, keys, args, future))
         if len(self._waiting) == 1:  # the first of this turn: the send runs once the turn is over
@@ -179,7 +180,7 @@ class Batch:
         await self._pool.release(conn)
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
-        task = asyncio.get_running_loop().create_task(work)
+        task = running_loop().create_task(work)
         self._tasks.add(task)
         task.add_done_callback(_settled(self._tasks))
         return task

@@ -1,0 +1,56 @@
+"""running_loop(): asyncio.get_running_loop() without its system call, never a stale loop."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+
+import pytest
+import uvloop
+
+from carmy_worker.loop import running_loop, running_loop_or_none
+
+
+def test_each_run_finds_its_own_loop() -> None:
+    async def found() -> tuple[asyncio.AbstractEventLoop, asyncio.AbstractEventLoop]:
+        return running_loop(), asyncio.get_running_loop()
+
+    for run in (asyncio.run, uvloop.run, asyncio.run):  # a new loop each time, in the same thread
+        mine, asyncios = run(found())
+        assert mine is asyncios
+
+
+def test_outside_a_running_loop() -> None:
+    async def remember() -> None:
+        running_loop()
+
+    asyncio.run(remember())  # a loop remembered, and closed since
+    with pytest.raises(RuntimeError):
+        running_loop()
+    assert running_loop_or_none() is None
+
+
+def test_a_thread_without_a_loop_does_not_see_another_threads() -> None:
+    seen: list[object] = []
+
+    async def main() -> None:
+        assert running_loop_or_none() is asyncio.get_running_loop()
+        thread = threading.Thread(target=lambda: seen.append(running_loop_or_none()))
+        thread.start()
+        thread.join()
+
+    asyncio.run(main())
+    assert seen == [None]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_forgets_the_parents_loop() -> None:
+    async def main() -> int:
+        running_loop()
+        pid = os.fork()
+        if pid == 0:  # the child: the loop is the parent's, and not running here
+            os._exit(0 if running_loop_or_none() is None else 1)
+        return os.waitpid(pid, 0)[1]
+
+    assert asyncio.run(main()) == 0
