@@ -72,8 +72,12 @@ class _Stepwise:
                 error = exc
 
 
-async def _contained(call: Coroutine[Any, Any, Any], may_step: Callable[[], bool] | None) -> Any:
+async def _contained(fn: Callable[..., Coroutine[Any, Any, Any]], args: tuple[Any, ...],
+                     may_step: Callable[[], bool] | None) -> Any:
+    # The tool's coroutine is made here, in its task's first step: a call cancelled before that
+    # step leaves no coroutine behind that was never awaited.
     try:
+        call = fn(*args)
         return await (call if may_step is None else _Stepwise(call, may_step))
     except (asyncio.CancelledError, Exception):
         raise
@@ -171,7 +175,7 @@ async def invoke(
             on_end()
         return Outcome(timed_out=True)
     if tool.is_async:
-        call: asyncio.Future[Any] = running_loop().create_task(_contained(tool.fn(*args), may_step))
+        call: asyncio.Future[Any] = running_loop().create_task(_contained(tool.fn, args, may_step))
     else:
         call = running_loop().run_in_executor(executor, _contained_sync, tool.fn, *args)
     ctx._start(call)

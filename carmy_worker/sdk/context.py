@@ -12,6 +12,7 @@ from typing import Any
 import msgspec
 from msgspec import Struct
 
+from carmy_worker.loop import running_loop, running_loop_or_none
 from carmy_worker.sdk.errors import describe
 from carmy_worker.wire import MAX_EVENT_BYTES, ProgressData
 
@@ -93,7 +94,7 @@ class Context:
         answer within ``timeout`` seconds."""
         if self._loop is None or self._holds is None:
             return not self._cancelled.is_set()
-        if asyncio._get_running_loop() is self._loop:
+        if running_loop_or_none() is self._loop:
             raise RuntimeError("ctx.holds_execution_blocking() would block the event loop: "
                                "an async tool awaits ctx.holds_execution()")
         future = asyncio.run_coroutine_threadsafe(self.holds_execution(), self._loop)
@@ -150,7 +151,7 @@ class Context:
         self._emit(encoded, partial)
 
     def _start(self, call: asyncio.Future[Any]) -> None:
-        self._loop = asyncio.get_running_loop()
+        self._loop = running_loop()
         self._call = call
 
     def _cancel(self) -> None:
