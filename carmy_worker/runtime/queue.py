@@ -393,7 +393,7 @@ class WakeableWorker(Worker):
                 if await self._start_due(leased):
                     # The jobs just started take their first steps before this loop's next wait
                     # goes out: a quick job's SETTLE is then written first, and the wait's work
-                    # is not on its path (bench/README.md, "Where the time goes").
+                    # is not on its path (bench/README.md, "Issue 14, one client").
                     for _ in range(START_TURNS):
                         await asyncio.sleep(0)
                 if backoff:

@@ -10,7 +10,7 @@ as it always was, and each caller gets its own reply or error.
 
 The write is made by the turn's last callback itself, on a connection the batch keeps (a
 ``_Line``): no task, no pool checkout and none of redis-py's per-command machinery stand between
-a call and Redis, which was a tenth of a millisecond of a lone call's latency. Calls of later
+a call and Redis (they were about 70 µs of a lone call's round trip). Calls of later
 turns go out on the same connection while earlier ones still wait: Redis answers in order, and
 one reader hands each caller its reply. A connection that fails fails the calls in flight on it
 (they may or may not have run, as with any command cut off), and the next call opens another.
