@@ -13,7 +13,9 @@ The write is made by the turn's last callback itself, on a connection the batch 
 a call and Redis (they were about 70 µs of a lone call's round trip). Calls of later
 turns go out on the same connection while earlier ones still wait: Redis answers in order, and
 one reader hands each caller its reply. A connection that fails fails the calls in flight on it
-(they may or may not have run, as with any command cut off), and the next call opens another.
+(they may or may not have run, as with any command cut off), and the next call opens another; so
+does a call that finds the connection closed or reset while idle (it is replaced first), or
+stalled (``STALL_S``).
 
 Only for scripts whose writes do not wait for replicas (``store.durable``): those keep their
 own call and ``WAIT``.
@@ -22,6 +24,8 @@ own call and ``WAIT``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 from collections import deque
 from collections.abc import Coroutine
 from typing import Any
@@ -32,17 +36,24 @@ from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError, ResponseError
 
 from carmy_worker.loop import running_loop
-from carmy_worker.store.checkout import has_unread
+from carmy_worker.store.checkout import is_broken, is_stale
+
+# A connection whose oldest call has waited this long for its reply takes no new calls: they go
+# out on another. A primary gone silent (a partition: no reset, no close) would otherwise hold
+# every later call too, where a client without a reply timeout (the workers') waits for TCP to
+# give up. The calls already on it wait there, as they would on any connection.
+STALL_S = 5.0
 
 
 class _Call:
-    __slots__ = ("args", "future", "keys", "script")
+    __slots__ = ("args", "future", "keys", "script", "sent_at")
 
     def __init__(self, script: AsyncScript, keys: list[Any], args: list[Any], future: asyncio.Future[Any]) -> None:
         self.script = script
         self.keys = keys
         self.args = args
         self.future = future
+        self.sent_at = 0.0  # the loop's time when it was written
 
 
 class _Line:
@@ -57,11 +68,13 @@ class _Line:
         self.reader: asyncio.Task[None] | None = None  # reads while calls are in flight, then ends
         self.broken = False
 
-    def usable(self) -> bool:
+    def usable(self, now: float) -> bool:
         if self.broken or not self.conn.is_connected:
             return False
-        # Idle: anything to read now was not asked for (a close by the server, say).
-        return bool(self.in_flight) or not has_unread(self.conn)
+        if not self.in_flight:  # anything to read was not asked for (a close by the server, say)
+            return not is_stale(self.conn)
+        # Reset or closed under it, nothing written now would be answered; stalled, maybe never.
+        return not is_broken(self.conn) and now - self.in_flight[0].sent_at < STALL_S
 
 
 class Batch:
@@ -72,7 +85,7 @@ class Batch:
         self._waiting: list[_Call] = []  # called during this turn
         self._unsent: list[_Call] = []  # sent at the end of their turn, waiting for a connection
         self._line: _Line | None = None
-        self._opening = False
+        self._opening: asyncio.Task[None] | None = None  # getting a connection for the calls unsent
         self._tasks: set[asyncio.Task[Any]] = set()  # kept referenced until they are done
 
     def script(self, script: AsyncScript) -> BatchedScript:
@@ -91,15 +104,15 @@ class Batch:
     def _send(self) -> None:
         self._unsent += self._waiting
         self._waiting = []
-        if not self._opening:
+        if self._opening is None:
             self._write()
 
     def _write(self) -> None:
         calls, self._unsent = [call for call in self._unsent if not call.future.done()], []
         if not calls:  # callers cancelled meanwhile: never sent, never run
             return
-        line = self._line
-        if line is None or not line.usable():
+        line, now = self._line, running_loop().time()
+        if line is None or not line.usable(now):
             self._unsent = calls
             self._replace(line)
             return
@@ -112,15 +125,22 @@ class Batch:
             except Exception as exc:  # an argument Redis cannot be sent (None, say): that call's error
                 _fail(call.future, exc)
             else:
+                call.sent_at = now
                 sent.append(call)
         # The connection's stream writer (redis-py's own attribute), written without waiting for
         # it to drain: the calls in flight are bounded by their callers, who wait for replies.
         writer = line.conn._writer
         assert writer is not None  # usable(): connected
-        writer.writelines(chunks)
+        try:
+            writer.writelines(chunks)
+        except Exception:  # refused at once (a transport closed meanwhile): nothing went out
+            self._unsent = sent + self._unsent
+            self._replace(line)
+            return
         line.in_flight += sent
         if line.reader is None and line.in_flight:
             line.reader = self._spawn(self._read(line))
+            line.reader.add_done_callback(functools.partial(self._reader_ended, line))
 
     def _replace(self, line: _Line | None) -> None:
         """Give up ``line`` (None: there is none yet) and open another; the calls unsent go out
@@ -130,8 +150,8 @@ class Batch:
             line.broken = True
             if line.reader is None:  # nothing in flight: nobody else will give it back
                 self._spawn(self._give_back(line.conn))
-        self._opening = True
-        self._spawn(self._open())
+        self._opening = self._spawn(self._open())
+        self._opening.add_done_callback(self._opened)
 
     async def _open(self) -> None:
         try:
@@ -142,7 +162,7 @@ class Batch:
                 _fail(call.future, exc)
             raise
         finally:
-            self._opening = False
+            self._opening = None
         self._line = _Line(conn)
         self._write()
 
@@ -174,10 +194,34 @@ class Batch:
             raise
         finally:
             line.reader = None
+        if line.broken:  # given up while its calls were answered (it stalled): back to the pool
+            await self._give_back(conn)
+
+    # A task cancelled before its first step (the loop shutting down) never runs its own
+    # ``finally``: these settle what it would have.
+
+    def _opened(self, task: asyncio.Task[None]) -> None:
+        if self._opening is task:
+            self._opening = None
+            calls, self._unsent = self._unsent, []
+            for call in calls:
+                call.future.cancel()
+
+    def _reader_ended(self, line: _Line, task: asyncio.Task[None]) -> None:
+        if line.reader is task:
+            line.reader, line.broken = None, True
+            if self._line is line:
+                self._line = None
+            while line.in_flight:
+                line.in_flight.popleft().future.cancel()
+            with contextlib.suppress(RuntimeError):  # a closed loop takes its connections with it
+                self._spawn(self._give_back(line.conn))
 
     async def _give_back(self, conn: AbstractConnection) -> None:
-        await conn.disconnect()
-        await self._pool.release(conn)
+        try:
+            await conn.disconnect()
+        finally:
+            await self._pool.release(conn)
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = running_loop().create_task(work)

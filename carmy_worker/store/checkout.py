@@ -8,8 +8,9 @@ each command's latency.
 
 Data is left unread only by a command cut off mid-reply, and redis-py closes the connection when
 that happens. Anything the server did send sits in the connection's buffers already (the event
-loop reads a connection's socket as soon as it is readable), and so does a close by the server.
-``QuickCheckout`` looks there instead: a connection with something buffered, or closed, is
+loop reads a connection's socket as soon as it is readable), and so does a close by the server,
+or a reset (uvloop then closes the transport and keeps the error for the next read).
+``QuickCheckout`` looks there instead: a connection with something buffered, closed or reset is
 connected again, as redis-py's own check would have it.
 """
 
@@ -26,18 +27,30 @@ class QuickCheckout:
 
     async def ensure_connection(self, connection: AbstractConnection) -> None:
         await connection.connect()
-        if has_unread(connection):
+        if is_stale(connection):
             await connection.disconnect()
             await connection.connect()
 
 
-def has_unread(connection: AbstractConnection) -> bool:
-    """Whether ``connection`` holds a reply nobody read, or was closed by the server (a
-    connection not yet connected has neither)."""
+def is_broken(connection: AbstractConnection) -> bool:
+    """Whether ``connection`` was closed or reset under it: nothing written on it now would be
+    answered (replies already buffered may still be read)."""
     stream: Any = getattr(connection, "_reader", None)  # the asyncio.StreamReader
     if stream is None:
         return False
-    if stream.at_eof() or stream._buffer:
+    if stream.at_eof() or stream.exception() is not None:
+        return True
+    writer: Any = getattr(connection, "_writer", None)
+    return writer is not None and writer.transport.is_closing()
+
+
+def is_stale(connection: AbstractConnection) -> bool:
+    """Whether an idle ``connection`` holds a reply nobody read, or is broken (a connection not
+    yet connected is neither). Reads what is buffered: not for a connection with replies due."""
+    stream: Any = getattr(connection, "_reader", None)
+    if stream is None:
+        return False
+    if is_broken(connection) or stream._buffer:
         return True
     parser: Any = getattr(connection, "_parser", None)
     if getattr(parser, "_buffer", None):  # redis-py's own parser

@@ -4,13 +4,21 @@ each caller getting its own answer."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
+import struct
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import redis.asyncio
+import uvloop
 from redis.exceptions import ConnectionError, DataError, ResponseError, TimeoutError
 
+from carmy_worker.store import batch as batch_module
 from carmy_worker.store.batch import Batch
+from carmy_worker.store.checkout import is_broken
+from carmy_worker.store.connect import RedisConnector
 from tests.support import RedisServer
 
 # Appends ARGV[1] to a list and answers with the list's length; fails on demand.
@@ -138,3 +146,121 @@ async def test_a_failed_connection_fails_every_call_of_the_batch() -> None:
     results = await asyncio.gather(*(script(keys=["l"], args=[str(i)]) for i in range(3)), return_exceptions=True)
     assert all(isinstance(r, (ConnectionError, OSError)) for r in results), results
     await dead.aclose()
+
+
+class ResettingProxy:
+    """A TCP proxy in front of Redis that can reset the connections it carries (as a load
+    balancer or a NAT dropping an idle connection does)."""
+
+    def __init__(self, redis_port: int) -> None:
+        self._redis_port = redis_port
+        self._clients: list[asyncio.StreamWriter] = []
+        self._upstream: list[asyncio.StreamWriter] = []
+        self._pipes: set[asyncio.Task[None]] = set()
+        self.port = 0
+
+    async def __aenter__(self) -> ResettingProxy:
+        self._server = await asyncio.start_server(self._carry, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        self.reset_all()
+        self._server.close()
+        await self._server.wait_closed()
+        for pipe in self._pipes:
+            pipe.cancel()
+        await asyncio.gather(*self._pipes, return_exceptions=True)
+
+    async def _carry(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        upstream_reader, upstream_writer = await asyncio.open_connection("127.0.0.1", self._redis_port)
+        self._clients.append(writer)
+        self._upstream.append(upstream_writer)
+        for source, sink in ((reader, upstream_writer), (upstream_reader, writer)):
+            self._pipes.add(asyncio.ensure_future(self._pipe(source, sink)))
+
+    @staticmethod
+    async def _pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(Exception):
+            while data := await source.read(65536):
+                sink.write(data)
+
+    def reset_all(self) -> None:
+        for writer in self._clients:
+            sock = writer.get_extra_info("socket")
+            if sock is not None:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            writer.transport.abort()  # with SO_LINGER 0: a reset, not a close
+        for writer in self._upstream:
+            writer.transport.abort()
+        self._clients.clear()
+        self._upstream.clear()
+
+
+async def calls_after_a_reset(redis_port: int) -> list[object]:
+    async with ResettingProxy(redis_port) as proxy:
+        client = RedisConnector(f"redis://127.0.0.1:{proxy.port}").store_client(max_connections=4, wait=1.0,
+                                                                                socket_timeout=2)
+        script = Batch(client).script(client.register_script(APPEND))
+        try:
+            await script(keys=["reset"], args=["warm"])  # loaded, and the batch's connection open
+            proxy.reset_all()
+            # Reset under the idle connection: the loop hears of it before anyone writes.
+            await until(lambda: all(is_broken(c) for c in client.connection_pool._in_use_connections))
+            return [await asyncio.wait_for(script(keys=["reset"], args=[str(i)]), 5) for i in range(2)]
+        finally:
+            await client.aclose()
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    for _ in range(500):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("timed out")
+
+
+@pytest.mark.parametrize("run", [asyncio.run, uvloop.run], ids=["asyncio", "uvloop"])
+def test_a_connection_reset_while_idle_is_replaced_without_failing_a_call(
+        run: Callable[[Any], Any], ar: redis.asyncio.Redis, redis_server: RedisServer) -> None:
+    # uvloop closes a reset transport at once and keeps the error for the next read: writing on
+    # it raised in the batch's callback, and every later call waited for ever.
+    port = int(redis_server.url.rsplit(":", 1)[1].split("/")[0])
+    assert run(calls_after_a_reset(port)) == [2, 3]
+
+
+async def test_calls_waiting_for_a_connection_are_not_left_waiting_when_its_opening_is_cancelled(
+        ar: redis.asyncio.Redis) -> None:
+    batch = Batch(ar)
+    script = batch.script(ar.register_script(APPEND))
+    first = asyncio.ensure_future(script(keys=["l"], args=["a"]))
+    while batch._opening is None:  # the first call's turn is over: a connection is being opened
+        await asyncio.sleep(0)
+    batch._opening.cancel()  # before its first step, as a loop shutting down cancels its tasks
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    assert await script(keys=["l"], args=["b"]) == 1  # "a" never went out
+
+
+async def test_a_connection_whose_oldest_call_stalled_takes_no_new_calls(
+        ar: redis.asyncio.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(batch_module, "STALL_S", 0.05)
+    batch = Batch(ar)
+    slow, script = batch.script(ar.register_script(SPIN)), batch.script(ar.register_script(APPEND))
+    await slow(keys=["warm"], args=["0"])
+    before, opened = await clients(ar), await connections_opened(ar)
+    spinning = asyncio.ensure_future(slow(keys=["l"], args=["300"]))
+    await asyncio.sleep(0.1)  # written, and waiting for its reply longer than STALL_S
+    appended = await script(keys=["l"], args=["after"])  # on another connection, answered after the spin
+    assert (await spinning, appended) == (1, 2)
+    assert await connections_opened(ar) == opened + 1
+    # The stalled connection, answered at last, is given up: one connection is left to the batch.
+    for _ in range(500):
+        if await clients(ar) == before:
+            break
+        await asyncio.sleep(0.01)
+    assert await clients(ar) == before
+
+
+async def connections_opened(r: redis.asyncio.Redis) -> int:
+    return int((await r.info("stats"))["total_connections_received"])
