@@ -54,3 +54,22 @@ def test_a_forked_child_forgets_the_parents_loop() -> None:
         return os.waitpid(pid, 0)[1]
 
     assert asyncio.run(main()) == 0
+
+
+def test_a_loop_now_running_in_another_thread_is_not_this_threads() -> None:
+    loop = asyncio.new_event_loop()
+
+    async def remember() -> None:
+        running_loop()
+
+    loop.run_until_complete(remember())  # this thread found it
+    thread = threading.Thread(target=loop.run_forever)
+    thread.start()
+    try:
+        while not loop.is_running():
+            threading.Event().wait(0.001)
+        assert running_loop_or_none() is None  # it runs, but in the other thread
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join()
+        loop.close()
