@@ -109,7 +109,8 @@ class ApiSettings(Struct, frozen=True, kw_only=True):
             cors_origins=env_list(env, "CARMY_CORS_ORIGINS"),
             allowed_hosts=env_list(env, "CARMY_ALLOWED_HOSTS") or None,
             log_format=env_choice(env, "CARMY_LOG_FORMAT", ("json", "text")),
-            redis_connections=env_int(env, "CARMY_REDIS_CONNECTIONS", 16),
+            # One is kept by the SUBMIT batch (store/batch.py): the other commands need one more.
+            redis_connections=env_int(env, "CARMY_REDIS_CONNECTIONS", 16, minimum=2),
             wait_replicas=env_int(env, "CARMY_REDIS_WAIT_REPLICAS", 0, minimum=0),
             wait_timeout=env_int(env, "CARMY_REDIS_WAIT_TIMEOUT", 500),
             mcp_task_after=env_float(env, "CARMY_MCP_TASK_AFTER", 2.0),
