@@ -14,7 +14,7 @@ from starlette.types import Receive, Scope, Send
 
 from api.executions import RECHECK_S, Executions
 from api.mailbox import Mailbox
-from carmy_worker.loop import running_loop
+from carmy_worker.loop import first_done, running_loop
 from carmy_worker.wire import SSE_KEEPALIVE, Event, Record, sse_completed, sse_frame, sse_started
 
 SSE_HEADERS = [
@@ -50,7 +50,7 @@ async def race_disconnect(work: Coroutine[Any, Any, Record], receive: Receive,
     answering = loop.create_task(work)
     watching = loop.create_task(until_disconnect(receive))
     try:
-        await _first_done(loop, answering, watching)
+        await first_done(answering, watching)
         # A complete response also ends receive(): that is not a departure.
         if answering.done():
             return answering.result()
@@ -65,23 +65,6 @@ async def race_disconnect(work: Coroutine[Any, Any, Record], receive: Receive,
     finally:
         watching.cancel()
         await _stopped(answering)
-
-
-async def _first_done(loop: asyncio.AbstractEventLoop, *tasks: asyncio.Future[Any]) -> None:
-    """Until one of ``tasks`` is done: ``asyncio.wait(FIRST_COMPLETED)`` without its sets and checks."""
-    waiter = loop.create_future()
-
-    def wake(_: object) -> None:
-        if not waiter.done():
-            waiter.set_result(None)
-
-    for task in tasks:
-        task.add_done_callback(wake)
-    try:
-        await waiter
-    finally:
-        for task in tasks:
-            task.remove_done_callback(wake)
 
 
 _detached: set[asyncio.Future[None]] = set()

@@ -1,4 +1,5 @@
-"""The running event loop, found without a system call.
+"""The running event loop, found without a system call; and waiting for the first of several
+things without a task per thing.
 
 On Python 3.11, ``asyncio.get_running_loop()`` calls ``getpid()`` every time, to notice a fork
 (3.12 no longer does). On the virtual machines the benchmark runs on that system call is most
@@ -12,8 +13,11 @@ thread while it runs no loop of its own (asyncio's loops do say, and are checked
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import threading
+from collections.abc import Callable
+from typing import Any
 
 
 class _Seen(threading.local):
@@ -53,3 +57,57 @@ def _forget() -> None:
 
 
 os.register_at_fork(after_in_child=_forget)
+
+
+class Signal(asyncio.Event):
+    """An ``asyncio.Event`` that also calls back when set, so that ``first_done`` waits for it
+    with no task of its own (a run's cancellation, say)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._callbacks: list[Callable[[], object]] = []
+
+    def set(self) -> None:
+        super().set()
+        callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback()
+
+    def call_when_set(self, callback: Callable[[], object]) -> None:
+        """``callback()`` once set (at once if it is)."""
+        if self.is_set():
+            callback()
+        else:
+            self._callbacks.append(callback)
+
+    def forget(self, callback: Callable[[], object]) -> None:
+        with contextlib.suppress(ValueError):
+            self._callbacks.remove(callback)
+
+
+async def first_done(*futures: asyncio.Future[Any], timeout: float | None = None,
+                     signal: Signal | None = None) -> None:
+    """Until one of ``futures`` is done, ``signal`` is set or ``timeout`` seconds have passed: one
+    future that the first of them completes. This is how every call waits for its tool or its
+    client, and ``asyncio.wait``, or a task waiting for an event, cost more than a quick call."""
+    loop = running_loop()
+    woken: asyncio.Future[None] = loop.create_future()
+
+    def wake(_: object = None) -> None:
+        if not woken.done():
+            woken.set_result(None)
+
+    for future in futures:
+        future.add_done_callback(wake)
+    timer = None if timeout is None else loop.call_later(timeout, wake)
+    if signal is not None:
+        signal.call_when_set(wake)
+    try:
+        await woken
+    finally:
+        if timer is not None:
+            timer.cancel()
+        for future in futures:
+            future.remove_done_callback(wake)
+        if signal is not None:
+            signal.forget(wake)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable, Coroutine, Generator
 from concurrent.futures import Executor
@@ -12,7 +11,7 @@ from typing import Any
 import msgspec
 from msgspec import Struct
 
-from carmy_worker.loop import running_loop
+from carmy_worker.loop import Signal, first_done, running_loop
 from carmy_worker.runtime import results
 from carmy_worker.sdk.context import Context
 from carmy_worker.sdk.errors import ToolError, error
@@ -92,54 +91,6 @@ def _contained_sync(fn: Callable[..., Any], *args: Any) -> Any:
         raise Escaped(type(exc).__name__) from exc
 
 
-class Cancellation(asyncio.Event):
-    """A run's cancellation: an ``asyncio.Event`` that also calls back when set, so that
-    ``invoke`` waits for it alongside the tool and the timeout with no task of its own."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._callbacks: list[Callable[[], object]] = []
-
-    def set(self) -> None:
-        super().set()
-        callbacks, self._callbacks = self._callbacks, []
-        for callback in callbacks:
-            callback()
-
-    def call_when_set(self, callback: Callable[[], object]) -> None:
-        """``callback()`` once set (at once if it is)."""
-        if self.is_set():
-            callback()
-        else:
-            self._callbacks.append(callback)
-
-    def forget(self, callback: Callable[[], object]) -> None:
-        with contextlib.suppress(ValueError):
-            self._callbacks.remove(callback)
-
-
-async def _first_of(call: asyncio.Future[Any], cancelled: Cancellation, timeout: float) -> None:
-    """Until ``call`` is done, ``cancelled`` is set or ``timeout`` seconds have passed: one future
-    that the first of them completes (``asyncio.wait`` and a task waiting for the event cost
-    more than the call of a quick tool)."""
-    loop = running_loop()
-    woken: asyncio.Future[None] = loop.create_future()
-
-    def wake(_: object = None) -> None:
-        if not woken.done():
-            woken.set_result(None)
-
-    call.add_done_callback(wake)
-    timer = loop.call_later(timeout, wake)
-    cancelled.call_when_set(wake)
-    try:
-        await woken
-    finally:
-        timer.cancel()
-        call.remove_done_callback(wake)
-        cancelled.forget(wake)
-
-
 def decode_input(tool: Tool, arguments: bytes) -> Any:
     """The tool's input value; raises ``msgspec.ValidationError`` on bad arguments."""
     if tool.input_decoder is None:
@@ -151,7 +102,7 @@ def decode_input(tool: Tool, arguments: bytes) -> Any:
 
 async def invoke(
     tool: Tool, ctx: Context, arguments: bytes, *, timeout: float, executor: Executor,
-    cancelled: Cancellation, max_result_bytes: int, on_end: Callable[[], object] | None = None,
+    cancelled: Signal, max_result_bytes: int, on_end: Callable[[], object] | None = None,
     may_step: Callable[[], bool] | None = None,
 ) -> Outcome:
     """Run ``tool`` once. Returns when it finished, timed out, or ``cancelled`` was set.
@@ -182,7 +133,7 @@ async def invoke(
     if on_end is not None:
         call.add_done_callback(lambda _: on_end())
     try:
-        await _first_of(call, cancelled, timeout)
+        await first_done(call, timeout=timeout, signal=cancelled)
     except asyncio.CancelledError:  # the worker itself is stopping: let arq know
         ctx._cancel()
         raise

@@ -16,8 +16,8 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from carmy_worker.logs import info_line, request_id_hash
-from carmy_worker.loop import running_loop
-from carmy_worker.runtime.invoke import Cancellation, Outcome, invoke
+from carmy_worker.loop import Signal, running_loop
+from carmy_worker.runtime.invoke import Outcome, invoke
 from carmy_worker.runtime.lock import ToolLock
 from carmy_worker.runtime.publisher import ProgressPublisher
 from carmy_worker.sdk.context import AgentContext, Context
@@ -59,7 +59,7 @@ class Run:
     lease: str = ""  # the token of the job's lease, which its SETTLE ends ('' to leave that to FINISH)
     claimed_at: float = field(default_factory=time.monotonic)  # when its claim was sent
     lease_ended: bool = False  # a SETTLE with the lease was written: the job is finished and gone
-    cancelled: Cancellation = field(default_factory=Cancellation)
+    cancelled: Signal = field(default_factory=Signal)
     ctx: Context | None = None
     lock: str = ""  # the key of the tool's lock while this attempt holds it
     # Set from any thread (the heartbeat's too); the tool sees them before its next step.

@@ -9,7 +9,7 @@ import threading
 import pytest
 import uvloop
 
-from carmy_worker.loop import running_loop, running_loop_or_none
+from carmy_worker.loop import Signal, first_done, running_loop, running_loop_or_none
 
 
 def test_each_run_finds_its_own_loop() -> None:
@@ -73,3 +73,29 @@ def test_a_loop_now_running_in_another_thread_is_not_this_threads() -> None:
         loop.call_soon_threadsafe(loop.stop)
         thread.join()
         loop.close()
+
+
+async def test_first_done_ends_with_the_first_of_a_future_a_signal_and_a_timeout() -> None:
+    loop = asyncio.get_running_loop()
+    never: asyncio.Future[None] = loop.create_future()
+    done: asyncio.Future[None] = loop.create_future()
+    loop.call_later(0.01, done.set_result, None)
+    await asyncio.wait_for(first_done(never, done, timeout=30), 5)
+
+    signal = Signal()
+    loop.call_later(0.01, signal.set)
+    await asyncio.wait_for(first_done(never, timeout=30, signal=signal), 5)
+    await asyncio.wait_for(first_done(never, signal=signal), 5)  # already set: at once
+
+    started = loop.time()
+    await asyncio.wait_for(first_done(never, timeout=0.02, signal=Signal()), 5)
+    assert loop.time() - started >= 0.02
+    assert not never.done()
+
+
+async def test_first_done_leaves_no_callback_on_the_signal_it_waited_for() -> None:
+    loop = asyncio.get_running_loop()
+    never: asyncio.Future[None] = loop.create_future()
+    signal = Signal()
+    await first_done(never, timeout=0.001, signal=signal)
+    assert signal._callbacks == []  # no callback of a finished wait left to run when it is set

@@ -14,7 +14,8 @@ import msgspec
 import pytest
 
 from carmy_worker import AgentContext, Context, Tool, Toolbox, ToolError
-from carmy_worker.runtime.invoke import Cancellation, Outcome, invoke
+from carmy_worker.loop import Signal
+from carmy_worker.runtime.invoke import Outcome, invoke
 from carmy_worker.sdk.errors import MAY_HAVE_COMMITTED
 from carmy_worker.wire import ErrorBody
 
@@ -294,7 +295,7 @@ class Call:
         self.events: list[bytes] = []
         self.ctx = Context(execution_id="exec_42", tool=name, request_id=None, agent=AgentContext(),
                            emit=lambda data, _partial: self.events.append(data))
-        self.cancelled = Cancellation()
+        self.cancelled = Signal()
 
     async def run(self, executor: ThreadPoolExecutor, timeout: float = 5) -> Outcome:
         return await invoke(self.tool, self.ctx, self.arguments, timeout=timeout, executor=executor,
