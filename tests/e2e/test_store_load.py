@@ -31,7 +31,8 @@ async def timed_burst(base: str, body: dict[str, object], n: int) -> list[tuple[
 def test_a_burst_waits_for_the_pool_instead_of_failing(fresh_stack: Stack) -> None:
     for _ in range(4):
         fresh_stack.worker(wait=False)
-    # Two connections for 256 callers: every submit queues for the pool (the old one gave up after 1 s).
+    # Two connections for 256 callers: the submits go out on the one the batch keeps, anything
+    # else queues for the other (the old pool gave up after 1 s).
     _, base = fresh_stack.api({"CARMY_REDIS_CONNECTIONS": "2"})
     wait_until(lambda: httpx.get(base + "/ready").status_code == 200 and
                httpx.get(base + "/ready").json()["checks"]["workers"]["live"] == 4)
