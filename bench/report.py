@@ -96,11 +96,12 @@ class Report:
     def scale_table(self) -> str:
         if not self.scale:
             return ""
-        lines = ["Scale-out (tool sleeps 50 ms, 1 API, 64 clients):", "",
-                 "| workers | req/s | p50 ms | p99 ms | slots allow req/s | errors | CPU (of one core) |",
-                 "|--:|--:|--:|--:|--:|--:|---|"]
+        lines = [f"Scale-out (tool sleeps 50 ms, 1 API, {self.scale[0].row.clients} clients):", "",
+                 "| workers | req/s | p50 ms | p99 ms | slots allow req/s | share | errors | CPU (of one core) |",
+                 "|--:|--:|--:|--:|--:|--:|--:|---|"]
         lines += [f"| {p.workers} | {p.row.rps or 0:,.0f} | {p.row.p50_ms:.1f} | {p.row.p99_ms:.1f} "
-                  f"| {p.ideal_rps:,.0f} | {p.row.errors} | {p.row.cpu} |" for p in self.scale]
+                  f"| {p.ideal_rps:,.0f} | {(p.row.rps or 0) / p.ideal_rps:.0%} | {p.row.errors} | {p.row.cpu} |"
+                  for p in self.scale]
         return "\n".join(lines)
 
     def inflight_lines(self) -> str:

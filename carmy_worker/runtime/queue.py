@@ -23,7 +23,9 @@ means rewriting this file only. Four things differ from arq's defaults:
   paused cannot delete it, and the janitor can hand back the leases of a dead worker. A job
   settled with its record ends its lease in the same script (SETTLE, ``store.attempts``), so
   ``finish_job`` then has nothing left to do: a job costs an idle worker two round trips
-  (``BLPOP`` with LEASE, then SETTLE).
+  (``BLPOP`` with LEASE, then SETTLE), and a full one with jobs waiting one: the SETTLE of a
+  slot's job carries the LEASE of its next (``Leases.hand_over``), and the slot's task runs it
+  under the same slot of arq's count (``WakeableWorker._run_leased``).
 
 The last two override arq internals. ``ARQ_PRIVATE_SURFACE`` names every private or
 undocumented name of arq this module relies on; ``tests/carmy_worker/runtime/test_arq_surface.py``
@@ -49,10 +51,12 @@ from arq.constants import in_progress_key_prefix, job_key_prefix, retry_key_pref
 from arq.worker import Retry, Worker, func
 from msgspec import Struct
 from redis.asyncio import Redis
+from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError, RedisError
 
 from carmy_worker.store import jobs, keys
 from carmy_worker.store.attempts import CLAIM_ONE, MAX_ATTEMPTS, Claim, ClaimVerdict
+from carmy_worker.store.batch import FollowUp
 from carmy_worker.store.connect import RedisConnector
 from carmy_worker.store.durable import Durability, durable
 
@@ -112,8 +116,9 @@ def deserialize(data: bytes) -> dict[str, Any]:
     return _decoder.decode(data)  # type: ignore[no-any-return]
 
 
-# (job payload, lease token) -> whether its SETTLE also ended the lease (then nothing is left to finish)
-Handler = Callable[[bytes, str], Awaitable[bool | None]]
+# (job payload, lease token, the LEASE to send right behind its SETTLE or None) -> whether its
+# SETTLE also ended the lease (then nothing is left to finish)
+Handler = Callable[[bytes, str, FollowUp | None], Awaitable[bool | None]]
 # (job payload, the claim LEASE made, lease token, when LEASE was sent: time.monotonic()), called
 # as soon as LEASE answers, before arq's run_job gets to the job: the worker holds the execution
 # from then on.
@@ -132,11 +137,14 @@ Admit = Callable[[bytes, Claim, str, float], None]
 # puts the score back: FINISH, REAP, the janitor, a heartbeat); and, if it was there to read, its
 # execution is claimed (store.attempts.CLAIM_ONE), so the worker needs no CLAIM round trip either.
 # Then the wake list holds one token per job still due and unleased that it looked at
-# (jobs.WAKE_FOR).
+# (jobs.WAKE_FOR), unless ARGV[11] is '1': a LEASE sent with a SETTLE (Leases.hand_over) looks
+# only a few jobs down the queue, and leaves the tokens as they are (one too many, at most, for
+# the job it took: an idle worker woken for nothing looks further, and sets them right).
 # Returns {id, score before, job, runs, verdict ('' if not claimed), attempt, ms waited, id, ...}.
 # KEYS: queue, leases hash, wake list, running set
 # ARGV: in-progress key prefix, how many, lease ms, how far down the queue to look, token prefix,
-#       job key prefix, retry key prefix, retry key TTL s, worker_id, max attempts
+#       job key prefix, retry key prefix, retry key TTL s, worker_id, max attempts, '1' to leave
+#       the wake list alone
 LEASE = CLAIM_ONE + jobs.WAKE_FOR + """
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[4]))
 local leased, want, lease_end, waiting = {}, tonumber(ARGV[2]) * 7, now + tonumber(ARGV[3]), 0
@@ -160,7 +168,7 @@ for i = 1, #due, 2 do
     for _, v in ipairs({job, due[i + 1], bytes, runs, verdict, attempt, waited}) do table.insert(leased, v) end
   end
 end
-wake_for(KEYS[3], waiting)
+if ARGV[11] ~= '1' then wake_for(KEYS[3], waiting) end
 return leased
 """
 
@@ -185,6 +193,10 @@ return 1
 # Finishing a lease is retried through a Redis outage this long: a lease left behind would hold
 # its job back until the in-progress key expires (the longest tool timeout and then some).
 FINISH_RETRY_S = 60.0
+
+# How far down the queue a LEASE sent with a SETTLE looks: past a job another worker's lease still
+# holds, but not over the whole backlog (checking each job there is most of a full LEASE's cost).
+HANDOFF_LOOK_AHEAD = 4
 
 # Turns of the event loop the jobs a worker just started get before it waits for more: enough
 # for arq's run_job, its task for the job, the tool's task and the batch that writes SETTLE.
@@ -256,12 +268,36 @@ class Leases:
             return await self.take(queue, most=most, lease_ms=lease_ms, look_ahead=look_ahead)
         return self._leases(reply, prefix, sent_at)
 
-    def _call(self, queue: str, most: int, lease_ms: int, look_ahead: int) -> tuple[list[str], list[Any], str]:
-        """LEASE's keys and arguments, and the prefix of this call's lease tokens (new each call)."""
+    def hand_over(self, queue: str, *, lease_ms: int, look_ahead: int, wanted: Callable[[], bool]) -> Handoff:
+        """A LEASE of one due job, to go out right behind the SETTLE of the job a slot just ran
+        (``Runtime.handle``'s ``then``), if ``wanted()`` then: the slot's next job comes back
+        with that reply."""
+        return Handoff(self, queue, lease_ms, min(look_ahead, HANDOFF_LOOK_AHEAD), wanted)
+
+    async def handed(self, handoff: Handoff) -> list[Lease]:
+        """What ``handoff``'s LEASE took: nothing if it was never sent (its SETTLE waited for
+        replicas, or was retried) or failed. A LEASE that ran but whose reply was lost leaves a
+        lease and a claim this worker does not know of: its heartbeat releases the one and
+        reaps the other, as for any LEASE whose reply never came."""
+        future = handoff.call.reply
+        if future is None:
+            return []
+        try:
+            reply = await future
+        except (RedisError, OSError) as exc:
+            log.warning("the LEASE sent with a SETTLE failed (%s); the next job waits for the next look", exc)
+            return []
+        return self._leases(reply, handoff.prefix, handoff.sent_at)
+
+    def _call(self, queue: str, most: int, lease_ms: int, look_ahead: int,
+              wake: bool = True) -> tuple[list[str], list[Any], str]:
+        """LEASE's keys and arguments, and the prefix of this call's lease tokens (new each call);
+        ``wake``: it sets the wake list's tokens right."""
         prefix = f"{self.worker_id}/{secrets.token_hex(4)}/"
         return ([queue, self._hash, jobs.wake_list(queue), self._running],
                 [jobs.IN_PROGRESS_KEY_PREFIX, most, lease_ms, look_ahead, prefix, jobs.JOB_KEY_PREFIX,
-                 jobs.RETRY_KEY_PREFIX, _ARQ_RETRY_TTL_S, self.worker_id, MAX_ATTEMPTS], prefix)
+                 jobs.RETRY_KEY_PREFIX, _ARQ_RETRY_TTL_S, self.worker_id, MAX_ATTEMPTS, "" if wake else "1"],
+                prefix)
 
     @staticmethod
     def _leases(reply: list[Any], prefix: str, sent_at: float) -> list[Lease]:
@@ -294,13 +330,38 @@ class Leases:
                 delay = min(delay * 2, 1.0)
 
 
+class Handoff:
+    """A LEASE to send with a SETTLE (``Leases.hand_over``), made as it goes out, and what its
+    reply needs to be read."""
+
+    def __init__(self, leases: Leases, queue: str, lease_ms: int, look_ahead: int,
+                 wanted: Callable[[], bool]) -> None:
+        self._leases = leases
+        self._lease = (queue, 1, lease_ms, look_ahead)
+        self._wanted = wanted
+        self.call = FollowUp(self._make)
+        self.prefix = ""  # of its lease tokens, once made
+        self.sent_at = 0.0  # time.monotonic() when it was made, just before it went out
+
+    def _make(self) -> tuple[AsyncScript, list[Any], list[Any]] | None:
+        if not self._wanted():
+            return None
+        keys_, args, self.prefix = self._leases._call(*self._lease, wake=False)
+        self.sent_at = time.monotonic()
+        return self._leases._script, keys_, args
+
+
 @dataclass
 class _Running:
     """A lease while arq's run_job runs it (shared by run_job's task and the job's own)."""
 
     lease: Lease
+    slot: asyncio.Task[None] | None = None  # the task that runs the slot's jobs, one after another
     read: bool = False  # run_job's first pipeline was answered from the lease
     ended: bool = False  # the handler's SETTLE ended the lease: finish_job has nothing to do
+    # The job the slot runs next, leased with this one's SETTLE (admitted already), and a task
+    # of this process still running an earlier lease of it.
+    then: tuple[Lease, asyncio.Task[None] | None] | None = None
 
 
 _running: ContextVar[_Running | None] = ContextVar("carmy_running_lease", default=None)
@@ -468,21 +529,56 @@ class WakeableWorker(Worker):
         self.admit(payload, lease.claim, lease.token, lease.sent_at)
 
     async def _run_leased(self, lease: Lease, earlier: asyncio.Task[None] | None) -> None:
-        """arq's run_job under ``lease``. If this process still runs an earlier lease of the same
-        job (it was paused, and the janitor gave the job away), that one has lost its execution
-        and is being stopped: this one starts once it has ended, so one process never runs one
-        execution twice at once."""
-        if earlier is not None and not earlier.done():
-            await asyncio.wait([earlier])
-        _running.set(_Running(lease))
-        try:
-            await self.run_job(lease.job_id, lease.score)
-        except (RedisError, OSError) as exc:  # before the job ran (arq's own reads): give it back
-            log.warning("job %s could not start (%s); giving it back", lease.job_id, exc)
-            await self.leases.finish(self.queue_name or "", lease, finished=False, delay_ms=None)
-        finally:
-            if self.forget is not None:
-                self.forget(lease.token)
+        """arq's run_job under ``lease``, then under each lease handed over to this slot with
+        the SETTLE of the one before (``_hand_over``): one slot, one task, until no job came.
+
+        If this process still runs an earlier lease of the same job (it was paused, and the
+        janitor gave the job away), that one has lost its execution and is being stopped: this
+        one starts once it has ended, so one process never runs one execution twice at once."""
+        slot = asyncio.current_task()
+        while True:
+            if earlier is not None and earlier is not slot and not earlier.done():
+                await asyncio.wait([earlier])
+            running = _Running(lease, slot=slot)
+            _running.set(running)
+            try:
+                await self.run_job(lease.job_id, lease.score)
+            except (RedisError, OSError) as exc:  # before the job ran (arq's own reads): give it back
+                log.warning("job %s could not start (%s); giving it back", lease.job_id, exc)
+                await self.leases.finish(self.queue_name or "", lease, finished=False, delay_ms=None)
+            except BaseException:
+                # Stopped (a shutdown) with the next job leased already: the runtime lets its
+                # claim go, and the heartbeat or the janitor hands the job back.
+                if running.then is not None and self.forget is not None:
+                    self.forget(running.then[0].token)
+                raise
+            finally:
+                if self.forget is not None:
+                    self.forget(lease.token)
+            if running.then is None:
+                return
+            if self.tasks.get(lease.job_id) is slot:
+                del self.tasks[lease.job_id]
+            lease, earlier = running.then
+
+    def _hand_over(self) -> Handoff:
+        """The LEASE that takes the next job of a slot whose job is ending, sent with that job's
+        SETTLE: the job starts as soon as the reply is read, without waiting for this loop's
+        next look, a round trip later. Only if the worker is full as the SETTLE goes out: one
+        with a free slot already waits on the wake list (with LEASE behind its BLPOP), and one
+        that drains takes nothing."""
+        return self.leases.hand_over(
+            self.queue_name or "", lease_ms=int(self.in_progress_timeout_s * 1000), look_ahead=self.queue_read_limit,
+            wanted=lambda: self.allow_pick_jobs and self.job_counter >= self.max_jobs)
+
+    async def _take_over(self, handoff: Handoff, running: _Running) -> None:
+        """Admit what ``handoff``'s LEASE took, as the next job of ``running``'s slot."""
+        for lease in await self.leases.handed(handoff):  # one at most
+            earlier = self.tasks.get(lease.job_id)
+            self._admit(lease)
+            if running.slot is not None:  # listed at once, as the main loop lists what it leases
+                self.tasks[lease.job_id] = running.slot
+            running.then = (lease, earlier)
 
     async def finish_job(self, job_id: str, finish: bool, result_data: bytes | None, result_timeout_s: float | None,
                          keep_result_forever: bool, incr_score: int | None, keep_in_progress: float | None) -> None:
@@ -522,24 +618,31 @@ def build_worker(
     forget: Callable[[str], None] | None = None,
     durability: Durability | None = None,
 ) -> WakeableWorker:
-    """An arq worker that calls ``handler(payload, lease token)`` for each job of ``group``; a
-    handler that returns True has ended the lease itself (its SETTLE did), and arq's
-    ``finish_job`` then makes no round trip. Each job's execution is claimed with its lease:
-    ``admit(payload, claim, token, sent_at)`` hears of it at once, ``forget(token)`` when arq's run_job
-    has returned (whether or not it called the handler). ``durability``: the replicas each LEASE
-    waits for (it claims)."""
+    """An arq worker that calls ``handler(payload, lease token, then)`` for each job of ``group``;
+    a handler that returns True has ended the lease itself (its SETTLE did), and arq's
+    ``finish_job`` then makes no round trip. ``then``, when not None, is the LEASE of the slot's
+    next job (a full worker's): the handler sends it right behind the job's SETTLE. Each job's
+    execution is claimed with its lease: ``admit(payload, claim, token, sent_at)`` hears of it at
+    once, ``forget(token)`` when arq's run_job has returned (whether or not it called the handler).
+    ``durability``: the replicas each LEASE waits for (it claims)."""
 
     async def carmy_execute(ctx: dict[str, Any], payload: bytes) -> None:
         running = _running.get()
+        handoff = worker._hand_over() if running is not None else None
         try:
             # Attempts are counted in our execution hash, not by arq's job_try.
-            if await handler(payload, running.lease.token if running else "") and running is not None:
+            ended = await handler(payload, running.lease.token if running else "",
+                                  handoff.call if handoff is not None else None)
+            if ended and running is not None:
                 running.ended = True
         except RedisError as exc:
             # Redis failed us before the outcome was recorded: put the job back (arq would drop
             # a job that raised). Our scripts decide on the next try whether it may run again.
             log.warning("job %s goes back to the queue: %s", ctx.get("job_id"), exc)
             raise Retry(defer=1) from exc
+        finally:
+            if handoff is not None and running is not None and handoff.call.reply is not None:
+                await worker._take_over(handoff, running)
 
     worker = WakeableWorker(
         functions=[func(carmy_execute, name=jobs.FUNCTION, max_tries=_ARQ_MAX_TRIES,

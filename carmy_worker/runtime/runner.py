@@ -26,6 +26,7 @@ from carmy_worker.sdk.toolbox import Tool
 from carmy_worker.settings import WorkerSettings
 from carmy_worker.store import records
 from carmy_worker.store.attempts import MAX_ATTEMPTS, Attempts, Claim, ClaimVerdict
+from carmy_worker.store.batch import FollowUp
 from carmy_worker.store.durable import Durability
 from carmy_worker.store.progress import Progress
 from carmy_worker.store.roster import Holding, Stray
@@ -59,6 +60,7 @@ class Run:
     lease: str = ""  # the token of the job's lease, which its SETTLE ends ('' to leave that to FINISH)
     claimed_at: float = field(default_factory=time.monotonic)  # when its claim was sent
     lease_ended: bool = False  # a SETTLE with the lease was written: the job is finished and gone
+    then: FollowUp | None = None  # sent right behind its first SETTLE (the queue's LEASE of the next job)
     cancelled: Signal = field(default_factory=Signal)
     ctx: Context | None = None
     lock: str = ""  # the key of the tool's lock while this attempt holds it
@@ -178,13 +180,14 @@ class Runtime:
         if self._runs.get(run.job.execution_id) is run:
             del self._runs[run.job.execution_id]
 
-    async def handle(self, payload: bytes, lease: str = "") -> bool:
+    async def handle(self, payload: bytes, lease: str = "", then: FollowUp | None = None) -> bool:
         """Entry point for one arq job. Failures are recorded as data; only a shutdown
         (CancelledError) or Redis failing before anything could be recorded gets out.
         True: the record's SETTLE also ended the lease (the job is finished and gone).
 
         Its execution was claimed with ``lease`` (``admit``); a job run under no such claim is
-        claimed here first (one more round trip)."""
+        claimed here first (one more round trip). ``then`` goes out right behind the first
+        SETTLE of its record, in the same write (``Attempts.settle``)."""
         admitted = self._admitted.pop(lease, None) if lease else None
         if admitted is not None:
             run, verdict = admitted
@@ -197,6 +200,7 @@ class Runtime:
             sent_at = time.monotonic()
             claim = await self._attempts.claim(job.execution_id, max_attempts=MAX_ATTEMPTS, lease=lease)
             run, verdict = self._claimed(job, claim, lease, sent_at), claim.verdict
+        run.then = then
         job = run.job
         if self.tracing is not None and job.traceparent:
             # SUBMIT to the claim, as Redis's clock measured it, ending now.
@@ -382,10 +386,11 @@ class Runtime:
             record = msgspec.structs.replace(record, body=with_trace_id(record.body, trace_id))
         delay = 0.1
         for tries in range(1, SETTLE_TRIES + 1):
+            then, run.then = run.then, None  # with the first try only: a retry must not take a job again
             try:
                 written = await self._attempts.settle(record, exec_id=exec_id, attempt=run.attempt,
                                                       completed_event=completed, run_ms=run.run_ms, ran=run.ran,
-                                                      lease=run.lease)
+                                                      lease=run.lease, then=then)
                 break
             except RedisError as exc:  # Redis is restarting: the outcome is worth waiting for
                 if tries == SETTLE_TRIES:

@@ -9,7 +9,7 @@ from msgspec import Struct
 from redis.asyncio import Redis
 
 from carmy_worker.store import jobs, keys, metrics
-from carmy_worker.store.batch import Batch, batched
+from carmy_worker.store.batch import Batch, BatchedScript, FollowUp, batched
 from carmy_worker.store.durable import Durability, durable
 from carmy_worker.store.lua import EMIT, FOLLOWERS, NOW, text
 from carmy_worker.store.metrics import LUA_COUNT, LUA_OBSERVE
@@ -158,7 +158,8 @@ class Attempts:
         return Claim(cast("ClaimVerdict", text(verdict)), int(attempt), int(waited))
 
     async def settle(self, record: Record, *, exec_id: str, attempt: int, completed_event: bytes | None = None,
-                     run_ms: int | None = None, ran: bool = True, lease: str = "") -> bool:
+                     run_ms: int | None = None, ran: bool = True, lease: str = "",
+                     then: FollowUp | None = None) -> bool:
         """Write ``record`` and announce it, if ``attempt`` is still the current one and none was written.
 
         ``completed_event`` (``tool.completed``) goes out just before the ``final`` event;
@@ -166,16 +167,20 @@ class Attempts:
         claimed to run (not to record a verdict), so it must also still be this worker's.
         ``lease``: the token of the job's lease, ended with it if written (the job is finished);
         a lease no longer this one's is left alone, as FINISH would.
+        ``then``: a call sent right behind this one, in the same write (the worker's LEASE of
+        the job its freed slot runs next), if SETTLE goes out batched; when it waits for
+        replicas (``store.durable``) ``then`` is not sent, and its ``reply`` stays None.
         """
         stored, final = final_event(record)
-        return bool(await self._settle(
-            keys=[keys.execution(exec_id), keys.record(exec_id), keys.PENDING, self._running, keys.QUEUED,
-                  jobs.in_progress_key(exec_id), jobs.job_key(exec_id), jobs.retry_key(exec_id), self.queue,
-                  self._leases],
-            args=[exec_id, attempt, stored, self.retention, keys.events(exec_id), final, completed_event or b"",
-                  metrics.label(record), record.tool, "" if run_ms is None else run_ms,
-                  self.worker_id if ran else "", lease],
-        ))
+        keys_ = [keys.execution(exec_id), keys.record(exec_id), keys.PENDING, self._running, keys.QUEUED,
+                 jobs.in_progress_key(exec_id), jobs.job_key(exec_id), jobs.retry_key(exec_id), self.queue,
+                 self._leases]
+        args = [exec_id, attempt, stored, self.retention, keys.events(exec_id), final, completed_event or b"",
+                metrics.label(record), record.tool, "" if run_ms is None else run_ms, self.worker_id if ran else "",
+                lease]
+        if then is not None and isinstance(self._settle, BatchedScript):
+            return bool(await self._settle.send(keys_, args, then))
+        return bool(await self._settle(keys=keys_, args=args))
 
     async def holds(self, exec_id: str, attempt: int) -> bool:
         """Whether ``attempt`` is still the current, running attempt at ``exec_id``, with no record."""

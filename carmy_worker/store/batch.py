@@ -27,7 +27,7 @@ import asyncio
 import contextlib
 import functools
 from collections import deque
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from redis.asyncio import Redis
@@ -251,6 +251,19 @@ async def _one(call: _Call) -> None:
     _answer(call.future, reply)
 
 
+class FollowUp:
+    """A script call to send right behind another, in the same write on the same connection:
+    Redis runs it just after that one, and both replies come back together. ``make`` gives the
+    call (script, keys, arguments) as it is about to go out, or None to send nothing; ``reply``
+    is its future once it was sent (None: it never was, and never ran)."""
+
+    __slots__ = ("make", "reply")
+
+    def __init__(self, make: Callable[[], tuple[AsyncScript, list[Any], list[Any]] | None]) -> None:
+        self.make = make
+        self.reply: asyncio.Future[Any] | None = None
+
+
 class BatchedScript:
     """A registered script whose calls go out in their turn's batch."""
 
@@ -260,6 +273,21 @@ class BatchedScript:
 
     async def __call__(self, keys: list[Any], args: list[Any]) -> Any:
         return await self._batch.call(self._script, keys, args)
+
+    def send(self, keys: list[Any], args: list[Any], then: FollowUp) -> asyncio.Future[Any]:
+        """Queue a call, and ``then`` right behind it; the call's reply."""
+        future = self._batch.call(self._script, keys, args)
+        call = then.make()
+        if call is not None:
+            then.reply = self._batch.call(*call)
+            # Whoever sent ``then`` may stop before reading it (a shutdown): its error is not news.
+            then.reply.add_done_callback(_retrieve)
+        return future
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 def _answer(future: asyncio.Future[Any], reply: Any) -> None:

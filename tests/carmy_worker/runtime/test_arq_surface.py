@@ -43,7 +43,7 @@ def test_every_method_we_override_or_call_keeps_its_signature() -> None:
 
 
 async def test_every_attribute_we_touch_exists_on_a_worker() -> None:
-    async def handler(payload: bytes, lease: str) -> None:
+    async def handler(payload: bytes, lease: str, then: object = None) -> None:
         pass
 
     pool = queue.connect("redis://127.0.0.1:1/0")  # never connected

@@ -11,7 +11,7 @@ from carmy_worker.store import jobs
 
 
 async def test_a_redis_failure_puts_the_job_back_instead_of_failing_it() -> None:
-    async def handler(payload: bytes, lease: str) -> None:
+    async def handler(payload: bytes, lease: str, then: object = None) -> None:
         raise RedisConnectionError("gone")
 
     pool = queue.connect("redis://127.0.0.1:1/0")  # never connected: the handler fails first
@@ -27,7 +27,7 @@ async def test_a_redis_failure_puts_the_job_back_instead_of_failing_it() -> None
 async def test_the_handler_gets_the_payload() -> None:
     seen: list[bytes] = []
 
-    async def handler(payload: bytes, lease: str) -> None:
+    async def handler(payload: bytes, lease: str, then: object = None) -> None:
         seen.append(payload)
 
     pool = queue.connect("redis://127.0.0.1:1/0")

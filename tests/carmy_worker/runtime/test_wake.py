@@ -19,6 +19,7 @@ import redis
 from carmy_worker.runtime import queue
 from carmy_worker.store import jobs, keys, records
 from carmy_worker.store.attempts import SETTLE, Attempts, Claim
+from carmy_worker.store.batch import FollowUp
 from carmy_worker.store.submit import Submit
 from carmy_worker.wire import ExecutionJob, job_decoder
 from tests.support import RedisServer
@@ -56,7 +57,7 @@ async def until(condition: Callable[[], bool], what: str, timeout: float = 20.0)
 
 
 @asynccontextmanager
-async def pool_of(url: str, n: int, handler: Callable[[str, bytes, str], Awaitable[bool | None]],
+async def pool_of(url: str, n: int, handler: Callable[[str, bytes, str, FollowUp | None], Awaitable[bool | None]],
                   concurrency: int = 2, admit: queue.Admit | None = None) -> AsyncIterator[Pool]:
     pool = Pool()
     clients = []
@@ -65,9 +66,10 @@ async def pool_of(url: str, n: int, handler: Callable[[str, bytes, str], Awaitab
         client = queue.connect(url)
         clients.append(client)
 
-        async def handle(payload: bytes, lease: str, worker_id: str = worker_id) -> bool | None:
+        async def handle(payload: bytes, lease: str, then: FollowUp | None,
+                         worker_id: str = worker_id) -> bool | None:
             pool.runs.append((worker_id, payload))
-            return await handler(worker_id, payload, lease)
+            return await handler(worker_id, payload, lease, then)
 
         worker = queue.build_worker(handle, pool=client, worker_id=worker_id, group=GROUP,
                                     concurrency=concurrency, max_timeout=5, drain_seconds=5, admit=admit)
@@ -108,7 +110,7 @@ def r(sync_redis: redis.Redis) -> redis.Redis:
 
 
 async def test_one_job_wakes_exactly_one_worker(r: redis.Redis, redis_server: RedisServer) -> None:
-    async def handler(worker_id: str, payload: bytes, lease: str) -> None:
+    async def handler(worker_id: str, payload: bytes, lease: str, then: FollowUp | None) -> None:
         return None
 
     async with pool_of(redis_server.url, 3, handler) as pool:
@@ -139,7 +141,7 @@ async def test_a_settle_that_ended_the_lease_leaves_arq_nothing_to_finish(
     def admit(payload: bytes, claim: Claim, lease: str, sent_at: float) -> None:
         claims[lease] = claim
 
-    async def handler(worker_id: str, payload: bytes, lease: str) -> bool:
+    async def handler(worker_id: str, payload: bytes, lease: str, then: FollowUp | None) -> bool:
         exec_id = job_decoder.decode(payload).execution_id
         attempts = Attempts(client, worker_id=worker_id, retention=600, queue=QUEUE)
         claim = claims.pop(lease)  # admitted before arq's run_job handed the job over
@@ -168,7 +170,7 @@ async def test_a_settle_that_ended_the_lease_leaves_arq_nothing_to_finish(
 async def test_a_worker_blocked_on_the_wake_list_stops_at_once_on_sigterm(
     r: redis.Redis, redis_server: RedisServer,
 ) -> None:
-    async def handler(worker_id: str, payload: bytes, lease: str) -> None:
+    async def handler(worker_id: str, payload: bytes, lease: str, then: FollowUp | None) -> None:
         return None
 
     async with pool_of(redis_server.url, 1, handler) as pool:
@@ -195,7 +197,7 @@ async def test_a_quick_jobs_settle_goes_out_before_its_worker_waits_again(
 
     attempts = Attempts(client, worker_id="w0", retention=600, queue=QUEUE)  # one, as a worker's runtime has
 
-    async def handler(worker_id: str, payload: bytes, lease: str) -> bool:
+    async def handler(worker_id: str, payload: bytes, lease: str, then: FollowUp | None) -> bool:
         exec_id = job_decoder.decode(payload).execution_id
         record = records.completed(exec_id, "noop", b"{}", cacheable=False, duration_ms=1)
         return await attempts.settle(record, exec_id=exec_id, attempt=claims.pop(lease).attempt, lease=lease)
@@ -228,3 +230,80 @@ async def test_a_quick_jobs_settle_goes_out_before_its_worker_waits_again(
              {lease_sha: "LEASE", settle_sha: "SETTLE"}.get(c.split()[1], "other script") for c in seen]
     order = [c for c in order if c in ("LEASE", "SETTLE", "BLPOP")]
     assert order == ["LEASE", "SETTLE", "BLPOP"], seen
+
+
+def settling(client: redis.asyncio.Redis, claims: dict[str, Claim],
+             gate: asyncio.Event | None = None) -> Callable[[str, bytes, str, FollowUp | None], Awaitable[bool]]:
+    """A handler that settles each job as the runtime would, sending ``then`` with its SETTLE,
+    once ``gate`` is open."""
+    attempts: dict[str, Attempts] = {}
+
+    async def handler(worker_id: str, payload: bytes, lease: str, then: FollowUp | None) -> bool:
+        if gate is not None:
+            await gate.wait()
+        exec_id = job_decoder.decode(payload).execution_id
+        mine = attempts.setdefault(worker_id, Attempts(client, worker_id=worker_id, retention=600, queue=QUEUE))
+        record = records.completed(exec_id, "noop", b"{}", cacheable=False, duration_ms=1)
+        return await mine.settle(record, exec_id=exec_id, attempt=claims.pop(lease).attempt, lease=lease, then=then)
+
+    return handler
+
+
+async def test_a_full_workers_next_job_comes_back_with_the_settle_of_its_last(
+    r: redis.Redis, redis_server: RedisServer,
+) -> None:
+    """A slot of a full worker takes its next job with the SETTLE of the one it ran, in the same
+    write (``Leases.hand_over``): the worker's own loop does not look again until no job came."""
+    client = redis.asyncio.Redis.from_url(redis_server.url)
+    claims: dict[str, Claim] = {}
+    gate = asyncio.Event()
+
+    def admit(payload: bytes, claim: Claim, lease: str, sent_at: float) -> None:
+        claims[lease] = claim
+
+    async with pool_of(redis_server.url, 1, settling(client, claims, gate), concurrency=1, admit=admit) as pool:
+        await until(lambda: blocked(r) == 1, "the worker blocked on the wake list")
+        worker = pool.workers[0]
+        exec_ids = [keys.new_execution_id() for _ in range(5)]
+        await submit(redis_server.url, exec_ids[0])
+        await until(lambda: len(pool.runs) == 1, "the first job to start (and wait at the gate)")
+        for exec_id in exec_ids[1:]:  # a backlog behind the one slot, busy
+            await submit(redis_server.url, exec_id)
+        pool.leases["w0"] = 0
+        gate.set()
+        await until(lambda: all(r.exists(keys.record(e)) for e in exec_ids), "every job settled")
+        await until(lambda: blocked(r) == 1 and not worker.tasks, "the worker idle again, its tasks tidied")
+        # The four queued jobs came one by one with the SETTLEs; the loop looked once when the last
+        # one came back with nothing (the slot freed), and then waited on the wake list.
+        assert pool.leases["w0"] <= 2, pool.leases
+        assert [job_decoder.decode(p).execution_id for _, p in pool.runs] == exec_ids  # in order, once each
+        assert r.zcard(QUEUE) == 0 and r.hlen(keys.leases("w0")) == 0 and r.scard(keys.running("w0")) == 0
+        assert not any(r.exists(jobs.in_progress_key(e), jobs.job_key(e)) for e in exec_ids)
+        assert worker.job_counter == 0 and not claims
+    await client.aclose()
+
+
+async def test_a_draining_worker_takes_no_next_job_with_its_settle(
+    r: redis.Redis, redis_server: RedisServer,
+) -> None:
+    client = redis.asyncio.Redis.from_url(redis_server.url)
+    claims: dict[str, Claim] = {}
+    gate = asyncio.Event()
+
+    def admit(payload: bytes, claim: Claim, lease: str, sent_at: float) -> None:
+        claims[lease] = claim
+
+    async with pool_of(redis_server.url, 1, settling(client, claims, gate), concurrency=1, admit=admit) as pool:
+        await until(lambda: blocked(r) == 1, "the worker blocked on the wake list")
+        first, queued = keys.new_execution_id(), keys.new_execution_id()
+        await submit(redis_server.url, first)
+        await until(lambda: len(pool.runs) == 1, "the first job to start (and wait at the gate)")
+        await submit(redis_server.url, queued)
+        pool.workers[0].handle_sig_wait_for_completion(signal.SIGTERM)  # draining from now on
+        gate.set()
+        await asyncio.wait([pool.tasks[0]], timeout=30)
+        assert r.exists(keys.record(first)) and not r.exists(keys.record(queued))
+        # Still queued for another worker: not leased, not claimed.
+        assert r.zscore(QUEUE, queued) is not None and not r.exists(jobs.in_progress_key(queued))
+        assert r.hget(keys.execution(queued), "attempt") in (None, b"0") and len(pool.runs) == 1
+    await client.aclose()
