@@ -116,7 +116,10 @@ class ToolLock:
 
     async def release(self) -> None:
         if self._renewer is not None:
+            # Dropped, not kept: the cancelled task's traceback holds this lock through its
+            # frame, a cycle that would leave the execution's objects to the garbage collector.
             self._renewer.cancel()
+            self._renewer = None
         try:
             await self._release(keys=[self.key], args=[self.holder])
         except RedisError as exc:  # the lease runs out by itself

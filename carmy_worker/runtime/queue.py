@@ -279,7 +279,7 @@ class Leases:
         replicas, or was retried) or failed. A LEASE that ran but whose reply was lost leaves a
         lease and a claim this worker does not know of: its heartbeat releases the one and
         reaps the other, as for any LEASE whose reply never came."""
-        future = handoff.call.reply
+        future = handoff.reply
         if future is None:
             return []
         try:
@@ -330,20 +330,20 @@ class Leases:
                 delay = min(delay * 2, 1.0)
 
 
-class Handoff:
+class Handoff(FollowUp):
     """A LEASE to send with a SETTLE (``Leases.hand_over``), made as it goes out, and what its
     reply needs to be read."""
 
     def __init__(self, leases: Leases, queue: str, lease_ms: int, look_ahead: int,
                  wanted: Callable[[], bool]) -> None:
+        super().__init__()
         self._leases = leases
         self._lease = (queue, 1, lease_ms, look_ahead)
         self._wanted = wanted
-        self.call = FollowUp(self._make)
         self.prefix = ""  # of its lease tokens, once made
         self.sent_at = 0.0  # time.monotonic() when it was made, just before it went out
 
-    def _make(self) -> tuple[AsyncScript, list[Any], list[Any]] | None:
+    def make(self) -> tuple[AsyncScript, list[Any], list[Any]] | None:
         if not self._wanted():
             return None
         keys_, args, self.prefix = self._leases._call(*self._lease, wake=False)
@@ -632,7 +632,7 @@ def build_worker(
         try:
             # Attempts are counted in our execution hash, not by arq's job_try.
             ended = await handler(payload, running.lease.token if running else "",
-                                  handoff.call if handoff is not None else None)
+                                  handoff)
             if ended and running is not None:
                 running.ended = True
         except RedisError as exc:
@@ -641,7 +641,7 @@ def build_worker(
             log.warning("job %s goes back to the queue: %s", ctx.get("job_id"), exc)
             raise Retry(defer=1) from exc
         finally:
-            if handoff is not None and running is not None and handoff.call.reply is not None:
+            if handoff is not None and running is not None and handoff.reply is not None:
                 await worker._take_over(handoff, running)
 
     worker = WakeableWorker(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections import OrderedDict
@@ -275,7 +276,9 @@ class Runtime:
         )
         run.ctx = Context(execution_id=job.execution_id, tool=tool.name, request_id=job.request_id, agent=agent,
                           emit=publisher.emit, attempt=run.attempt,
-                          holds=lambda: self._attempts.holds(job.execution_id, run.attempt),
+                          # Not a closure over run: run holds the context, and a cycle would
+                          # leave the whole execution's objects to the garbage collector.
+                          holds=functools.partial(self._attempts.holds, job.execution_id, run.attempt),
                           trace_id=trace_id_of(job.traceparent))
         timeout = tool.timeout or self.settings.default_timeout
         span: Span | None = None

@@ -27,7 +27,7 @@ import asyncio
 import contextlib
 import functools
 from collections import deque
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from typing import Any
 
 from redis.asyncio import Redis
@@ -257,11 +257,11 @@ class FollowUp:
     call (script, keys, arguments) as it is about to go out, or None to send nothing; ``reply``
     is its future once it was sent (None: it never was, and never ran)."""
 
-    __slots__ = ("make", "reply")
-
-    def __init__(self, make: Callable[[], tuple[AsyncScript, list[Any], list[Any]] | None]) -> None:
-        self.make = make
+    def __init__(self) -> None:
         self.reply: asyncio.Future[Any] | None = None
+
+    def make(self) -> tuple[AsyncScript, list[Any], list[Any]] | None:
+        raise NotImplementedError
 
 
 class BatchedScript:

@@ -5,6 +5,7 @@ arrive before the execution started here."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -29,6 +30,12 @@ tools = Toolbox()
 @tools.tool(effect="none")
 async def fine(ctx: Context) -> int:
     """Returns 1."""
+    return 1
+
+
+@tools.tool(effect="none", idempotent=True, parallel_safe=True)
+async def fine_in_parallel(ctx: Context) -> int:
+    """Returns 1, with no lock to take."""
     return 1
 
 
@@ -65,10 +72,10 @@ async def queued(rt: Runtime, exec_id: str, tool: str, group: str = "g") -> byte
     return msgpack_encoder.encode(job)
 
 
-async def handled(rt: Runtime) -> tuple[str, bytes]:
-    """Submit an execution of ``fine`` and handle its job as arq would: its id and stored record."""
+async def handled(rt: Runtime, tool: str = "fine") -> tuple[str, bytes]:
+    """Submit an execution of ``tool`` and handle its job as arq would: its id and stored record."""
     exec_id = keys.new_execution_id()
-    await rt.handle(await queued(rt, exec_id, "fine"))
+    await rt.handle(await queued(rt, exec_id, tool))
     raw = await rt.redis.get(keys.record(exec_id))
     assert raw is not None, "the job ended without a record"
     return exec_id, record_decoder.decode(raw).body
@@ -188,3 +195,26 @@ async def test_a_claim_read_late_whose_execution_moved_on_does_not_start_its_too
     assert exec_id not in CALLS
     assert await runtime.redis.get(keys.record(exec_id)) is None  # another attempt will record it
     assert runtime.holdings() == []
+
+
+async def test_an_execution_leaves_no_garbage_cycle(runtime: Runtime) -> None:
+    """What a job builds (its Run, the tool's Context, tasks, futures) is freed by reference
+    counting as the job ends: a cycle among them (a closure over the run that the run's own
+    context holds, say) would leave each execution's objects to the garbage collector, which
+    under load took 5 % of a worker's time finding them."""
+    await handled(runtime)  # connections and scripts made once
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(5):
+            await handled(runtime)  # under the tool's lock (parallel_safe=False)
+            await handled(runtime, "fine_in_parallel")
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        gc.collect()
+        left = [type(o).__qualname__ for o in gc.garbage
+                if type(o).__module__.startswith(("carmy_worker", "asyncio", "_asyncio"))]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert left == [], sorted(set(left))

@@ -6,6 +6,7 @@ and SETTLE: here the handler stands for the last)."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import hashlib
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -261,6 +262,8 @@ async def test_a_full_workers_next_job_comes_back_with_the_settle_of_its_last(
     def admit(payload: bytes, claim: Claim, lease: str, sent_at: float) -> None:
         claims[lease] = claim
 
+    gc.collect()
+    gc.disable()  # what the handoffs leave unreachable stays there, to be looked at below
     async with pool_of(redis_server.url, 1, settling(client, claims, gate), concurrency=1, admit=admit) as pool:
         await until(lambda: blocked(r) == 1, "the worker blocked on the wake list")
         worker = pool.workers[0]
@@ -280,6 +283,17 @@ async def test_a_full_workers_next_job_comes_back_with_the_settle_of_its_last(
         assert r.zcard(QUEUE) == 0 and r.hlen(keys.leases("w0")) == 0 and r.scard(keys.running("w0")) == 0
         assert not any(r.exists(jobs.in_progress_key(e), jobs.job_key(e)) for e in exec_ids)
         assert worker.job_counter == 0 and not claims
+        # Freed as each job ended: no cycle (a slot's task and its context, a handoff and its
+        # call) left them to the garbage collector.
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        try:
+            gc.collect()
+            left = {type(o).__qualname__ for o in gc.garbage} & {"Handoff", "_Running", "Lease"}
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+            gc.enable()
+        assert not left
     await client.aclose()
 
 
