@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -75,7 +74,9 @@ class Context:
         self.permissions = agent.permissions
         self.metadata = agent.metadata
         self._emit = emit  # (event as JSON, carries a partial result)
-        self._cancelled = threading.Event()
+        # Read from a sync tool's thread, set on the loop: a flag is enough (nothing waits on
+        # it), and a threading.Event per execution was a lock and a condition built every time.
+        self._cancelled = False
         self._last_progress: float | int = 0
         self._holds = holds
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -85,7 +86,7 @@ class Context:
         """Whether this attempt still holds its execution (one round trip to the store): False
         once it was cancelled, settled or handed to another attempt. Call it before a side effect
         that must not happen twice; pass ``attempt`` along where the other system can check it."""
-        if self._cancelled.is_set():
+        if self._cancelled:
             return False
         return True if self._holds is None else await self._holds()
 
@@ -93,7 +94,7 @@ class Context:
         """``holds_execution`` for a sync tool (it runs in a thread); False if the store does not
         answer within ``timeout`` seconds."""
         if self._loop is None or self._holds is None:
-            return not self._cancelled.is_set()
+            return not self._cancelled
         if running_loop_or_none() is self._loop:
             raise RuntimeError("ctx.holds_execution_blocking() would block the event loop: "
                                "an async tool awaits ctx.holds_execution()")
@@ -106,7 +107,7 @@ class Context:
 
     @property
     def cancelled(self) -> bool:
-        return self._cancelled.is_set()
+        return self._cancelled
 
     def progress(
         self, progress: float | int, total: float | int | None = None, message: str | None = None
@@ -132,7 +133,7 @@ class Context:
         ), partial=True)
 
     def _send(self, data: ProgressData, *, partial: bool) -> None:
-        if self._cancelled.is_set():
+        if self._cancelled:
             return
         # Encode here so a value that cannot be sent fails in the tool's own call, where its
         # author can see it, not later in the publisher.
@@ -157,7 +158,7 @@ class Context:
     def _cancel(self) -> None:
         """Stop the call: a sync tool sees ``cancelled``; an async one is cancelled before its
         next step, not after whatever callbacks are already queued."""
-        self._cancelled.set()
+        self._cancelled = True
         if self._call is not None:
             self._call.cancel()
 
