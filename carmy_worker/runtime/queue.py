@@ -148,10 +148,12 @@ Admit = Callable[[bytes, Claim, str, float], None]
 LEASE = CLAIM_ONE + jobs.WAKE_FOR + """
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[4]))
 local leased, want, lease_end, waiting = {}, tonumber(ARGV[2]) * 7, now + tonumber(ARGV[3]), 0
+local wake = ARGV[11] ~= '1'
 for i = 1, #due, 2 do
   local job = due[i]
   local token = ARGV[5] .. job
   if #leased >= want then
+    if not wake then break end  -- nothing to count the tokens for
     -- due, and takeable by another worker (a job another lease holds is not counted: no
     -- worker must be woken for it, again and again, while it runs)
     if redis.call('EXISTS', ARGV[1] .. job) == 0 then waiting = waiting + 1 end
@@ -168,7 +170,7 @@ for i = 1, #due, 2 do
     for _, v in ipairs({job, due[i + 1], bytes, runs, verdict, attempt, waited}) do table.insert(leased, v) end
   end
 end
-if ARGV[11] ~= '1' then wake_for(KEYS[3], waiting) end
+if wake then wake_for(KEYS[3], waiting) end
 return leased
 """
 

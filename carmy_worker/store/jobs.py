@@ -53,10 +53,11 @@ END_LEASE = """
 local function end_lease(leases, in_progress, job_key, retry_key, queue, job, token, finished)
   if redis.call('HGET', leases, job) == token then redis.call('HDEL', leases, job) end
   if redis.call('GET', in_progress) ~= token then return false end
-  redis.call('DEL', in_progress)
   if finished then
-    redis.call('DEL', job_key, retry_key)
+    redis.call('DEL', in_progress, job_key, retry_key)
     redis.call('ZREM', queue, job)
+  else
+    redis.call('DEL', in_progress)
   end
   return true
 end
