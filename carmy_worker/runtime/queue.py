@@ -270,26 +270,11 @@ class Leases:
             return await self.take(queue, most=most, lease_ms=lease_ms, look_ahead=look_ahead)
         return self._leases(reply, prefix, sent_at)
 
-    def hand_over(self, queue: str, *, lease_ms: int, look_ahead: int, wanted: Callable[[], bool]) -> Handoff:
+    def hand_over(self, queue: str, *, lease_ms: int, look_ahead: int, wanted: Callable[[], bool],
+                  on_taken: Callable[[list[Lease]], None]) -> Handoff:
         """A LEASE of one due job, to go out right behind the SETTLE of the job a slot just ran
-        (``Runtime.handle``'s ``then``), if ``wanted()`` then: the slot's next job comes back
-        with that reply."""
-        return Handoff(self, queue, lease_ms, min(look_ahead, HANDOFF_LOOK_AHEAD), wanted)
-
-    async def handed(self, handoff: Handoff) -> list[Lease]:
-        """What ``handoff``'s LEASE took: nothing if it was never sent (its SETTLE waited for
-        replicas, or was retried) or failed. A LEASE that ran but whose reply was lost leaves a
-        lease and a claim this worker does not know of: its heartbeat releases the one and
-        reaps the other, as for any LEASE whose reply never came."""
-        future = handoff.reply
-        if future is None:
-            return []
-        try:
-            reply = await future
-        except (RedisError, OSError) as exc:
-            log.warning("the LEASE sent with a SETTLE failed (%s); the next job waits for the next look", exc)
-            return []
-        return self._leases(reply, handoff.prefix, handoff.sent_at)
+        (``Runtime.handle``'s ``then``), if ``wanted()`` then; ``on_taken`` gets what it took."""
+        return Handoff(self, queue, lease_ms, min(look_ahead, HANDOFF_LOOK_AHEAD), wanted, on_taken)
 
     def _call(self, queue: str, most: int, lease_ms: int, look_ahead: int,
               wake: bool = True) -> tuple[list[str], list[Any], str]:
@@ -333,24 +318,41 @@ class Leases:
 
 
 class Handoff(FollowUp):
-    """A LEASE to send with a SETTLE (``Leases.hand_over``), made as it goes out, and what its
-    reply needs to be read."""
+    """A LEASE to send with a SETTLE (``Leases.hand_over``), made as it goes out. What it took is
+    handed to ``on_taken`` as soon as its reply is read, before anything else runs: from then on
+    the worker holds those jobs (its heartbeat reports them)."""
 
     def __init__(self, leases: Leases, queue: str, lease_ms: int, look_ahead: int,
-                 wanted: Callable[[], bool]) -> None:
+                 wanted: Callable[[], bool], on_taken: Callable[[list[Lease]], None]) -> None:
         super().__init__()
         self._leases = leases
         self._lease = (queue, 1, lease_ms, look_ahead)
         self._wanted = wanted
-        self.prefix = ""  # of its lease tokens, once made
-        self.sent_at = 0.0  # time.monotonic() when it was made, just before it went out
+        self._on_taken = on_taken
+        self._prefix = ""  # of its lease tokens, once made
+        self._sent_at = 0.0  # time.monotonic() when it was made, just before it went out
+        self._read = False
 
     def make(self) -> tuple[AsyncScript, list[Any], list[Any]] | None:
         if not self._wanted():
             return None
-        keys_, args, self.prefix = self._leases._call(*self._lease, wake=False)
-        self.sent_at = time.monotonic()
+        keys_, args, self._prefix = self._leases._call(*self._lease, wake=False)
+        self._sent_at = time.monotonic()
         return self._leases._script, keys_, args
+
+    def answered(self, reply: asyncio.Future[Any]) -> None:
+        """Read the reply once: from its done callback, or earlier by whoever finds it done."""
+        if self._read:
+            return
+        self._read = True
+        if reply.cancelled():
+            return
+        if (exc := reply.exception()) is not None:
+            # It may have run: the heartbeat finds a lease and a claim nobody holds, as for any
+            # LEASE whose reply was lost, and hands them back.
+            log.warning("the LEASE sent with a SETTLE failed (%s); the next job waits for the next look", exc)
+            return
+        self._on_taken(self._leases._leases(reply.result(), self._prefix, self._sent_at))
 
 
 @dataclass
@@ -361,9 +363,19 @@ class _Running:
     slot: asyncio.Task[None] | None = None  # the task that runs the slot's jobs, one after another
     read: bool = False  # run_job's first pipeline was answered from the lease
     ended: bool = False  # the handler's SETTLE ended the lease: finish_job has nothing to do
-    # The job the slot runs next, leased with this one's SETTLE (admitted already), and a task
-    # of this process still running an earlier lease of it.
-    then: tuple[Lease, asyncio.Task[None] | None] | None = None
+    # The job the slot runs next, leased with this one's SETTLE (admitted already), and the end
+    # of this process's earlier run of the same job, if one is still going.
+    then: tuple[Lease, _RunEnd] | None = None
+    closed: bool = False  # the slot has moved on: a job taken now is not run by it
+
+
+@dataclass
+class _RunEnd:
+    """When a run of a job in this process ends, and when the run before it here did (None:
+    none was going when this one was leased)."""
+
+    done: asyncio.Future[None]
+    earlier: asyncio.Future[None] | None
 
 
 _running: ContextVar[_Running | None] = ContextVar("carmy_running_lease", default=None)
@@ -426,6 +438,7 @@ class WakeableWorker(Worker):
     error); and tells us when a signal starts its graceful shutdown."""
 
     _slot_freed: asyncio.Event
+    _ends: dict[str, asyncio.Future[None]]  # job id -> the end of its run here (one at a time)
     leases: Leases
     on_drain: Callable[[], None] | None = None
     admit: Admit | None = None  # told of each claim LEASE made, before run_job runs its job
@@ -442,6 +455,7 @@ class WakeableWorker(Worker):
 
     async def main(self) -> None:
         self._slot_freed = asyncio.Event()
+        self._ends = {}
         if self._pool is None:  # pragma: no cover - we always pass a pool
             raise RuntimeError("WakeableWorker needs redis_pool")
         self.ctx["redis"] = self._pool
@@ -510,7 +524,7 @@ class WakeableWorker(Worker):
             for lease in leased:
                 await self.sem.acquire()
                 self.job_counter += 1
-                task = self.loop.create_task(self._run_leased(lease, self.tasks.get(lease.job_id)))
+                task = self.loop.create_task(self._run_leased(lease, self._run_end(lease.job_id)))
                 task.add_done_callback(lambda _: self._release_sem_dec_counter_on_complete())
                 self.tasks[lease.job_id] = task
         for job_id, task in list(self.tasks.items()):
@@ -530,7 +544,14 @@ class WakeableWorker(Worker):
             return
         self.admit(payload, lease.claim, lease.token, lease.sent_at)
 
-    async def _run_leased(self, lease: Lease, earlier: asyncio.Task[None] | None) -> None:
+    def _run_end(self, job_id: str) -> _RunEnd:
+        """The end of the run of ``job_id`` about to be started here, and of the one before it."""
+        earlier = self._ends.get(job_id)
+        end = _RunEnd(self.loop.create_future(), earlier if earlier is not None and not earlier.done() else None)
+        self._ends[job_id] = end.done
+        return end
+
+    async def _run_leased(self, lease: Lease, end: _RunEnd) -> None:
         """arq's run_job under ``lease``, then under each lease handed over to this slot with
         the SETTLE of the one before (``_hand_over``): one slot, one task, until no job came.
 
@@ -539,31 +560,45 @@ class WakeableWorker(Worker):
         one starts once it has ended, so one process never runs one execution twice at once."""
         slot = asyncio.current_task()
         while True:
-            if earlier is not None and earlier is not slot and not earlier.done():
-                await asyncio.wait([earlier])
             running = _Running(lease, slot=slot)
-            _running.set(running)
+            stopped = True  # until run_job returns: what else ends this (a cancellation) ends the slot
             try:
+                if end.earlier is not None:
+                    await asyncio.wait([end.earlier])
+                _running.set(running)
                 await self.run_job(lease.job_id, lease.score)
+                stopped = _cancelling(slot)
             except (RedisError, OSError) as exc:  # before the job ran (arq's own reads): give it back
                 log.warning("job %s could not start (%s); giving it back", lease.job_id, exc)
                 await self.leases.finish(self.queue_name or "", lease, finished=False, delay_ms=None)
-            except BaseException:
-                # Stopped (a shutdown) with the next job leased already: the runtime lets its
-                # claim go, and the heartbeat or the janitor hands the job back.
-                if running.then is not None and self.forget is not None:
-                    self.forget(running.then[0].token)
-                raise
+                stopped = _cancelling(slot)
             finally:
+                running.closed = True
+                self._ended(lease, end)
                 if self.forget is not None:
                     self.forget(lease.token)
+                if running.then is not None and stopped:
+                    # Stopped (a shutdown; arq's run_job swallows the cancellation of its job)
+                    # with the next job leased already: this slot does not run it. The runtime
+                    # lets its claim go; the heartbeat, or the janitor once this worker is gone,
+                    # hands the job back.
+                    then, running.then = running.then, None
+                    self._ended(*then)
+                    if self.forget is not None:
+                        self.forget(then[0].token)
             if running.then is None:
                 return
-            if self.tasks.get(lease.job_id) is slot:
-                del self.tasks[lease.job_id]
-            lease, earlier = running.then
+            lease, end = running.then
+            if self.tasks.get(running.lease.job_id) is slot and running.lease.job_id != lease.job_id:
+                del self.tasks[running.lease.job_id]
 
-    def _hand_over(self) -> Handoff:
+    def _ended(self, lease: Lease, end: _RunEnd) -> None:
+        if not end.done.done():
+            end.done.set_result(None)
+        if self._ends.get(lease.job_id) is end.done:
+            del self._ends[lease.job_id]
+
+    def _hand_over(self, running: _Running) -> Handoff:
         """The LEASE that takes the next job of a slot whose job is ending, sent with that job's
         SETTLE: the job starts as soon as the reply is read, without waiting for this loop's
         next look, a round trip later. Only if the worker is full as the SETTLE goes out: one
@@ -571,16 +606,21 @@ class WakeableWorker(Worker):
         that drains takes nothing."""
         return self.leases.hand_over(
             self.queue_name or "", lease_ms=int(self.in_progress_timeout_s * 1000), look_ahead=self.queue_read_limit,
-            wanted=lambda: self.allow_pick_jobs and self.job_counter >= self.max_jobs)
+            wanted=lambda: self.allow_pick_jobs and self.job_counter >= self.max_jobs,
+            on_taken=lambda leases: self._take_over(leases, running))
 
-    async def _take_over(self, handoff: Handoff, running: _Running) -> None:
-        """Admit what ``handoff``'s LEASE took, as the next job of ``running``'s slot."""
-        for lease in await self.leases.handed(handoff):  # one at most
-            earlier = self.tasks.get(lease.job_id)
+    def _take_over(self, leases: list[Lease], running: _Running) -> None:
+        """Hold what a handoff's LEASE took (one job at most) as the next job of ``running``'s
+        slot, unless the slot has moved on (stopped meanwhile): then nobody here holds it, and
+        the heartbeat hands it back."""
+        for lease in leases:
+            if running.closed or running.slot is None:
+                log.warning("job %s was leased as its slot stopped; the heartbeat hands it back", lease.job_id)
+                continue
+            end = self._run_end(lease.job_id)
             self._admit(lease)
-            if running.slot is not None:  # listed at once, as the main loop lists what it leases
-                self.tasks[lease.job_id] = running.slot
-            running.then = (lease, earlier)
+            self.tasks[lease.job_id] = running.slot  # listed at once, as the main loop lists what it leases
+            running.then = (lease, end)
 
     async def finish_job(self, job_id: str, finish: bool, result_data: bytes | None, result_timeout_s: float | None,
                          keep_result_forever: bool, incr_score: int | None, keep_in_progress: float | None) -> None:
@@ -603,6 +643,11 @@ class WakeableWorker(Worker):
         super()._release_sem_dec_counter_on_complete()
         if was_full:
             self._slot_freed.set()
+
+
+def _cancelling(task: asyncio.Task[Any] | None) -> bool:
+    """Whether ``task`` is being cancelled, though what it awaited swallowed the cancellation."""
+    return task is not None and task.cancelling() > 0
 
 
 def build_worker(
@@ -630,11 +675,10 @@ def build_worker(
 
     async def carmy_execute(ctx: dict[str, Any], payload: bytes) -> None:
         running = _running.get()
-        handoff = worker._hand_over() if running is not None else None
+        handoff = worker._hand_over(running) if running is not None else None
         try:
             # Attempts are counted in our execution hash, not by arq's job_try.
-            ended = await handler(payload, running.lease.token if running else "",
-                                  handoff)
+            ended = await handler(payload, running.lease.token if running else "", handoff)
             if ended and running is not None:
                 running.ended = True
         except RedisError as exc:
@@ -642,9 +686,10 @@ def build_worker(
             # a job that raised). Our scripts decide on the next try whether it may run again.
             log.warning("job %s goes back to the queue: %s", ctx.get("job_id"), exc)
             raise Retry(defer=1) from exc
-        finally:
-            if handoff is not None and running is not None and handoff.reply is not None:
-                await worker._take_over(handoff, running)
+        if handoff is not None and handoff.reply is not None:
+            # Its reply follows SETTLE's on the same connection: here already, or about to be.
+            await asyncio.wait([handoff.reply])
+            handoff.answered(handoff.reply)  # unless its done callback did already
 
     worker = WakeableWorker(
         functions=[func(carmy_execute, name=jobs.FUNCTION, max_tries=_ARQ_MAX_TRIES,

@@ -263,6 +263,11 @@ class FollowUp:
     def make(self) -> tuple[AsyncScript, list[Any], list[Any]] | None:
         raise NotImplementedError
 
+    def answered(self, reply: asyncio.Future[Any]) -> None:
+        """Called as soon as ``reply`` is done, whoever reads it later (or nobody: a shutdown)."""
+        if not reply.cancelled():
+            reply.exception()  # retrieved: an error nobody reads is not news
+
 
 class BatchedScript:
     """A registered script whose calls go out in their turn's batch."""
@@ -280,14 +285,8 @@ class BatchedScript:
         call = then.make()
         if call is not None:
             then.reply = self._batch.call(*call)
-            # Whoever sent ``then`` may stop before reading it (a shutdown): its error is not news.
-            then.reply.add_done_callback(_retrieve)
+            then.reply.add_done_callback(then.answered)
         return future
-
-
-def _retrieve(future: asyncio.Future[Any]) -> None:
-    if not future.cancelled():
-        future.exception()
 
 
 def _answer(future: asyncio.Future[Any], reply: Any) -> None:

@@ -22,6 +22,7 @@ from carmy_worker.store import jobs, keys, records
 from carmy_worker.store.attempts import SETTLE, Attempts, Claim
 from carmy_worker.store.batch import FollowUp
 from carmy_worker.store.submit import Submit
+from carmy_worker.store.verdicts import Verdicts
 from carmy_worker.wire import ExecutionJob, job_decoder
 from tests.support import RedisServer
 
@@ -93,6 +94,8 @@ async def pool_of(url: str, n: int, handler: Callable[[str, bytes, str, FollowUp
         await asyncio.gather(*pool.tasks, return_exceptions=True)
         for worker in pool.workers:
             await worker.close()
+        for client in clients:  # their connections, closed now rather than by a later collection
+            await client.aclose(close_connection_pool=True)  # queue.connect hands it its pool
 
 
 async def submit(url: str, exec_id: str) -> None:
@@ -279,7 +282,8 @@ async def test_a_full_workers_next_job_comes_back_with_the_settle_of_its_last(
         # The four queued jobs came one by one with the SETTLEs; the loop looked once when the last
         # one came back with nothing (the slot freed), and then waited on the wake list.
         assert pool.leases["w0"] <= 2, pool.leases
-        assert [job_decoder.decode(p).execution_id for _, p in pool.runs] == exec_ids  # in order, once each
+        ran = [job_decoder.decode(p).execution_id for _, p in pool.runs]
+        assert sorted(ran) == sorted(exec_ids)  # once each (jobs queued in one millisecond go by id)
         assert r.zcard(QUEUE) == 0 and r.hlen(keys.leases("w0")) == 0 and r.scard(keys.running("w0")) == 0
         assert not any(r.exists(jobs.in_progress_key(e), jobs.job_key(e)) for e in exec_ids)
         assert worker.job_counter == 0 and not claims
@@ -321,3 +325,105 @@ async def test_a_draining_worker_takes_no_next_job_with_its_settle(
         assert r.zscore(QUEUE, queued) is not None and not r.exists(jobs.in_progress_key(queued))
         assert r.hget(keys.execution(queued), "attempt") in (None, b"0") and len(pool.runs) == 1
     await client.aclose()
+
+
+async def test_a_job_handed_back_to_its_own_slot_stays_listed_while_it_runs_again(
+    r: redis.Redis, redis_server: RedisServer,
+) -> None:
+    """The job a slot ran, put back while the worker was paused (as REAP does: its lease gone,
+    due again), can come back to the same slot with its own SETTLE. Its second run is listed
+    (``worker.tasks``, what the heartbeat reports as leased) for as long as it runs: otherwise
+    the heartbeat would release its lease, and another worker could run it meanwhile."""
+    client = redis.asyncio.Redis.from_url(redis_server.url)
+    claims: dict[str, Claim] = {}
+    attempts = Attempts(client, worker_id="w0", retention=600, queue=QUEUE)
+    listed: list[bool] = []
+
+    def admit(payload: bytes, claim: Claim, lease: str, sent_at: float) -> None:
+        claims[lease] = claim
+
+    async def handler(worker_id: str, payload: bytes, lease: str, then: FollowUp | None) -> bool:
+        exec_id = job_decoder.decode(payload).execution_id
+        claim = claims.pop(lease)
+        listed.append(exec_id in pool.workers[0].tasks)
+        if claim.attempt == 1:  # reaped meanwhile: due again, unleased; this attempt's SETTLE writes nothing
+            reaped = await Verdicts(client, retention=600).reap(exec_id, "noop", worker_id=worker_id, why="paused",
+                                                                attempt=claim.attempt)
+            assert reaped == "requeued"
+        record = records.completed(exec_id, "noop", b"{}", cacheable=False, duration_ms=1)
+        settled = await attempts.settle(record, exec_id=exec_id, attempt=claim.attempt, lease=lease, then=then)
+        assert settled == (claim.attempt == 2)
+        return settled
+
+    async with pool_of(redis_server.url, 1, handler, concurrency=1, admit=admit) as pool:
+        await until(lambda: blocked(r) == 1, "the worker blocked on the wake list")
+        exec_id = keys.new_execution_id()
+        await submit(redis_server.url, exec_id)
+        await until(lambda: r.exists(keys.record(exec_id)) == 1, "the second attempt to settle it")
+        assert [job_decoder.decode(p).execution_id for _, p in pool.runs] == [exec_id, exec_id]
+        assert listed == [True, True]
+        await until(lambda: not pool.workers[0].tasks, "the worker's tasks tidied")
+    await client.aclose()
+
+
+async def test_a_slot_stopped_as_its_settle_goes_out_does_not_run_the_job_it_was_handed(
+    r: redis.Redis, redis_server: RedisServer,
+) -> None:
+    """arq's run_job swallows the cancellation of its job (a shutdown): the slot must still stop,
+    not run the next job the SETTLE's LEASE brought back."""
+    client = redis.asyncio.Redis.from_url(redis_server.url)
+    claims: dict[str, Claim] = {}
+    attempts = Attempts(client, worker_id="w0", retention=600, queue=QUEUE)
+    gate = asyncio.Event()
+    first, queued = keys.new_execution_id(), keys.new_execution_id()
+
+    def admit(payload: bytes, claim: Claim, lease: str, sent_at: float) -> None:
+        claims[lease] = claim
+
+    async def handler(worker_id: str, payload: bytes, lease: str, then: FollowUp | None) -> bool:
+        await gate.wait()
+        exec_id = job_decoder.decode(payload).execution_id
+        record = records.completed(exec_id, "noop", b"{}", cacheable=False, duration_ms=1)
+        settling = asyncio.ensure_future(attempts.settle(record, exec_id=exec_id, attempt=claims.pop(lease).attempt,
+                                                         lease=lease, then=then))
+        # SETTLE and the LEASE behind it have run: the next job is claimed for this worker.
+        await until(lambda: r.hget(keys.execution(queued), "attempt") == b"1", "the LEASE with the SETTLE")
+        pool.workers[0].handle_sig(signal.SIGTERM)  # arq cancels every job now (no drain)
+        return await settling
+
+    async with pool_of(redis_server.url, 1, handler, concurrency=1, admit=admit) as pool:
+        await until(lambda: blocked(r) == 1, "the worker blocked on the wake list")
+        await submit(redis_server.url, first)
+        await until(lambda: len(pool.runs) == 1, "the first job to start (and wait at the gate)")
+        await submit(redis_server.url, queued)
+        gate.set()
+        await asyncio.wait(pool.tasks, timeout=30)
+        await asyncio.sleep(0.2)  # time enough for a job the stopped slot wrongly ran to show
+        assert [job_decoder.decode(p).execution_id for _, p in pool.runs] == [first]
+    await client.aclose()
+
+
+async def test_a_lease_sent_with_a_settle_leaves_the_wake_tokens_alone(
+    r: redis.Redis, redis_server: RedisServer,
+) -> None:
+    """It looks a few jobs down the queue only, so it cannot count what is due: it leaves the
+    tokens as they are, where a worker's own LEASE sets them to the jobs still due."""
+    exec_ids = [keys.new_execution_id() for _ in range(3)]
+    for exec_id in exec_ids:
+        await submit(redis_server.url, exec_id)  # a token each
+    client = queue.connect(redis_server.url)
+    leases = queue.Leases(client, "w0")
+    taken: list[queue.Lease] = []
+    handoff = leases.hand_over(QUEUE, lease_ms=60_000, look_ahead=100, wanted=lambda: True, on_taken=taken.extend)
+    call = handoff.make()
+    assert call is not None
+    script, keys_, args = call
+    reply: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    reply.set_result(await script(keys=keys_, args=args))
+    handoff.answered(reply)
+    assert len(taken) == 1 and taken[0].job_id in exec_ids and r.llen(WAKE) == 3
+    # A worker's own LEASE counts: one job taken, one still due, one token.
+    took = await leases.take(QUEUE, most=1, lease_ms=60_000, look_ahead=100)
+    assert len(took) == 1 and took[0].job_id in set(exec_ids) - {taken[0].job_id}
+    assert r.llen(WAKE) == 1
+    await client.aclose(close_connection_pool=True)
