@@ -6,7 +6,6 @@ import asyncio
 import itertools
 import signal
 import threading
-import time
 
 import httpx
 
@@ -82,10 +81,11 @@ def test_no_workers_at_once_after_the_last_worker_dies(fresh_stack: Stack) -> No
     # Watched through /ready, which counts the live workers the way admission does: a call sent
     # to find out would be accepted until then and wait in the queue. One client for the polls:
     # a new one each time costs more CPU than the API's answer.
-    start = time.monotonic()
+    # Its last heartbeat (every 1 s) stops counting after dead_after (3 s), and the API looks
+    # every second: about 4 s, and 6.9 s was seen once on a busy CI machine. The bound says
+    # "seconds, not the queue timeout (60 s)"; how fast is the benchmark's business.
     with httpx.Client() as poller:
-        wait_until(lambda: poller.get(base + "/ready").json()["checks"]["workers"]["live"] == 0, 8)
-    assert time.monotonic() - start < 6  # heartbeats stop counting within a few seconds
+        wait_until(lambda: poller.get(base + "/ready").json()["checks"]["workers"]["live"] == 0, 15)
     r = httpx.post(base + "/agent/execute", json={"tool": "noop"})
     took = r.elapsed.total_seconds()
     assert r.json()["error"]["code"] == "NO_WORKERS"
