@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import secrets
 import time
@@ -54,6 +55,7 @@ from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError, RedisError
 
+from carmy_worker.loop import first_done
 from carmy_worker.store import jobs, keys
 from carmy_worker.store.attempts import CLAIM_ONE, MAX_ATTEMPTS, Claim, ClaimVerdict
 from carmy_worker.store.batch import FollowUp
@@ -360,7 +362,7 @@ class _Running:
     """A lease while arq's run_job runs it (shared by run_job's task and the job's own)."""
 
     lease: Lease
-    slot: asyncio.Task[None] | None = None  # the task that runs the slot's jobs, one after another
+    slot: asyncio.Task[Any]  # the task that runs the slot's jobs, one after another
     read: bool = False  # run_job's first pipeline was answered from the lease
     ended: bool = False  # the handler's SETTLE ended the lease: finish_job has nothing to do
     # The job the slot runs next, leased with this one's SETTLE (admitted already), and the end
@@ -559,12 +561,13 @@ class WakeableWorker(Worker):
         janitor gave the job away), that one has lost its execution and is being stopped: this
         one starts once it has ended, so one process never runs one execution twice at once."""
         slot = asyncio.current_task()
+        assert slot is not None  # a task of the main loop's
         while True:
             running = _Running(lease, slot=slot)
             stopped = True  # until run_job returns: what else ends this (a cancellation) ends the slot
             try:
                 if end.earlier is not None:
-                    await asyncio.wait([end.earlier])
+                    await first_done(end.earlier)
                 _running.set(running)
                 await self.run_job(lease.job_id, lease.score)
                 stopped = _cancelling(slot)
@@ -606,15 +609,17 @@ class WakeableWorker(Worker):
         that drains takes nothing."""
         return self.leases.hand_over(
             self.queue_name or "", lease_ms=int(self.in_progress_timeout_s * 1000), look_ahead=self.queue_read_limit,
-            wanted=lambda: self.allow_pick_jobs and self.job_counter >= self.max_jobs,
-            on_taken=lambda leases: self._take_over(leases, running))
+            wanted=self._wants_next, on_taken=functools.partial(self._take_over, running=running))
+
+    def _wants_next(self) -> bool:
+        return self.allow_pick_jobs and self.job_counter >= self.max_jobs
 
     def _take_over(self, leases: list[Lease], running: _Running) -> None:
         """Hold what a handoff's LEASE took (one job at most) as the next job of ``running``'s
         slot, unless the slot has moved on (stopped meanwhile): then nobody here holds it, and
         the heartbeat hands it back."""
         for lease in leases:
-            if running.closed or running.slot is None:
+            if running.closed:
                 log.warning("job %s was leased as its slot stopped; the heartbeat hands it back", lease.job_id)
                 continue
             end = self._run_end(lease.job_id)
@@ -645,9 +650,9 @@ class WakeableWorker(Worker):
             self._slot_freed.set()
 
 
-def _cancelling(task: asyncio.Task[Any] | None) -> bool:
+def _cancelling(task: asyncio.Task[Any]) -> bool:
     """Whether ``task`` is being cancelled, though what it awaited swallowed the cancellation."""
-    return task is not None and task.cancelling() > 0
+    return task.cancelling() > 0
 
 
 def build_worker(
@@ -688,7 +693,7 @@ def build_worker(
             raise Retry(defer=1) from exc
         if handoff is not None and handoff.reply is not None:
             # Its reply follows SETTLE's on the same connection: here already, or about to be.
-            await asyncio.wait([handoff.reply])
+            await first_done(handoff.reply)
             handoff.answered(handoff.reply)  # unless its done callback did already
 
     worker = WakeableWorker(
