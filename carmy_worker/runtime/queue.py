@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import itertools
 import logging
 import secrets
 import time
@@ -229,6 +230,10 @@ class Leases:
         self.worker_id = worker_id
         self._hash = keys.leases(worker_id)
         self._running = keys.running(worker_id)
+        # Each call's tokens get a prefix of their own: a late end of an earlier lease of the same
+        # job never matches a later one. A counter, from a random start (two objects of one
+        # worker id, in tests, do not collide), not a random draw per call: a system call each.
+        self._calls = itertools.count(secrets.randbits(48))
 
     async def take(self, queue: str, *, most: int, lease_ms: int, look_ahead: int) -> list[Lease]:
         """Up to ``most`` due jobs of ``queue``, leased for ``lease_ms``, with their arq job read
@@ -282,7 +287,7 @@ class Leases:
               wake: bool = True) -> tuple[list[str], list[Any], str]:
         """LEASE's keys and arguments, and the prefix of this call's lease tokens (new each call);
         ``wake``: it sets the wake list's tokens right."""
-        prefix = f"{self.worker_id}/{secrets.token_hex(4)}/"
+        prefix = f"{self.worker_id}/{next(self._calls):x}/"
         return ([queue, self._hash, jobs.wake_list(queue), self._running],
                 [jobs.IN_PROGRESS_KEY_PREFIX, most, lease_ms, look_ahead, prefix, jobs.JOB_KEY_PREFIX,
                  jobs.RETRY_KEY_PREFIX, _ARQ_RETRY_TTL_S, self.worker_id, MAX_ATTEMPTS, "" if wake else "1"],

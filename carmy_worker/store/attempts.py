@@ -42,10 +42,16 @@ CLAIM_ONE = NOW + LUA_OBSERVE + EMIT + STARTED + f"""
 local function claim(exec_id, worker_id, running, max_attempts)
   local exe = '{keys.execution("")}' .. exec_id
   if redis.call('EXISTS', '{keys.RECORD_PREFIX}' .. exec_id) == 1 then return 'settled', 0, 0 end
-  if redis.call('EXISTS', exe) == 0 then return 'gone', 0, 0 end
+  -- Read before the attempt is counted, with `attempt` and `state`: every script that writes an
+  -- execution's hash writes one of these fields, so all of them nil is a hash that is not there
+  -- (one EXISTS less per execution).
+  local h = redis.call('HMGET', exe, 'cancel', 'idem', 'start_by', 'queued_at', 'began', 'tool', {FOLLOWERS},
+                       'attempt', 'state')
+  if not (h[1] or h[2] or h[3] or h[4] or h[5] or h[6] or h[7] or h[8] or h[9] or h[10] or h[11]) then
+    return 'gone', 0, 0
+  end
   redis.call('ZREM', '{keys.QUEUED}', exec_id)
   local attempt = redis.call('HINCRBY', exe, 'attempt', 1)
-  local h = redis.call('HMGET', exe, 'cancel', 'idem', 'start_by', 'queued_at', 'began', 'tool', {FOLLOWERS})
   local waited = now - tonumber(h[4] or now)
   if h[1] == '1' then return 'cancelled', attempt, waited end
   if attempt > 1 and h[2] ~= '1' and h[5] then return 'uncertain', attempt, waited end

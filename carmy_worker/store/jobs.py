@@ -37,11 +37,11 @@ def wake_list(queue: str) -> str:
     return queue + WAKE_SUFFIX
 
 
-# Lua: one token on a wake list, the list kept to its newest WAKE_LIMIT tokens.
+# Lua: one token on a wake list, the list kept to its newest WAKE_LIMIT tokens (trimmed only
+# when over: RPUSH says how long the list is).
 WAKE_ONE = f"""
 local function wake_one(wake)
-  redis.call('RPUSH', wake, '1')
-  redis.call('LTRIM', wake, -{WAKE_LIMIT}, -1)
+  if redis.call('RPUSH', wake, '1') > {WAKE_LIMIT} then redis.call('LTRIM', wake, -{WAKE_LIMIT}, -1) end
 end
 """
 

@@ -23,7 +23,8 @@ def label(record: Record) -> str:
 
 
 # observe(name, tool, ms): one observation into histogram `name` (non-cumulative buckets,
-# 0-based; index len(BUCKETS_MS) is +Inf), plus its sum and count.
+# 0-based; index len(BUCKETS_MS) is +Inf), plus its sum. No count: it is the sum of the buckets,
+# which /metrics adds up anyway (one call less in every script that observes, on every execution).
 LUA_OBSERVE = f"""
 local BUCKETS = {{{", ".join(map(str, BUCKETS_MS))}}}
 local HISTOGRAMS = {{run = '{HISTOGRAMS["run"]}', queue_wait = '{HISTOGRAMS["queue_wait"]}'}}
@@ -34,7 +35,6 @@ local function observe(name, tool, ms)
   end
   redis.call('HINCRBY', hash, tool .. '\\31' .. b, 1)
   redis.call('HINCRBY', hash, tool .. '\\31sum', ms)
-  redis.call('HINCRBY', hash, tool .. '\\31count', 1)
 end
 """
 

@@ -51,9 +51,13 @@ if #KEYS == 8 then
   redis.call('SET', KEYS[8], ARGV[1] .. ' ' .. ARGV[2], 'EX', retention)
 end
 local start_by = now + tonumber(ARGV[7])
-redis.call('HSET', KEYS[1], 'tool', ARGV[9], 'owner', ARGV[10], 'idem', ARGV[11],
-           'state', 'queued', 'attempt', 0, 'start_by', start_by, 'wake', ARGV[13], 'queued_at', now)
-if ARGV[14] ~= '' then redis.call('HSET', KEYS[1], 'reply', ARGV[14], 'stream', ARGV[15]) end
+local fields = {'tool', ARGV[9], 'owner', ARGV[10], 'idem', ARGV[11], 'state', 'queued', 'attempt', 0,
+                'start_by', start_by, 'wake', ARGV[13], 'queued_at', now}
+if ARGV[14] ~= '' then
+  table.insert(fields, 'reply') table.insert(fields, ARGV[14])
+  table.insert(fields, 'stream') table.insert(fields, ARGV[15])
+end
+redis.call('HSET', KEYS[1], unpack(fields))
 redis.call('EXPIRE', KEYS[1], retention)
 redis.call('ZADD', KEYS[2], now + tonumber(ARGV[6]), ARGV[1])
 if limit > 0 or interval > 0 then
