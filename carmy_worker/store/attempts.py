@@ -42,8 +42,9 @@ CLAIM_ONE = NOW + LUA_OBSERVE + EMIT + STARTED + f"""
 local function claim(exec_id, worker_id, running, max_attempts)
   local exe = '{keys.execution("")}' .. exec_id
   if redis.call('EXISTS', '{keys.RECORD_PREFIX}' .. exec_id) == 1 then return 'settled', 0, 0 end
-  -- Read before the attempt is counted, with `attempt` and `state`: every script that writes an
-  -- execution's hash writes one of these fields, so all of them nil is a hash that is not there
+  -- Read before the attempt is counted, with `attempt` and `state`: SUBMIT writes them all, and
+  -- every other script that may make the hash anew (a heartbeat after a Redis crash, a cancel,
+  -- the janitor) writes `attempt`, `state` or `cancel`; all of them nil is a hash that is not there
   -- (one EXISTS less per execution).
   local h = redis.call('HMGET', exe, 'cancel', 'idem', 'start_by', 'queued_at', 'began', 'tool', {FOLLOWERS},
                        'attempt', 'state')
@@ -141,8 +142,9 @@ class Attempts:
 
     def __init__(self, redis: Redis, *, worker_id: str, retention: int, durability: Durability | None = None,
                  queue: str = "") -> None:
-        # Under load a worker claims and settles several executions at once: one write for them all.
-        batch = Batch(redis)
+        # On a connection kept for them, each written at once: a slot of the worker waits on each
+        # SETTLE (store.batch, eager).
+        batch = Batch(redis, eager=True)
         self._claim = batched(durable(redis.register_script(CLAIM), durability), batch)
         self._settle = batched(durable(redis.register_script(SETTLE), durability), batch)
         self._holds = redis.register_script(HOLDS)

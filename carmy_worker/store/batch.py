@@ -17,6 +17,16 @@ one reader hands each caller its reply. A connection that fails fails the calls 
 does a call that finds the connection closed or reset while idle (it is replaced first), or
 stalled (``STALL_S``).
 
+An ``eager`` batch (a worker's SETTLEs) writes a call at once instead of at the end of its turn
+while Redis has little else of the batch's to run: a lone call when none is in flight (one
+client: the SETTLE goes out before the rest of the turn runs), and a call sent with its follow-up
+(a full worker's SETTLE with the LEASE of its slot's next job, in one write) when at most
+``EAGER_BEHIND`` calls are. Redis then runs them while the worker goes on with the rest of its
+turn: jobs that end together (a full worker's) reach their next jobs sooner. Not under load: a
+write per call then costs both sides more CPU than the overlap saves (the no-op at 64 clients
+lost 8 to 20 % with every call written at once). Measured in bench/README.md, "Issue 14, SETTLE
+written at once".
+
 Only for scripts whose writes do not wait for replicas (``store.durable``): those keep their
 own call and ``WAIT``.
 """
@@ -37,6 +47,11 @@ from redis.exceptions import NoScriptError, ResponseError
 
 from carmy_worker.loop import running_loop
 from carmy_worker.store.checkout import is_broken, is_stale
+
+# An eager batch writes a call with its follow-up at once while at most this many of its calls
+# are still at Redis (see the module; at 8 the scale-out rows gained more, the no-op at 64 clients
+# lost 8 %).
+EAGER_BEHIND = 1
 
 # A connection whose oldest call has waited this long for its reply takes no new calls: they go
 # out on another. A primary gone silent (a partition: no reset, no close) would otherwise hold
@@ -78,10 +93,13 @@ class _Line:
 
 
 class Batch:
-    """The script calls of one turn of the event loop, on one client, sent together."""
+    """The script calls of one turn of the event loop, on one client, sent together; an
+    ``eager`` one writes a call at once while Redis has little else of it to run (see the
+    module)."""
 
-    def __init__(self, redis: Redis) -> None:
+    def __init__(self, redis: Redis, *, eager: bool = False) -> None:
         self._pool = redis.connection_pool
+        self.eager = eager
         self._waiting: list[_Call] = []  # called during this turn
         self._unsent: list[_Call] = []  # sent at the end of their turn, waiting for a connection
         self._line: _Line | None = None
@@ -92,16 +110,31 @@ class Batch:
         """``script``, called like one, its calls batched here."""
         return BatchedScript(self, script)
 
-    def call(self, script: AsyncScript, keys: list[Any], args: list[Any]) -> asyncio.Future[Any]:
-        """Queue one call; it goes out with the others of this turn of the loop."""
+    def call(self, script: AsyncScript, keys: list[Any], args: list[Any], *, hold: bool = False) -> asyncio.Future[Any]:
+        """Queue one call; it goes out with the others of this turn of the loop, or at once if
+        the batch is eager, none of its calls is in flight or waiting, and it is not told to
+        ``hold`` it (for a call to follow it in the same write: ``flush_if_quiet``)."""
         loop = running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         self._waiting.append(_Call(script, keys, args, future))
-        if len(self._waiting) == 1:  # the first of this turn: the send runs once the turn is over
+        if self.eager and not hold and len(self._waiting) == 1 and self._in_flight() == 0:
+            self._send()
+        elif len(self._waiting) == 1:  # the first of this turn: the send runs once the turn is over
             loop.call_soon(self._send)
         return future
 
+    def flush_if_quiet(self) -> None:
+        """Send what waits for the end of this turn now, if this batch is eager and at most
+        ``EAGER_BEHIND`` of its calls are still at Redis (see the module)."""
+        if self.eager and self._in_flight() <= EAGER_BEHIND:
+            self._send()
+
+    def _in_flight(self) -> int:
+        return len(self._line.in_flight) if self._line is not None else 0
+
     def _send(self) -> None:
+        if not self._waiting:  # an eager batch sent them already
+            return
         self._unsent += self._waiting
         self._waiting = []
         if self._opening is None:
@@ -281,11 +314,12 @@ class BatchedScript:
 
     def send(self, keys: list[Any], args: list[Any], then: FollowUp) -> asyncio.Future[Any]:
         """Queue a call, and ``then`` right behind it; the call's reply."""
-        future = self._batch.call(self._script, keys, args)
+        future = self._batch.call(self._script, keys, args, hold=True)
         call = then.make()
         if call is not None:
-            then.reply = self._batch.call(*call)
+            then.reply = self._batch.call(*call, hold=True)
             then.reply.add_done_callback(then.answered)
+        self._batch.flush_if_quiet()
         return future
 
 

@@ -16,7 +16,7 @@ import uvloop
 from redis.exceptions import ConnectionError, DataError, ResponseError, TimeoutError
 
 from carmy_worker.store import batch as batch_module
-from carmy_worker.store.batch import Batch
+from carmy_worker.store.batch import Batch, FollowUp
 from carmy_worker.store.checkout import is_broken
 from carmy_worker.store.connect import RedisConnector
 from tests.support import RedisServer
@@ -78,6 +78,56 @@ async def test_calls_of_later_turns_go_out_while_earlier_ones_wait_on_the_same_c
     assert spinning.done()  # Redis answers in order: the spin's reply came first
     assert (await spinning, appended) == (1, 2)
     assert await clients(ar) == before  # no other connection was opened for it
+
+
+class Append(FollowUp):
+    """A follow-up that appends ``value`` to list ``key``."""
+
+    def __init__(self, script: Any, key: str, value: str) -> None:
+        super().__init__()
+        self.call = (script, [key], [value])
+
+    def make(self) -> tuple[Any, list[Any], list[Any]]:
+        return self.call
+
+
+async def test_an_eager_batch_writes_a_lone_call_at_once_and_one_behind_another_with_the_turn(
+        ar: redis.asyncio.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+    appending = ar.register_script(APPEND)
+    eager, lazy = Batch(ar, eager=True), Batch(ar)
+    await asyncio.gather(eager.call(appending, ["warm"], ["x"]), lazy.call(appending, ["warm"], ["x"]))
+    writes = CountingWrites(monkeypatch)
+    first = eager.call(appending, ["l"], ["1"])
+    assert writes.made == 1  # written as it was made
+    other = lazy.call(appending, ["lazy"], ["1"])
+    second = eager.call(appending, ["l"], ["2"])
+    assert writes.made == 1  # the other batch's call, and one behind a call in flight, wait for the turn's end
+    assert await asyncio.gather(first, second, other) == [1, 2, 1]
+    assert writes.made == 3
+
+
+async def test_an_eager_batch_writes_a_call_and_its_follow_up_at_once_unless_redis_has_more_of_it(
+        ar: redis.asyncio.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+    appending, spinning = ar.register_script(APPEND), ar.register_script(SPIN)
+    batch = Batch(ar, eager=True)
+    script = batch.script(appending)
+    await asyncio.gather(batch.call(appending, ["warm"], ["x"]), batch.call(spinning, ["warm"], ["0"]))
+    writes = CountingWrites(monkeypatch)
+    then = Append(appending, "l", "then")
+    settled = script.send(["l"], ["first"], then)
+    assert writes.made == 1  # both, in one write, before this turn goes on
+    assert await settled == 1
+    assert then.reply is not None and await then.reply == 2
+
+    # Redis kept busy by this batch's calls, written and not answered yet:
+    busy = [batch.call(spinning, ["busy"], ["500"]) for _ in range(batch_module.EAGER_BEHIND + 1)]
+    await asyncio.sleep(0)
+    made = writes.made
+    behind = script.send(["l"], ["second"], Append(appending, "l", "its then"))
+    assert writes.made == made  # it goes out with the turn, not at once
+    assert await behind == 3
+    await asyncio.gather(*busy)
+    assert await ar.lrange("l", 0, -1) == [b"first", b"then", b"second", b"its then"]
 
 
 async def test_an_idle_connection_redis_closed_is_replaced_without_failing_a_call(ar: redis.asyncio.Redis) -> None:
