@@ -42,15 +42,11 @@ CLAIM_ONE = NOW + LUA_OBSERVE + EMIT + STARTED + f"""
 local function claim(exec_id, worker_id, running, max_attempts)
   local exe = '{keys.execution("")}' .. exec_id
   if redis.call('EXISTS', '{keys.RECORD_PREFIX}' .. exec_id) == 1 then return 'settled', 0, 0 end
-  -- Read before the attempt is counted, with `attempt` and `state`: SUBMIT writes them all, and
-  -- every other script that may make the hash anew (a heartbeat after a Redis crash, a cancel,
-  -- the janitor) writes `attempt`, `state` or `cancel`; all of them nil is a hash that is not there
-  -- (one EXISTS less per execution).
-  local h = redis.call('HMGET', exe, 'cancel', 'idem', 'start_by', 'queued_at', 'began', 'tool', {FOLLOWERS},
-                       'attempt', 'state')
-  if not (h[1] or h[2] or h[3] or h[4] or h[5] or h[6] or h[7] or h[8] or h[9] or h[10] or h[11]) then
-    return 'gone', 0, 0
-  end
+  -- Read before the attempt is counted, with `state` (one EXISTS less per execution): SUBMIT
+  -- writes it and nothing removes it, so a hash without it is not there, or is what a late
+  -- write left after the hash expired (a progress message): gone either way.
+  local h = redis.call('HMGET', exe, 'cancel', 'idem', 'start_by', 'queued_at', 'began', 'tool', {FOLLOWERS}, 'state')
+  if not h[10] then return 'gone', 0, 0 end
   redis.call('ZREM', '{keys.QUEUED}', exec_id)
   local attempt = redis.call('HINCRBY', exe, 'attempt', 1)
   local waited = now - tonumber(h[4] or now)

@@ -117,10 +117,11 @@ class Batch:
         loop = running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         self._waiting.append(_Call(script, keys, args, future))
-        if self.eager and not hold and len(self._waiting) == 1 and self._in_flight() == 0:
-            self._send()
-        elif len(self._waiting) == 1:  # the first of this turn: the send runs once the turn is over
-            loop.call_soon(self._send)
+        if len(self._waiting) == 1:  # the first of this turn
+            if self.eager and not hold and not self._in_flight():
+                self._send()
+            else:  # the send runs once the turn is over
+                loop.call_soon(self._send)
         return future
 
     def flush_if_quiet(self) -> None:

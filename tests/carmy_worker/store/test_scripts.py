@@ -324,6 +324,16 @@ async def test_claim_of_an_unknown_execution_is_gone_and_creates_nothing(
     assert r.dbsize() == 0
 
 
+async def test_claim_of_an_execution_whose_hash_expired_under_a_late_write_is_gone(
+    r: redis.Redis, ar: redis.asyncio.Redis,
+) -> None:
+    # What a progress message written after the hash expired leaves: no state, no start-by.
+    exec_id = new_id()
+    r.hset(keys.execution(exec_id), mapping={"message": "50%", "message_at": 1})
+    assert await claim(ar, exec_id) == ("gone", 0)
+    assert r.hgetall(keys.execution(exec_id)) == {b"message": b"50%", b"message_at": b"1"}  # no attempt counted
+
+
 async def test_claim_of_a_cancelled_execution_does_not_run(
     r: redis.Redis, ar: redis.asyncio.Redis, listen: Any,
 ) -> None:
