@@ -21,6 +21,12 @@ from carmy_worker.wire import ErrorBody
 
 log = logging.getLogger("carmy.worker")
 
+# How long an async tool that was cancelled (a cancel, a timeout) may take to stop before its
+# outcome is recorded anyway. Its ``except CancelledError`` and ``finally`` blocks run first, so
+# whoever is answered may count on them having run; one that ignores the cancellation, or
+# cleans up slowly, delays its answer by this much at most.
+STOP_GRACE = 1.0
+
 
 class Outcome(Struct, kw_only=True):
     """How a call ended: ``data`` (validated output as JSON), or ``error``, or a flag."""
@@ -109,7 +115,8 @@ async def invoke(
 
     A sync tool runs in ``executor``; on timeout or cancellation the caller is answered at once
     and the thread is left to finish on its own (a thread cannot be killed), with
-    ``ctx.cancelled`` telling it to stop. ``on_end`` is called when the call has really ended,
+    ``ctx.cancelled`` telling it to stop; an async tool is waited for until it has stopped, at most
+    ``STOP_GRACE`` seconds. ``on_end`` is called when the call has really ended,
     which for such a thread may be after ``invoke`` returned. A result, or a ``ToolError``'s
     details, over ``max_result_bytes`` of JSON is not recorded (``runtime.results``). An async
     tool asks ``may_step()`` before each step it takes (``_Stepwise``).
@@ -139,6 +146,8 @@ async def invoke(
         raise
     if not call.done():
         ctx._cancel()
+        if tool.is_async:
+            await first_done(call, timeout=STOP_GRACE)
         return Outcome(cancelled=True) if cancelled.is_set() else Outcome(timed_out=True)
     return _finish(tool, ctx, call, max_result_bytes)
 

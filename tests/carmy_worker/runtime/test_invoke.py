@@ -15,7 +15,7 @@ import pytest
 
 from carmy_worker import AgentContext, Context, Tool, Toolbox, ToolError
 from carmy_worker.loop import Signal
-from carmy_worker.runtime.invoke import Outcome, invoke
+from carmy_worker.runtime.invoke import STOP_GRACE, Outcome, invoke
 from carmy_worker.sdk.errors import MAY_HAVE_COMMITTED
 from carmy_worker.wire import ErrorBody
 
@@ -123,6 +123,33 @@ async def slow(ctx: Context) -> Count:
     except asyncio.CancelledError:
         async_cancelled.set()
         raise
+    return Count(n=1)
+
+
+cleaned_up: list[str] = []  # what cleans_up did after its cancellation, in order
+let_go = asyncio.Event()  # what clings_on ignores its cancellation for
+
+
+@tools.tool(effect="none")
+async def cleans_up(ctx: Context) -> Count:
+    """Takes two steps to clean up once cancelled, as closing a connection does."""
+    try:
+        await asyncio.sleep(5)
+    except asyncio.CancelledError:
+        await asyncio.sleep(0.05)
+        cleaned_up.append("closed")
+        raise
+    return Count(n=1)
+
+
+@tools.tool(effect="none")
+async def clings_on(ctx: Context) -> Count:
+    """Ignores every cancellation until let go."""
+    while not let_go.is_set():
+        try:
+            await let_go.wait()
+        except asyncio.CancelledError:
+            cleaned_up.append("ignored")
     return Count(n=1)
 
 
@@ -426,6 +453,34 @@ async def test_async_timeout_cancels_the_tool(executor: ThreadPoolExecutor) -> N
     assert outcome == Outcome(timed_out=True)
     assert call.ctx.cancelled
     assert await asyncio.to_thread(async_cancelled.wait, 10), "the tool never got CancelledError"
+
+
+@pytest.mark.parametrize("ending", ["timeout", "cancel"])
+async def test_a_cancelled_async_tool_has_cleaned_up_when_its_outcome_is_made(
+        executor: ThreadPoolExecutor, ending: str) -> None:
+    # Whoever is answered (a DELETE, a timeout) may count on the tool's cleanup having run.
+    cleaned_up.clear()
+    call = Call("cleans_up")
+    if ending == "cancel":
+        asyncio.get_running_loop().call_later(0.05, call.cancelled.set)
+    outcome = await call.run(executor, timeout=0.05 if ending == "timeout" else 5)
+    assert outcome == (Outcome(timed_out=True) if ending == "timeout" else Outcome(cancelled=True))
+    assert cleaned_up == ["closed"]
+
+
+async def test_an_async_tool_that_ignores_its_cancellation_is_waited_for_the_grace_only(
+        executor: ThreadPoolExecutor) -> None:
+    cleaned_up.clear()
+    let_go.clear()
+    call = Call("clings_on")
+    started = time.monotonic()
+    try:
+        assert await call.run(executor, timeout=0.05) == Outcome(timed_out=True)
+        elapsed = time.monotonic() - started
+        assert cleaned_up == ["ignored"]
+        assert STOP_GRACE <= elapsed < STOP_GRACE + 1, f"answered after {elapsed:.2f}s"
+    finally:
+        let_go.set()
 
 
 async def test_sync_timeout_answers_on_time(executor: ThreadPoolExecutor) -> None:
