@@ -24,8 +24,9 @@ means rewriting this file only. Four things differ from arq's defaults:
   settled with its record ends its lease in the same script (SETTLE, ``store.attempts``), so
   ``finish_job`` then has nothing left to do: a job costs an idle worker two round trips
   (``BLPOP`` with LEASE, then SETTLE), and a full one with jobs waiting one: the SETTLE of a
-  slot's job carries the LEASE of its next (``Leases.hand_over``), and the slot's task runs it
-  under the same slot of arq's count (``WakeableWorker._run_leased``).
+  slot's job carries the LEASE of its next (``Leases.hand_over``), which starts as soon as the
+  reply is read, in a task of its own that takes over the slot of arq's count
+  (``WakeableWorker._take_over``), while arq's run_job still ends the job before it.
 
 The last two override arq internals. ``ARQ_PRIVATE_SURFACE`` names every private or
 undocumented name of arq this module relies on; ``tests/carmy_worker/runtime/test_arq_surface.py``
@@ -87,6 +88,7 @@ ARQ_PRIVATE_SURFACE: dict[str, tuple[str, ...]] = {
     "arq.worker.Worker attributes": (
         "_pool", "pool", "ctx", "on_startup", "allow_pick_jobs", "max_jobs", "job_counter", "sem", "tasks",
         "loop", "queue_name", "in_progress_timeout_s", "queue_read_limit", "poll_delay_s", "allow_abort_jobs",
+        "main_task",
     ),
     # The property WakeableWorker overrides so that run_job's first pipeline, these statements of
     # its source (allow_abort_jobs off), is answered from what LEASE read.
@@ -97,6 +99,8 @@ ARQ_PRIVATE_SURFACE: dict[str, tuple[str, ...]] = {
         "pipe.incr(retry_key_prefix + job_id)",
         f"pipe.expire(retry_key_prefix + job_id, {_ARQ_RETRY_TTL_S})",
         "v, job_try, _ = await pipe.execute()",
+        # finish_job's result is shielded, not awaited itself: a done future goes through as it is.
+        "await asyncio.shield(\n            self.finish_job(",
     ),
     # The job layout store.jobs writes without arq: key prefixes, and the job dict's fields.
     "arq.constants": ("job_key_prefix", "in_progress_key_prefix", "retry_key_prefix"),
@@ -364,16 +368,15 @@ class Handoff(FollowUp):
 
 @dataclass
 class _Running:
-    """A lease while arq's run_job runs it (shared by run_job's task and the job's own)."""
+    """A lease while arq's run_job runs it (shared by the task that runs it and the job's own)."""
 
     lease: Lease
-    slot: asyncio.Task[Any]  # the task that runs the slot's jobs, one after another
+    task: asyncio.Task[Any] | None = None  # the task that runs it (set once made)
+    began: bool = False  # that task took its first step (a task cancelled before it never does)
     read: bool = False  # run_job's first pipeline was answered from the lease
     ended: bool = False  # the handler's SETTLE ended the lease: finish_job has nothing to do
-    # The job the slot runs next, leased with this one's SETTLE (admitted already), and the end
-    # of this process's earlier run of the same job, if one is still going.
-    then: tuple[Lease, _RunEnd] | None = None
-    closed: bool = False  # the slot has moved on: a job taken now is not run by it
+    handed: bool = False  # its slot of arq's count went to the job its SETTLE leased
+    closed: bool = False  # run_job has returned: a job taken now is not run for it
 
 
 @dataclass
@@ -531,9 +534,7 @@ class WakeableWorker(Worker):
             for lease in leased:
                 await self.sem.acquire()
                 self.job_counter += 1
-                task = self.loop.create_task(self._run_leased(lease, self._run_end(lease.job_id)))
-                task.add_done_callback(lambda _: self._release_sem_dec_counter_on_complete())
-                self.tasks[lease.job_id] = task
+                self._run(lease, self._run_end(lease.job_id))
         for job_id, task in list(self.tasks.items()):
             if task.done():
                 del self.tasks[job_id]
@@ -558,47 +559,59 @@ class WakeableWorker(Worker):
         self._ends[job_id] = end.done
         return end
 
-    async def _run_leased(self, lease: Lease, end: _RunEnd) -> None:
-        """arq's run_job under ``lease``, then under each lease handed over to this slot with
-        the SETTLE of the one before (``_hand_over``): one slot, one task, until no job came.
+    def _run(self, lease: Lease, end: _RunEnd) -> None:
+        """Run ``lease``'s job in a task of its own, which holds one slot of arq's count (taken
+        by the caller) until it ends, or hands it to the job its SETTLE leased (``_take_over``).
+
+        Listed in ``tasks`` (what the heartbeat reports as leased) from now on; if this process
+        still runs an earlier lease of the same job, that run stays listed until it has ended,
+        and this one lists itself then."""
+        running = _Running(lease)
+        task = running.task = self.loop.create_task(self._run_leased(running, end))
+        task.add_done_callback(functools.partial(self._run_done, running, end))
+        listed = self.tasks.get(lease.job_id)
+        if listed is None or listed.done():
+            self.tasks[lease.job_id] = task
+
+    async def _run_leased(self, running: _Running, end: _RunEnd) -> None:
+        """arq's run_job under ``running.lease``.
 
         If this process still runs an earlier lease of the same job (it was paused, and the
         janitor gave the job away), that one has lost its execution and is being stopped: this
         one starts once it has ended, so one process never runs one execution twice at once."""
-        slot = asyncio.current_task()
-        assert slot is not None  # a task of the main loop's
-        while True:
-            running = _Running(lease, slot=slot)
-            stopped = True  # until run_job returns: what else ends this (a cancellation) ends the slot
-            try:
-                if end.earlier is not None:
-                    await first_done(end.earlier)
-                _running.set(running)
-                await self.run_job(lease.job_id, lease.score)
-                stopped = _cancelling(slot)
-            except (RedisError, OSError) as exc:  # before the job ran (arq's own reads): give it back
-                log.warning("job %s could not start (%s); giving it back", lease.job_id, exc)
-                await self.leases.finish(self.queue_name or "", lease, finished=False, delay_ms=None)
-                stopped = _cancelling(slot)
-            finally:
-                running.closed = True
-                self._ended(lease, end)
-                if self.forget is not None:
-                    self.forget(lease.token)
-                if running.then is not None and stopped:
-                    # Stopped (a shutdown; arq's run_job swallows the cancellation of its job)
-                    # with the next job leased already: this slot does not run it. The runtime
-                    # lets its claim go; the heartbeat, or the janitor once this worker is gone,
-                    # hands the job back.
-                    then, running.then = running.then, None
-                    self._ended(*then)
-                    if self.forget is not None:
-                        self.forget(then[0].token)
-            if running.then is None:
-                return
-            lease, end = running.then
-            if self.tasks.get(running.lease.job_id) is slot and running.lease.job_id != lease.job_id:
-                del self.tasks[running.lease.job_id]
+        running.began = True
+        lease = running.lease
+        try:
+            if end.earlier is not None:
+                await first_done(end.earlier)
+                if self._stopping():  # its claim is let go (forget): the heartbeat hands it back
+                    return
+                self.tasks[lease.job_id] = cast("asyncio.Task[Any]", running.task)
+            _running.set(running)
+            await self.run_job(lease.job_id, lease.score)
+        except (RedisError, OSError) as exc:  # before the job ran (arq's own reads): give it back
+            log.warning("job %s could not start (%s); giving it back", lease.job_id, exc)
+            await self.leases.finish(self.queue_name or "", lease, finished=False, delay_ms=None)
+        finally:
+            running.closed = True
+            self._ended(lease, end)
+            if self.forget is not None:
+                self.forget(lease.token)
+
+    def _run_done(self, running: _Running, end: _RunEnd, task: asyncio.Task[Any]) -> None:
+        """A job's task has ended: its slot is free unless it went to the next job; its listing
+        goes, unless it failed (the main loop raises arq's error, as arq does); one cancelled
+        before its first step (a shutdown) ends here what its own ``finally`` would have."""
+        if not running.began:
+            running.closed = True
+            self._ended(running.lease, end)
+            if self.forget is not None:
+                self.forget(running.lease.token)
+        if not running.handed:
+            self._release_sem_dec_counter_on_complete()
+        if self.tasks.get(running.lease.job_id) is task and not task.cancelled() and task.exception() is None:
+            del self.tasks[running.lease.job_id]
+        running.task = None  # the task keeps its context, which holds ``running``: no cycle left
 
     def _ended(self, lease: Lease, end: _RunEnd) -> None:
         if not end.done.done():
@@ -616,30 +629,44 @@ class WakeableWorker(Worker):
             self.queue_name or "", lease_ms=int(self.in_progress_timeout_s * 1000), look_ahead=self.queue_read_limit,
             wanted=self._wants_next, on_taken=functools.partial(self._take_over, running=running))
 
+    def _stopping(self) -> bool:
+        """Past its drain: arq has cancelled its main task (and every job listed then)."""
+        main = self.main_task
+        return main is not None and (main.done() or _cancelling(main))
+
     def _wants_next(self) -> bool:
         return self.allow_pick_jobs and self.job_counter >= self.max_jobs
 
     def _take_over(self, leases: list[Lease], running: _Running) -> None:
-        """Hold what a handoff's LEASE took (one job at most) as the next job of ``running``'s
-        slot, unless the slot has moved on (stopped meanwhile): then nobody here holds it, and
-        the heartbeat hands it back."""
+        """Run what a handoff's LEASE took (one job at most) in the slot of ``running``'s job, at
+        once: its tool starts while arq's run_job still ends the job before it. Unless that
+        job's task has moved on or is stopping (a shutdown cancels it, and arq's run_job
+        swallows that): then nobody here holds the job, and the heartbeat hands it back."""
         for lease in leases:
-            if running.closed:
+            if running.closed or running.handed or self._stopping() or (
+                    running.task is not None and _cancelling(running.task)):
                 log.warning("job %s was leased as its slot stopped; the heartbeat hands it back", lease.job_id)
                 continue
             end = self._run_end(lease.job_id)
             self._admit(lease)
-            self.tasks[lease.job_id] = running.slot  # listed at once, as the main loop lists what it leases
-            running.then = (lease, end)
+            running.handed = True
+            self._run(lease, end)
 
-    async def finish_job(self, job_id: str, finish: bool, result_data: bytes | None, result_timeout_s: float | None,
-                         keep_result_forever: bool, incr_score: int | None, keep_in_progress: float | None) -> None:
+    def finish_job(  # type: ignore[override]  # an awaitable, not a coroutine: see below
+            self, job_id: str, finish: bool, result_data: bytes | None, result_timeout_s: float | None,
+            keep_result_forever: bool, incr_score: int | None, keep_in_progress: float | None) -> Awaitable[object]:
         """arq's, for our leases: results are never kept, a lease taken away finishes as a no-op,
-        and one its SETTLE ended (the job is finished and gone) has nothing left to do."""
+        and one its SETTLE ended (the job is finished and gone) has nothing left to do.
+
+        arq's run_job awaits ``asyncio.shield(self.finish_job(...))``: for nothing to do, a future
+        already done, which ``shield`` hands back as it is (a coroutine would be run in a task of
+        its own, a few turns of the loop per job)."""
         running = _running.get()
         if running is None or (finish and running.ended):
-            return
-        await self.leases.finish(self.queue_name or "", running.lease, finished=finish, delay_ms=incr_score)
+            done = self.loop.create_future()
+            done.set_result(None)
+            return done
+        return self.leases.finish(self.queue_name or "", running.lease, finished=finish, delay_ms=incr_score)
 
     async def finish_failed_job(self, job_id: str, result_data: bytes | None) -> None:
         running = _running.get()
@@ -697,8 +724,10 @@ def build_worker(
             log.warning("job %s goes back to the queue: %s", ctx.get("job_id"), exc)
             raise Retry(defer=1) from exc
         if handoff is not None and handoff.reply is not None:
-            # Its reply follows SETTLE's on the same connection: here already, or about to be.
-            await first_done(handoff.reply)
+            # Its reply follows SETTLE's on the same connection: here already, or about to be;
+            # read before this job's run ends, so that the next job gets its slot.
+            if not handoff.reply.done():
+                await first_done(handoff.reply)
             handoff.answered(handoff.reply)  # unless its done callback did already
 
     worker = WakeableWorker(

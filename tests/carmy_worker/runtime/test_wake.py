@@ -9,6 +9,7 @@ import asyncio
 import gc
 import hashlib
 import signal
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -369,13 +370,15 @@ async def test_a_job_handed_back_to_its_own_slot_stays_listed_while_it_runs_agai
 async def test_a_slot_stopped_as_its_settle_goes_out_does_not_run_the_job_it_was_handed(
     r: redis.Redis, redis_server: RedisServer,
 ) -> None:
-    """arq's run_job swallows the cancellation of its job (a shutdown): the slot must still stop,
-    not run the next job the SETTLE's LEASE brought back."""
+    """arq's run_job swallows the cancellation of its job (a shutdown): a job whose task was
+    cancelled before its SETTLE's reply came must not run the next job that SETTLE's LEASE
+    brought back."""
     client = redis.asyncio.Redis.from_url(redis_server.url)
     claims: dict[str, Claim] = {}
     attempts = Attempts(client, worker_id="w0", retention=600, queue=QUEUE)
     gate = asyncio.Event()
     first, queued = keys.new_execution_id(), keys.new_execution_id()
+    settled: list[asyncio.Future[bool]] = []
 
     def admit(payload: bytes, claim: Claim, lease: str, sent_at: float) -> None:
         claims[lease] = claim
@@ -384,13 +387,22 @@ async def test_a_slot_stopped_as_its_settle_goes_out_does_not_run_the_job_it_was
         await gate.wait()
         exec_id = job_decoder.decode(payload).execution_id
         record = records.completed(exec_id, "noop", b"{}", cacheable=False, duration_ms=1)
-        settling = asyncio.ensure_future(attempts.settle(record, exec_id=exec_id, attempt=claims.pop(lease).attempt,
-                                                         lease=lease, then=then))
-        # SETTLE and the LEASE behind it have run: the next job is claimed for this worker.
-        await until(lambda: r.hget(keys.execution(queued), "attempt") == b"1", "the LEASE with the SETTLE")
+        settled.append(asyncio.ensure_future(attempts.settle(record, exec_id=exec_id,
+                                                             attempt=claims.pop(lease).attempt, lease=lease,
+                                                             then=then)))
+        await asyncio.sleep(0)  # SETTLE and its LEASE are written (in that task's first step)
+        # They have run, the next job is claimed for this worker, and the loop has read no reply
+        # yet (this waits without letting it run).
+        deadline = time.monotonic() + 10
+        while r.hget(keys.execution(queued), "attempt") != b"1":
+            assert time.monotonic() < deadline, "the LEASE sent with the SETTLE never ran"
+            time.sleep(0.001)
         pool.workers[0].handle_sig(signal.SIGTERM)  # arq cancels every job now (no drain)
-        return await settling
+        return await asyncio.shield(settled[0])  # the cancellation, here
 
+    # Its batch's connection open, as after a worker's first job: settling nothing writes nothing.
+    nothing = records.completed(first, "noop", b"{}", cacheable=False, duration_ms=1)
+    assert not await attempts.settle(nothing, exec_id=first, attempt=1)
     async with pool_of(redis_server.url, 1, handler, concurrency=1, admit=admit) as pool:
         await until(lambda: blocked(r) == 1, "the worker blocked on the wake list")
         await submit(redis_server.url, first)
@@ -398,8 +410,55 @@ async def test_a_slot_stopped_as_its_settle_goes_out_does_not_run_the_job_it_was
         await submit(redis_server.url, queued)
         gate.set()
         await asyncio.wait(pool.tasks, timeout=30)
+        assert await settled[0]  # SETTLE wrote the record
         await asyncio.sleep(0.2)  # time enough for a job the stopped slot wrongly ran to show
         assert [job_decoder.decode(p).execution_id for _, p in pool.runs] == [first]
+    await client.aclose()
+
+
+async def test_a_slots_next_job_starts_while_the_job_before_it_still_ends(
+    r: redis.Redis, redis_server: RedisServer,
+) -> None:
+    """The job a SETTLE's LEASE brought back starts as soon as the reply is read: it does not
+    wait for the run of the job before it to end (its handler's return, arq's run_job and
+    finish_job), which here waits for it."""
+    client = redis.asyncio.Redis.from_url(redis_server.url)
+    claims: dict[str, Claim] = {}
+    attempts = Attempts(client, worker_id="w0", retention=600, queue=QUEUE)
+    gate, second_started = asyncio.Event(), asyncio.Event()
+    first, second = keys.new_execution_id(), keys.new_execution_id()
+    looks: list[int] = []  # the worker loop's own looks for jobs before the second job started
+
+    def admit(payload: bytes, claim: Claim, lease: str, sent_at: float) -> None:
+        claims[lease] = claim
+
+    async def handler(worker_id: str, payload: bytes, lease: str, then: FollowUp | None) -> bool:
+        exec_id = job_decoder.decode(payload).execution_id
+        if exec_id == second:
+            looks.append(pool.leases["w0"])
+            second_started.set()
+        else:
+            await gate.wait()
+        record = records.completed(exec_id, "noop", b"{}", cacheable=False, duration_ms=1)
+        done = await attempts.settle(record, exec_id=exec_id, attempt=claims.pop(lease).attempt, lease=lease,
+                                     then=then)
+        if exec_id == first:  # the run of the first job lasts until the second has started
+            await asyncio.wait_for(second_started.wait(), 10)
+        return done
+
+    async with pool_of(redis_server.url, 1, handler, concurrency=1, admit=admit) as pool:
+        await until(lambda: blocked(r) == 1, "the worker blocked on the wake list")
+        await submit(redis_server.url, first)
+        await until(lambda: len(pool.runs) == 1, "the first job to start (and wait at the gate)")
+        await submit(redis_server.url, second)
+        pool.leases["w0"] = 0
+        gate.set()
+        await until(lambda: all(r.exists(keys.record(e)) for e in (first, second)), "both jobs settled")
+        assert [job_decoder.decode(p).execution_id for _, p in pool.runs] == [first, second]
+        assert looks == [0]  # the second came with the first's SETTLE, not from a look of the loop
+        worker = pool.workers[0]
+        await until(lambda: not worker.tasks and worker.job_counter == 0, "the slot freed, the tasks tidied")
+        assert r.hlen(keys.leases("w0")) == 0 and r.scard(keys.running("w0")) == 0 and not claims
     await client.aclose()
 
 
