@@ -291,6 +291,14 @@ class RedisServer:
     def client(self) -> redis.Redis:
         return redis.Redis.from_url(self.url)
 
+    def wait_settled(self, key: str, timeout: float = 30.0) -> None:
+        """Until the sorted set ``key`` is empty (Carmy's admission set: no execution pending),
+        at most ``timeout`` s."""
+        with self.client() as client:
+            deadline = time.monotonic() + timeout
+            while client.zcard(key) and time.monotonic() < deadline:
+                time.sleep(0.01)
+
     def flush(self) -> None:
         """Forget every key: records, jobs and results of whatever ran before."""
         with self.client() as client:
