@@ -139,8 +139,9 @@ class Attempts:
     def __init__(self, redis: Redis, *, worker_id: str, retention: int, durability: Durability | None = None,
                  queue: str = "") -> None:
         # On a connection kept for them; written at once while Redis has little else of this
-        # worker's to run, since a slot of the worker waits on each SETTLE (store.batch, eager).
-        batch = Batch(redis, eager=True)
+        # worker's to run, since a slot of the worker waits on each SETTLE (store.batch, eager);
+        # and answered after the final events they publish, which callers wait for (reply_last).
+        batch = Batch(redis, eager=True, reply_last=True)
         self._claim = batched(durable(redis.register_script(CLAIM), durability), batch)
         self._settle = batched(durable(redis.register_script(SETTLE), durability), batch)
         self._holds = redis.register_script(HOLDS)

@@ -71,15 +71,25 @@ class _Call:
         self.sent_at = 0.0  # the loop's time when it was written
 
 
+class _Ping:
+    """A PING written ahead of a batch's calls (``Batch(reply_last=True)``): its reply is dropped."""
+
+    __slots__ = ("sent_at",)
+
+    def __init__(self, sent_at: float) -> None:
+        self.sent_at = sent_at
+
+
 class _Line:
     """A connection held by a batch, and the calls written on it whose replies are to come, in
     the order Redis answers them."""
 
-    __slots__ = ("broken", "conn", "in_flight", "reader")
+    __slots__ = ("broken", "conn", "in_flight", "pings", "reader")
 
     def __init__(self, conn: AbstractConnection) -> None:
         self.conn = conn
-        self.in_flight: deque[_Call] = deque()
+        self.in_flight: deque[_Call | _Ping] = deque()
+        self.pings = 0  # PINGs among them (``Batch(reply_last=True)``)
         self.reader: asyncio.Task[None] | None = None  # reads while calls are in flight, then ends
         self.broken = False
 
@@ -97,9 +107,16 @@ class Batch:
     ``eager`` one writes a call at once while Redis has little else of it to run (see the
     module)."""
 
-    def __init__(self, redis: Redis, *, eager: bool = False) -> None:
+    def __init__(self, redis: Redis, *, eager: bool = False, reply_last: bool = False) -> None:
         self._pool = redis.connection_pool
         self.eager = eager
+        # Redis writes its replies after a command in the reverse order of the clients they go
+        # to: the caller's own reply, added last, goes out first, and a PUBLISH of its scripts
+        # (a final event its API waits for) after it, a write and a wake-up later. A PING ahead
+        # of each write gives this connection a reply before the scripts run, and their events
+        # go out first (a worker's SETTLE: bench/README.md, "Issue 14, the order of Redis's
+        # replies").
+        self.reply_last = reply_last
         self._waiting: list[_Call] = []  # called during this turn
         self._unsent: list[_Call] = []  # sent at the end of their turn, waiting for a connection
         self._line: _Line | None = None
@@ -131,7 +148,8 @@ class Batch:
             self._send()
 
     def _in_flight(self) -> int:
-        return len(self._line.in_flight) if self._line is not None else 0
+        line = self._line
+        return len(line.in_flight) - line.pings if line is not None else 0
 
     def _send(self) -> None:
         if not self._waiting:  # an eager batch sent them already
@@ -151,7 +169,7 @@ class Batch:
             self._replace(line)
             return
         chunks: list[bytes] = []
-        sent = []
+        sent: list[_Call] = []
         for call in calls:
             try:
                 # EVALSHA itself: a script in a pipeline would first check that it exists.
@@ -161,6 +179,8 @@ class Batch:
             else:
                 call.sent_at = now
                 sent.append(call)
+        if sent and self.reply_last:
+            chunks[:0] = line.conn.pack_command("PING")
         # The connection's stream writer (redis-py's own attribute), written without waiting for
         # it to drain: the calls in flight are bounded by their callers, who wait for replies.
         writer = line.conn._writer
@@ -171,6 +191,9 @@ class Batch:
             self._unsent = sent + self._unsent
             self._replace(line)
             return
+        if sent and self.reply_last:
+            line.in_flight.append(_Ping(now))
+            line.pings += 1
         line.in_flight += sent
         if line.reader is None and line.in_flight:
             line.reader = self._spawn(self._read(line))
@@ -210,7 +233,9 @@ class Batch:
                 except ResponseError as exc:  # the script's error, read whole: the connection is fine
                     reply = exc
                 call = line.in_flight.popleft()
-                if isinstance(reply, NoScriptError):  # a restarted Redis lost the script: that call did not run
+                if isinstance(call, _Ping):
+                    line.pings -= 1
+                elif isinstance(reply, NoScriptError):  # a restarted Redis lost the script: that call did not run
                     self._spawn(_one(call))
                 elif isinstance(reply, Exception):
                     _fail(call.future, reply)
@@ -220,7 +245,7 @@ class Batch:
             line.broken = True
             if self._line is line:
                 self._line = None
-            calls = list(line.in_flight)
+            calls = [call for call in line.in_flight if isinstance(call, _Call)]
             line.in_flight.clear()
             for call in calls:
                 _fail(call.future, exc)
@@ -247,7 +272,9 @@ class Batch:
             if self._line is line:
                 self._line = None
             while line.in_flight:
-                line.in_flight.popleft().future.cancel()
+                call = line.in_flight.popleft()
+                if isinstance(call, _Call):
+                    call.future.cancel()
             with contextlib.suppress(RuntimeError):  # a closed loop takes its connections with it
                 self._spawn(self._give_back(line.conn))
 

@@ -54,9 +54,10 @@ async def clients(r: redis.asyncio.Redis) -> int:
     return len(await r.client_list())
 
 
+@pytest.mark.parametrize("reply_last", [False, True])
 async def test_calls_of_one_turn_go_out_in_one_write_each_with_its_own_reply(
-        ar: redis.asyncio.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
-    script = Batch(ar).script(ar.register_script(APPEND))
+        reply_last: bool, ar: redis.asyncio.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+    script = Batch(ar, reply_last=reply_last).script(ar.register_script(APPEND))
     await script(keys=["warm"], args=["x"])  # the batch's connection is open
     writes = CountingWrites(monkeypatch)
     replies = await asyncio.gather(*(script(keys=["l"], args=[str(i)]) for i in range(20)))
@@ -65,9 +66,10 @@ async def test_calls_of_one_turn_go_out_in_one_write_each_with_its_own_reply(
     assert await ar.lrange("l", 0, -1) == [str(i).encode() for i in range(20)]  # in the order called
 
 
+@pytest.mark.parametrize("reply_last", [False, True])
 async def test_calls_of_later_turns_go_out_while_earlier_ones_wait_on_the_same_connection(
-        ar: redis.asyncio.Redis) -> None:
-    batch = Batch(ar)
+        reply_last: bool, ar: redis.asyncio.Redis) -> None:
+    batch = Batch(ar, reply_last=reply_last)
     slow, script = batch.script(ar.register_script(SPIN)), batch.script(ar.register_script(APPEND))
     await slow(keys=["warm"], args=["0"])  # loaded: the spin itself goes out in the batch
     before = await clients(ar)
@@ -91,10 +93,11 @@ class Append(FollowUp):
         return self.call
 
 
+@pytest.mark.parametrize("reply_last", [False, True])
 async def test_an_eager_batch_writes_a_lone_call_at_once_and_one_behind_another_with_the_turn(
-        ar: redis.asyncio.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+        reply_last: bool, ar: redis.asyncio.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
     appending = ar.register_script(APPEND)
-    eager, lazy = Batch(ar, eager=True), Batch(ar)
+    eager, lazy = Batch(ar, eager=True, reply_last=reply_last), Batch(ar)
     await asyncio.gather(eager.call(appending, ["warm"], ["x"]), lazy.call(appending, ["warm"], ["x"]))
     writes = CountingWrites(monkeypatch)
     first = eager.call(appending, ["l"], ["1"])
@@ -106,10 +109,11 @@ async def test_an_eager_batch_writes_a_lone_call_at_once_and_one_behind_another_
     assert writes.made == 3
 
 
+@pytest.mark.parametrize("reply_last", [False, True])
 async def test_an_eager_batch_writes_a_call_and_its_follow_up_at_once_unless_redis_has_more_of_it(
-        ar: redis.asyncio.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+        reply_last: bool, ar: redis.asyncio.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
     appending, spinning = ar.register_script(APPEND), ar.register_script(SPIN)
-    batch = Batch(ar, eager=True)
+    batch = Batch(ar, eager=True, reply_last=reply_last)
     script = batch.script(appending)
     await asyncio.gather(batch.call(appending, ["warm"], ["x"]), batch.call(spinning, ["warm"], ["0"]))
     writes = CountingWrites(monkeypatch)
@@ -161,24 +165,27 @@ async def test_an_argument_that_cannot_be_sent_fails_its_call_only(ar: redis.asy
     assert isinstance(results[1], DataError)
 
 
-async def test_an_error_is_its_callers_only(ar: redis.asyncio.Redis) -> None:
-    script = Batch(ar).script(ar.register_script(APPEND))
+@pytest.mark.parametrize("reply_last", [False, True])
+async def test_an_error_is_its_callers_only(reply_last: bool, ar: redis.asyncio.Redis) -> None:
+    script = Batch(ar, reply_last=reply_last).script(ar.register_script(APPEND))
     results = await asyncio.gather(script(keys=["l"], args=["a"]), script(keys=["l"], args=["fail"]),
                                    script(keys=["l"], args=["b"]), return_exceptions=True)
     assert results[0] == 1 and results[2] == 2
     assert isinstance(results[1], ResponseError) and "asked to fail" in str(results[1])
 
 
-async def test_scripts_a_restarted_redis_lost_are_loaded_again(ar: redis.asyncio.Redis) -> None:
-    script = Batch(ar).script(ar.register_script(APPEND))
+@pytest.mark.parametrize("reply_last", [False, True])
+async def test_scripts_a_restarted_redis_lost_are_loaded_again(reply_last: bool, ar: redis.asyncio.Redis) -> None:
+    script = Batch(ar, reply_last=reply_last).script(ar.register_script(APPEND))
     await script(keys=["l"], args=["warm"])
     await ar.script_flush()
     replies = await asyncio.gather(*(script(keys=["l"], args=[str(i)]) for i in range(3)))
     assert sorted(replies) == [2, 3, 4]
 
 
-async def test_a_cancelled_caller_leaves_the_others_their_answers(ar: redis.asyncio.Redis) -> None:
-    script = Batch(ar).script(ar.register_script(APPEND))
+@pytest.mark.parametrize("reply_last", [False, True])
+async def test_a_cancelled_caller_leaves_the_others_their_answers(reply_last: bool, ar: redis.asyncio.Redis) -> None:
+    script = Batch(ar, reply_last=reply_last).script(ar.register_script(APPEND))
     first = asyncio.ensure_future(script(keys=["l"], args=["a"]))
     gone = asyncio.ensure_future(script(keys=["l"], args=["b"]))
     last = asyncio.ensure_future(script(keys=["l"], args=["c"]))
@@ -314,3 +321,32 @@ async def test_a_connection_whose_oldest_call_stalled_takes_no_new_calls(
 
 async def connections_opened(r: redis.asyncio.Redis) -> int:
     return int((await r.info("stats"))["total_connections_received"])
+
+
+async def test_a_reply_last_batch_writes_a_ping_ahead_of_its_calls(ar: redis.asyncio.Redis) -> None:
+    """Redis writes a caller's reply before the messages its scripts published (it queues the
+    last client it has something for first): a PING ahead of the calls gives the batch's
+    connection its reply first, and the messages go out before it (``Batch(reply_last=True)``)."""
+    appending = ar.register_script(APPEND)
+    batch = Batch(ar, eager=True, reply_last=True)
+    await batch.call(appending, ["warm"], ["x"])
+    seen: list[str] = []
+    async with ar.monitor() as monitor:
+        async def watch() -> None:
+            while True:
+                command = await monitor.next_command()
+                if command["client_type"] != "lua" and not command["command"].startswith("CLIENT"):
+                    seen.append(command["command"].split()[0])
+
+        watching = asyncio.ensure_future(watch())
+        first = batch.call(appending, ["l"], ["1"])  # written at once
+        rest = [batch.call(appending, ["l"], [str(i)]) for i in range(2, 5)]  # with the turn, in one write
+        assert await asyncio.gather(first, *rest) == [1, 2, 3, 4]
+        await asyncio.wait_for(_until(lambda: seen.count("EVALSHA") == 4), 10)
+        watching.cancel()
+    assert seen == ["PING", "EVALSHA", "PING", "EVALSHA", "EVALSHA", "EVALSHA"]
+
+
+async def _until(condition: Callable[[], bool]) -> None:
+    while not condition():
+        await asyncio.sleep(0.01)
