@@ -120,7 +120,9 @@ class Submit:
             redis_keys.append(keys.idempotency(job.principal, job.session, job.request_id))
         arq_job = jobs.encode_job(msgpack_encoder.encode(job), int(time.time() * 1000))
         answer = await self._script(keys=redis_keys, args=[
-            exec_id, keys.fingerprint(job.tool, job.arguments), arq_job, self.retention, max_pending, admission_ms,
+            # The fingerprint is only compared with a request id's (an idempotency record).
+            exec_id, keys.fingerprint(job.tool, job.arguments) if job.request_id is not None else "", arq_job,
+            self.retention, max_pending, admission_ms,
             queue_wait_ms, 1 if workers_alive else 0, job.tool, owner, 1 if idempotent else 0,
             keys.RECORD_PREFIX, jobs.wake_list(queue), reply, "1" if stream else "",
             quota.pending, quota.interval_us(), quota.tolerance_us(),
