@@ -14,8 +14,9 @@ means rewriting this file only. Four things differ from arq's defaults:
   looks again at once; the 0.5 s poll stays as a fallback (deferred jobs come due that way).
   Due jobs are taken with one Lua call (LEASE) instead of arq's four round trips per job, sent
   in the same pipeline as the ``BLPOP``: Redis runs it as soon as the token is popped. It also
-  reads the job and counts its runs, so arq's ``run_job`` reads them from the lease (its first
-  pipeline is answered in memory),
+  reads the job, so arq's ``run_job`` reads it from the lease (its first pipeline, which would
+  count the job's runs in arq's retry key, is answered in memory: our execution hash counts
+  attempts, and arq's own limit is out of the way),
   moves the job's score to the lease's end, so later scans skip it, and claims the job's
   execution for this worker (``store.attempts.CLAIM_ONE``: no CLAIM round trip);
 * each lease holds a token (in arq's in-progress key and the worker's leases hash), and FINISH
@@ -73,8 +74,8 @@ log = logging.getLogger("carmy.queue")
 # interruptions there, so arq's own limit only has to be out of the way.
 _ARQ_MAX_TRIES = 1000
 
-# arq's run_job keeps its count of a job's runs this long (its pipeline's EXPIRE); LEASE does
-# that count in its place.
+# How long arq's run_job keeps its count of a job's runs (its pipeline's EXPIRE, answered from
+# the lease: the count is not kept, see _AnsweredPipeline).
 _ARQ_RETRY_TTL_S = 88400
 
 # What WakeableWorker uses of arq beyond its documented API (Worker(...), async_run, close,
@@ -137,25 +138,24 @@ Admit = Callable[[bytes, Claim, str, float], None]
 # each). The in-progress keys set here are arq's, holding a token unique to this lease, also
 # listed in the worker's leases hash: the janitor puts back the jobs of a dead worker, and a late
 # finish of a lease that was taken away touches nothing.
-# Each job leased is also read (arq's job bytes, '' if gone) and its runs counted (arq's retry
-# key: INCR and EXPIRE, as arq's run_job would), so run_job needs no round trip of its own; its
+# Each job leased is also read (arq's job bytes, '' if gone), so run_job needs no round trip of
+# its own (arq's count of its runs, in its retry key, is not kept: see _AnsweredPipeline); its
 # score moves to the end of its lease, when it is due again unless finished, so that the scan for
 # due jobs does not walk over leased ones (whoever ends a lease early without finishing the job
 # puts the score back: FINISH, REAP, the janitor, a heartbeat); and, if it was there to read, its
 # execution is claimed (store.attempts.CLAIM_ONE), so the worker needs no CLAIM round trip either.
 # Then the wake list holds one token per job still due and unleased that it looked at
-# (jobs.WAKE_FOR), unless ARGV[11] is '1': a LEASE sent with a SETTLE (Leases.hand_over) looks
+# (jobs.WAKE_FOR), unless ARGV[9] is '1': a LEASE sent with a SETTLE (Leases.hand_over) looks
 # only a few jobs down the queue, and leaves the tokens as they are (one too many, at most, for
 # the job it took: an idle worker woken for nothing looks further, and sets them right).
-# Returns {id, score before, job, runs, verdict ('' if not claimed), attempt, ms waited, id, ...}.
+# Returns {id, score before, job, verdict ('' if not claimed), attempt, ms waited, id, ...}.
 # KEYS: queue, leases hash, wake list, running set
 # ARGV: in-progress key prefix, how many, lease ms, how far down the queue to look, token prefix,
-#       job key prefix, retry key prefix, retry key TTL s, worker_id, max attempts, '1' to leave
-#       the wake list alone
+#       job key prefix, worker_id, max attempts, '1' to leave the wake list alone
 LEASE = CLAIM_ONE + jobs.WAKE_FOR + """
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[4]))
-local leased, want, lease_end, waiting = {}, tonumber(ARGV[2]) * 7, now + tonumber(ARGV[3]), 0
-local wake = ARGV[11] ~= '1'
+local leased, want, lease_end, waiting = {}, tonumber(ARGV[2]) * 6, now + tonumber(ARGV[3]), 0
+local wake = ARGV[9] ~= '1'
 for i = 1, #due, 2 do
   local job = due[i]
   local token = ARGV[5] .. job
@@ -167,14 +167,12 @@ for i = 1, #due, 2 do
   elseif redis.call('SET', ARGV[1] .. job, token, 'NX', 'PX', ARGV[3]) then
     redis.call('HSET', KEYS[2], job, token)
     redis.call('ZADD', KEYS[1], lease_end, job)
-    local runs = redis.call('INCR', ARGV[7] .. job)
-    redis.call('EXPIRE', ARGV[7] .. job, tonumber(ARGV[8]))
     local bytes = redis.call('GET', ARGV[6] .. job) or ''
     local verdict, attempt, waited = '', 0, 0
     if bytes ~= '' then
-      verdict, attempt, waited = claim(job, ARGV[9], KEYS[4], tonumber(ARGV[10]))
+      verdict, attempt, waited = claim(job, ARGV[7], KEYS[4], tonumber(ARGV[8]))
     end
-    for _, v in ipairs({job, due[i + 1], bytes, runs, verdict, attempt, waited}) do table.insert(leased, v) end
+    for _, v in ipairs({job, due[i + 1], bytes, verdict, attempt, waited}) do table.insert(leased, v) end
   end
 end
 if wake then wake_for(KEYS[3], waiting) end
@@ -217,7 +215,7 @@ class Lease(Struct, frozen=True):
     score: int  # the job's score when it was leased (LEASE then moved it to the lease's end)
     token: str
     job: bytes = b""  # arq's job, as LEASE read it (empty: gone)
-    runs: int = 0  # arq's count of this job's runs (its retry key), this one included
+    runs: int = 1  # what arq's run_job is told of the job's runs: the attempt claimed, at least 1
     claim: Claim | None = None  # its execution's claim, made with the lease (None: job gone)
     sent_at: float = 0.0  # when LEASE was sent (time.monotonic); it may run later, its worker stopped
 
@@ -294,17 +292,17 @@ class Leases:
         prefix = f"{self.worker_id}/{next(self._calls):x}/"
         return ([queue, self._hash, jobs.wake_list(queue), self._running],
                 [jobs.IN_PROGRESS_KEY_PREFIX, most, lease_ms, look_ahead, prefix, jobs.JOB_KEY_PREFIX,
-                 jobs.RETRY_KEY_PREFIX, _ARQ_RETRY_TTL_S, self.worker_id, MAX_ATTEMPTS, "" if wake else "1"],
+                 self.worker_id, MAX_ATTEMPTS, "" if wake else "1"],
                 prefix)
 
     @staticmethod
     def _leases(reply: list[Any], prefix: str, sent_at: float) -> list[Lease]:
         leases = []
-        for i in range(0, len(reply), 7):
-            job_id, score, job, runs, verdict, attempt, waited = reply[i:i + 7]
+        for i in range(0, len(reply), 6):
+            job_id, score, job, verdict, attempt, waited = reply[i:i + 6]
             job_id = job_id.decode()
             claim = Claim(cast("ClaimVerdict", verdict.decode()), int(attempt), int(waited)) if verdict else None
-            leases.append(Lease(job_id, int(float(score)), prefix + job_id, job, int(runs), claim, sent_at))
+            leases.append(Lease(job_id, int(float(score)), prefix + job_id, job, max(1, int(attempt)), claim, sent_at))
         return leases
 
     async def finish(self, queue: str, lease: Lease, *, finished: bool, delay_ms: int | None) -> bool:
@@ -393,7 +391,10 @@ _running: ContextVar[_Running | None] = ContextVar("carmy_running_lease", defaul
 
 class _AnsweredPipeline:
     """arq's run_job's first pipeline (GET the job, INCR and EXPIRE its retry key), answered
-    from what LEASE already did. Anything else arq asks is a change of arq: it fails loudly."""
+    from what LEASE read. arq counts a job's runs to give up past its ``max_tries``: ours is
+    out of the way (attempts are counted, and repeated ones settled, in the execution hash), so
+    the count is not kept, and arq is told the attempt LEASE claimed. Anything else arq asks is a
+    change of arq: it fails loudly."""
 
     def __init__(self, lease: Lease) -> None:
         self._lease = lease

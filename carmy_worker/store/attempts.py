@@ -41,12 +41,13 @@ end
 CLAIM_ONE = NOW + LUA_OBSERVE + EMIT + STARTED + f"""
 local function claim(exec_id, worker_id, running, max_attempts)
   local exe = '{keys.execution("")}' .. exec_id
-  if redis.call('EXISTS', '{keys.RECORD_PREFIX}' .. exec_id) == 1 then return 'settled', 0, 0 end
-  -- Read before the attempt is counted, with `state` (one EXISTS less per execution): SUBMIT
-  -- writes it and nothing removes it, so a hash without it is not there, or is what a late
-  -- write left after the hash expired (a progress message): gone either way.
+  -- Read before the attempt is counted, with `state` (no EXISTS of the hash or of the record):
+  -- SUBMIT writes it and nothing removes it, so a hash without it is not there, or is what a
+  -- late write left after the hash expired (a progress message): gone either way. Whatever
+  -- writes the record (SETTLE, IMPOSE) sets it to `done` in the same script.
   local h = redis.call('HMGET', exe, 'cancel', 'idem', 'start_by', 'queued_at', 'began', 'tool', {FOLLOWERS}, 'state')
   if not h[10] then return 'gone', 0, 0 end
+  if h[10] == 'done' then return 'settled', 0, 0 end
   redis.call('ZREM', '{keys.QUEUED}', exec_id)
   local attempt = redis.call('HINCRBY', exe, 'attempt', 1)
   local waited = now - tonumber(h[4] or now)
@@ -88,9 +89,9 @@ return {verdict, attempt, waited}
 #       metrics label, tool, run ms or '', worker_id if this attempt ran (CLAIM said run) or '',
 #       lease token or ''
 SETTLE = NOW + LUA_COUNT + LUA_OBSERVE + EMIT + jobs.END_LEASE + """
-if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
-local h = redis.call('HMGET', KEYS[1], 'attempt', 'reaped', 'worker', 'quota', """ + FOLLOWERS + """)
-if h[1] ~= ARGV[2] or h[2] == ARGV[2] then return 0 end
+local h = redis.call('HMGET', KEYS[1], 'attempt', 'reaped', 'worker', 'quota', """ + FOLLOWERS + """, 'state')
+-- A record exists once the state is done: whatever writes one sets it in the same script.
+if h[8] == 'done' or h[1] ~= ARGV[2] or h[2] == ARGV[2] then return 0 end
 if ARGV[11] ~= '' and h[3] ~= ARGV[11] then return 0 end
 redis.call('SET', KEYS[2], ARGV[3], 'EX', tonumber(ARGV[4]))
 redis.call('HSET', KEYS[1], 'state', 'done', 'ended_at', now)

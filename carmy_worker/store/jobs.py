@@ -51,8 +51,13 @@ end
 # taken away (the janitor gave the job to another worker) ends as a no-op: false.
 END_LEASE = """
 local function end_lease(leases, in_progress, job_key, retry_key, queue, job, token, finished)
-  if redis.call('HGET', leases, job) == token then redis.call('HDEL', leases, job) end
-  if redis.call('GET', in_progress) ~= token then return false end
+  if redis.call('GET', in_progress) ~= token then
+    if redis.call('HGET', leases, job) == token then redis.call('HDEL', leases, job) end
+    return false
+  end
+  -- The in-progress key holds this lease's token: so does the leases hash (LEASE sets both,
+  -- and no later lease of the job can be taken while this one holds the key).
+  redis.call('HDEL', leases, job)
   if finished then
     redis.call('DEL', in_progress, job_key, retry_key)
     redis.call('ZREM', queue, job)
