@@ -16,7 +16,7 @@ import msgspec
 from redis.exceptions import RedisError
 from starlette.types import Message, Receive, Scope, Send
 
-from api import relay
+from api import departure, relay
 from api.auth import trusted_context
 from api.body import BodyTooLarge, ClientGone, read_body
 from api.calls import Calls, Started
@@ -146,7 +146,7 @@ class ExecuteEndpoint:
                     return await self._replay(request, started.execution_id, started.record, sse, send)
                 if respond_async:
                     return await self._accepted(request, started, (scope, receive, send))
-                return await self._follow(request, started, tool, sse, receive, send)
+                return await self._follow(request, started, tool, sse, (scope, receive, send))
         except Rejected as rejected:
             return await self._refuse(request, rejected.error, sse, send)
         except (RedisError, HubUnavailable, OSError) as exc:
@@ -180,16 +180,21 @@ class ExecuteEndpoint:
         return Answer.of("replayed", record, exec_id, request)
 
     async def _follow(self, request: ExecuteRequest, started: Started, tool: CatalogTool, sse: bool,
-                      receive: Receive, send: Send) -> Answer:
+                      asgi: tuple[Scope, Receive, Send]) -> Answer:
+        scope, receive, send = asgi
         name, exec_id, joined = tool.spec.name, started.execution_id, not started.owner
         messages = started.messages
         if messages is None:  # pragma: no cover - start(follow=True) always subscribes
             raise RuntimeError("a followed call without its subscription")
         # Only the request that started an execution cancels it by going away.
         on_disconnect = None if joined else functools.partial(self.executions.abandon, exec_id, name)
-        if not sse:
-            work = relay.answer_json(send, self.executions, exec_id, name, messages,
-                                     tick=min(self.settings.sse_keepalive, RECHECK_S))
+        tick = min(self.settings.sse_keepalive, RECHECK_S)
+        gone = departure.of(scope)
+        if not sse and gone is not None:  # served by api/server.py: no task watches receive()
+            record = await relay.answer_json_unless_gone(send, self.executions, exec_id, name, messages, gone,
+                                                         on_disconnect, tick=tick)
+        elif not sse:
+            work = relay.answer_json(send, self.executions, exec_id, name, messages, tick=tick)
             record = await relay.race_disconnect(work, receive, on_disconnect)
         else:
             self.metrics.sse_streams.inc()

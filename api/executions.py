@@ -12,10 +12,11 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from api.catalog import CatalogTool
+from api.departure import Departed
 from api.hub import RESYNC
 from api.mailbox import Mailbox
 from api.settings import ApiSettings
-from carmy_worker.loop import running_loop
+from carmy_worker.loop import Signal, running_loop
 from carmy_worker.sdk.context import AgentContext
 from carmy_worker.sdk.errors import store_unavailable
 from carmy_worker.store import jobs, keys, records
@@ -149,9 +150,10 @@ class Executions:
     async def outcome(
         self, exec_id: str, tool: str, messages: Mailbox, *, tick: float = RECHECK_S,
         on_event: Callable[[Event], Awaitable[None]] | None = None,
-        on_idle: Callable[[], Awaitable[None]] | None = None,
+        on_idle: Callable[[], Awaitable[None]] | None = None, until: Signal | None = None,
     ) -> Record:
-        """Wait for the execution's record, passing each event before it to ``on_event``.
+        """Wait for the execution's record, passing each event before it to ``on_event``;
+        ``Departed`` once ``until`` is set (the caller's ``Departure``: it has gone).
 
         ``messages`` is its mailbox (``EventHub.expect``). The ``final`` event
         carries the record, unless the record is large: then it is read from Redis. After ``tick``
@@ -162,7 +164,9 @@ class Executions:
         """
         unreachable_since: float | None = None
         while True:
-            message = await messages.get(timeout=tick)  # None: tick seconds without one
+            message = await messages.get(timeout=tick, until=until)  # None: tick seconds without one
+            if message is None and until is not None and until.is_set():
+                raise Departed
             if message is not None and message != RESYNC:
                 event = event_decoder.decode(message)
                 if event.name != "final":

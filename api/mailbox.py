@@ -11,11 +11,12 @@ execution has a handful). The relay reads ``take_dropped()`` to tell its client 
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections import deque
 
 import msgspec
 
-from carmy_worker.loop import running_loop
+from carmy_worker.loop import Signal, running_loop
 from carmy_worker.wire import progress_event
 
 MAX_PROGRESS = 1000  # progress events one subscriber may have waiting
@@ -57,9 +58,9 @@ class Mailbox:
                                           or self._progress_bytes > self._max_progress_bytes):
                 self._drop_oldest_progress()
 
-    async def get(self, timeout: float | None = None) -> bytes | None:
-        """The next message, waiting for one, or None after ``timeout`` seconds without one; a
-        cancelled wait takes none.
+    async def get(self, timeout: float | None = None, until: Signal | None = None) -> bytes | None:
+        """The next message, waiting for one, or None after ``timeout`` seconds without one or
+        once ``until`` is set; a cancelled wait takes none.
 
         One future and, with a timeout, one timer per wait: this is where every call waits for
         its answer, and ``asyncio.timeout`` around an ``asyncio.Event`` cost three times as much.
@@ -68,12 +69,17 @@ class Mailbox:
             loop = running_loop()
             waiter = self._waiter = loop.create_future()
             timer = None if timeout is None else loop.call_later(timeout, _expire, waiter)
+            wake = None if until is None else functools.partial(_expire, waiter)
+            if until is not None and wake is not None:
+                until.call_when_set(wake)
             try:
                 await waiter
             finally:
                 self._waiter = None
                 if timer is not None:
                     timer.cancel()
+                if until is not None and wake is not None:
+                    until.forget(wake)
             if not self._items:
                 return None
         message = self._items.popleft()

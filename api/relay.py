@@ -12,6 +12,7 @@ from typing import Any
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from api.departure import Departed, Departure
 from api.executions import RECHECK_S, Executions
 from api.mailbox import Mailbox
 from carmy_worker.loop import first_done, running_loop
@@ -57,14 +58,19 @@ async def race_disconnect(work: Coroutine[Any, Any, Record], receive: Receive,
         watching.result()  # an error of receive() is raised as itself (the work is stopped first)
         answering.cancel()  # stop the work, but do not wait for it to stop
         if on_disconnect is not None:
-            cancelling = asyncio.ensure_future(on_disconnect())
-            _detached.add(cancelling)  # kept until done, even if this call is cancelled meanwhile
-            cancelling.add_done_callback(_detached.discard)
-            await asyncio.shield(cancelling)
+            await _to_its_end(on_disconnect())
         return None
     finally:
         watching.cancel()
         await _stopped(answering)
+
+
+async def _to_its_end(work: Awaitable[None]) -> None:
+    """``await work``, which goes on to its end even if this call is cancelled meanwhile."""
+    running = asyncio.ensure_future(work)
+    _detached.add(running)  # kept until done
+    running.add_done_callback(_detached.discard)
+    await asyncio.shield(running)
 
 
 _detached: set[asyncio.Future[None]] = set()
@@ -108,6 +114,23 @@ async def answer_json(send: Send, executions: Executions, exec_id: str, tool: st
                       messages: Mailbox, *, tick: float) -> Record:
     """Wait for the record, then send it as the JSON response."""
     record = await executions.outcome(exec_id, tool, messages, tick=tick)
+    await send_json(send, record)
+    return record
+
+
+async def answer_json_unless_gone(send: Send, executions: Executions, exec_id: str, tool: str, messages: Mailbox,
+                                  departure: Departure, on_disconnect: Callable[[], Awaitable[None]] | None, *,
+                                  tick: float) -> Record | None:
+    """``race_disconnect(answer_json(...))`` for a request whose server sets its ``Departure``
+    (``api/departure.py``): the record and the client's departure are waited for on one future,
+    in this task. Returns the record it answered with, or None if the client left first (then
+    ``on_disconnect`` runs, to its end even if this call is cancelled meanwhile)."""
+    try:
+        record = await executions.outcome(exec_id, tool, messages, tick=tick, until=departure)
+    except Departed:
+        if on_disconnect is not None:
+            await _to_its_end(on_disconnect())
+        return None
     await send_json(send, record)
     return record
 

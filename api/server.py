@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from typing import Any, cast
 
 import uvicorn
 from starlette.types import ASGIApp
 from uvicorn._types import ASGIReceiveCallable, ASGISendCallable, Scope
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
+from api import departure
 from api.halfclose import ResetProbe
 from api.onewrite import OneWriteCycle
 from api.settings import ApiSettings
@@ -107,6 +109,10 @@ class HardenedHttpToolsProtocol(HttpToolsProtocol):
         if self._probe is not None:
             self._probe.cancel()
         super().connection_lost(exc)
+        if self.cycle is not None and not self.cycle.response_complete:
+            gone = departure.of(cast("dict[str, Any]", self.cycle.scope))
+            if gone is not None:
+                gone.set()
 
     def eof_received(self) -> bool | None:  # type: ignore[override]  # asyncio.Protocol allows a bool
         """True keeps the connection open to answer a client that only shut down its sending side."""
@@ -145,6 +151,7 @@ class HardenedHttpToolsProtocol(HttpToolsProtocol):
         super().on_headers_complete()
         if self.cycle is not previous:  # not an upgrade: a request to answer
             OneWriteCycle.install(self.cycle)
+            departure.install(cast("dict[str, Any]", self.cycle.scope))
 
     def on_message_complete(self) -> None:
         super().on_message_complete()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from api.mailbox import RESYNC, Mailbox, is_progress
+from carmy_worker.loop import Signal
 from carmy_worker.wire import Record, completed_event, final_event, progress_event, started_event
 
 
@@ -83,3 +84,23 @@ async def test_a_wait_with_a_timeout_ends_empty_handed_or_with_the_message() -> 
     box.put_nowait(FINAL)
     assert await waiting == FINAL
 
+
+
+async def test_a_wait_until_a_signal_ends_empty_handed_once_it_is_set_and_forgets_it() -> None:
+    box = Mailbox()
+    gone = Signal()
+    waiting = asyncio.ensure_future(box.get(timeout=30, until=gone))
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    gone.set()
+    assert await asyncio.wait_for(waiting, 1) is None
+    # Set already: the next wait ends at once, unless a message is there; no callback is left.
+    assert await asyncio.wait_for(box.get(timeout=30, until=gone), 1) is None
+    box.put_nowait(FINAL)
+    assert await box.get(timeout=30, until=gone) == FINAL
+    other = Signal()
+    box.put_nowait(FINAL)
+    assert await box.get(until=other) == FINAL
+    waiting = asyncio.ensure_future(box.get(timeout=0.01, until=other))
+    assert await waiting is None
+    assert other._callbacks == []
