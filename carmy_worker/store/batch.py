@@ -61,13 +61,15 @@ STALL_S = 5.0
 
 
 class _Call:
-    __slots__ = ("args", "future", "keys", "script", "sent_at")
+    __slots__ = ("args", "follows", "future", "keys", "script", "sent_at")
 
-    def __init__(self, script: AsyncScript, keys: list[Any], args: list[Any], future: asyncio.Future[Any]) -> None:
+    def __init__(self, script: AsyncScript, keys: list[Any], args: list[Any], future: asyncio.Future[Any],
+                 follows: FollowUp | None = None) -> None:
         self.script = script
         self.keys = keys
         self.args = args
         self.future = future
+        self.follows = follows  # the FollowUp this call is (sent right behind the call before it)
         self.sent_at = 0.0  # the loop's time when it was written
 
 
@@ -127,13 +129,14 @@ class Batch:
         """``script``, called like one, its calls batched here."""
         return BatchedScript(self, script)
 
-    def call(self, script: AsyncScript, keys: list[Any], args: list[Any], *, hold: bool = False) -> asyncio.Future[Any]:
+    def call(self, script: AsyncScript, keys: list[Any], args: list[Any], *, hold: bool = False,
+             follows: FollowUp | None = None) -> asyncio.Future[Any]:
         """Queue one call; it goes out with the others of this turn of the loop, or at once if
         the batch is eager, none of its calls is in flight or waiting, and it is not told to
         ``hold`` it (for a call to follow it in the same write: ``flush_if_quiet``)."""
         loop = running_loop()
         future: asyncio.Future[Any] = loop.create_future()
-        self._waiting.append(_Call(script, keys, args, future))
+        self._waiting.append(_Call(script, keys, args, future, follows))
         if len(self._waiting) == 1:  # the first of this turn
             if self.eager and not hold and not self._in_flight():
                 self._send()
@@ -224,8 +227,12 @@ class Batch:
         self._write()
 
     async def _read(self, line: _Line) -> None:
-        """Hand each call in flight on ``line`` its reply, in order, until none is left."""
+        """Hand each call in flight on ``line`` its reply, in order, until none is left; a call
+        with a follow-up behind it (``FollowUp``) gets its reply once the follow-up has had its
+        own, and the follow-up's ``answered`` is called at once: what it brings (a worker's next
+        job) starts before whoever waits for the call before it (that job's tail) goes on."""
         conn = line.conn
+        held: tuple[_Call, Any] | None = None  # answered once the follow-up behind it is
         try:
             while line.in_flight:
                 try:
@@ -235,13 +242,24 @@ class Batch:
                 call = line.in_flight.popleft()
                 if isinstance(call, _Ping):
                     line.pings -= 1
-                elif isinstance(reply, NoScriptError):  # a restarted Redis lost the script: that call did not run
+                    continue
+                if isinstance(reply, NoScriptError):  # a restarted Redis lost the script: that call did not run
                     self._spawn(_one(call))
                 elif isinstance(reply, Exception):
                     _fail(call.future, reply)
+                elif held is None and line.in_flight and _leads(line.in_flight[0]):
+                    held = (call, reply)
+                    continue
                 else:
                     _answer(call.future, reply)
+                if call.follows is not None and call.future.done():
+                    _follow_up_answered(call.follows, call.future)
+                if held is not None:
+                    _answer(held[0].future, held[1])
+                    held = None
         except BaseException as exc:  # the connection failed (redis-py closed it): every call on it did, or may have
+            if held is not None:
+                _answer(held[0].future, held[1])
             line.broken = True
             if self._line is line:
                 self._line = None
@@ -345,10 +363,24 @@ class BatchedScript:
         future = self._batch.call(self._script, keys, args, hold=True)
         call = then.make()
         if call is not None:
-            then.reply = self._batch.call(*call, hold=True)
-            then.reply.add_done_callback(then.answered)
+            then.reply = self._batch.call(*call, hold=True, follows=then)
+            then.reply.add_done_callback(then.answered)  # if not called at once by the reader (a retry)
         self._batch.flush_if_quiet()
         return future
+
+
+def _follow_up_answered(follow_up: FollowUp, reply: asyncio.Future[Any]) -> None:
+    """``follow_up.answered(reply)``, called by the reader itself: an error of it is reported
+    as one of a done callback would be, never taken for the connection's."""
+    try:
+        follow_up.answered(reply)
+    except Exception as exc:
+        running_loop().call_exception_handler({"message": "a FollowUp failed to take its reply", "exception": exc})
+
+
+def _leads(next_call: _Call | _Ping) -> bool:
+    """Whether the call just read is followed by a ``FollowUp`` of its own (the next in flight)."""
+    return isinstance(next_call, _Call) and next_call.follows is not None
 
 
 def _answer(future: asyncio.Future[Any], reply: Any) -> None:

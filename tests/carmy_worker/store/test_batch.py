@@ -350,3 +350,36 @@ async def test_a_reply_last_batch_writes_a_ping_ahead_of_its_calls(ar: redis.asy
 async def _until(condition: Callable[[], bool]) -> None:
     while not condition():
         await asyncio.sleep(0.01)
+
+
+class Recorded(Append):
+    """An ``Append`` that notes in ``order`` when its reply was taken."""
+
+    def __init__(self, script: Any, key: str, value: str, order: list[str]) -> None:
+        super().__init__(script, key, value)
+        self.order = order
+
+    def answered(self, reply: asyncio.Future[Any]) -> None:
+        if "follow-up" not in self.order:
+            self.order.append("follow-up")
+        super().answered(reply)
+
+
+async def test_a_follow_up_takes_its_reply_before_the_caller_of_the_call_it_follows_goes_on(
+        ar: redis.asyncio.Redis) -> None:
+    """What a SETTLE's LEASE brings (a slot's next job) starts before the job whose SETTLE it
+    was resumes its tail."""
+    appending = ar.register_script(APPEND)
+    batch = Batch(ar, eager=True, reply_last=True)
+    await batch.call(appending, ["warm"], ["x"])
+    order: list[str] = []
+    then = Recorded(appending, "l", "then", order)
+    settled = batch.script(appending).send(["l"], ["first"], then)
+
+    async def caller() -> None:
+        assert await settled == 1
+        order.append("caller")
+
+    await caller()
+    assert order == ["follow-up", "caller"]
+    assert then.reply is not None and await then.reply == 2
