@@ -40,13 +40,14 @@ from collections import deque
 from collections.abc import Coroutine
 from typing import Any
 
+from redis._parsers.hiredis import NOT_ENOUGH_DATA
 from redis.asyncio import Redis
 from redis.asyncio.connection import AbstractConnection
 from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError, ResponseError
 
 from carmy_worker.loop import running_loop
-from carmy_worker.store.checkout import is_broken, is_stale
+from carmy_worker.store.checkout import buffered_reply, is_broken, is_stale
 
 # An eager batch writes a call with its follow-up at once while at most this many of its calls
 # are still at Redis (see the module; at 8 the scale-out rows gained more, the no-op at 64 clients
@@ -235,10 +236,14 @@ class Batch:
         held: tuple[_Call, Any] | None = None  # answered once the follow-up behind it is
         try:
             while line.in_flight:
-                try:
-                    reply: Any = await conn.read_response()
-                except ResponseError as exc:  # the script's error, read whole: the connection is fine
-                    reply = exc
+                # Replies that came together are taken from the parser as they are: the read,
+                # with its timeout, is for one still to come.
+                reply: Any = buffered_reply(conn)
+                if reply is NOT_ENOUGH_DATA:
+                    try:
+                        reply = await conn.read_response()
+                    except ResponseError as exc:  # the script's error, read whole: the connection is fine
+                        reply = exc
                 call = line.in_flight.popleft()
                 if isinstance(call, _Ping):
                     line.pings -= 1

@@ -20,6 +20,7 @@ from typing import Any
 
 from redis._parsers.hiredis import NOT_ENOUGH_DATA
 from redis.asyncio.connection import AbstractConnection
+from redis.exceptions import ConnectionError
 
 
 class QuickCheckout:
@@ -57,3 +58,19 @@ def is_stale(connection: AbstractConnection) -> bool:
         return True
     reader = getattr(parser, "_reader", None)  # hiredis's
     return reader is not None and reader.gets() is not NOT_ENOUGH_DATA
+
+
+def buffered_reply(connection: AbstractConnection) -> Any:
+    """The next reply, if hiredis already holds all of it (``NOT_ENOUGH_DATA`` otherwise): what
+    ``read_response`` would return, an error reply as its ``ResponseError`` (returned, not
+    raised), without the coroutine, the read timeout and the checks around it. A connection
+    error the server sent is raised. A connection with redis-py's own parser holds none."""
+    reader = getattr(getattr(connection, "_parser", None), "_reader", None)
+    if reader is None:
+        return NOT_ENOUGH_DATA
+    reply = reader.gets()
+    if isinstance(reply, ConnectionError):
+        raise reply
+    if isinstance(reply, list) and reply and isinstance(reply[0], ConnectionError):
+        raise reply[0]
+    return reply

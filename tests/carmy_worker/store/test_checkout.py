@@ -8,8 +8,11 @@ from collections.abc import AsyncIterator
 
 import pytest
 import redis
+from redis._parsers.hiredis import NOT_ENOUGH_DATA
 from redis.asyncio.connection import AbstractConnection
+from redis.exceptions import ResponseError
 
+from carmy_worker.store.checkout import buffered_reply
 from carmy_worker.store.connect import RedisConnector
 from tests.support import RedisServer
 
@@ -60,3 +63,20 @@ async def test_a_connection_the_server_closed_is_connected_again(pool: object, r
     await again.send_command("PING")
     assert await again.read_response() in (b"PONG", "PONG", True)
     await pool.release(again)  # type: ignore[attr-defined]
+
+
+
+async def test_a_buffered_reply_is_taken_as_read_response_would_give_it(redis_server: RedisServer) -> None:
+    client = RedisConnector(redis_server.url).client()
+    conn = await client.connection_pool.get_connection()
+    assert buffered_reply(conn) is NOT_ENOUGH_DATA  # nothing asked
+    await conn.send_packed_command(conn.pack_commands([("SET", "k", "v"), ("GET", "k"), ("INCR", "k"), ("PING",)]))
+    await asyncio.sleep(0.1)  # all four replies in the socket's buffer: the first read takes them all
+    assert await conn.read_response() == b"OK"
+    assert buffered_reply(conn) == b"v"
+    error = buffered_reply(conn)
+    assert isinstance(error, ResponseError) and "not an integer" in str(error)  # returned, not raised
+    assert buffered_reply(conn) == b"PONG"
+    assert buffered_reply(conn) is NOT_ENOUGH_DATA
+    await client.connection_pool.release(conn)
+    await client.aclose()
