@@ -9,8 +9,11 @@ import logging
 from collections.abc import Callable, Collection
 from typing import Any
 
+from redis._parsers.hiredis import NOT_ENOUGH_DATA
 from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
+
+from carmy_worker.store.checkout import buffered_reply
 
 log = logging.getLogger("carmy.pubsub")
 
@@ -71,8 +74,12 @@ async def listen_forever(
             while True:
                 # Read off the connection itself: redis-py's get_message wraps each read in its
                 # retry and health-check machinery, a tenth of the API's CPU per execution under
-                # load, for a connection this loop already re-opens itself when it drops.
-                on_message(_message(await connection.read_response()))
+                # load, for a connection this loop already re-opens itself when it drops. Messages
+                # that came together are taken from the parser's buffer as they are.
+                reply = buffered_reply(connection)
+                if reply is NOT_ENOUGH_DATA:
+                    reply = await connection.read_response()
+                on_message(_message(reply))
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the connection dropped (or Redis is not there yet)
