@@ -54,6 +54,7 @@ from arq.connections import ArqRedis
 from arq.constants import in_progress_key_prefix, job_key_prefix, retry_key_prefix
 from arq.worker import Retry, Worker, func
 from msgspec import Struct
+from redis._parsers.hiredis import NOT_ENOUGH_DATA
 from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError, RedisError
@@ -62,6 +63,7 @@ from carmy_worker.loop import first_done
 from carmy_worker.store import jobs, keys
 from carmy_worker.store.attempts import CLAIM_ONE, MAX_ATTEMPTS, Claim, ClaimVerdict
 from carmy_worker.store.batch import FollowUp
+from carmy_worker.store.checkout import buffered_reply
 from carmy_worker.store.connect import RedisConnector
 from carmy_worker.store.durable import Durability, durable
 
@@ -265,8 +267,15 @@ class Leases:
                 ("EVALSHA", self._script.sha, len(keys_), *keys_, *args),
             ]))
             await conn.read_response()  # a token, or none after the timeout: LEASE ran either way
-            with contextlib.suppress(NoScriptError):  # a new primary, or a flushed cache: it did not run
-                reply = await conn.read_response()
+            got: Any = buffered_reply(conn)  # it came with the BLPOP's, as a rule
+            if got is NOT_ENOUGH_DATA:
+                with contextlib.suppress(NoScriptError):  # a new primary, or a flushed cache: it did not run
+                    reply = await conn.read_response()
+            elif isinstance(got, Exception):
+                if not isinstance(got, NoScriptError):
+                    raise got
+            else:
+                reply = got
             if reply and self._durability is not None:  # it claimed: the claims must reach the replicas
                 await conn.send_command("WAIT", self._durability.replicas, self._durability.timeout_ms)
                 self._durability.acknowledged(int(await conn.read_response()))
