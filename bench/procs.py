@@ -47,6 +47,7 @@ class CpuMeter:
     def __init__(self, procs: list[Proc]) -> None:
         self.procs = [p for p in procs if p.alive()]
         self.summary = ""
+        self.seconds: dict[str, float] = {}  # CPU seconds used inside the ``with``, per kind of process
 
     def __enter__(self) -> CpuMeter:
         self._start = time.monotonic()
@@ -64,6 +65,7 @@ class CpuMeter:
                 used = cpu_seconds(proc.pid) - before
                 ours += used
                 by_kind.setdefault(proc.kind, []).append(f"{used / elapsed:.0%}")
+                self.seconds[proc.kind] = self.seconds.get(proc.kind, 0.0) + used
         by_kind["wrk"] = [f"{(children_cpu_seconds() - self._children) / elapsed:.0%}"]
         other = max(0.0, machine_busy_seconds() - self._machine - ours)
         by_kind["other"] = [f"{other / elapsed:.0%}"]

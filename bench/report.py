@@ -13,6 +13,10 @@ TARGET_RPS = 1000.0
 TARGET_VS_ARQ = 10.0
 TARGET_RSS_MIB = 150.0
 TARGET_REDIS_CONNECTIONS = 20
+# Issue 14's, as ratios to the baselines of the same run (absolute figures move 3-4x by the day).
+TARGET_VS_BARE_RPS = 0.20  # no-op, 64 clients: of bare Starlette's throughput
+TARGET_VS_BARE_P50 = 6.0  # no-op and SSE's first event, 1 client: times bare Starlette's p50
+TARGET_SLOT_SHARE = 0.90  # scale-out: of what the worker slots allow
 
 
 def times(ratio: float) -> str:
@@ -29,6 +33,7 @@ class Row:
     rps: float | None  # None where calls per second mean nothing (latency-only rows)
     errors: int = 0
     cpu: str = ""  # share of one core each process used while measured, e.g. "api 95%, worker 40%+38%"
+    cpu_us_per_call: dict[str, float] = field(default_factory=dict)  # per kind of process (all its processes)
 
 
 @dataclass(frozen=True)
@@ -51,8 +56,8 @@ class Report:
         return next((row for row in self.rows if row.key == key), None)
 
     def render(self) -> str:
-        parts = [self.header_lines(), self.table(), self.ratios(), self.scale_table(), self.inflight_lines(),
-                 self.targets(), self.log_error_lines(), self.problem_lines()]
+        parts = [self.header_lines(), self.table(), self.ratios(), self.cpu_per_call(), self.scale_table(),
+                 self.inflight_lines(), self.targets(), self.log_error_lines(), self.problem_lines()]
         return "\n\n".join(part for part in parts if part) + "\n"
 
     def header_lines(self) -> str:
@@ -93,6 +98,16 @@ class Report:
         found = [line for line in lines if line]
         return "Ratios:\n\n" + "\n".join(found) if found else ""
 
+    def cpu_per_call(self) -> str:
+        """The CPU each kind of process spent per answered call in the Carmy no-op rows, in µs."""
+        lines = []
+        for key in ("ours_1", "ours_64"):
+            row = self.get(key)
+            if row is not None and row.cpu_us_per_call:
+                spent = ", ".join(f"{kind} {us:,.0f}" for kind, us in row.cpu_us_per_call.items())
+                lines.append(f"- {row.label}, {row.clients} client{'s' if row.clients > 1 else ''}: {spent}")
+        return "CPU per execution (µs, all processes of a kind together):\n\n" + "\n".join(lines) if lines else ""
+
     def scale_table(self) -> str:
         if not self.scale:
             return ""
@@ -131,6 +146,22 @@ class Report:
                 vs_arq = ours_64.rps / arq_64.rps
                 checks.append((f"same, ≥ {TARGET_VS_ARQ:g}× arq's textbook pattern", times(vs_arq),
                                vs_arq >= TARGET_VS_ARQ))
+        bare_64, bare_1 = self.get("bare_64"), self.get("bare_1")
+        if ours_64 is not None and ours_64.rps and bare_64 is not None and bare_64.rps:
+            share = ours_64.rps / bare_64.rps
+            checks.append((f"same, ≥ {TARGET_VS_BARE_RPS:g}× bare Starlette's throughput", times(share),
+                           share >= TARGET_VS_BARE_RPS))
+        for key, what in (("ours_1", "p50"), ("sse_first", "SSE time to first event")):
+            row = self.get(key)
+            if row is not None and bare_1 is not None and bare_1.p50_ms:
+                slower = row.p50_ms / bare_1.p50_ms
+                checks.append((f"no-op, 1 client: {what} ≤ {TARGET_VS_BARE_P50:g}× bare Starlette's p50",
+                               times(slower), slower <= TARGET_VS_BARE_P50))
+        for p in self.scale:
+            share = (p.row.rps or 0) / p.ideal_rps
+            checks.append((f"scale-out, {p.workers} worker{'s' if p.workers > 1 else ''}: "
+                           f"≥ {TARGET_SLOT_SHARE:.0%} of what the slots allow, no errors",
+                           f"{share:.1%}, {p.row.errors} errors", share >= TARGET_SLOT_SHARE and not p.row.errors))
         if (r := self.inflight) is not None:
             checks.append((f"{r.calls} in flight: API RSS ≤ {TARGET_RSS_MIB:g} MiB", f"{r.peak.rss_mib:.1f} MiB",
                            r.peak.rss_mib <= TARGET_RSS_MIB))

@@ -81,7 +81,8 @@ class Bench:
             self.redis.wait_settled(PENDING)
         with CpuMeter([*procs.procs, self.redis.proc]) as cpu:
             result = wrk.run(base, request, clients=clients, seconds=self.config.seconds, workdir=self.workdir)
-        row = Row(key, label, clients, result.p50_ms, result.p99_ms, result.rps, result.errors, cpu.summary)
+        per_call = {kind: used / result.requests * 1e6 for kind, used in cpu.seconds.items()} if result.requests else {}
+        row = Row(key, label, clients, result.p50_ms, result.p99_ms, result.rps, result.errors, cpu.summary, per_call)
         if in_table:
             self.report.rows.append(row)
         if result.errors or not result.requests:
