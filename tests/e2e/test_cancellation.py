@@ -71,10 +71,31 @@ def test_sse_disconnect_cancels_the_running_tool(base: str, stack: Stack) -> Non
             seen += chunk
             if "tool.started" in seen:
                 break
+        # tool.started says a worker claimed the execution: its tool may not have taken its first
+        # step yet, and a caller gone before that step cancels a tool that never ran. The test is
+        # of a running tool, as the JSON one above: the caller goes once the tool has begun.
+        marked(stack.tmp / "linger-start-sse")
     gone_at = time.time()
     cancelled = stack.tmp / "linger-cancelled-sse"
     assert stamp(cancelled) - gone_at < 1.0
     assert_cancelled_record(base, body, started=True)
+
+
+def test_a_caller_gone_as_soon_as_it_hears_tool_started_cancels_whether_or_not_the_tool_began(
+        base: str, stack: Stack) -> None:
+    # A race on purpose: the cancel may reach the worker before its tool's first step or after.
+    body = {"tool": "linger", "arguments": {"seconds": 20, "tag": "early"}, "request_id": "cancel-early"}
+    with httpx.Client(timeout=30) as client, client.stream(
+        "POST", base + "/agent/execute", json=body, headers={"accept": "text/event-stream"}
+    ) as r:
+        seen = ""
+        for chunk in r.iter_text():
+            seen += chunk
+            if "tool.started" in seen:
+                break
+    assert_cancelled_record(base, body, started=True)  # settled once the tool has stopped
+    if (stack.tmp / "linger-start-early").exists():  # it began: it was cancelled, not left to run
+        marked(stack.tmp / "linger-cancelled-early", timeout=5)
 
 
 def test_abandoned_queued_execution_never_starts(base: str, stack: Stack, sync_redis: redis.Redis) -> None:
