@@ -120,6 +120,8 @@ async def test_events_attached_before_and_after_the_end(client: httpx.AsyncClien
 async def test_delete_a_running_execution(client: httpx.AsyncClient, stack: Stack) -> None:
     r = await start(client, linger(20, "async-del"))
     await wait_for_status(client, r.headers["location"], "running")
+    # "running" is from the worker's claim: the test is of a tool that has begun.
+    await wait_until_async(lambda: (stack.tmp / "linger-start-async-del").exists(), what="the tool began")
     deleted = await client.delete(r.headers["location"], headers=AS_ALICE)
     assert deleted.status_code == 408
     assert deleted.json()["status"] == "cancelled"

@@ -413,6 +413,7 @@ async def test_python_sdk_creates_polls_and_cancels_a_task(url: str, stack: Stac
         assert isinstance(created, CreatedTask) and created.status == "working"
         polled = await client.session.send_request(TasksGet(params={"taskId": created.task_id}), PolledTask)
         assert (polled.task_id, polled.status) == (created.task_id, "working")
+        assert await appears(stack.tmp / "gate-start-sdk-cancel", 10)  # running, not merely queued
         await client.session.send_request(TasksCancel(params={"taskId": created.task_id}), Result)
         assert await appears(stack.tmp / "gate-cancelled-sdk-cancel", 10)
         cancelled = await until(lambda: _ended(client, created.task_id))
