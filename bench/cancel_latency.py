@@ -20,14 +20,14 @@ from bench.processes import RedisServer, free_port, wait_until
 from bench.procs import START_TIMEOUT, Processes
 
 
-def disconnect_json(base: str, tag: str) -> float:
+def disconnect_json(base: str, tag: str, marks: Path) -> float:
     with contextlib.suppress(httpx.ReadTimeout):  # on which httpx closes the connection
         httpx.post(base + "/agent/execute", json={"tool": "linger", "arguments": {"tag": tag}},
                    timeout=httpx.Timeout(5, read=0.3))
     return time.time()
 
 
-def disconnect_sse(base: str, tag: str) -> float:
+def disconnect_sse(base: str, tag: str, marks: Path) -> float:
     with httpx.Client() as client, client.stream(
         "POST", base + "/agent/execute", json={"tool": "linger", "arguments": {"tag": tag}},
         headers={"accept": "text/event-stream"},
@@ -37,6 +37,9 @@ def disconnect_sse(base: str, tag: str) -> float:
             seen += chunk
             if "tool.started" in seen:
                 break
+        # tool.started is the worker's claim: a caller gone before the tool's first step cancels
+        # a tool that never ran, and there is no CancelledError to time.
+        wait_until((marks / f"started-{tag}").exists, 5, f"start of {tag}")
     return time.time()
 
 
@@ -58,7 +61,7 @@ def main(n: int = 20) -> int:
                 delays = []
                 for i in range(n):
                     tag = f"{name}-{i}"
-                    gone = disconnect(base, tag)
+                    gone = disconnect(base, tag, workdir)
                     mark = workdir / f"cancelled-{tag}"
                     wait_until(mark.exists, 5, f"cancellation of {tag}")
                     delays.append((float(mark.read_text()) - gone) * 1000)

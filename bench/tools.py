@@ -50,11 +50,13 @@ class LingerInput(msgspec.Struct):
 
 @tools.tool(effect="none", idempotent=True, parallel_safe=True, timeout=30)
 async def linger(ctx: Context, input: LingerInput) -> Empty:
-    """Wait to be cancelled; write the instant (unix time) CancelledError arrived to a file."""
+    """Wait to be cancelled; note that it began, and the instant (unix time) CancelledError
+    arrived, in files."""
+    marks = Path(os.environ.get("BENCH_MARKS", "/tmp"))
+    (marks / f"started-{input.tag}").touch()
     try:
         await asyncio.sleep(25)
     except asyncio.CancelledError:
-        marks = Path(os.environ.get("BENCH_MARKS", "/tmp"))
         (marks / f"cancelled-{input.tag}").write_text(repr(time.time()))
         raise
     return Empty()

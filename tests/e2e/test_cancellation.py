@@ -37,6 +37,21 @@ def calling(base: str, body: dict[str, object]) -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def streaming(base: str, body: dict[str, object]) -> Iterator[None]:
+    """The same call over SSE, its block entered once the stream has said ``tool.started``."""
+    with httpx.Client(timeout=30) as client, client.stream(
+        "POST", base + "/agent/execute", json=body, headers={"accept": "text/event-stream"}
+    ) as r:
+        seen = ""
+        for chunk in r.iter_text():
+            seen += chunk
+            if "tool.started" in seen:
+                break
+        assert "tool.started" in seen
+        yield
+
+
 def stamp(path: Path) -> float:
     return float(marked(path).split()[0])
 
@@ -63,14 +78,7 @@ def test_json_disconnect_cancels_the_running_tool(base: str, stack: Stack) -> No
 
 def test_sse_disconnect_cancels_the_running_tool(base: str, stack: Stack) -> None:
     body = {"tool": "linger", "arguments": {"seconds": 20, "tag": "sse"}, "request_id": "cancel-sse"}
-    with httpx.Client(timeout=30) as client, client.stream(
-        "POST", base + "/agent/execute", json=body, headers={"accept": "text/event-stream"}
-    ) as r:
-        seen = ""
-        for chunk in r.iter_text():
-            seen += chunk
-            if "tool.started" in seen:
-                break
+    with streaming(base, body):
         # tool.started says a worker claimed the execution: its tool may not have taken its first
         # step yet, and a caller gone before that step cancels a tool that never ran. The test is
         # of a running tool, as the JSON one above: the caller goes once the tool has begun.
@@ -85,14 +93,8 @@ def test_a_caller_gone_as_soon_as_it_hears_tool_started_cancels_whether_or_not_t
         base: str, stack: Stack) -> None:
     # A race on purpose: the cancel may reach the worker before its tool's first step or after.
     body = {"tool": "linger", "arguments": {"seconds": 20, "tag": "early"}, "request_id": "cancel-early"}
-    with httpx.Client(timeout=30) as client, client.stream(
-        "POST", base + "/agent/execute", json=body, headers={"accept": "text/event-stream"}
-    ) as r:
-        seen = ""
-        for chunk in r.iter_text():
-            seen += chunk
-            if "tool.started" in seen:
-                break
+    with streaming(base, body):
+        pass
     assert_cancelled_record(base, body, started=True)  # settled once the tool has stopped
     if (stack.tmp / "linger-start-early").exists():  # it began: it was cancelled, not left to run
         marked(stack.tmp / "linger-cancelled-early", timeout=5)
