@@ -69,8 +69,8 @@ class Mailbox:
             loop = running_loop()
             waiter = self._waiter = loop.create_future()
             timer = None if timeout is None else loop.call_later(timeout, _expire, waiter)
-            wake = None if until is None else functools.partial(_expire, waiter)
-            if until is not None and wake is not None:
+            wake = functools.partial(_expire, waiter)
+            if until is not None:
                 until.call_when_set(wake)
             try:
                 await waiter
@@ -78,7 +78,7 @@ class Mailbox:
                 self._waiter = None
                 if timer is not None:
                     timer.cancel()
-                if until is not None and wake is not None:
+                if until is not None:
                     until.forget(wake)
             if not self._items:
                 return None
