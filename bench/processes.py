@@ -292,12 +292,10 @@ class RedisServer:
         return redis.Redis.from_url(self.url)
 
     def wait_settled(self, key: str, timeout: float = 30.0) -> None:
-        """Until the sorted set ``key`` is empty (Carmy's admission set: no execution pending),
-        at most ``timeout`` s."""
+        """Until the sorted set ``key`` is empty (Carmy's admission set: no execution pending);
+        TimeoutError after ``timeout`` s, since a measurement started then would not be one."""
         with self.client() as client:
-            deadline = time.monotonic() + timeout
-            while client.zcard(key) and time.monotonic() < deadline:
-                time.sleep(0.01)
+            wait_until(lambda: not client.zcard(key), timeout, f"{key} empty", interval=0.01)
 
     def flush(self) -> None:
         """Forget every key: records, jobs and results of whatever ran before."""
