@@ -383,3 +383,17 @@ async def test_a_follow_up_takes_its_reply_before_the_caller_of_the_call_it_foll
     await caller()
     assert order == ["follow-up", "caller"]
     assert then.reply is not None and await then.reply == 2
+
+
+async def test_a_follow_up_that_fails_takes_its_error_and_the_call_it_follows_its_reply(
+        ar: redis.asyncio.Redis) -> None:
+    appending = ar.register_script(APPEND)
+    batch = Batch(ar, eager=True, reply_last=True)
+    await batch.call(appending, ["warm"], ["x"])
+    order: list[str] = []
+    then = Recorded(appending, "l", "fail", order)
+    settled = batch.script(appending).send(["l"], ["first"], then)
+    assert await asyncio.wait_for(settled, 5) == 1
+    assert order == ["follow-up"]
+    assert then.reply is not None and isinstance(then.reply.exception(), ResponseError)
+    assert await batch.call(appending, ["l"], ["next"]) == 2  # the connection is fine
