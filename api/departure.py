@@ -19,7 +19,13 @@ SCOPE_KEY = "carmy.departure"
 
 
 class Departure(Signal):
-    """Set once the connection a request came on is lost."""
+    """Set once the connection a request came on is lost.
+
+    ``body_timeout`` says the server closed it itself, because the request's body did not
+    arrive in time (``408 BODY_TIMEOUT`` was sent): the request log says so, not "disconnected".
+    """
+
+    body_timeout = False
 
 
 def of(scope: Scope) -> Departure | None:

@@ -129,6 +129,9 @@ class ExecuteEndpoint:
                 scope, receive, send)
             return Answer("invalid", 413, error_code="PAYLOAD_TOO_LARGE")
         except ClientGone:
+            gone = departure.of(scope)
+            if gone is not None and gone.body_timeout:  # the server answered 408 itself
+                return Answer("invalid", 408, error_code="BODY_TIMEOUT")
             return Answer("disconnected", 499)
         request = decode_envelope(body)
         if isinstance(request, str):

@@ -13,7 +13,7 @@ import pytest
 import redis
 
 from tests.raw import authority, connect, read_whole_response, until_closed
-from tests.support import Stack, wait_until
+from tests.support import Proc, Stack, wait_until
 
 TIMEOUT = 1.0  # CARMY_BODY_TIMEOUT of the server under test
 ENVELOPE = json.dumps({"tool": "noop", "arguments": {}}).encode()
@@ -21,11 +21,22 @@ EXECUTION = "/agent/executions/exec_0b9d7c1e-5f3a-4e2b-9c41-7d2a8e6f1b30"
 
 
 @pytest.fixture(scope="module")
-def base(stack: Stack) -> Iterator[str]:
+def api(stack: Stack) -> Iterator[tuple[Proc, str]]:
     stack.worker()
-    _, url = stack.api({"CARMY_BODY_TIMEOUT": str(TIMEOUT)})
+    proc, url = stack.api({"CARMY_BODY_TIMEOUT": str(TIMEOUT)})
     wait_until(lambda: "noop" in httpx.get(url + "/agent/tools").text)
-    yield url
+    yield proc, url
+
+
+@pytest.fixture(scope="module")
+def base(api: tuple[Proc, str]) -> str:
+    return api[1]
+
+
+def request_lines(proc: Proc) -> list[dict[str, object]]:
+    """The API's request log (JSON lines, the default format)."""
+    lines = (json.loads(line) for line in proc.output().splitlines() if line.startswith("{"))
+    return [line for line in lines if line.get("event") == "request"]
 
 
 def head(base: str, method: str, path: str, *framing: bytes) -> bytes:
@@ -78,6 +89,17 @@ def test_an_unfinished_body_gets_408_and_records_nothing(base: str, sync_redis: 
     # The server is unharmed, and a whole body is served as usual.
     r = httpx.post(base + "/agent/execute", json={"tool": "noop", "arguments": {}})
     assert r.json()["status"] == "completed"
+
+
+def test_the_request_log_says_408_body_timeout_not_a_client_that_left(api: tuple[Proc, str]) -> None:
+    proc, base = api
+    logged = len(request_lines(proc))
+    with connect(base) as sock:
+        sock.sendall(head(base, "POST", "/agent/execute", b"Content-Length: 100") + ENVELOPE[:10])
+        _, received = until_closed(sock)
+    assert received.startswith(b"HTTP/1.1 408 ")
+    line = wait_until(lambda: request_lines(proc)[logged:], what="the request logged")[0]  # type: ignore[index]
+    assert (line["outcome"], line["status_code"], line["error_code"]) == ("invalid", 408, "BODY_TIMEOUT")
 
 
 def test_mcp_bodies_are_under_the_same_deadline(base: str, sync_redis: redis.Redis) -> None:
