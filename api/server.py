@@ -23,6 +23,7 @@ import asyncio
 import socket
 from typing import Any, cast
 
+import httptools
 import uvicorn
 from starlette.types import ASGIApp
 from uvicorn._types import ASGIReceiveCallable, ASGISendCallable, Scope
@@ -147,6 +148,8 @@ class HardenedHttpToolsProtocol(HttpToolsProtocol):
         if self._header_bytes > self.max_header_bytes and self._headers_size() > self.max_header_bytes:
             # Answered by uvicorn's own machinery, which closes the connection after it.
             self.app = headers_too_large
+        if self.url[:1] != b"/":
+            self._host_from_target()
         previous = self.cycle
         super().on_headers_complete()
         if self.cycle is not previous:  # not an upgrade: a request to answer
@@ -165,6 +168,25 @@ class HardenedHttpToolsProtocol(HttpToolsProtocol):
         super().on_response_complete()
         if idle and not self.transport.is_closing():
             self._start_header_timer()
+
+    def _host_from_target(self) -> None:
+        """An absolute-form target (``GET http://example.com/path``) names the host it is for, and
+        RFC 9112 §3.2.2 has the server ignore ``Host`` then: uvicorn keeps only its path, so the
+        target's authority replaces the ``Host`` header, and the Host check (``api/browser.py``)
+        judges the name the request was really sent to."""
+        if b"://" not in self.url:
+            return  # "*" (OPTIONS) or an authority-form CONNECT target: nothing to replace
+        try:
+            target = httptools.parse_url(self.url)
+        except httptools.HttpParserInvalidURLError:
+            return  # uvicorn refuses the target itself (400)
+        host = target.host or b""
+        if b":" in host:
+            host = b"[" + host + b"]"  # an IPv6 literal
+        if target.port is not None:
+            host += b":%d" % target.port
+        self.headers[:] = [(name, value) for name, value in self.headers if name != b"host"]
+        self.headers.append((b"host", host))
 
     def _unsupported_upgrade_warning(self) -> None:
         pass  # ws="none": an Upgrade request is served as plain HTTP, nothing to warn about
@@ -209,6 +231,9 @@ class HardenedHttpToolsProtocol(HttpToolsProtocol):
             return
         if not cycle.response_started:
             self._refuse(408, self.body_timeout_answer, "request body too slow")
+            gone = departure.of(cast("dict[str, Any]", cycle.scope))
+            if gone is not None:
+                gone.body_timeout = True  # the handler logs a 408, not a client that left
         # The handler waiting in receive() learns the client is gone, and whatever it sends now
         # is dropped: nothing is recorded for a request that never arrived whole.
         cycle.disconnected = True

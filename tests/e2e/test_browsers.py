@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.raw import authority, connect, until_closed
+from tests.raw import authority, connect, read_whole_response, until_closed
 from tests.support import Stack, wait_until
 
 APP = "https://app.example"  # the one allowed CORS origin
@@ -116,6 +116,26 @@ def test_dns_rebinding_is_refused(base: str) -> None:
     # this is a same-origin request, so only the Host it asks for gives it away.
     page = "evil.example:" + authority(base).split(":")[1]
     assert_refused(routes(base, host=page, origin="http://" + page), "HOST_NOT_ALLOWED")
+
+
+def absolute_form(base: str, target: str, host: str) -> tuple[int, dict[str, object]]:
+    """``GET <target> HTTP/1.1`` with an absolute-form target, as a proxy sends it."""
+    with connect(base) as sock:
+        sock.sendall(f"GET {target} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
+        head, body = read_whole_response(sock)
+    return int(head.split()[1]), json.loads(body)
+
+
+def test_an_absolute_form_target_is_judged_by_its_own_host(base: str) -> None:
+    # RFC 9112 §3.2.2: the target's authority replaces Host, which a rebinding page cannot
+    # then use to slip another name past the check.
+    status, body = absolute_form(base, "http://evil.example/agent/tools", authority(base))
+    assert (status, body["error"]["code"]) == (403, "HOST_NOT_ALLOWED")  # type: ignore[index]
+    assert "evil.example" in body["error"]["message"]  # type: ignore[index]
+    status, body = absolute_form(base, f"http://{authority(base)}/agent/tools", "evil.example")
+    assert status == 200 and "tools" in body
+    status, _ = absolute_form(base, "http://[::1]:1/agent/tools", "evil.example")
+    assert status == 200  # a loopback name with any port, as in Host
 
 
 def test_another_sites_origin_is_refused(base: str) -> None:
