@@ -3,6 +3,7 @@ principal and the permissions (the token's scopes)."""
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Callable, Collection
 from typing import Any, Literal, Protocol
@@ -35,6 +36,11 @@ class Refusal(Struct, frozen=True):
 # stops working up to this much later.
 TRUSTED_FOR_S = 60.0
 TRUSTED_TOKENS = 1024
+# The cache is bounded in bytes too, since a token can be as large as the header limit (64 KiB):
+# it is keyed by the token's SHA-256, not the token, and a caller whose name and scopes are larger
+# than this is checked in full every time rather than kept. So it holds at most about
+# TRUSTED_TOKENS * (TRUSTED_CONTEXT_BYTES + a few hundred bytes), 4.5 MiB, whatever callers send.
+TRUSTED_CONTEXT_BYTES = 4096
 
 # The library's findings, in the words the caller gets (error_description).
 _REASONS: tuple[tuple[type[jwt.PyJWTError], str], ...] = (
@@ -64,22 +70,24 @@ class TokenVerifier:
         self.required = frozenset(settings.scopes)
         self.clock = clock
         self.checked = 0  # tokens checked in full, for tests
-        # (token, audiences) -> (caller, until when it is trusted without a check), oldest first.
-        self._trusted: dict[tuple[str, tuple[str, ...]], tuple[AgentContext, float]] = {}
+        # (SHA-256 of the token, audiences) -> (caller, until when it is trusted without a check),
+        # oldest first.
+        self._trusted: dict[tuple[bytes, tuple[str, ...]], tuple[AgentContext, float]] = {}
 
     async def verify(self, token: str, audiences: tuple[str, ...]) -> AgentContext | Refusal:
         """The caller ``token`` stands for, if it is valid here for one of ``audiences``."""
         now = self.clock()
-        trusted = self._trusted.get((token, audiences))
+        key = (hashlib.sha256(token.encode()).digest(), audiences)
+        trusted = self._trusted.get(key)
         if trusted is not None:
             if now < trusted[1]:
                 return trusted[0]
-            del self._trusted[(token, audiences)]
+            del self._trusted[key]
         found, expires = await self._check(token, audiences)
-        if isinstance(found, AgentContext):
+        if isinstance(found, AgentContext) and _size(found) <= TRUSTED_CONTEXT_BYTES:
             if len(self._trusted) >= TRUSTED_TOKENS:
                 del self._trusted[next(iter(self._trusted))]
-            self._trusted[(token, audiences)] = (found, min(now + TRUSTED_FOR_S, expires))
+            self._trusted[key] = (found, min(now + TRUSTED_FOR_S, expires))
         return found
 
     async def _check(self, token: str, audiences: Collection[str]) -> tuple[AgentContext | Refusal, float]:
@@ -116,6 +124,11 @@ class TokenVerifier:
         if not self.required <= scopes:
             return Refusal("insufficient_scope", "The token lacks a scope this server requires.")
         return AgentContext(principal=principal, permissions=scopes)
+
+
+def _size(context: AgentContext) -> int:
+    """About what a trusted caller costs to keep: its name and scopes, in characters."""
+    return len(context.principal or "") + sum(len(scope) for scope in context.permissions)
 
 
 def granted_scopes(claims: dict[str, Any]) -> frozenset[str]:

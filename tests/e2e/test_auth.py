@@ -50,3 +50,33 @@ def test_access_tokens_of_the_configured_issuer(stack: Stack, tmp_path: Path) ->
                         headers={"authorization": f"Bearer {issuer.token()}"})
         assert r.status_code == 200, r.text
         assert r.json()["data"]["principal"] == "user-1"
+
+
+def rss_kib(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:")))
+
+
+def test_trusted_tokens_are_kept_by_digest_so_large_ones_cannot_grow_the_api(stack: Stack, tmp_path: Path) -> None:
+    """1,100 distinct valid tokens of 48 KiB each (the header limit allows 64): the API keeps a
+    digest of each it trusts, not the token, so its memory stays where it was (before: ~50 MiB
+    more, up to 64 with the cache's 1,024 entries)."""
+    key = new_key("k", "EdDSA")
+    issuer = Issuer([key])
+    (tmp_path / "jwks.json").write_bytes(issuer.jwks_document())
+    api, base = stack.api({"CARMY_OAUTH_ISSUER": ISSUER, "CARMY_OAUTH_RESOURCE": RESOURCE,
+                           "CARMY_OAUTH_JWKS_FILE": str(tmp_path / "jwks.json")})
+    padding = "p" * 36_000  # a claim nobody reads: base64url makes the token ~48 KiB
+
+    def lookup_with(n: int) -> int:
+        token = issuer.token(pad=f"{n}{padding}")
+        r = client.get(f"/agent/executions/exec_{n:08d}-0000-4000-8000-000000000000",
+                       headers={"authorization": f"Bearer {token}"})
+        return r.status_code
+
+    with httpx.Client(base_url=base, timeout=30) as client:
+        assert {lookup_with(n) for n in range(100)} == {404}  # verified, and nothing to find
+        before = rss_kib(api.pid)
+        assert {lookup_with(n) for n in range(100, 1200)} == {404}
+        grown = rss_kib(api.pid) - before
+    assert grown < 16 * 1024, f"the API grew by {grown} KiB"
