@@ -92,6 +92,24 @@ def test_the_rate_bucket_refills(fresh_stack: Stack) -> None:
         wait_until(admitted, 30)
 
 
+def test_a_quota_is_the_exact_principal_strings(fresh_stack: Stack) -> None:
+    # As documented (README, "Per-principal quotas"): names that differ in case, spaces or
+    # Unicode width are different callers to Carmy, each with its own bucket; one caller is one
+    # name, and making names canonical is the issuer's call.
+    spellings = {f"key-{i}-0123456789": name for i, name in enumerate(["alice", "Alice", "alice ", "\uff41lice"])}
+    stack = fresh_stack
+    stack.worker()
+    keys = json.dumps({token: {"principal": name} for token, name in spellings.items()})
+    _, base = stack.api({"CARMY_API_KEYS": keys, "CARMY_QUOTA_RATE": "0.01", "CARMY_QUOTA_BURST": "1"})
+    first = next(iter(spellings))
+    wait_until(lambda: "noop" in httpx.get(base + "/agent/tools", headers=auth(first)).text)
+    with httpx.Client(timeout=60) as client:
+        def call(token: str) -> int:
+            return client.post(base + "/agent/execute", json={"tool": "noop"}, headers=auth(token)).status_code
+        assert [call(token) for token in spellings] == [200] * 4  # four buckets, one call each
+        assert [call(token) for token in spellings] == [429] * 4  # and each is spent
+
+
 def test_two_api_processes_share_one_principal_limit(fresh_stack: Stack) -> None:
     bases = start(fresh_stack, {"CARMY_QUOTA_PENDING": "3"}, apis=2)
     responses = asyncio.run(burst(bases, ALICE, [linger(f"shared-{i}") for i in range(9)]))
