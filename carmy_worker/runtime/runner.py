@@ -29,6 +29,7 @@ from carmy_worker.store import records
 from carmy_worker.store.attempts import MAX_ATTEMPTS, Attempts, Claim, ClaimVerdict
 from carmy_worker.store.batch import FollowUp
 from carmy_worker.store.durable import Durability
+from carmy_worker.store.locks import ToolLocks
 from carmy_worker.store.progress import Progress
 from carmy_worker.store.roster import Holding, Stray
 from carmy_worker.store.verdicts import Verdicts
@@ -110,6 +111,7 @@ class Runtime:
         self._attempts = Attempts(redis, worker_id=worker_id, retention=settings.retention, durability=durability,
                                   queue=queue)
         self._verdicts = Verdicts(redis, retention=settings.retention, durability=durability)
+        self._locks = ToolLocks(redis, worker_id=worker_id, durability=durability)
         self._progress = Progress(redis)
         # Called before each step of an async tool: the worker's presence checks there, at
         # once, whether it still holds its executions if its heartbeat has gone stale.
@@ -329,7 +331,7 @@ class Runtime:
         # One at a time across all workers; the wait counts against the timeout.
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        lock = ToolLock(self.redis, tool.name, job.execution_id, run.attempt, worker_id=self.worker_id,
+        lock = ToolLock(self._locks, tool.name, job.execution_id, run.attempt,
                         on_lost=lambda: self.unlock(job.execution_id, run.attempt))
         acquired = await lock.acquire(timeout, cancelled)
         if acquired == "lost":

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from bench.processes import ReplicatedRedis
-from tests.support import Call, Load, Stack, new_tmp, wait_until
+from tests.support import Call, Load, Stack, marked, new_tmp, wait_until
 
 # After the Sentinels agree on the new primary: the hub's reconnection backoff (1 s at most), a
 # heartbeat (1 s) and a catalog refresh (1 s) bring everything back; a margin for a busy machine.
@@ -108,3 +108,43 @@ def test_with_wait_a_settled_record_outlives_the_primary() -> None:
         assert isinstance(again, httpx.Response)
         assert again.content == first.content
         assert (stack.tmp / "tally-kept").read_text().splitlines() == [execution_id]
+
+
+def test_with_wait_a_locked_tool_begins_only_once_a_replica_knows_it_began() -> None:
+    """A ``parallel_safe=False`` tool that may not run twice: taking its lock marks the execution
+    begun, the write that makes a later attempt uncertain instead of a second run. Like every
+    other such write it must reach a replica before the tool starts, or a failover at that moment
+    forgets it and the tool runs again on the promoted replica."""
+    env = {"CARMY_REDIS_WAIT_REPLICAS": "1", "CARMY_REDIS_WAIT_TIMEOUT": "3000"}
+    with replicated(env) as (group, stack, base):
+        assert group.replica is not None
+        replica, tmp = group.replica, stack.tmp
+        # The first call holds the tool; the second is claimed (with a healthy replica) and waits for it.
+        first = Call(base, {"tool": "exclusive_gate", "arguments": {"tag": "first"}})
+        first_id = marked(tmp / "exclusive-gate-start-first").strip()
+        second = Call(base, {"tool": "exclusive_gate", "arguments": {"tag": "second"}})
+        with group.primary.client() as primary:
+            def waiting() -> bytes | None:
+                found = [k for k in primary.keys("carmy:exe:*")
+                         if primary.hget(k, "tool") == b"exclusive_gate" and primary.hget(k, "state") == b"running"
+                         and not k.endswith(first_id.encode())]
+                return found[0] if found else None
+            second_key = wait_until(waiting, what="the second call claimed, waiting for the lock")
+            assert isinstance(second_key, bytes)
+            replica.proc.signal(signal.SIGSTOP)  # from now on nothing reaches the replica
+            try:
+                (tmp / "gate-open-first").touch()  # the first ends and lets the lock go
+                second_id = second_key.decode().rsplit(":", 1)[1]
+                wait_until(lambda: primary.hget(second_key, "began") == b"1", timeout=20,
+                           what="the second call took the lock")
+                # Its tool must not begin while no replica knows that it began.
+                with pytest.raises(TimeoutError):
+                    wait_until(lambda: (tmp / "exclusive-gate-start-second").exists(), timeout=1.0,
+                               what="the second tool began")
+            finally:
+                replica.proc.signal(signal.SIGCONT)
+            assert marked(tmp / "exclusive-gate-start-second").strip() == second_id
+        with replica.client() as on_replica:
+            assert on_replica.hget(second_key, "began") == b"1"
+        (tmp / "gate-open-second").touch()
+        assert first.result().status_code == 200 and second.result().status_code == 200

@@ -298,3 +298,13 @@ async def gate(ctx: Context, input: GateInput) -> Count:
     if input.fail:
         raise ToolError("GATE_CLOSED", "The gate opened onto a wall.", category="conflict")
     return Count(n=1)
+
+
+@tools.tool(effect="write", parallel_safe=False, timeout=30)
+async def exclusive_gate(ctx: Context, input: GateInput) -> Count:
+    """Not parallel-safe and not idempotent: notes its start (the execution id), then waits until
+    the test opens its gate (a file ``gate-open-TAG``)."""
+    mark(f"exclusive-gate-start-{input.tag}", ctx.execution_id)
+    while not (OUT / f"gate-open-{input.tag}").exists():
+        await asyncio.sleep(0.02)
+    return Count(n=1)

@@ -26,6 +26,7 @@ from carmy_worker.store import jobs, keys, metrics, records
 from carmy_worker.store.attempts import MAX_ATTEMPTS, STARTED, Attempts, Claim
 from carmy_worker.store.durable import Durability
 from carmy_worker.store.janitor import DEPARTED_MEMORY_S, Janitor
+from carmy_worker.store.locks import ToolLocks
 from carmy_worker.store.roster import Beat, Claims, Holding, Liveness, Orphan, Stray, lock_holder
 from carmy_worker.store.submit import Submission, Submit
 from carmy_worker.store.verdicts import Verdicts
@@ -1120,7 +1121,7 @@ async def test_a_non_idempotent_execution_whose_tool_never_began_is_tried_again(
     assert (again.verdict, again.attempt) == ("run", 2)
     # Once an attempt has begun the tool (it took the lock), a later one is uncertain.
     never = asyncio.Event()
-    lock = ToolLock(ar, "tally", exec_id, 2, worker_id="w2")
+    lock = ToolLock(ToolLocks(ar, worker_id="w2"), "tally", exec_id, 2)
     assert await lock.acquire(1, never) == "taken"
     assert state(r, exec_id)["began"] == "2"
     assert (await reap(ar, exec_id, "w2"))[0] == "uncertain"
@@ -1136,7 +1137,7 @@ async def test_an_attempt_given_away_while_it_waited_for_its_lock_takes_nothing(
     await Attempts(ar, worker_id="w1", retention=RETENTION).claim(exec_id, max_attempts=3)
     assert (await reap(ar, exec_id, "w1"))[0] == "requeued"  # w1 was paused while it waited
     never = asyncio.Event()
-    assert await ToolLock(ar, "tally", exec_id, 1, worker_id="w1").acquire(1, never) == "lost"
+    assert await ToolLock(ToolLocks(ar, worker_id="w1"), "tally", exec_id, 1).acquire(1, never) == "lost"
     assert not r.exists(keys.lock("tally")) and "began" not in state(r, exec_id)
 
 
