@@ -16,9 +16,12 @@ app that fails between the two messages still sends the head, then closes, as be
 from __future__ import annotations
 
 import asyncio
+from typing import TYPE_CHECKING
 
-from uvicorn._types import ASGISendEvent
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
+
+if TYPE_CHECKING:  # the type of the method overridden: uvicorn's own, only for the type checker
+    from uvicorn._types import ASGISendEvent
 
 
 class HeldHead:

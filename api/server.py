@@ -25,8 +25,7 @@ from typing import Any, cast
 
 import httptools
 import uvicorn
-from starlette.types import ASGIApp
-from uvicorn._types import ASGIReceiveCallable, ASGISendCallable, Scope
+from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from api import departure
@@ -42,7 +41,7 @@ GRACEFUL_SHUTDOWN = 30  # seconds open requests and SSE streams get on SIGTERM, 
 BACKLOG = 2048  # pending connections the kernel queues for accept() (capped by net.core.somaxconn)
 
 
-async def headers_too_large(scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
+async def headers_too_large(scope: Scope, receive: Receive, send: Send) -> None:
     """The app for a request whose complete headers are over the limit: 431, then close."""
     await send({"type": "http.response.start", "status": 431,
                 "headers": [(b"content-length", b"0"), (b"connection", b"close")]})
