@@ -26,6 +26,7 @@ from carmy_worker.sdk.context import AgentContext
 if TYPE_CHECKING:
     from api.executions import Executions
 from carmy_worker.store import keys
+from carmy_worker.store.lua import ACCEPTED_WORK
 
 SESSION_HEADER = "mcp-session-id"
 CANCELLED_MARK = b"-"  # a call's entry once its cancellation arrived
@@ -36,7 +37,7 @@ CANCEL_TIMEOUT_S = 2.0  # how long a call whose client went away may spend cance
 # Record the execution a call follows, unless its cancellation came first (the mark stays, for
 # the call to find when it ends). Returns 1 if it had.
 # KEYS: the call's entry; ARGV: the entry, its TTL, the mark
-REMEMBER = """
+REMEMBER = ACCEPTED_WORK + """
 if redis.call('GET', KEYS[1]) == ARGV[3] then return 1 end
 redis.call('SET', KEYS[1], ARGV[1], 'EX', tonumber(ARGV[2]))
 return 0
@@ -46,7 +47,7 @@ return 0
 # yet, and must find the mark when it ends); a cancellation that overtook its call waits
 # CANCELLED_MARK_TTL_S for it. Returns the entry it replaced.
 # KEYS: the call's entry; ARGV: the mark, its TTL when there was no entry
-MARK = """
+MARK = ACCEPTED_WORK + """
 local earlier = redis.call('GET', KEYS[1])
 if earlier then
   redis.call('SET', KEYS[1], ARGV[1], 'KEEPTTL')

@@ -66,6 +66,7 @@ from carmy_worker.store.batch import FollowUp
 from carmy_worker.store.checkout import buffered_reply
 from carmy_worker.store.connect import RedisConnector
 from carmy_worker.store.durable import Durability, durable
+from carmy_worker.store.lua import ACCEPTED_WORK
 
 if TYPE_CHECKING:
     from arq.typing import StartupShutdown
@@ -154,7 +155,7 @@ Admit = Callable[[bytes, Claim, str, float], None]
 # KEYS: queue, leases hash, wake list, running set
 # ARGV: in-progress key prefix, how many, lease ms, how far down the queue to look, token prefix,
 #       job key prefix, worker_id, max attempts, '1' to leave the wake list alone
-LEASE = CLAIM_ONE + jobs.WAKE_FOR + """
+LEASE = ACCEPTED_WORK + CLAIM_ONE + jobs.WAKE_FOR + """
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[4]))
 local leased, want, lease_end, waiting = {}, tonumber(ARGV[2]) * 6, now + tonumber(ARGV[3]), 0
 local wake = ARGV[9] ~= '1'
@@ -189,7 +190,7 @@ return leased
 # job it settled itself: FINISH is for every other end.)
 # KEYS: in-progress, job, retry, queue, leases hash, wake list
 # ARGV: job id, token, finished ('1' or ''), score to queue it at again, '1' to wake a worker
-FINISH = jobs.WAKE_ONE + jobs.END_LEASE + """
+FINISH = ACCEPTED_WORK + jobs.WAKE_ONE + jobs.END_LEASE + """
 local finished = ARGV[3] == '1'
 if not end_lease(KEYS[5], KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[1], ARGV[2], finished) then return 0 end
 if not finished then

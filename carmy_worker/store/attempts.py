@@ -11,7 +11,7 @@ from redis.asyncio import Redis
 from carmy_worker.store import jobs, keys, metrics
 from carmy_worker.store.batch import Batch, BatchedScript, FollowUp, batched
 from carmy_worker.store.durable import Durability, durable
-from carmy_worker.store.lua import EMIT, FOLLOWERS, NOW, text
+from carmy_worker.store.lua import ACCEPTED_WORK, EMIT, FOLLOWERS, NOW, text
 from carmy_worker.store.metrics import LUA_COUNT, LUA_OBSERVE
 from carmy_worker.wire import Record, final_event
 
@@ -70,7 +70,7 @@ end
 # after LEASE) claims nothing: another worker has the job now.
 # KEYS: running set, arq in-progress key
 # ARGV: exec_id, worker_id, max attempts, lease token or ''
-CLAIM = CLAIM_ONE + """
+CLAIM = ACCEPTED_WORK + CLAIM_ONE + """
 if ARGV[4] ~= '' and redis.call('GET', KEYS[2]) ~= ARGV[4] then return {'moved', 0, 0} end
 local verdict, attempt, waited = claim(ARGV[1], ARGV[2], KEYS[1], tonumber(ARGV[3]))
 return {verdict, attempt, waited}
@@ -88,7 +88,7 @@ return {verdict, attempt, waited}
 # ARGV: exec_id, attempt, record, retention s, events channel, final event, tool.completed event or '',
 #       metrics label, tool, run ms or '', worker_id if this attempt ran (CLAIM said run) or '',
 #       lease token or ''
-SETTLE = NOW + LUA_COUNT + LUA_OBSERVE + EMIT + jobs.END_LEASE + """
+SETTLE = ACCEPTED_WORK + NOW + LUA_COUNT + LUA_OBSERVE + EMIT + jobs.END_LEASE + """
 local h = redis.call('HMGET', KEYS[1], 'attempt', 'reaped', 'worker', 'quota', """ + FOLLOWERS + """, 'state')
 -- A record exists once the state is done: whatever writes one sets it in the same script.
 if h[8] == 'done' or h[1] ~= ARGV[2] or h[2] == ARGV[2] then return 0 end
@@ -112,7 +112,7 @@ return 1
 # record yet (what SETTLE and HEARTBEAT require too). With ARGV[3] = '1' (BEGIN), an attempt that
 # holds it also marks that it began the tool, just before it does.
 # KEYS: exe, record; ARGV: attempt, worker_id, '1' to mark `began`
-HOLDS = """
+HOLDS = ACCEPTED_WORK + """
 if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
 local h = redis.call('HMGET', KEYS[1], 'attempt', 'reaped', 'state', 'worker')
 if h[1] == ARGV[1] and h[2] ~= ARGV[1] and h[3] == 'running' and h[4] == ARGV[2] then

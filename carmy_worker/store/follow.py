@@ -15,12 +15,12 @@ from msgspec import Struct
 from redis.asyncio import Redis
 
 from carmy_worker.store import keys, records
-from carmy_worker.store.lua import text
+from carmy_worker.store.lua import ACCEPTED_WORK, text
 from carmy_worker.wire import Record, record_decoder
 
 # KEYS: exe, record; ARGV: the joiner's channel, '1' if it streams
 # Returns {'done', record}, {'gone'} (no record, no hash: the store lost it), or {state}.
-JOIN = """
+JOIN = ACCEPTED_WORK + """
 local rec = redis.call('GET', KEYS[2])
 if rec then return {'done', rec} end
 local h = redis.call('HMGET', KEYS[1], 'state', 'reply', 'joined')

@@ -12,7 +12,7 @@ from redis.asyncio import Redis
 
 from carmy_worker.store import jobs, keys
 from carmy_worker.store.durable import Durability
-from carmy_worker.store.lua import NOW
+from carmy_worker.store.lua import ACCEPTED_WORK, NOW
 from carmy_worker.store.pubsub import raise_if_cancelled
 from carmy_worker.store.roster import CUTOFF
 from carmy_worker.store.verdicts import Verdicts
@@ -29,7 +29,7 @@ DEPARTED_MEMORY_S = 3600
 # KEYS: watch, workers zset, queued zset, draining set
 # ARGV: dead after ms, memory ms, running prefix, execution prefix, worker prefix, leases prefix,
 #       in-progress prefix
-JANITOR_SCAN = NOW + CUTOFF + jobs.DUE_AGAIN + """
+JANITOR_SCAN = ACCEPTED_WORK + NOW + CUTOFF + jobs.DUE_AGAIN + """
 local dead_before = cutoff(now, tonumber(ARGV[1]))
 local held, released = {}, {}
 for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', '(' .. dead_before)) do

@@ -9,6 +9,19 @@ from __future__ import annotations
 
 from carmy_worker.store.metrics import LUA_COUNT
 
+# Every script starts with one of these two lines (Redis 7 script flags), which say what it may
+# do while Redis is over its `maxmemory` (`noeviction`): a script with flags but not
+# `allow-oom` is refused whole, before it runs (an OOM error, nothing written). A script without
+# flags would be refused only at its first write that may grow memory, and not at all if it wrote
+# anything before (a ZREM will do): SUBMIT, whose first write prunes the admission set, went on
+# accepting work past the limit while SETTLE, whose first write is the record, could not write it.
+# NEW_WORK (SUBMIT only) takes new work in, and a full Redis refuses it. ACCEPTED_WORK (every
+# other script: claims, records, verdicts, heartbeats, follows) carries on with work already
+# accepted, and runs over the limit, so that accepted work settles (store/memory.py says how
+# admission keeps room for it: docs/architecture.md, "A full Redis").
+NEW_WORK = "#!lua\n"
+ACCEPTED_WORK = "#!lua flags=allow-oom\n"
+
 # Time comes from Redis, so API and worker clocks never have to agree.
 NOW = """
 local t = redis.call('TIME')

@@ -7,13 +7,13 @@ from __future__ import annotations
 from redis.asyncio import Redis
 
 from carmy_worker.store import keys
-from carmy_worker.store.lua import EMIT, NOW
+from carmy_worker.store.lua import ACCEPTED_WORK, EMIT, NOW
 
 # Only while it runs: a late event cannot write over a settled execution, nor bring back the
 # hash of one that expired (a key without a TTL). The status is kept even when nobody streams
 # the events: a poll reads it.
 # KEYS: exe; ARGV: events channel, event, status message, '1' if there is a message, exec_id
-PROGRESS = NOW + EMIT + """
+PROGRESS = ACCEPTED_WORK + NOW + EMIT + """
 if ARGV[4] == '1' and redis.call('HGET', KEYS[1], 'state') == 'running' then
   redis.call('HSET', KEYS[1], 'message', ARGV[3], 'message_at', now)
 end

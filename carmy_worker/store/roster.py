@@ -18,7 +18,7 @@ from msgspec import Struct
 from redis.asyncio import Redis
 
 from carmy_worker.store import jobs, keys
-from carmy_worker.store.lua import NOW
+from carmy_worker.store.lua import ACCEPTED_WORK, NOW
 
 # cutoff(now, dead ms): a worker last seen before the returned instant is dead. Marks Redis
 # watched now.
@@ -51,7 +51,7 @@ end
 # ARGV: worker_id, offset ms, dead ms, execution prefix, record prefix, in-progress prefix,
 #       n, then n × (exec_id, attempt, lock key or ''), m, then m job ids it has, then
 #       (job, token) pairs to release
-HEARTBEAT = NOW + CUTOFF + jobs.DUE_AGAIN + """
+HEARTBEAT = ACCEPTED_WORK + NOW + CUTOFF + jobs.DUE_AGAIN + """
 cutoff(now, tonumber(ARGV[3]))
 redis.call('ZADD', KEYS[2], now + tonumber(ARGV[2]), ARGV[1])
 local lost, unlocked, named, has = {}, {}, {}, {}
@@ -117,7 +117,7 @@ return {redis.call('EXISTS', KEYS[3]), lost, unlocked, strays, orphans}
 # Reading the roster marks Redis watched too: a health check is evidence that Redis is up, and
 # with every worker gone, nothing else may be watching any more.
 # KEYS: watch, workers zset, draining set; ARGV: dead ms
-WORKERS = NOW + CUTOFF + """
+WORKERS = ACCEPTED_WORK + NOW + CUTOFF + """
 return {cutoff(now, tonumber(ARGV[1])), redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES'),
         redis.call('SMEMBERS', KEYS[3])}
 """

@@ -12,7 +12,7 @@ from redis.asyncio import Redis
 from carmy_worker.store import jobs, keys
 from carmy_worker.store.batch import Batch, batched
 from carmy_worker.store.durable import Durability, durable
-from carmy_worker.store.lua import NOW, text
+from carmy_worker.store.lua import NEW_WORK, NOW, text
 from carmy_worker.store.quota import NO_QUOTA, QUOTA, Quota
 from carmy_worker.wire import ExecutionJob, Record, msgpack_encoder, record_decoder
 
@@ -23,8 +23,9 @@ from carmy_worker.wire import ExecutionJob, Record, msgpack_encoder, record_deco
 #       reply channel ('' for the execution's own channel: lua.EMIT), '1' if the caller streams,
 #       the principal's pending limit (0: none), its bucket's interval and tolerance (µs; 0: no rate)
 # A request id seen before is answered (replay, join, conflict) before any limit: a retry of an
-# accepted call always gets its answer, and is never charged.
-SUBMIT = NOW + jobs.WAKE_ONE + QUOTA + """
+# accepted call always gets its answer, and is never charged. Redis at its maxmemory refuses the
+# whole script (lua.NEW_WORK): OutOfMemoryError, and nothing written.
+SUBMIT = NEW_WORK + NOW + jobs.WAKE_ONE + QUOTA + """
 if #KEYS == 8 then
   local held = redis.call('GET', KEYS[8])
   if held then

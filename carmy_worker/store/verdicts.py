@@ -10,14 +10,14 @@ from redis.asyncio import Redis
 
 from carmy_worker.store import jobs, keys, metrics, records
 from carmy_worker.store.durable import Durability, durable
-from carmy_worker.store.lua import IMPOSE, NOW, text
+from carmy_worker.store.lua import ACCEPTED_WORK, IMPOSE, NOW, text
 from carmy_worker.wire import Record, final_event
 
 # Cancels an execution for its caller. One never started is settled here and now; a running
 # one is signalled to every worker (the one running it answers with the record).
 # KEYS: exe, record, pending, queued
 # ARGV: exec_id, record, retention s, events channel, final event, cancel channel, metrics label
-CANCEL = IMPOSE + """
+CANCEL = ACCEPTED_WORK + IMPOSE + """
 if redis.call('EXISTS', KEYS[2]) == 1 then return 'settled' end
 if redis.call('EXISTS', KEYS[1]) == 0 then return 'gone' end
 redis.call('HSET', KEYS[1], 'cancel', 1)
@@ -39,7 +39,7 @@ return 'cancelled'
 # time (so is one whose job is gone: nothing could run it again).
 # KEYS: exe, record, pending, running set, arq in-progress key, leases hash, arq job key
 # ARGV: exec_id, worker_id, record, retention s, events channel, final event, metrics label, attempt or ''
-REAP = IMPOSE + jobs.DUE_AGAIN + """
+REAP = ACCEPTED_WORK + IMPOSE + jobs.DUE_AGAIN + """
 local h = redis.call('HMGET', KEYS[1], 'worker', 'state', 'idem', 'wake', 'attempt', 'began')
 if ARGV[8] ~= '' and h[5] ~= ARGV[8] then return 'moved' end
 redis.call('SREM', KEYS[4], ARGV[1])
@@ -62,7 +62,7 @@ return 'uncertain'
 # An accepted execution that no worker started before its start-by instant.
 # KEYS: exe, record, pending, queued
 # ARGV: exec_id, record, retention s, events channel, final event, metrics label
-EXPIRE_UNSTARTED = NOW + IMPOSE + """
+EXPIRE_UNSTARTED = ACCEPTED_WORK + NOW + IMPOSE + """
 local h = redis.call('HMGET', KEYS[1], 'state', 'start_by')
 if h[1] ~= 'queued' or redis.call('EXISTS', KEYS[2]) == 1 then
   redis.call('ZREM', KEYS[4], ARGV[1])

@@ -1,0 +1,148 @@
+"""Redis at its maxmemory (``noeviction``): new work is refused, with nothing written, and the
+work already accepted carries on to its record. Against a redis-server of this module's own,
+whose maxmemory the tests set."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import re
+import shutil
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+import redis
+import redis.asyncio
+from redis.exceptions import OutOfMemoryError
+
+import api
+import carmy_worker
+from carmy_worker.runtime.queue import Leases
+from carmy_worker.store import jobs, keys, records
+from carmy_worker.store.attempts import Attempts
+from carmy_worker.store.follow import Join
+from carmy_worker.store.janitor import Janitor
+from carmy_worker.store.lua import ACCEPTED_WORK, NEW_WORK
+from carmy_worker.store.progress import Progress
+from carmy_worker.store.roster import Claims, Holding, Liveness
+from carmy_worker.store.submit import Submission, Submit
+from carmy_worker.store.verdicts import Verdicts
+from carmy_worker.wire import ExecutionJob
+from tests.support import RedisServer, new_tmp
+
+RETENTION = 600
+QUEUE = jobs.queue_name("g1")
+MINUTE_MS = 60_000
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[RedisServer]:
+    tmp = new_tmp()
+    server = RedisServer(tmp)
+    server.start()
+    yield server
+    server.stop()
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.fixture
+def r(server: RedisServer) -> Iterator[redis.Redis]:
+    client = server.client()
+    client.config_set("maxmemory", 0)
+    client.flushall()
+    yield client
+    client.config_set("maxmemory", 0)
+    client.close()
+
+
+@pytest.fixture
+async def ar(r: redis.Redis, server: RedisServer) -> AsyncIterator[redis.asyncio.Redis]:
+    client = redis.asyncio.Redis.from_url(server.url)
+    yield client
+    await client.aclose()
+
+
+@contextlib.contextmanager
+def full(r: redis.Redis) -> Iterator[None]:
+    """Redis over its maxmemory: any write that may grow memory is refused."""
+    info = r.info("memory")
+    r.config_set("maxmemory", int(info["used_memory"]) // 2)  # type: ignore[index]  # sync client
+    try:
+        yield
+    finally:
+        r.config_set("maxmemory", 0)
+
+
+def snapshot(r: redis.Redis) -> dict[bytes, bytes | None]:
+    return {k: r.dump(k) for k in sorted(r.keys("*"))}
+
+
+async def submit(ar: redis.asyncio.Redis, *, request_id: str | None = None, tool: str = "noop") -> Submission:
+    job = ExecutionJob(execution_id=keys.new_execution_id(), tool=tool, arguments=b"{}", request_id=request_id,
+                       principal="alice")
+    return await Submit(ar, retention=RETENTION)(
+        job, queue=QUEUE, idempotent=True, workers_alive=True, max_pending=10, queue_wait_ms=MINUTE_MS,
+        admission_ms=MINUTE_MS)
+
+
+def registered_scripts() -> dict[str, str]:
+    """Every script a module of Carmy registers (``register_script(NAME)``), by module and name."""
+    found = {}
+    for package in (carmy_worker, api):
+        for path in sorted(Path(package.__path__[0]).rglob("*.py")):
+            names = re.findall(r"register_script\(([A-Z_]+)\)", path.read_text())
+            if names:
+                module_name = ".".join(path.relative_to(Path(package.__path__[0]).parent).with_suffix("").parts)
+                module = importlib.import_module(module_name)
+                found.update({f"{module_name}.{name}": getattr(module, name) for name in names})
+    return found
+
+
+def test_every_script_says_whether_a_full_redis_may_run_it() -> None:
+    scripts = registered_scripts()
+    assert "carmy_worker.store.attempts.SETTLE" in scripts  # the scan finds them
+    new_work = {name for name, source in scripts.items() if source.startswith(NEW_WORK)}
+    accepted = {name for name, source in scripts.items() if source.startswith(ACCEPTED_WORK)}
+    # Only SUBMIT takes new work in; everything else carries accepted work on, even over the limit.
+    assert new_work == {"carmy_worker.store.submit.SUBMIT"}
+    assert accepted == set(scripts) - new_work
+
+
+async def test_at_its_limit_redis_refuses_submit_whole_and_nothing_is_written(
+        r: redis.Redis, ar: redis.asyncio.Redis) -> None:
+    before = snapshot(r)
+    with full(r):
+        # Its first write prunes the admission set (a delete, allowed at the limit): without its
+        # flags, SUBMIT went on to write the execution past it.
+        with pytest.raises(OutOfMemoryError):
+            await submit(ar)
+        with pytest.raises(OutOfMemoryError):
+            await submit(ar, request_id="rid")
+    assert snapshot(r) == before
+
+
+async def test_accepted_work_carries_on_to_its_record_over_the_limit(
+        r: redis.Redis, ar: redis.asyncio.Redis) -> None:
+    ran, waits, goes = [(await submit(ar)).execution_id for _ in range(3)]
+    attempts = Attempts(ar, worker_id="w1", retention=RETENTION, queue=QUEUE)
+    liveness = Liveness(ar, dead_after=3)
+    await liveness.heartbeat("w1")
+    with full(r):
+        leases = {lease.job_id: lease for lease in
+                  await Leases(ar, "w1").take(QUEUE, most=2, lease_ms=MINUTE_MS, look_ahead=10)}
+        assert set(leases) == {ran, waits}
+        assert leases[ran].claim is not None and leases[ran].claim.verdict == "run"
+        beat = await liveness.heartbeat("w1", claims=Claims(held=[Holding(ran, 1), Holding(waits, 1)],
+                                                            jobs=list(leases)))
+        assert beat.lost == []
+        await Progress(ar)(ran, b"event", "half way")
+        assert (await Join(ar)(ran, "noop", channel="carmy:api:other", stream=False)).state == "running"
+        assert await Verdicts(ar, retention=RETENTION).cancel(goes, "noop") == "cancelled"
+        await Janitor(ar, retention=RETENTION, dead_after=3).sweep()
+        record = records.completed(ran, "noop", b'{"big":"' + b"x" * 65536 + b'"}', cacheable=True, duration_ms=1)
+        assert await attempts.settle(record, exec_id=ran, attempt=1, lease=leases[ran].token)
+    assert r.hget(keys.execution(ran), "state") == b"done"
+    assert r.exists(keys.record(ran)) and r.exists(keys.record(goes))
+    assert not r.exists(jobs.job_key(ran))  # its lease ended with it
+
