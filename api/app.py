@@ -32,6 +32,7 @@ from carmy_worker.store import keys
 from carmy_worker.store.connect import RedisConnector
 from carmy_worker.store.durable import Durability
 from carmy_worker.store.janitor import Janitor
+from carmy_worker.store.memory import StoreMemory
 from carmy_worker.tracing import start as start_tracing
 
 # How long a request may wait for one of the pool's connections while Redis is reachable: a
@@ -55,9 +56,9 @@ def connect(settings: ApiSettings, connector: RedisConnector) -> Redis:
 def create_app(settings: ApiSettings | None = None) -> Starlette:
     """The carmy/1 HTTP app, with MCP at ``/mcp``. Serve it with uvicorn, or mount it in a host app.
 
-    Its background work (catalog refresh, shared pub/sub connection, janitor, MCP's session
-    manager) runs in its lifespan: when mounted, enter ``app.router.lifespan_context(app)`` from
-    the host's own lifespan (see the README).
+    Its background work (catalog refresh, shared pub/sub connection, janitor, Redis's memory
+    reading, MCP's session manager) runs in its lifespan: when mounted, enter
+    ``app.router.lifespan_context(app)`` from the host's own lifespan (see the README).
     """
     settings = settings or ApiSettings.from_env()
     connector = RedisConnector(settings.redis_url)
@@ -68,10 +69,11 @@ def create_app(settings: ApiSettings | None = None) -> Starlette:
     listener = connector.client(socket_connect_timeout=CONNECT_TIMEOUT_S)
     hub = EventHub(listener, on_broadcast={keys.CATALOG_CHANNEL: catalog.notify})
     durability = Durability(settings.wait_replicas, settings.wait_timeout)
-    executions = Executions(redis, settings, durability)
+    memory = StoreMemory(redis, headroom=settings.redis_memory_headroom)
+    executions = Executions(redis, settings, durability, memory)
     janitor = Janitor(redis, retention=settings.retention, dead_after=settings.dead_after, durability=durability)
     api_metrics = ApiMetrics()
-    ops = Ops(redis, catalog, api_metrics)
+    ops = Ops(redis, catalog, api_metrics, memory)
     calls = Calls(catalog=catalog, executions=executions, hub=hub)
     tracing = start_tracing(settings.tracing, service="carmy-api")
     execute = ExecuteEndpoint(settings=settings, calls=calls, metrics=api_metrics, tracing=tracing)
@@ -82,7 +84,8 @@ def create_app(settings: ApiSettings | None = None) -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await hub.start()
-        tasks = [asyncio.create_task(catalog.run()), asyncio.create_task(janitor.run())]
+        tasks = [asyncio.create_task(catalog.run()), asyncio.create_task(janitor.run()),
+                 asyncio.create_task(memory.run())]
         # Serve with the catalog already known when Redis is there; never block start-up on it.
         with contextlib.suppress(Exception):
             await asyncio.wait_for(catalog.refresh(), 2.0)

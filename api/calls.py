@@ -17,7 +17,7 @@ from api.executions import Executions
 from api.hub import EventHub
 from api.mailbox import Mailbox
 from carmy_worker.sdk.context import AgentContext
-from carmy_worker.sdk.errors import clip, error
+from carmy_worker.sdk.errors import clip, error, store_full
 from carmy_worker.store import keys
 from carmy_worker.wire import Record, canonical_json_encoder
 
@@ -79,6 +79,8 @@ class Calls:
                 exec_id=exec_id, tool=tool, arguments=canonical_json_encoder.encode(arguments),
                 request_id=request_id, agent=agent, reply=self.hub.channel, stream=follow and stream,
                 traceparent=traceparent)
+            if sub.kind == "store_full":
+                raise Rejected(store_full())
             if sub.kind in ("conflict", "full", "limited", "no_workers"):
                 raise Rejected(refusal(sub, tool.spec.name))
             if sub.kind == "new":

@@ -22,6 +22,7 @@ from carmy_worker.sdk.errors import store_unavailable
 from carmy_worker.store import jobs, keys, records
 from carmy_worker.store.durable import Durability
 from carmy_worker.store.follow import Join, Joined
+from carmy_worker.store.memory import StoreMemory
 from carmy_worker.store.submit import Submission, Submit
 from carmy_worker.store.verdicts import Verdicts
 from carmy_worker.wire import Event, ExecutionJob, Record, event_decoder, record_decoder
@@ -54,10 +55,12 @@ class Found(Struct):
 
 
 class Executions:
-    def __init__(self, redis: Redis, settings: ApiSettings, durability: Durability | None = None) -> None:
+    def __init__(self, redis: Redis, settings: ApiSettings, durability: Durability | None = None,
+                 memory: StoreMemory | None = None) -> None:
         self.redis = redis
         self.settings = settings
-        self._submit = Submit(redis, retention=settings.retention, durability=durability)
+        # New calls are refused while Redis is out of memory for them (store/memory.py).
+        self._submit = Submit(redis, retention=settings.retention, durability=durability, memory=memory)
         self._verdicts = Verdicts(redis, retention=settings.retention, durability=durability)
         self._join = Join(redis)
         self._abandoning = asyncio.Semaphore(ABANDONING)

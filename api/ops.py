@@ -1,5 +1,5 @@
 """Operating endpoints: ``/health`` (the process lives), ``/ready`` (it can serve: Redis
-answers and a worker is alive) and ``/metrics`` (Prometheus text).
+answers, has memory left for new work, and a worker is alive) and ``/metrics`` (Prometheus text).
 
 Execution counts and latency histograms come from Redis (``carmy_worker.store.metrics``), so they
 cover every worker and are the same on every API replica; the ``carmy_api_*`` figures belong
@@ -23,8 +23,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from api.catalog import Catalog
-from carmy_worker.sdk.errors import error, store_unavailable
+from carmy_worker.sdk.errors import error, store_full, store_unavailable
 from carmy_worker.store import keys, metrics
+from carmy_worker.store.memory import MemoryReading, StoreMemory
 from carmy_worker.wire import ErrorBody
 
 CHECK_TIMEOUT_S = 1.0
@@ -95,6 +96,28 @@ class ClusterCollector(Collector):
         return family
 
 
+class MemoryCollector(Collector):
+    """Redis's memory as of this process's latest reading (``store.memory``), and the calls this
+    process refused for it."""
+
+    def __init__(self, memory: StoreMemory) -> None:
+        self.memory = memory
+
+    def collect(self) -> Iterator[Metric]:
+        yield CounterMetricFamily("carmy_api_store_full_refusals", "New calls this process refused with STORE_FULL "
+                                  "(Redis out of memory for new work)", value=self.memory.refusals)
+        reading = self.memory.reading
+        if reading is None:
+            return
+        yield GaugeMetricFamily("carmy_redis_memory_used_bytes", "Memory Redis holds against its maxmemory",
+                                value=reading.used)
+        yield GaugeMetricFamily("carmy_redis_memory_limit_bytes", "Redis's maxmemory (0: none)", value=reading.limit)
+        yield GaugeMetricFamily("carmy_redis_memory_admit_below_bytes", "New calls are admitted while Redis uses "
+                                "less than this: maxmemory less CARMY_REDIS_MEMORY_HEADROOM", value=reading.admit_below)
+        yield GaugeMetricFamily("carmy_redis_memory_full", "1 while new calls are refused because Redis is out of "
+                                "memory for new work (STORE_FULL)", value=int(reading.full))
+
+
 async def cluster_snapshot(redis: Redis, catalog: Catalog) -> dict[str, Any]:
     async with redis.pipeline(transaction=False) as pipe:
         pipe.hgetall(metrics.EXECUTIONS)
@@ -108,10 +131,13 @@ async def cluster_snapshot(redis: Redis, catalog: Catalog) -> dict[str, Any]:
 
 
 class Ops:
-    def __init__(self, redis: Redis, catalog: Catalog, api_metrics: ApiMetrics) -> None:
+    def __init__(self, redis: Redis, catalog: Catalog, api_metrics: ApiMetrics, memory: StoreMemory) -> None:
         self.redis = redis
         self.catalog = catalog
         self.metrics = api_metrics
+        self.memory = memory
+        self._memory_registry = CollectorRegistry()
+        self._memory_registry.register(MemoryCollector(memory))
 
     async def health(self, request: Request) -> Response:
         return JSONResponse({"ok": True}, headers={"cache-control": "no-store"})
@@ -119,8 +145,10 @@ class Ops:
     async def ready(self, request: Request) -> Response:
         checks: dict[str, Any] = {}
         try:
-            await asyncio.wait_for(self.redis.ping(), CHECK_TIMEOUT_S)
+            # One round trip says both that Redis answers and how much memory it has left.
+            reading = await asyncio.wait_for(self.memory.read(), CHECK_TIMEOUT_S)
             checks["redis"] = {"ok": True}
+            checks["memory"] = _memory_check(reading)
         except (RedisError, OSError, TimeoutError) as exc:
             checks["redis"] = {"ok": False, "error": _wire(store_unavailable(
                 f"Redis does not answer: {type(exc).__name__}"))}
@@ -135,7 +163,7 @@ class Ops:
                             headers={"cache-control": "no-store"})
 
     async def metrics_text(self, request: Request) -> Response:
-        parts: list[bytes] = [generate_latest(self.metrics.registry)]
+        parts: list[bytes] = [generate_latest(self.metrics.registry), generate_latest(self._memory_registry)]
         try:
             snapshot = await asyncio.wait_for(cluster_snapshot(self.redis, self.catalog), CHECK_TIMEOUT_S)
         except (RedisError, OSError, TimeoutError):
@@ -145,6 +173,15 @@ class Ops:
             registry.register(ClusterCollector(snapshot))
             parts.append(generate_latest(registry))
         return Response(b"".join(parts), media_type=CONTENT_TYPE_LATEST, headers={"cache-control": "no-store"})
+
+
+def _memory_check(reading: MemoryReading) -> dict[str, Any]:
+    check: dict[str, Any] = {"ok": not reading.full, "used_bytes": reading.used, "limit_bytes": reading.limit}
+    if reading.limit:
+        check["admit_below_bytes"] = reading.admit_below
+    if reading.full:
+        check["error"] = _wire(store_full())
+    return check
 
 
 def _wire(err: ErrorBody) -> dict[str, Any]:

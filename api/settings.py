@@ -82,6 +82,9 @@ class ApiSettings(Struct, frozen=True, kw_only=True):
     # Replicas that must acknowledge SUBMIT and imposed records (Redis WAIT), and for how long (ms).
     wait_replicas: int = 0
     wait_timeout: int = 500
+    # The share of Redis's maxmemory kept for the work already accepted: new calls are refused
+    # (STORE_FULL) once Redis uses the rest (carmy_worker/store/memory.py).
+    redis_memory_headroom: float = 0.1
     # MCP tasks: how long a tools/call of a client that accepts tasks is followed before it
     # is answered with a task instead of its result.
     mcp_task_after: float = 2.0
@@ -113,6 +116,7 @@ class ApiSettings(Struct, frozen=True, kw_only=True):
             redis_connections=env_int(env, "CARMY_REDIS_CONNECTIONS", 16, minimum=2),
             wait_replicas=env_int(env, "CARMY_REDIS_WAIT_REPLICAS", 0, minimum=0),
             wait_timeout=env_int(env, "CARMY_REDIS_WAIT_TIMEOUT", 500),
+            redis_memory_headroom=env_fraction(env, "CARMY_REDIS_MEMORY_HEADROOM", 0.1),
             mcp_task_after=env_float(env, "CARMY_MCP_TASK_AFTER", 2.0),
             tracing=env_tracing(env),
         )
@@ -130,6 +134,14 @@ class ApiSettings(Struct, frozen=True, kw_only=True):
     def authenticates(self) -> bool:
         """Whether callers must present an API key or an access token."""
         return self.api_keys is not None or self.oauth is not None
+
+
+def env_fraction(env: Mapping[str, str], name: str, default: float) -> float:
+    """A fraction from 0 up to, not including, 1."""
+    value = env_float(env, name, default, zero_ok=True)
+    if value >= 1:
+        raise SettingsError(f"{name} must be at least 0 and below 1, got {value:g}")
+    return value
 
 
 def env_list(env: Mapping[str, str], name: str) -> tuple[str, ...]:

@@ -63,6 +63,7 @@ ErrorCode = Literal[
     "RATE_LIMITED",
     "NO_WORKERS",
     "STORE_UNAVAILABLE",
+    "STORE_FULL",
 ]
 
 CATEGORY: Final[dict[str, Category]] = {
@@ -90,11 +91,12 @@ CATEGORY: Final[dict[str, Category]] = {
     "RATE_LIMITED": "capacity",
     "NO_WORKERS": "capacity",
     "STORE_UNAVAILABLE": "capacity",
+    "STORE_FULL": "capacity",
 }
 
 # Codes an agent may simply try again (after ``retry_after`` when given).
 RETRYABLE: Final[frozenset[str]] = frozenset({
-    "QUEUE_FULL", "RATE_LIMITED", "NO_WORKERS", "STORE_UNAVAILABLE", "AUTH_UNAVAILABLE",
+    "QUEUE_FULL", "RATE_LIMITED", "NO_WORKERS", "STORE_UNAVAILABLE", "STORE_FULL", "AUTH_UNAVAILABLE",
 })
 # Codes an agent can recover from by changing something (its request, or waiting).
 RECOVERABLE: Final[frozenset[str]] = RETRYABLE | {
@@ -150,6 +152,13 @@ def clip(value: object, limit: int = ECHO_LIMIT) -> str:
 def store_unavailable(message: str = "The execution store cannot be reached.", *, retry_after: int = 1) -> ErrorBody:
     """Redis cannot be reached: the call may be retried (with its request_id) once it is back."""
     return error("STORE_UNAVAILABLE", message, retry_after=retry_after)
+
+
+def store_full(retry_after: int = 5) -> ErrorBody:
+    """Redis is out of memory for new work (at its maxmemory, less the headroom kept for the work
+    already accepted): nothing was recorded; the call may be retried once memory frees."""
+    return error("STORE_FULL", "The execution store (Redis) is out of memory: new calls are refused until "
+                 "memory frees. Nothing was recorded; retry later with the same request_id.", retry_after=retry_after)
 
 
 def http_status(err: ErrorBody) -> int:

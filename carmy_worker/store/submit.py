@@ -4,15 +4,17 @@ the wake-up of the workers that serve it."""
 from __future__ import annotations
 
 import time
-from typing import Literal, cast
+from typing import Any, Literal, cast
 
 from msgspec import Struct
 from redis.asyncio import Redis
+from redis.exceptions import OutOfMemoryError
 
 from carmy_worker.store import jobs, keys
 from carmy_worker.store.batch import Batch, batched
 from carmy_worker.store.durable import Durability, durable
 from carmy_worker.store.lua import NEW_WORK, NOW, text
+from carmy_worker.store.memory import StoreMemory
 from carmy_worker.store.quota import NO_QUOTA, QUOTA, Quota
 from carmy_worker.wire import ExecutionJob, Record, msgpack_encoder, record_decoder
 
@@ -21,10 +23,11 @@ from carmy_worker.wire import ExecutionJob, Record, msgpack_encoder, record_deco
 # ARGV: exec_id, fingerprint, arq job bytes, retention s, max pending, admission deadline ms,
 #       queue wait ms, workers alive (1/0), tool, owner, idempotent (1/0), record prefix, wake list,
 #       reply channel ('' for the execution's own channel: lua.EMIT), '1' if the caller streams,
-#       the principal's pending limit (0: none), its bucket's interval and tolerance (µs; 0: no rate)
+#       the principal's pending limit (0: none), its bucket's interval and tolerance (µs; 0: no rate),
+#       '1' if Redis has room for new work (store/memory.py)
 # A request id seen before is answered (replay, join, conflict) before any limit: a retry of an
 # accepted call always gets its answer, and is never charged. Redis at its maxmemory refuses the
-# whole script (lua.NEW_WORK): OutOfMemoryError, and nothing written.
+# whole script (lua.NEW_WORK): Submit answers store_full then too.
 SUBMIT = NEW_WORK + NOW + jobs.WAKE_ONE + QUOTA + """
 if #KEYS == 8 then
   local held = redis.call('GET', KEYS[8])
@@ -38,6 +41,7 @@ if #KEYS == 8 then
   end
 end
 if ARGV[8] ~= '1' then return {'no_workers'} end
+if ARGV[19] ~= '1' then return {'store_full'} end
 local limit, interval = tonumber(ARGV[16]), tonumber(ARGV[17])
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 if limit > 0 or interval > 0 then
@@ -71,7 +75,7 @@ wake_one(ARGV[13])
 return {'new', ARGV[1]}
 """
 
-SubmitKind = Literal["new", "join", "replay", "conflict", "full", "limited", "no_workers"]
+SubmitKind = Literal["new", "join", "replay", "conflict", "full", "limited", "no_workers", "store_full"]
 
 
 class Submission(Struct):
@@ -82,7 +86,8 @@ class Submission(Struct):
     arguments; ``execution_id`` is the first one). Refused, with nothing written: ``full``
     (``pending`` executions already admitted), ``limited`` (the principal's quota: ``limit`` is
     ``pending``, with ``pending`` of its executions held, or ``rate``; try again after
-    ``retry_after_ms``) or ``no_workers``.
+    ``retry_after_ms``), ``no_workers`` or ``store_full`` (Redis is out of memory for new work:
+    ``store.memory``).
     """
 
     kind: SubmitKind
@@ -94,12 +99,15 @@ class Submission(Struct):
 
 
 class Submit:
-    """SUBMIT on one client, with the store-wide retention."""
+    """SUBMIT on one client, with the store-wide retention; ``memory``: the reading new work is
+    admitted by (None: only Redis's own refusal at its limit)."""
 
-    def __init__(self, redis: Redis, *, retention: int, durability: Durability | None = None) -> None:
+    def __init__(self, redis: Redis, *, retention: int, durability: Durability | None = None,
+                 memory: StoreMemory | None = None) -> None:
         # An API process under load submits many clients' calls at once: one write for them all.
         self._script = batched(durable(redis.register_script(SUBMIT), durability), Batch(redis))
         self.retention = retention
+        self.memory = memory
 
     async def __call__(
         self, job: ExecutionJob, *, queue: str, idempotent: bool, workers_alive: bool, max_pending: int,
@@ -120,20 +128,32 @@ class Submit:
         if job.request_id is not None:
             redis_keys.append(keys.idempotency(job.principal, job.session, job.request_id))
         arq_job = jobs.encode_job(msgpack_encoder.encode(job), int(time.time() * 1000))
-        answer = await self._script(keys=redis_keys, args=[
+        memory = self.memory
+        args = [
             # The fingerprint is only compared with a request id's (an idempotency record).
             exec_id, keys.fingerprint(job.tool, job.arguments) if job.request_id is not None else "", arq_job,
             self.retention, max_pending, admission_ms,
             queue_wait_ms, 1 if workers_alive else 0, job.tool, owner, 1 if idempotent else 0,
             keys.RECORD_PREFIX, jobs.wake_list(queue), reply, "1" if stream else "",
-            quota.pending, quota.interval_us(), quota.tolerance_us(),
-        ])
-        kind = text(answer[0])
-        if kind == "replay":
-            return Submission("replay", text(answer[1]), record_decoder.decode(answer[2]))
-        if kind == "full":
-            return Submission("full", pending=int(answer[1]))
-        if kind == "limited":
-            return Submission("limited", pending=int(answer[3]), limit=text(answer[1]),
-                              retry_after_ms=int(answer[2]))
-        return Submission(cast("SubmitKind", kind), text(answer[1]) if len(answer) > 1 else "")
+            quota.pending, quota.interval_us(), quota.tolerance_us(), "1" if memory is None or memory.room else "",
+        ]
+        try:
+            submission = _parse(await self._script(keys=redis_keys, args=args))
+        except OutOfMemoryError:  # Redis at its maxmemory refused it whole: nothing was written
+            if memory is not None:
+                memory.refused(overflow=True)
+            return Submission("store_full")
+        if submission.kind == "store_full" and memory is not None:
+            memory.refused()
+        return submission
+
+
+def _parse(answer: list[Any]) -> Submission:
+    kind = text(answer[0])
+    if kind == "replay":
+        return Submission("replay", text(answer[1]), record_decoder.decode(answer[2]))
+    if kind == "full":
+        return Submission("full", pending=int(answer[1]))
+    if kind == "limited":
+        return Submission("limited", pending=int(answer[3]), limit=text(answer[1]), retry_after_ms=int(answer[2]))
+    return Submission(cast("SubmitKind", kind), text(answer[1]) if len(answer) > 1 else "")

@@ -40,6 +40,7 @@ TABLE: dict[str, tuple[str, int, bool, bool]] = {
     "RATE_LIMITED": ("capacity", 429, True, True),
     "NO_WORKERS": ("capacity", 503, True, True),
     "STORE_UNAVAILABLE": ("capacity", 503, True, True),
+    "STORE_FULL": ("capacity", 503, True, True),
 }
 
 STATUS_OF_CATEGORY = {

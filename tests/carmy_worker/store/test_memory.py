@@ -1,6 +1,6 @@
 """Redis at its maxmemory (``noeviction``): new work is refused, with nothing written, and the
-work already accepted carries on to its record. Against a redis-server of this module's own,
-whose maxmemory the tests set."""
+work already accepted carries on to its record; the reading admission goes by. Against a
+redis-server of this module's own, whose maxmemory the tests set."""
 
 from __future__ import annotations
 
@@ -14,16 +14,16 @@ from pathlib import Path
 import pytest
 import redis
 import redis.asyncio
-from redis.exceptions import OutOfMemoryError
 
 import api
 import carmy_worker
 from carmy_worker.runtime.queue import Leases
 from carmy_worker.store import jobs, keys, records
-from carmy_worker.store.attempts import Attempts
+from carmy_worker.store.attempts import MAX_ATTEMPTS, Attempts
 from carmy_worker.store.follow import Join
 from carmy_worker.store.janitor import Janitor
 from carmy_worker.store.lua import ACCEPTED_WORK, NEW_WORK
+from carmy_worker.store.memory import MemoryReading, StoreMemory
 from carmy_worker.store.progress import Progress
 from carmy_worker.store.roster import Claims, Holding, Liveness
 from carmy_worker.store.submit import Submission, Submit
@@ -78,10 +78,11 @@ def snapshot(r: redis.Redis) -> dict[bytes, bytes | None]:
     return {k: r.dump(k) for k in sorted(r.keys("*"))}
 
 
-async def submit(ar: redis.asyncio.Redis, *, request_id: str | None = None, tool: str = "noop") -> Submission:
+async def submit(ar: redis.asyncio.Redis, *, request_id: str | None = None, memory: StoreMemory | None = None,
+                 tool: str = "noop") -> Submission:
     job = ExecutionJob(execution_id=keys.new_execution_id(), tool=tool, arguments=b"{}", request_id=request_id,
                        principal="alice")
-    return await Submit(ar, retention=RETENTION)(
+    return await Submit(ar, retention=RETENTION, memory=memory)(
         job, queue=QUEUE, idempotent=True, workers_alive=True, max_pending=10, queue_wait_ms=MINUTE_MS,
         admission_ms=MINUTE_MS)
 
@@ -111,15 +112,37 @@ def test_every_script_says_whether_a_full_redis_may_run_it() -> None:
 
 async def test_at_its_limit_redis_refuses_submit_whole_and_nothing_is_written(
         r: redis.Redis, ar: redis.asyncio.Redis) -> None:
+    memory = StoreMemory(ar, headroom=0.1)
     before = snapshot(r)
     with full(r):
         # Its first write prunes the admission set (a delete, allowed at the limit): without its
         # flags, SUBMIT went on to write the execution past it.
-        with pytest.raises(OutOfMemoryError):
-            await submit(ar)
-        with pytest.raises(OutOfMemoryError):
-            await submit(ar, request_id="rid")
+        assert await submit(ar, memory=memory) == Submission("store_full")
+        assert await submit(ar, request_id="rid", memory=memory) == Submission("store_full")
     assert snapshot(r) == before
+    assert memory.refusals == 2 and not memory.room  # until the next reading
+    assert (await memory.read()).full is False
+    assert memory.room
+
+
+async def test_without_room_new_calls_are_refused_and_retries_still_answered(
+        r: redis.Redis, ar: redis.asyncio.Redis) -> None:
+    accepted = await submit(ar, request_id="rid")
+    assert accepted.kind == "new"
+    memory = StoreMemory(ar, headroom=0.1)
+    memory.reading = MemoryReading(used=95, limit=100, admit_below=90)
+    before = snapshot(r)
+    assert await submit(ar, request_id="other", memory=memory) == Submission("store_full")
+    assert snapshot(r) == before
+    # A retry of the call accepted before is still answered: it joins, and later replays.
+    assert await submit(ar, request_id="rid", memory=memory) == Submission("join", accepted.execution_id)
+    verdict = await Attempts(ar, worker_id="w1", retention=RETENTION).claim(accepted.execution_id,
+                                                                           max_attempts=MAX_ATTEMPTS)
+    record = records.completed(accepted.execution_id, "noop", b"{}", cacheable=True, duration_ms=1)
+    await Attempts(ar, worker_id="w1", retention=RETENTION).settle(record, exec_id=accepted.execution_id,
+                                                                  attempt=verdict.attempt)
+    assert (await submit(ar, request_id="rid", memory=memory)).kind == "replay"
+    assert memory.refusals == 1
 
 
 async def test_accepted_work_carries_on_to_its_record_over_the_limit(
@@ -145,4 +168,22 @@ async def test_accepted_work_carries_on_to_its_record_over_the_limit(
     assert r.hget(keys.execution(ran), "state") == b"done"
     assert r.exists(keys.record(ran)) and r.exists(keys.record(goes))
     assert not r.exists(jobs.job_key(ran))  # its lease ended with it
+
+
+def test_a_reading_refuses_from_the_limit_less_the_headroom() -> None:
+    info = {"used_memory": 950, "mem_not_counted_for_evict": 60, "maxmemory": 1000}
+    reading = MemoryReading.of(info, 0.1)
+    assert (reading.used, reading.limit, reading.admit_below, reading.full) == (890, 1000, 900, False)
+    assert MemoryReading.of({**info, "mem_not_counted_for_evict": 50}, 0.1).full
+    assert not MemoryReading.of({**info, "mem_not_counted_for_evict": 0}, 0.0).full
+    assert not MemoryReading.of({**info, "maxmemory": 0}, 0.1).full  # no limit, nothing refused
+
+
+async def test_a_reading_follows_redis(r: redis.Redis, ar: redis.asyncio.Redis) -> None:
+    memory = StoreMemory(ar, headroom=0.5)
+    used = (await memory.read()).used
+    r.config_set("maxmemory", used + used // 2)  # three quarters of it taken, over the half
+    assert (await memory.read()).full and not memory.room
+    r.config_set("maxmemory", used * 4)
+    assert not (await memory.read()).full and memory.room
 
