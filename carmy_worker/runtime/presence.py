@@ -73,7 +73,6 @@ class Presence:
         self.runtime = runtime
         # The jobs this worker's queue loop has leased (set once it is built); safe from a thread.
         self.leased: Callable[[], Iterable[str]] = tuple
-        self._info_key = keys.worker(info.worker_id)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -87,7 +86,7 @@ class Presence:
 
     async def register(self) -> None:
         self._loop = asyncio.get_running_loop()
-        await self.redis.set(self._info_key, msgpack_encoder.encode(self.info))
+        await self._liveness.register(self.info.worker_id, msgpack_encoder.encode(self.info))
         await self._liveness.heartbeat(self.info.worker_id)
         await self.redis.publish(keys.CATALOG_CHANNEL, self.info.worker_id)
         self._thread = threading.Thread(target=self._beat, name="carmy-heartbeat", daemon=True)
@@ -142,7 +141,7 @@ class Presence:
                 orphans = beat.orphans  # released by the next beat if they still are then
                 if not beat.registered:
                     # Redis came back empty: say again who we are.
-                    client.set(self._info_key, msgpack_encoder.encode(self.info))
+                    liveness.register(self.info.worker_id, msgpack_encoder.encode(self.info))
                     client.publish(keys.CATALOG_CHANNEL, self.info.worker_id)
                     log.info("registered again after Redis lost this worker")
                 strays = set(beat.strays)
@@ -167,7 +166,7 @@ class Presence:
 
     async def drain(self) -> None:
         """Stop being offered new work; keep heartbeating for what still runs."""
-        await self.redis.sadd(keys.DRAINING, self.info.worker_id)  # type: ignore[misc]  # redis-py's union
+        await self._liveness.drain(self.info.worker_id)
         await self.redis.publish(keys.CATALOG_CHANNEL, self.info.worker_id)
 
     async def deregister(self) -> None:

@@ -123,6 +123,16 @@ return {cutoff(now, tonumber(ARGV[1])), redis.call('ZRANGE', KEYS[2], 0, -1, 'WI
 """
 
 
+# A worker's info (REGISTER) and its drain (DRAIN), written over a full Redis's maxmemory like the
+# work it serves: a worker that starts, or restarts, while Redis is full must still come up and
+# serve the work already queued. (Each is announced on the catalog channel after it: PUBLISH is
+# never refused for memory.)
+# KEYS: the worker's info key; ARGV: its WorkerInfo (msgpack)
+REGISTER = ACCEPTED_WORK + "redis.call('SET', KEYS[1], ARGV[1]) return 1"
+# KEYS: the draining set; ARGV: worker_id
+DRAIN = ACCEPTED_WORK + "return redis.call('SADD', KEYS[1], ARGV[1])"
+
+
 class Roster(Struct, frozen=True):
     """Who heartbeats, as of Redis's clock: a worker last seen before ``cutoff`` (ms) is dead."""
 
@@ -226,12 +236,23 @@ _ROSTER_KEYS = [keys.WATCH, keys.WORKERS, keys.DRAINING]
 
 
 class Liveness:
-    """HEARTBEAT and WORKERS on an asyncio client, for workers judged dead after ``dead_after`` s."""
+    """HEARTBEAT and WORKERS (and a worker's REGISTER and DRAIN) on an asyncio client, for workers
+    judged dead after ``dead_after`` s."""
 
     def __init__(self, redis: Redis, *, dead_after: float) -> None:
         self._heartbeat = redis.register_script(HEARTBEAT)
         self._workers = redis.register_script(WORKERS)
+        self._register = redis.register_script(REGISTER)
+        self._drain = redis.register_script(DRAIN)
         self.dead_ms = int(dead_after * 1000)
+
+    async def register(self, worker_id: str, info: bytes) -> None:
+        """Write ``worker_id``'s info (a msgpack ``WorkerInfo``), which the catalog reads."""
+        await self._register(keys=[keys.worker(worker_id)], args=[info])
+
+    async def drain(self, worker_id: str) -> None:
+        """List ``worker_id`` as draining: it takes no new work."""
+        await self._drain(keys=[keys.DRAINING], args=[worker_id])
 
     async def heartbeat(self, worker_id: str, *, offset_ms: int = 0, claims: Claims = NOTHING) -> Beat:
         """Mark ``worker_id`` seen now (plus ``offset_ms``), and check its ``claims``."""
@@ -248,7 +269,11 @@ class SyncLiveness:
     def __init__(self, redis: sync_redis.Redis, *, dead_after: float) -> None:
         self._heartbeat = redis.register_script(HEARTBEAT)
         self._workers = redis.register_script(WORKERS)
+        self._register = redis.register_script(REGISTER)
         self.dead_ms = int(dead_after * 1000)
+
+    def register(self, worker_id: str, info: bytes) -> None:
+        self._register(keys=[keys.worker(worker_id)], args=[info])
 
     def heartbeat(self, worker_id: str, *, offset_ms: int = 0, claims: Claims = NOTHING) -> Beat:
         return _beat(self._heartbeat(keys=_heartbeat_keys(worker_id),

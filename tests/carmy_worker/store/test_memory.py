@@ -163,11 +163,15 @@ async def test_accepted_work_carries_on_to_its_record_over_the_limit(
         assert (await Join(ar)(ran, "noop", channel="carmy:api:other", stream=False)).state == "running"
         assert await Verdicts(ar, retention=RETENTION).cancel(goes, "noop") == "cancelled"
         await Janitor(ar, retention=RETENTION, dead_after=3).sweep()
+        await liveness.register("w2", b"a worker starting now")  # one more worker to serve them
+        await liveness.drain("w1")
         record = records.completed(ran, "noop", b'{"big":"' + b"x" * 65536 + b'"}', cacheable=True, duration_ms=1)
         assert await attempts.settle(record, exec_id=ran, attempt=1, lease=leases[ran].token)
     assert r.hget(keys.execution(ran), "state") == b"done"
     assert r.exists(keys.record(ran)) and r.exists(keys.record(goes))
     assert not r.exists(jobs.job_key(ran))  # its lease ended with it
+    assert r.get(keys.worker("w2")) == b"a worker starting now"
+    assert r.smembers(keys.DRAINING) == {b"w1"}
 
 
 def test_a_reading_refuses_from_the_limit_less_the_headroom() -> None:
