@@ -18,12 +18,14 @@ import httpx
 import uvicorn
 from starlette.applications import Starlette
 
+from api.settings import ApiSettings
+
 # Starting processes and waiting for them is shared with the benchmark; tests may import bench/,
 # never the other way round.
 from bench.processes import ROOT, Proc, RedisServer, StartError, free_port, on_free_port, try_check, wait_until
 
-__all__ = ["ROOT", "Call", "Load", "Proc", "RedisServer", "Sample", "Stack", "StartError", "free_port", "marked",
-           "new_tmp", "serving", "wait_until", "wait_until_async"]
+__all__ = ["ROOT", "Call", "Load", "Proc", "RedisServer", "Sample", "Stack", "StartError", "app_settings", "free_port",
+           "marked", "new_tmp", "serving", "turns_until", "wait_until", "wait_until_async"]
 
 # Seconds a worker or API process may take to be ready. Generous, for a busy machine: a process
 # that exits stops the wait at once, with its log in the error.
@@ -41,6 +43,28 @@ async def wait_until_async(check: Callable[[], object], timeout: float = 30.0, w
             return value
         await asyncio.sleep(0.02)
     raise TimeoutError(f"{what}: not met within {timeout:g} s (last error: {last!r})")
+
+
+async def turns_until(check: Callable[[], object], what: str = "condition", turns: int = 1000) -> object:
+    """``wait_until_async`` one turn of the event loop at a time, checking between turns: for a
+    state the next turns may end (a call written and not answered yet, calls queued and not
+    sent yet), which a sleep could step over."""
+    for _ in range(turns):
+        if value := check():
+            return value
+        await asyncio.sleep(0)
+    raise TimeoutError(f"{what}: not met within {turns} turns of the event loop")
+
+
+# Where the API of a test that must not reach Redis looks for it: nothing listens on port 1, so a
+# stray call fails at once instead of reaching a developer's own Redis on the default port.
+NO_REDIS = "redis://127.0.0.1:1/0"
+
+
+def app_settings(redis_url: str = NO_REDIS, **overrides: Any) -> ApiSettings:
+    """The ``ApiSettings`` of an API under test: the defaults against ``redis_url``, but for
+    ``overrides``."""
+    return ApiSettings(redis_url=redis_url, **overrides)
 
 
 class Stack:

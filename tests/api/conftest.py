@@ -21,7 +21,7 @@ from starlette.applications import Starlette
 from api.app import create_app
 from api.settings import ApiSettings
 from tests.conftest import asgi_client
-from tests.support import Proc, Stack
+from tests.support import Proc, Stack, app_settings
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +39,7 @@ def worker(stack: Stack, worker_env: dict[str, str]) -> Proc:
 @pytest.fixture(scope="module")
 def api_settings(stack: Stack) -> ApiSettings:
     """The defaults, against the module's Redis."""
-    return ApiSettings(redis_url=stack.redis_url)
+    return app_settings(stack.redis_url)
 
 
 @pytest.fixture(scope="module")

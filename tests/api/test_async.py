@@ -12,7 +12,7 @@ import redis
 
 from api.settings import ApiKey, ApiSettings
 from tests.sse import parse
-from tests.support import Stack, wait_until_async
+from tests.support import Stack, app_settings, wait_until_async
 
 ASYNC = {"prefer": "respond-async"}
 ALICE = "alice-token-0123456789"
@@ -30,7 +30,7 @@ def worker_env() -> dict[str, str]:
 def api_settings(stack: Stack) -> ApiSettings:
     """Two principals: an execution is visible to its owner only."""
     keys = {ALICE: ApiKey(principal="alice"), BOB: ApiKey(principal="bob")}
-    return ApiSettings(redis_url=stack.redis_url, api_keys=keys)
+    return app_settings(stack.redis_url, api_keys=keys)
 
 
 async def start(client: httpx.AsyncClient, body: dict[str, object], headers: dict[str, str] = AS_ALICE

@@ -9,7 +9,7 @@ from api.browser import split_host
 from api.settings import ApiSettings
 from tests.api.test_embedded import host_app
 from tests.conftest import app_client, asgi_client
-from tests.support import Stack
+from tests.support import Stack, app_settings
 
 LISTED = ("api", "carmy.example:8443", "*.corp.example", "[::1]")
 
@@ -35,7 +35,7 @@ def test_default_follows_the_address_bound(env: dict[str, str], expected: tuple[
     ("api.evil.example", 403), ("evil-api", 403), ("api:x", 403), ("[::1", 403),
 ])
 async def test_an_explicit_list(stack: Stack, host: str, status: int) -> None:
-    async with app_client(ApiSettings(redis_url=stack.redis_url, allowed_hosts=LISTED)) as client:
+    async with app_client(app_settings(stack.redis_url, allowed_hosts=LISTED)) as client:
         r = await client.get("/agent/tools", headers={"host": host})
     assert r.status_code == status
     if status == 403:
@@ -43,14 +43,14 @@ async def test_an_explicit_list(stack: Stack, host: str, status: int) -> None:
 
 
 async def test_a_star_opts_out(stack: Stack) -> None:
-    async with app_client(ApiSettings(redis_url=stack.redis_url, host="0.0.0.0")) as client:
+    async with app_client(app_settings(stack.redis_url, host="0.0.0.0")) as client:
         r = await client.get("/agent/tools", headers={"host": "anything.example"})
     assert r.status_code == 200
 
 
 async def test_same_origin_behind_a_tls_proxy(stack: Stack) -> None:
     # The proxy speaks http to the API; the page's origin is https with its default port.
-    settings = ApiSettings(redis_url=stack.redis_url, allowed_hosts=("carmy.example",))
+    settings = app_settings(stack.redis_url, allowed_hosts=("carmy.example",))
     async with app_client(settings) as client:
         for origin, status in [("https://carmy.example", 200), ("http://carmy.example", 200),
                                ("https://carmy.example:8443", 403), ("https://other.example", 403)]:
@@ -59,7 +59,7 @@ async def test_same_origin_behind_a_tls_proxy(stack: Stack) -> None:
 
 
 async def test_a_mounted_app_checks_its_own_paths(stack: Stack) -> None:
-    app = host_app(ApiSettings(redis_url=stack.redis_url))
+    app = host_app(app_settings(stack.redis_url))
     async with asgi_client(app) as client:
         assert (await client.get("/carmy/health", headers={"host": "10.0.0.1"})).status_code == 200
         assert (await client.get("/carmy/agent/tools", headers={"host": "10.0.0.1"})).status_code == 403

@@ -9,13 +9,13 @@ import httpx
 import pytest
 
 from api.settings import ApiSettings
-from tests.support import Stack
+from tests.support import Stack, app_settings
 
 
 @pytest.fixture(scope="module")
 def api_settings(stack: Stack) -> ApiSettings:
     """A server name of our own, which the discovery document must show."""
-    return ApiSettings(redis_url=stack.redis_url, server_name="shop-test")
+    return app_settings(stack.redis_url, server_name="shop-test")
 
 
 def check_document_headers(response: httpx.Response) -> None:

@@ -11,12 +11,11 @@ import redis.asyncio
 
 from api.executions import Executions
 from api.mailbox import Mailbox
-from api.settings import ApiSettings
 from carmy_worker.store import jobs, keys, records
 from carmy_worker.store.attempts import Attempts
 from carmy_worker.store.submit import Submit
 from carmy_worker.wire import MAX_EVENT_BYTES, ExecutionJob, Record, event_decoder, json_encoder
-from tests.support import RedisServer
+from tests.support import RedisServer, app_settings
 
 RETENTION = 600
 NEVER = 3600.0  # a tick that never comes: an answer can only be the final event's doing
@@ -54,7 +53,7 @@ async def settled_with(ar: redis.asyncio.Redis, data_json: bytes) -> tuple[str, 
 
 async def outcome(ar: redis.asyncio.Redis, exec_id: str, messages: list[bytes]) -> Record:
     """What a waiter of ``exec_id`` answers, given ``messages`` from its subscription."""
-    executions = Executions(ar, ApiSettings(retention=RETENTION))
+    executions = Executions(ar, app_settings(retention=RETENTION))
     queue = Mailbox()
     for message in messages:
         queue.put_nowait(message)

@@ -14,6 +14,7 @@ from starlette.types import Message
 
 from api.headers import wrap
 from api.settings import ApiSettings
+from tests.support import app_settings
 
 ORIGIN = "https://app.example"
 
@@ -34,18 +35,18 @@ def client(settings: ApiSettings) -> httpx.AsyncClient:
 
 
 def test_nothing_is_wrapped_by_default() -> None:
-    assert wrap(APP, ApiSettings()) is APP
+    assert wrap(APP, app_settings()) is APP
 
 
 async def test_a_header_the_app_sets_is_kept() -> None:
-    async with client(ApiSettings(security_headers=True)) as c:
+    async with client(app_settings(security_headers=True)) as c:
         r = await c.get("/own")
     assert r.headers.get_list("content-security-policy") == ["frame-ancestors 'self'"]
     assert r.headers["x-frame-options"] == "DENY"
 
 
 async def test_cors_without_security_headers() -> None:
-    async with client(ApiSettings(cors_origins=(ORIGIN,))) as c:
+    async with client(app_settings(cors_origins=(ORIGIN,))) as c:
         r = await c.get("/", headers={"origin": ORIGIN})
     assert r.headers["access-control-allow-origin"] == ORIGIN
     assert "x-content-type-options" not in r.headers
@@ -62,7 +63,7 @@ async def test_streams_pass_through_unbuffered() -> None:
     async def stream(request: Request) -> Response:
         return StreamingResponse(chunks(), media_type="text/event-stream")
 
-    app = wrap(Starlette(routes=[Route("/", stream)]), ApiSettings(security_headers=True, cors_origins=(ORIGIN,)))
+    app = wrap(Starlette(routes=[Route("/", stream)]), app_settings(security_headers=True, cors_origins=(ORIGIN,)))
     sent: list[Message] = []
     first_body = asyncio.Event()
 

@@ -11,10 +11,10 @@ import httpx
 import pytest
 import redis
 
-from api.settings import ApiKey, ApiSettings
+from api.settings import ApiKey
 from tests.conftest import app_client
 from tests.sse import parse
-from tests.support import Stack, wait_until_async
+from tests.support import Stack, app_settings, wait_until_async
 
 SSE = {"accept": "text/event-stream"}
 ALICE = "alice-token-0123456789"
@@ -140,7 +140,7 @@ async def test_no_raw_request_id_in_key_names(client: httpx.AsyncClient, sync_re
 
 
 async def test_records_expire_after_retention(stack: Stack, sync_redis: redis.Redis) -> None:
-    async with app_client(ApiSettings(redis_url=stack.redis_url, retention=1)) as c:
+    async with app_client(app_settings(stack.redis_url, retention=1)) as c:
         body = {"tool": "tally", "arguments": {"name": "expiry"}, "request_id": rid()}
         first = await c.post("/agent/execute", json=body)
         kept_1s = [k for k in sync_redis.scan_iter("carmy:idem:*") if 0 <= sync_redis.ttl(k) <= 1]
@@ -154,7 +154,7 @@ async def test_records_expire_after_retention(stack: Stack, sync_redis: redis.Re
 
 async def test_principals_are_isolated(stack: Stack) -> None:
     keys = {ALICE: ApiKey(principal="alice"), BOB: ApiKey(principal="bob", permissions=frozenset({"confirm:wipe"}))}
-    async with app_client(ApiSettings(redis_url=stack.redis_url, api_keys=keys)) as c:
+    async with app_client(app_settings(stack.redis_url, api_keys=keys)) as c:
         body = {"tool": "tally", "arguments": {"name": "principals"}, "request_id": "shared-id"}
         a = await c.post("/agent/execute", json=body, headers={"authorization": f"Bearer {ALICE}"})
         b = await c.post("/agent/execute", json=body, headers={"authorization": f"Bearer {BOB}"})
@@ -174,7 +174,7 @@ async def test_principals_are_isolated(stack: Stack) -> None:
 
 async def test_api_keys_guard_everything_but_discovery(stack: Stack) -> None:
     keys = {ALICE: ApiKey(principal="alice")}
-    async with app_client(ApiSettings(redis_url=stack.redis_url, api_keys=keys)) as c:
+    async with app_client(app_settings(stack.redis_url, api_keys=keys)) as c:
         assert (await c.get("/.well-known/agent")).status_code == 200
         for headers in ({}, {"authorization": "Bearer wrong-token-000000000"}, {"authorization": ALICE},
                         {"authorization": f"Basic {ALICE}"}):

@@ -28,12 +28,12 @@ from starlette.applications import Starlette
 from api.app import create_app
 from api.mcp.cancel import CallRegistry
 from api.quotas import Quotas
-from api.settings import ApiKey, ApiSettings
+from api.settings import ApiKey
 from carmy_worker.sdk.context import AgentContext
 from carmy_worker.store import keys
 from carmy_worker.store.quota import Quota
 from tests import raw
-from tests.support import Stack, serving
+from tests.support import Stack, app_settings, serving
 
 MODES = ["legacy", "auto"]
 TOKEN = "alice-token-0123456789"
@@ -50,21 +50,21 @@ def serving_mcp(app: Starlette) -> Iterator[str]:
 @pytest.fixture(scope="module")
 def url(stack: Stack) -> Iterator[str]:
     stack.worker()
-    with serving_mcp(create_app(ApiSettings(redis_url=stack.redis_url))) as u:
+    with serving_mcp(create_app(app_settings(stack.redis_url))) as u:
         yield u
 
 
 @pytest.fixture(scope="module")
 def other_url(stack: Stack, url: str) -> Iterator[str]:
     """A second API replica on the same Redis."""
-    with serving_mcp(create_app(ApiSettings(redis_url=stack.redis_url))) as u:
+    with serving_mcp(create_app(app_settings(stack.redis_url))) as u:
         yield u
 
 
 @pytest.fixture(scope="module")
 def keyed_url(stack: Stack, url: str) -> Iterator[str]:
     keys = {TOKEN: ApiKey(principal="alice", permissions=frozenset({"confirm:wipe"}))}
-    with serving_mcp(create_app(ApiSettings(redis_url=stack.redis_url, api_keys=keys))) as u:
+    with serving_mcp(create_app(app_settings(stack.redis_url, api_keys=keys))) as u:
         yield u
 
 
@@ -566,8 +566,8 @@ async def test_rate_limited_is_an_error_result(stack: Stack, url: str) -> None:
     """A quota's refusal over MCP: an error result saying when to send the very same call again;
     a retry of the call it accepted still replays, uncharged."""
     token = "quota-token-0123456789"
-    settings = ApiSettings(redis_url=stack.redis_url, api_keys={token: ApiKey(principal="mcp-quota")},
-                           quotas=Quotas(default=Quota(rate=0.01, burst=1)))  # one call per 100 s
+    settings = app_settings(stack.redis_url, api_keys={token: ApiKey(principal="mcp-quota")},
+                            quotas=Quotas(default=Quota(rate=0.01, burst=1)))  # one call per 100 s
     first_meta: Any = {"carmy/request_id": "mcp-quota-1"}
     with serving_mcp(create_app(settings)) as quota_url:
         async with connect(quota_url, token=token) as client:

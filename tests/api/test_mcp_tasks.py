@@ -25,9 +25,9 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp_types import CallToolResult, Request, Result
 
 from api.app import create_app
-from api.settings import ApiKey, ApiSettings
+from api.settings import ApiKey
 from tests.api.test_mcp import appears, serving_mcp
-from tests.support import Stack
+from tests.support import Stack, app_settings
 
 T = TypeVar("T")
 
@@ -41,14 +41,14 @@ ALICE, BOB = "alice-token-0123456789", "bob-token-0123456789ab"
 @pytest.fixture(scope="module")
 def url(stack: Stack) -> Iterator[str]:
     stack.worker()
-    with serving_mcp(create_app(ApiSettings(redis_url=stack.redis_url, mcp_task_after=TASK_AFTER))) as u:
+    with serving_mcp(create_app(app_settings(stack.redis_url, mcp_task_after=TASK_AFTER))) as u:
         yield u
 
 
 @pytest.fixture(scope="module")
 def keyed_url(stack: Stack, url: str) -> Iterator[str]:
     keys = {ALICE: ApiKey(principal="alice"), BOB: ApiKey(principal="bob")}
-    with serving_mcp(create_app(ApiSettings(redis_url=stack.redis_url, mcp_task_after=TASK_AFTER, api_keys=keys))) as u:
+    with serving_mcp(create_app(app_settings(stack.redis_url, mcp_task_after=TASK_AFTER, api_keys=keys))) as u:
         yield u
 
 
@@ -175,7 +175,7 @@ async def test_handshake_versions_know_nothing_of_tasks(url: str) -> None:
 
 async def test_quick_tool_answers_inline(stack: Stack, url: str) -> None:
     # Patient enough for a busy machine: a quick tool is never a task.
-    with serving_mcp(create_app(ApiSettings(redis_url=stack.redis_url, mcp_task_after=10))) as patient:
+    with serving_mcp(create_app(app_settings(stack.redis_url, mcp_task_after=10))) as patient:
         async with mcp(patient) as client:
             result = await client.call("echo", {"text": "ab", "times": 2})
     assert result["resultType"] == "complete"
@@ -272,7 +272,7 @@ async def test_cancel_cancels_the_running_tool(url: str, stack: Stack) -> None:
 
 
 async def test_client_leaving_before_the_task_cancels_it(stack: Stack, url: str) -> None:
-    with serving_mcp(create_app(ApiSettings(redis_url=stack.redis_url, mcp_task_after=30))) as patient:
+    with serving_mcp(create_app(app_settings(stack.redis_url, mcp_task_after=30))) as patient:
         async with mcp(patient) as client, anyio.create_task_group() as calls:
             calls.start_soon(client.call, "gate", {"tag": "leave"})
             assert await appears(stack.tmp / "gate-start-leave", 10)

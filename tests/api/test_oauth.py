@@ -21,7 +21,7 @@ from api.oauth import OAuthSettings
 from api.settings import ApiKey, ApiSettings
 from tests.conftest import asgi_client
 from tests.issuer import ISSUER, RESOURCE, Issuer, challenge, hs256_with, issuing, new_key, reheaded, tampered, unsigned
-from tests.support import Proc, Stack, free_port, serving
+from tests.support import Proc, Stack, app_settings, free_port, serving
 
 API_KEY = "alice-token-0123456789"
 METADATA = "https://carmy.test/.well-known/oauth-protected-resource"
@@ -37,8 +37,8 @@ def issuer() -> Iterator[Issuer]:
 
 
 def settings(stack: Stack, issuer: Issuer, **oauth: Any) -> ApiSettings:
-    return ApiSettings(redis_url=stack.redis_url, api_keys={API_KEY: ApiKey(principal="alice")},
-                       oauth=OAuthSettings(issuer=ISSUER, resource=RESOURCE, jwks_url=issuer.jwks_url, **oauth))
+    return app_settings(stack.redis_url, api_keys={API_KEY: ApiKey(principal="alice")},
+                        oauth=OAuthSettings(issuer=ISSUER, resource=RESOURCE, jwks_url=issuer.jwks_url, **oauth))
 
 
 @pytest.fixture(scope="module")

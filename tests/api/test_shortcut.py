@@ -5,9 +5,8 @@ from __future__ import annotations
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.app import create_app
-from api.settings import ApiSettings
 from tests.conftest import asgi_client
-from tests.support import Stack
+from tests.support import Stack, app_settings
 
 
 class Stamp:
@@ -26,7 +25,7 @@ class Stamp:
 
 
 async def test_middleware_a_host_adds_sees_execute_calls(stack: Stack) -> None:
-    app = create_app(ApiSettings(redis_url=stack.redis_url, security_headers=True))
+    app = create_app(app_settings(stack.redis_url, security_headers=True))
     app.add_middleware(Stamp)
     async with asgi_client(app) as client:
         r = await client.post("/agent/execute", content=b"{", headers={"content-type": "application/json"})

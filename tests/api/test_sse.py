@@ -7,10 +7,9 @@ import asyncio
 import httpx
 import pytest
 
-from api.settings import ApiSettings
 from tests.conftest import app_client
 from tests.sse import parse
-from tests.support import Proc, Stack
+from tests.support import Proc, Stack, app_settings
 
 SSE = {"accept": "text/event-stream"}
 
@@ -77,7 +76,7 @@ async def test_envelope_errors_are_plain_json_even_for_sse(client: httpx.AsyncCl
 
 
 async def test_keep_alive_comments_while_the_tool_is_quiet(stack: Stack, worker: Proc) -> None:
-    async with app_client(ApiSettings(redis_url=stack.redis_url, sse_keepalive=0.2)) as c:
+    async with app_client(app_settings(stack.redis_url, sse_keepalive=0.2)) as c:
         for _ in range(1500):  # up to 30 s for this app's catalog to see the worker, on a busy machine
             if b'"linger"' in (await c.get("/agent/tools")).content:
                 break

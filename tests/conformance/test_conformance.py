@@ -171,9 +171,8 @@ from typing import Any, NamedTuple, cast
 import pytest
 
 from api.app import create_app
-from api.settings import ApiSettings
 from tests.npm import INSTALL_TIMEOUT_S, npm_install
-from tests.support import Stack, serving
+from tests.support import Stack, app_settings, serving
 
 HERE = Path(__file__).parent
 RUN_TIMEOUT_S = 120.0  # one suite at one spec version: 2-5 s (30-50 scenarios)
@@ -363,7 +362,7 @@ def url(stack: Stack) -> Iterator[str]:
     stack.worker("tests.toolsets.conformance")
     # tasks-*: a call of a second or more (slow_compute, failing_job) becomes a task; an instant
     # one (greet) answers inline, with room to spare on a busy machine.
-    with serving(create_app(ApiSettings(redis_url=stack.redis_url, mcp_task_after=0.8))) as base:
+    with serving(create_app(app_settings(stack.redis_url, mcp_task_after=0.8))) as base:
         yield base + "/mcp"
 
 

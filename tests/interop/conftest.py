@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 
 from api.app import create_app
-from api.settings import ApiKey, ApiSettings
+from api.settings import ApiKey
 from tests.npm import npm_install
-from tests.support import Stack, serving
+from tests.support import Stack, app_settings, serving
 
 HERE = Path(__file__).parent
 ANSWER_TIMEOUT = 30.0  # seconds a scenario may take (the slowest waits out a 1 s tool timeout)
@@ -79,7 +79,7 @@ def node() -> str:
 @pytest.fixture(scope="module")
 def url(stack: Stack) -> Iterator[str]:
     stack.worker("tests.toolsets.interop")
-    with serving(create_app(ApiSettings(redis_url=stack.redis_url))) as base:
+    with serving(create_app(app_settings(stack.redis_url))) as base:
         yield base + "/mcp"
 
 
@@ -87,7 +87,7 @@ def url(stack: Stack) -> Iterator[str]:
 def keyed_url(stack: Stack, url: str) -> Iterator[str]:
     """A second API process on the same Redis and worker, behind an API key."""
     keys = {TOKEN: ApiKey(principal="alice", permissions=frozenset({"confirm:wipe"}))}
-    with serving(create_app(ApiSettings(redis_url=stack.redis_url, api_keys=keys))) as base:
+    with serving(create_app(app_settings(stack.redis_url, api_keys=keys))) as base:
         yield base + "/mcp"
 
 

@@ -13,10 +13,10 @@ from api.app import create_app
 from api.oauth import OAuthSettings, RemoteKeys, StaticKeys, TokenVerifier
 from api.oauth.keys import KeySet, Unavailable
 from api.oauth.tokens import TRUSTED_FOR_S, Refusal
-from api.settings import ApiSettings
 from carmy_worker.sdk.context import AgentContext
 from carmy_worker.settings import SettingsError
 from tests.issuer import ISSUER, RESOURCE, issuing, new_key
+from tests.support import app_settings
 
 
 def test_a_key_serves_its_own_algorithm_only() -> None:
@@ -129,6 +129,6 @@ async def test_a_valid_token_is_trusted_again_for_a_while_only(tmp_path: Path) -
 def test_an_unusable_key_file_stops_the_start(tmp_path: Path, content: bytes) -> None:
     path = tmp_path / "jwks.json"
     path.write_bytes(content)
-    settings = ApiSettings(oauth=OAuthSettings(issuer=ISSUER, resource=RESOURCE, jwks_file=str(path)))
+    settings = app_settings(oauth=OAuthSettings(issuer=ISSUER, resource=RESOURCE, jwks_file=str(path)))
     with pytest.raises(SettingsError, match="CARMY_OAUTH_JWKS_FILE"):
         create_app(settings)
