@@ -10,7 +10,7 @@ import time
 import httpx
 
 from tests.conftest import private_stack
-from tests.support import Stack, wait_until
+from tests.support import Stack, wait_until, wait_until_async
 
 # Per call, from sending to the answer, when Redis is gone. The README promises about a second;
 # the margin is for a busy machine, and the old pool's worst case (2 s) stays above it.
@@ -40,6 +40,10 @@ def test_a_burst_waits_for_the_pool_instead_of_failing(fresh_stack: Stack) -> No
     assert collections.Counter((status, code) for status, code, _ in results) == {(200, None): 256}
 
 
+def redis_ok(base: str) -> bool:
+    return bool(httpx.get(base + "/ready", timeout=10).json()["checks"]["redis"]["ok"])
+
+
 def test_new_calls_hear_that_redis_is_gone_within_a_second() -> None:
     with private_stack() as (server, stack):
         stack.worker()
@@ -49,9 +53,10 @@ def test_new_calls_hear_that_redis_is_gone_within_a_second() -> None:
         async def scenario() -> list[tuple[int, str | None, float]]:
             # Calls in flight hold the pool's connections when Redis goes.
             busy = asyncio.ensure_future(timed_burst(base, {"tool": "linger", "arguments": {"seconds": 0.2}}, 64))
-            await asyncio.sleep(0.1)
+            await wait_until_async(lambda: (stack.tmp / "linger-start-").exists(), what="a call of the burst running")
             server.kill()
-            await asyncio.sleep(0.1)  # the API's own connections see the end of theirs
+            # The API has seen the end of its connections: its readiness check says Redis is gone.
+            await asyncio.to_thread(wait_until, lambda: not redis_ok(base), what="the API to see Redis gone")
             gone = await timed_burst(base, {"tool": "noop"}, 64)
             busy.cancel()
             return gone

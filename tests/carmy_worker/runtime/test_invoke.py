@@ -43,6 +43,7 @@ class Count(msgspec.Struct):
 
 
 # Threading events the tools set so a test can see what happened inside them.
+async_started = threading.Event()
 async_cancelled = threading.Event()
 sync_started = threading.Event()
 sync_saw_cancel = threading.Event()
@@ -117,7 +118,8 @@ async def unencodable(ctx: Context) -> Count:
 
 @tools.tool(effect="none")
 async def slow(ctx: Context) -> Count:
-    """Sleeps, noting its cancellation."""
+    """Sleeps, noting its start and its cancellation."""
+    async_started.set()
     try:
         await asyncio.sleep(5)
     except asyncio.CancelledError:
@@ -133,6 +135,7 @@ let_go = asyncio.Event()  # what clings_on ignores its cancellation for
 @tools.tool(effect="none")
 async def cleans_up(ctx: Context) -> Count:
     """Takes two steps to clean up once cancelled, as closing a connection does."""
+    async_started.set()
     try:
         await asyncio.sleep(5)
     except asyncio.CancelledError:
@@ -333,6 +336,18 @@ async def run(name: str, executor: ThreadPoolExecutor, arguments: bytes = b"{}",
     return await Call(name, arguments).run(executor, timeout)
 
 
+def cancel_once(started: threading.Event, call: Call) -> asyncio.Future[None]:
+    """Cancels ``call`` as its caller would, once its tool has ``started`` (the tool sets it),
+    not before: that would never start it."""
+    started.clear()
+
+    async def cancel() -> None:
+        assert await asyncio.to_thread(started.wait, 10), "the tool never started"
+        call.cancelled.set()
+
+    return asyncio.ensure_future(cancel())
+
+
 # --- success ----------------------------------------------------------------------------------
 
 
@@ -461,11 +476,12 @@ async def test_a_cancelled_async_tool_has_cleaned_up_when_its_outcome_is_made(
     # Whoever is answered (a DELETE, a timeout) may count on the tool's cleanup having run.
     cleaned_up.clear()
     call = Call("cleans_up")
-    if ending == "cancel":
-        asyncio.get_running_loop().call_later(0.05, call.cancelled.set)
+    canceller = cancel_once(async_started, call) if ending == "cancel" else None
     outcome = await call.run(executor, timeout=0.05 if ending == "timeout" else 5)
     assert outcome == (Outcome(timed_out=True) if ending == "timeout" else Outcome(cancelled=True))
     assert cleaned_up == ["closed"]
+    if canceller is not None:
+        await canceller
 
 
 async def test_an_async_tool_that_ignores_its_cancellation_is_waited_for_the_grace_only(
@@ -498,25 +514,20 @@ async def test_sync_timeout_answers_on_time(executor: ThreadPoolExecutor) -> Non
 async def test_caller_cancellation(executor: ThreadPoolExecutor) -> None:
     async_cancelled.clear()
     call = Call("slow")
-    asyncio.get_running_loop().call_later(0.05, call.cancelled.set)
+    canceller = cancel_once(async_started, call)
     started = time.monotonic()
     outcome = await call.run(executor, timeout=5)
     assert time.monotonic() - started < 1
     assert outcome == Outcome(cancelled=True)
+    await canceller
     assert call.ctx.cancelled
     assert await asyncio.to_thread(async_cancelled.wait, 10), "the tool never got CancelledError"
 
 
 async def test_caller_cancellation_of_a_sync_tool(executor: ThreadPoolExecutor) -> None:
-    sync_started.clear()
     sync_saw_cancel.clear()
     call = Call("slow_sync")
-
-    async def cancel_once_running() -> None:  # not before its thread runs: that would never start it
-        await asyncio.to_thread(sync_started.wait, 10)
-        call.cancelled.set()
-
-    canceller = asyncio.ensure_future(cancel_once_running())
+    canceller = cancel_once(sync_started, call)
     started = time.monotonic()
     assert await call.run(executor, timeout=5) == Outcome(cancelled=True)
     assert time.monotonic() - started < 0.8  # the tool would run 2 s
@@ -526,10 +537,11 @@ async def test_caller_cancellation_of_a_sync_tool(executor: ThreadPoolExecutor) 
 
 async def test_worker_shutdown_propagates_and_cancels_the_tool(executor: ThreadPoolExecutor) -> None:
     async_cancelled.clear()
+    async_started.clear()
     call = Call("slow")
     task = asyncio.ensure_future(call.run(executor, timeout=5))
-    await asyncio.sleep(0.05)
-    task.cancel()
+    assert await asyncio.to_thread(async_started.wait, 10), "the tool never started"
+    task.cancel()  # while the tool runs
     with pytest.raises(asyncio.CancelledError):
         await task
     assert call.ctx.cancelled

@@ -25,7 +25,7 @@ from carmy_worker.store.batch import FollowUp
 from carmy_worker.store.submit import Submit
 from carmy_worker.store.verdicts import Verdicts
 from carmy_worker.wire import ExecutionJob, job_decoder
-from tests.support import RedisServer
+from tests.support import RedisServer, turns_until
 
 GROUP = "wake-test"
 QUEUE = jobs.queue_name(GROUP)
@@ -390,7 +390,8 @@ async def test_a_slot_stopped_as_its_settle_goes_out_does_not_run_the_job_it_was
         settled.append(asyncio.ensure_future(attempts.settle(record, exec_id=exec_id,
                                                              attempt=claims.pop(lease).attempt, lease=lease,
                                                              then=then)))
-        await asyncio.sleep(0)  # SETTLE and its LEASE are written (in that task's first step)
+        # SETTLE and its LEASE written (in that task's first step), no reply read yet.
+        await turns_until(lambda: attempts._settle._batch._in_flight() == 2, "SETTLE and its LEASE written")
         # They have run, the next job is claimed for this worker, and the loop has read no reply
         # yet (this waits without letting it run).
         deadline = time.monotonic() + 10
@@ -411,7 +412,9 @@ async def test_a_slot_stopped_as_its_settle_goes_out_does_not_run_the_job_it_was
         gate.set()
         await asyncio.wait(pool.tasks, timeout=30)
         assert await settled[0]  # SETTLE wrote the record
-        await asyncio.sleep(0.2)  # time enough for a job the stopped slot wrongly ran to show
+        # Its LEASE's reply was read before SETTLE's was handed over: a job the stopped slot
+        # wrongly ran would be listed, and is waited for until it has ended.
+        await until(lambda: all(t.done() for t in pool.workers[0].tasks.values()), "the worker's jobs ended")
         assert [job_decoder.decode(p).execution_id for _, p in pool.runs] == [first]
     await client.aclose()
 

@@ -19,7 +19,7 @@ from carmy_worker.store import batch as batch_module
 from carmy_worker.store.batch import Batch, FollowUp
 from carmy_worker.store.checkout import is_broken
 from carmy_worker.store.connect import RedisConnector
-from tests.support import RedisServer
+from tests.support import RedisServer, turns_until, wait_until_async
 
 # Appends ARGV[1] to a list and answers with the list's length; fails on demand.
 APPEND = """
@@ -74,8 +74,8 @@ async def test_calls_of_later_turns_go_out_while_earlier_ones_wait_on_the_same_c
     await slow(keys=["warm"], args=["0"])  # loaded: the spin itself goes out in the batch
     before = await clients(ar)
     spinning = asyncio.ensure_future(slow(keys=["l"], args=["150"]))
-    await asyncio.sleep(0)
-    await asyncio.sleep(0)  # the spin is written; the next call goes out behind it, in flight with it
+    # The spin written: the next call goes out behind it, in flight with it.
+    await turns_until(lambda: batch._in_flight() == 1, "the spin written")
     appended = await script(keys=["l"], args=["after"])
     assert spinning.done()  # Redis answers in order: the spin's reply came first
     assert (await spinning, appended) == (1, 2)
@@ -125,7 +125,7 @@ async def test_an_eager_batch_writes_a_call_and_its_follow_up_at_once_unless_red
 
     # Redis kept busy by this batch's calls, written and not answered yet:
     busy = [batch.call(spinning, ["busy"], ["500"]) for _ in range(batch_module.EAGER_BEHIND + 1)]
-    await asyncio.sleep(0)
+    await turns_until(lambda: batch._in_flight() == len(busy), "the busy calls written")
     made = writes.made
     behind = script.send(["l"], ["second"], Append(appending, "l", "its then"))
     assert writes.made == made  # it goes out with the turn, not at once
@@ -185,11 +185,12 @@ async def test_scripts_a_restarted_redis_lost_are_loaded_again(reply_last: bool,
 
 @pytest.mark.parametrize("reply_last", [False, True])
 async def test_a_cancelled_caller_leaves_the_others_their_answers(reply_last: bool, ar: redis.asyncio.Redis) -> None:
-    script = Batch(ar, reply_last=reply_last).script(ar.register_script(APPEND))
+    batch = Batch(ar, reply_last=reply_last)
+    script = batch.script(ar.register_script(APPEND))
     first = asyncio.ensure_future(script(keys=["l"], args=["a"]))
     gone = asyncio.ensure_future(script(keys=["l"], args=["b"]))
     last = asyncio.ensure_future(script(keys=["l"], args=["c"]))
-    await asyncio.sleep(0)  # all three queued in the same turn
+    await turns_until(lambda: len(batch._waiting) == 3, "the three calls queued in the same turn")
     gone.cancel()
     assert sorted([await first, await last]) == [1, 2]
     with pytest.raises(asyncio.CancelledError):
@@ -263,18 +264,11 @@ async def calls_after_a_reset(redis_port: int) -> list[object]:
             await script(keys=["reset"], args=["warm"])  # loaded, and the batch's connection open
             proxy.reset_all()
             # Reset under the idle connection: the loop hears of it before anyone writes.
-            await until(lambda: all(is_broken(c) for c in client.connection_pool._in_use_connections))
+            await wait_until_async(lambda: all(is_broken(c) for c in client.connection_pool._in_use_connections),
+                                   what="the reset seen")
             return [await asyncio.wait_for(script(keys=["reset"], args=[str(i)]), 5) for i in range(2)]
         finally:
             await client.aclose()
-
-
-async def until(condition: Callable[[], bool]) -> None:
-    for _ in range(500):
-        if condition():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("timed out")
 
 
 @pytest.mark.parametrize("run", [asyncio.run, uvloop.run], ids=["asyncio", "uvloop"])
@@ -291,8 +285,8 @@ async def test_calls_waiting_for_a_connection_are_not_left_waiting_when_its_open
     batch = Batch(ar)
     script = batch.script(ar.register_script(APPEND))
     first = asyncio.ensure_future(script(keys=["l"], args=["a"]))
-    while batch._opening is None:  # the first call's turn is over: a connection is being opened
-        await asyncio.sleep(0)
+    # The first call's turn is over: a connection is being opened.
+    await turns_until(lambda: batch._opening is not None, "a connection being opened")
     batch._opening.cancel()  # before its first step, as a loop shutting down cancels its tasks
     with pytest.raises(asyncio.CancelledError):
         await first
@@ -307,7 +301,8 @@ async def test_a_connection_whose_oldest_call_stalled_takes_no_new_calls(
     await slow(keys=["warm"], args=["0"])
     before, opened = await clients(ar), await connections_opened(ar)
     spinning = asyncio.ensure_future(slow(keys=["l"], args=["300"]))
-    await asyncio.sleep(0.1)  # written, and waiting for its reply longer than STALL_S
+    await turns_until(lambda: batch._in_flight() == 1, "the spin written")
+    await asyncio.sleep(2 * batch_module.STALL_S)  # the stall itself: its reply waited for longer than STALL_S
     appended = await script(keys=["l"], args=["after"])  # on another connection, answered after the spin
     assert (await spinning, appended) == (1, 2)
     assert await connections_opened(ar) == opened + 1
@@ -342,14 +337,9 @@ async def test_a_reply_last_batch_writes_a_ping_ahead_of_its_calls(ar: redis.asy
         first = batch.call(appending, ["l"], ["1"])  # written at once
         rest = [batch.call(appending, ["l"], [str(i)]) for i in range(2, 5)]  # with the turn, in one write
         assert await asyncio.gather(first, *rest) == [1, 2, 3, 4]
-        await asyncio.wait_for(_until(lambda: seen.count("EVALSHA") == 4), 10)
+        await wait_until_async(lambda: seen.count("EVALSHA") == 4, 10, what="MONITOR to see the four calls")
         watching.cancel()
     assert seen == ["PING", "EVALSHA", "PING", "EVALSHA", "EVALSHA", "EVALSHA"]
-
-
-async def _until(condition: Callable[[], bool]) -> None:
-    while not condition():
-        await asyncio.sleep(0.01)
 
 
 class Recorded(Append):

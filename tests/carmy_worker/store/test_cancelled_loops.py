@@ -13,16 +13,23 @@ from carmy_worker.store.janitor import Janitor
 from carmy_worker.store.pubsub import listen_forever
 
 
-async def swallowed() -> None:
-    """A Redis call that, cancelled, raises a connection error instead."""
-    try:
-        await asyncio.sleep(10)
-    except asyncio.CancelledError:
-        raise RedisConnectionError("Connection closed by server.") from None
+class Swallowing:
+    """A Redis call that never answers and, cancelled, raises a connection error instead;
+    ``entered`` once a loop is in it."""
+
+    def __init__(self) -> None:
+        self.entered = asyncio.Event()
+
+    async def __call__(self) -> None:
+        self.entered.set()
+        try:
+            await asyncio.get_running_loop().create_future()  # a reply that never comes
+        except asyncio.CancelledError:
+            raise RedisConnectionError("Connection closed by server.") from None
 
 
-async def stops_when_cancelled(loop: asyncio.Task[None]) -> None:
-    await asyncio.sleep(0.05)  # in its Redis call
+async def stops_when_cancelled(loop: asyncio.Task[None], call: Swallowing) -> None:
+    await asyncio.wait_for(call.entered.wait(), 10)
     loop.cancel()
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(loop, 2)
@@ -30,16 +37,19 @@ async def stops_when_cancelled(loop: asyncio.Task[None]) -> None:
 
 async def test_the_janitor_stops(monkeypatch: pytest.MonkeyPatch) -> None:
     janitor = Janitor(redis.asyncio.Redis.from_url("redis://127.0.0.1:1/0"), retention=60, dead_after=3)
+    swallowed = Swallowing()
 
     async def sweep() -> int:
         await swallowed()
         return 0
 
     monkeypatch.setattr(janitor, "sweep", sweep)
-    await stops_when_cancelled(asyncio.create_task(janitor.run(interval=0.01)))
+    await stops_when_cancelled(asyncio.create_task(janitor.run(interval=0.01)), swallowed)
 
 
 async def test_a_resubscribing_loop_stops() -> None:
+    swallowed = Swallowing()
+
     class Client:
         def pubsub(self) -> object:
             class PubSub:
@@ -52,4 +62,4 @@ async def test_a_resubscribing_loop_stops() -> None:
             return PubSub()
 
     task = asyncio.create_task(listen_forever(Client(), lambda: ["c"], lambda m: None, name="test"))  # type: ignore[arg-type]
-    await stops_when_cancelled(task)
+    await stops_when_cancelled(task, swallowed)

@@ -3,7 +3,6 @@ connection left with an unread reply, or closed by the server, is connected agai
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
@@ -14,7 +13,7 @@ from redis.exceptions import ResponseError
 
 from carmy_worker.store.checkout import buffered_reply
 from carmy_worker.store.connect import RedisConnector
-from tests.support import RedisServer
+from tests.support import RedisServer, wait_until_async
 
 
 @pytest.fixture(params=["plain", "store"])
@@ -31,18 +30,10 @@ async def pool(request: pytest.FixtureRequest, redis_server: RedisServer,
     await client.aclose()
 
 
-async def until(condition: object, what: str) -> None:
-    for _ in range(500):
-        if condition():  # type: ignore[operator]
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 async def test_a_connection_left_with_an_unread_reply_is_connected_again(pool: object) -> None:
     conn = await pool.get_connection()  # type: ignore[attr-defined]
     await conn.send_command("ECHO", "stale")
-    await until(lambda: len(conn._reader._buffer) > 0, "the reply to arrive unread")
+    await wait_until_async(lambda: len(conn._reader._buffer) > 0, what="the reply to arrive unread")
     await pool.release(conn)  # type: ignore[attr-defined]
     again = await pool.get_connection()  # type: ignore[attr-defined]
     await again.send_command("ECHO", "fresh")
@@ -58,7 +49,7 @@ async def test_a_connection_the_server_closed_is_connected_again(pool: object, r
     admin = redis.Redis.from_url(redis_server.url)
     admin.execute_command("CLIENT", "KILL", "SKIPME", "yes", "TYPE", "normal")
     admin.close()
-    await until(lambda: conn._reader is None or conn._reader.at_eof(), "the close to reach the client")
+    await wait_until_async(lambda: conn._reader is None or conn._reader.at_eof(), what="the close to reach the client")
     again = await pool.get_connection()  # type: ignore[attr-defined]
     await again.send_command("PING")
     assert await again.read_response() in (b"PONG", "PONG", True)
@@ -71,7 +62,8 @@ async def test_a_buffered_reply_is_taken_as_read_response_would_give_it(redis_se
     conn = await client.connection_pool.get_connection()
     assert buffered_reply(conn) is NOT_ENOUGH_DATA  # nothing asked
     await conn.send_packed_command(conn.pack_commands([("SET", "k", "v"), ("GET", "k"), ("INCR", "k"), ("PING",)]))
-    await asyncio.sleep(0.1)  # all four replies in the socket's buffer: the first read takes them all
+    # All four replies in the connection's buffer: the first read takes them all.
+    await wait_until_async(lambda: bytes(conn._reader._buffer).endswith(b"+PONG\r\n"), what="the four replies")
     assert await conn.read_response() == b"OK"
     assert buffered_reply(conn) == b"v"
     error = buffered_reply(conn)

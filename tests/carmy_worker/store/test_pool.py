@@ -11,6 +11,7 @@ import pytest
 from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import ConnectionError
 
+from carmy_worker.store.patience import TICK
 from carmy_worker.store.pool import StorePool
 from tests.support import RedisServer, wait_until_async
 
@@ -62,7 +63,11 @@ async def test_a_late_loop_does_not_use_up_the_patience(one_connection: StorePoo
     waiting = asyncio.ensure_future(pool.get_connection())
     await wait_until_async(lambda: pool._waiters, what="a caller queued")
     time.sleep(3 * pool.timeout)  # the loop is busy elsewhere, three times the caller's patience
-    await asyncio.sleep(0.2)  # a few ticks of the loop's clock: a fraction of the patience
+    # Three more ticks of the pool's clock, each of which refuses the callers that waited their
+    # whole patience (a fraction of it, by that clock), unless the caller was refused already.
+    back = pool._clock.now()
+    await wait_until_async(lambda: waiting.done() or pool._clock.now() >= back + 3 * TICK,
+                           what="three ticks of the pool's clock")
     await pool.release(held)
     assert await waiting is held
     await pool.release(held)
