@@ -15,9 +15,9 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-import jsonschema_rs
 from redis.asyncio import Redis
 
+from api.schemas import InputSchema
 from carmy_worker.store import keys
 from carmy_worker.store.pubsub import raise_if_cancelled
 from carmy_worker.store.roster import Liveness
@@ -55,7 +55,7 @@ class CatalogTool:
     timeout: float
     # The arguments' validator, compiled once per schema; None if the published schema does not
     # compile (not one of ours), and then every call of the tool is refused.
-    validator: jsonschema_rs.Validator | None
+    validator: InputSchema | None
     groups: tuple[str, ...]  # worker groups with a live worker serving it, newest first
     title: str | None = None  # MCP's display name (the decorator's title=)
 
@@ -72,7 +72,7 @@ class CatalogView:
 
 
 def build_view(server_name: str, workers: list[tuple[WorkerInfo, bool]],
-               validators: dict[bytes, jsonschema_rs.Validator | None]) -> CatalogView:
+               validators: dict[bytes, InputSchema | None]) -> CatalogView:
     """Merge workers' catalogs: for a tool defined twice, the newest worker's definition wins."""
     specs: dict[str, WorkerTool] = {}
     groups: dict[str, list[str]] = {}
@@ -99,13 +99,13 @@ def build_view(server_name: str, workers: list[tuple[WorkerInfo, bool]],
                        live_workers=sum(1 for _, live in workers if live))
 
 
-def compile_validator(name: str, schema: dict[str, Any]) -> jsonschema_rs.Validator | None:
+def compile_validator(name: str, schema: dict[str, Any]) -> InputSchema | None:
     """A compiled (Rust) validator for a tool's input schema: its cost grows with the size of the
-    arguments only, and it stops at the first problem, so no argument can hold the event loop for
-    long. Draft 2020-12 unless the schema names another; ``format`` is an annotation, as the
-    draft says (the worker's msgspec types check formats)."""
+    arguments only, for valid and invalid ones alike (``api.schemas``), so no argument can hold
+    the event loop for long. Draft 2020-12 unless the schema names another; ``format`` is an
+    annotation, as the draft says (the worker's msgspec types check formats)."""
     try:
-        return jsonschema_rs.validator_for(schema, validate_formats=False)
+        return InputSchema.compile(schema)
     except ValueError as exc:  # not a schema we generate: a foreign or broken worker
         log.error("input schema of %s does not compile; its calls are refused: %s", name, str(exc)[:500])
         return None
@@ -122,7 +122,7 @@ class Catalog:
     view: CatalogView = field(init=False)
     _infos: dict[str, WorkerInfo] = field(default_factory=dict)
     _serving: dict[str, bool] | None = None  # what the current view was built from
-    _validators: dict[bytes, jsonschema_rs.Validator | None] = field(default_factory=dict)
+    _validators: dict[bytes, InputSchema | None] = field(default_factory=dict)
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
     _ok: bool = False
 

@@ -59,19 +59,22 @@ def check_policy(tool: CatalogTool, agent: AgentContext) -> None:
 
 def check_arguments(tool: CatalogTool, arguments: object) -> dict[str, Any]:
     """The arguments, once they match the tool's input schema, which is always an object schema:
-    so a value that is not an object (``null`` included) is refused here, at ``$``."""
+    so a value that is not an object (``null`` included) is refused here, at ``$``. Valid ones
+    are checked once; refused ones again, for their first problem (``api.schemas``)."""
     if tool.validator is None:
         raise Rejected(error("INVALID_ARGUMENTS", f"The input schema of {tool.spec.name} cannot be used; "
                                                   "no arguments can be checked against it."))
-    try:
-        tool.validator.validate(arguments)  # the first problem found, not all of them
-    except jsonschema_rs.ValidationError as problem:
-        path = clip("$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in problem.instance_path))
-        reason = _reason(problem)
+    if not tool.validator.is_valid(arguments):
+        problem = tool.validator.locate(arguments)
+        if problem is None:  # a schema whose problems cannot be located in bounded time
+            path, reason = "$", "the arguments are not valid under the input schema"
+        else:
+            path = clip("$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in problem.instance_path))
+            reason = _reason(problem)
         raise Rejected(error(
             "INVALID_ARGUMENTS", f"The arguments do not match the input schema at {path}: {reason}",
             details={"path": path, "reason": reason},
-        )) from None
+        ))
     if not isinstance(arguments, dict):  # pragma: no cover - every input schema is an object schema
         raise Rejected(error("INVALID_ARGUMENTS", "The arguments must be a JSON object.",
                              details={"path": "$", "reason": "not an object"}))

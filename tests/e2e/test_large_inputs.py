@@ -15,6 +15,7 @@ import pytest
 from bench.processes import status_kib
 from tests.sse import parse
 from tests.support import Proc, Stack, wait_until
+from tests.trees import union_tree
 
 KB = 1024
 JSON = {"content-type": "application/json"}
@@ -24,7 +25,7 @@ JSON = {"content-type": "application/json"}
 def api(stack: Stack) -> tuple[Proc, str]:
     stack.worker()
     proc, base = stack.api()
-    wait_until(lambda: "tree_size" in httpx.get(base + "/agent/tools").text)
+    wait_until(lambda: "leaf_sum" in httpx.get(base + "/agent/tools").text)
     return proc, base
 
 
@@ -77,6 +78,41 @@ def test_a_large_recursive_argument_does_not_hold_up_other_requests(api: tuple[P
     assert answered < 5.0
     assert max(health) < 3.0
     assert rss_mb(proc.pid) - before < 50
+
+
+def test_invalid_recursive_unions_are_refused_in_bounded_time_and_memory(api: tuple[Proc, str]) -> None:
+    # Asked for the first problem, jsonschema-rs answers a failed union with every alternative's
+    # errors, nested unions included: for these four trees, /health waited 3 s and the API grew by
+    # 640 MiB, which it kept, to answer "$.root: …(cut)". The check follows the tags to the first
+    # wrong leaf in a millisecond (/health: 60 ms, +8 MiB).
+    proc, base = api
+    invalid, first_leaf = union_tree(512 * KB, "one")  # every leaf is wrong
+    valid, _ = union_tree(512 * KB, 1)
+    body = compact({"tool": "leaf_sum", "arguments": {"root": invalid}})
+    assert len(body) > 400 * KB
+    before = peak = rss_mb(proc.pid)
+    health: list[float] = []
+    with ThreadPoolExecutor(4) as pool, httpx.Client(timeout=60) as client:
+        calls = [pool.submit(httpx.post, base + "/agent/execute", content=body, headers=JSON, timeout=60)
+                 for _ in range(4)]
+        while not all(call.done() for call in calls):
+            asked = time.monotonic()
+            assert client.get(base + "/health").status_code == 200
+            health.append(time.monotonic() - asked)
+            peak = max(peak, rss_mb(proc.pid))
+        answers = [call.result() for call in calls]
+        after = rss_mb(proc.pid)
+        fine = compact({"tool": "leaf_sum", "arguments": {"root": valid}})
+        done = client.post(base + "/agent/execute", content=fine, headers=JSON)
+    assert [a.status_code for a in answers] == [400] * 4
+    for answer in answers:
+        assert answer.json()["error"]["code"] == "INVALID_ARGUMENTS"
+        assert answer.json()["error"]["details"] == {"path": first_leaf, "reason": '"one" is not of type "integer"'}
+    assert done.status_code == 200 and done.json()["data"]["n"] == fine.count(b'"leaf"')  # 1 per leaf
+    # Generous bounds, for a busy machine: the check takes milliseconds and no memory to speak of.
+    assert max(health, default=0.0) < 2.0
+    assert peak - before < 100, (before, peak)
+    assert after - before < 50, (before, after)
 
 
 # Nothing a caller sent comes back, or goes to the log, longer than ECHO_LIMIT characters (and a

@@ -144,6 +144,33 @@ async def tree_size(ctx: Context, input: Node) -> Count:
     return Count(n=n)
 
 
+class Leaf(msgspec.Struct, tag="leaf"):
+    value: int
+
+
+class Branch(msgspec.Struct, tag="branch"):
+    children: list[Branch | Leaf] = []
+
+
+class Tree(msgspec.Struct):
+    """A recursive union input type: a tree of branches and leaves, told apart by their tag."""
+
+    root: Branch | Leaf
+
+
+@tools.tool(effect="none", idempotent=True, parallel_safe=True)
+async def leaf_sum(ctx: Context, input: Tree) -> Count:
+    """Add up the values of a tree's leaves (a recursive union input type)."""
+    total, todo = 0, [input.root]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, Leaf):
+            total += node.value
+        else:
+            todo.extend(node.children)
+    return Count(n=total)
+
+
 @tools.tool(effect="none")
 async def explode(ctx: Context) -> Empty:
     """Raise an unexpected error with a secret in its text."""
