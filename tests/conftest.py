@@ -4,6 +4,7 @@ import asyncio
 import contextlib
 import shutil
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -13,6 +14,16 @@ from starlette.applications import Starlette
 from api.app import create_app
 from api.settings import ApiSettings
 from tests.support import RedisServer, Stack, new_tmp
+
+# Folders whose every test is marked ``e2e`` (pyproject.toml's markers): whole processes and
+# outside clients, left out of the quick loop.
+E2E_FOLDERS = tuple(Path(__file__).parent / name for name in ("e2e", "interop", "conformance"))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if any(item.path.is_relative_to(folder) for folder in E2E_FOLDERS):
+            item.add_marker(pytest.mark.e2e)
 
 
 @pytest.fixture(scope="session")

@@ -59,6 +59,7 @@ async def test_discovery_lists_async(client: httpx.AsyncClient) -> None:
     assert capabilities[:4] == ["tools", "streaming", "idempotency", "async"]
 
 
+@pytest.mark.slow
 async def test_full_cycle(client: httpx.AsyncClient, stack: Stack) -> None:
     r = await start(client, linger(2, "cycle"))  # long enough for a poll to see it running
     assert r.status_code == 202
@@ -88,6 +89,7 @@ async def test_finished_result_is_what_a_synchronous_call_gets(client: httpx.Asy
         {"action": "retry", "tool": "refuse", "same_request_id": False, "after_ms": 7000}]
 
 
+@pytest.mark.slow
 async def test_request_id_retry_returns_the_same_execution(client: httpx.AsyncClient, stack: Stack) -> None:
     # Long enough that the retry surely finds it unfinished.
     body = {"tool": "tally", "arguments": {"name": "async-retry", "seconds": 1}, "request_id": str(uuid.uuid4())}
@@ -102,6 +104,7 @@ async def test_request_id_retry_returns_the_same_execution(client: httpx.AsyncCl
     assert (stack.tmp / "tally-async-retry").read_text().count("\n") == 1
 
 
+@pytest.mark.slow
 async def test_events_attached_before_and_after_the_end(client: httpx.AsyncClient) -> None:
     # Long enough that the first events request surely attaches before the end.
     r = await start(client, {"tool": "tally", "arguments": {"name": "async-events", "seconds": 1}})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import httpx
+import pytest
 
 from tests.support import Stack, wait_until
 
@@ -11,6 +12,7 @@ def tool_names(base: str) -> set[str]:
     return {t["name"] for t in httpx.get(base + "/agent/tools").json()["tools"]}
 
 
+@pytest.mark.slow
 def test_catalog_changes_when_a_worker_with_other_tools_starts(stack: Stack) -> None:
     stack.worker()
     _, base = stack.api()

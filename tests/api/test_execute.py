@@ -187,6 +187,7 @@ async def test_confirmation_required(client: httpx.AsyncClient, tool: str) -> No
     assert f"confirm:{tool}" in body["error"]["message"]
 
 
+@pytest.mark.slow
 async def test_timeout_async(client: httpx.AsyncClient, stack: Stack) -> None:
     start = time.monotonic()
     r = await execute(client, {"tool": "sleepy", "arguments": {"seconds": 5, "tag": "t1"}})
@@ -345,7 +346,8 @@ async def test_next_actions_are_the_same_in_sse_and_replays(client: httpx.AsyncC
     ({"tool": "echo", "arguments": {"text": 5}}, "INVALID_ARGUMENTS"),
     ({"tool": "echo", "arguments": {"text": "a"}, "request_id": LONG_ID}, "INVALID_ID"),
     ({"tool": "wipe"}, "CONFIRMATION_REQUIRED"),
-    ({"tool": "sleepy", "arguments": {"seconds": 5, "tag": "recoverable"}}, "TIMEOUT"),
+    pytest.param({"tool": "sleepy", "arguments": {"seconds": 5, "tag": "recoverable"}}, "TIMEOUT",
+                 marks=pytest.mark.slow),
 ])
 async def test_recoverable_codes(client: httpx.AsyncClient, body: dict[str, Any], code: str) -> None:
     err = (await execute(client, body)).json()["error"]

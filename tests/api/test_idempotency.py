@@ -102,6 +102,7 @@ async def test_fifty_simultaneous_duplicates_run_once(client: httpx.AsyncClient,
     assert lines(stack, "fifty") == 1
 
 
+@pytest.mark.slow
 async def test_retry_joins_a_running_execution_over_sse(client: httpx.AsyncClient, stack: Stack) -> None:
     body = {"tool": "tally", "arguments": {"name": "join", "seconds": 1}, "request_id": rid()}
     first = asyncio.create_task(client.post("/agent/execute", json=body))
@@ -139,6 +140,7 @@ async def test_no_raw_request_id_in_key_names(client: httpx.AsyncClient, sync_re
     assert not [n for n in names if request_id in n or "RAW-ID" in n]
 
 
+@pytest.mark.slow
 async def test_records_expire_after_retention(stack: Stack, sync_redis: redis.Redis) -> None:
     async with app_client(app_settings(stack.redis_url, retention=1)) as c:
         body = {"tool": "tally", "arguments": {"name": "expiry"}, "request_id": rid()}

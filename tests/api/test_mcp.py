@@ -199,6 +199,7 @@ async def test_tool_error_is_the_error_object(url: str, mode: str) -> None:
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", MODES)
 async def test_timeout_is_a_tool_error(url: str, mode: str) -> None:
     async with connect(url, mode) as client:
@@ -483,6 +484,7 @@ def next_actions(result: CallToolResult) -> list[dict[str, Any]]:
     return actions
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", MODES)
 async def test_next_actions_in_meta(url: str, mode: str) -> None:
     async with connect(url, mode) as client:
@@ -552,7 +554,7 @@ async def test_arguments_that_are_not_an_object(url: str, version: str, argument
     ("echo", {"text": 5}, None, "INVALID_ARGUMENTS"),
     ("echo", {"text": "a"}, "", "INVALID_ID"),
     ("wipe", {}, None, "CONFIRMATION_REQUIRED"),
-    ("sleepy", {"seconds": 5, "tag": "mcp-recoverable"}, None, "TIMEOUT"),
+    pytest.param("sleepy", {"seconds": 5, "tag": "mcp-recoverable"}, None, "TIMEOUT", marks=pytest.mark.slow),
 ])
 async def test_recoverable_codes(url: str, name: str, arguments: dict[str, Any], request_id: str | None,
                                  code: str) -> None:

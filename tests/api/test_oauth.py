@@ -207,6 +207,7 @@ async def until(call: Callable[[], Awaitable[httpx.Response]], done: Callable[[h
     raise TimeoutError(f"{what}: not within {timeout:g} s (last: {response.status_code} {response.text})")
 
 
+@pytest.mark.slow
 async def test_an_outage_with_a_cached_key_set_keeps_working(stack: Stack, worker: Proc) -> None:
     with issuing(new_key("k")) as issuer:
         # The key set is stale at once: every request wants a fresh one, at most every 0.05 s.

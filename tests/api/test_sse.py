@@ -75,6 +75,7 @@ async def test_envelope_errors_are_plain_json_even_for_sse(client: httpx.AsyncCl
     assert r.json()["error"]["code"] == "INVALID_REQUEST"
 
 
+@pytest.mark.slow
 async def test_keep_alive_comments_while_the_tool_is_quiet(stack: Stack, worker: Proc) -> None:
     async with app_client(app_settings(stack.redis_url, sse_keepalive=0.2)) as c:
         for _ in range(1500):  # up to 30 s for this app's catalog to see the worker, on a busy machine

@@ -26,6 +26,7 @@ def health(stack: Stack, redis_url: str | None = None) -> subprocess.CompletedPr
                           capture_output=True, text=True, timeout=15)
 
 
+@pytest.mark.slow
 def test_healthy_while_a_worker_heartbeats_and_unhealthy_once_it_is_dead(stack: Stack) -> None:
     worker = stack.worker()
     alive = health(stack)
@@ -67,6 +68,7 @@ def silent_server() -> Iterator[str]:
         yield f"redis://127.0.0.1:{server.getsockname()[1]}/0"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target", ["refused", "silent"])
 def test_unreachable_redis_is_unhealthy_within_seconds(stack: Stack, silent_server: str, target: str) -> None:
     url = f"redis://127.0.0.1:{free_port()}/0" if target == "refused" else silent_server

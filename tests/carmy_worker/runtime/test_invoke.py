@@ -484,6 +484,7 @@ async def test_a_cancelled_async_tool_has_cleaned_up_when_its_outcome_is_made(
         await canceller
 
 
+@pytest.mark.slow
 async def test_an_async_tool_that_ignores_its_cancellation_is_waited_for_the_grace_only(
         executor: ThreadPoolExecutor) -> None:
     cleaned_up.clear()

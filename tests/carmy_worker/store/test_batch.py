@@ -124,7 +124,7 @@ async def test_an_eager_batch_writes_a_call_and_its_follow_up_at_once_unless_red
     assert then.reply is not None and await then.reply == 2
 
     # Redis kept busy by this batch's calls, written and not answered yet:
-    busy = [batch.call(spinning, ["busy"], ["500"]) for _ in range(batch_module.EAGER_BEHIND + 1)]
+    busy = [batch.call(spinning, ["busy"], ["100"]) for _ in range(batch_module.EAGER_BEHIND + 1)]
     await turns_until(lambda: batch._in_flight() == len(busy), "the busy calls written")
     made = writes.made
     behind = script.send(["l"], ["second"], Append(appending, "l", "its then"))

@@ -57,6 +57,7 @@ async def test_a_released_connection_goes_to_the_oldest_waiter_not_to_a_newcomer
     await pool.release(await newcomer)
 
 
+@pytest.mark.slow
 async def test_a_late_loop_does_not_use_up_the_patience(one_connection: StorePool) -> None:
     pool = one_connection
     held = await pool.get_connection()
