@@ -13,8 +13,9 @@ import httpx
 from chaos.model import Answer, Attempt, Mode, Request
 
 # Refusals worth retrying with the same request_id: nothing was recorded, and the cause passes
-# (Redis back, a worker back, the queue drained; a catalog Redis lost comes back with a beat).
-RETRY_CODES = frozenset({"STORE_UNAVAILABLE", "NO_WORKERS", "QUEUE_FULL", "TOOL_NOT_FOUND"})
+# (Redis back, or with memory again, a worker back, the queue drained; a catalog Redis lost comes
+# back with a beat).
+RETRY_CODES = frozenset({"STORE_UNAVAILABLE", "STORE_FULL", "NO_WORKERS", "QUEUE_FULL", "TOOL_NOT_FOUND"})
 # Refusals that are final for a client: nothing was recorded and retrying would not change it.
 REFUSAL_CODES = frozenset({"INVALID_ID", "IDEMPOTENCY_CONFLICT", "CONFIRMATION_REQUIRED", "INVALID_REQUEST",
                            "UNSUPPORTED_MEDIA_TYPE", "PAYLOAD_TOO_LARGE", "UNAUTHENTICATED"})

@@ -9,7 +9,8 @@ single Redis on its files; ``redis-failover`` kills the primary of a Sentinel gr
 (``--sentinel``), waits for the promotion of a replica and brings the old primary back as a
 replica. Against a Sentinel group, the first two are refused rather than aimed at the current
 primary: killing a primary there *is* a failover (the Sentinels promote a replica after 1 s of
-silence), and restarting it 1–4 s later would race that promotion.
+silence), and restarting it 1–4 s later would race that promotion. ``redis-full`` plays against
+either: every server's ``maxmemory`` is set below what it holds for 1–4 s, then lifted.
 """
 
 from __future__ import annotations
@@ -92,7 +93,7 @@ class Injector:
             "worker-kill": self.worker_kill, "worker-stop": self.worker_stop, "worker-term": self.worker_term,
             "api-kill": self.api_kill, "redis-term": lambda: self.redis_down("redis-term"),
             "redis-kill": lambda: self.redis_down("redis-kill"), "redis-failover": self.redis_failover,
-            "overload": self.overload,
+            "redis-full": self.redis_full, "overload": self.overload,
         }
         return method[kind]()
 
@@ -151,6 +152,26 @@ class Injector:
         return Fault(kind="redis-failover", t=t, t_end=whole, target=f"redis {pid}", pid=pid,
                      replacement=old.proc.pid, promoted=promoted,
                      note=f"port {old.port}; a replica promoted after {promoted - t:.1f} s, primary now :{primary}")
+
+    def redis_full(self) -> Fault:
+        """Redis out of memory (``noeviction``): every server's maxmemory half of what it holds,
+        so that it refuses every write that may grow memory, until it is lifted again."""
+        full = self.rng.uniform(*REDIS_DOWN_S)
+        group = self.cluster.group
+        servers = group.servers() if group else [self.cluster.redis]
+        t = time.time()
+        try:
+            for server in servers:
+                with server.client() as client:
+                    used = int(client.info("memory")["used_memory"])
+                    client.config_set("maxmemory", used // 2)
+            time.sleep(max(0.0, t + full - time.time()))
+        finally:
+            for server in servers:
+                with server.client() as client:
+                    client.config_set("maxmemory", 0)
+        return Fault(kind="redis-full", t=t, t_end=time.time(), target=f"{len(servers)} redis",
+                     note=f"full {full:.1f} s")
 
     def overload(self) -> Fault:
         t = time.time()

@@ -11,9 +11,9 @@ from msgspec import Struct
 Mode = Literal["json", "sse", "async"]
 LedgerEvent = Literal["started", "effect", "abandoned"]
 FaultKind = Literal["worker-kill", "worker-stop", "worker-term", "api-kill", "redis-term", "redis-kill",
-                    "redis-failover", "overload"]
+                    "redis-failover", "redis-full", "overload"]
 FAULT_KINDS: tuple[FaultKind, ...] = ("worker-kill", "worker-stop", "worker-term", "api-kill", "redis-term",
-                                      "redis-kill", "redis-failover", "overload")
+                                      "redis-kill", "redis-failover", "redis-full", "overload")
 
 
 class Answer(Struct, frozen=True):
