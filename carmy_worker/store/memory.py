@@ -22,6 +22,7 @@ from typing import Any
 
 from msgspec import Struct
 from redis.asyncio import Redis
+from redis.exceptions import ResponseError
 
 from carmy_worker.store.pubsub import raise_if_cancelled
 
@@ -87,11 +88,18 @@ class StoreMemory:
     async def run(self, interval: float = READ_EVERY_S) -> None:
         """Read every ``interval`` seconds until cancelled; a failed reading keeps the last one
         (Redis unreachable is another refusal's business)."""
+        refused = False  # Redis refuses INFO (an ACL without it): said once
         while True:
             try:
                 await self.read()
             except asyncio.CancelledError:
                 raise
+            except ResponseError as exc:
+                if not refused:
+                    log.warning("Redis refuses INFO (%s): new calls are refused for memory only at its maxmemory "
+                                "itself, and the accepted ones may take it past it; allow INFO to keep a headroom",
+                                exc)
+                refused = True
             except Exception as exc:
                 raise_if_cancelled(exc)
                 log.debug("reading Redis's memory failed: %s", exc)

@@ -4,6 +4,7 @@ redis-server of this module's own, whose maxmemory the tests set."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import importlib
 import re
@@ -29,7 +30,7 @@ from carmy_worker.store.roster import Claims, Holding, Liveness
 from carmy_worker.store.submit import Submission, Submit
 from carmy_worker.store.verdicts import Verdicts
 from carmy_worker.wire import ExecutionJob
-from tests.support import RedisServer, new_tmp
+from tests.support import RedisServer, new_tmp, wait_until_async
 
 RETENTION = 600
 QUEUE = jobs.queue_name("g1")
@@ -147,14 +148,16 @@ async def test_without_room_new_calls_are_refused_and_retries_still_answered(
 
 async def test_accepted_work_carries_on_to_its_record_over_the_limit(
         r: redis.Redis, ar: redis.asyncio.Redis) -> None:
-    ran, waits, goes = [(await submit(ar)).execution_id for _ in range(3)]
+    submitted = {(await submit(ar)).execution_id for _ in range(3)}
     attempts = Attempts(ar, worker_id="w1", retention=RETENTION, queue=QUEUE)
     liveness = Liveness(ar, dead_after=3)
     await liveness.heartbeat("w1")
     with full(r):
         leases = {lease.job_id: lease for lease in
                   await Leases(ar, "w1").take(QUEUE, most=2, lease_ms=MINUTE_MS, look_ahead=10)}
-        assert set(leases) == {ran, waits}
+        # Two of them (submitted in the same millisecond, they are leased in the order of their ids).
+        ran, waits = sorted(leases)
+        [goes] = submitted - set(leases)
         assert leases[ran].claim is not None and leases[ran].claim.verdict == "run"
         beat = await liveness.heartbeat("w1", claims=Claims(held=[Holding(ran, 1), Holding(waits, 1)],
                                                             jobs=list(leases)))
@@ -191,3 +194,34 @@ async def test_a_reading_follows_redis(r: redis.Redis, ar: redis.asyncio.Redis) 
     r.config_set("maxmemory", used * 4)
     assert not (await memory.read()).full and memory.room
 
+
+async def test_a_redis_that_refuses_info_leaves_admission_to_its_own_limit(
+        r: redis.Redis, server: RedisServer, caplog: pytest.LogCaptureFixture) -> None:
+    """An ACL without INFO: no reading, a warning once, and new calls refused only by Redis
+    itself at its maxmemory (``/ready`` then leaves the memory check out: tests/api)."""
+    r.acl_setuser("no-info", enabled=True, passwords=["+secret"], keys=["*"], channels=["*"],
+                  commands=["+@all", "-info"])
+    client = redis.asyncio.Redis.from_url(f"redis://no-info:secret@127.0.0.1:{server.port}/0")
+    memory = StoreMemory(client, headroom=0.1)
+    reads = 0
+    read = memory.read
+
+    async def counted() -> MemoryReading:
+        nonlocal reads
+        reads += 1
+        return await read()
+
+    memory.read = counted  # type: ignore[method-assign]
+    reading = asyncio.create_task(memory.run(interval=0.01))
+    try:
+        await wait_until_async(lambda: reads >= 3, what="three readings tried")
+    finally:
+        reading.cancel()
+        await asyncio.gather(reading, return_exceptions=True)
+    assert caplog.text.count("Redis refuses INFO") == 1
+    assert memory.reading is None and memory.room
+    assert (await submit(client, memory=memory)).kind == "new"
+    with full(r):
+        assert await submit(client, memory=memory) == Submission("store_full")
+    r.acl_deluser("no-info")
+    await client.aclose()
