@@ -18,9 +18,8 @@ from typing import Any
 from redis.asyncio import Redis
 
 from api.schemas import InputSchema
-from carmy_worker.store import keys
 from carmy_worker.store.pubsub import raise_if_cancelled
-from carmy_worker.store.roster import Liveness
+from carmy_worker.store.roster import Liveness, worker_infos
 from carmy_worker.wire import (
     CatalogDocument,
     DiscoveryDocument,
@@ -163,9 +162,8 @@ class Catalog:
         scores = roster.last_seen
         missing = [w for w in scores if w not in self._infos]
         if missing:
-            for worker_id, raw in zip(missing, await self.redis.mget([keys.worker(w) for w in missing]), strict=True):
-                if raw is not None:
-                    self._infos[worker_id] = worker_info_decoder.decode(raw)
+            for worker_id, raw in (await worker_infos(self.redis, missing)).items():
+                self._infos[worker_id] = worker_info_decoder.decode(raw)
         for gone in [w for w in self._infos if w not in scores]:
             del self._infos[gone]
         serving = {w: roster.serving(w) for w in self._infos}

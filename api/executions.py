@@ -7,7 +7,6 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
-from msgspec import Struct
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
@@ -19,10 +18,11 @@ from api.settings import ApiSettings
 from carmy_worker.loop import Signal, running_loop
 from carmy_worker.sdk.context import AgentContext
 from carmy_worker.sdk.errors import store_unavailable
-from carmy_worker.store import jobs, keys, records
+from carmy_worker.store import jobs, records
 from carmy_worker.store.durable import Durability
 from carmy_worker.store.follow import Join, Joined
 from carmy_worker.store.memory import StoreMemory
+from carmy_worker.store.reads import Found, Reads
 from carmy_worker.store.submit import Submission, Submit
 from carmy_worker.store.verdicts import Verdicts
 from carmy_worker.wire import Event, ExecutionJob, Record, event_decoder, record_decoder
@@ -42,18 +42,6 @@ PATIENCE_S = 60.0
 ABANDONING = 8
 
 
-class Found(Struct):
-    execution_id: str
-    tool: str
-    state: str  # queued, running or done
-    record: Record | None
-    # When (Redis's clock, unix ms) it was accepted, and last changed (claimed, reported a
-    # progress message, ended).
-    created_ms: int | None = None
-    updated_ms: int | None = None
-    message: str | None = None  # the newest progress message, while it runs
-
-
 class Executions:
     def __init__(self, redis: Redis, settings: ApiSettings, durability: Durability | None = None,
                  memory: StoreMemory | None = None) -> None:
@@ -63,6 +51,7 @@ class Executions:
         self._submit = Submit(redis, retention=settings.retention, durability=durability, memory=memory)
         self._verdicts = Verdicts(redis, retention=settings.retention, durability=durability)
         self._join = Join(redis)
+        self._reads = Reads(redis)
         self._abandoning = asyncio.Semaphore(ABANDONING)
 
     async def submit(
@@ -94,34 +83,12 @@ class Executions:
 
     async def lookup(self, exec_id: str, principal: str | None) -> Found | None:
         """The execution if it exists and belongs to ``principal``, else None."""
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.hmget(keys.execution(exec_id), ["owner", "state", "tool", "message", "queued_at", "started_at",
-                                                 "message_at", "ended_at"])
-            pipe.get(keys.record(exec_id))
-            (owner, state, tool, message, *times), raw = await pipe.execute()
-        if owner is None or owner.decode() != keys.owner(principal):
-            return None  # unknown, expired, or someone else's: indistinguishable on purpose
-        record = None if raw is None else record_decoder.decode(raw)
-        return Found(exec_id, tool.decode(), "done" if record else state.decode(), record,
-                     created_ms=int(times[0]) if times[0] else None,
-                     updated_ms=max((int(t) for t in times if t), default=None),
-                     message=None if message is None else message.decode(errors="replace"))
+        return await self._reads.lookup(exec_id, principal)
 
     async def progress(self, exec_id: str, tool: str) -> tuple[str, Record | None]:
-        """Its state (queued, running or done) and its record once done.
-
-        If Redis lost the execution (restarted without persistence, say), nobody will ever
-        settle it: it is done, with a synthesized (not stored) uncertain record.
-        """
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.hget(keys.execution(exec_id), "state")
-            pipe.get(keys.record(exec_id))
-            state, raw = await pipe.execute()
-        if raw is not None:
-            return "done", record_decoder.decode(raw)
-        if state is None:
-            return "done", records.uncertain(exec_id, tool, "the store lost track of it")
-        return state.decode(), None
+        """Its state (queued, running or done) and its record once done (a synthesized uncertain
+        one if Redis lost it: ``store.reads``)."""
+        return await self._reads.progress(exec_id, tool)
 
     async def settled(self, exec_id: str, tool: str) -> Record | None:
         """The record if there is one (see ``progress``)."""

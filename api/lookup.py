@@ -25,13 +25,14 @@ from starlette.types import Receive, Scope, Send
 from api import relay
 from api.auth import trusted_context
 from api.calls import Calls
-from api.executions import Executions, Found
+from api.executions import Executions
 from api.hub import HubUnavailable
 from api.mailbox import Mailbox
 from api.responses import NO_STORE, envelope, envelope_error
 from api.settings import ApiSettings
 from carmy_worker.sdk.errors import store_unavailable
 from carmy_worker.store import keys
+from carmy_worker.store.reads import Found
 from carmy_worker.wire import Record, json_encoder
 
 log = logging.getLogger("carmy.api")

@@ -24,7 +24,7 @@ from starlette.responses import JSONResponse, Response
 
 from api.catalog import Catalog
 from carmy_worker.sdk.errors import error, store_full, store_unavailable
-from carmy_worker.store import keys, metrics
+from carmy_worker.store import metrics
 from carmy_worker.store.memory import MemoryReading, StoreMemory
 from carmy_worker.wire import ErrorBody
 
@@ -119,15 +119,7 @@ class MemoryCollector(Collector):
 
 
 async def cluster_snapshot(redis: Redis, catalog: Catalog) -> dict[str, Any]:
-    async with redis.pipeline(transaction=False) as pipe:
-        pipe.hgetall(metrics.EXECUTIONS)
-        pipe.hgetall(metrics.HISTOGRAMS["run"])
-        pipe.hgetall(metrics.HISTOGRAMS["queue_wait"])
-        pipe.zcard(keys.QUEUED)
-        pipe.zcard(keys.PENDING)
-        executions, run, queue_wait, queued, pending = await pipe.execute()
-    return {"executions": executions, "run": run, "queue_wait": queue_wait, "queued": queued, "pending": pending,
-            "workers": catalog.view.live_workers}
+    return {**await metrics.snapshot(redis), "workers": catalog.view.live_workers}
 
 
 class Ops:

@@ -90,3 +90,20 @@ def test_the_tool_sdk_is_importable_from_the_package_root() -> None:
 
     assert sorted(carmy_worker.__all__) == ["AgentContext", "Context", "Tool", "ToolDefinitionError", "ToolError",
                                            "Toolbox"]
+
+
+# What running or defining a Lua script looks like in source.
+SCRIPT_CALLS = ("register_script(", "evalsha(", "EVALSHA", ".eval(", "script_load(", "Script(")
+
+
+def test_only_the_store_defines_or_runs_lua_scripts() -> None:
+    """The store owns every key: no module outside ``carmy_worker.store`` defines, registers or
+    evaluates a script (docs/architecture.md, "The store owns every key")."""
+    outside = [
+        f"{module}: {call}"
+        for package in ("api", "carmy_worker")
+        for module, file in modules(package)
+        if not module.startswith("carmy_worker.store.")
+        for call in SCRIPT_CALLS if call in file.read_text()
+    ]
+    assert outside == []

@@ -5,7 +5,7 @@ which a stateless server, or another replica, cannot relate to the call. So the 
 ``initialize`` assigns an ``Mcp-Session-Id`` that names no server state, only a namespace: each
 ``tools/call`` records in Redis, under (caller, that id, JSON-RPC id), the execution it
 started, and the cancellation finds it there, wherever it lands. Either may come first: both
-swap the same key atomically, so whichever comes second sees the other.
+swap the same key atomically, so whichever comes second sees the other (``store.mcpcalls``).
 """
 
 from __future__ import annotations
@@ -25,72 +25,42 @@ from carmy_worker.sdk.context import AgentContext
 
 if TYPE_CHECKING:
     from api.executions import Executions
-from carmy_worker.store import keys
-from carmy_worker.store.lua import ACCEPTED_WORK
+from carmy_worker.store.mcpcalls import McpCall, McpCalls
 
 SESSION_HEADER = "mcp-session-id"
-CANCELLED_MARK = b"-"  # a call's entry once its cancellation arrived
-CANCELLED_MARK_TTL_S = 60  # a cancellation that overtook its call waits this long for it
 CANCEL_TIMEOUT_S = 2.0  # how long a call whose client went away may spend cancelling its execution
-
-
-# Record the execution a call follows, unless its cancellation came first (the mark stays, for
-# the call to find when it ends). Returns 1 if it had.
-# KEYS: the call's entry; ARGV: the entry, its TTL, the mark
-REMEMBER = ACCEPTED_WORK + """
-if redis.call('GET', KEYS[1]) == ARGV[3] then return 1 end
-redis.call('SET', KEYS[1], ARGV[1], 'EX', tonumber(ARGV[2]))
-return 0
-"""
-
-# Mark a call cancelled, keeping what is left of its entry's life (the call may run that long
-# yet, and must find the mark when it ends); a cancellation that overtook its call waits
-# CANCELLED_MARK_TTL_S for it. Returns the entry it replaced.
-# KEYS: the call's entry; ARGV: the mark, its TTL when there was no entry
-MARK = ACCEPTED_WORK + """
-local earlier = redis.call('GET', KEYS[1])
-if earlier then
-  redis.call('SET', KEYS[1], ARGV[1], 'KEEPTTL')
-else
-  redis.call('SET', KEYS[1], ARGV[1], 'EX', tonumber(ARGV[2]))
-end
-return earlier
-"""
 
 
 class CallRegistry:
     """Which execution each MCP call follows, by (caller, MCP session, JSON-RPC id): the one it
-    started, or the one it joined (a retry with the same ``carmy/request_id``)."""
+    started, or the one it joined (a retry with the same ``carmy/request_id``). Kept in Redis by
+    ``store.mcpcalls``."""
 
     def __init__(self, redis: Redis) -> None:
-        self.redis = redis
-        self._remember = redis.register_script(REMEMBER)
-        self._mark = redis.register_script(MARK)
+        self._calls = McpCalls(redis)
 
     async def remember(self, agent: AgentContext, session: str, request_id: RequestId, exec_id: str, tool: str,
                        ttl: int, *, owner: bool) -> bool:
         """Record the execution a call follows; True if its cancellation already came."""
-        entry = f"{exec_id} {tool} {'owner' if owner else 'joined'}"
-        return bool(await self._remember(keys=[_key(agent, session, request_id)], args=[entry, ttl, CANCELLED_MARK]))
+        return await self._calls.remember(_call(agent, session, request_id), exec_id, tool, ttl, owner=owner)
 
     async def cancelled(self, agent: AgentContext, session: str, request_id: RequestId) -> tuple[str, str] | None:
         """Mark a call cancelled; the (execution id, tool) to cancel if the call started it (a
         call that joined another's execution leaves it to its owner, and only goes unanswered)."""
-        earlier = await self._mark(keys=[_key(agent, session, request_id)],
-                                   args=[CANCELLED_MARK, CANCELLED_MARK_TTL_S])
-        if not earlier or earlier == CANCELLED_MARK:
+        followed = await self._calls.mark_cancelled(_call(agent, session, request_id))
+        if followed is None:
             return None
-        exec_id, tool, role = earlier.decode().split(" ")
-        return (exec_id, tool) if role == "owner" else None
+        exec_id, tool, owner = followed
+        return (exec_id, tool) if owner else None
 
     async def is_cancelled(self, agent: AgentContext, session: str, request_id: RequestId) -> bool:
-        """Whether a call's cancellation has come (its entry is the mark)."""
-        return bool(await self.redis.get(_key(agent, session, request_id)) == CANCELLED_MARK)
+        """Whether a call's cancellation has come."""
+        return await self._calls.is_cancelled(_call(agent, session, request_id))
 
 
-def _key(agent: AgentContext, session: str, request_id: RequestId) -> str:
+def _call(agent: AgentContext, session: str, request_id: RequestId) -> McpCall:
     # "7" and 7 name the same request, as in the SDK's own correlation.
-    return keys.mcp_call(agent.principal, agent.session, session, str(coerce_request_id(request_id)))
+    return McpCall(agent.principal, agent.session, session, str(coerce_request_id(request_id)))
 
 
 class _Notification(msgspec.Struct):

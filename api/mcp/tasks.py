@@ -56,13 +56,14 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from redis.exceptions import RedisError
 
 from api.auth import trusted_context
-from api.executions import Executions, Found
+from api.executions import Executions
 from api.mcp.cancel import abandon, request_scope
 from api.mcp.wire import call_result
 from api.settings import ApiSettings
 from carmy_worker.sdk.context import AgentContext
 from carmy_worker.sdk.errors import store_unavailable
 from carmy_worker.store import keys, records
+from carmy_worker.store.reads import Found
 
 log = logging.getLogger("carmy.api")
 

@@ -77,7 +77,7 @@ async def serve(tools: list[Tool], settings: WorkerSettings, connector: RedisCon
         admit=runtime.admit, forget=runtime.forget,
         durability=durability,
     )
-    presence.leased = lambda: list(worker.tasks)  # one C-level copy: safe from the heartbeat thread
+    presence.leased = worker.leased
     collector.freeze_start_up()
     log.info("worker %s serving %d tools (%s) on queue %s", info.worker_id, len(tools),
              ", ".join(t.name for t in tools), jobs.queue_name(info.group))

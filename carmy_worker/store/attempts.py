@@ -9,10 +9,11 @@ from msgspec import Struct
 from redis.asyncio import Redis
 
 from carmy_worker.store import jobs, keys, metrics
-from carmy_worker.store.batch import Batch, BatchedScript, FollowUp, batched
-from carmy_worker.store.durable import Durability, durable
+from carmy_worker.store.batch import Batch, FollowUp
+from carmy_worker.store.durable import Durability
 from carmy_worker.store.lua import ACCEPTED_WORK, EMIT, FOLLOWERS, NOW, text
 from carmy_worker.store.metrics import LUA_COUNT, LUA_OBSERVE
+from carmy_worker.store.scripts import Script, bind
 from carmy_worker.wire import Record, final_event
 
 # An idempotent execution interrupted this many times is given up as uncertain.
@@ -70,11 +71,11 @@ end
 # after LEASE) claims nothing: another worker has the job now.
 # KEYS: running set, arq in-progress key
 # ARGV: exec_id, worker_id, max attempts, lease token or ''
-CLAIM = ACCEPTED_WORK + CLAIM_ONE + """
+CLAIM = Script("CLAIM", ACCEPTED_WORK + CLAIM_ONE + """
 if ARGV[4] ~= '' and redis.call('GET', KEYS[2]) ~= ARGV[4] then return {'moved', 0, 0} end
 local verdict, attempt, waited = claim(ARGV[1], ARGV[2], KEYS[1], tonumber(ARGV[3]))
 return {verdict, attempt, waited}
-"""
+""")
 
 # A worker writes the record of its attempt, and frees its admission slot (and its principal's:
 # the set the hash names in `quota`, store/quota.py): only if none exists and it still owns the
@@ -88,7 +89,7 @@ return {verdict, attempt, waited}
 # ARGV: exec_id, attempt, record, retention s, events channel, final event, tool.completed event or '',
 #       metrics label, tool, run ms or '', worker_id if this attempt ran (CLAIM said run) or '',
 #       lease token or ''
-SETTLE = ACCEPTED_WORK + NOW + LUA_COUNT + LUA_OBSERVE + EMIT + jobs.END_LEASE + """
+SETTLE = Script("SETTLE", ACCEPTED_WORK + NOW + LUA_COUNT + LUA_OBSERVE + EMIT + jobs.END_LEASE + """
 local h = redis.call('HMGET', KEYS[1], 'attempt', 'reaped', 'worker', 'quota', """ + FOLLOWERS + """, 'state')
 -- A record exists once the state is done: whatever writes one sets it in the same script.
 if h[8] == 'done' or h[1] ~= ARGV[2] or h[2] == ARGV[2] then return 0 end
@@ -106,13 +107,13 @@ count(ARGV[8])
 if ARGV[10] ~= '' then observe('run', ARGV[9], tonumber(ARGV[10])) end
 if ARGV[12] ~= '' then end_lease(KEYS[10], KEYS[6], KEYS[7], KEYS[8], KEYS[9], ARGV[1], ARGV[12], true) end
 return 1
-"""
+""")
 
 # Whether an attempt still holds its execution: current, not reaped, running on this worker, no
 # record yet (what SETTLE and HEARTBEAT require too). With ARGV[3] = '1' (BEGIN), an attempt that
 # holds it also marks that it began the tool, just before it does.
 # KEYS: exe, record; ARGV: attempt, worker_id, '1' to mark `began`
-HOLDS = ACCEPTED_WORK + """
+HOLDS = Script("HOLDS", ACCEPTED_WORK + """
 if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
 local h = redis.call('HMGET', KEYS[1], 'attempt', 'reaped', 'state', 'worker')
 if h[1] == ARGV[1] and h[2] ~= ARGV[1] and h[3] == 'running' and h[4] == ARGV[2] then
@@ -120,7 +121,7 @@ if h[1] == ARGV[1] and h[2] ~= ARGV[1] and h[3] == 'running' and h[4] == ARGV[2]
   return 1
 end
 return 0
-"""
+""")
 
 # run: this attempt may run the tool. Otherwise the worker records the matching verdict (unless
 # settled, gone, or moved to another lease): cancelled before it started, uncertain (a non-idempotent execution already
@@ -143,11 +144,11 @@ class Attempts:
         # worker's to run, since a slot of the worker waits on each SETTLE (store.batch, eager);
         # and answered after the final events they publish, which callers wait for (reply_last).
         batch = Batch(redis, eager=True, reply_last=True)
-        self._claim = batched(durable(redis.register_script(CLAIM), durability), batch)
-        self._settle = batched(durable(redis.register_script(SETTLE), durability), batch)
-        self._holds = redis.register_script(HOLDS)
+        self._claim = bind(redis, CLAIM, durability=durability, batch=batch)
+        self._settle = bind(redis, SETTLE, durability=durability, batch=batch)
+        self._holds = bind(redis, HOLDS)
         # A `began` a failover loses would let a non-idempotent tool run again (store.durable).
-        self._begin = durable(self._holds, durability)
+        self._begin = bind(redis, HOLDS, durability=durability)
         self.worker_id = worker_id
         self.retention = retention
         self._running = keys.running(worker_id)
@@ -184,7 +185,7 @@ class Attempts:
         args = [exec_id, attempt, stored, self.retention, keys.events(exec_id), final, completed_event or b"",
                 metrics.label(record), record.tool, "" if run_ms is None else run_ms, self.worker_id if ran else "",
                 lease]
-        if then is not None and isinstance(self._settle, BatchedScript):
+        if then is not None and self._settle.batched:
             return bool(await self._settle.send(keys_, args, then))
         return bool(await self._settle(keys=keys_, args=args))
 

@@ -43,11 +43,11 @@ from typing import Any
 from redis._parsers.hiredis import NOT_ENOUGH_DATA
 from redis.asyncio import Redis
 from redis.asyncio.connection import AbstractConnection
-from redis.commands.core import AsyncScript
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import ConnectionError, NoScriptError, ReadOnlyError, ResponseError
 
 from carmy_worker.loop import running_loop
 from carmy_worker.store.checkout import buffered_reply, is_broken, is_stale
+from carmy_worker.store.scripts import Runs, Script, bind, run
 
 # An eager batch writes a call with its follow-up at once while at most this many of its calls
 # are still at Redis (see the module; at 8 the scale-out rows gained more, the no-op at 64 clients
@@ -64,7 +64,7 @@ STALL_S = 5.0
 class _Call:
     __slots__ = ("args", "follows", "future", "keys", "script", "sent_at")
 
-    def __init__(self, script: AsyncScript, keys: list[Any], args: list[Any], future: asyncio.Future[Any],
+    def __init__(self, script: Script, keys: list[Any], args: list[Any], future: asyncio.Future[Any],
                  follows: FollowUp | None = None) -> None:
         self.script = script
         self.keys = keys
@@ -111,6 +111,7 @@ class Batch:
     module)."""
 
     def __init__(self, redis: Redis, *, eager: bool = False, reply_last: bool = False) -> None:
+        self._redis = redis
         self._pool = redis.connection_pool
         self.eager = eager
         # Redis writes its replies after a command in the reverse order of the clients they go
@@ -126,11 +127,11 @@ class Batch:
         self._opening: asyncio.Task[None] | None = None  # getting a connection for the calls unsent
         self._tasks: set[asyncio.Task[Any]] = set()  # kept referenced until they are done
 
-    def script(self, script: AsyncScript) -> BatchedScript:
+    def script(self, script: Script) -> Runs:
         """``script``, called like one, its calls batched here."""
-        return BatchedScript(self, script)
+        return bind(self._redis, script, batch=self)
 
-    def call(self, script: AsyncScript, keys: list[Any], args: list[Any], *, hold: bool = False,
+    def call(self, script: Script, keys: list[Any], args: list[Any], *, hold: bool = False,
              follows: FollowUp | None = None) -> asyncio.Future[Any]:
         """Queue one call; it goes out with the others of this turn of the loop, or at once if
         the batch is eager, none of its calls is in flight or waiting, and it is not told to
@@ -176,8 +177,7 @@ class Batch:
         sent: list[_Call] = []
         for call in calls:
             try:
-                # EVALSHA itself: a script in a pipeline would first check that it exists.
-                chunks += line.conn.pack_command("EVALSHA", call.script.sha, len(call.keys), *call.keys, *call.args)
+                chunks += line.conn.pack_command(*call.script.command(call.keys, call.args))
             except Exception as exc:  # an argument Redis cannot be sent (None, say): that call's error
                 _fail(call.future, exc)
             else:
@@ -244,12 +244,18 @@ class Batch:
                         reply = await conn.read_response()
                     except ResponseError as exc:  # the script's error, read whole: the connection is fine
                         reply = exc
+                if isinstance(reply, ReadOnlyError):
+                    # A primary demoted to a replica under a Sentinel client: nothing on this
+                    # connection can write any more, as redis-py's own reader says when it reads
+                    # the reply itself (SentinelManagedConnection). The calls on it fail, with
+                    # the connection, and the next goes to the new primary.
+                    raise ConnectionError("the previous primary is now a replica")
                 call = line.in_flight.popleft()
                 if isinstance(call, _Ping):
                     line.pings -= 1
                     continue
                 if isinstance(reply, NoScriptError):  # a restarted Redis lost the script: that call did not run
-                    self._spawn(_one(call))
+                    self._spawn(_one(self._redis, call))
                 elif isinstance(reply, Exception):
                     _fail(call.future, reply)
                 elif held is None and line.in_flight and _leads(line.in_flight[0]):
@@ -323,10 +329,10 @@ def _settled(tasks: set[asyncio.Task[Any]]) -> Any:
     return done
 
 
-async def _one(call: _Call) -> None:
-    """``call`` on its own, through redis-py (which loads a script Redis does not have)."""
+async def _one(redis: Redis, call: _Call) -> None:
+    """``call`` on its own (``scripts.run`` loads a script Redis does not have)."""
     try:
-        reply = await call.script(keys=call.keys, args=call.args)
+        reply = await run(redis, call.script, call.keys, call.args)
     except BaseException as exc:
         _fail(call.future, exc)
         if isinstance(exc, asyncio.CancelledError):
@@ -344,34 +350,13 @@ class FollowUp:
     def __init__(self) -> None:
         self.reply: asyncio.Future[Any] | None = None
 
-    def make(self) -> tuple[AsyncScript, list[Any], list[Any]] | None:
+    def make(self) -> tuple[Script, list[Any], list[Any]] | None:
         raise NotImplementedError
 
     def answered(self, reply: asyncio.Future[Any]) -> None:
         """Called as soon as ``reply`` is done, whoever reads it later (or nobody: a shutdown)."""
         if not reply.cancelled():
             reply.exception()  # retrieved: an error nobody reads is not news
-
-
-class BatchedScript:
-    """A registered script whose calls go out in their turn's batch."""
-
-    def __init__(self, batch: Batch, script: AsyncScript) -> None:
-        self._batch = batch
-        self._script = script
-
-    async def __call__(self, keys: list[Any], args: list[Any]) -> Any:
-        return await self._batch.call(self._script, keys, args)
-
-    def send(self, keys: list[Any], args: list[Any], then: FollowUp) -> asyncio.Future[Any]:
-        """Queue a call, and ``then`` right behind it; the call's reply."""
-        future = self._batch.call(self._script, keys, args, hold=True)
-        call = then.make()
-        if call is not None:
-            then.reply = self._batch.call(*call, hold=True, follows=then)
-            then.reply.add_done_callback(then.answered)  # if not called at once by the reader (a retry)
-        self._batch.flush_if_quiet()
-        return future
 
 
 def _follow_up_answered(follow_up: FollowUp, reply: asyncio.Future[Any]) -> None:
@@ -400,9 +385,3 @@ def _fail(future: asyncio.Future[Any], exc: BaseException) -> None:
         future.cancel()
     else:
         future.set_exception(exc)
-
-
-def batched(script: Any, batch: Batch) -> Any:
-    """``script`` with its calls batched, unless it is not a plain script (``store.durable``'s,
-    whose writes wait for replicas, keeps its own call and ``WAIT``)."""
-    return batch.script(script) if isinstance(script, AsyncScript) else script

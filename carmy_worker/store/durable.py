@@ -6,17 +6,13 @@ idempotency key, CLAIM's attempt, a final record), ``CARMY_REDIS_WAIT_REPLICAS``
 writer wait until that many replicas have them (``WAIT``, on the same connection, in the same
 round trip). When the replicas do not answer within ``CARMY_REDIS_WAIT_TIMEOUT`` ms the write
 stands on the primary alone and the caller goes on (a warning says so): the answer is still
-right, unless the primary fails before a replica catches up.
+right, unless the primary fails before a replica catches up. A script bound with a
+``Durability`` (``store.scripts.bind``) is run that way by ``store.scripts.run``.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any
-
-from redis.asyncio import Redis
-from redis.commands.core import AsyncScript
-from redis.exceptions import NoScriptError
 
 log = logging.getLogger("carmy.store")
 
@@ -37,39 +33,3 @@ class Durability:
         elif self._short and not short:
             log.info("writes reach %d replicas again", acked)
         self._short = short
-
-
-class DurableScript:
-    """A registered script, called like one, whose every call is followed by ``WAIT``."""
-
-    def __init__(self, script: AsyncScript, durability: Durability) -> None:
-        self._script = script
-        self._durability = durability
-
-    async def __call__(self, keys: list[Any], args: list[Any]) -> Any:
-        client: Redis = self._script.registered_client
-        d = self._durability
-        for _ in range(2):
-            # EVALSHA itself, not the script in the pipeline: redis-py would check that the
-            # script exists first, one more round trip on every call.
-            async with client.pipeline(transaction=False) as pipe:
-                pipe.evalsha(self._script.sha, len(keys), *keys, *args)
-                pipe.wait(d.replicas, d.timeout_ms)
-                reply, acked = await pipe.execute(raise_on_error=False)
-            if isinstance(reply, NoScriptError):  # a new primary, or a flushed script cache: nothing ran
-                self._script.sha = await client.script_load(self._script.script)
-                continue
-            if isinstance(reply, Exception):
-                raise reply
-            if isinstance(acked, Exception):
-                raise acked
-            d.acknowledged(int(acked))
-            return reply
-        raise NoScriptError(f"script {self._script.sha} is not loaded")
-
-
-def durable(script: AsyncScript, durability: Durability | None) -> AsyncScript | DurableScript:
-    """``script`` itself when no replica is asked for, else the same call followed by ``WAIT``."""
-    if durability is None or durability.replicas == 0:
-        return script
-    return DurableScript(script, durability)

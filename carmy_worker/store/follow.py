@@ -16,11 +16,12 @@ from redis.asyncio import Redis
 
 from carmy_worker.store import keys, records
 from carmy_worker.store.lua import ACCEPTED_WORK, text
+from carmy_worker.store.scripts import Script, bind
 from carmy_worker.wire import Record, record_decoder
 
 # KEYS: exe, record; ARGV: the joiner's channel, '1' if it streams
 # Returns {'done', record}, {'gone'} (no record, no hash: the store lost it), or {state}.
-JOIN = ACCEPTED_WORK + """
+JOIN = Script("JOIN", ACCEPTED_WORK + """
 local rec = redis.call('GET', KEYS[2])
 if rec then return {'done', rec} end
 local h = redis.call('HMGET', KEYS[1], 'state', 'reply', 'joined')
@@ -31,7 +32,7 @@ if h[2] ~= ARGV[1] and not string.find(' ' .. joined .. ' ', ' ' .. ARGV[1] .. '
 end
 if ARGV[2] == '1' then redis.call('HSET', KEYS[1], 'stream', '1') end
 return {h[1]}
-"""
+""")
 
 
 class Joined(Struct):
@@ -46,7 +47,7 @@ class Join:
     """JOIN on one client."""
 
     def __init__(self, redis: Redis) -> None:
-        self._script = redis.register_script(JOIN)
+        self._script = bind(redis, JOIN)
 
     async def __call__(self, exec_id: str, tool: str, *, channel: str, stream: bool) -> Joined:
         """Send ``exec_id``'s events to ``channel`` from now on (every one if ``stream``, else the

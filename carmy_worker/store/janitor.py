@@ -15,6 +15,7 @@ from carmy_worker.store.durable import Durability
 from carmy_worker.store.lua import ACCEPTED_WORK, NOW
 from carmy_worker.store.pubsub import raise_if_cancelled
 from carmy_worker.store.roster import CUTOFF
+from carmy_worker.store.scripts import Script, bind
 from carmy_worker.store.verdicts import Verdicts
 
 log = logging.getLogger("carmy.janitor")
@@ -29,7 +30,7 @@ DEPARTED_MEMORY_S = 3600
 # KEYS: watch, workers zset, queued zset, draining set
 # ARGV: dead after ms, memory ms, running prefix, execution prefix, worker prefix, leases prefix,
 #       in-progress prefix
-JANITOR_SCAN = ACCEPTED_WORK + NOW + CUTOFF + jobs.DUE_AGAIN + """
+JANITOR_SCAN = Script("JANITOR_SCAN", ACCEPTED_WORK + NOW + CUTOFF + jobs.DUE_AGAIN + """
 local dead_before = cutoff(now, tonumber(ARGV[1]))
 local held, released = {}, {}
 for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', '(' .. dead_before)) do
@@ -66,7 +67,7 @@ for _, e in ipairs(redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now, 'LIMIT', 0,
   table.insert(late, redis.call('HGET', ARGV[4] .. e, 'tool') or '')
 end
 return {held, late, released}
-"""
+""")
 
 
 class Held(Struct):
@@ -94,7 +95,7 @@ class Janitor:
     def __init__(self, redis: Redis, *, retention: int, dead_after: float,
                  durability: Durability | None = None) -> None:
         self.dead_after_ms = int(dead_after * 1000)
-        self._scan = redis.register_script(JANITOR_SCAN)
+        self._scan = bind(redis, JANITOR_SCAN)
         self._verdicts = Verdicts(redis, retention=retention, durability=durability)
 
     async def run(self, interval: float = 1.0) -> None:

@@ -15,27 +15,29 @@ from typing import Literal
 from redis.asyncio import Redis
 
 from carmy_worker.store import keys
-from carmy_worker.store.durable import Durability, durable
+from carmy_worker.store.durable import Durability
 from carmy_worker.store.lua import ACCEPTED_WORK
 from carmy_worker.store.roster import lock_holder
+from carmy_worker.store.scripts import Script, bind
 
 # Takes the tool for one attempt, which then begins its tool: marked in the execution, so that
 # a non-idempotent execution whose worker dies while it waits is tried again, not judged
 # uncertain. An attempt that is no longer current (its worker was paused while it waited, and
 # the execution went to another) takes nothing: -1. Else 1 if taken, 0 if held by another.
 # KEYS: lock, exe; ARGV: holder, lease ms, attempt, worker_id
-TAKE = ACCEPTED_WORK + """
+TAKE = Script("TAKE", ACCEPTED_WORK + """
 local h = redis.call('HMGET', KEYS[2], 'attempt', 'reaped', 'state', 'worker')
 if h[1] ~= ARGV[3] or h[2] == ARGV[3] or h[3] ~= 'running' or h[4] ~= ARGV[4] then return -1 end
 if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 0 end
 redis.call('HSET', KEYS[2], 'began', ARGV[3])
 return 1
-"""
+""")
 # KEYS: lock; ARGV: holder, lease ms. Extends the lease only for its holder.
-RENEW = ACCEPTED_WORK + (
-    "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end return 0")
+RENEW = Script("RENEW", ACCEPTED_WORK + (
+    "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end return 0"))
 # KEYS: lock; ARGV: holder. Releases only its own hold.
-RELEASE = ACCEPTED_WORK + "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
+RELEASE = Script("RELEASE", ACCEPTED_WORK + (
+    "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"))
 
 # taken: the attempt has the tool (and ``began`` is marked); held: another attempt has it;
 # lost: the attempt is no longer current (it takes nothing and must record nothing).
@@ -48,9 +50,9 @@ class ToolLocks:
 
     def __init__(self, redis: Redis, *, worker_id: str, durability: Durability | None = None) -> None:
         self.worker_id = worker_id
-        self._take = durable(redis.register_script(TAKE), durability)  # it marks `began`
-        self._renew = redis.register_script(RENEW)
-        self._release = redis.register_script(RELEASE)
+        self._take = bind(redis, TAKE, durability=durability)  # it marks `began`
+        self._renew = bind(redis, RENEW)
+        self._release = bind(redis, RELEASE)
 
     async def take(self, tool: str, exec_id: str, attempt: int, *, lease_ms: int) -> Taken:
         """Take ``tool``'s lock for ``attempt`` at ``exec_id``, for ``lease_ms``, if it is free

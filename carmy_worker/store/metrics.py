@@ -8,7 +8,11 @@ status and code) and observe latencies into fixed histogram buckets (``carmy:m:r
 
 from __future__ import annotations
 
-from carmy_worker.store.keys import PREFIX
+from typing import Any
+
+from redis.asyncio import Redis
+
+from carmy_worker.store.keys import PENDING, PREFIX, QUEUED
 from carmy_worker.wire import Record
 
 EXECUTIONS = PREFIX + "m:executions"
@@ -41,3 +45,17 @@ end
 LUA_COUNT = f"""
 local function count(field) redis.call('HINCRBY', '{EXECUTIONS}', field, 1) end
 """
+
+
+async def snapshot(redis: Redis) -> dict[str, Any]:
+    """What /metrics shows of every process at once, in one round trip: the counts of records
+    (``executions``), the two histograms (``run``, ``queue_wait``: field -> count, as written),
+    and the executions ``queued`` and ``pending`` (admitted, not yet settled)."""
+    async with redis.pipeline(transaction=False) as pipe:
+        pipe.hgetall(EXECUTIONS)
+        pipe.hgetall(HISTOGRAMS["run"])
+        pipe.hgetall(HISTOGRAMS["queue_wait"])
+        pipe.zcard(QUEUED)
+        pipe.zcard(PENDING)
+        executions, run, queue_wait, queued, pending = await pipe.execute()
+    return {"executions": executions, "run": run, "queue_wait": queue_wait, "queued": queued, "pending": pending}

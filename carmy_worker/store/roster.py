@@ -19,6 +19,7 @@ from redis.asyncio import Redis
 
 from carmy_worker.store import jobs, keys
 from carmy_worker.store.lua import ACCEPTED_WORK, NOW
+from carmy_worker.store.scripts import Script, bind, bind_sync
 
 # cutoff(now, dead ms): a worker last seen before the returned instant is dead. Marks Redis
 # watched now.
@@ -51,7 +52,7 @@ end
 # ARGV: worker_id, offset ms, dead ms, execution prefix, record prefix, in-progress prefix,
 #       n, then n × (exec_id, attempt, lock key or ''), m, then m job ids it has, then
 #       (job, token) pairs to release
-HEARTBEAT = ACCEPTED_WORK + NOW + CUTOFF + jobs.DUE_AGAIN + """
+HEARTBEAT = Script("HEARTBEAT", ACCEPTED_WORK + NOW + CUTOFF + jobs.DUE_AGAIN + """
 cutoff(now, tonumber(ARGV[3]))
 redis.call('ZADD', KEYS[2], now + tonumber(ARGV[2]), ARGV[1])
 local lost, unlocked, named, has = {}, {}, {}, {}
@@ -111,16 +112,16 @@ for k = 1, #leases, 2 do
   end
 end
 return {redis.call('EXISTS', KEYS[3]), lost, unlocked, strays, orphans}
-"""
+""")
 
 # Everything the API needs to know who serves what: {cutoff, {id, score, ...}, {draining ids}}.
 # Reading the roster marks Redis watched too: a health check is evidence that Redis is up, and
 # with every worker gone, nothing else may be watching any more.
 # KEYS: watch, workers zset, draining set; ARGV: dead ms
-WORKERS = ACCEPTED_WORK + NOW + CUTOFF + """
+WORKERS = Script("WORKERS", ACCEPTED_WORK + NOW + CUTOFF + """
 return {cutoff(now, tonumber(ARGV[1])), redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES'),
         redis.call('SMEMBERS', KEYS[3])}
-"""
+""")
 
 
 # A worker's info (REGISTER) and its drain (DRAIN), written over a full Redis's maxmemory like the
@@ -128,9 +129,9 @@ return {cutoff(now, tonumber(ARGV[1])), redis.call('ZRANGE', KEYS[2], 0, -1, 'WI
 # serve the work already queued. (Each is announced on the catalog channel after it: PUBLISH is
 # never refused for memory.)
 # KEYS: the worker's info key; ARGV: its WorkerInfo (msgpack)
-REGISTER = ACCEPTED_WORK + "redis.call('SET', KEYS[1], ARGV[1]) return 1"
+REGISTER = Script("REGISTER", ACCEPTED_WORK + "redis.call('SET', KEYS[1], ARGV[1]) return 1")
 # KEYS: the draining set; ARGV: worker_id
-DRAIN = ACCEPTED_WORK + "return redis.call('SADD', KEYS[1], ARGV[1])"
+DRAIN = Script("DRAIN", ACCEPTED_WORK + "return redis.call('SADD', KEYS[1], ARGV[1])")
 
 
 class Roster(Struct, frozen=True):
@@ -240,10 +241,10 @@ class Liveness:
     judged dead after ``dead_after`` s."""
 
     def __init__(self, redis: Redis, *, dead_after: float) -> None:
-        self._heartbeat = redis.register_script(HEARTBEAT)
-        self._workers = redis.register_script(WORKERS)
-        self._register = redis.register_script(REGISTER)
-        self._drain = redis.register_script(DRAIN)
+        self._heartbeat = bind(redis, HEARTBEAT)
+        self._workers = bind(redis, WORKERS)
+        self._register = bind(redis, REGISTER)
+        self._drain = bind(redis, DRAIN)
         self.dead_ms = int(dead_after * 1000)
 
     async def register(self, worker_id: str, info: bytes) -> None:
@@ -267,9 +268,9 @@ class SyncLiveness:
     """The same on a blocking client: for the heartbeat thread and the container health check."""
 
     def __init__(self, redis: sync_redis.Redis, *, dead_after: float) -> None:
-        self._heartbeat = redis.register_script(HEARTBEAT)
-        self._workers = redis.register_script(WORKERS)
-        self._register = redis.register_script(REGISTER)
+        self._heartbeat = bind_sync(redis, HEARTBEAT)
+        self._workers = bind_sync(redis, WORKERS)
+        self._register = bind_sync(redis, REGISTER)
         self.dead_ms = int(dead_after * 1000)
 
     def register(self, worker_id: str, info: bytes) -> None:
@@ -281,3 +282,10 @@ class SyncLiveness:
 
     def roster(self) -> Roster:
         return Roster.parse(self._workers(keys=_ROSTER_KEYS, args=[self.dead_ms]))
+
+
+async def worker_infos(redis: Redis, worker_ids: list[str]) -> dict[str, bytes]:
+    """The infos (msgpack ``WorkerInfo``, as REGISTER wrote them) of those of ``worker_ids``
+    that have one."""
+    raws = await redis.mget([keys.worker(w) for w in worker_ids])
+    return {worker_id: raw for worker_id, raw in zip(worker_ids, raws, strict=True) if raw is not None}

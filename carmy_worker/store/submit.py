@@ -11,11 +11,12 @@ from redis.asyncio import Redis
 from redis.exceptions import OutOfMemoryError
 
 from carmy_worker.store import jobs, keys
-from carmy_worker.store.batch import Batch, batched
-from carmy_worker.store.durable import Durability, durable
+from carmy_worker.store.batch import Batch
+from carmy_worker.store.durable import Durability
 from carmy_worker.store.lua import NEW_WORK, NOW, text
 from carmy_worker.store.memory import StoreMemory
 from carmy_worker.store.quota import NO_QUOTA, QUOTA, Quota
+from carmy_worker.store.scripts import Script, bind
 from carmy_worker.wire import ExecutionJob, Record, msgpack_encoder, record_decoder
 
 # KEYS: exe, pending, queued, arq job, arq queue, principal's pending set, principal's bucket,
@@ -28,7 +29,7 @@ from carmy_worker.wire import ExecutionJob, Record, msgpack_encoder, record_deco
 # A request id seen before is answered (replay, join, conflict) before any limit: a retry of an
 # accepted call always gets its answer, and is never charged. Redis at its maxmemory refuses the
 # whole script (lua.NEW_WORK): Submit answers store_full then too.
-SUBMIT = NEW_WORK + NOW + jobs.WAKE_ONE + QUOTA + """
+SUBMIT = Script("SUBMIT", NEW_WORK + NOW + jobs.WAKE_ONE + QUOTA + """
 if #KEYS == 8 then
   local held = redis.call('GET', KEYS[8])
   if held then
@@ -73,7 +74,7 @@ redis.call('SET', KEYS[4], ARGV[3], 'EX', retention)
 redis.call('ZADD', KEYS[5], now, ARGV[1])
 wake_one(ARGV[13])
 return {'new', ARGV[1]}
-"""
+""")
 
 SubmitKind = Literal["new", "join", "replay", "conflict", "full", "limited", "no_workers", "store_full"]
 
@@ -105,7 +106,7 @@ class Submit:
     def __init__(self, redis: Redis, *, retention: int, durability: Durability | None = None,
                  memory: StoreMemory | None = None) -> None:
         # An API process under load submits many clients' calls at once: one write for them all.
-        self._script = batched(durable(redis.register_script(SUBMIT), durability), Batch(redis))
+        self._script = bind(redis, SUBMIT, durability=durability, batch=Batch(redis))
         self.retention = retention
         self.memory = memory
 

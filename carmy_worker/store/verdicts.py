@@ -9,15 +9,16 @@ from typing import Literal, cast
 from redis.asyncio import Redis
 
 from carmy_worker.store import jobs, keys, metrics, records
-from carmy_worker.store.durable import Durability, durable
+from carmy_worker.store.durable import Durability
 from carmy_worker.store.lua import ACCEPTED_WORK, IMPOSE, NOW, text
+from carmy_worker.store.scripts import Script, bind
 from carmy_worker.wire import Record, final_event
 
 # Cancels an execution for its caller. One never started is settled here and now; a running
 # one is signalled to every worker (the one running it answers with the record).
 # KEYS: exe, record, pending, queued
 # ARGV: exec_id, record, retention s, events channel, final event, cancel channel, metrics label
-CANCEL = ACCEPTED_WORK + IMPOSE + """
+CANCEL = Script("CANCEL", ACCEPTED_WORK + IMPOSE + """
 if redis.call('EXISTS', KEYS[2]) == 1 then return 'settled' end
 if redis.call('EXISTS', KEYS[1]) == 0 then return 'gone' end
 redis.call('HSET', KEYS[1], 'cancel', 1)
@@ -28,7 +29,7 @@ end
 redis.call('ZREM', KEYS[4], ARGV[1])
 impose(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[7])
 return 'cancelled'
-"""
+""")
 
 # An execution whose worker stopped heartbeating (or lost track of it: ARGV[8] then names the
 # attempt that must still be current). Its arq lease (the in-progress key, if still the one the
@@ -39,7 +40,7 @@ return 'cancelled'
 # time (so is one whose job is gone: nothing could run it again).
 # KEYS: exe, record, pending, running set, arq in-progress key, leases hash, arq job key
 # ARGV: exec_id, worker_id, record, retention s, events channel, final event, metrics label, attempt or ''
-REAP = ACCEPTED_WORK + IMPOSE + jobs.DUE_AGAIN + """
+REAP = Script("REAP", ACCEPTED_WORK + IMPOSE + jobs.DUE_AGAIN + """
 local h = redis.call('HMGET', KEYS[1], 'worker', 'state', 'idem', 'wake', 'attempt', 'began')
 if ARGV[8] ~= '' and h[5] ~= ARGV[8] then return 'moved' end
 redis.call('SREM', KEYS[4], ARGV[1])
@@ -57,12 +58,12 @@ if (h[3] == '1' or not h[6]) and redis.call('EXISTS', KEYS[7]) == 1 then
 end
 impose(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7])
 return 'uncertain'
-"""
+""")
 
 # An accepted execution that no worker started before its start-by instant.
 # KEYS: exe, record, pending, queued
 # ARGV: exec_id, record, retention s, events channel, final event, metrics label
-EXPIRE_UNSTARTED = ACCEPTED_WORK + NOW + IMPOSE + """
+EXPIRE_UNSTARTED = Script("EXPIRE_UNSTARTED", ACCEPTED_WORK + NOW + IMPOSE + """
 local h = redis.call('HMGET', KEYS[1], 'state', 'start_by')
 if h[1] ~= 'queued' or redis.call('EXISTS', KEYS[2]) == 1 then
   redis.call('ZREM', KEYS[4], ARGV[1])
@@ -72,7 +73,7 @@ if tonumber(h[2]) > now then return 0 end
 redis.call('ZREM', KEYS[4], ARGV[1])
 impose(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6])
 return 1
-"""
+""")
 
 # settled: it had a record already; gone: Redis no longer knows it; signalled: it runs, and its
 # worker was told; cancelled: it had not started, and now has its CANCELLED record.
@@ -86,9 +87,9 @@ class Verdicts:
     """CANCEL, REAP and EXPIRE_UNSTARTED on one client, with the store-wide retention."""
 
     def __init__(self, redis: Redis, *, retention: int, durability: Durability | None = None) -> None:
-        self._cancel = durable(redis.register_script(CANCEL), durability)
-        self._reap = durable(redis.register_script(REAP), durability)
-        self._expire = durable(redis.register_script(EXPIRE_UNSTARTED), durability)
+        self._cancel = bind(redis, CANCEL, durability=durability)
+        self._reap = bind(redis, REAP, durability=durability)
+        self._expire = bind(redis, EXPIRE_UNSTARTED, durability=durability)
         self.retention = retention
 
     async def cancel(self, exec_id: str, tool: str) -> CancelOutcome:

@@ -14,6 +14,7 @@ import pytest
 
 from carmy_worker.runtime import queue
 from carmy_worker.store import jobs
+from carmy_worker.store.leases import Lease
 from carmy_worker.wire import ExecutionJob, msgpack_encoder
 
 # What each name of arq.worker.Worker that we override or call looks like in the arq we support.
@@ -84,7 +85,7 @@ def test_the_job_layout_the_api_writes_is_the_one_arq_reads() -> None:
 async def test_a_pipeline_of_run_job_other_than_the_one_pinned_fails_loudly() -> None:
     """The pipeline answered from the lease serves exactly run_job's first pipeline: a key or TTL
     arq did not ask for before is a change of arq, not something to answer wrongly."""
-    lease = queue.Lease("exec_1", 0, "w/t/exec_1", b"job", 1)
+    lease = Lease("exec_1", 0, "w/t/exec_1", b"job", 1)
     pipe = queue._AnsweredPipeline(lease)
     pipe.get(jobs.job_key("exec_1"))
     pipe.incr(jobs.retry_key("exec_1"))

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import hashlib
 import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -22,6 +21,8 @@ from carmy_worker.runtime import queue
 from carmy_worker.store import jobs, keys, records
 from carmy_worker.store.attempts import SETTLE, Attempts, Claim
 from carmy_worker.store.batch import FollowUp
+from carmy_worker.store.leases import LEASE, Lease, Leases
+from carmy_worker.store.scripts import run
 from carmy_worker.store.submit import Submit
 from carmy_worker.store.verdicts import Verdicts
 from carmy_worker.wire import ExecutionJob, job_decoder
@@ -215,7 +216,7 @@ async def test_a_quick_jobs_settle_goes_out_before_its_worker_waits_again(
             if command["client_type"] != "lua":  # not the commands the scripts run
                 seen.append(command["command"])
 
-    lease_sha, settle_sha = (hashlib.sha1(script.encode()).hexdigest() for script in (queue.LEASE, SETTLE))
+    lease_sha, settle_sha = LEASE.sha, SETTLE.sha
     async with pool_of(redis_server.url, 1, handler, admit=admit) as pool:
         await until(lambda: blocked(r) == 1, "the worker blocked on the wake list")
         exec_id = keys.new_execution_id()
@@ -391,7 +392,7 @@ async def test_a_slot_stopped_as_its_settle_goes_out_does_not_run_the_job_it_was
                                                              attempt=claims.pop(lease).attempt, lease=lease,
                                                              then=then)))
         # SETTLE and its LEASE written (in that task's first step), no reply read yet.
-        await turns_until(lambda: attempts._settle._batch._in_flight() == 2, "SETTLE and its LEASE written")
+        await turns_until(lambda: attempts._settle.batch._in_flight() == 2, "SETTLE and its LEASE written")
         # They have run, the next job is claimed for this worker, and the loop has read no reply
         # yet (this waits without letting it run).
         deadline = time.monotonic() + 10
@@ -474,14 +475,14 @@ async def test_a_lease_sent_with_a_settle_leaves_the_wake_tokens_alone(
     for exec_id in exec_ids:
         await submit(redis_server.url, exec_id)  # a token each
     client = queue.connect(redis_server.url)
-    leases = queue.Leases(client, "w0")
-    taken: list[queue.Lease] = []
+    leases = Leases(client, "w0")
+    taken: list[Lease] = []
     handoff = leases.hand_over(QUEUE, lease_ms=60_000, look_ahead=100, wanted=lambda: True, on_taken=taken.extend)
     call = handoff.make()
     assert call is not None
     script, keys_, args = call
     reply: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-    reply.set_result(await script(keys=keys_, args=args))
+    reply.set_result(await run(client, script, keys_, args))
     handoff.answered(reply)
     assert len(taken) == 1 and taken[0].job_id in exec_ids and r.llen(WAKE) == 3
     # A worker's own LEASE counts: one job taken, one still due, one token.

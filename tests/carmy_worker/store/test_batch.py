@@ -19,21 +19,22 @@ from carmy_worker.store import batch as batch_module
 from carmy_worker.store.batch import Batch, FollowUp
 from carmy_worker.store.checkout import is_broken
 from carmy_worker.store.connect import RedisConnector
+from carmy_worker.store.scripts import Script
 from tests.support import RedisServer, turns_until, wait_until_async
 
 # Appends ARGV[1] to a list and answers with the list's length; fails on demand.
-APPEND = """
+APPEND = Script("TEST_APPEND", """
 if ARGV[1] == 'fail' then return redis.error_reply('asked to fail') end
 return redis.call('RPUSH', KEYS[1], ARGV[1])
-"""
+""")
 
 # Keeps Redis busy for ARGV[1] ms, then appends 'spun' to a list.
-SPIN = """
+SPIN = Script("TEST_SPIN", """
 local function ms() local t = redis.call('TIME') return t[1] * 1000 + math.floor(t[2] / 1000) end
 local stop = ms() + tonumber(ARGV[1])
 while ms() < stop do end
 return redis.call('RPUSH', KEYS[1], 'spun')
-"""
+""")
 
 
 class CountingWrites:
@@ -57,7 +58,7 @@ async def clients(r: redis.asyncio.Redis) -> int:
 @pytest.mark.parametrize("reply_last", [False, True])
 async def test_calls_of_one_turn_go_out_in_one_write_each_with_its_own_reply(
         reply_last: bool, ar: redis.asyncio.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
-    script = Batch(ar, reply_last=reply_last).script(ar.register_script(APPEND))
+    script = Batch(ar, reply_last=reply_last).script(APPEND)
     await script(keys=["warm"], args=["x"])  # the batch's connection is open
     writes = CountingWrites(monkeypatch)
     replies = await asyncio.gather(*(script(keys=["l"], args=[str(i)]) for i in range(20)))
@@ -70,7 +71,7 @@ async def test_calls_of_one_turn_go_out_in_one_write_each_with_its_own_reply(
 async def test_calls_of_later_turns_go_out_while_earlier_ones_wait_on_the_same_connection(
         reply_last: bool, ar: redis.asyncio.Redis) -> None:
     batch = Batch(ar, reply_last=reply_last)
-    slow, script = batch.script(ar.register_script(SPIN)), batch.script(ar.register_script(APPEND))
+    slow, script = batch.script(SPIN), batch.script(APPEND)
     await slow(keys=["warm"], args=["0"])  # loaded: the spin itself goes out in the batch
     before = await clients(ar)
     spinning = asyncio.ensure_future(slow(keys=["l"], args=["150"]))
@@ -96,7 +97,7 @@ class Append(FollowUp):
 @pytest.mark.parametrize("reply_last", [False, True])
 async def test_an_eager_batch_writes_a_lone_call_at_once_and_one_behind_another_with_the_turn(
         reply_last: bool, ar: redis.asyncio.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
-    appending = ar.register_script(APPEND)
+    appending = APPEND
     eager, lazy = Batch(ar, eager=True, reply_last=reply_last), Batch(ar)
     await asyncio.gather(eager.call(appending, ["warm"], ["x"]), lazy.call(appending, ["warm"], ["x"]))
     writes = CountingWrites(monkeypatch)
@@ -112,7 +113,7 @@ async def test_an_eager_batch_writes_a_lone_call_at_once_and_one_behind_another_
 @pytest.mark.parametrize("reply_last", [False, True])
 async def test_an_eager_batch_writes_a_call_and_its_follow_up_at_once_unless_redis_has_more_of_it(
         reply_last: bool, ar: redis.asyncio.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
-    appending, spinning = ar.register_script(APPEND), ar.register_script(SPIN)
+    appending, spinning = APPEND, SPIN
     batch = Batch(ar, eager=True, reply_last=reply_last)
     script = batch.script(appending)
     await asyncio.gather(batch.call(appending, ["warm"], ["x"]), batch.call(spinning, ["warm"], ["0"]))
@@ -135,7 +136,7 @@ async def test_an_eager_batch_writes_a_call_and_its_follow_up_at_once_unless_red
 
 
 async def test_an_idle_connection_redis_closed_is_replaced_without_failing_a_call(ar: redis.asyncio.Redis) -> None:
-    script = Batch(ar).script(ar.register_script(APPEND))
+    script = Batch(ar).script(APPEND)
     assert await script(keys=["l"], args=["a"]) == 1
     assert await ar.client_kill_filter(_type="normal", skipme=True) >= 1  # the batch's connection
     assert await script(keys=["l"], args=["b"]) == 2
@@ -145,7 +146,7 @@ async def test_a_failed_connection_fails_the_calls_in_flight_on_it_and_the_next_
         ar: redis.asyncio.Redis, redis_server: RedisServer) -> None:
     impatient = redis.asyncio.Redis.from_url(redis_server.url, socket_timeout=0.2)
     batch = Batch(impatient)
-    slow, script = batch.script(impatient.register_script(SPIN)), batch.script(impatient.register_script(APPEND))
+    slow, script = batch.script(SPIN), batch.script(APPEND)
     try:
         await slow(keys=["warm"], args=["0"])
         results = await asyncio.gather(slow(keys=["l"], args=["600"]), script(keys=["l"], args=["a"]),
@@ -158,7 +159,7 @@ async def test_a_failed_connection_fails_the_calls_in_flight_on_it_and_the_next_
 
 
 async def test_an_argument_that_cannot_be_sent_fails_its_call_only(ar: redis.asyncio.Redis) -> None:
-    script = Batch(ar).script(ar.register_script(APPEND))
+    script = Batch(ar).script(APPEND)
     results = await asyncio.gather(script(keys=["l"], args=["a"]), script(keys=["l"], args=[None]),
                                    return_exceptions=True)
     assert results[0] == 1
@@ -167,7 +168,7 @@ async def test_an_argument_that_cannot_be_sent_fails_its_call_only(ar: redis.asy
 
 @pytest.mark.parametrize("reply_last", [False, True])
 async def test_an_error_is_its_callers_only(reply_last: bool, ar: redis.asyncio.Redis) -> None:
-    script = Batch(ar, reply_last=reply_last).script(ar.register_script(APPEND))
+    script = Batch(ar, reply_last=reply_last).script(APPEND)
     results = await asyncio.gather(script(keys=["l"], args=["a"]), script(keys=["l"], args=["fail"]),
                                    script(keys=["l"], args=["b"]), return_exceptions=True)
     assert results[0] == 1 and results[2] == 2
@@ -176,7 +177,7 @@ async def test_an_error_is_its_callers_only(reply_last: bool, ar: redis.asyncio.
 
 @pytest.mark.parametrize("reply_last", [False, True])
 async def test_scripts_a_restarted_redis_lost_are_loaded_again(reply_last: bool, ar: redis.asyncio.Redis) -> None:
-    script = Batch(ar, reply_last=reply_last).script(ar.register_script(APPEND))
+    script = Batch(ar, reply_last=reply_last).script(APPEND)
     await script(keys=["l"], args=["warm"])
     await ar.script_flush()
     replies = await asyncio.gather(*(script(keys=["l"], args=[str(i)]) for i in range(3)))
@@ -186,7 +187,7 @@ async def test_scripts_a_restarted_redis_lost_are_loaded_again(reply_last: bool,
 @pytest.mark.parametrize("reply_last", [False, True])
 async def test_a_cancelled_caller_leaves_the_others_their_answers(reply_last: bool, ar: redis.asyncio.Redis) -> None:
     batch = Batch(ar, reply_last=reply_last)
-    script = batch.script(ar.register_script(APPEND))
+    script = batch.script(APPEND)
     first = asyncio.ensure_future(script(keys=["l"], args=["a"]))
     gone = asyncio.ensure_future(script(keys=["l"], args=["b"]))
     last = asyncio.ensure_future(script(keys=["l"], args=["c"]))
@@ -200,7 +201,7 @@ async def test_a_cancelled_caller_leaves_the_others_their_answers(reply_last: bo
 
 async def test_a_failed_connection_fails_every_call_of_the_batch() -> None:
     dead = redis.asyncio.Redis(host="127.0.0.1", port=1, socket_connect_timeout=1)
-    script = Batch(dead).script(dead.register_script(APPEND))
+    script = Batch(dead).script(APPEND)
     results = await asyncio.gather(*(script(keys=["l"], args=[str(i)]) for i in range(3)), return_exceptions=True)
     assert all(isinstance(r, (ConnectionError, OSError)) for r in results), results
     await dead.aclose()
@@ -259,7 +260,7 @@ async def calls_after_a_reset(redis_port: int) -> list[object]:
     async with ResettingProxy(redis_port) as proxy:
         client = RedisConnector(f"redis://127.0.0.1:{proxy.port}").store_client(max_connections=4, wait=1.0,
                                                                                 socket_timeout=2)
-        script = Batch(client).script(client.register_script(APPEND))
+        script = Batch(client).script(APPEND)
         try:
             await script(keys=["reset"], args=["warm"])  # loaded, and the batch's connection open
             proxy.reset_all()
@@ -283,7 +284,7 @@ def test_a_connection_reset_while_idle_is_replaced_without_failing_a_call(
 async def test_calls_waiting_for_a_connection_are_not_left_waiting_when_its_opening_is_cancelled(
         ar: redis.asyncio.Redis) -> None:
     batch = Batch(ar)
-    script = batch.script(ar.register_script(APPEND))
+    script = batch.script(APPEND)
     first = asyncio.ensure_future(script(keys=["l"], args=["a"]))
     # The first call's turn is over: a connection is being opened.
     await turns_until(lambda: batch._opening is not None, "a connection being opened")
@@ -297,7 +298,7 @@ async def test_a_connection_whose_oldest_call_stalled_takes_no_new_calls(
         ar: redis.asyncio.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(batch_module, "STALL_S", 0.05)
     batch = Batch(ar)
-    slow, script = batch.script(ar.register_script(SPIN)), batch.script(ar.register_script(APPEND))
+    slow, script = batch.script(SPIN), batch.script(APPEND)
     await slow(keys=["warm"], args=["0"])
     before, opened = await clients(ar), await connections_opened(ar)
     spinning = asyncio.ensure_future(slow(keys=["l"], args=["300"]))
@@ -322,7 +323,7 @@ async def test_a_reply_last_batch_writes_a_ping_ahead_of_its_calls(ar: redis.asy
     """Redis writes a caller's reply before the messages its scripts published (it queues the
     last client it has something for first): a PING ahead of the calls gives the batch's
     connection its reply first, and the messages go out before it (``Batch(reply_last=True)``)."""
-    appending = ar.register_script(APPEND)
+    appending = APPEND
     batch = Batch(ar, eager=True, reply_last=True)
     await batch.call(appending, ["warm"], ["x"])
     seen: list[str] = []
@@ -359,7 +360,7 @@ async def test_a_follow_up_takes_its_reply_before_the_caller_of_the_call_it_foll
         ar: redis.asyncio.Redis) -> None:
     """What a SETTLE's LEASE brings (a slot's next job) starts before the job whose SETTLE it
     was resumes its tail."""
-    appending = ar.register_script(APPEND)
+    appending = APPEND
     batch = Batch(ar, eager=True, reply_last=True)
     await batch.call(appending, ["warm"], ["x"])
     order: list[str] = []
@@ -377,7 +378,7 @@ async def test_a_follow_up_takes_its_reply_before_the_caller_of_the_call_it_foll
 
 async def test_a_follow_up_that_fails_takes_its_error_and_the_call_it_follows_its_reply(
         ar: redis.asyncio.Redis) -> None:
-    appending = ar.register_script(APPEND)
+    appending = APPEND
     batch = Batch(ar, eager=True, reply_last=True)
     await batch.call(appending, ["warm"], ["x"])
     order: list[str] = []

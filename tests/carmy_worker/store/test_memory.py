@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib
-import re
 import shutil
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -18,15 +17,16 @@ import redis.asyncio
 
 import api
 import carmy_worker
-from carmy_worker.runtime.queue import Leases
 from carmy_worker.store import jobs, keys, records
 from carmy_worker.store.attempts import MAX_ATTEMPTS, Attempts
 from carmy_worker.store.follow import Join
 from carmy_worker.store.janitor import Janitor
+from carmy_worker.store.leases import Leases
 from carmy_worker.store.lua import ACCEPTED_WORK, NEW_WORK
 from carmy_worker.store.memory import MemoryReading, StoreMemory
 from carmy_worker.store.progress import Progress
 from carmy_worker.store.roster import Claims, Holding, Liveness
+from carmy_worker.store.scripts import SCRIPTS
 from carmy_worker.store.submit import Submission, Submit
 from carmy_worker.store.verdicts import Verdicts
 from carmy_worker.wire import ExecutionJob
@@ -89,25 +89,22 @@ async def submit(ar: redis.asyncio.Redis, *, request_id: str | None = None, memo
 
 
 def registered_scripts() -> dict[str, str]:
-    """Every script a module of Carmy registers (``register_script(NAME)``), by module and name."""
-    found = {}
+    """Every script of Carmy (``store.scripts.SCRIPTS``, once every module is imported), by name."""
     for package in (carmy_worker, api):
         for path in sorted(Path(package.__path__[0]).rglob("*.py")):
-            names = re.findall(r"register_script\(([A-Z_]+)\)", path.read_text())
-            if names:
-                module_name = ".".join(path.relative_to(Path(package.__path__[0]).parent).with_suffix("").parts)
-                module = importlib.import_module(module_name)
-                found.update({f"{module_name}.{name}": getattr(module, name) for name in names})
-    return found
+            module = ".".join(path.relative_to(Path(package.__path__[0]).parent).with_suffix("").parts)
+            if not module.endswith("__main__"):
+                importlib.import_module(module.removesuffix(".__init__"))
+    return {name: script.source for name, script in SCRIPTS.items() if not name.startswith("TEST_")}
 
 
 def test_every_script_says_whether_a_full_redis_may_run_it() -> None:
     scripts = registered_scripts()
-    assert "carmy_worker.store.attempts.SETTLE" in scripts  # the scan finds them
+    assert {"SETTLE", "LEASE", "REMEMBER"} <= set(scripts)  # every module's are listed
     new_work = {name for name, source in scripts.items() if source.startswith(NEW_WORK)}
     accepted = {name for name, source in scripts.items() if source.startswith(ACCEPTED_WORK)}
     # Only SUBMIT takes new work in; everything else carries accepted work on, even over the limit.
-    assert new_work == {"carmy_worker.store.submit.SUBMIT"}
+    assert new_work == {"SUBMIT"}
     assert accepted == set(scripts) - new_work
 
 

@@ -2,7 +2,7 @@
 
 Every state change of an execution goes through one of these scripts; a wrong branch here is a
 call that runs twice, never ends, or answers twice. Each script is called through its typed
-wrapper (``carmy_worker.store``, ``runtime.queue.Leases``), exactly as the API and the workers
+wrapper (``carmy_worker.store``), exactly as the API and the workers
 call it; the blocking client ``r`` only observes what they left in Redis.
 """
 
@@ -21,11 +21,11 @@ import redis.asyncio
 from redis.client import PubSub
 
 from carmy_worker.runtime.lock import ToolLock
-from carmy_worker.runtime.queue import Leases
 from carmy_worker.store import jobs, keys, metrics, records
 from carmy_worker.store.attempts import MAX_ATTEMPTS, STARTED, Attempts, Claim
 from carmy_worker.store.durable import Durability
 from carmy_worker.store.janitor import DEPARTED_MEMORY_S, Janitor
+from carmy_worker.store.leases import Leases
 from carmy_worker.store.locks import ToolLocks
 from carmy_worker.store.roster import Beat, Claims, Holding, Liveness, Orphan, Stray, lock_holder
 from carmy_worker.store.submit import Submission, Submit
@@ -695,7 +695,7 @@ async def test_janitor_settles_executions_that_never_started_in_time(r: redis.Re
     assert in_zset(r, keys.QUEUED, waiting)
 
 
-# --- arq lease (runtime.queue.Lease) ---------------------------------------------------------
+# --- arq lease (store.leases.Lease) -----------------------------------------------------------
 
 
 async def test_lease_takes_only_due_unleased_jobs_at_most_n_by_redis_clock(

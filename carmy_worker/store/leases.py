@@ -1,0 +1,270 @@
+"""A worker's leases on the jobs of its queue: LEASE (take due jobs, read them, claim their
+executions), FINISH (end a lease that SETTLE did not end), and the LEASE a slot sends behind its
+SETTLE to take its next job (``Handoff``).
+
+The jobs are arq's, in arq's layout (``store.jobs``), but nothing here imports arq: a lease is a
+token in arq's in-progress key and in the worker's leases hash, so the janitor can hand back the
+jobs of a dead worker, and a late FINISH of a lease that was taken away touches nothing.
+``runtime.queue`` is the arq side: it runs what these calls hand it under arq's ``run_job``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import secrets
+import time
+from collections.abc import Callable
+from typing import Any, cast
+
+from msgspec import Struct
+from redis._parsers.hiredis import NOT_ENOUGH_DATA
+from redis.asyncio import Redis
+from redis.exceptions import NoScriptError, RedisError
+
+from carmy_worker.store import jobs, keys
+from carmy_worker.store.attempts import CLAIM_ONE, MAX_ATTEMPTS, Claim, ClaimVerdict
+from carmy_worker.store.batch import FollowUp
+from carmy_worker.store.checkout import buffered_reply
+from carmy_worker.store.durable import Durability
+from carmy_worker.store.lua import ACCEPTED_WORK
+from carmy_worker.store.scripts import Script, bind
+
+log = logging.getLogger("carmy.queue")
+
+# Takes up to ARGV[2] jobs in one round trip: the due ones at the head of the queue (by Redis's
+# clock, like the scores SUBMIT writes) that no other worker has leased. arq polls with the
+# worker's clock, then takes each job with WATCH/EXISTS/ZSCORE/MULTI/EXEC (four round trips
+# each). The in-progress keys set here are arq's, holding a token unique to this lease, also
+# listed in the worker's leases hash: the janitor puts back the jobs of a dead worker, and a late
+# finish of a lease that was taken away touches nothing.
+# Each job leased is also read (arq's job bytes, '' if gone), so run_job needs no round trip of
+# its own (arq's count of its runs, in its retry key, is not kept: see _AnsweredPipeline); its
+# score moves to the end of its lease, when it is due again unless finished, so that the scan for
+# due jobs does not walk over leased ones (whoever ends a lease early without finishing the job
+# puts the score back: FINISH, REAP, the janitor, a heartbeat); and, if it was there to read, its
+# execution is claimed (store.attempts.CLAIM_ONE), so the worker needs no CLAIM round trip either.
+# Then the wake list holds one token per job still due and unleased that it looked at
+# (jobs.WAKE_FOR), unless ARGV[9] is '1': a LEASE sent with a SETTLE (Leases.hand_over) looks
+# only a few jobs down the queue, and leaves the tokens as they are (one too many, at most, for
+# the job it took: an idle worker woken for nothing looks further, and sets them right).
+# Returns {id, score before, job, verdict ('' if not claimed), attempt, ms waited, id, ...}.
+# KEYS: queue, leases hash, wake list, running set
+# ARGV: in-progress key prefix, how many, lease ms, how far down the queue to look, token prefix,
+#       job key prefix, worker_id, max attempts, '1' to leave the wake list alone
+LEASE = Script("LEASE", ACCEPTED_WORK + CLAIM_ONE + jobs.WAKE_FOR + """
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[4]))
+local leased, want, lease_end, waiting = {}, tonumber(ARGV[2]) * 6, now + tonumber(ARGV[3]), 0
+local wake = ARGV[9] ~= '1'
+for i = 1, #due, 2 do
+  local job = due[i]
+  local token = ARGV[5] .. job
+  if #leased >= want then
+    if not wake then break end  -- nothing to count the tokens for
+    -- due, and takeable by another worker (a job another lease holds is not counted: no
+    -- worker must be woken for it, again and again, while it runs)
+    if redis.call('EXISTS', ARGV[1] .. job) == 0 then waiting = waiting + 1 end
+  elseif redis.call('SET', ARGV[1] .. job, token, 'NX', 'PX', ARGV[3]) then
+    redis.call('HSET', KEYS[2], job, token)
+    redis.call('ZADD', KEYS[1], lease_end, job)
+    local bytes = redis.call('GET', ARGV[6] .. job) or ''
+    local verdict, attempt, waited = '', 0, 0
+    if bytes ~= '' then
+      verdict, attempt, waited = claim(job, ARGV[7], KEYS[4], tonumber(ARGV[8]))
+    end
+    for _, v in ipairs({job, due[i + 1], bytes, verdict, attempt, waited}) do table.insert(leased, v) end
+  end
+end
+if wake then wake_for(KEYS[3], waiting) end
+return leased
+""")
+
+# arq's finish_job and finish_failed_job, for one lease: only while the in-progress key still
+# holds this lease's token. Finished: the job is gone; otherwise (a retry, a shutdown) it stays
+# queued at score ARGV[4] (LEASE moved it to the lease's end): due at once, and one idle worker
+# woken, unless deferred. A lease the janitor took away finishes as a no-op, so a paused worker
+# waking up late cannot delete the job another worker now runs. (SETTLE ends the lease of a
+# job it settled itself: FINISH is for every other end.)
+# KEYS: in-progress, job, retry, queue, leases hash, wake list
+# ARGV: job id, token, finished ('1' or ''), score to queue it at again, '1' to wake a worker
+FINISH = Script("FINISH", ACCEPTED_WORK + jobs.WAKE_ONE + jobs.END_LEASE + """
+local finished = ARGV[3] == '1'
+if not end_lease(KEYS[5], KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[1], ARGV[2], finished) then return 0 end
+if not finished then
+  redis.call('ZADD', KEYS[4], 'XX', ARGV[4], ARGV[1])
+  if ARGV[5] == '1' then wake_one(KEYS[6]) end
+end
+return 1
+""")
+
+# Finishing a lease is retried through a Redis outage this long: a lease left behind would hold
+# its job back until the in-progress key expires (the longest tool timeout and then some).
+FINISH_RETRY_S = 60.0
+
+# How far down the queue a LEASE sent with a SETTLE looks: past a job another worker's lease still
+# holds, but not over the whole backlog (checking each job there is most of a full LEASE's cost).
+HANDOFF_LOOK_AHEAD = 4
+
+class Lease(Struct, frozen=True):
+    job_id: str
+    score: int  # the job's score when it was leased (LEASE then moved it to the lease's end)
+    token: str
+    job: bytes = b""  # arq's job, as LEASE read it (empty: gone)
+    runs: int = 1  # what arq's run_job is told of the job's runs: the attempt claimed, at least 1
+    claim: Claim | None = None  # its execution's claim, made with the lease (None: job gone)
+    sent_at: float = 0.0  # when LEASE was sent (time.monotonic); it may run later, its worker stopped
+
+
+class Leases:
+    """LEASE and FINISH for one worker's jobs, on one client."""
+
+    def __init__(self, redis: Redis, worker_id: str, *, durability: Durability | None = None) -> None:
+        self._redis = redis
+        # It claims: a claim a failover loses resets the attempt count (store.durable).
+        self._durability = durability if durability is not None and durability.replicas else None
+        self._lease = bind(redis, LEASE, durability=durability)
+        self._finish = bind(redis, FINISH)
+        self.worker_id = worker_id
+        self._hash = keys.leases(worker_id)
+        self._running = keys.running(worker_id)
+        # Each call's tokens get a prefix of their own: a late end of an earlier lease of the same
+        # job never matches a later one. A counter, from a random start (two objects of one
+        # worker id, in tests, do not collide), not a random draw per call: a system call each.
+        self._calls = itertools.count(secrets.randbits(48))
+
+    async def take(self, queue: str, *, most: int, lease_ms: int, look_ahead: int) -> list[Lease]:
+        """Up to ``most`` due jobs of ``queue``, leased for ``lease_ms``, with their arq job read
+        and their execution claimed by this worker; the wake list then holds one token per job
+        still due."""
+        keys_, args, prefix = self._call(queue, most, lease_ms, look_ahead)
+        sent_at = time.monotonic()
+        return self._leases(await self._lease(keys=keys_, args=args), prefix, sent_at)
+
+    async def wait_and_take(self, redis: Redis, queue: str, *, timeout: float, most: int, lease_ms: int,
+                            look_ahead: int) -> list[Lease]:
+        """Wait up to ``timeout`` s for a token on ``queue``'s wake list, then ``take``, in one
+        round trip on a connection of ``redis``'s pool held meanwhile: ``BLPOP`` and LEASE go
+        out together, and Redis runs LEASE as soon as ``BLPOP`` returns (a token popped, or the
+        timeout: the fallback poll), so the job that woke the worker comes with the wake-up.
+        With replicas to wait for, ``WAIT`` follows on the same connection only if LEASE claimed
+        something: an idle poll has nothing to protect, and must not wait for absent replicas."""
+        keys_, args, prefix = self._call(queue, most, lease_ms, look_ahead)
+        pool = redis.connection_pool
+        sent_at = time.monotonic()
+        conn = await pool.get_connection()
+        reply: list[Any] | None = None
+        try:
+            await conn.send_packed_command(conn.pack_commands([
+                ("BLPOP", jobs.wake_list(queue), timeout),
+                LEASE.command(keys_, args),
+            ]))
+            await conn.read_response()  # a token, or none after the timeout: LEASE ran either way
+            # (a NOSCRIPT reply: it did not run, and ``take`` below runs it, loading it first)
+            got: Any = buffered_reply(conn)  # it came with the BLPOP's, as a rule
+            if got is NOT_ENOUGH_DATA:
+                with contextlib.suppress(NoScriptError):  # a new primary, or a flushed cache: it did not run
+                    reply = await conn.read_response()
+            elif isinstance(got, Exception):
+                if not isinstance(got, NoScriptError):
+                    raise got
+            else:
+                reply = got
+            if reply and self._durability is not None:  # it claimed: the claims must reach the replicas
+                await conn.send_command("WAIT", self._durability.replicas, self._durability.timeout_ms)
+                self._durability.acknowledged(int(await conn.read_response()))
+        except BaseException:
+            await conn.disconnect()  # a reply may be left unread on it
+            raise
+        finally:
+            await pool.release(conn)
+        if reply is None:
+            return await self.take(queue, most=most, lease_ms=lease_ms, look_ahead=look_ahead)
+        return self._leases(reply, prefix, sent_at)
+
+    def hand_over(self, queue: str, *, lease_ms: int, look_ahead: int, wanted: Callable[[], bool],
+                  on_taken: Callable[[list[Lease]], None]) -> Handoff:
+        """A LEASE of one due job, to go out right behind the SETTLE of the job a slot just ran
+        (``Runtime.handle``'s ``then``), if ``wanted()`` then; ``on_taken`` gets what it took."""
+        return Handoff(self, queue, lease_ms, min(look_ahead, HANDOFF_LOOK_AHEAD), wanted, on_taken)
+
+    def _call(self, queue: str, most: int, lease_ms: int, look_ahead: int,
+              wake: bool = True) -> tuple[list[str], list[Any], str]:
+        """LEASE's keys and arguments, and the prefix of this call's lease tokens (new each call);
+        ``wake``: it sets the wake list's tokens right."""
+        prefix = f"{self.worker_id}/{next(self._calls):x}/"
+        return ([queue, self._hash, jobs.wake_list(queue), self._running],
+                [jobs.IN_PROGRESS_KEY_PREFIX, most, lease_ms, look_ahead, prefix, jobs.JOB_KEY_PREFIX,
+                 self.worker_id, MAX_ATTEMPTS, "" if wake else "1"],
+                prefix)
+
+    @staticmethod
+    def _leases(reply: list[Any], prefix: str, sent_at: float) -> list[Lease]:
+        leases = []
+        for i in range(0, len(reply), 6):
+            job_id, score, job, verdict, attempt, waited = reply[i:i + 6]
+            job_id = job_id.decode()
+            claim = Claim(cast("ClaimVerdict", verdict.decode()), int(attempt), int(waited)) if verdict else None
+            leases.append(Lease(job_id, int(float(score)), prefix + job_id, job, max(1, int(attempt)), claim, sent_at))
+        return leases
+
+    async def finish(self, queue: str, lease: Lease, *, finished: bool, delay_ms: int | None) -> bool:
+        """End ``lease``, retried through an outage; False if it was not ours any more. Not
+        finished: the job is due again ``delay_ms`` after its score (at once without one)."""
+        job_id = lease.job_id
+        keys_ = [jobs.in_progress_key(job_id), jobs.job_key(job_id), jobs.retry_key(job_id), queue, self._hash,
+                 jobs.wake_list(queue)]
+        args = [job_id, lease.token, "1" if finished else "", lease.score + (delay_ms or 0),
+                "1" if delay_ms is None else ""]
+        deadline = time.monotonic() + FINISH_RETRY_S
+        delay = 0.05
+        while True:
+            try:
+                return bool(await self._finish(keys=keys_, args=args))
+            except (RedisError, OSError) as exc:
+                if time.monotonic() > deadline:
+                    raise
+                log.warning("cannot finish the lease of job %s yet (%s); retrying", job_id, exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+
+
+class Handoff(FollowUp):
+    """A LEASE to send with a SETTLE (``Leases.hand_over``), made as it goes out. What it took is
+    handed to ``on_taken`` as soon as its reply is read, before anything else runs: from then on
+    the worker holds those jobs (its heartbeat reports them)."""
+
+    def __init__(self, leases: Leases, queue: str, lease_ms: int, look_ahead: int,
+                 wanted: Callable[[], bool], on_taken: Callable[[list[Lease]], None]) -> None:
+        super().__init__()
+        self._leases = leases
+        self._lease = (queue, 1, lease_ms, look_ahead)
+        self._wanted = wanted
+        self._on_taken = on_taken
+        self._prefix = ""  # of its lease tokens, once made
+        self._sent_at = 0.0  # time.monotonic() when it was made, just before it went out
+        self._read = False
+
+    def make(self) -> tuple[Script, list[Any], list[Any]] | None:
+        if not self._wanted():
+            return None
+        keys_, args, self._prefix = self._leases._call(*self._lease, wake=False)
+        self._sent_at = time.monotonic()
+        return LEASE, keys_, args
+
+    def answered(self, reply: asyncio.Future[Any]) -> None:
+        """Read the reply once: from its done callback, or earlier by whoever finds it done."""
+        if self._read:
+            return
+        self._read = True
+        if reply.cancelled():
+            return
+        if (exc := reply.exception()) is not None:
+            # It may have run: the heartbeat finds a lease and a claim nobody holds, as for any
+            # LEASE whose reply was lost, and hands them back.
+            log.warning("the LEASE sent with a SETTLE failed (%s); the next job waits for the next look", exc)
+            return
+        self._on_taken(self._leases._leases(reply.result(), self._prefix, self._sent_at))
+
+

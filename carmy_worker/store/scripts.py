@@ -1,0 +1,158 @@
+"""Every Lua script of the store, and the one way each is run.
+
+A script is a ``Script`` made once, at import, in the store module that owns its keys, and
+known here by name (``SCRIPTS``): one place lists every script, so that a check can ask each one
+what it may do over ``maxmemory`` (``store.lua``'s flags) and, for Redis Cluster, which keys it
+declares. A module calls its scripts through ``Runs`` objects made by ``bind``, each behind one
+typed wrapper method (named parameters in, a typed result out), so no caller outside the store
+builds a script's ``KEYS`` or ``ARGV``.
+
+How a call goes out is said once, when it is bound, and nowhere else:
+
+* alone: ``EVALSHA`` on a connection of the client's pool;
+* with ``durability`` (``CARMY_REDIS_WAIT_REPLICAS`` > 0): ``EVALSHA`` then ``WAIT`` in one round
+  trip on one connection (``store.durable``);
+* in a ``batch``: written with the other calls of its turn of the event loop (``store.batch``).
+
+Whichever way, a ``NOSCRIPT`` reply (a new primary after a failover, a restarted Redis, a flushed
+script cache: nothing ran) loads the script and runs it once more, in ``run``. The two places
+that write ``EVALSHA`` on a connection themselves, the batch and the worker's ``BLPOP``-then-LEASE,
+take the command from ``Script.command`` and fall back on ``run`` when Redis does not know the
+script.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from typing import TYPE_CHECKING, Any
+
+import redis as sync_redis
+from redis.asyncio import Redis
+from redis.exceptions import NoScriptError
+
+if TYPE_CHECKING:
+    from carmy_worker.store.batch import Batch, FollowUp
+    from carmy_worker.store.durable import Durability
+
+
+class Script:
+    """One Lua script: its name (for errors, logs and the list of all), source and SHA1."""
+
+    __slots__ = ("name", "sha", "source")
+    name: str
+    source: str
+    sha: str
+
+    def __init__(self, name: str, source: str) -> None:
+        known = SCRIPTS.get(name)
+        if known is not None and known.source != source:
+            raise ValueError(f"two scripts are named {name}")
+        self.name = name
+        self.source = source
+        self.sha = hashlib.sha1(source.encode()).hexdigest()
+        SCRIPTS[name] = self
+
+    def command(self, keys: list[Any], args: list[Any]) -> tuple[Any, ...]:
+        """The ``EVALSHA`` that runs it (not the script in a pipeline: redis-py would first
+        check that it exists, a round trip more on every call)."""
+        return ("EVALSHA", self.sha, len(keys), *keys, *args)
+
+    def __repr__(self) -> str:
+        return f"Script({self.name})"
+
+
+# Every script of the store, by name, in the order their modules were imported.
+SCRIPTS: dict[str, Script] = {}
+
+
+async def run(redis: Redis, script: Script, keys: list[Any], args: list[Any],
+              durability: Durability | None = None) -> Any:
+    """Run ``script`` once: ``EVALSHA``, loading it first if Redis does not know it; with
+    ``durability``, ``WAIT`` for its replicas in the same round trip (``store.durable``)."""
+    for _ in range(2):
+        if durability is not None and durability.replicas:
+            async with redis.pipeline(transaction=False) as pipe:
+                pipe.execute_command(*script.command(keys, args))
+                pipe.wait(durability.replicas, durability.timeout_ms)
+                reply, acked = await pipe.execute(raise_on_error=False)
+            if isinstance(reply, NoScriptError):
+                await redis.script_load(script.source)
+                continue
+            if isinstance(reply, Exception):
+                raise reply
+            if isinstance(acked, Exception):
+                raise acked
+            durability.acknowledged(int(acked))
+            return reply
+        try:
+            return await redis.execute_command(*script.command(keys, args))
+        except NoScriptError:  # nothing ran
+            await redis.script_load(script.source)
+    raise NoScriptError(f"script {script.name} ({script.sha}) is not loaded")
+
+
+class Runs:
+    """``script`` bound to a client and to the way its calls go out; called with its keys and
+    arguments, like a redis-py script. Made by ``bind``."""
+
+    __slots__ = ("batch", "durability", "redis", "script")
+
+    def __init__(self, redis: Redis, script: Script, durability: Durability | None, batch: Batch | None) -> None:
+        self.redis = redis
+        self.script = script
+        self.durability = durability if durability is not None and durability.replicas else None
+        # Calls that wait for replicas keep their own round trip and WAIT: never batched.
+        self.batch = batch if self.durability is None else None
+
+    async def __call__(self, keys: list[Any], args: list[Any]) -> Any:
+        if self.batch is not None:
+            return await self.batch.call(self.script, keys, args)
+        return await run(self.redis, self.script, keys, args, self.durability)
+
+    @property
+    def batched(self) -> bool:
+        """Whether its calls go out in a batch, and so may carry a ``FollowUp`` (``send``)."""
+        return self.batch is not None
+
+    def send(self, keys: list[Any], args: list[Any], then: FollowUp) -> asyncio.Future[Any]:
+        """Queue a batched call, and ``then`` right behind it in the same write; the call's reply."""
+        batch = self.batch
+        if batch is None:
+            raise RuntimeError(f"{self.script.name} is not batched: it cannot carry a follow-up")
+        future = batch.call(self.script, keys, args, hold=True)
+        call = then.make()
+        if call is not None:
+            then.reply = batch.call(*call, hold=True, follows=then)
+            then.reply.add_done_callback(then.answered)  # if not called at once by the reader (a retry)
+        batch.flush_if_quiet()
+        return future
+
+
+def bind(redis: Redis, script: Script, *, durability: Durability | None = None, batch: Batch | None = None) -> Runs:
+    """``script`` run on ``redis``: alone, waiting for ``durability``'s replicas, or in ``batch``
+    (unless it waits for replicas)."""
+    return Runs(redis, script, durability, batch)
+
+
+class SyncRuns:
+    """``script`` bound to a blocking client (the heartbeat thread's, the health check's): run
+    alone, as ``run`` does, loading it first if Redis does not know it."""
+
+    __slots__ = ("redis", "script")
+
+    def __init__(self, redis: sync_redis.Redis, script: Script) -> None:
+        self.redis = redis
+        self.script = script
+
+    def __call__(self, keys: list[Any], args: list[Any]) -> Any:
+        try:
+            return self.redis.execute_command(*self.script.command(keys, args))
+        except NoScriptError:  # nothing ran
+            self.redis.script_load(self.script.source)
+            return self.redis.execute_command(*self.script.command(keys, args))
+
+
+def bind_sync(redis: sync_redis.Redis, script: Script) -> SyncRuns:
+    """``script`` run on a blocking client."""
+    return SyncRuns(redis, script)
