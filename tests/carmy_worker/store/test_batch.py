@@ -20,7 +20,7 @@ from carmy_worker.store.batch import Batch, FollowUp
 from carmy_worker.store.checkout import is_broken
 from carmy_worker.store.connect import RedisConnector
 from carmy_worker.store.scripts import Script
-from tests.support import RedisServer, turns_until, wait_until_async
+from tests.support import RedisServer, new_tmp, turns_until, wait_until_async
 
 # Appends ARGV[1] to a list and answers with the list's length; fails on demand.
 APPEND = Script("TEST_APPEND", """
@@ -205,6 +205,26 @@ async def test_a_failed_connection_fails_every_call_of_the_batch() -> None:
     results = await asyncio.gather(*(script(keys=["l"], args=[str(i)]) for i in range(3)), return_exceptions=True)
     assert all(isinstance(r, (ConnectionError, OSError)) for r in results), results
     await dead.aclose()
+
+
+async def test_a_primary_demoted_to_a_replica_fails_the_connection_not_only_the_call(
+        redis_server: RedisServer) -> None:
+    """READONLY is what a Sentinel client's primary says once it became a replica: redis-py's own
+    reader then drops the connection, so that the next call finds the new primary. The batch
+    reads its replies itself, and must do the same, not keep writing to the replica."""
+    replica = RedisServer(new_tmp(), replica_of=redis_server.port)
+    replica.start()
+    client = redis.asyncio.Redis(host="127.0.0.1", port=replica.port)
+    try:
+        await client.script_load(APPEND.source)  # known there: the reply is READONLY, not NOSCRIPT
+        batch = Batch(client)
+        script = batch.script(APPEND)
+        results = await asyncio.gather(*(script(keys=["l"], args=[str(i)]) for i in range(3)), return_exceptions=True)
+        assert all(isinstance(r, ConnectionError) for r in results), results  # every call on it
+        assert batch._line is None  # given up: the next call opens another connection
+    finally:
+        await client.aclose()
+        replica.stop()
 
 
 class ResettingProxy:
