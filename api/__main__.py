@@ -6,7 +6,7 @@ import logging
 import sys
 
 from api.app import create_app
-from api.server import run
+from api.serving.server import run
 from api.settings import ApiSettings
 from carmy_worker import logs
 from carmy_worker.settings import SettingsError
@@ -27,7 +27,7 @@ def main() -> int:
             "any Host is accepted (CARMY_ALLOWED_HOSTS) and no API key or access token is required (CARMY_API_KEYS, "
             "CARMY_OAUTH_ISSUER): a web page "
             "opened by a browser that can reach this server can call its tools; set one of them")
-    run(app, settings)  # uvicorn, hardened: see api/server.py
+    run(app, settings)  # uvicorn, hardened: see api/serving/server.py
     return 0
 
 

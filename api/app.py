@@ -13,21 +13,21 @@ from starlette.middleware import Middleware
 from starlette.routing import Route, request_response
 from starlette.types import ASGIApp
 
-from api.auth import ApiKeys, Authenticator, RequireAuth
-from api.browser import BrowserGuard, RequireJson
-from api.calls import Calls
-from api.catalog import Catalog
-from api.discovery import endpoints
-from api.execute import ExecuteEndpoint
-from api.executions import Executions
-from api.headers import middleware
-from api.hub import EventHub
-from api.lookup import ExecutionRoutes
+from api.calling.calls import Calls
+from api.calling.catalog import Catalog
+from api.calling.executions import Executions
+from api.endpoints.discovery import endpoints
+from api.endpoints.execute import ExecuteEndpoint
+from api.endpoints.lookup import ExecutionRoutes
+from api.endpoints.ops import ApiMetrics, Ops
+from api.endpoints.shortcut import CarmyApp
+from api.events.hub import EventHub
+from api.guards.auth import ApiKeys, Authenticator, RequireAuth
+from api.guards.browser import BrowserGuard, RequireJson
+from api.guards.headers import middleware
+from api.guards.oauth import ProtectedResources, TokenVerifier, key_source
 from api.mcp import MCP_PATH, McpServer
-from api.oauth import ProtectedResources, TokenVerifier, key_source
-from api.ops import ApiMetrics, Ops
 from api.settings import ApiSettings
-from api.shortcut import CarmyApp
 from carmy_worker.store import keys
 from carmy_worker.store.connect import RedisConnector
 from carmy_worker.store.durable import Durability
@@ -109,7 +109,7 @@ def create_app(settings: ApiSettings | None = None) -> Starlette:
 
     execute_route = guarded(RequireJson(execute))
     return CarmyApp(
-        # POST /agent/execute skips Starlette's router and error layers (api/shortcut.py says why).
+        # POST /agent/execute skips Starlette's router and error layers (api/endpoints/shortcut.py says why).
         shortcut_path=EXECUTE_PATH, shortcut=execute_route,
         routes=[
             Route("/.well-known/agent", discovery, methods=["GET"]),

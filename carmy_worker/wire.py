@@ -29,7 +29,7 @@ class ExecuteRequest(Struct, forbid_unknown_fields=True):
 
     ``arguments`` may be any JSON value here: one that is not an object is refused later as
     ``INVALID_ARGUMENTS``, with a full result body like every other argument error, rather than
-    as a malformed envelope (``api.checks.check_arguments``).
+    as a malformed envelope (``api.calling.checks.check_arguments``).
     """
 
     tool: str

@@ -55,6 +55,36 @@ def test_no_import_crosses_a_layer(package: str) -> None:
     assert crossings == []
 
 
+# The API's rooms, lowest first: a module may import its own room and the rooms before it, never
+# one after it. app.py and __main__.py, at the top, put them together (docs/architecture.md).
+API_ROOMS = ("api.settings", "api.http", "api.serving", "api.guards", "api.events", "api.calling",
+             "api.endpoints", "api.mcp")
+API_TOP = ("api.app", "api.__main__", "api")
+
+
+def room_of(module: str) -> int:
+    for i, room in enumerate(API_ROOMS):
+        if module == room or module.startswith(room + "."):
+            return i
+    return len(API_ROOMS)  # the top: app, __main__, the package itself
+
+
+def test_every_api_module_is_in_a_room() -> None:
+    loose = [module for module, _ in modules("api") if room_of(module) == len(API_ROOMS)
+             and module.removesuffix(".__init__") not in API_TOP]
+    assert loose == []
+
+
+def test_no_api_room_imports_a_higher_one() -> None:
+    upward = [
+        f"{module} imports {name}"
+        for module, file in modules("api")
+        for name in sorted(imported(file))
+        if name.startswith("api.") and room_of(name) > room_of(module)
+    ]
+    assert upward == []
+
+
 def test_only_the_queue_module_imports_arq() -> None:
     users = [module for module, file in modules("carmy_worker") if any(
         name == "arq" or name.startswith("arq.") for name in imported(file))]

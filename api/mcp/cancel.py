@@ -24,7 +24,7 @@ from starlette.types import Message, Receive, Scope, Send
 from carmy_worker.sdk.context import AgentContext
 
 if TYPE_CHECKING:
-    from api.executions import Executions
+    from api.calling.executions import Executions
 from carmy_worker.store.mcpcalls import McpCall, McpCalls
 
 SESSION_HEADER = "mcp-session-id"

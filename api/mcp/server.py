@@ -36,15 +36,15 @@ from redis.exceptions import RedisError
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from api.auth import trusted_context
-from api.body import BodyTooLarge, ClientGone, read_body
-from api.calls import Calls, Started
-from api.catalog import CatalogTool
-from api.checks import Rejected
-from api.discovery import CATALOG_MAX_AGE_S
-from api.executions import ADMISSION_GRACE_S
-from api.fields import header
-from api.hub import HubUnavailable
+from api.calling.calls import Calls, Started
+from api.calling.catalog import CatalogTool
+from api.calling.checks import Rejected
+from api.calling.executions import ADMISSION_GRACE_S
+from api.endpoints.discovery import CATALOG_MAX_AGE_S
+from api.events.hub import HubUnavailable
+from api.guards.auth import trusted_context
+from api.guards.body import BodyTooLarge, ClientGone, read_body
+from api.http.fields import header
 from api.mcp.cancel import (
     SESSION_HEADER,
     CallRegistry,

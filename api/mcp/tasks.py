@@ -55,8 +55,8 @@ from mcp_types import methods
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from redis.exceptions import RedisError
 
-from api.auth import trusted_context
-from api.executions import Executions
+from api.calling.executions import Executions
+from api.guards.auth import trusted_context
 from api.mcp.cancel import abandon, request_scope
 from api.mcp.wire import call_result
 from api.settings import ApiSettings

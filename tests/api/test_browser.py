@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from api.browser import split_host
+from api.guards.browser import split_host
 from api.settings import ApiSettings
 from tests.api.test_embedded import host_app
 from tests.conftest import app_client, asgi_client

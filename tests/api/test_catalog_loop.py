@@ -8,7 +8,7 @@ import asyncio
 import pytest
 import redis.asyncio
 
-from api.catalog import Catalog
+from api.calling.catalog import Catalog
 from tests.support import RedisServer
 
 

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from api.catalog import CatalogTool, compile_validator
-from api.checks import Rejected, check_arguments
+from api.calling.catalog import CatalogTool, compile_validator
+from api.calling.checks import Rejected, check_arguments
 from carmy_worker.sdk.errors import ECHO_LIMIT
 from carmy_worker.sdk.schema import schema_for
 from carmy_worker.wire import ErrorBody, ToolSpec

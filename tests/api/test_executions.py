@@ -9,8 +9,8 @@ from collections.abc import AsyncIterator
 import pytest
 import redis.asyncio
 
-from api.executions import Executions
-from api.mailbox import Mailbox
+from api.calling.executions import Executions
+from api.events.mailbox import Mailbox
 from carmy_worker.store import jobs, keys, records
 from carmy_worker.store.attempts import Attempts
 from carmy_worker.store.submit import Submit

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from api.fields import fields, header
+from api.http.fields import fields, header
 
 
 def scope(*headers: tuple[bytes, bytes]) -> dict[str, Any]:

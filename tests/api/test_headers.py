@@ -1,4 +1,4 @@
-"""``api.headers`` in process: what ``wrap`` turns on, and that it never holds a stream back."""
+"""``api.guards.headers`` in process: what ``wrap`` turns on, and that it never holds a stream back."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from starlette.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Message
 
-from api.headers import wrap
+from api.guards.headers import wrap
 from api.settings import ApiSettings
 from tests.support import app_settings
 

@@ -8,7 +8,7 @@ import shutil
 import pytest
 import redis.asyncio
 
-from api.hub import RESYNC, EventHub, HubUnavailable
+from api.events.hub import RESYNC, EventHub, HubUnavailable
 from tests.support import RedisServer, new_tmp, wait_until_async
 
 

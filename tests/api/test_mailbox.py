@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from api.mailbox import RESYNC, Mailbox, is_progress
+from api.events.mailbox import RESYNC, Mailbox, is_progress
 from carmy_worker.loop import Signal
 from carmy_worker.wire import Record, completed_event, final_event, progress_event, started_event
 

@@ -27,8 +27,8 @@ from starlette.applications import Starlette
 
 from api.app import create_app
 from api.mcp.cancel import CallRegistry
-from api.quotas import Quotas
 from api.settings import ApiKey
+from api.settings.quotas import Quotas
 from carmy_worker.sdk.context import AgentContext
 from carmy_worker.store import keys
 from carmy_worker.store.quota import Quota

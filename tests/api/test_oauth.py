@@ -17,7 +17,7 @@ from mcp.client.streamable_http import streamable_http_client
 from starlette.applications import Starlette
 
 from api.app import create_app
-from api.oauth import OAuthSettings
+from api.guards.oauth import OAuthSettings
 from api.settings import ApiKey, ApiSettings
 from tests.conftest import asgi_client
 from tests.issuer import ISSUER, RESOURCE, Issuer, challenge, hs256_with, issuing, new_key, reheaded, tampered, unsigned

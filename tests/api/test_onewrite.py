@@ -13,7 +13,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
-from api.onewrite import OneWriteCycle
+from api.serving.onewrite import OneWriteCycle
 
 
 class Recorded(asyncio.Transport):

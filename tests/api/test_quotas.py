@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from api.quotas import Quotas
 from api.settings import ApiSettings
+from api.settings.quotas import Quotas
 from carmy_worker.settings import SettingsError
 from carmy_worker.store.quota import NO_QUOTA, Quota
 

@@ -10,7 +10,7 @@ import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 from starlette.types import Message
 
-from api.relay import race_disconnect
+from api.endpoints.relay import race_disconnect
 from carmy_worker.sdk.errors import error
 from carmy_worker.store import records
 from carmy_worker.wire import Record

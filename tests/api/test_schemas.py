@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from api.schemas import InputSchema
+from api.calling.schemas import InputSchema
 from carmy_worker.sdk.schema import schema_for
 from tests.toolsets.basic import Tree
 

@@ -1,5 +1,5 @@
-"""uvicorn's private surface, pinned: ``api/server.py`` subclasses uvicorn's httptools protocol
-(``HardenedHttpToolsProtocol``) and ``api/onewrite.py`` its request-response cycle
+"""uvicorn's private surface, pinned: ``api/serving/server.py`` subclasses uvicorn's httptools protocol
+(``HardenedHttpToolsProtocol``) and ``api/serving/onewrite.py`` its request-response cycle
 (``OneWriteCycle``), overriding their callbacks and reading and writing their attributes, none of
 which uvicorn documents. A uvicorn or httptools release that renames, re-signs or changes any of
 it must fail here, naming it, rather than as a server that quietly stops bounding its requests.
@@ -24,8 +24,8 @@ from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 from uvicorn.server import ServerState
 
-from api.onewrite import HeldHead, OneWriteCycle
-from api.server import HardenedHttpToolsProtocol, Server
+from api.serving.onewrite import HeldHead, OneWriteCycle
+from api.serving.server import HardenedHttpToolsProtocol, Server
 from tests.pins import assert_tested_release
 
 # Every name of uvicorn (and httptools) the API relies on, by where it lives; the comment above

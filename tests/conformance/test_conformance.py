@@ -35,7 +35,7 @@ server-sse-polling             yes      ``test_reconnection``; resumable SSE (SE
                                         something /mcp does: two SHOULD warnings (below). Pending
                                         in the suite
 server-sse-multiple-streams    yes      concurrent POSTs, each its own SSE stream
-dns-rebinding-protection       yes      Host/Origin checks (api/browser.py)
+dns-rebinding-protection       yes      Host/Origin checks (api/guards/browser.py)
 logging-set-level              no       no logging capability: tools log to the worker's log
 completion-complete            no       completions are for prompt and resource-template
                                         arguments; there are neither

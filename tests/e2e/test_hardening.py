@@ -152,7 +152,7 @@ def preflight(base: str, origin: str) -> httpx.Response:
 
 def test_cors_is_off_by_default(plain: str) -> None:
     r = preflight(plain, ORIGIN)
-    assert r.status_code == 403  # no origin but the server's own is allowed (api/browser.py)
+    assert r.status_code == 403  # no origin but the server's own is allowed (api/guards/browser.py)
     assert not [name for name in r.headers if name.startswith("access-control-")]
     r = httpx.get(plain + "/.well-known/agent", headers={"origin": ORIGIN})
     assert "access-control-allow-origin" not in r.headers

@@ -10,9 +10,9 @@ import jwt
 import pytest
 
 from api.app import create_app
-from api.oauth import OAuthSettings, RemoteKeys, StaticKeys, TokenVerifier
-from api.oauth.keys import KeySet, Unavailable
-from api.oauth.tokens import TRUSTED_FOR_S, Refusal
+from api.guards.oauth import OAuthSettings, RemoteKeys, StaticKeys, TokenVerifier
+from api.guards.oauth.keys import KeySet, Unavailable
+from api.guards.oauth.tokens import TRUSTED_FOR_S, Refusal
 from carmy_worker.sdk.context import AgentContext
 from carmy_worker.settings import SettingsError
 from tests.issuer import ISSUER, RESOURCE, issuing, new_key

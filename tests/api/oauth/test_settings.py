@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from api.oauth.settings import ASYMMETRIC, OAuthSettings, oauth_from_env
 from api.settings import ApiSettings
+from api.settings.oauth import ASYMMETRIC, OAuthSettings, oauth_from_env
 from carmy_worker.settings import SettingsError
 
 BASE = {"CARMY_OAUTH_ISSUER": "https://issuer.test", "CARMY_OAUTH_RESOURCE": "https://carmy.test/",

@@ -1,4 +1,6 @@
-"""Settings of the HTTP front end, read once from the environment at the entry point."""
+"""Settings of the HTTP front end, read once from the environment at the entry point: the
+lowest room of the API, which every other may import (``quotas``: each principal's limits;
+``oauth``: the access tokens' issuer)."""
 
 from __future__ import annotations
 
@@ -9,8 +11,8 @@ from collections.abc import Mapping
 import msgspec
 from msgspec import Struct
 
-from api.oauth.settings import OAuthSettings, oauth_from_env
-from api.quotas import Quotas, quotas_from_env
+from api.settings.oauth import OAuthSettings, oauth_from_env
+from api.settings.quotas import Quotas, quotas_from_env
 from carmy_worker.settings import (
     DEFAULT_REDIS_URL,
     SettingsError,
@@ -62,14 +64,14 @@ class ApiSettings(Struct, frozen=True, kw_only=True):
     api_keys: dict[str, ApiKey] | None = None  # token -> key; None: no authentication
     oauth: OAuthSettings | None = None  # access tokens of one issuer, besides (or instead of) API keys
     max_pending: int = 1000  # queued-or-running executions, across all API processes
-    quotas: Quotas = Quotas()  # each principal's own limits (api/quotas.py); none by default
+    quotas: Quotas = Quotas()  # each principal's own limits (api/settings/quotas.py); none by default
     retention: int = 86400  # seconds final records and idempotency records are kept
     queue_timeout: float = 60.0  # seconds an execution may wait for a worker before it is dropped
     max_body: int = 1_048_576
     sse_keepalive: float = 15.0  # seconds between keep-alive comments on an idle stream
     dead_after: float = 3.0  # a worker silent this long is dead (matches the worker's heartbeat)
     catalog_refresh: float = 1.0  # seconds between catalog and liveness checks
-    # HTTP hardening (see api/server.py and api/headers.py).
+    # HTTP hardening (see api/serving/server.py and api/guards/headers.py).
     header_timeout: float = 15.0  # seconds a connection may take to send a request's headers
     body_timeout: float = 30.0  # seconds a request's body may take, counted from the end of its headers
     max_header_bytes: int = 65536  # a request whose headers are larger is refused (431)

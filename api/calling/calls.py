@@ -11,11 +11,11 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from api.catalog import Catalog, CatalogTool
-from api.checks import Rejected, check_arguments, check_policy, check_request_id, refusal
-from api.executions import Executions
-from api.hub import EventHub
-from api.mailbox import Mailbox
+from api.calling.catalog import Catalog, CatalogTool
+from api.calling.checks import Rejected, check_arguments, check_policy, check_request_id, refusal
+from api.calling.executions import Executions
+from api.events.hub import EventHub
+from api.events.mailbox import Mailbox
 from carmy_worker.sdk.context import AgentContext
 from carmy_worker.sdk.errors import clip, error, store_full
 from carmy_worker.store import keys
@@ -53,7 +53,7 @@ class Calls:
     def admit(self, name: str, arguments: object, request_id: object, agent: AgentContext, *,
               id_field: str = "request_id") -> Admitted:
         """The call to run, or ``Rejected`` with the reason (nothing is recorded for it). The
-        checks run in the order of ``api.checks``: tool, policy, request id, arguments."""
+        checks run in the order of ``api.calling.checks``: tool, policy, request id, arguments."""
         tool = self.catalog.view.get(name)
         if tool is None:
             raise Rejected(error("TOOL_NOT_FOUND", f"No tool named {clip(name)!r}.",

@@ -1,6 +1,6 @@
 """Knowing that a request's client has gone without a task waiting in ``receive()`` for it.
 
-``python -m api`` serves with its own HTTP protocol (``api/server.py``), which sets a request's
+``python -m api`` serves with its own HTTP protocol (``api/serving/server.py``), which sets a request's
 ``Departure`` as its connection is lost, whatever ended it (a close, a reset, a half-close whose
 probe found the client gone, a body too slow). A JSON call then waits for its record and for
 its client's departure on one future (``relay.answer_json``), where racing a task that reads

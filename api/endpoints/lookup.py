@@ -22,13 +22,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from api import relay
-from api.auth import trusted_context
-from api.calls import Calls
-from api.executions import Executions
-from api.hub import HubUnavailable
-from api.mailbox import Mailbox
-from api.responses import NO_STORE, envelope, envelope_error
+from api.calling.calls import Calls
+from api.calling.executions import Executions
+from api.endpoints import relay
+from api.events.hub import HubUnavailable
+from api.events.mailbox import Mailbox
+from api.guards.auth import trusted_context
+from api.http.responses import NO_STORE, envelope, envelope_error
 from api.settings import ApiSettings
 from carmy_worker.sdk.errors import store_unavailable
 from carmy_worker.store import keys

@@ -12,9 +12,9 @@ from typing import Any
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from api.departure import Departed, Departure
-from api.executions import RECHECK_S, Executions
-from api.mailbox import Mailbox
+from api.calling.executions import RECHECK_S, Executions
+from api.events.mailbox import Mailbox
+from api.serving.departure import Departed, Departure
 from carmy_worker.loop import first_done, running_loop
 from carmy_worker.wire import SSE_KEEPALIVE, Event, Record, sse_completed, sse_frame, sse_started
 
@@ -122,7 +122,7 @@ async def answer_json_unless_gone(send: Send, executions: Executions, exec_id: s
                                   departure: Departure, on_disconnect: Callable[[], Awaitable[None]] | None, *,
                                   tick: float) -> Record | None:
     """``race_disconnect(answer_json(...))`` for a request whose server sets its ``Departure``
-    (``api/departure.py``): the record and the client's departure are waited for on one future,
+    (``api/serving/departure.py``): the record and the client's departure are waited for on one future,
     in this task. Returns the record it answered with, or None if the client left first (then
     ``on_disconnect`` runs, to its end even if this call is cancelled meanwhile)."""
     try:
@@ -139,7 +139,7 @@ class SseStream:
     """One execution's events as a ``text/event-stream`` response, keep-alives included.
 
     A client that reads more slowly than its tool reports progress has old progress events
-    dropped from its mailbox (``api.mailbox``): the next frame it gets is preceded by the
+    dropped from its mailbox (``api.events.mailbox``): the next frame it gets is preceded by the
     comment ``: dropped <n> tool.progress events``.
     """
 

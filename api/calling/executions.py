@@ -10,10 +10,10 @@ from collections.abc import Awaitable, Callable
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from api.catalog import CatalogTool
-from api.departure import Departed
-from api.hub import RESYNC
-from api.mailbox import Mailbox
+from api.calling.catalog import CatalogTool
+from api.events.hub import RESYNC
+from api.events.mailbox import Mailbox
+from api.serving.departure import Departed
 from api.settings import ApiSettings
 from carmy_worker.loop import Signal, running_loop
 from carmy_worker.sdk.context import AgentContext

@@ -11,7 +11,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from api.oauth.settings import OAuthSettings
+from api.settings.oauth import OAuthSettings
 from carmy_worker.wire import json_encoder
 
 WELL_KNOWN = "/.well-known/oauth-protected-resource"

@@ -22,8 +22,8 @@ from collections.abc import Callable
 from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 
-from api.mailbox import RESYNC as RESYNC
-from api.mailbox import Mailbox
+from api.events.mailbox import RESYNC as RESYNC
+from api.events.mailbox import Mailbox
 from carmy_worker.store import keys
 from carmy_worker.store.pubsub import Message, listen_forever
 

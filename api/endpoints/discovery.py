@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable
 from starlette.requests import Request
 from starlette.responses import Response
 
-from api.catalog import Catalog, Document
+from api.calling.catalog import Catalog, Document
 
 CATALOG_MAX_AGE_S = 60  # how long a client may use the catalog without asking again (MCP's ttlMs too)
 CACHE_CONTROL = f"private, max-age={CATALOG_MAX_AGE_S}"

@@ -22,7 +22,7 @@ from redis.exceptions import RedisError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from api.catalog import Catalog
+from api.calling.catalog import Catalog
 from carmy_worker.sdk.errors import error, store_full, store_unavailable
 from carmy_worker.store import metrics
 from carmy_worker.store.memory import MemoryReading, StoreMemory

@@ -13,7 +13,7 @@ from typing import Any
 import jsonschema_rs
 import msgspec
 
-from api.catalog import CatalogTool
+from api.calling.catalog import CatalogTool
 from carmy_worker.sdk.context import AgentContext
 from carmy_worker.sdk.errors import ECHO_LIMIT, clip, error
 from carmy_worker.store.submit import Submission
@@ -60,7 +60,7 @@ def check_policy(tool: CatalogTool, agent: AgentContext) -> None:
 def check_arguments(tool: CatalogTool, arguments: object) -> dict[str, Any]:
     """The arguments, once they match the tool's input schema, which is always an object schema:
     so a value that is not an object (``null`` included) is refused here, at ``$``. Valid ones
-    are checked once; refused ones again, for their first problem (``api.schemas``)."""
+    are checked once; refused ones again, for their first problem (``api.calling.schemas``)."""
     if tool.validator is None:
         raise Rejected(error("INVALID_ARGUMENTS", f"The input schema of {tool.spec.name} cannot be used; "
                                                   "no arguments can be checked against it."))

@@ -3,7 +3,7 @@
 Checked before the body is read. A presented token is first compared with every API key
 through ``hmac.compare_digest`` on fixed-size digests, so the time taken does not depend on how
 much of a key was right; a token that is no key and looks like a JWT is then verified
-(``api.oauth``). Refusals follow RFC 6750: ``401`` with a ``WWW-Authenticate: Bearer``
+(``api.guards.oauth``). Refusals follow RFC 6750: ``401`` with a ``WWW-Authenticate: Bearer``
 challenge, which names the protected resource metadata (RFC 9728) when OAuth is configured.
 """
 
@@ -17,10 +17,10 @@ from typing import Any
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from api.fields import fields
-from api.oauth.metadata import ProtectedResources
-from api.oauth.tokens import Refusal, TokenVerifier, looks_like_jwt
-from api.responses import envelope, envelope_error
+from api.guards.oauth.metadata import ProtectedResources
+from api.guards.oauth.tokens import Refusal, TokenVerifier, looks_like_jwt
+from api.http.fields import fields
+from api.http.responses import envelope, envelope_error
 from api.settings import ApiKey
 from carmy_worker.sdk.context import AgentContext
 from carmy_worker.sdk.errors import error

@@ -9,10 +9,10 @@ besides API keys.
 * ``metadata``: Protected Resource Metadata (RFC 9728), served and named in challenges.
 """
 
-from api.oauth.keys import RemoteKeys, StaticKeys
-from api.oauth.metadata import ProtectedResources
-from api.oauth.settings import OAuthSettings
-from api.oauth.tokens import Refusal, TokenVerifier
+from api.guards.oauth.keys import RemoteKeys, StaticKeys
+from api.guards.oauth.metadata import ProtectedResources
+from api.guards.oauth.tokens import Refusal, TokenVerifier
+from api.settings.oauth import OAuthSettings
 from carmy_worker.settings import SettingsError
 
 

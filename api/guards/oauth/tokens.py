@@ -11,8 +11,8 @@ from typing import Any, Literal, Protocol
 import jwt
 from msgspec import Struct
 
-from api.oauth.keys import Unavailable
-from api.oauth.settings import OAuthSettings
+from api.guards.oauth.keys import Unavailable
+from api.settings.oauth import OAuthSettings
 from carmy_worker.sdk.context import AgentContext
 
 

@@ -16,18 +16,19 @@ import msgspec
 from redis.exceptions import RedisError
 from starlette.types import Message, Receive, Scope, Send
 
-from api import departure, relay
-from api.auth import trusted_context
-from api.body import BodyTooLarge, ClientGone, read_body
-from api.calls import Calls, Started
-from api.catalog import CatalogTool
-from api.checks import Rejected
-from api.executions import RECHECK_S
-from api.fields import fields, header
-from api.hub import HubUnavailable
-from api.lookup import accepted
-from api.ops import ApiMetrics
-from api.responses import envelope_error
+from api.calling.calls import Calls, Started
+from api.calling.catalog import CatalogTool
+from api.calling.checks import Rejected
+from api.calling.executions import RECHECK_S
+from api.endpoints import relay
+from api.endpoints.lookup import accepted
+from api.endpoints.ops import ApiMetrics
+from api.events.hub import HubUnavailable
+from api.guards.auth import trusted_context
+from api.guards.body import BodyTooLarge, ClientGone, read_body
+from api.http.fields import fields, header
+from api.http.responses import envelope_error
+from api.serving import departure
 from api.settings import ApiSettings
 from carmy_worker.logs import info_line, request_id_hash
 from carmy_worker.sdk.errors import clip, store_unavailable
@@ -193,7 +194,7 @@ class ExecuteEndpoint:
         on_disconnect = None if joined else functools.partial(self.executions.abandon, exec_id, name)
         tick = min(self.settings.sse_keepalive, RECHECK_S)
         gone = departure.of(scope)
-        if not sse and gone is not None:  # served by api/server.py: no task watches receive()
+        if not sse and gone is not None:  # served by api/serving/server.py: no task watches receive()
             record = await relay.answer_json_unless_gone(send, self.executions, exec_id, name, messages, gone,
                                                          on_disconnect, tick=tick)
         elif not sse:

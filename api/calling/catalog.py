@@ -17,7 +17,7 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from api.schemas import InputSchema
+from api.calling.schemas import InputSchema
 from carmy_worker.store.pubsub import raise_if_cancelled
 from carmy_worker.store.roster import Liveness, worker_infos
 from carmy_worker.wire import (
@@ -100,7 +100,7 @@ def build_view(server_name: str, workers: list[tuple[WorkerInfo, bool]],
 
 def compile_validator(name: str, schema: dict[str, Any]) -> InputSchema | None:
     """A compiled (Rust) validator for a tool's input schema: its cost grows with the size of the
-    arguments only, for valid and invalid ones alike (``api.schemas``), so no argument can hold
+    arguments only, for valid and invalid ones alike (``api.calling.schemas``), so no argument can hold
     the event loop for long. Draft 2020-12 unless the schema names another; ``format`` is an
     annotation, as the draft says (the worker's msgspec types check formats)."""
     try:

@@ -28,9 +28,9 @@ import uvicorn
 from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
-from api import departure
-from api.halfclose import ResetProbe
-from api.onewrite import OneWriteCycle
+from api.serving import departure
+from api.serving.halfclose import ResetProbe
+from api.serving.onewrite import OneWriteCycle
 from api.settings import ApiSettings
 from carmy_worker import collector
 from carmy_worker.sdk.errors import error
@@ -75,7 +75,7 @@ class HardenedHttpToolsProtocol(HttpToolsProtocol):
 
     A FIN after a complete request whose answer has not begun is taken for a half-close, not a
     hang-up: the connection stays open for the answer while ``ResetProbe`` checks that the
-    client is still there (``api/halfclose.py`` says why and how). Any other FIN is a disconnect,
+    client is still there (``api/serving/halfclose.py`` says why and how). Any other FIN is a disconnect,
     as in uvicorn.
 
     The body deadline runs from the end of the headers to the end of the body, whatever arrives
@@ -171,7 +171,7 @@ class HardenedHttpToolsProtocol(HttpToolsProtocol):
     def _host_from_target(self) -> None:
         """An absolute-form target (``GET http://example.com/path``) names the host it is for, and
         RFC 9112 §3.2.2 has the server ignore ``Host`` then: uvicorn keeps only its path, so the
-        target's authority replaces the ``Host`` header, and the Host check (``api/browser.py``)
+        target's authority replaces the ``Host`` header, and the Host check (``api/guards/browser.py``)
         judges the name the request was really sent to."""
         if b"://" not in self.url:
             return  # "*" (OPTIONS) or an authority-form CONNECT target: nothing to replace

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from starlette.types import Receive, Scope
 
-from api.fields import fields
+from api.http.fields import fields
 
 
 class BodyTooLarge(Exception):

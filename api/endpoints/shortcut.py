@@ -21,7 +21,7 @@ from typing import Any
 from starlette.applications import Starlette
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from api.browser import route_path
+from api.guards.browser import route_path
 
 
 class CarmyApp(Starlette):

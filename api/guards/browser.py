@@ -22,8 +22,8 @@ from urllib.parse import urlsplit
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from api.fields import header
-from api.responses import envelope_error
+from api.http.fields import header
+from api.http.responses import envelope_error
 from api.settings import ApiSettings
 from carmy_worker.sdk.errors import clip
 
