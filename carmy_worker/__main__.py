@@ -59,7 +59,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"carmy_worker: {exc}", file=sys.stderr)
         return 2
     collector.for_serving()
-    run(serve(tools, settings, connector))
+    try:
+        run(serve(tools, settings, connector))
+    except SettingsError as exc:  # found at start (a Redis too old to run the store's scripts)
+        print(f"carmy_worker: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

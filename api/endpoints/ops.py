@@ -24,7 +24,7 @@ from starlette.responses import JSONResponse, Response
 
 from api.calling.catalog import Catalog
 from carmy_worker.sdk.errors import error, store_full, store_unavailable
-from carmy_worker.store import metrics
+from carmy_worker.store import metrics, version
 from carmy_worker.store.memory import MemoryReading, StoreMemory
 from carmy_worker.wire import ErrorBody
 
@@ -137,8 +137,11 @@ class Ops:
     async def ready(self, request: Request) -> Response:
         checks: dict[str, Any] = {}
         try:
-            await asyncio.wait_for(self.redis.ping(), CHECK_TIMEOUT_S)
-            checks["redis"] = {"ok": True}
+            found = await asyncio.wait_for(version.server_version(self.redis), CHECK_TIMEOUT_S)
+            if found is not None and version.too_old(found):  # every script would fail to compile
+                checks["redis"] = {"ok": False, "error": _wire(store_unavailable(version.message(found)))}
+            else:
+                checks["redis"] = {"ok": True}
         except (RedisError, OSError, TimeoutError) as exc:
             checks["redis"] = {"ok": False, "error": _wire(store_unavailable(
                 f"Redis does not answer: {type(exc).__name__}"))}

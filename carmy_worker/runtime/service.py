@@ -18,7 +18,7 @@ from carmy_worker.runtime.presence import Presence, describe, group_of, new_work
 from carmy_worker.runtime.runner import Runtime
 from carmy_worker.sdk.toolbox import Tool
 from carmy_worker.settings import WorkerSettings
-from carmy_worker.store import jobs, keys
+from carmy_worker.store import jobs, keys, version
 from carmy_worker.store.connect import RedisConnector
 from carmy_worker.store.durable import Durability
 from carmy_worker.store.janitor import Janitor
@@ -55,6 +55,7 @@ async def serve(tools: list[Tool], settings: WorkerSettings, connector: RedisCon
     presence = Presence(redis=redis, settings=settings, info=info, runtime=runtime, connector=connector)
     janitor = Janitor(redis, retention=settings.retention, dead_after=settings.dead_after, durability=durability)
     runtime.before_step = presence.ensure_fresh
+    await version.require(redis)  # before anything runs a script it could not compile
     await presence.register()
     background = [asyncio.create_task(listen_for_cancels(redis, runtime)), asyncio.create_task(janitor.run())]
 
