@@ -13,7 +13,7 @@ from starlette.applications import Starlette
 
 from api.app import create_app
 from api.settings import ApiSettings
-from tests.support import RedisServer, Stack, new_tmp
+from tests.support import RedisServer, Stack, new_tmp, private_redis
 
 # Folders whose every test is marked ``e2e`` (pyproject.toml's markers): whole processes and
 # outside clients, left out of the quick loop.
@@ -28,12 +28,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[RedisServer]:
-    workdir = new_tmp()
-    server = RedisServer(workdir)
-    server.start()
-    yield server
-    server.stop()
-    shutil.rmtree(workdir, ignore_errors=True)
+    with private_redis() as server:
+        yield server
 
 
 @contextlib.contextmanager

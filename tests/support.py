@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import sys
 import tempfile
 import threading
@@ -25,7 +26,7 @@ from api.settings import ApiSettings
 from bench.processes import ROOT, Proc, RedisServer, StartError, free_port, on_free_port, try_check, wait_until
 
 __all__ = ["ROOT", "Call", "Load", "Proc", "RedisServer", "Sample", "Stack", "StartError", "app_settings", "free_port",
-           "marked", "new_tmp", "serving", "turns_until", "wait_until", "wait_until_async"]
+           "marked", "new_tmp", "private_redis", "serving", "turns_until", "wait_until", "wait_until_async"]
 
 # Seconds a worker or API process may take to be ready. Generous, for a busy machine: a process
 # that exits stops the wait at once, with its log in the error.
@@ -148,6 +149,19 @@ def marked(path: Path, timeout: float = 30.0) -> str:
 
 def new_tmp() -> Path:
     return Path(tempfile.mkdtemp(prefix="carmy-test-"))
+
+
+@contextlib.contextmanager
+def private_redis() -> Iterator[RedisServer]:
+    """A redis-server of its own, in a folder of its own; both gone afterwards."""
+    workdir = new_tmp()
+    server = RedisServer(workdir)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 class Call(threading.Thread):

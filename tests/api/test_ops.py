@@ -3,7 +3,6 @@ the module's own: full (maxmemory below what it holds), and one whose ACL refuse
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 
 import httpx
@@ -11,17 +10,13 @@ import pytest
 import redis
 
 from tests.conftest import app_client
-from tests.support import RedisServer, app_settings, new_tmp
+from tests.support import RedisServer, app_settings, private_redis
 
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[RedisServer]:
-    tmp = new_tmp()
-    server = RedisServer(tmp)
-    server.start()
-    yield server
-    server.stop()
-    shutil.rmtree(tmp, ignore_errors=True)
+    with private_redis() as server:
+        yield server
 
 
 @pytest.fixture

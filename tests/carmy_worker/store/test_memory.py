@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib
-import shutil
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -30,7 +29,7 @@ from carmy_worker.store.scripts import SCRIPTS
 from carmy_worker.store.submit import Submission, Submit
 from carmy_worker.store.verdicts import Verdicts
 from carmy_worker.wire import ExecutionJob
-from tests.support import RedisServer, new_tmp, wait_until_async
+from tests.support import RedisServer, private_redis, wait_until_async
 
 RETENTION = 600
 QUEUE = jobs.queue_name("g1")
@@ -39,12 +38,8 @@ MINUTE_MS = 60_000
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[RedisServer]:
-    tmp = new_tmp()
-    server = RedisServer(tmp)
-    server.start()
-    yield server
-    server.stop()
-    shutil.rmtree(tmp, ignore_errors=True)
+    with private_redis() as server:
+        yield server
 
 
 @pytest.fixture
