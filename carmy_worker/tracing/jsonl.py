@@ -7,6 +7,7 @@ opened for appending, so processes that share the file do not interleave their l
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Sequence
 
 import msgspec
@@ -41,17 +42,28 @@ def line(span: ReadableSpan) -> SpanLine:
 
 
 class JsonLinesExporter(SpanExporter):  # type: ignore[misc,unused-ignore]  # untyped in some SDK installs
+    """Writes through a raw fd, one ``write`` a batch. The fd is closed under a lock, and a batch
+    exported after that (an export that outlived the processor's shutdown) is dropped: a number
+    the kernel may already have given to another file or socket is never written to."""
+
     def __init__(self, path: str) -> None:
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         self._encoder = msgspec.json.Encoder()
+        self._lock = threading.Lock()
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         data = b"".join(self._encoder.encode(line(span)) + b"\n" for span in spans)
-        try:
-            os.write(self._fd, data)
-        except OSError:
-            return SpanExportResult.FAILURE
+        with self._lock:
+            if self._fd < 0:
+                return SpanExportResult.FAILURE
+            try:
+                os.write(self._fd, data)
+            except OSError:
+                return SpanExportResult.FAILURE
         return SpanExportResult.SUCCESS
 
     def shutdown(self) -> None:
-        os.close(self._fd)
+        with self._lock:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1

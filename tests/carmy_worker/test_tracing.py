@@ -115,3 +115,24 @@ def otlp_installed() -> bool:
 def test_otlp_without_its_extra_says_what_to_install() -> None:
     with pytest.raises(SettingsError, match=r"carmy\[otlp\]"):
         tracing.start(TracingSettings("otlp"), service="x")
+
+
+def test_a_batch_exported_after_shutdown_writes_nothing_anywhere(tmp_path: Path) -> None:
+    """An export that outlives its processor's shutdown must not write through a closed fd whose
+    number the kernel has given to another file (or socket) since."""
+    from opentelemetry.sdk.trace import ReadableSpan
+    from opentelemetry.trace import SpanContext
+
+    from carmy_worker.tracing.jsonl import JsonLinesExporter
+
+    span = ReadableSpan(name="late", context=SpanContext(trace_id=1, span_id=2, is_remote=False))
+    exporter = JsonLinesExporter(str(tmp_path / "spans.jsonl"))
+    assert exporter.export([span]).name == "SUCCESS"
+    exporter.shutdown()
+    with (tmp_path / "other").open("wb") as other:  # likely the very number the exporter had
+        result = exporter.export([span])
+        other.flush()
+    assert result.name == "FAILURE"
+    assert (tmp_path / "spans.jsonl").read_text().count("late") == 1
+    assert (tmp_path / "other").read_bytes() == b""
+    exporter.shutdown()  # twice is harmless
