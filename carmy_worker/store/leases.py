@@ -121,9 +121,7 @@ class Leases:
     """LEASE and FINISH for one worker's jobs, on one client."""
 
     def __init__(self, redis: Redis, worker_id: str, *, durability: Durability | None = None) -> None:
-        self._redis = redis
         # It claims: a claim a failover loses resets the attempt count (store.durable).
-        self._durability = durability if durability is not None and durability.replicas else None
         self._lease = bind(redis, LEASE, durability=durability)
         self._finish = bind(redis, FINISH)
         self.worker_id = worker_id
@@ -171,9 +169,10 @@ class Leases:
                     raise got
             else:
                 reply = got
-            if reply and self._durability is not None:  # it claimed: the claims must reach the replicas
-                await conn.send_command("WAIT", self._durability.replicas, self._durability.timeout_ms)
-                self._durability.acknowledged(int(await conn.read_response()))
+            durability = self._lease.durability  # None when no replica is asked for
+            if reply and durability is not None:  # it claimed: the claims must reach the replicas
+                await conn.send_command("WAIT", durability.replicas, durability.timeout_ms)
+                durability.acknowledged(int(await conn.read_response()))
         except BaseException:
             await conn.disconnect()  # a reply may be left unread on it
             raise
