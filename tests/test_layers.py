@@ -137,3 +137,15 @@ def test_only_the_store_defines_or_runs_lua_scripts() -> None:
         for call in SCRIPT_CALLS if call in file.read_text()
     ]
     assert outside == []
+
+
+# What reading Redis state looks like in source: the API asks the store's views instead
+# (store.reads, store.metrics.snapshot, store.roster.worker_infos, store.memory, store.version).
+REDIS_READS = (".pipeline(", ".get(keys.", ".hget(", ".hmget(", ".hgetall(", ".mget(", ".zcard(", ".zrange",
+               ".smembers(", ".execute_command(", "redis.info(")
+
+
+def test_the_api_reads_redis_only_through_store_views() -> None:
+    direct = [f"{module}: {call}" for module, file in modules("api") for call in REDIS_READS
+              if call in file.read_text()]
+    assert direct == []
