@@ -136,8 +136,9 @@ class Ops:
 
     async def ready(self, request: Request) -> Response:
         checks: dict[str, Any] = {}
+        reading: MemoryReading | None = None  # None: unknown, say with an ACL that denies INFO
         try:
-            found = await asyncio.wait_for(version.server_version(self.redis), CHECK_TIMEOUT_S)
+            found, reading = await asyncio.wait_for(self.memory.read_with_version(), CHECK_TIMEOUT_S)
             if found is not None and version.too_old(found):  # every script would fail to compile
                 checks["redis"] = {"ok": False, "error": _wire(store_unavailable(version.message(found)))}
             else:
@@ -145,8 +146,7 @@ class Ops:
         except (RedisError, OSError, TimeoutError) as exc:
             checks["redis"] = {"ok": False, "error": _wire(store_unavailable(
                 f"Redis does not answer: {type(exc).__name__}"))}
-        reading = await self._memory() if checks["redis"]["ok"] else None
-        if reading is not None:
+        if reading is not None and checks["redis"]["ok"]:
             checks["memory"] = _memory_check(reading)
         live = self.catalog.view.live_workers
         if checks["redis"]["ok"] and self.catalog.reachable and live:
@@ -157,14 +157,6 @@ class Ops:
         ready = all(c["ok"] for c in checks.values())
         return JSONResponse({"ready": ready, "checks": checks}, status_code=200 if ready else 503,
                             headers={"cache-control": "no-store"})
-
-    async def _memory(self) -> MemoryReading | None:
-        """Redis's memory read now, or else the last reading (None: never read, say with an ACL
-        that denies INFO)."""
-        try:
-            return await asyncio.wait_for(self.memory.read(), CHECK_TIMEOUT_S)
-        except (RedisError, OSError, TimeoutError):
-            return self.memory.reading
 
     async def metrics_text(self, request: Request) -> Response:
         parts: list[bytes] = [generate_latest(self.metrics.registry), generate_latest(self._memory_registry)]

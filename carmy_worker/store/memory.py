@@ -24,6 +24,7 @@ from msgspec import Struct
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
+from carmy_worker.store import version
 from carmy_worker.store.pubsub import raise_if_cancelled
 
 log = logging.getLogger("carmy.store")
@@ -71,7 +72,19 @@ class StoreMemory:
 
     async def read(self) -> MemoryReading:
         """A new reading, kept as the latest."""
-        info = await self.redis.info("memory")
+        return self._keep(await self.redis.info("memory"))
+
+    async def read_with_version(self) -> tuple[tuple[int, ...] | None, MemoryReading | None]:
+        """For ``/ready``: Redis's version and a new reading, from one ``INFO`` (its default
+        sections hold both; several named sections would be a syntax error to the Redis 6 the
+        version check is for). Redis refusing INFO (an ACL): no version, and the last reading."""
+        try:
+            info = await self.redis.info()
+        except ResponseError:
+            return None, self.reading
+        return version.version_of(info), self._keep(info)
+
+    def _keep(self, info: dict[str, Any]) -> MemoryReading:
         reading = MemoryReading.of(info, self.headroom)
         if self.reading is None or reading.full != self.reading.full:
             _log_change(reading)
