@@ -32,6 +32,24 @@ def redis_server() -> Iterator[RedisServer]:
         yield server
 
 
+@pytest.fixture(scope="module")
+def own_redis_server() -> Iterator[RedisServer]:
+    """A redis-server of the module's own: for tests that change its maxmemory or its ACL."""
+    with private_redis() as server:
+        yield server
+
+
+@pytest.fixture
+def own_redis(own_redis_server: RedisServer) -> Iterator[redis.Redis]:
+    """A client of ``own_redis_server``, emptied and with no maxmemory before and after the test."""
+    client = own_redis_server.client()
+    client.config_set("maxmemory", 0)
+    client.flushall()
+    yield client
+    client.config_set("maxmemory", 0)
+    client.close()
+
+
 @contextlib.contextmanager
 def flushed_stack(server: RedisServer) -> Iterator[Stack]:
     """A Stack against ``server`` after emptying it; its processes and files go afterwards."""

@@ -3,28 +3,11 @@ the module's own: full (maxmemory below what it holds), and one whose ACL refuse
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import httpx
-import pytest
 import redis
 
 from tests.conftest import app_client
-from tests.support import RedisServer, app_settings, private_redis
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[RedisServer]:
-    with private_redis() as server:
-        yield server
-
-
-@pytest.fixture
-def r(server: RedisServer) -> Iterator[redis.Redis]:
-    client = server.client()
-    yield client
-    client.config_set("maxmemory", 0)
-    client.close()
+from tests.support import RedisServer, app_settings
 
 
 def metric(text: str, name: str) -> float:
@@ -32,13 +15,14 @@ def metric(text: str, name: str) -> float:
     return float(value)
 
 
-async def test_a_full_redis_makes_the_api_not_ready_and_says_why(server: RedisServer, r: redis.Redis) -> None:
-    async with app_client(app_settings(server.url, redis_memory_headroom=0.5)) as client:
+async def test_a_full_redis_makes_the_api_not_ready_and_says_why(
+        own_redis_server: RedisServer, own_redis: redis.Redis) -> None:
+    async with app_client(app_settings(own_redis_server.url, redis_memory_headroom=0.5)) as client:
         ready = (await client.get("/ready")).json()
         assert ready["checks"]["redis"] == {"ok": True}
         assert ready["checks"]["memory"]["ok"] is True and ready["checks"]["memory"]["limit_bytes"] == 0
         used = ready["checks"]["memory"]["used_bytes"]
-        r.config_set("maxmemory", used + used // 2)  # two thirds of it taken, over the half
+        own_redis.config_set("maxmemory", used + used // 2)  # two thirds of it taken, over the half
         answer = await client.get("/ready")
         assert answer.status_code == 503
         memory = answer.json()["checks"]["memory"]
@@ -50,11 +34,11 @@ async def test_a_full_redis_makes_the_api_not_ready_and_says_why(server: RedisSe
         assert metric(text, "carmy_api_store_full_refusals_total") == 0  # no call was refused yet
 
 
-async def test_a_redis_that_refuses_info_is_still_ready(server: RedisServer, r: redis.Redis) -> None:
-    r.acl_setuser("no-info", enabled=True, passwords=["+secret"], keys=["*"], channels=["*"],
-                  commands=["+@all", "-info"])
+async def test_a_redis_that_refuses_info_is_still_ready(own_redis_server: RedisServer, own_redis: redis.Redis) -> None:
+    own_redis.acl_setuser("no-info", enabled=True, passwords=["+secret"], keys=["*"], channels=["*"],
+                          commands=["+@all", "-info"])
     try:
-        url = f"redis://no-info:secret@127.0.0.1:{server.port}/0"
+        url = f"redis://no-info:secret@127.0.0.1:{own_redis_server.port}/0"
         async with app_client(app_settings(url)) as client:
             answer: httpx.Response = await client.get("/ready")
             checks = answer.json()["checks"]
@@ -63,4 +47,4 @@ async def test_a_redis_that_refuses_info_is_still_ready(server: RedisServer, r: 
             assert checks["workers"]["ok"] is False  # none here
             assert "carmy_redis_memory_full" not in (await client.get("/metrics")).text
     finally:
-        r.acl_deluser("no-info")
+        own_redis.acl_deluser("no-info")

@@ -29,32 +29,16 @@ from carmy_worker.store.scripts import SCRIPTS
 from carmy_worker.store.submit import Submission, Submit
 from carmy_worker.store.verdicts import Verdicts
 from carmy_worker.wire import ExecutionJob
-from tests.support import RedisServer, private_redis, wait_until_async
+from tests.support import RedisServer, wait_until_async
 
 RETENTION = 600
 QUEUE = jobs.queue_name("g1")
 MINUTE_MS = 60_000
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[RedisServer]:
-    with private_redis() as server:
-        yield server
-
-
 @pytest.fixture
-def r(server: RedisServer) -> Iterator[redis.Redis]:
-    client = server.client()
-    client.config_set("maxmemory", 0)
-    client.flushall()
-    yield client
-    client.config_set("maxmemory", 0)
-    client.close()
-
-
-@pytest.fixture
-async def ar(r: redis.Redis, server: RedisServer) -> AsyncIterator[redis.asyncio.Redis]:
-    client = redis.asyncio.Redis.from_url(server.url)
+async def ar(own_redis: redis.Redis, own_redis_server: RedisServer) -> AsyncIterator[redis.asyncio.Redis]:
+    client = redis.asyncio.Redis.from_url(own_redis_server.url)
     yield client
     await client.aclose()
 
@@ -104,29 +88,29 @@ def test_every_script_says_whether_a_full_redis_may_run_it() -> None:
 
 
 async def test_at_its_limit_redis_refuses_submit_whole_and_nothing_is_written(
-        r: redis.Redis, ar: redis.asyncio.Redis) -> None:
+        own_redis: redis.Redis, ar: redis.asyncio.Redis) -> None:
     memory = StoreMemory(ar, headroom=0.1)
-    before = snapshot(r)
-    with full(r):
+    before = snapshot(own_redis)
+    with full(own_redis):
         # Its first write prunes the admission set (a delete, allowed at the limit): without its
         # flags, SUBMIT went on to write the execution past it.
         assert await submit(ar, memory=memory) == Submission("store_full")
         assert await submit(ar, request_id="rid", memory=memory) == Submission("store_full")
-    assert snapshot(r) == before
+    assert snapshot(own_redis) == before
     assert memory.refusals == 2 and not memory.room  # until the next reading
     assert (await memory.read()).full is False
     assert memory.room
 
 
 async def test_without_room_new_calls_are_refused_and_retries_still_answered(
-        r: redis.Redis, ar: redis.asyncio.Redis) -> None:
+        own_redis: redis.Redis, ar: redis.asyncio.Redis) -> None:
     accepted = await submit(ar, request_id="rid")
     assert accepted.kind == "new"
     memory = StoreMemory(ar, headroom=0.1)
     memory.reading = MemoryReading(used=95, limit=100, admit_below=90)
-    before = snapshot(r)
+    before = snapshot(own_redis)
     assert await submit(ar, request_id="other", memory=memory) == Submission("store_full")
-    assert snapshot(r) == before
+    assert snapshot(own_redis) == before
     # A retry of the call accepted before is still answered: it joins, and later replays.
     assert await submit(ar, request_id="rid", memory=memory) == Submission("join", accepted.execution_id)
     verdict = await Attempts(ar, worker_id="w1", retention=RETENTION).claim(accepted.execution_id,
@@ -139,12 +123,12 @@ async def test_without_room_new_calls_are_refused_and_retries_still_answered(
 
 
 async def test_accepted_work_carries_on_to_its_record_over_the_limit(
-        r: redis.Redis, ar: redis.asyncio.Redis) -> None:
+        own_redis: redis.Redis, ar: redis.asyncio.Redis) -> None:
     submitted = {(await submit(ar)).execution_id for _ in range(3)}
     attempts = Attempts(ar, worker_id="w1", retention=RETENTION, queue=QUEUE)
     liveness = Liveness(ar, dead_after=3)
     await liveness.heartbeat("w1")
-    with full(r):
+    with full(own_redis):
         leases = {lease.job_id: lease for lease in
                   await Leases(ar, "w1").take(QUEUE, most=2, lease_ms=MINUTE_MS, look_ahead=10)}
         # Two of them (submitted in the same millisecond, they are leased in the order of their ids).
@@ -162,11 +146,11 @@ async def test_accepted_work_carries_on_to_its_record_over_the_limit(
         await liveness.drain("w1")
         record = records.completed(ran, "noop", b'{"big":"' + b"x" * 65536 + b'"}', cacheable=True, duration_ms=1)
         assert await attempts.settle(record, exec_id=ran, attempt=1, lease=leases[ran].token)
-    assert r.hget(keys.execution(ran), "state") == b"done"
-    assert r.exists(keys.record(ran)) and r.exists(keys.record(goes))
-    assert not r.exists(jobs.job_key(ran))  # its lease ended with it
-    assert r.get(keys.worker("w2")) == b"a worker starting now"
-    assert r.smembers(keys.DRAINING) == {b"w1"}
+    assert own_redis.hget(keys.execution(ran), "state") == b"done"
+    assert own_redis.exists(keys.record(ran)) and own_redis.exists(keys.record(goes))
+    assert not own_redis.exists(jobs.job_key(ran))  # its lease ended with it
+    assert own_redis.get(keys.worker("w2")) == b"a worker starting now"
+    assert own_redis.smembers(keys.DRAINING) == {b"w1"}
 
 
 def test_a_reading_refuses_from_the_limit_less_the_headroom() -> None:
@@ -178,22 +162,22 @@ def test_a_reading_refuses_from_the_limit_less_the_headroom() -> None:
     assert not MemoryReading.of({**info, "maxmemory": 0}, 0.1).full  # no limit, nothing refused
 
 
-async def test_a_reading_follows_redis(r: redis.Redis, ar: redis.asyncio.Redis) -> None:
+async def test_a_reading_follows_redis(own_redis: redis.Redis, ar: redis.asyncio.Redis) -> None:
     memory = StoreMemory(ar, headroom=0.5)
     used = (await memory.read()).used
-    r.config_set("maxmemory", used + used // 2)  # three quarters of it taken, over the half
+    own_redis.config_set("maxmemory", used + used // 2)  # two thirds of it taken, over the half
     assert (await memory.read()).full and not memory.room
-    r.config_set("maxmemory", used * 4)
+    own_redis.config_set("maxmemory", used * 4)
     assert not (await memory.read()).full and memory.room
 
 
 async def test_a_redis_that_refuses_info_leaves_admission_to_its_own_limit(
-        r: redis.Redis, server: RedisServer, caplog: pytest.LogCaptureFixture) -> None:
+        own_redis: redis.Redis, own_redis_server: RedisServer, caplog: pytest.LogCaptureFixture) -> None:
     """An ACL without INFO: no reading, a warning once, and new calls refused only by Redis
     itself at its maxmemory (``/ready`` then leaves the memory check out: tests/api)."""
-    r.acl_setuser("no-info", enabled=True, passwords=["+secret"], keys=["*"], channels=["*"],
-                  commands=["+@all", "-info"])
-    client = redis.asyncio.Redis.from_url(f"redis://no-info:secret@127.0.0.1:{server.port}/0")
+    own_redis.acl_setuser("no-info", enabled=True, passwords=["+secret"], keys=["*"], channels=["*"],
+                          commands=["+@all", "-info"])
+    client = redis.asyncio.Redis.from_url(f"redis://no-info:secret@127.0.0.1:{own_redis_server.port}/0")
     memory = StoreMemory(client, headroom=0.1)
     reads = 0
     read = memory.read
@@ -213,7 +197,7 @@ async def test_a_redis_that_refuses_info_leaves_admission_to_its_own_limit(
     assert caplog.text.count("Redis refuses INFO") == 1
     assert memory.reading is None and memory.room
     assert (await submit(client, memory=memory)).kind == "new"
-    with full(r):
+    with full(own_redis):
         assert await submit(client, memory=memory) == Submission("store_full")
-    r.acl_deluser("no-info")
+    own_redis.acl_deluser("no-info")
     await client.aclose()
