@@ -147,7 +147,8 @@ class _Rewrite:
         tagged = self.tag(could, alternatives) if types == ["object"] else None
         if tagged is not None:
             name, tags = tagged
-            chain: dict[str, Any] = {"allOf": [{"required": [name], "properties": {name: {"enum": tags}}}, none]}
+            # Reached by a value without a known tag only: its error is the missing or unknown tag.
+            chain: dict[str, Any] = {"required": [name], "properties": {name: {"enum": tags}}}
             for tag, i in reversed(list(zip(tags, could, strict=True))):
                 chain = {"if": {"required": [name], "properties": {name: {"const": tag}}},
                          "then": rewritten[i], "else": chain}
