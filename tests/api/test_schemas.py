@@ -25,12 +25,20 @@ AMBIGUOUS = {**TREE, "$defs": {**TREE["$defs"], "Leaf": {"anyOf": [
 ]}}}
 # A value that looks like a schema is a value: the const is not rewritten.
 CONST = {"type": "object", "properties": {"x": {"const": {"anyOf": [1]}}, "y": {"anyOf": [{"type": "null"}, {}]}}}
+# Alternatives told apart by const, enum, allOf, false, true and a $ref through a list: one type
+# each, two admitting integers, none admitting objects.
+SCALARS = {"type": "object", "properties": {
+    "x": {"anyOf": [{"const": 1}, {"enum": ["x", None]}, {"allOf": [{"type": "number"}, {"minimum": 1.5}]}, False,
+                    {"$ref": "#/properties/y/allOf/0"}]},
+    "y": {"allOf": [{"type": "array", "items": {"oneOf": [True, {"type": "boolean"}]}}]},
+}}
 SCHEMAS = {
     "tagged": TREE,
     "tagged, oneOf": json.loads(json.dumps(TREE).replace('"anyOf"', '"oneOf"')),
     "ambiguous": AMBIGUOUS,
     "ambiguous, oneOf": json.loads(json.dumps(AMBIGUOUS).replace('"anyOf"', '"oneOf"')),
     "const": CONST,
+    "scalars": SCALARS,
 }
 
 # Trees right and wrong (about one in five valid), and anything shaped a little like one.
@@ -46,7 +54,7 @@ trees = st.recursive(leaves, lambda inner: st.fixed_dictionaries(
     {"type": st.just("branch")}, optional={"children": st.lists(st.one_of(inner, inner, inner, wild), max_size=4)},
 ), max_leaves=20)
 arguments = st.one_of(st.fixed_dictionaries({"root": trees}),
-                      st.dictionaries(st.sampled_from(["root", "x", "y"]), wild))
+                      st.dictionaries(st.sampled_from(["root", "x", "y"]), st.one_of(scalars, wild)))
 
 
 @pytest.mark.parametrize("name", sorted(SCHEMAS))
