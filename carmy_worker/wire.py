@@ -124,12 +124,38 @@ class DiscoveryDocument(Struct, kw_only=True):
 # --- queue and Redis -------------------------------------------------------------------------
 
 
+class RetryPolicy(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """How a job of one tool is tried again after a failure that may pass (docs/protocol.md,
+    "Jobs"): at most ``max_attempts`` attempts in all, the n-th retry after
+    ``max(backoff · 2^(n-1) capped at max_backoff, the error's retry_after)`` seconds, plus up to
+    a tenth more at random, so that jobs that failed together do not come back together."""
+
+    max_attempts: int = 5
+    backoff: float = 1.0  # seconds before the first retry
+    max_backoff: float = 3600.0  # seconds a backoff never exceeds (retry_after may)
+
+
 class WorkerTool(Struct, kw_only=True):
     """What a worker publishes about one tool: the public spec and what only the backend needs."""
 
     spec: ToolSpec
     timeout: float
     title: str | None = None  # MCP's display name; not part of carmy/1's catalog
+    retry: RetryPolicy = RetryPolicy()  # for its jobs (absent from a worker of before jobs: the defaults)
+
+
+class ScheduleSpec(Struct, frozen=True, kw_only=True):
+    """A recurring job declared next to the tools (``Toolbox.schedule``): each occurrence of
+    ``cron`` (five fields, or six with a leading seconds field), read in ``timezone`` (an IANA
+    name), queues one job of ``tool`` with ``arguments`` (canonical JSON). An occurrence missed
+    by more than ``grace`` seconds is skipped."""
+
+    name: str
+    cron: str
+    tool: str
+    arguments: bytes = b"{}"
+    timezone: str = "UTC"
+    grace: float = 60.0
 
 
 class WorkerInfo(Struct, kw_only=True):
@@ -141,6 +167,7 @@ class WorkerInfo(Struct, kw_only=True):
     group: str  # workers with the same tools share an arq queue named after this digest
     host: str = ""
     pid: int = 0
+    schedules: list[ScheduleSpec] = []  # the recurring jobs this worker fires (store.jobstore)
 
 
 class ExecutionJob(Struct, kw_only=True):

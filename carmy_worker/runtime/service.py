@@ -24,7 +24,7 @@ from carmy_worker.store.durable import Durability
 from carmy_worker.store.janitor import Janitor
 from carmy_worker.store.pubsub import Message, listen_forever
 from carmy_worker.tracing import start as start_tracing
-from carmy_worker.wire import WorkerInfo
+from carmy_worker.wire import ScheduleSpec, WorkerInfo
 
 log = logging.getLogger("carmy.worker")
 
@@ -39,14 +39,17 @@ async def listen_for_cancels(redis: Redis, runtime: Runtime) -> None:
     await listen_forever(redis, lambda: [keys.CANCEL_CHANNEL], on_message, name="cancel channel", max_backoff=0.5)
 
 
-async def serve(tools: list[Tool], settings: WorkerSettings, connector: RedisConnector | None = None) -> None:
-    """Serve ``tools`` until SIGTERM or SIGINT, then drain running executions and leave."""
+async def serve(tools: list[Tool], settings: WorkerSettings, connector: RedisConnector | None = None,
+                schedules: list[ScheduleSpec] | None = None) -> None:
+    """Serve ``tools`` until SIGTERM or SIGINT, then drain running executions and leave;
+    ``schedules``: the recurring jobs this worker fires (with every other worker that declares
+    them: each occurrence is fired once)."""
     connector = connector or RedisConnector(settings.redis_url)
     redis = queue.connect(connector)
     described = describe(tools, settings)
     info = WorkerInfo(
         worker_id=new_worker_id(), started_ms=int(time.time() * 1000), tools=described,
-        group=group_of(described), host=socket.gethostname(), pid=os.getpid(),
+        group=group_of(described), host=socket.gethostname(), pid=os.getpid(), schedules=list(schedules or ()),
     )
     durability = Durability(settings.wait_replicas, settings.wait_timeout)
     tracing = start_tracing(settings.tracing, service="carmy-worker")
