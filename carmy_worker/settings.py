@@ -102,6 +102,10 @@ class WorkerSettings(Struct, frozen=True, kw_only=True):
     wait_replicas: int = 0
     wait_timeout: int = 500
     tracing: TracingSettings = TracingSettings()
+    # Seconds a finished job is kept, and a dead-lettered one (for jobs its schedules queue; the
+    # API's settings of the same names apply to the jobs it creates).
+    jobs_retention: int = 7 * 86400
+    dead_letter_retention: int = 30 * 86400
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> WorkerSettings:
@@ -116,4 +120,6 @@ class WorkerSettings(Struct, frozen=True, kw_only=True):
             wait_replicas=env_int(env, "CARMY_REDIS_WAIT_REPLICAS", 0, minimum=0),
             wait_timeout=env_int(env, "CARMY_REDIS_WAIT_TIMEOUT", 500),
             tracing=env_tracing(env),
+            jobs_retention=env_int(env, "CARMY_JOBS_RETENTION", 7 * 86400),
+            dead_letter_retention=env_int(env, "CARMY_DEAD_LETTER_RETENTION", 30 * 86400),
         )

@@ -37,6 +37,46 @@ class ExecuteRequest(Struct, forbid_unknown_fields=True):
     request_id: str | None = None
 
 
+class JobRequest(Struct, forbid_unknown_fields=True, kw_only=True):
+    """The body of ``POST /agent/jobs``: a call to run later (``run_at``, RFC 3339 with an
+    offset, or ``delay_ms`` from now; at once with neither), tried up to ``max_attempts`` times
+    (default: the tool's retry policy)."""
+
+    tool: str
+    arguments: Any = {}
+    request_id: str | None = None
+    run_at: str | None = None
+    delay_ms: int | None = None
+    max_attempts: int | None = None
+
+
+JobStatus = Literal["queued", "running", "succeeded", "failed", "dead_lettered", "cancelled"]
+JOB_STATUSES: tuple[str, ...] = ("queued", "running", "succeeded", "failed", "dead_lettered", "cancelled")
+
+
+class JobView(Struct, kw_only=True):
+    """A job as ``GET /agent/jobs/{job_id}`` shows it (docs/protocol.md, "Jobs").
+
+    ``run_at``: when it is due (a retry's next attempt, while it waits for one); times are
+    RFC 3339 in UTC. ``last_error``: the error of its latest attempt that failed; ``result``:
+    the final attempt's result body once the job has finished (null before). ``executions``:
+    each attempt's execution, oldest first.
+    """
+
+    job_id: str
+    tool: str
+    status: JobStatus
+    request_id: str | None
+    attempts: int
+    max_attempts: int
+    run_at: str
+    created_at: str
+    last_error: Any = None
+    result: Any = None
+    executions: list[str] = []
+    schedule: str | None = None  # the schedule that queued it, if one did
+
+
 class ErrorBody(Struct, omit_defaults=True, kw_only=True):
     """The protocol's error object; ``recoverable`` and ``retryable`` are always present."""
 
@@ -119,6 +159,7 @@ class DiscoveryDocument(Struct, kw_only=True):
     tools_version: str
     execute_url: str
     mcp_url: str
+    jobs_url: str | None = None  # with the capability "jobs"
 
 
 # --- queue and Redis -------------------------------------------------------------------------

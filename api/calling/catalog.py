@@ -23,6 +23,8 @@ from carmy_worker.store.roster import Liveness, worker_infos
 from carmy_worker.wire import (
     CatalogDocument,
     DiscoveryDocument,
+    RetryPolicy,
+    ScheduleSpec,
     ToolSpec,
     WorkerInfo,
     WorkerTool,
@@ -32,7 +34,7 @@ from carmy_worker.wire import (
 
 log = logging.getLogger("carmy.api")
 
-CAPABILITIES = ["tools", "streaming", "idempotency", "async", "mcp"]
+CAPABILITIES = ["tools", "streaming", "idempotency", "async", "mcp", "jobs"]
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,7 @@ class CatalogTool:
     validator: InputSchema | None
     groups: tuple[str, ...]  # worker groups with a live worker serving it, newest first
     title: str | None = None  # MCP's display name (the decorator's title=)
+    retry: RetryPolicy = RetryPolicy()  # how its jobs are tried again (the decorator's retry=)
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,8 @@ class CatalogView:
     catalog: Document
     discovery: Document
     live_workers: int = 0
+    # The recurring jobs the workers declare, by name (the newest worker's definition wins).
+    schedules: dict[str, ScheduleSpec] = field(default_factory=dict)
 
     def get(self, name: str) -> CatalogTool | None:
         return self.tools.get(name)
@@ -75,7 +80,10 @@ def build_view(server_name: str, workers: list[tuple[WorkerInfo, bool]],
     """Merge workers' catalogs: for a tool defined twice, the newest worker's definition wins."""
     specs: dict[str, WorkerTool] = {}
     groups: dict[str, list[str]] = {}
+    schedules: dict[str, ScheduleSpec] = {}
     for info, live in sorted(workers, key=lambda w: w[0].started_ms, reverse=True):
+        for schedule in info.schedules:
+            schedules.setdefault(schedule.name, schedule)
         for tool in info.tools:
             specs.setdefault(tool.spec.name, tool)
             if live and info.group not in groups.setdefault(tool.spec.name, []):
@@ -84,7 +92,7 @@ def build_view(server_name: str, workers: list[tuple[WorkerInfo, bool]],
     catalog = Document.of(CatalogDocument(tools=[specs[n].spec for n in names]))
     discovery = Document.of(DiscoveryDocument(
         protocol="carmy/1", server=server_name, capabilities=CAPABILITIES, tools_url="/agent/tools",
-        tools_version=catalog.etag.strip('"'), execute_url="/agent/execute", mcp_url="/mcp",
+        tools_version=catalog.etag.strip('"'), execute_url="/agent/execute", mcp_url="/mcp", jobs_url="/agent/jobs",
     ))
     tools = {}
     for name in names:
@@ -93,9 +101,11 @@ def build_view(server_name: str, workers: list[tuple[WorkerInfo, bool]],
         if schema_key not in validators:
             validators[schema_key] = compile_validator(name, spec.input_schema)
         tools[name] = CatalogTool(spec=spec, timeout=specs[name].timeout, validator=validators[schema_key],
-                                  groups=tuple(groups.get(name, ())), title=specs[name].title)
+                                  groups=tuple(groups.get(name, ())), title=specs[name].title,
+                                  retry=specs[name].retry)
     return CatalogView(tools=tools, catalog=catalog, discovery=discovery,
-                       live_workers=sum(1 for _, live in workers if live))
+                       live_workers=sum(1 for _, live in workers if live),
+                       schedules=dict(sorted(schedules.items())))
 
 
 def compile_validator(name: str, schema: dict[str, Any]) -> InputSchema | None:

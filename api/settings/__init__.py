@@ -91,6 +91,16 @@ class ApiSettings(Struct, frozen=True, kw_only=True):
     # is answered with a task instead of its result.
     mcp_task_after: float = 2.0
     tracing: TracingSettings = TracingSettings()  # off: no span, and OpenTelemetry not imported
+    # Jobs (POST /agent/jobs): how far ahead one may be due (s), how many unfinished jobs one
+    # principal may have (0: no limit), how long a finished job and a dead letter are kept (s).
+    jobs_horizon: int = 30 * 86400
+    jobs_max_open: int = 10_000
+    jobs_retention: int = 7 * 86400
+    dead_letter_retention: int = 30 * 86400
+    # The permission that lets a caller see everyone's jobs and retry failed ones; and whether
+    # MCP lists the operator's tools (carmy_dead_letters) to callers that hold it.
+    operator_permission: str = "carmy:operator"
+    mcp_operator_tools: bool = False
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> ApiSettings:
@@ -121,6 +131,12 @@ class ApiSettings(Struct, frozen=True, kw_only=True):
             redis_memory_headroom=env_fraction(env, "CARMY_REDIS_MEMORY_HEADROOM", 0.1),
             mcp_task_after=env_float(env, "CARMY_MCP_TASK_AFTER", 2.0),
             tracing=env_tracing(env),
+            jobs_horizon=env_int(env, "CARMY_JOBS_HORIZON", 30 * 86400),
+            jobs_max_open=env_int(env, "CARMY_JOBS_MAX_OPEN", 10_000, minimum=0),
+            jobs_retention=env_int(env, "CARMY_JOBS_RETENTION", 7 * 86400),
+            dead_letter_retention=env_int(env, "CARMY_DEAD_LETTER_RETENTION", 30 * 86400),
+            operator_permission=(env.get("CARMY_OPERATOR_PERMISSION") or "carmy:operator").strip(),
+            mcp_operator_tools=env_bool(env, "CARMY_MCP_OPERATOR_TOOLS", False),
         )
 
     def hosts_allowed(self) -> tuple[str, ...]:

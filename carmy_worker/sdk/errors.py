@@ -50,6 +50,7 @@ ErrorCode = Literal[
     "INVALID_ARGUMENTS",
     "INVALID_OUTPUT",
     "CONFIRMATION_REQUIRED",
+    "OPERATOR_REQUIRED",
     "UNAUTHENTICATED",
     "INSUFFICIENT_SCOPE",
     "AUTH_UNAVAILABLE",
@@ -64,6 +65,9 @@ ErrorCode = Literal[
     "NO_WORKERS",
     "STORE_UNAVAILABLE",
     "STORE_FULL",
+    "JOB_NOT_FOUND",
+    "JOB_NOT_RETRYABLE",
+    "OPERATOR_REQUIRED",
 ]
 
 CATEGORY: Final[dict[str, Category]] = {
@@ -92,6 +96,9 @@ CATEGORY: Final[dict[str, Category]] = {
     "NO_WORKERS": "capacity",
     "STORE_UNAVAILABLE": "capacity",
     "STORE_FULL": "capacity",
+    "JOB_NOT_FOUND": "not_found",
+    "JOB_NOT_RETRYABLE": "conflict",
+    "OPERATOR_REQUIRED": "permission",
 }
 
 # Codes an agent may simply try again (after ``retry_after`` when given).

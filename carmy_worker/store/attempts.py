@@ -84,13 +84,15 @@ return {verdict, attempt, waited}
 # check keeps two claims of the same number apart, after a Redis crash lost the first).
 # With the token of the job's lease (ARGV[12]), it also ends that lease as FINISH would for a
 # finished job (jobs.END_LEASE): the worker needs no round trip of its own after it.
+# An execution of a job (the hash names it in `job`) is listed for the job loop to conclude
+# (store.jobstore), in the same script, so that no job waits on a record nobody reads.
 # KEYS: exe, record, pending, running set, queued, arq in-progress key, arq job, arq retry key,
-#       arq queue, leases hash
+#       arq queue, leases hash, jobs' settled executions
 # ARGV: exec_id, attempt, record, retention s, events channel, final event, tool.completed event or '',
 #       metrics label, tool, run ms or '', worker_id if this attempt ran (CLAIM said run) or '',
 #       lease token or ''
 SETTLE = Script("SETTLE", ACCEPTED_WORK + NOW + LUA_COUNT + LUA_OBSERVE + EMIT + jobs.END_LEASE + """
-local h = redis.call('HMGET', KEYS[1], 'attempt', 'reaped', 'worker', 'quota', """ + FOLLOWERS + """, 'state')
+local h = redis.call('HMGET', KEYS[1], 'attempt', 'reaped', 'worker', 'quota', """ + FOLLOWERS + """, 'state', 'job')
 -- A record exists once the state is done: whatever writes one sets it in the same script.
 if h[8] == 'done' or h[1] ~= ARGV[2] or h[2] == ARGV[2] then return 0 end
 if ARGV[11] ~= '' and h[3] ~= ARGV[11] then return 0 end
@@ -100,6 +102,7 @@ redis.call('ZREM', KEYS[3], ARGV[1])
 if h[4] then redis.call('ZREM', h[4], ARGV[1]) end
 redis.call('SREM', KEYS[4], ARGV[1])
 redis.call('ZREM', KEYS[5], ARGV[1])
+if h[9] then redis.call('ZADD', KEYS[11], now, ARGV[1]) end
 local f = {h[5], h[6], h[7]}
 if ARGV[7] ~= '' then emit_to(f, ARGV[1], ARGV[5], ARGV[7], false) end
 emit_to(f, ARGV[1], ARGV[5], ARGV[6], true)
@@ -181,7 +184,7 @@ class Attempts:
         stored, final = final_event(record)
         keys_ = [keys.execution(exec_id), keys.record(exec_id), keys.PENDING, self._running, keys.QUEUED,
                  jobs.in_progress_key(exec_id), jobs.job_key(exec_id), jobs.retry_key(exec_id), self.queue,
-                 self._leases]
+                 self._leases, keys.JOBS_SETTLED]
         args = [exec_id, attempt, stored, self.retention, keys.events(exec_id), final, completed_event or b"",
                 metrics.label(record), record.tool, "" if run_ms is None else run_ms, self.worker_id if ran else "",
                 lease]

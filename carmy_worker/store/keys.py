@@ -23,17 +23,27 @@ WATCH = PREFIX + "watch"  # hash: when Redis was last seen in use, and since whe
 CATALOG_CHANNEL = PREFIX + "catalog"  # a worker came or went
 CANCEL_CHANNEL = PREFIX + "cancel"  # exec_id of an execution to cancel, for every worker
 
+_JOB_ID = re.compile(r"job_[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}")
 _EXECUTION_ID = re.compile(r"exec_[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}")
 
 
 def new_execution_id() -> str:
     """``exec_`` and a random (version 4) UUID, as ``uuid.uuid4()`` writes one: its 122 random
     bits from the system's CSPRNG, read 4 KiB at a time rather than with a system call per id."""
+    return "exec_" + _uuid4()
+
+
+def new_job_id() -> str:
+    """``job_`` and a random (version 4) UUID, as for an execution."""
+    return "job_" + _uuid4()
+
+
+def _uuid4() -> str:
     b = bytearray(_random_bytes(16))
     b[6] = (b[6] & 0x0F) | 0x40  # version 4
     b[8] = (b[8] & 0x3F) | 0x80  # RFC 4122 variant
     h = b.hex()
-    return f"exec_{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 class _Randomness:
@@ -66,6 +76,10 @@ os.register_at_fork(after_in_child=_randomness.forget)
 
 def is_execution_id(value: str) -> bool:
     return _EXECUTION_ID.fullmatch(value) is not None
+
+
+def is_job_id(value: str) -> bool:
+    return _JOB_ID.fullmatch(value) is not None
 
 
 def execution(exec_id: str) -> str:
@@ -148,3 +162,45 @@ def mcp_call(principal: str | None, session: str | None, mcp_session: str, reque
     """Which execution an MCP ``tools/call`` started, so that its ``notifications/cancelled``
     (which may reach another API replica) can find it: (caller, MCP session, JSON-RPC id), hashed."""
     return f"{PREFIX}mcpcall:{_digest(principal, session, mcp_session, request_id)}"
+
+
+# --- jobs (store/jobstore.py) ----------------------------------------------------------------
+
+JOBS_SETTLED = PREFIX + "jobs:settled"  # zset exec_id -> ms: an execution of a job has its record
+JOBS_RUNNING = PREFIX + "jobs:running"  # zset exec_id -> ms: executions of jobs, from promotion to conclusion
+JOBS_ALL = PREFIX + "jobs:all"  # zset job_id -> created (ms): every job, for an operator's list
+JOBS_DEAD = PREFIX + "jobs:dead"  # zset job_id -> dead-lettered (ms)
+JOB_PREFIX = PREFIX + "job:"
+
+
+def job(job_id: str) -> str:
+    """Hash of one job: what it runs, for whom, its status, attempts and outcome (store.jobstore)."""
+    return JOB_PREFIX + job_id
+
+
+def job_due(tool: str) -> str:
+    """Zset of a tool's queued jobs (job_id -> when it is due, ms): what the workers serving the
+    tool promote to executions once due."""
+    return f"{PREFIX}jobs:due:{tool}"
+
+
+def jobs_of(owner: str) -> str:
+    """Zset of one principal's jobs (job_id -> created, ms), by its ``owner`` hash: its list."""
+    return f"{PREFIX}jobs:by:{owner}"
+
+
+def jobs_open(owner: str) -> str:
+    """Zset of one principal's unfinished jobs (job_id -> created, ms): its limit counts them."""
+    return f"{PREFIX}jobs:open:{owner}"
+
+
+def job_idempotency(principal: str | None, session: str | None, request_id: str) -> str:
+    """Which job a request id created: a hash of (principal, session, request_id), apart from
+    the executions' (the same id may name a call and a job)."""
+    return f"{PREFIX}jobidem:{_digest(principal, session, request_id)}"
+
+
+def schedule(name: str) -> str:
+    """Hash of one recurring schedule's state: the occurrence it waits for, its last job, and
+    how many occurrences it skipped."""
+    return f"{PREFIX}schedule:{name}"

@@ -60,16 +60,19 @@ end
 
 # Writes a record in place of whoever holds the execution (the janitor, a cancel): bumping the
 # attempt fences out a late writer of the old one. It frees the execution's admission slot, and
-# its principal's (the pending set its hash names in `quota`: store/quota.py), as SETTLE does.
+# its principal's (the pending set its hash names in `quota`: store/quota.py), as SETTLE does,
+# and lists an execution of a job in `settled` (keys.JOBS_SETTLED) for the job loop, as SETTLE does.
 IMPOSE = LUA_COUNT + EMIT + """
-local function impose(exe, rec, pending, exec_id, stored, retention, channel, final, label)
+local function impose(exe, rec, pending, exec_id, stored, retention, channel, final, label, settled)
   local t = redis.call('TIME')
+  local ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   redis.call('HINCRBY', exe, 'attempt', 1)
   redis.call('SET', rec, stored, 'EX', tonumber(retention))
-  redis.call('HSET', exe, 'state', 'done', 'ended_at', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+  redis.call('HSET', exe, 'state', 'done', 'ended_at', ms)
   redis.call('ZREM', pending, exec_id)
-  local quota = redis.call('HGET', exe, 'quota')
-  if quota then redis.call('ZREM', quota, exec_id) end
+  local owned = redis.call('HMGET', exe, 'quota', 'job')
+  if owned[1] then redis.call('ZREM', owned[1], exec_id) end
+  if owned[2] then redis.call('ZADD', settled, ms, exec_id) end
   emit(exe, exec_id, channel, final, true)
   count(label)
 end

@@ -12,11 +12,14 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from carmy_worker.store.keys import PENDING, PREFIX, QUEUED
+from carmy_worker.store.keys import JOBS_DEAD, PENDING, PREFIX, QUEUED
 from carmy_worker.wire import Record
 
 EXECUTIONS = PREFIX + "m:executions"
-HISTOGRAMS = {"run": PREFIX + "m:run", "queue_wait": PREFIX + "m:queue_wait"}
+HISTOGRAMS = {"run": PREFIX + "m:run", "queue_wait": PREFIX + "m:queue_wait", "job_lateness": PREFIX + "m:job_lateness"}
+# Jobs (store.jobstore): one field per tool and status, counting the jobs that reached the status
+# (queued counts creations and retries; `skipped` counts schedule occurrences missed past grace).
+JOBS = PREFIX + "m:jobs"
 BUCKETS_MS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000)
 SEP = "\x1f"  # between label values in a field name: it cannot occur in a tool name
 
@@ -31,7 +34,8 @@ def label(record: Record) -> str:
 # which /metrics adds up anyway (one call less in every script that observes, on every execution).
 LUA_OBSERVE = f"""
 local BUCKETS = {{{", ".join(map(str, BUCKETS_MS))}}}
-local HISTOGRAMS = {{run = '{HISTOGRAMS["run"]}', queue_wait = '{HISTOGRAMS["queue_wait"]}'}}
+local HISTOGRAMS = {{run = '{HISTOGRAMS["run"]}', queue_wait = '{HISTOGRAMS["queue_wait"]}',
+                    job_lateness = '{HISTOGRAMS["job_lateness"]}'}}
 local function observe(name, tool, ms)
   local hash, b = HISTOGRAMS[name], #BUCKETS
   for i, edge in ipairs(BUCKETS) do
@@ -46,16 +50,26 @@ LUA_COUNT = f"""
 local function count(field) redis.call('HINCRBY', '{EXECUTIONS}', field, 1) end
 """
 
+# count_job(tool, status, n): n more jobs of `tool` reached `status` (store.jobstore).
+LUA_COUNT_JOB = f"""
+local function count_job(tool, status, n) redis.call('HINCRBY', '{JOBS}', tool .. '\\31' .. status, n or 1) end
+"""
+
 
 async def snapshot(redis: Redis) -> dict[str, Any]:
     """What /metrics shows of every process at once, in one round trip: the counts of records
-    (``executions``), the two histograms (``run``, ``queue_wait``: field -> count, as written),
-    and the executions ``queued`` and ``pending`` (admitted, not yet settled)."""
+    (``executions``), the histograms (``run``, ``queue_wait``, ``job_lateness``: field -> count,
+    as written), the executions ``queued`` and ``pending`` (admitted, not yet settled), the jobs
+    counted by tool and status (``jobs``) and the ``dead_letters`` kept."""
     async with redis.pipeline(transaction=False) as pipe:
         pipe.hgetall(EXECUTIONS)
         pipe.hgetall(HISTOGRAMS["run"])
         pipe.hgetall(HISTOGRAMS["queue_wait"])
         pipe.zcard(QUEUED)
         pipe.zcard(PENDING)
-        executions, run, queue_wait, queued, pending = await pipe.execute()
-    return {"executions": executions, "run": run, "queue_wait": queue_wait, "queued": queued, "pending": pending}
+        pipe.hgetall(HISTOGRAMS["job_lateness"])
+        pipe.hgetall(JOBS)
+        pipe.zcard(JOBS_DEAD)
+        executions, run, queue_wait, queued, pending, lateness, jobs, dead = await pipe.execute()
+    return {"executions": executions, "run": run, "queue_wait": queue_wait, "queued": queued, "pending": pending,
+            "job_lateness": lateness, "jobs": jobs, "dead_letters": dead}

@@ -1,0 +1,199 @@
+"""The API's side of jobs, whichever door a request came in by (``/agent/jobs`` or MCP's
+``carmy_job``): create one after the checks a call passes, read, list, cancel, and an
+operator's retry. Refusals are data (``Rejected``, with the error the caller gets).
+
+A job is its creator's: anyone else gets the same ``JOB_NOT_FOUND`` as for an id that never
+existed, unless it holds the operator's permission (``ApiSettings.operator_permission``), which
+sees and retries everyone's.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+from dataclasses import dataclass
+
+from redis.asyncio import Redis
+
+from api.calling.calls import Calls
+from api.calling.checks import Rejected, rate_limited
+from api.settings import ApiSettings
+from carmy_worker.sdk.context import AgentContext
+from carmy_worker.sdk.errors import clip, error, store_full
+from carmy_worker.store import keys
+from carmy_worker.store.durable import Durability
+from carmy_worker.store.jobstore import JobState, JobStore, job_fields
+from carmy_worker.store.memory import StoreMemory
+from carmy_worker.store.submit import Submission
+from carmy_worker.wire import JOB_STATUSES, ErrorBody, ExecutionJob, JobRequest, canonical_json_encoder, msgpack_encoder
+
+MAX_ATTEMPTS = 100  # the most attempts a request may ask for (a tool's retry policy has the same bound)
+MAX_LIST = 1000  # the most jobs one list returns
+
+
+@dataclass(frozen=True)
+class NewJob:
+    """A job as created, or found again by its request id (``created`` False)."""
+
+    job: JobState
+    created: bool
+
+
+class Jobs:
+    def __init__(self, redis: Redis, settings: ApiSettings, calls: Calls, *, durability: Durability | None = None,
+                 memory: StoreMemory | None = None) -> None:
+        self.settings = settings
+        self.calls = calls
+        self.store = JobStore(redis, durability=durability)
+        self.memory = memory
+
+    def is_operator(self, agent: AgentContext) -> bool:
+        return self.settings.operator_permission in agent.permissions
+
+    async def create(self, request: JobRequest, agent: AgentContext) -> NewJob:
+        """Check ``request`` as a call is checked (tool, policy, request id, arguments), then its
+        schedule, then queue it (limits: the horizon, the caller's unfinished jobs, its rate)."""
+        admitted = self.calls.admit(request.tool, request.arguments, request.request_id, agent)
+        tool = admitted.tool
+        run_at_ms = _run_at(request)
+        max_attempts = _max_attempts(request, tool.retry.max_attempts)
+        arguments = canonical_json_encoder.encode(admitted.arguments)
+        template = ExecutionJob(
+            execution_id="", tool=tool.spec.name, arguments=arguments, principal=agent.principal,
+            session=agent.session, permissions=sorted(agent.permissions), metadata=agent.metadata,
+        )
+        owner = keys.owner(agent.principal)
+        job_id = keys.new_job_id()
+        fields = job_fields(
+            tool=tool.spec.name, owner=owner, payload=msgpack_encoder.encode(template), policy=tool.retry,
+            max_attempts=max_attempts, idempotent=tool.spec.idempotent, retention=self.settings.jobs_retention,
+            dead_retention=self.settings.dead_letter_retention, request_id=admitted.request_id,
+        )
+        idempotency = None if admitted.request_id is None else keys.job_idempotency(
+            agent.principal, agent.session, admitted.request_id)
+        created = await self.store.create(
+            job_id=job_id, tool=tool.spec.name, owner=owner, fields=fields, idempotency=idempotency,
+            fingerprint=_fingerprint(request, arguments), run_at_ms=run_at_ms, delay_ms=request.delay_ms or 0,
+            horizon_ms=self.settings.jobs_horizon * 1000, max_open=self.settings.jobs_max_open,
+            quota=self.settings.quotas.of(agent.principal), room=self.memory is None or self.memory.room,
+        )
+        if created.kind == "conflict":
+            raise Rejected(error(
+                "IDEMPOTENCY_CONFLICT", "This request_id was already used for a job with another body.",
+                suggested_action="use a new request_id for a different job", details={"job_id": created.job_id}))
+        if created.kind == "store_full":
+            if self.memory is not None:
+                self.memory.refused()
+            raise Rejected(store_full())
+        if created.kind == "too_far":
+            raise Rejected(error(
+                "INVALID_REQUEST", f"The job would be due {created.count // 1000} s from now, past the horizon of "
+                f"{self.settings.jobs_horizon} s.",
+                details={"field": "run_at", "horizon_s": self.settings.jobs_horizon}))
+        if created.kind == "limited":
+            if created.limit == "jobs":
+                raise Rejected(error(
+                    "RATE_LIMITED", f"This caller already has {created.count} unfinished jobs, its limit; try again "
+                    "once some have finished.", retry_after=max(1, created.retry_after_ms // 1000),
+                    details={"limit": "jobs"}))
+            raise Rejected(rate_limited(Submission("limited", limit=created.limit,
+                                                   retry_after_ms=created.retry_after_ms)))
+        job = await self.store.read(created.job_id)
+        if job is None:  # pragma: no cover - created, or found by its request id, a moment ago
+            raise Rejected(error("JOB_NOT_FOUND", "The job was created but can no longer be read."))
+        return NewJob(job, created.kind == "new")
+
+    async def find(self, job_id: str, agent: AgentContext) -> JobState | None:
+        """The job if it exists and the caller may see it (its creator, or an operator)."""
+        if not keys.is_job_id(job_id):
+            return None
+        job = await self.store.read(job_id)
+        if job is None or (job.owner != keys.owner(agent.principal) and not self.is_operator(agent)):
+            return None
+        return job
+
+    async def get(self, job_id: str, agent: AgentContext) -> JobState:
+        job = await self.find(job_id, agent)
+        if job is None:
+            raise Rejected(not_found())
+        return job
+
+    async def cancel(self, job_id: str, agent: AgentContext) -> JobState:
+        """Cancel: a queued job never starts; a running one's execution is cancelled and no
+        attempt follows (it still ends ``succeeded`` if it completed first). A finished job is
+        left as it is. The job as it is afterwards."""
+        job = await self.get(job_id, agent)
+        outcome, execution_id = await self.store.cancel(job)
+        if outcome == "running" and execution_id is not None:
+            await self.calls.executions.cancel(execution_id, job.tool)
+        return await self.store.read(job_id) or job
+
+    async def retry(self, job_id: str, agent: AgentContext) -> JobState:
+        """An operator queues a failed or dead-lettered job again, with a fresh budget of attempts."""
+        if not self.is_operator(agent):
+            raise Rejected(operator_required())
+        job = await self.get(job_id, agent)
+        outcome = await self.store.retry(job)
+        if outcome == "gone":
+            raise Rejected(not_found())
+        if outcome != "queued":
+            raise Rejected(error("JOB_NOT_RETRYABLE", f"Only a failed or dead-lettered job can be retried; this one "
+                                                      f"is {outcome}.", details={"status": outcome}))
+        return await self.store.read(job_id) or job
+
+    async def list(self, agent: AgentContext, *, status: str | None, limit: int) -> list[JobState]:
+        """The caller's jobs newest first (everyone's for an operator), ``status`` only if given."""
+        if status is not None and status not in JOB_STATUSES:
+            raise Rejected(error("INVALID_REQUEST", f"status must be one of {', '.join(JOB_STATUSES)}.",
+                                 details={"field": "status"}))
+        if not 1 <= limit <= MAX_LIST:
+            raise Rejected(error("INVALID_REQUEST", f"limit must be 1 to {MAX_LIST}.", details={"field": "limit"}))
+        owner = None if self.is_operator(agent) else keys.owner(agent.principal)
+        return await self.store.list(owner=owner, status=status, limit=limit)
+
+
+def not_found() -> ErrorBody:
+    return error("JOB_NOT_FOUND", "No such job (or it expired).")
+
+
+def operator_required() -> ErrorBody:
+    return error("OPERATOR_REQUIRED", "Only an operator may do this: the caller's context must grant the "
+                                      "operator's permission.", suggested_action="ask an operator")
+
+
+def _run_at(request: JobRequest) -> int | None:
+    """``run_at`` as unix ms (None: ``delay_ms`` from now, or now), refused unless exactly one
+    form is used and it is well formed."""
+    if request.run_at is not None and request.delay_ms is not None:
+        raise Rejected(error("INVALID_REQUEST", "Give run_at or delay_ms, not both.", details={"field": "run_at"}))
+    if request.delay_ms is not None and request.delay_ms < 0:
+        raise Rejected(error("INVALID_REQUEST", "delay_ms must be 0 or more.", details={"field": "delay_ms"}))
+    if request.run_at is None:
+        return None
+    try:
+        at = datetime.datetime.fromisoformat(request.run_at)
+    except ValueError:
+        at = None
+    if at is None or at.tzinfo is None or "T" not in request.run_at.upper():
+        raise Rejected(error(
+            "INVALID_REQUEST", f"run_at must be an RFC 3339 date-time with an offset, such as "
+            f"2026-12-24T18:00:00Z; got {clip(request.run_at)!r}.", details={"field": "run_at"}))
+    return round(at.timestamp() * 1000)
+
+
+def _max_attempts(request: JobRequest, default: int) -> int:
+    if request.max_attempts is None:
+        return default
+    if not 1 <= request.max_attempts <= MAX_ATTEMPTS:
+        raise Rejected(error("INVALID_REQUEST", f"max_attempts must be 1 to {MAX_ATTEMPTS}.",
+                             details={"field": "max_attempts"}))
+    return request.max_attempts
+
+
+def _fingerprint(request: JobRequest, arguments: bytes) -> str:
+    """What makes two requests with the same request id the same job: the whole body."""
+    body = canonical_json_encoder.encode({
+        "tool": request.tool, "arguments": arguments.decode(), "run_at": request.run_at,
+        "delay_ms": request.delay_ms, "max_attempts": request.max_attempts,
+    })
+    return hashlib.sha256(body).hexdigest()

@@ -1,0 +1,259 @@
+"""The workers' side of jobs (store.jobstore): what is due, promoting a due job to an execution,
+concluding an attempt once its execution has a record, and firing schedules. Each is one script,
+safe to run from any number of workers at once: every write checks the state it expects first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from redis.asyncio import Redis
+
+from carmy_worker.store import jobs, keys
+from carmy_worker.store.durable import Durability
+from carmy_worker.store.jobstore import CREATE_JOB, FINISH_JOB
+from carmy_worker.store.lua import ACCEPTED_WORK, NOW, text
+from carmy_worker.store.metrics import LUA_OBSERVE
+from carmy_worker.store.scripts import Script, bind
+
+# What a worker's job loop has to do: executions of jobs that have their record (at most
+# ARGV[2]), and jobs due now in the due sets of its tools, as many as its queue has room for
+# (ARGV[1] jobs queued at most), oldest first; and when the next one is due (ms, '' if none).
+# KEYS: settled executions, the worker's arq queue, then the due set of each of its tools
+# ARGV: queue room, settled at most
+LOOK = Script("JOBS_LOOK", ACCEPTED_WORK + NOW + """
+local settled = redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[2]) - 1)
+local room = tonumber(ARGV[1]) - redis.call('ZCARD', KEYS[2])
+local due, next_due = {}, nil
+for i = 3, #KEYS do
+  if room > 0 then
+    local ids = redis.call('ZRANGEBYSCORE', KEYS[i], '-inf', now, 'LIMIT', 0, math.min(room, 500))
+    for _, id in ipairs(ids) do table.insert(due, tostring(i - 2)) table.insert(due, id) end
+    room = room - #ids
+  end
+  local first = redis.call('ZRANGE', KEYS[i], 0, 0, 'WITHSCORES')
+  if first[2] and (not next_due or tonumber(first[2]) < next_due) then next_due = tonumber(first[2]) end
+end
+return {settled, due, next_due and tostring(next_due) or '', tostring(now)}
+""")
+
+# Due jobs of one tool become executions, each only if it is still queued, due, and at the
+# attempt its payload was built for: the job's next attempt (`exec`, `attempts`), the execution
+# (as SUBMIT writes one, owned by the job's owner, its events on its own channel), its arq job,
+# its place in the queue, and one idle worker woken. A job no longer queued leaves the due set.
+# KEYS: due set, arq queue, pending, queued, jobs' running executions, then per job: job, exe, arq job
+# ARGV: wake list, tool, start window ms, admission ms beyond it, execution retention s,
+#       then per job: job_id, attempts it was at, exec_id, arq job bytes
+PROMOTE = Script("JOBS_PROMOTE", ACCEPTED_WORK + NOW + jobs.WAKE_ONE + """
+local promoted = {}
+local start_by = now + tonumber(ARGV[3])
+local retention = tonumber(ARGV[5])
+for i = 0, (#ARGV - 5) / 4 - 1 do
+  local job_id, at, exec_id, arq = ARGV[6 + 4 * i], ARGV[7 + 4 * i], ARGV[8 + 4 * i], ARGV[9 + 4 * i]
+  local job, exe, arq_key = KEYS[6 + 3 * i], KEYS[7 + 3 * i], KEYS[8 + 3 * i]
+  local h = redis.call('HMGET', job, 'status', 'attempts', 'due', 'owner', 'idem', 'executions')
+  if h[1] ~= 'queued' then
+    redis.call('ZREM', KEYS[1], job_id)
+  elseif h[2] == at and tonumber(h[3]) <= now then
+    redis.call('ZREM', KEYS[1], job_id)
+    local executions = exec_id
+    if h[6] and h[6] ~= '' then executions = h[6] .. ' ' .. exec_id end
+    redis.call('HSET', job, 'status', 'running', 'attempts', tonumber(at) + 1, 'exec', exec_id,
+               'executions', executions, 'updated_at', now)
+    redis.call('HSET', exe, 'tool', ARGV[2], 'owner', h[4], 'idem', h[5] or '', 'state', 'queued', 'attempt', 0,
+               'start_by', start_by, 'wake', ARGV[1], 'queued_at', now, 'job', job_id)
+    redis.call('EXPIRE', exe, retention)
+    redis.call('ZADD', KEYS[3], start_by + tonumber(ARGV[4]), exec_id)
+    redis.call('ZADD', KEYS[4], start_by, exec_id)
+    redis.call('SET', arq_key, arq, 'EX', retention)
+    redis.call('ZADD', KEYS[2], now, exec_id)
+    redis.call('ZADD', KEYS[5], now, exec_id .. ' ' .. job_id)
+    wake_one(ARGV[1])
+    table.insert(promoted, job_id)
+  end
+end
+return promoted
+""")
+
+# An attempt's execution has its record: the job goes on as its job loop decided (ARGV[2]:
+# queued again after ARGV[3] ms, or finished), only if this execution is still the job's current
+# attempt and the job still runs (another worker's loop may have concluded it first). A job its
+# caller cancelled while it ran ends cancelled rather than queued again.
+# KEYS: job, settled executions, running executions, due set, owner's open jobs, idempotency (or the job)
+# ARGV: exec_id, status, delay ms, last error JSON or '', result JSON or '', lateness ms or '', tool, job_id
+CONCLUDE = Script("JOBS_CONCLUDE", ACCEPTED_WORK + NOW + LUA_OBSERVE + FINISH_JOB + """
+redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('ZREM', KEYS[3], ARGV[1] .. ' ' .. ARGV[8])
+local h = redis.call('HMGET', KEYS[1], 'status', 'exec', 'cancel')
+if h[1] ~= 'running' or h[2] ~= ARGV[1] then return '' end
+local status = ARGV[2]
+if status == 'queued' and h[3] == '1' then status = 'cancelled' end
+if ARGV[4] ~= '' then redis.call('HSET', KEYS[1], 'last_error', ARGV[4]) end
+if ARGV[6] ~= '' then observe('job_lateness', ARGV[7], tonumber(ARGV[6])) end
+if status == 'queued' then
+  local due = now + tonumber(ARGV[3])
+  redis.call('HSET', KEYS[1], 'status', 'queued', 'due', due, 'updated_at', now)
+  redis.call('ZADD', KEYS[4], due, ARGV[8])
+  count_job(ARGV[7], 'retried')
+else
+  if ARGV[5] ~= '' then redis.call('HSET', KEYS[1], 'result', ARGV[5]) end
+  finish_job(KEYS[1], ARGV[8], ARGV[7], status, KEYS[5], KEYS[4], KEYS[6] ~= KEYS[1] and KEYS[6] or '', now)
+end
+return status
+""")
+
+# A schedule's state is made (or remade, when its definition changed): the occurrence it waits
+# for. Returns the one it waits for now.
+# KEYS: schedule; ARGV: definition's digest, first occurrence ms
+ENSURE_SCHEDULE = Script("SCHEDULE_ENSURE", ACCEPTED_WORK + """
+local cur = redis.call('HMGET', KEYS[1], 'spec', 'next')
+if cur[1] == ARGV[1] and cur[2] then return cur[2] end
+redis.call('HSET', KEYS[1], 'spec', ARGV[1], 'next', ARGV[2])
+return ARGV[2]
+""")
+
+# A schedule fires: only if it still waits for the occurrence ARGV[1] under the same definition
+# (whoever gets here first fires; the rest see it moved), it now waits for ARGV[2], counts the
+# occurrences it skipped, and queues one job for each occurrence fired, under a request id of
+# its own (a job already there for it is left alone).
+# KEYS: schedule, due set, owner's jobs, owner's open jobs, then per occurrence: job, idempotency
+# ARGV: occurrence waited for, next, skipped, definition's digest, tool, schedule name,
+#       count of the shared fields, the shared fields, then per occurrence: job_id, ms, request id, payload
+FIRE = Script("SCHEDULE_FIRE", ACCEPTED_WORK + NOW + CREATE_JOB + """
+local cur = redis.call('HMGET', KEYS[1], 'next', 'spec')
+if cur[1] ~= ARGV[1] or cur[2] ~= ARGV[4] then return {'moved', cur[1] or ''} end
+redis.call('HSET', KEYS[1], 'next', ARGV[2])
+local skipped = tonumber(ARGV[3])
+if skipped > 0 then
+  redis.call('HINCRBY', KEYS[1], 'skipped', skipped)
+  count_job(ARGV[5], 'skipped', skipped)
+end
+local shared = tonumber(ARGV[7])
+local fired = {'fired'}
+local first = 8 + shared
+for i = 0, (#ARGV - first + 1) / 4 - 1 do
+  local at_i = first + 4 * i
+  local job_id, at, rid, payload = ARGV[at_i], ARGV[at_i + 1], ARGV[at_i + 2], ARGV[at_i + 3]
+  local job, idem = KEYS[5 + 2 * i], KEYS[6 + 2 * i]
+  if redis.call('SET', idem, job_id .. ' schedule', 'NX') then
+    local fields = {}
+    for j = 8, 7 + shared do table.insert(fields, ARGV[j]) end
+    for _, v in ipairs({'request_id', rid, 'payload', payload, 'schedule', ARGV[6], 'idem_key', idem}) do
+      table.insert(fields, v)
+    end
+    create_job(job, KEYS[2], KEYS[3], KEYS[4], job_id, ARGV[5], fields, math.max(tonumber(at), now), tonumber(at), now)
+    redis.call('HSET', KEYS[1], 'last_job', job_id, 'last_at', at)
+    redis.call('HINCRBY', KEYS[1], 'fired', 1)
+    table.insert(fired, job_id)
+  end
+end
+return fired
+""")
+
+
+@dataclass(frozen=True)
+class Look:
+    """What LOOK found: executions to conclude, due jobs (tool, job_id), when the next job is
+    due (unix ms, None if none), and Redis's clock (ms)."""
+
+    settled: list[str]
+    due: list[tuple[str, str]]
+    next_due_ms: int | None
+    now_ms: int
+
+
+@dataclass(frozen=True)
+class Promotion:
+    """One due job made an execution: its id, the attempt it was at, and the arq job."""
+
+    job_id: str
+    attempts: int
+    execution_id: str
+    arq_job: bytes
+
+
+class Promotions:
+    """LOOK, PROMOTE, CONCLUDE, and a schedule's ENSURE and FIRE, on one client."""
+
+    def __init__(self, redis: Redis, *, durability: Durability | None = None) -> None:
+        self.redis = redis
+        self._look = bind(redis, LOOK)
+        self._promote = bind(redis, PROMOTE, durability=durability)
+        self._conclude = bind(redis, CONCLUDE, durability=durability)
+        self._ensure = bind(redis, ENSURE_SCHEDULE)
+        self._fire = bind(redis, FIRE, durability=durability)
+
+    async def look(self, tools: list[str], queue: str, *, room: int, settled_at_most: int = 200) -> Look:
+        settled, due, next_due, now = await self._look(
+            keys=[keys.JOBS_SETTLED, queue, *(keys.job_due(tool) for tool in tools)], args=[room, settled_at_most])
+        pairs = [(tools[int(due[i]) - 1], due[i + 1].decode()) for i in range(0, len(due), 2)]
+        return Look([e.decode() for e in settled], pairs, int(next_due) if next_due else None, int(now))
+
+    async def promote(self, tool: str, promotions: list[Promotion], *, queue: str, start_window_ms: int,
+                      admission_ms: int, retention: int) -> list[str]:
+        """PROMOTE: the ids of the jobs that became executions."""
+        redis_keys: list[Any] = [keys.job_due(tool), queue, keys.PENDING, keys.QUEUED, keys.JOBS_RUNNING]
+        args: list[Any] = [jobs.wake_list(queue), tool, start_window_ms, admission_ms, retention]
+        for p in promotions:
+            redis_keys += [keys.job(p.job_id), keys.execution(p.execution_id), jobs.job_key(p.execution_id)]
+            args += [p.job_id, p.attempts, p.execution_id, p.arq_job]
+        return [raw.decode() for raw in await self._promote(keys=redis_keys, args=args)]
+
+    async def conclude(self, *, job_id: str, tool: str, owner: str, idem_key: str, execution_id: str, status: str,
+                       delay_ms: int = 0, last_error: bytes = b"", result: bytes = b"",
+                       lateness_ms: int | None = None) -> str:
+        """CONCLUDE: the status the job went to ('' if another loop concluded it first)."""
+        answer = await self._conclude(
+            keys=[keys.job(job_id), keys.JOBS_SETTLED, keys.JOBS_RUNNING, keys.job_due(tool), keys.jobs_open(owner),
+                  idem_key or keys.job(job_id)],
+            args=[execution_id, status, delay_ms, last_error, result, "" if lateness_ms is None else lateness_ms,
+                  tool, job_id])
+        return text(answer)
+
+    async def forget_settled(self, execution_id: str) -> None:
+        """An execution listed as settled whose job is gone: nothing to conclude."""
+        await self.redis.zrem(keys.JOBS_SETTLED, execution_id)
+
+    async def lost(self, *, older_than_ms: int, at_most: int = 100) -> list[tuple[str, str]]:
+        """Executions of jobs promoted more than ``older_than_ms`` ago whose hash and record
+        are both gone (Redis lost them, restarted without its data): (execution, job) each,
+        whose attempt nothing will ever settle. The caller concludes them."""
+        now_s, now_us = await self.redis.time()
+        now = now_s * 1000 + now_us // 1000
+        candidates = [e.decode().split(" ", 1) for e in await self.redis.zrangebyscore(
+            keys.JOBS_RUNNING, "-inf", now - older_than_ms, start=0, num=at_most)]
+        if not candidates:
+            return []
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for exec_id, _ in candidates:
+                pipe.exists(keys.execution(exec_id), keys.record(exec_id))
+            found = await pipe.execute()
+        return [(e, j) for (e, j), n in zip(candidates, found, strict=True) if n == 0]
+
+    async def ensure_schedule(self, name: str, digest: str, first_ms: int) -> int:
+        return int(await self._ensure(keys=[keys.schedule(name)], args=[digest, first_ms]))
+
+    async def fire(self, *, name: str, digest: str, tool: str, owner: str, waited_for: int, next_ms: int,
+                   skipped: int, shared: list[Any], occurrences: list[tuple[str, int, str, bytes]],
+                   idempotency: list[str]) -> tuple[bool, list[str], int | None]:
+        """FIRE: (whether this call fired, the jobs it queued, the occurrence the schedule waits
+        for if another fired first). ``occurrences``: (job_id, ms, request id, payload) each,
+        with its ``idempotency`` key."""
+        redis_keys: list[Any] = [keys.schedule(name), keys.job_due(tool), keys.jobs_of(owner), keys.jobs_open(owner)]
+        args: list[Any] = [waited_for, next_ms, skipped, digest, tool, name, len(shared), *shared]
+        for (job_id, at, rid, payload), idem in zip(occurrences, idempotency, strict=True):
+            redis_keys += [keys.job(job_id), idem]
+            args += [job_id, at, rid, payload]
+        answer = await self._fire(keys=redis_keys, args=args)
+        if text(answer[0]) == "moved":
+            return False, [], int(answer[1]) if answer[1] else None
+        return True, [text(v) for v in answer[1:]], None
+
+    async def schedule_state(self, names: list[str]) -> list[dict[str, str]]:
+        """Each schedule's state as its hash holds it (next, last_job, last_at, skipped, fired)."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for name in names:
+                pipe.hgetall(keys.schedule(name))
+            rows = await pipe.execute()
+        return [{k.decode(): v.decode() for k, v in row.items()} for row in rows]
