@@ -136,7 +136,7 @@ class Jobs:
         outcome = await self.store.retry(job)
         if outcome == "gone":
             raise Rejected(not_found())
-        if outcome != "queued":
+        if outcome != "retried":
             raise Rejected(error("JOB_NOT_RETRYABLE", f"Only a failed or dead-lettered job can be retried; this one "
                                                       f"is {outcome}.", details={"status": outcome}))
         return await self.store.read(job_id) or job

@@ -152,7 +152,7 @@ redis.call('ZREM', '{keys.JOBS_DEAD}', ARGV[1])
 redis.call('ZADD', KEYS[3], h[4], ARGV[1])
 redis.call('ZADD', KEYS[2], now, ARGV[1])
 count_job(h[3], 'queued')
-return 'queued'
+return 'retried'
 """)
 
 CreatedKind = Literal["new", "existing", "conflict", "limited", "too_far", "store_full"]
@@ -348,8 +348,8 @@ class JobStore:
         return kind, text(answer[1]) if len(answer) > 1 and answer[1] else None
 
     async def retry(self, job: JobState) -> str:
-        """An operator's retry of a failed or dead-lettered job: ``queued``, or the status that
-        keeps it from being retried (``gone`` if it no longer exists)."""
+        """An operator's retry of a failed or dead-lettered job: ``retried`` (it is queued again),
+        or the status that keeps it from being retried (``gone`` if it no longer exists)."""
         return text(await self._retry(keys=self._keys(job), args=[job.job_id]))
 
     @staticmethod

@@ -1,0 +1,177 @@
+"""The jobs' scripts against a real Redis: CREATE, PROMOTE, SETTLE's listing, CONCLUDE, CANCEL and
+RETRY, driven by hand the way the API and a worker's job loop drive them."""
+
+from __future__ import annotations
+
+import asyncio
+
+import redis.asyncio
+
+from carmy_worker.sdk.errors import ToolError
+from carmy_worker.store import jobs, keys, records
+from carmy_worker.store.attempts import Attempts
+from carmy_worker.store.jobstore import JobState, JobStore, job_fields
+from carmy_worker.store.promotion import Promotion, Promotions
+from carmy_worker.wire import ExecutionJob, RetryPolicy, job_decoder, msgpack_encoder
+
+QUEUE = jobs.queue_name("g")
+OWNER = keys.owner("alice")
+
+
+async def create(store: JobStore, *, tool: str = "t", delay_ms: int = 0, request_id: str | None = None,
+                 body: str = "a", max_open: int = 0, idempotent: bool = True) -> str:
+    template = ExecutionJob(execution_id="", tool=tool, arguments=b"{}", principal="alice")
+    fields = job_fields(tool=tool, owner=OWNER, payload=msgpack_encoder.encode(template),
+                        policy=RetryPolicy(max_attempts=2, backoff=0.01, max_backoff=0.01), max_attempts=2,
+                        idempotent=idempotent, retention=60, dead_retention=120, request_id=request_id)
+    created = await store.create(
+        job_id=keys.new_job_id(), tool=tool, owner=OWNER, fields=fields,
+        idempotency=None if request_id is None else keys.job_idempotency("alice", None, request_id),
+        fingerprint=body, run_at_ms=None, delay_ms=delay_ms, horizon_ms=3_600_000, max_open=max_open)
+    assert created.kind in ("new", "existing"), created
+    return created.job_id
+
+
+async def promote_due(p: Promotions, ar: redis.asyncio.Redis, tool: str = "t") -> list[str]:
+    look = await p.look([tool], QUEUE, room=100)
+    made = []
+    for _, job_id in look.due:
+        attempts, payload = await ar.hmget(keys.job(job_id), ["attempts", "payload"])
+        exec_id = keys.new_execution_id()
+        job = msgspec_replace(job_decoder.decode(payload), exec_id)
+        made.append(Promotion(job_id, int(attempts), exec_id, jobs.encode_job(msgpack_encoder.encode(job), 0)))
+    done = await p.promote(tool, made, queue=QUEUE, start_window_ms=60_000, admission_ms=60_000, retention=60)
+    return [m.execution_id for m in made if m.job_id in done]
+
+
+def msgspec_replace(job: ExecutionJob, exec_id: str) -> ExecutionJob:
+    import msgspec
+
+    return msgspec.structs.replace(job, execution_id=exec_id)
+
+
+async def run_attempt(ar: redis.asyncio.Redis, exec_id: str, *, fail: ToolError | None = None) -> None:
+    """A worker's claim and settle of one execution, as the runtime does them."""
+    attempts = Attempts(ar, worker_id="w1", retention=60, queue=QUEUE)
+    claim = await attempts.claim(exec_id, max_attempts=3)
+    assert claim.verdict == "run"
+    record = (records.completed(exec_id, "t", b'{"ok":true}', cacheable=False, duration_ms=1) if fail is None
+              else records.failed(exec_id, "t", fail.to_wire()))
+    assert await attempts.settle(record, exec_id=exec_id, attempt=claim.attempt)
+
+
+async def state(store: JobStore, job_id: str) -> JobState:
+    job = await store.read(job_id)
+    assert job is not None
+    return job
+
+
+async def conclude(p: Promotions, store: JobStore, exec_id: str, status: str, delay_ms: int = 0) -> str:
+    job_id = (await p.redis.hget(keys.execution(exec_id), "job")).decode()
+    job = await state(store, job_id)
+    return await p.conclude(job_id=job_id, tool=job.tool, owner=job.owner, idem_key=job.idem_key,
+                            execution_id=exec_id, status=status, delay_ms=delay_ms, result=b'{"r":1}')
+
+
+async def test_a_job_is_promoted_once_settled_listed_and_concluded(ar: redis.asyncio.Redis) -> None:
+    store, p = JobStore(ar), Promotions(ar)
+    job_id = await create(store)
+    assert (await state(store, job_id)).status == "queued"
+
+    first, second = await asyncio.gather(promote_due(p, ar), promote_due(p, ar))
+    assert len(first) + len(second) == 1  # two loops at once: one attempt
+    exec_id = (first + second)[0]
+    job = await state(store, job_id)
+    assert (job.status, job.attempts, job.executions) == ("running", 1, [exec_id])
+    assert await ar.zscore(QUEUE, exec_id) is not None
+    assert await ar.hget(keys.execution(exec_id), "owner") == OWNER.encode()
+
+    await run_attempt(ar, exec_id)
+    look = await p.look(["t"], QUEUE, room=100)
+    assert look.settled == [exec_id]
+    assert await conclude(p, store, exec_id, "succeeded") == "succeeded"
+    assert await conclude(p, store, exec_id, "succeeded") == ""  # a second loop changes nothing
+    job = await state(store, job_id)
+    assert job.status == "succeeded" and job.result == b'{"r":1}'
+    assert await ar.zcard(keys.JOBS_SETTLED) == 0
+    assert await ar.zscore(keys.jobs_open(OWNER), job_id) is None
+    assert 0 < await ar.ttl(keys.job(job_id)) <= 60
+
+
+async def test_a_retry_is_due_after_its_delay_and_runs_as_a_new_attempt(ar: redis.asyncio.Redis) -> None:
+    store, p = JobStore(ar), Promotions(ar)
+    job_id = await create(store)
+    [exec_id] = await promote_due(p, ar)
+    await run_attempt(ar, exec_id, fail=ToolError("BUSY", "later", retryable=True))
+    assert await conclude(p, store, exec_id, "queued", delay_ms=60_000) == "queued"
+    assert await promote_due(p, ar) == []  # not yet due
+    await ar.zadd(keys.job_due("t"), {job_id: 0})
+    await ar.hset(keys.job(job_id), "due", 0)
+    [again] = await promote_due(p, ar)
+    job = await state(store, job_id)
+    assert job.attempts == 2 and job.executions == [exec_id, again]
+
+
+async def test_a_request_id_makes_one_job_and_another_body_conflicts(ar: redis.asyncio.Redis) -> None:
+    store = JobStore(ar)
+    one = await create(store, request_id="r1")
+    assert await create(store, request_id="r1") == one
+    template = ExecutionJob(execution_id="", tool="t", arguments=b"{}")
+    fields = job_fields(tool="t", owner=OWNER, payload=msgpack_encoder.encode(template), policy=RetryPolicy(),
+                        max_attempts=1, idempotent=True, retention=60, dead_retention=60, request_id="r1")
+    other = await store.create(job_id=keys.new_job_id(), tool="t", owner=OWNER, fields=fields,
+                               idempotency=keys.job_idempotency("alice", None, "r1"), fingerprint="b",
+                               run_at_ms=None, delay_ms=0, horizon_ms=1000, max_open=0)
+    assert (other.kind, other.job_id) == ("conflict", one)
+
+
+async def test_limits_refuse_with_nothing_written(ar: redis.asyncio.Redis) -> None:
+    store = JobStore(ar)
+    await create(store, max_open=1)
+    template = ExecutionJob(execution_id="", tool="t", arguments=b"{}")
+    fields = job_fields(tool="t", owner=OWNER, payload=msgpack_encoder.encode(template), policy=RetryPolicy(),
+                        max_attempts=1, idempotent=True, retention=60, dead_retention=60, request_id=None)
+    for kwargs, kind in (({"max_open": 1}, "limited"), ({"max_open": 0, "delay_ms": 10_000}, "too_far")):
+        job_id = keys.new_job_id()
+        created = await store.create(job_id=job_id, tool="t", owner=OWNER, fields=fields, idempotency=None,
+                                     fingerprint="", run_at_ms=None, horizon_ms=1000,
+                                     **{"delay_ms": 0, **kwargs})  # type: ignore[arg-type]
+        assert created.kind == kind
+        assert not await ar.exists(keys.job(job_id))
+
+
+async def test_cancel_of_a_queued_job_takes_it_out_of_the_due_set(ar: redis.asyncio.Redis) -> None:
+    store, p = JobStore(ar), Promotions(ar)
+    job_id = await create(store, delay_ms=1000)
+    assert await store.cancel(await state(store, job_id)) == ("cancelled", None)
+    assert await ar.zscore(keys.job_due("t"), job_id) is None
+    assert (await state(store, job_id)).status == "cancelled"
+    assert await promote_due(p, ar) == []
+
+
+async def test_cancel_of_a_running_job_ends_it_cancelled_not_queued_again(ar: redis.asyncio.Redis) -> None:
+    store, p = JobStore(ar), Promotions(ar)
+    job_id = await create(store)
+    [exec_id] = await promote_due(p, ar)
+    assert await store.cancel(await state(store, job_id)) == ("running", exec_id)
+    await run_attempt(ar, exec_id, fail=ToolError("BUSY", "later", retryable=True))
+    assert await conclude(p, store, exec_id, "queued", delay_ms=10) == "cancelled"
+    assert await ar.zscore(keys.job_due("t"), job_id) is None
+
+
+async def test_an_operator_retry_requeues_a_dead_letter(ar: redis.asyncio.Redis) -> None:
+    store, p = JobStore(ar), Promotions(ar)
+    job_id = await create(store, request_id="dl")
+    [exec_id] = await promote_due(p, ar)
+    await run_attempt(ar, exec_id, fail=ToolError("BUSY", "later", retryable=True))
+    assert await conclude(p, store, exec_id, "dead_lettered") == "dead_lettered"
+    assert await ar.zscore(keys.JOBS_DEAD, job_id) is not None
+    assert await ar.ttl(keys.job(job_id)) > 60  # a dead letter keeps its own, longer retention
+    assert await store.retry(await state(store, job_id)) == "retried"
+    job = await state(store, job_id)
+    assert (job.status, job.attempts_left) == ("queued", 2)
+    assert await ar.ttl(keys.job(job_id)) == -1 and await ar.zscore(keys.JOBS_DEAD, job_id) is None
+    assert await ar.ttl(keys.job_idempotency("alice", None, "dl")) == -1
+    assert await store.retry(job) == "queued"  # not failed or dead: refused, saying why
+    [again] = await promote_due(p, ar)
+    assert (await state(store, job_id)).executions == [exec_id, again]
