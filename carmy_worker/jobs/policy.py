@@ -55,7 +55,7 @@ def backoff_ms(n: int, *, base_ms: int, cap_ms: int, retry_after_s: int | None =
                rng: random.Random | None = None) -> int:
     """The wait before the retry that follows the ``n``-th attempt (1-based):
     ``max(base · 2^(n-1) capped at cap, retry_after)``, plus up to ``JITTER`` of it at random."""
-    delay = min(base_ms * 2 ** min(max(n - 1, 0), 40), cap_ms)
+    delay: int = min(base_ms * 2 ** min(max(n - 1, 0), 40), cap_ms)
     if retry_after_s is not None:
         delay = max(delay, retry_after_s * 1000)
     return delay + round(delay * JITTER * (rng or random).random())

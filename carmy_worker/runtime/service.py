@@ -13,6 +13,7 @@ import time
 from redis.asyncio import Redis
 
 from carmy_worker import collector
+from carmy_worker.jobs.driver import JobLoop
 from carmy_worker.runtime import queue
 from carmy_worker.runtime.presence import Presence, describe, group_of, new_worker_id
 from carmy_worker.runtime.runner import Runtime
@@ -60,7 +61,11 @@ async def serve(tools: list[Tool], settings: WorkerSettings, connector: RedisCon
     runtime.before_step = presence.ensure_fresh
     await version.require(redis)  # before anything runs a script it could not compile
     await presence.register()
-    background = [asyncio.create_task(listen_for_cancels(redis, runtime)), asyncio.create_task(janitor.run())]
+    jobs_loop = JobLoop(redis, tools=described, queue=jobs.queue_name(info.group), settings=settings,
+                        schedules=info.schedules, durability=durability)
+    job_loop = asyncio.create_task(jobs_loop.run())
+    background = [asyncio.create_task(listen_for_cancels(redis, runtime)), asyncio.create_task(janitor.run()),
+                  job_loop]
 
     async def on_shutdown(_: object) -> None:
         for task in background:
@@ -72,6 +77,7 @@ async def serve(tools: list[Tool], settings: WorkerSettings, connector: RedisCon
 
     def on_drain() -> None:
         log.info("stopping: no new work; draining %d running executions", runtime.running)
+        job_loop.cancel()  # promotes no more jobs to a queue it no longer serves; other workers go on
         background.append(asyncio.create_task(presence.drain()))
 
     longest = max(t.timeout for t in described)

@@ -16,6 +16,7 @@ FIRE), reads, lists, CANCEL and an operator's RETRY.
 
 from __future__ import annotations
 
+import builtins
 from typing import Any, Literal, cast
 
 import msgspec
@@ -214,9 +215,9 @@ class JobState(Struct, kw_only=True):
         )
 
 
-FIELDS = ("tool", "owner", "status", "request_id", "attempts", "base_attempts", "max_attempts", "backoff_ms",
+FIELDS = ["tool", "owner", "status", "request_id", "attempts", "base_attempts", "max_attempts", "backoff_ms",
           "max_backoff_ms", "idem", "run_at", "due", "created_at", "executions", "exec", "last_error", "result",
-          "cancel", "schedule", "idem_key")
+          "cancel", "schedule", "idem_key"]
 
 
 def parse(job_id: str, values: list[bytes | None]) -> JobState | None:
@@ -300,7 +301,7 @@ class JobStore:
         return Created(cast("CreatedKind", kind), text(answer[1]) if len(answer) > 1 else "")
 
     async def read(self, job_id: str) -> JobState | None:
-        return parse(job_id, await self.redis.hmget(keys.job(job_id), FIELDS))
+        return (await self.read_many([job_id]))[0]
 
     async def read_many(self, job_ids: list[str]) -> list[JobState | None]:
         async with self.redis.pipeline(transaction=False) as pipe:
@@ -309,7 +310,7 @@ class JobStore:
             rows = await pipe.execute()
         return [parse(job_id, row) for job_id, row in zip(job_ids, rows, strict=True)]
 
-    async def list(self, *, owner: str | None, status: str | None, limit: int) -> list[JobState]:
+    async def list(self, *, owner: str | None, status: str | None, limit: int) -> builtins.list[JobState]:
         """Jobs newest first: ``owner``'s, or everyone's (None); only ``status`` if given
         (dead letters from their own set). Looks at most a few pages past ``limit`` for a
         status that is rare, and forgets listed jobs whose hash expired."""
@@ -353,6 +354,6 @@ class JobStore:
         return text(await self._retry(keys=self._keys(job), args=[job.job_id]))
 
     @staticmethod
-    def _keys(job: JobState) -> list[str]:
+    def _keys(job: JobState) -> builtins.list[str]:
         return [keys.job(job.job_id), keys.job_due(job.tool), keys.jobs_open(job.owner),
                 job.idem_key or keys.job(job.job_id)]

@@ -1,0 +1,239 @@
+"""A worker's job loop: it promotes the due jobs of the tools it serves to executions on its own
+queue, concludes the attempts whose execution has a record, and fires the schedules it declares.
+
+Every worker runs one; the scripts (``store.promotion``) make any number of them safe together:
+a job is promoted once per attempt, an attempt concluded once, an occurrence fired once. The
+loop never promotes more than its queue has room for (``room``), so that a burst of due jobs
+waits in Redis as jobs, not as executions whose start deadline runs out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import msgspec
+from redis.asyncio import Redis
+
+from carmy_worker.jobs.cron import Cron, due
+from carmy_worker.jobs.policy import Decision, decide
+from carmy_worker.logs import info_line
+from carmy_worker.settings import WorkerSettings
+from carmy_worker.store import jobs, keys, records
+from carmy_worker.store.durable import Durability
+from carmy_worker.store.jobstore import JobState, JobStore, job_fields, rfc3339
+from carmy_worker.store.promotion import Promotion, Promotions
+from carmy_worker.store.pubsub import raise_if_cancelled
+from carmy_worker.wire import (
+    ExecutionJob,
+    Record,
+    ScheduleSpec,
+    WorkerTool,
+    job_decoder,
+    msgpack_encoder,
+    record_decoder,
+)
+
+log = logging.getLogger("carmy.jobs")
+
+POLL_S = 0.1  # the longest the loop sleeps while no job is due sooner
+# An execution of a job may wait this long in the queue before it is given up as never started
+# (and its job tried again): the loop keeps the queue short (``room``), so only a queue that
+# no worker drains comes near it.
+START_WINDOW_S = 3600
+ADMISSION_GRACE_S = 30  # as the API's: past the tool's timeout, how long an admission slot may stay held
+LOST_AFTER_MS = 60_000  # an execution promoted this long ago whose hash and record are gone was lost
+LOST_EVERY_S = 5.0
+PROMOTE_AT_ONCE = 100  # jobs in one PROMOTE
+
+
+@dataclass
+class _Schedule:
+    spec: ScheduleSpec
+    cron: Cron
+    digest: str
+    next_ms: int | None = None  # the occurrence it waits for, once known
+
+
+class JobLoop:
+    """The job loop of one worker, serving ``tools`` (as it publishes them) on ``queue``."""
+
+    def __init__(self, redis: Redis, *, tools: list[WorkerTool], queue: str, settings: WorkerSettings,
+                 schedules: Sequence[ScheduleSpec] = (), durability: Durability | None = None,
+                 room: int | None = None) -> None:
+        self.queue = queue
+        self.settings = settings
+        self.tools = {t.spec.name: t for t in tools}
+        self._names = sorted(self.tools)
+        self.room = room if room is not None else max(64, 4 * settings.concurrency)
+        self._redis = redis
+        self._promotions = Promotions(redis, durability=durability)
+        self._jobs = JobStore(redis)
+        self._schedules = [_Schedule(s, Cron.parse(s.cron, s.timezone), _digest(s)) for s in schedules]
+        self._lost_at = 0.0
+        self._wake = asyncio.Event()
+
+    async def run(self) -> None:
+        """Until cancelled; Redis errors are logged and retried."""
+        while True:
+            try:
+                pause = await self.tick()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                raise_if_cancelled(exc)
+                log.warning("job loop: %s", exc)
+                pause = 1.0
+            if pause > 0:
+                await asyncio.sleep(pause)
+
+    async def tick(self) -> float:
+        """One pass; how long to wait before the next (0: there is more to do now)."""
+        look = await self._promotions.look(self._names, self.queue, room=self.room)
+        if look.due:
+            await self._promote(look.due, look.now_ms)
+        for exec_id in look.settled:
+            await self._settled(exec_id)
+        if time.monotonic() - self._lost_at > LOST_EVERY_S:
+            self._lost_at = time.monotonic()
+            for exec_id, job_id in await self._promotions.lost(older_than_ms=LOST_AFTER_MS):
+                await self._conclude(job_id, exec_id, None, began=True)
+        soonest = await self._fire(look.now_ms)
+        if look.due or look.settled:
+            return 0.0
+        wait = POLL_S
+        for at in (look.next_due_ms, soonest):
+            if at is not None:
+                wait = min(wait, max(0.0, (at - look.now_ms) / 1000))
+        return max(wait, 0.005)
+
+    # --- promotion ---------------------------------------------------------------------------
+
+    async def _promote(self, due_jobs: list[tuple[str, str]], now_ms: int) -> None:
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for _, job_id in due_jobs:
+                pipe.hmget(keys.job(job_id), ["status", "attempts", "payload", "request_id"])
+            rows = await pipe.execute()
+        by_tool: dict[str, list[Promotion]] = defaultdict(list)
+        for (tool, job_id), (status, attempts, payload, request_id) in zip(due_jobs, rows, strict=True):
+            if status != b"queued" or payload is None:
+                continue  # PROMOTE would skip it too; a job that is gone leaves the due set below
+            try:
+                template = job_decoder.decode(payload)
+            except msgspec.DecodeError:
+                log.error("job %s: its payload cannot be read; it stays queued", job_id)
+                continue
+            at = int(attempts or 0)
+            exec_id = keys.new_execution_id()
+            base = request_id.decode() if request_id else job_id
+            # Attempt n >= 2 has a request id of its own: the tool can tell attempts apart (its
+            # own idempotency key for an external system), and each attempt is at most once.
+            job = msgspec.structs.replace(template, execution_id=exec_id,
+                                          request_id=base if at == 0 else f"{base}#{at + 1}")
+            arq_job = jobs.encode_job(msgpack_encoder.encode(job), now_ms)
+            by_tool[tool].append(Promotion(job_id, at, exec_id, arq_job))
+        for tool, promotions in by_tool.items():
+            timeout = self.tools[tool].timeout
+            for i in range(0, len(promotions), PROMOTE_AT_ONCE):
+                done = await self._promotions.promote(
+                    tool, promotions[i:i + PROMOTE_AT_ONCE], queue=self.queue, start_window_ms=START_WINDOW_S * 1000,
+                    admission_ms=int((timeout + ADMISSION_GRACE_S) * 1000), retention=self.settings.retention)
+                for job_id in done:
+                    log.debug("job %s promoted", job_id)
+
+    # --- conclusion --------------------------------------------------------------------------
+
+    async def _settled(self, exec_id: str) -> None:
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.hmget(keys.execution(exec_id), ["job", "started_at"])
+            pipe.get(keys.record(exec_id))
+            (job_id, started_at), raw = await pipe.execute()
+        if job_id is None:  # its hash expired: nothing left to conclude with
+            await self._promotions.forget_settled(exec_id)
+            return
+        record = None if raw is None else record_decoder.decode(raw)
+        await self._conclude(job_id.decode(), exec_id, record, began=started_at is not None,
+                             started_ms=int(started_at) if started_at else None)
+
+    async def _conclude(self, job_id: str, exec_id: str, record: Record | None, *, began: bool,
+                        started_ms: int | None = None) -> None:
+        job = await self._jobs.read(job_id)
+        if job is None:
+            await self._promotions.forget_settled(exec_id)
+            return
+        if record is None:  # Redis lost the execution: nobody can say what it did
+            record = records.uncertain(exec_id, job.tool, "the store lost track of it")
+        decision = decide(record, job, began=began)
+        status = await self._promotions.conclude(
+            job_id=job_id, tool=job.tool, owner=job.owner, idem_key=job.idem_key, execution_id=exec_id,
+            status=decision.status, delay_ms=decision.delay_ms, last_error=decision.last_error,
+            result=decision.result, lateness_ms=None if started_ms is None else max(0, started_ms - job.due_ms))
+        if status:
+            _log_attempt(job, exec_id, record, decision, status)
+
+    # --- schedules ---------------------------------------------------------------------------
+
+    async def _fire(self, now_ms: int) -> int | None:
+        """Fire the schedules whose occurrence has come; the soonest one they wait for."""
+        soonest: int | None = None
+        for s in self._schedules:
+            if s.next_ms is None:
+                s.next_ms = await self._promotions.ensure_schedule(s.spec.name, s.digest, s.cron.next_after(now_ms))
+            if now_ms >= s.next_ms:
+                await self._fire_one(s, now_ms)
+            if s.next_ms is not None and (soonest is None or s.next_ms < soonest):
+                soonest = s.next_ms
+        return soonest
+
+    async def _fire_one(self, s: _Schedule, now_ms: int) -> None:
+        assert s.next_ms is not None
+        spec, tool = s.spec, self.tools.get(s.spec.tool)
+        if tool is None:  # pragma: no cover - Toolbox.schedule checks the tool is in the same Toolbox
+            return
+        firing = due(s.cron, s.next_ms, now_ms, int(spec.grace * 1000))
+        occurrences, idempotency = [], []
+        for at in firing.fire:
+            request_id = f"schedule:{spec.name}@{rfc3339(at)}"
+            payload = msgpack_encoder.encode(ExecutionJob(
+                execution_id="", tool=spec.tool, arguments=spec.arguments, request_id=request_id,
+                metadata={"schedule": spec.name, "occurrence": rfc3339(at)}))
+            occurrences.append((keys.new_job_id(), at, request_id, payload))
+            idempotency.append(keys.job_idempotency(None, None, request_id))
+        shared = job_fields(tool=spec.tool, owner=keys.owner(None), payload=b"", policy=tool.retry,
+                            max_attempts=tool.retry.max_attempts, idempotent=tool.spec.idempotent,
+                            retention=self.settings.jobs_retention,
+                            dead_retention=self.settings.dead_letter_retention, request_id=None)
+        shared = shared[:-2]  # without the empty payload: each occurrence has its own
+        fired, job_ids, moved = await self._promotions.fire(
+            name=spec.name, digest=s.digest, tool=spec.tool, owner=keys.owner(None), waited_for=s.next_ms,
+            next_ms=firing.next, skipped=firing.skipped, shared=shared, occurrences=occurrences,
+            idempotency=idempotency)
+        if fired:
+            s.next_ms = firing.next
+            if firing.skipped:
+                log.warning("schedule %s skipped %d occurrences missed by more than %g s", spec.name,
+                            firing.skipped, spec.grace)
+            for job_id in job_ids:
+                info_line(log, "job", {"event": "job", "job_id": job_id, "tool": spec.tool, "status": "queued",
+                                       "schedule": spec.name})
+        else:
+            s.next_ms = moved  # None: its state is gone (Redis lost it): made again on the next pass
+
+
+def _digest(spec: ScheduleSpec) -> str:
+    """A schedule's definition: a new one (another cron, tool, arguments or timezone) starts
+    over from its next occurrence rather than from the old one's."""
+    return hashlib.sha256(msgpack_encoder.encode(spec)).hexdigest()[:16]
+
+
+def _log_attempt(job: JobState, exec_id: str, record: Record, decision: Decision, status: str) -> None:
+    info_line(log, "job", {
+        "event": "job", "job_id": job.job_id, "execution_id": exec_id, "tool": job.tool, "attempt": job.attempts,
+        "outcome": record.status, "error_code": record.error_code, "status": status,
+        "retry_in_ms": decision.delay_ms if status == "queued" else None,
+    })
