@@ -13,7 +13,7 @@ from redis.asyncio import Redis
 from carmy_worker.store import jobs, keys
 from carmy_worker.store.durable import Durability
 from carmy_worker.store.jobstore import CREATE_JOB, FINISH_JOB
-from carmy_worker.store.lua import ACCEPTED_WORK, NOW, text
+from carmy_worker.store.lua import ACCEPTED_WORK, NEW_WORK, NOW, text
 from carmy_worker.store.metrics import LUA_OBSERVE
 from carmy_worker.store.scripts import Script, bind
 
@@ -117,10 +117,12 @@ return ARGV[2]
 # (whoever gets here first fires; the rest see it moved), it now waits for ARGV[2], counts the
 # occurrences it skipped, and queues one job for each occurrence fired, under a request id of
 # its own (a job already there for it is left alone).
+# New work: a full Redis refuses it whole (lua.NEW_WORK), and the occurrence is fired once there
+# is room, or skipped once past its grace.
 # KEYS: schedule, due set, owner's jobs, owner's open jobs, then per occurrence: job, idempotency
 # ARGV: occurrence waited for, next, skipped, definition's digest, tool, schedule name,
 #       count of the shared fields, the shared fields, then per occurrence: job_id, ms, request id, payload
-FIRE = Script("SCHEDULE_FIRE", ACCEPTED_WORK + NOW + CREATE_JOB + """
+FIRE = Script("SCHEDULE_FIRE", NEW_WORK + NOW + CREATE_JOB + """
 local cur = redis.call('HMGET', KEYS[1], 'next', 'spec')
 if cur[1] ~= ARGV[1] or cur[2] ~= ARGV[4] then return {'moved', cur[1] or ''} end
 redis.call('HSET', KEYS[1], 'next', ARGV[2])
