@@ -97,12 +97,12 @@ class JobLoop:
         look = await self._promotions.look(self._names, self.queue, room=self.room)
         if look.due:
             await self._promote(look.due, look.now_ms)
-        for exec_id in look.settled:
-            await self._settled(exec_id)
+        if look.settled:
+            await self._settled(look.settled)
         if time.monotonic() - self._lost_at > LOST_EVERY_S:
             self._lost_at = time.monotonic()
             for exec_id, job_id in await self._promotions.lost(older_than_ms=LOST_AFTER_MS):
-                await self._conclude(job_id, exec_id, None, began=True)
+                await self._conclude(await self._jobs.read(job_id), exec_id, None, began=True)
         soonest = await self._fire(look.now_ms)
         if look.due or look.settled:
             return 0.0
@@ -148,21 +148,28 @@ class JobLoop:
 
     # --- conclusion --------------------------------------------------------------------------
 
-    async def _settled(self, exec_id: str) -> None:
+    async def _settled(self, exec_ids: list[str]) -> None:
+        """Conclude the attempts whose executions have their record, all at once: one round trip
+        for their executions, one for their jobs, one write for their CONCLUDEs."""
         async with self._redis.pipeline(transaction=False) as pipe:
-            pipe.hmget(keys.execution(exec_id), ["job", "started_at"])
-            pipe.get(keys.record(exec_id))
-            (job_id, started_at), raw = await pipe.execute()
-        if job_id is None:  # its hash expired: nothing left to conclude with
-            await self._promotions.forget_settled(exec_id)
-            return
-        record = None if raw is None else record_decoder.decode(raw)
-        await self._conclude(job_id.decode(), exec_id, record, began=started_at is not None,
-                             started_ms=int(started_at) if started_at else None)
+            for exec_id in exec_ids:
+                pipe.hmget(keys.execution(exec_id), ["job", "started_at"])
+                pipe.get(keys.record(exec_id))
+            replies = await pipe.execute()
+        found: list[tuple[str, str, Record | None, int | None]] = []
+        for i, exec_id in enumerate(exec_ids):
+            (job_id, started_at), raw = replies[2 * i], replies[2 * i + 1]
+            if job_id is None:  # its hash expired: nothing left to conclude with
+                await self._promotions.forget_settled(exec_id)
+                continue
+            found.append((exec_id, job_id.decode(), None if raw is None else record_decoder.decode(raw),
+                          int(started_at) if started_at else None))
+        states = await self._jobs.read_many([job_id for _, job_id, _, _ in found])
+        await asyncio.gather(*(self._conclude(job, exec_id, record, began=started is not None, started_ms=started)
+                               for (exec_id, _, record, started), job in zip(found, states, strict=True)))
 
-    async def _conclude(self, job_id: str, exec_id: str, record: Record | None, *, began: bool,
+    async def _conclude(self, job: JobState | None, exec_id: str, record: Record | None, *, began: bool,
                         started_ms: int | None = None) -> None:
-        job = await self._jobs.read(job_id)
         if job is None:
             await self._promotions.forget_settled(exec_id)
             return
@@ -170,7 +177,7 @@ class JobLoop:
             record = records.uncertain(exec_id, job.tool, "the store lost track of it")
         decision = decide(record, job, began=began)
         status = await self._promotions.conclude(
-            job_id=job_id, tool=job.tool, owner=job.owner, idem_key=job.idem_key, execution_id=exec_id,
+            job_id=job.job_id, tool=job.tool, owner=job.owner, idem_key=job.idem_key, execution_id=exec_id,
             status=decision.status, delay_ms=decision.delay_ms, last_error=decision.last_error,
             result=decision.result, lateness_ms=None if started_ms is None else max(0, started_ms - job.due_ms))
         if status:

@@ -11,6 +11,7 @@ from typing import Any
 from redis.asyncio import Redis
 
 from carmy_worker.store import jobs, keys
+from carmy_worker.store.batch import Batch
 from carmy_worker.store.durable import Durability
 from carmy_worker.store.jobstore import CREATE_JOB, FINISH_JOB
 from carmy_worker.store.lua import ACCEPTED_WORK, NEW_WORK, NOW, text
@@ -182,7 +183,8 @@ class Promotions:
         self.redis = redis
         self._look = bind(redis, LOOK)
         self._promote = bind(redis, PROMOTE, durability=durability)
-        self._conclude = bind(redis, CONCLUDE, durability=durability)
+        # Attempts that end together are concluded together: one write for a turn's CONCLUDEs.
+        self._conclude = bind(redis, CONCLUDE, durability=durability, batch=Batch(redis))
         self._ensure = bind(redis, ENSURE_SCHEDULE)
         self._fire = bind(redis, FIRE, durability=durability)
 
