@@ -11,5 +11,6 @@ three layers (docs/architecture.md):
 from carmy_worker.sdk.context import AgentContext, Context
 from carmy_worker.sdk.errors import ToolError
 from carmy_worker.sdk.toolbox import Tool, Toolbox, ToolDefinitionError
+from carmy_worker.wire import RetryPolicy
 
-__all__ = ["AgentContext", "Context", "Tool", "ToolDefinitionError", "ToolError", "Toolbox"]
+__all__ = ["AgentContext", "Context", "RetryPolicy", "Tool", "ToolDefinitionError", "ToolError", "Toolbox"]

@@ -118,8 +118,8 @@ print(",".join(loaded))
 def test_the_tool_sdk_is_importable_from_the_package_root() -> None:
     import carmy_worker
 
-    assert sorted(carmy_worker.__all__) == ["AgentContext", "Context", "Tool", "ToolDefinitionError", "ToolError",
-                                           "Toolbox"]
+    assert sorted(carmy_worker.__all__) == ["AgentContext", "Context", "RetryPolicy", "Tool", "ToolDefinitionError",
+                                           "ToolError", "Toolbox"]
 
 
 # What running or defining a Lua script looks like in source.

@@ -10,9 +10,10 @@ from typing import Any, TypedDict
 import msgspec
 import pytest
 
-from carmy_worker import AgentContext, Context, Tool, Toolbox, ToolDefinitionError
+from carmy_worker import AgentContext, Context, RetryPolicy, Tool, Toolbox, ToolDefinitionError
 from carmy_worker.__main__ import load_tools
 from carmy_worker.sdk.schema import NO_INPUT_SCHEMA
+from carmy_worker.wire import ScheduleSpec
 
 
 class Query(msgspec.Struct):
@@ -258,6 +259,53 @@ def test_star_args_and_keyword_only() -> None:
             register(fn)
 
 
+@pytest.mark.parametrize("name", ["carmy_job", "carmy_", "carmy_search.v2"])
+def test_the_carmy_prefix_is_reserved(name: str) -> None:
+    with refused(name, "the carmy_ prefix is reserved for system tools"):
+        register(search, name=name)
+
+    def carmy_status(ctx: Context) -> int:
+        """Named like a system tool."""
+        return 1
+
+    with refused("carmy_status", "the carmy_ prefix is reserved"):
+        register(carmy_status)
+
+
+def test_names_near_the_reserved_prefix_are_accepted() -> None:
+    assert [register(search, name=n).name for n in ("carmy", "carmyjob", "my_carmy_job", "carmy-job")] == [
+        "carmy", "carmyjob", "my_carmy_job", "carmy-job"]
+
+
+@pytest.mark.parametrize(("policy", "problem"), [
+    ({"max_attempts": 3}, "retry must be a carmy_worker.RetryPolicy"),
+    (RetryPolicy(max_attempts=0), r"retry.max_attempts must be an int in 1\.\.100"),
+    (RetryPolicy(max_attempts=101), "retry.max_attempts must be an int"),
+    (RetryPolicy(max_attempts=True), "retry.max_attempts must be an int"),
+    (RetryPolicy(max_attempts=3.0), "retry.max_attempts must be an int"),  # type: ignore[arg-type]
+    (RetryPolicy(backoff=0), r"retry.backoff must be a number of seconds in \(0, 86400\]"),
+    (RetryPolicy(backoff=-1), "retry.backoff must be"),
+    (RetryPolicy(backoff=86401, max_backoff=86401), "retry.backoff must be"),
+    (RetryPolicy(backoff=float("nan")), "retry.backoff must be"),
+    (RetryPolicy(backoff=True), "retry.backoff must be"),
+    (RetryPolicy(backoff="1"), "retry.backoff must be"),  # type: ignore[arg-type]
+    (RetryPolicy(backoff=10, max_backoff=9.5), "retry.max_backoff must be a number of seconds from retry.backoff"),
+    (RetryPolicy(max_backoff=604801), "retry.max_backoff must be"),
+    (RetryPolicy(max_backoff=float("inf")), "retry.max_backoff must be"),
+    (RetryPolicy(max_backoff=None), "retry.max_backoff must be"),  # type: ignore[arg-type]
+])
+def test_bad_retry_policy(policy: object, problem: str) -> None:
+    with refused("search", problem):
+        register(search, retry=policy)
+
+
+def test_retry_policy() -> None:
+    assert register(search).retry == RetryPolicy()
+    for policy in (RetryPolicy(max_attempts=1, backoff=0.001, max_backoff=0.001),
+                   RetryPolicy(max_attempts=100, backoff=86400, max_backoff=604800)):
+        assert register(search, retry=policy).retry == policy
+
+
 def test_error_names_the_overridden_name() -> None:
     with refused("shop.find", "effect 'x' is not one of"):
         register(search, name="shop.find", effect="x")
@@ -344,3 +392,113 @@ def test_typeddict_dataclass_and_dict_inputs(input_type: Any, decoded: Any, has_
     if has_fields:
         assert tool.spec.input_schema["additionalProperties"] is False
         assert tool.spec.input_schema["required"] == ["text"]
+
+
+# --- schedules --------------------------------------------------------------------------------
+
+
+def searching() -> Toolbox:
+    """A Toolbox with ``search`` (a Query input) and ``ping`` (no input)."""
+    box = Toolbox()
+    box.tool(effect="read")(search)
+
+    async def ping(ctx: Context) -> None:
+        """Ping."""
+
+    box.tool(effect="none")(ping)
+    return box
+
+
+def refused_schedule(name: str, problem: str) -> Any:
+    """``pytest.raises`` for a definition error that names the schedule ``name``."""
+    return pytest.raises(ToolDefinitionError, match=re.escape(f"schedule {name!r}: ") + ".*" + problem)
+
+
+def test_a_schedule_is_kept_with_canonical_arguments() -> None:
+    box = searching()
+    box.schedule("nightly", cron="0 3 * * *", tool="search", arguments={"text": "x", "limit": 3},
+                 timezone="Europe/Lisbon", grace=120)
+    box.schedule("pinger", cron="*/10 * * * * *", tool="ping")
+    box.schedule("pinger.daily", cron="@daily", tool="ping", arguments={})
+    assert box.schedules == [
+        ScheduleSpec(name="nightly", cron="0 3 * * *", tool="search", arguments=b'{"limit":3,"text":"x"}',
+                     timezone="Europe/Lisbon", grace=120.0),
+        ScheduleSpec(name="pinger", cron="*/10 * * * * *", tool="ping", arguments=b"{}", timezone="UTC", grace=60.0),
+        ScheduleSpec(name="pinger.daily", cron="@daily", tool="ping", arguments=b"{}", timezone="UTC", grace=60.0),
+    ]
+
+
+def test_a_schedule_before_its_tool_is_refused() -> None:
+    box = Toolbox()
+    with refused_schedule("early", "this Toolbox has no tool 'search': schedule it after its @tool"):
+        box.schedule("early", cron="* * * * *", tool="search", arguments={"text": "x"})
+    box.tool(effect="read")(search)
+    box.schedule("early", cron="* * * * *", tool="search", arguments={"text": "x"})
+    assert [s.name for s in box.schedules] == ["early"]
+
+
+def test_a_schedule_of_another_toolboxs_tool_is_refused() -> None:
+    searching()
+    with refused_schedule("elsewhere", "this Toolbox has no tool 'search'"):
+        Toolbox().schedule("elsewhere", cron="* * * * *", tool="search", arguments={"text": "x"})
+
+
+def test_a_schedule_declared_twice_is_refused() -> None:
+    box = searching()
+    box.schedule("tick", cron="* * * * *", tool="ping")
+    with refused_schedule("tick", "declared twice in the same Toolbox"):
+        box.schedule("tick", cron="0 * * * *", tool="ping")
+    assert [s.cron for s in box.schedules] == ["* * * * *"]
+
+
+@pytest.mark.parametrize("name", ["", "x" * 129, "has space", "a/b"])
+def test_bad_schedule_name(name: str) -> None:
+    with refused_schedule(name, "the name must be 1-128 characters"):
+        searching().schedule(name, cron="* * * * *", tool="ping")
+
+
+@pytest.mark.parametrize(("options", "problem"), [
+    ({"cron": "61 * * * *"}, "cron expression '61 \\* \\* \\* \\*': .*out of range"),
+    ({"cron": "@reboot"}, "cron expression '@reboot': the @ forms are"),
+    ({"cron": "* * * *"}, "has 4 fields"),
+    ({"timezone": "Mars/Olympus"}, "timezone 'Mars/Olympus' is not an IANA timezone name"),
+    ({"grace": 0}, r"grace must be a number of seconds in \(0, 86400\]"),
+    ({"grace": 86401}, "grace must be"),
+    ({"grace": True}, "grace must be"),
+    ({"grace": "60"}, "grace must be"),
+    ({"grace": float("nan")}, "grace must be"),
+])
+def test_bad_cron_timezone_or_grace(options: dict[str, Any], problem: str) -> None:
+    options = {"cron": "* * * * *", "tool": "ping"} | options
+    with refused_schedule("tick", problem):
+        searching().schedule("tick", **options)
+
+
+@pytest.mark.parametrize(("arguments", "problem"), [
+    (None, "its arguments are not an input of tool 'search': Object missing required field `text`"),
+    ({}, "Object missing required field `text`"),
+    ({"text": 5}, r"Expected `str`, got `int` - at `\$.text`"),
+    ({"text": "x", "limit": "ten"}, r"Expected `int`, got `str` - at `\$.limit`"),
+    ({"text": "x", "limt": 3}, "its arguments are not an input of tool 'search': no field 'limt'"),
+    (["x"], "arguments must be a dict or None, not list"),
+    ({"text": object()}, "its arguments are not JSON"),
+])
+def test_arguments_must_be_an_input_of_the_tool(arguments: Any, problem: str) -> None:
+    with refused_schedule("nightly", problem):
+        searching().schedule("nightly", cron="0 3 * * *", tool="search", arguments=arguments)
+
+
+def test_a_tool_without_input_takes_no_arguments() -> None:
+    with refused_schedule("tick", "tool 'ping' takes no input: its arguments must be {} or None"):
+        searching().schedule("tick", cron="* * * * *", tool="ping", arguments={"text": "x"})
+
+
+def test_a_dict_input_takes_any_fields() -> None:
+    def take(ctx: Context, input: dict[str, Any]) -> str:
+        """Takes any object."""
+        return "ok"
+
+    box = Toolbox()
+    box.tool(effect="read")(take)
+    box.schedule("any", cron="* * * * *", tool="take", arguments={"b": [1], "a": None})
+    assert box.schedules[0].arguments == b'{"a":null,"b":[1]}'
