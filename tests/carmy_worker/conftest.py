@@ -1,4 +1,4 @@
-"""What the store's script tests share: an asyncio client on an emptied Redis."""
+"""What the tests of the store and of the job loop share: an asyncio client on an emptied Redis."""
 
 from __future__ import annotations
 
