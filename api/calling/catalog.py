@@ -59,7 +59,7 @@ class CatalogTool:
     validator: InputSchema | None
     groups: tuple[str, ...]  # worker groups with a live worker serving it, newest first
     title: str | None = None  # MCP's display name (the decorator's title=)
-    retry: RetryPolicy = RetryPolicy()  # how its jobs are tried again (the decorator's retry=)
+    retry: RetryPolicy = field(default_factory=RetryPolicy)  # how its jobs are tried again (the decorator's retry=)
 
 
 @dataclass(frozen=True)
