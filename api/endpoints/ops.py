@@ -79,6 +79,16 @@ class ClusterCollector(Collector):
                                 value=s["pending"])
         yield GaugeMetricFamily("carmy_workers_live", "Worker processes heartbeating and taking work",
                                 value=s["workers"])
+        jobs = CounterMetricFamily("carmy_jobs", "Jobs that reached a status, by tool (queued: created or retried by "
+                                   "an operator; retried: queued again after a failed attempt; skipped: schedule "
+                                   "occurrences missed past their grace)", labels=["tool", "status"])
+        for name, value in s["jobs"].items():
+            jobs.add_metric(_split(name), float(value))
+        yield jobs
+        yield GaugeMetricFamily("carmy_dead_letters", "Dead-lettered jobs kept for an operator",
+                                value=s["dead_letters"])
+        yield self._histogram("carmy_job_lateness_seconds", "How long after it was due each attempt of a job started",
+                              s["job_lateness"])
 
     @staticmethod
     def _histogram(name: str, doc: str, raw: dict[bytes, bytes]) -> HistogramMetricFamily:
