@@ -16,8 +16,11 @@ from starlette.types import ASGIApp
 from api.calling.calls import Calls
 from api.calling.catalog import Catalog
 from api.calling.executions import Executions
+from api.calling.jobs import Jobs
+from api.calling.schedules import Schedules
 from api.endpoints.discovery import endpoints
 from api.endpoints.execute import ExecuteEndpoint
+from api.endpoints.jobs import JOBS_PATH, JobRoutes
 from api.endpoints.lookup import ExecutionRoutes
 from api.endpoints.ops import ApiMetrics, Ops
 from api.endpoints.shortcut import CarmyApp
@@ -78,6 +81,8 @@ def create_app(settings: ApiSettings | None = None) -> Starlette:
     tracing = start_tracing(settings.tracing, service="carmy-api")
     execute = ExecuteEndpoint(settings=settings, calls=calls, metrics=api_metrics, tracing=tracing)
     lookup = ExecutionRoutes(settings=settings, calls=calls)
+    jobs = Jobs(redis, settings, calls, durability=durability, memory=memory)
+    job_routes = JobRoutes(settings=settings, jobs=jobs, schedules=Schedules(redis, catalog))
     mcp = McpServer(settings=settings, calls=calls, tracing=tracing)
     discovery, tools = endpoints(catalog)
 
@@ -118,6 +123,13 @@ def create_app(settings: ApiSettings | None = None) -> Starlette:
             Route("/agent/executions/{execution_id}", guarded(request_response(lookup.get)), methods=["GET"]),
             Route("/agent/executions/{execution_id}", guarded(request_response(lookup.delete)), methods=["DELETE"]),
             Route("/agent/executions/{execution_id}/events", guarded(lookup.events), methods=["GET"]),
+            Route(JOBS_PATH, guarded(RequireJson(job_routes.create)), methods=["POST"]),
+            Route(JOBS_PATH, guarded(request_response(job_routes.list)), methods=["GET"]),
+            Route(JOBS_PATH + "/{job_id}", guarded(request_response(job_routes.get)), methods=["GET"]),
+            Route(JOBS_PATH + "/{job_id}", guarded(request_response(job_routes.delete)), methods=["DELETE"]),
+            # No body, so no RequireJson: a page of another site is refused by its Origin (BrowserGuard).
+            Route(JOBS_PATH + "/{job_id}/retry", guarded(request_response(job_routes.retry)), methods=["POST"]),
+            Route("/agent/schedules", guarded(request_response(job_routes.list_schedules)), methods=["GET"]),
             # Every method: the MCP server answers 405 itself.
             Route(MCP_PATH, guarded(RequireJson(mcp.asgi), mcp=True)),
             Route("/health", ops.health, methods=["GET"]),

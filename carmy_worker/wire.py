@@ -77,6 +77,23 @@ class JobView(Struct, kw_only=True):
     schedule: str | None = None  # the schedule that queued it, if one did
 
 
+class ScheduleView(Struct, kw_only=True):
+    """One recurring job as ``GET /agent/schedules`` shows it: its definition, the occurrence it
+    waits for (``next_run_at``) and its last job. Times are RFC 3339 in UTC, null (and the counts
+    0) until a worker that declares it has taken it up."""
+
+    name: str
+    cron: str
+    timezone: str
+    tool: str
+    grace_s: float
+    next_run_at: str | None
+    last_job_id: str | None
+    last_run_at: str | None
+    skipped: int  # occurrences missed by more than grace_s, not run
+    fired: int  # occurrences that queued a job
+
+
 class ErrorBody(Struct, omit_defaults=True, kw_only=True):
     """The protocol's error object; ``recoverable`` and ``retryable`` are always present."""
 

@@ -32,14 +32,15 @@ async def test_discovery_document(client: httpx.AsyncClient) -> None:
     assert r.json() == {
         "protocol": "carmy/1",
         "server": "shop-test",
-        "capabilities": ["tools", "streaming", "idempotency", "async", "mcp"],
+        "capabilities": ["tools", "streaming", "idempotency", "async", "mcp", "jobs"],
         "tools_url": "/agent/tools",
         "tools_version": tools.headers["etag"].strip('"'),
         "execute_url": "/agent/execute",
         "mcp_url": "/mcp",
+        "jobs_url": "/agent/jobs",
     }
     assert list(r.json()) == ["protocol", "server", "capabilities", "tools_url", "tools_version", "execute_url",
-                              "mcp_url"]
+                              "mcp_url", "jobs_url"]
 
 
 async def test_catalog_document(client: httpx.AsyncClient) -> None:
