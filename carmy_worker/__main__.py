@@ -14,23 +14,41 @@ from carmy_worker.runtime.service import serve
 from carmy_worker.sdk.toolbox import Tool, Toolbox, ToolDefinitionError
 from carmy_worker.settings import SettingsError, WorkerSettings
 from carmy_worker.store.connect import RedisConnector
+from carmy_worker.wire import ScheduleSpec
+
+
+def _toolboxes(module_name: str) -> list[Toolbox]:
+    """Every ``Toolbox`` in ``module_name``, once each however many names it has there."""
+    module = importlib.import_module(module_name)
+    boxes = {id(value): value for value in vars(module).values() if isinstance(value, Toolbox)}
+    if not boxes:
+        raise ToolDefinitionError(f"module {module_name!r} has no Toolbox")
+    return list(boxes.values())
 
 
 def load_tools(module_name: str) -> list[Tool]:
     """The tools of every ``Toolbox`` in ``module_name``; a name served twice is an error."""
-    module = importlib.import_module(module_name)
-    boxes = [value for value in vars(module).values() if isinstance(value, Toolbox)]
-    if not boxes:
-        raise ToolDefinitionError(f"module {module_name!r} has no Toolbox")
     tools: dict[str, Tool] = {}
-    for box in boxes:
+    for box in _toolboxes(module_name):
         for tool in box:
-            if tool.name in tools and tools[tool.name] is not tool:
+            if tool.name in tools:
                 raise ToolDefinitionError(f"tool {tool.name!r}: defined in two Toolboxes of {module_name!r}")
             tools[tool.name] = tool
     if not tools:
         raise ToolDefinitionError(f"module {module_name!r} registers no tools")
     return list(tools.values())
+
+
+def load_schedules(module_name: str) -> list[ScheduleSpec]:
+    """The schedules of every ``Toolbox`` in ``module_name``; a name declared twice is an error
+    (the store keeps one schedule per name)."""
+    schedules: dict[str, ScheduleSpec] = {}
+    for box in _toolboxes(module_name):
+        for spec in box.schedules:
+            if spec.name in schedules:
+                raise ToolDefinitionError(f"schedule {spec.name!r}: declared in two Toolboxes of {module_name!r}")
+            schedules[spec.name] = spec
+    return list(schedules.values())
 
 
 def run(coro: Coroutine[Any, Any, None]) -> None:
@@ -55,12 +73,13 @@ def main(argv: list[str] | None = None) -> int:
         connector = RedisConnector(settings.redis_url)
         logs.configure(settings.log_format)
         tools = load_tools(args.module)
+        schedules = load_schedules(args.module)
     except (SettingsError, ToolDefinitionError, ImportError) as exc:
         print(f"carmy_worker: {exc}", file=sys.stderr)
         return 2
     collector.for_serving()
     try:
-        run(serve(tools, settings, connector))
+        run(serve(tools, settings, connector, schedules=schedules))
     except SettingsError as exc:  # found at start (a Redis too old to run the store's scripts)
         print(f"carmy_worker: {exc}", file=sys.stderr)
         return 2

@@ -41,7 +41,7 @@ def new_worker_id() -> str:
 
 def describe(tools: list[Tool], settings: WorkerSettings) -> list[WorkerTool]:
     return [
-        WorkerTool(spec=t.spec, timeout=t.timeout or settings.default_timeout, title=t.title)
+        WorkerTool(spec=t.spec, timeout=t.timeout or settings.default_timeout, title=t.title, retry=t.retry)
         for t in sorted(tools, key=lambda t: t.name)
     ]
 

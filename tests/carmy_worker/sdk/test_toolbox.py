@@ -11,7 +11,7 @@ import msgspec
 import pytest
 
 from carmy_worker import AgentContext, Context, RetryPolicy, Tool, Toolbox, ToolDefinitionError
-from carmy_worker.__main__ import load_tools
+from carmy_worker.__main__ import load_schedules, load_tools
 from carmy_worker.sdk.schema import NO_INPUT_SCHEMA
 from carmy_worker.wire import ScheduleSpec
 
@@ -102,6 +102,20 @@ def test_load_tools_without_tools() -> None:
         load_tools("json")
     with pytest.raises(ToolDefinitionError, match="registers no tools"):
         load_tools("tests.carmy_worker.sdk.empty_toolbox")
+
+
+def test_load_schedules_gathers_every_toolbox_once() -> None:
+    schedules = load_schedules("tests.carmy_worker.sdk.scheduled_toolboxes")
+    assert sorted((s.name, s.tool, s.timezone) for s in schedules) == [
+        ("ping.hourly", "ping", "UTC"), ("pong.nightly", "pong", "Europe/Lisbon")]
+    assert load_schedules("tests.carmy_worker.sdk.aliased_toolbox") == []
+
+
+def test_same_schedule_in_two_toolboxes_of_one_module() -> None:
+    module = "tests.carmy_worker.sdk.two_schedules"
+    problem = "schedule 'tick': declared in two Toolboxes of " + re.escape(repr(module))
+    with pytest.raises(ToolDefinitionError, match=problem):
+        load_schedules(module)
 
 
 def test_effect_is_required() -> None:
