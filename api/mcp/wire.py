@@ -8,7 +8,7 @@ from typing import Any
 import mcp_types as types
 import msgspec
 
-from carmy_worker.wire import Record, ToolSpec
+from carmy_worker.wire import ErrorBody, Record, ToolSpec, json_encoder
 
 META_EFFECT = "carmy/effect"
 META_CONFIRMATION = "carmy/confirmation"
@@ -86,12 +86,10 @@ def call_result(record: Record, *, replayed: bool, any_output: bool = False) -> 
     if body.agent.trace_id is not None:
         meta[META_TRACE_ID] = body.agent.trace_id
     if len(body.error):
-        text = bytes(body.error).decode()
-        meta[META_ERROR] = msgspec.json.decode(text)
         actions = bytes(body.agent.next_actions)
         if actions != b"[]":
             meta[META_NEXT_ACTIONS] = msgspec.json.decode(actions)
-        return types.CallToolResult(content=[types.TextContent(text=text)], is_error=True, _meta=meta)
+        return _error_result(bytes(body.error).decode(), meta)
     raw = bytes(body.data)
     value: Any = msgspec.json.decode(raw)
     return types.CallToolResult(
@@ -99,6 +97,28 @@ def call_result(record: Record, *, replayed: bool, any_output: bool = False) -> 
         structured_content=value if isinstance(value, dict) or any_output else None,
         _meta=meta,
     )
+
+
+def answer_result(value: msgspec.Struct) -> types.CallToolResult:
+    """What the API answers itself (a system tool's): an object, as JSON text and as
+    ``structuredContent``. No ``_meta``: no execution made it."""
+    raw = json_encoder.encode(value)
+    return types.CallToolResult(content=[types.TextContent(text=raw.decode())],
+                                structured_content=msgspec.json.decode(raw))
+
+
+def error_result(err: ErrorBody) -> types.CallToolResult:
+    """A refusal the API answers itself (a system tool's), shaped as ``call_result``'s failures,
+    without an execution id: no execution made it."""
+    text = json_encoder.encode(err).decode()
+    return _error_result(text, {})
+
+
+def _error_result(text: str, meta: dict[str, Any]) -> types.CallToolResult:
+    """``isError``, the error object as JSON text and in ``_meta["carmy/error"]``; never in
+    ``structuredContent`` (``call_result`` says why)."""
+    meta[META_ERROR] = msgspec.json.decode(text)
+    return types.CallToolResult(content=[types.TextContent(text=text)], is_error=True, _meta=meta)
 
 
 class Progress(msgspec.Struct):
