@@ -83,7 +83,7 @@ def create_app(settings: ApiSettings | None = None) -> Starlette:
     lookup = ExecutionRoutes(settings=settings, calls=calls)
     jobs = Jobs(redis, settings, calls, durability=durability, memory=memory)
     job_routes = JobRoutes(settings=settings, jobs=jobs, schedules=Schedules(redis, catalog))
-    mcp = McpServer(settings=settings, calls=calls, tracing=tracing)
+    mcp = McpServer(settings=settings, calls=calls, jobs=jobs, tracing=tracing)
     discovery, tools = endpoints(catalog)
 
     @contextlib.asynccontextmanager

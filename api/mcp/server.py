@@ -8,6 +8,7 @@ Responses are SSE once a call streams progress, and the SDK cancels a call's han
 client goes away; the handler then cancels the execution. A ``notifications/cancelled`` of
 the handshake versions comes in a POST of its own: ``api.mcp.cancel`` relates it to its call,
 which then ends unanswered. On 2026-07-28 a call may become a task (``api.mcp.tasks``).
+Tools named ``carmy_*`` are the API's own (``api.mcp.system``), answered without a worker.
 
 Errors: an unknown tool is a protocol error (-32602), as MCP lists it; every other refusal or
 failure is a tool result (``isError``) the model can read (``api.mcp.wire.call_result``).
@@ -40,6 +41,7 @@ from api.calling.calls import Calls, Started
 from api.calling.catalog import CatalogTool
 from api.calling.checks import Rejected
 from api.calling.executions import ADMISSION_GRACE_S
+from api.calling.jobs import Jobs
 from api.endpoints.discovery import CATALOG_MAX_AGE_S
 from api.events.hub import HubUnavailable
 from api.guards.auth import trusted_context
@@ -56,6 +58,7 @@ from api.mcp.cancel import (
     request_scope,
 )
 from api.mcp.envelope import envelope_error
+from api.mcp.system import SystemTools, reserved
 from api.mcp.tasks import McpTasks, TaskResult
 from api.mcp.wire import (
     META_ERROR,
@@ -91,13 +94,14 @@ class McpServer:
     """The MCP endpoint: ``asgi`` serves ``/mcp`` while ``lifespan()`` is entered (``create_app``
     mounts both)."""
 
-    def __init__(self, *, settings: ApiSettings, calls: Calls, tracing: Tracing | None = None) -> None:
+    def __init__(self, *, settings: ApiSettings, calls: Calls, jobs: Jobs, tracing: Tracing | None = None) -> None:
         self.settings = settings
         self.tracing = tracing  # None: tracing is off, and no span is made
         self.calls = calls
         self.catalog = calls.catalog
         self.executions = calls.executions
         self.registry = CallRegistry(calls.executions.redis)
+        self.system = SystemTools(settings=settings, jobs=jobs)
         self.server: Server[Any] = Server(
             settings.server_name, version=_version(), title=settings.server_title,
             description=settings.server_description, instructions=INSTRUCTIONS,
@@ -109,7 +113,7 @@ class McpServer:
         self.server.add_request_handler("tools/call", types.CallToolRequestParams, self._call_tool)
         self.tasks = McpTasks(settings=settings, executions=calls.executions)
         self.tasks.install(self.server)
-        self._listed: dict[bool, tuple[str, types.ListToolsResult]] = {}
+        self._listed: dict[tuple[bool, bool], tuple[str, types.ListToolsResult]] = {}
         self._manager: StreamableHTTPSessionManager | None = None
 
     @contextlib.asynccontextmanager
@@ -180,15 +184,20 @@ class McpServer:
 
     async def _list_tools(self, ctx: Ctx, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
         view = self.catalog.view
-        modern = _modern(ctx)
-        listed = self._listed.get(modern)
-        if listed is None or listed[0] != view.catalog.etag:  # built once per catalog version and era
-            tools = [mcp_tool(t.spec, title=t.title, any_output=modern) for t in view.tools.values()]
-            listed = self._listed[modern] = (view.catalog.etag, types.ListToolsResult(tools=tools))
+        shape = (_modern(ctx), self.system.operator_sees(trusted_context(request_scope(ctx))))
+        listed = self._listed.get(shape)
+        if listed is None or listed[0] != view.catalog.etag:  # built once per catalog version, era and role
+            modern, operator = shape
+            # A worker's tool of a reserved name is left out: the system tool of that name wins.
+            tools = [mcp_tool(t.spec, title=t.title, any_output=modern) for t in view.tools.values()
+                     if not reserved(t.spec.name)]
+            tools = sorted([*tools, *self.system.listed(operator=operator)], key=lambda t: t.name)
+            listed = self._listed[shape] = (view.catalog.etag, types.ListToolsResult(tools=tools))
         return listed[1]
 
     def _input_schema(self, name: str) -> Mapping[str, Any] | None:
-        tool = self.catalog.view.get(name)
+        # For Mcp-Param-* headers; system tools declare none.
+        tool = None if reserved(name) else self.catalog.view.get(name)
         return None if tool is None else tool.spec.input_schema
 
     # --- tools/call: the path of POST /agent/execute -----------------------------------------
@@ -226,6 +235,8 @@ class McpServer:
                       traceparent: str | None = None) -> types.CallToolResult | TaskResult:
         agent = trusted_context(request_scope(ctx))
         name, modern = params.name, _modern(ctx)
+        if reserved(name):  # the API's own tool, whatever a worker publishes: no execution, never a task
+            return await self.system.call(name, params.arguments, agent)
         if self.catalog.view.get(name) is None:
             # A protocol error in MCP (the model cannot fix it by changing arguments), where
             # carmy/1 answers 404 TOOL_NOT_FOUND.
