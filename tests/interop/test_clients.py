@@ -14,6 +14,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.interop.conftest import TOKEN, Agent, running
@@ -161,6 +162,26 @@ def test_unknown_tool_is_invalid_params(agent: Agent, url: str) -> None:
     assert thrown is not None, f"a result instead of a JSON-RPC error: {answer['results'][0]}"
     assert thrown["code"] == -32602
     assert "Unknown tool: no_such_tool" in thrown["message"]
+
+
+def test_carmy_job(agent: Agent, url: str) -> None:
+    """The system tool as the clients see it: listed read-only with an outputSchema; a job's view
+    is structured content that schema admits (sdk 1.x checks, and throws if not); an unknown job
+    is an error result the client returns, not a throw (typescript-sdk#1943)."""
+    created = httpx.post(url.removesuffix("/mcp") + "/agent/jobs",
+                         json={"tool": "echo", "arguments": {"text": "a"}, "delay_ms": 3_600_000})
+    assert created.status_code == 202, created.text
+    job_id = created.json()["job_id"]
+    listed = tools_of(agent.run("list", url))["carmy_job"]
+    answer = agent.run("calls", url, calls=[{"name": "carmy_job", "arguments": {"job_id": job_id}},
+                                            {"name": "carmy_job", "arguments": {"job_id": "job_none"}}])
+    assert answer["errors"] == []
+    found, unknown = (result_of(a) for a in answer["results"])
+    assert listed["annotations"]["readOnlyHint"] is True and listed["outputSchema"]["type"] == "object"
+    assert found["isError"] is False
+    assert found["structuredContent"]["job_id"] == job_id and found["structuredContent"]["status"] == "queued"
+    assert unknown["isError"] is True and "structuredContent" not in unknown
+    assert json.loads(unknown["content"][0]["text"])["code"] == "JOB_NOT_FOUND"
 
 
 def test_progress_in_order(agent: Agent, url: str) -> None:
