@@ -6,6 +6,8 @@ carmy/1, in MCP's vocabulary.
 * ``cancel``: relating a ``notifications/cancelled`` to its call across requests and replicas;
 * ``tasks``: the tasks extension (2026-07-28): a long call as a task to poll, on an
   asynchronous execution.
+* ``system``: the API's own tools (``carmy_job``, ``carmy_dead_letters``), answered without a
+  worker.
 """
 
 from api.mcp.server import MCP_PATH, McpServer
