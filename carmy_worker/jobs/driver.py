@@ -50,6 +50,7 @@ ADMISSION_GRACE_S = 30  # as the API's: past the tool's timeout, how long an adm
 LOST_AFTER_MS = 60_000  # an execution promoted this long ago whose hash and record are gone was lost
 LOST_EVERY_S = 5.0
 PROMOTE_AT_ONCE = 100  # jobs in one PROMOTE
+FAR_BEHIND_MS = 3_600_000  # a schedule this far behind is caught up in a thread, off the event loop
 
 
 @dataclass
@@ -202,7 +203,10 @@ class JobLoop:
         spec, tool = s.spec, self.tools.get(s.spec.tool)
         if tool is None:  # pragma: no cover - Toolbox.schedule checks the tool is in the same Toolbox
             return
-        firing = due(s.cron, s.next_ms, now_ms, int(spec.grace * 1000))
+        if now_ms - s.next_ms > FAR_BEHIND_MS:  # a long outage: counting what it skipped takes a while
+            firing = await asyncio.to_thread(due, s.cron, s.next_ms, now_ms, int(spec.grace * 1000))
+        else:
+            firing = due(s.cron, s.next_ms, now_ms, int(spec.grace * 1000))
         occurrences, idempotency = [], []
         for at in firing.fire:
             request_id = f"schedule:{spec.name}@{rfc3339(at)}"

@@ -41,6 +41,9 @@ TABLE: dict[str, tuple[str, int, bool, bool]] = {
     "NO_WORKERS": ("capacity", 503, True, True),
     "STORE_UNAVAILABLE": ("capacity", 503, True, True),
     "STORE_FULL": ("capacity", 503, True, True),
+    "JOB_NOT_FOUND": ("not_found", 404, False, False),
+    "JOB_NOT_RETRYABLE": ("conflict", 409, False, False),
+    "OPERATOR_REQUIRED": ("permission", 403, False, True),
 }
 
 STATUS_OF_CATEGORY = {
