@@ -35,7 +35,8 @@ from carmy_worker.wire import JobStatus, JobView, RetryPolicy
 FINISHED: frozenset[str] = frozenset({"succeeded", "failed", "dead_lettered", "cancelled"})
 
 # Lua: a new job, queued: its hash (`fields` are its parts from the caller, then what this adds),
-# due at `due` in its tool's due set, and listed (everyone's, its owner's, its owner's open ones).
+# due at `due` in its tool's due set, and listed (everyone's, its owner's, its owner's open ones:
+# job -> created, µs).
 # Unfinished jobs never expire; a finished one expires with its retention (store.promotion).
 CREATE_JOB = LUA_COUNT_JOB + f"""
 local function create_job(job, due_set, by, open, job_id, tool, fields, due, run_at, now)
@@ -48,9 +49,12 @@ local function create_job(job, due_set, by, open, job_id, tool, fields, due, run
   table.insert(fields, 'base_attempts') table.insert(fields, 0)
   redis.call('HSET', job, unpack(fields))
   redis.call('ZADD', due_set, due, job_id)
-  redis.call('ZADD', '{keys.JOBS_ALL}', now, job_id)
-  redis.call('ZADD', by, now, job_id)
-  redis.call('ZADD', open, now, job_id)
+  -- Listed by µs (exact in a Lua number): jobs created in the same ms still list newest first.
+  local t = redis.call('TIME')
+  local us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  redis.call('ZADD', '{keys.JOBS_ALL}', us, job_id)
+  redis.call('ZADD', by, us, job_id)
+  redis.call('ZADD', open, us, job_id)
   count_job(tool, 'queued')
 end
 """
@@ -150,7 +154,7 @@ redis.call('HDEL', KEYS[1], 'finished_at', 'cancel')
 redis.call('PERSIST', KEYS[1])
 if KEYS[4] ~= KEYS[1] then redis.call('PERSIST', KEYS[4]) end
 redis.call('ZREM', '{keys.JOBS_DEAD}', ARGV[1])
-redis.call('ZADD', KEYS[3], h[4], ARGV[1])
+redis.call('ZADD', KEYS[3], tonumber(h[4]) * 1000, ARGV[1])
 redis.call('ZADD', KEYS[2], now, ARGV[1])
 count_job(h[3], 'queued')
 return 'retried'

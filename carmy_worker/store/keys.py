@@ -168,7 +168,7 @@ def mcp_call(principal: str | None, session: str | None, mcp_session: str, reque
 
 JOBS_SETTLED = PREFIX + "jobs:settled"  # zset exec_id -> ms: an execution of a job has its record
 JOBS_RUNNING = PREFIX + "jobs:running"  # zset exec_id -> ms: executions of jobs, from promotion to conclusion
-JOBS_ALL = PREFIX + "jobs:all"  # zset job_id -> created (ms): every job, for an operator's list
+JOBS_ALL = PREFIX + "jobs:all"  # zset job_id -> created (µs): every job, for an operator's list
 JOBS_DEAD = PREFIX + "jobs:dead"  # zset job_id -> dead-lettered (ms)
 JOB_PREFIX = PREFIX + "job:"
 
@@ -185,12 +185,12 @@ def job_due(tool: str) -> str:
 
 
 def jobs_of(owner: str) -> str:
-    """Zset of one principal's jobs (job_id -> created, ms), by its ``owner`` hash: its list."""
+    """Zset of one principal's jobs (job_id -> created, µs), by its ``owner`` hash: its list."""
     return f"{PREFIX}jobs:by:{owner}"
 
 
 def jobs_open(owner: str) -> str:
-    """Zset of one principal's unfinished jobs (job_id -> created, ms): its limit counts them."""
+    """Zset of one principal's unfinished jobs (job_id -> created, µs): its limit counts them."""
     return f"{PREFIX}jobs:open:{owner}"
 
 
