@@ -18,6 +18,7 @@ APP = "https://app.example"  # the one allowed CORS origin
 EVIL = "https://evil.example"
 TOKEN = "dave-token-0123456789"
 EXECUTION = "/agent/executions/exec_0b9d7c1e-5f3a-4e2b-9c41-7d2a8e6f1b30"
+JOB = "/agent/jobs/job_0b9d7c1e-5f3a-4e2b-9c41-7d2a8e6f1b30"
 MCP_ACCEPT = "application/json, text/event-stream"
 INITIALIZE = {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
     "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}}
@@ -39,6 +40,14 @@ def execute(base: str, content_type: str | None, **headers: str) -> httpx.Respon
     return httpx.post(base + "/agent/execute", content=body, headers=headers)
 
 
+def create_job(base: str, content_type: str | None, **headers: str) -> httpx.Response:
+    """A job a cross-site page would like to queue: it would run later, with nobody watching."""
+    body = json.dumps({"tool": "noop", "arguments": {}, "delay_ms": 60_000})
+    if content_type is not None:
+        headers["content-type"] = content_type
+    return httpx.post(base + "/agent/jobs", content=body, headers=headers)
+
+
 def initialize(base: str, content_type: str | None, **headers: str) -> httpx.Response:
     if content_type is not None:
         headers["content-type"] = content_type
@@ -58,7 +67,7 @@ SIMPLE_TYPES = [None, "text/plain", "text/plain;charset=UTF-8", "application/x-w
 
 @pytest.mark.parametrize("content_type", SIMPLE_TYPES)
 def test_a_body_that_is_not_declared_json_gets_415(base: str, content_type: str | None) -> None:
-    for r in (execute(base, content_type), initialize(base, content_type)):
+    for r in (execute(base, content_type), initialize(base, content_type), create_job(base, content_type)):
         assert r.status_code == 415
         assert error_code(r) == "UNSUPPORTED_MEDIA_TYPE"
         assert r.headers["accept"] == "application/json"
@@ -85,6 +94,11 @@ def routes(base: str, **headers: str) -> dict[str, httpx.Response]:
         "delete": httpx.delete(base + EXECUTION, headers=headers),
         "mcp": initialize(base, "application/json", **headers),
         "tools": httpx.get(base + "/agent/tools", headers=headers),
+        "create_job": create_job(base, "application/json", **headers),
+        "jobs": httpx.get(base + "/agent/jobs", headers=headers),
+        "cancel_job": httpx.delete(base + JOB, headers=headers),
+        "retry_job": httpx.post(base + JOB + "/retry", headers=headers),
+        "schedules": httpx.get(base + "/agent/schedules", headers=headers),
     }
 
 
@@ -94,6 +108,11 @@ def assert_served(answers: dict[str, httpx.Response]) -> None:
         assert error_code(answers[name]) == "EXECUTION_NOT_FOUND"
     assert answers["mcp"].status_code == 200
     assert answers["tools"].status_code == 200
+    assert answers["create_job"].status_code == 202
+    for name in ("jobs", "schedules"):
+        assert answers[name].status_code == 200
+    assert error_code(answers["cancel_job"]) == "JOB_NOT_FOUND"
+    assert error_code(answers["retry_job"]) == "OPERATOR_REQUIRED"  # no keys: nobody is an operator
 
 
 def assert_refused(answers: dict[str, httpx.Response], code: str) -> None:
