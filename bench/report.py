@@ -1,11 +1,12 @@
 """Collects the numbers of a run and prints them as markdown: the main table, ratios, the
-scale-out curve, the in-flight check and the targets of the performance issue."""
+scale-out curve, the in-flight check, jobs (issue 30) and the targets of the performance issue."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from bench.inflight import InflightResult
+from bench.jobs import DueResult, MemoryResult
 
 # The performance targets (issue: "Targets").
 TARGET_P50_MS = 2.0
@@ -49,6 +50,8 @@ class Report:
     rows: list[Row] = field(default_factory=list)
     scale: list[ScalePoint] = field(default_factory=list)
     inflight: InflightResult | None = None
+    jobs_due: DueResult | None = None
+    jobs_memory: MemoryResult | None = None
     problems: list[str] = field(default_factory=list)
     log_errors: list[str] = field(default_factory=list)  # reported, but not a failure of the run
 
@@ -57,13 +60,16 @@ class Report:
 
     def render(self) -> str:
         parts = [self.header_lines(), self.table(), self.ratios(), self.cpu_per_call(), self.scale_table(),
-                 self.inflight_lines(), self.targets(), self.log_error_lines(), self.problem_lines()]
+                 self.inflight_lines(), self.jobs_due_lines(), self.jobs_memory_lines(), self.targets(),
+                 self.log_error_lines(), self.problem_lines()]
         return "\n\n".join(part for part in parts if part) + "\n"
 
     def header_lines(self) -> str:
         return "\n".join(self.header)
 
     def table(self) -> str:
+        if not self.rows:  # only scenarios with sections of their own were run (--only)
+            return ""
         lines = ["| scenario | clients | p50 ms | p99 ms | req/s | errors | CPU (of one core) |",
                  "|---|--:|--:|--:|--:|--:|---|"]
         for r in self.rows:
@@ -132,6 +138,42 @@ class Report:
             f"- API RSS: {p.rss_mib:.1f} MiB while in flight (VmHWM over its life: {r.hwm_mib:.1f} MiB)",
             f"- API connections to Redis: {p.redis_connections} (/proc), {p.redis_clients} (Redis CLIENT LIST)",
         ])
+
+    def jobs_due_lines(self) -> str:
+        """Jobs due at once, and how fast they started next to plain executions on the same
+        processes in the same run (absolute figures move 3-4x between days, the ratio less)."""
+        r = self.jobs_due
+        if r is None:
+            return ""
+        lines = [f"Jobs due in the same second ({r.jobs:,} no-op jobs, one run_at, 1 API + 2 workers; "
+                 "ms from run_at on Redis's clock):", "",
+                 f"- created with POST /agent/jobs over {r.connections} connections: {r.jobs:,} in "
+                 f"{r.create_seconds:.2f} s ({r.jobs / r.create_seconds:,.0f}/s), the last {r.slack_ms:,} ms "
+                 "before run_at",
+                 f"- all started after **{r.all_started_ms:,} ms** ({r.starts_per_s:,.0f} starts/s), all finished "
+                 f"after {r.all_finished_ms:,} ms"]
+        if r.plain_rps:
+            lines.append(f"- started at **{times(r.starts_per_s / r.plain_rps)}** the rate of plain no-op executions "
+                         f"on the same processes ({r.plain_rps:,.0f}/s at 64 clients)")
+        lines += [f"- lateness (first attempt's started_at − run_at): p50 {r.lateness_p50_ms:,} ms, "
+                  f"p99 {r.lateness_p99_ms:,} ms",
+                  f"- {r.jobs - r.not_succeeded:,} succeeded, {r.retried} took more than one attempt, "
+                  f"{r.early} attempts started before run_at"]
+        if r.cpu_us_per_job:
+            spent = ", ".join(f"{kind} {us:,.0f}" for kind, us in r.cpu_us_per_job.items() if us >= 0.5)
+            plain = ", ".join(f"{kind} {us:,.0f}" for kind, us in r.plain_cpu_us.items())
+            lines.append(f"- CPU per job, run_at to the last finish (µs): {spent}"
+                         + (f"; per plain execution: {plain}" if plain else "") + f" (of one core: {r.cpu})")
+        return "\n".join(lines)
+
+    def jobs_memory_lines(self) -> str:
+        r = self.jobs_memory
+        if r is None:
+            return ""
+        return (f"Redis memory per queued job ({r.jobs:,} jobs due in an hour, made with JobStore.create, "
+                f"{r.arguments_bytes}-byte arguments): **{r.bytes_per_job:,.0f} bytes** (used_memory "
+                f"{r.used_before / 2**20:,.1f} → {r.used_after / 2**20:,.1f} MiB; made at "
+                f"{r.jobs / r.create_seconds:,.0f}/s)")
 
     def targets(self) -> str:
         checks: list[tuple[str, str, bool]] = []

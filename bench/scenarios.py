@@ -9,7 +9,7 @@ from pathlib import Path
 
 import httpx
 
-from bench import inflight, latency, redis_floor, wrk
+from bench import inflight, jobs, latency, redis_floor, wrk
 from bench.processes import RedisServer
 from bench.procs import CpuMeter, Processes
 from bench.report import Report, Row, ScalePoint
@@ -39,11 +39,14 @@ class Config:
     floor_round_trips: int
     inflight_calls: int
     scale_workers: tuple[int, ...]
+    due_jobs: int  # jobs due in the same second
+    queued_jobs: int  # jobs queued an hour ahead, for Redis's memory per job
 
 
 FULL = Config(seconds=5, warmup=1, sse_calls=200, floor_round_trips=2000, inflight_calls=500,
-              scale_workers=(1, 2, 4))
-QUICK = Config(seconds=1, warmup=0, sse_calls=20, floor_round_trips=200, inflight_calls=50, scale_workers=(1, 2))
+              scale_workers=(1, 2, 4), due_jobs=10_000, queued_jobs=100_000)
+QUICK = Config(seconds=1, warmup=0, sse_calls=20, floor_round_trips=200, inflight_calls=50, scale_workers=(1, 2),
+               due_jobs=1000, queued_jobs=10_000)
 
 
 class Bench:
@@ -191,4 +194,37 @@ def in_flight(b: Bench) -> None:
     b.redis.flush()
 
 
-ALL = (carmy, traced, bare, arq_textbook, floor, scale_out, in_flight)
+# One principal (anonymous) creates every job: the per-principal limit on unfinished jobs is lifted.
+JOBS_API = {"CARMY_JOBS_MAX_OPEN": "0"}
+
+
+def jobs_due(b: Bench) -> None:
+    """``due_jobs`` no-op jobs due in the same second, 1 API + 2 workers; first, plain no-op
+    executions at 64 clients on the same processes, the figure the jobs are compared with."""
+    with b.processes("jobs_due") as procs:
+        for _ in range(2):
+            procs.carmy_worker(env={"CARMY_CONCURRENCY": str(WORKER_CONCURRENCY)})
+        _, base = procs.carmy_api(env=JOBS_API)
+        plain = b.load("jobs_plain_64", "Carmy, no-op over HTTP (jobs' processes)", base, execute("noop"), CLIENTS,
+                       procs, in_table=False)
+        b.redis.wait_settled(PENDING)
+        result = jobs.due_burst(base, b.redis.url, [*procs.procs, b.redis.proc], tool="noop", count=b.config.due_jobs)
+    result.plain_rps, result.plain_cpu_us = plain.rps, plain.cpu_us_per_call
+    b.report.jobs_due = result
+    if result.failures or result.jobs != b.config.due_jobs or result.not_succeeded or result.early:
+        b.report.problems.append(
+            f"jobs due: {result.jobs} of {b.config.due_jobs} created, {result.not_succeeded} did not succeed, "
+            f"{result.early} attempts started before run_at; first refusals: {result.failures}")
+    if result.slack_ms < 0:
+        b.report.problems.append(f"jobs due: the last job was created {-result.slack_ms} ms after run_at")
+    b.redis.flush()
+
+
+def jobs_memory(b: Bench) -> None:
+    """Redis's memory per job, ``queued_jobs`` jobs due an hour ahead (no process but Redis)."""
+    b.redis.flush()
+    b.report.jobs_memory = jobs.queued_memory(b.redis.url, b.config.queued_jobs)
+    b.redis.flush()
+
+
+ALL = (carmy, traced, bare, arq_textbook, floor, scale_out, in_flight, jobs_due, jobs_memory)

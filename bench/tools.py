@@ -44,6 +44,19 @@ async def sleep2s(ctx: Context) -> Empty:
     return Empty()
 
 
+class ForecastInput(msgspec.Struct):
+    city: str
+    units: str = "metric"
+    days: int = 1
+    include: list[str] = []
+
+
+@tools.tool(effect="none", idempotent=True, parallel_safe=True)
+async def forecast(ctx: Context, input: ForecastInput) -> Empty:
+    """Do nothing with a typical small arguments object: the jobs' memory row queues calls of it."""
+    return Empty()
+
+
 class LingerInput(msgspec.Struct):
     tag: str
 
