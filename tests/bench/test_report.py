@@ -1,8 +1,9 @@
-"""The benchmark report's checks of the targets (bench/README.md, "Targets") and its CPU per
-execution: what a run says was met is what its rows measured."""
+"""The benchmark report's checks of the targets (bench/README.md, "Targets"), its CPU per
+execution and its jobs sections: what a run says was met is what its rows measured."""
 
 from __future__ import annotations
 
+from bench.jobs import DueResult, MemoryResult
 from bench.report import Report, Row, ScalePoint
 
 
@@ -46,3 +47,43 @@ def test_the_cpu_per_execution_of_each_kind_of_process_is_reported_for_the_no_op
         "- ours_1, 1 client: worker 512, api 498, redis 351",
         "- ours_64, 64 clients: worker 1,250, api 250, redis 155",
     ]
+
+
+def due(**changes: object) -> DueResult:
+    fields: dict[str, object] = dict(
+        jobs=10_000, connections=64, create_seconds=4.0, slack_ms=3_000, all_started_ms=5_000, all_finished_ms=5_100,
+        lateness_p50_ms=2_400, lateness_p99_ms=4_950, early=0, retried=0, not_succeeded=0,
+        cpu_us_per_job={"worker": 200.0, "api": 0.2, "redis": 140.0}, plain_rps=2_500.0,
+        plain_cpu_us={"worker": 110.0, "api": 120.0, "redis": 80.0})
+    fields.update(changes)
+    return DueResult(**fields)  # type: ignore[arg-type]
+
+
+def test_jobs_due_at_once_start_at_a_rate_compared_with_the_same_runs_plain_executions() -> None:
+    lines = Report(header=[], jobs_due=due()).jobs_due_lines().splitlines()
+    assert "- all started after **5,000 ms** (2,000 starts/s), all finished after 5,100 ms" in lines
+    # 2,000 starts/s against 2,500 executions/s on the same processes.
+    assert "- started at **0.80×** the rate of plain no-op executions on the same processes (2,500/s at 64 clients)" \
+        in lines
+    assert "- lateness (first attempt's started_at − run_at): p50 2,400 ms, p99 4,950 ms" in lines
+    assert lines[-1].startswith("- CPU per job, run_at to the last finish (µs): worker 200, redis 140; "
+                                "per plain execution: worker 110, api 120, redis 80")
+
+
+def test_without_plain_executions_the_jobs_rows_give_no_ratio() -> None:
+    text = Report(header=[], jobs_due=due(plain_rps=None, plain_cpu_us={})).jobs_due_lines()
+    assert "rate of plain" not in text
+    assert "per plain execution" not in text
+
+
+def test_redis_memory_per_queued_job_is_the_growth_of_used_memory_over_the_jobs() -> None:
+    report = Report(header=[], jobs_memory=MemoryResult(jobs=100_000, used_before=2 * 2**20,
+                                                        used_after=2 * 2**20 + 200_000_000, create_seconds=10.0,
+                                                        arguments_bytes=73))
+    assert "**2,000 bytes**" in report.jobs_memory_lines()
+    assert report.render().count("Redis memory per queued job") == 1
+
+
+def test_a_run_of_sections_only_prints_no_empty_table() -> None:
+    report = Report(header=["# h"], jobs_memory=MemoryResult(1, 0, 1000, 1.0, 73))
+    assert "| scenario |" not in report.render()
