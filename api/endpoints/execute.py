@@ -12,7 +12,6 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import msgspec
 from redis.exceptions import RedisError
 from starlette.types import Message, Receive, Scope, Send
 
@@ -26,6 +25,7 @@ from api.endpoints.ops import ApiMetrics
 from api.events.hub import HubUnavailable
 from api.guards.auth import trusted_context
 from api.guards.body import BodyTooLarge, ClientGone, read_body
+from api.http import bodies
 from api.http.fields import fields, header
 from api.http.responses import envelope_error
 from api.serving import departure
@@ -57,12 +57,7 @@ def prefers_async(scope: Scope) -> bool:
 
 def decode_envelope(body: bytes) -> ExecuteRequest | str:
     """The request, or the reason it is malformed (which may quote the caller: an unknown field's name)."""
-    try:
-        return request_decoder.decode(body)
-    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-        return clip(str(exc))
-    except RecursionError:
-        return "JSON is nested too deeply"
+    return bodies.decode(request_decoder, body)
 
 
 @dataclass

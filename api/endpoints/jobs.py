@@ -32,6 +32,7 @@ from api.calling.jobs import Jobs
 from api.calling.schedules import Schedules
 from api.guards.auth import trusted_context
 from api.guards.body import BodyTooLarge, ClientGone, read_body
+from api.http import bodies
 from api.http.responses import NO_STORE, envelope, envelope_error
 from api.settings import ApiSettings
 from carmy_worker.sdk.context import AgentContext
@@ -66,12 +67,7 @@ def json_response(body: object) -> Response:
 
 def decode_job_request(body: bytes) -> JobRequest | str:
     """The request, or why it is malformed (an unknown field's name included)."""
-    try:
-        return job_request_decoder.decode(body)
-    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-        return clip(str(exc))
-    except RecursionError:
-        return "JSON is nested too deeply"
+    return bodies.decode(job_request_decoder, body)
 
 
 async def answer(work: Callable[[], Awaitable[Response]]) -> Response:
