@@ -104,6 +104,7 @@ class JobLoop:
             self._lost_at = time.monotonic()
             for exec_id, job_id in await self._promotions.lost(older_than_ms=LOST_AFTER_MS):
                 await self._conclude(await self._jobs.read(job_id), exec_id, None, began=True)
+            await self._jobs.forget_expired()
         soonest = await self._fire(look.now_ms)
         if look.due or look.settled:
             return 0.0

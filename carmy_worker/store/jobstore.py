@@ -103,13 +103,14 @@ return {'new', ARGV[1]}
 """)
 
 # Lua: a job reaches a finished status: out of the due and open sets, kept for its retention
-# (a dead letter for its own), and so is the request id that created it.
+# (a dead letter for its own), and so is the request id that created it. Its listings forget it
+# once it has expired (`keys.JOBS_EXPIRING`, swept by the job loops: `forget_expired`).
 FINISH_JOB = LUA_COUNT_JOB + f"""
 local function finish_job(job, job_id, tool, status, open, due_set, idem, now)
   redis.call('HSET', job, 'status', status, 'finished_at', now, 'updated_at', now)
   redis.call('ZREM', due_set, job_id)
   redis.call('ZREM', open, job_id)
-  local keep = redis.call('HMGET', job, 'retention', 'dead_retention')
+  local keep = redis.call('HMGET', job, 'retention', 'dead_retention', 'owner')
   local ttl = tonumber(keep[1]) or 604800
   if status == 'dead_lettered' then
     ttl = tonumber(keep[2]) or ttl
@@ -117,6 +118,7 @@ local function finish_job(job, job_id, tool, status, open, due_set, idem, now)
   end
   redis.call('EXPIRE', job, ttl)
   if idem ~= '' then redis.call('EXPIRE', idem, ttl) end
+  redis.call('ZADD', '{keys.JOBS_EXPIRING}', now + ttl * 1000, job_id .. ' ' .. (keep[3] or ''))
   count_job(tool, status)
 end
 """
@@ -146,7 +148,7 @@ return {'finished'}
 # KEYS: job, due set, owner's open jobs, idempotency (or the job again)
 # ARGV: job_id
 RETRY_JOB = Script("RETRY_JOB", ACCEPTED_WORK + NOW + LUA_COUNT_JOB + f"""
-local h = redis.call('HMGET', KEYS[1], 'status', 'attempts', 'tool', 'created_at')
+local h = redis.call('HMGET', KEYS[1], 'status', 'attempts', 'tool', 'created_at', 'owner')
 if not h[1] then return 'gone' end
 if h[1] ~= 'failed' and h[1] ~= 'dead_lettered' then return h[1] end
 redis.call('HSET', KEYS[1], 'status', 'queued', 'base_attempts', h[2], 'due', now, 'updated_at', now)
@@ -154,6 +156,7 @@ redis.call('HDEL', KEYS[1], 'finished_at', 'cancel')
 redis.call('PERSIST', KEYS[1])
 if KEYS[4] ~= KEYS[1] then redis.call('PERSIST', KEYS[4]) end
 redis.call('ZREM', '{keys.JOBS_DEAD}', ARGV[1])
+redis.call('ZREM', '{keys.JOBS_EXPIRING}', ARGV[1] .. ' ' .. (h[5] or ''))
 redis.call('ZADD', KEYS[3], tonumber(h[4]) * 1000, ARGV[1])
 redis.call('ZADD', KEYS[2], now, ARGV[1])
 count_job(h[3], 'queued')
@@ -344,6 +347,24 @@ class JobStore:
                 if len(found) == limit:
                     break
         return found
+
+    async def forget_expired(self, *, at_most: int = 500) -> int:
+        """Take the jobs whose retention has run out off the lists that name them (everyone's,
+        their owner's, the dead letters): their hashes are gone already. How many."""
+        now_s, now_us = await self.redis.time()
+        due = await self.redis.zrangebyscore(keys.JOBS_EXPIRING, "-inf", now_s * 1000 + now_us // 1000,
+                                             start=0, num=at_most)
+        if not due:
+            return 0
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for member in due:
+                job_id, _, owner = member.decode().partition(" ")
+                pipe.zrem(keys.JOBS_ALL, job_id)
+                pipe.zrem(keys.jobs_of(owner), job_id)
+                pipe.zrem(keys.JOBS_DEAD, job_id)
+                pipe.zrem(keys.JOBS_EXPIRING, member)
+            await pipe.execute()
+        return len(due)
 
     async def cancel(self, job: JobState) -> tuple[Literal["gone", "cancelled", "running", "finished"], str | None]:
         """Cancel ``job``: at once if it waits; if it runs, marked, with the execution the

@@ -170,6 +170,7 @@ JOBS_SETTLED = PREFIX + "jobs:settled"  # zset exec_id -> ms: an execution of a 
 JOBS_RUNNING = PREFIX + "jobs:running"  # zset exec_id -> ms: executions of jobs, from promotion to conclusion
 JOBS_ALL = PREFIX + "jobs:all"  # zset job_id -> created (µs): every job, for an operator's list
 JOBS_DEAD = PREFIX + "jobs:dead"  # zset job_id -> dead-lettered (ms)
+JOBS_EXPIRING = PREFIX + "jobs:expiring"  # zset "job_id owner" -> when its retention ends (ms)
 JOB_PREFIX = PREFIX + "job:"
 
 

@@ -175,3 +175,19 @@ async def test_an_operator_retry_requeues_a_dead_letter(ar: redis.asyncio.Redis)
     assert await store.retry(job) == "queued"  # not failed or dead: refused, saying why
     [again] = await promote_due(p, ar)
     assert (await state(store, job_id)).executions == [exec_id, again]
+
+
+async def test_a_finished_job_leaves_its_lists_once_its_retention_is_over(ar: redis.asyncio.Redis) -> None:
+    store, p = JobStore(ar), Promotions(ar)
+    job_id = await create(store)
+    [exec_id] = await promote_due(p, ar)
+    await run_attempt(ar, exec_id, fail=ToolError("BUSY", "later", retryable=True))
+    await conclude(p, store, exec_id, "dead_lettered")
+    assert await store.forget_expired() == 0  # kept for its retention: still listed
+    assert [j.job_id for j in await store.list(owner=OWNER, status=None, limit=10)] == [job_id]
+    # Its retention runs out: Redis drops the hash, and the sweep the lists' entries.
+    await ar.delete(keys.job(job_id))
+    await ar.zadd(keys.JOBS_EXPIRING, {f"{job_id} {OWNER}": 0})
+    assert await store.forget_expired() == 1
+    for listing in (keys.JOBS_ALL, keys.jobs_of(OWNER), keys.JOBS_DEAD, keys.JOBS_EXPIRING):
+        assert await ar.zcard(listing) == 0, listing
