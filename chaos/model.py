@@ -1,5 +1,5 @@
 """The records the chaos check keeps: what each attempt of a call got back, each request's
-history, each fault and each ledger line. msgspec Structs, so ``--out`` and the tests can
+history, each job's creation and reads, each fault and each ledger line. msgspec Structs, so ``--out`` and the tests can
 encode and build them as they are."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Literal
 from msgspec import Struct
 
 Mode = Literal["json", "sse", "async"]
-LedgerEvent = Literal["started", "effect", "abandoned"]
+LedgerEvent = Literal["started", "effect", "abandoned", "failed"]
 FaultKind = Literal["worker-kill", "worker-stop", "worker-term", "api-kill", "redis-term", "redis-kill",
                     "redis-failover", "redis-full", "overload"]
 FAULT_KINDS: tuple[FaultKind, ...] = ("worker-kill", "worker-stop", "worker-term", "api-kill", "redis-term",
@@ -76,3 +76,58 @@ class LedgerLine(Struct, kw_only=True):
     pid: int
     t: float  # wall clock
     fence: int | None = None  # the fencing attempt, when the tool context exposes one
+
+
+class Create(Struct, kw_only=True):
+    """One ``POST /agent/jobs`` of a job: the job id it was given (202 or 200), or why not."""
+
+    t0: float
+    t1: float
+    api: str
+    http: int | None = None  # None: no HTTP answer
+    code: str | None = None  # the error code of a refusal
+    job_id: str | None = None
+    error: str | None = None  # the transport error
+    phase: Literal["load", "final"] = "load"
+
+
+class JobRead(Struct, kw_only=True):
+    """One ``GET /agent/jobs/{job_id}``, as far as the checker compares reads."""
+
+    t: float  # wall clock, when the answer came
+    status: str | None  # None: the API answered 404, it does not know the job
+    attempts: int = 0
+    executions: list[str] = []
+    created_ms: int = 0  # unix ms, Redis's clock
+    error: str | None = None  # ``last_error``'s code
+    result: str | None = None  # canonical JSON of ``result``
+
+    def state(self) -> tuple[object, ...]:
+        """What must never change once the job has finished."""
+        return self.status, self.attempts, tuple(self.executions), self.error, self.result
+
+
+class Job(Struct, kw_only=True):
+    """One intended job: one ``request_id``, posted until it has a job id, then read until the end."""
+
+    rid: str
+    tool: str
+    args: dict[str, int]
+    delay_ms: int | None = None
+    run_at: str | None = None  # RFC 3339, as sent
+    max_attempts: int
+    first: float  # wall clock of the first POST
+    creates: list[Create] = []
+    reads: list[JobRead] = []
+
+    def job_ids(self) -> set[str]:
+        return {c.job_id for c in self.creates if c.job_id}
+
+
+def attempt_of(request_id: str) -> tuple[str, int]:
+    """A job attempt's request id split into the job's and the attempt's number: attempt n >= 2
+    runs under ``{request_id}#{n}``, the first under the job's own."""
+    base, sep, n = request_id.rpartition("#")
+    if sep and n.isdigit():
+        return base, int(n)
+    return request_id, 1

@@ -4,6 +4,10 @@ Each writes its side effect to the ledger (``chaos.ledger``), never to Redis: ``
 before its work, ``effect`` at the moment the effect happens (the end of its body), or
 ``abandoned`` when it was cancelled first. The mix covers what the guarantees distinguish:
 idempotent or not, async or sync (a thread), and one tool that is not ``parallel_safe``.
+
+The jobs' tools (``job_put``, ``job_charge``, and ``tick`` on a schedule firing every second)
+write the same lines; a run that fails on purpose writes ``failed`` instead of ``effect``.
+Which attempt of its job a run is, the checker reads from its request id (``chaos.model.attempt_of``).
 """
 
 from __future__ import annotations
@@ -14,8 +18,9 @@ import time
 
 import msgspec
 
-from carmy_worker import Context, Toolbox, ToolError
+from carmy_worker import Context, RetryPolicy, Toolbox, ToolError
 from chaos.ledger import Ledger
+from chaos.model import attempt_of
 
 tools = Toolbox()
 ledger = Ledger()
@@ -88,6 +93,63 @@ async def serial(ctx: Context, input: Work) -> Receipt:
     return await _async_work(ctx, "serial", input.ms)
 
 
+# Jobs -----------------------------------------------------------------------------------------
+
+# Quick retries, so that a job with failures to go through still ends within seconds.
+JOB_RETRY = RetryPolicy(max_attempts=4, backoff=0.2, max_backoff=1.0)
+TICK = "chaos-tick"  # the schedule: one job of ``tick`` every second
+# Longer than any outage a fault makes (Redis is down 4 s at most), so no occurrence may be skipped.
+TICK_GRACE_S = 15.0
+
+
+class Flaky(msgspec.Struct):
+    ms: int  # how long the work takes before its effect
+    fail: int = 0  # the job's first ``fail`` attempts fail (retryably) instead of doing the effect
+
+
+class JobReceipt(msgspec.Struct):
+    """Which process did the effect, and under which request id (which attempt of the job)."""
+
+    pid: int
+    request_id: str
+
+
+async def _job_work(ctx: Context, tool: str, work: Flaky) -> JobReceipt:
+    ledger.write("started", ctx, tool)
+    try:
+        await asyncio.sleep(work.ms / 1000)
+    except asyncio.CancelledError:
+        ledger.write("abandoned", ctx, tool)
+        raise
+    attempt = attempt_of(ctx.request_id or "")[1]
+    if attempt <= work.fail:
+        ledger.write("failed", ctx, tool)
+        raise ToolError("CHAOS_FLAKY", f"attempt {attempt} fails on purpose", category="capacity", retryable=True)
+    ledger.write("effect", ctx, tool)
+    return JobReceipt(pid=os.getpid(), request_id=ctx.request_id or "")
+
+
+@tools.tool(effect="write", idempotent=True, parallel_safe=True, timeout=TIMEOUT, retry=JOB_RETRY)
+async def job_put(ctx: Context, input: Flaky) -> JobReceipt:
+    """Idempotent: an attempt whose worker died is run again (the same attempt, or the next)."""
+    return await _job_work(ctx, "job_put", input)
+
+
+@tools.tool(effect="write", idempotent=False, parallel_safe=True, timeout=TIMEOUT, retry=JOB_RETRY)
+async def job_charge(ctx: Context, input: Flaky) -> JobReceipt:
+    """Not idempotent: an attempt that may have had its effect ends the job dead-lettered."""
+    return await _job_work(ctx, "job_charge", input)
+
+
+@tools.tool(effect="write", idempotent=False, parallel_safe=True, timeout=TIMEOUT, retry=JOB_RETRY)
+async def tick(ctx: Context, input: Flaky) -> JobReceipt:
+    """Run by the schedule: its request id names the occurrence (``schedule:chaos-tick@…``)."""
+    return await _job_work(ctx, "tick", input)
+
+
+tools.schedule(TICK, cron="* * * * * *", tool="tick", arguments={"ms": 10}, grace=TICK_GRACE_S)
+
 # What the checker needs to know of each tool, without asking the API.
 IDEMPOTENT = {tool.name: tool.spec.idempotent for tool in tools}
 EXCLUSIVE = {tool.name for tool in tools if not tool.spec.parallel_safe}
+JOB_TOOLS = {"job_put", "job_charge", "tick"}

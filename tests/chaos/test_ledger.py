@@ -1,6 +1,6 @@
 """The chaos tools' ledger: lines written from several threads come back whole, in time order,
 with the fencing attempt when the context has one; and the tool module declares the mix the
-reconciliation relies on."""
+reconciliation relies on (the jobs' tools and the schedule among them)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 from carmy_worker import AgentContext, Context
 from chaos import ledger
 from chaos.model import LedgerEvent
-from chaos.tools import EXCLUSIVE, IDEMPOTENT
+from chaos.tools import EXCLUSIVE, IDEMPOTENT, JOB_TOOLS, TICK, tools
 
 
 def test_lines_from_many_threads_come_back_whole(tmp_path: Path) -> None:
@@ -36,5 +36,8 @@ def test_lines_from_many_threads_come_back_whole(tmp_path: Path) -> None:
 
 
 def test_the_tool_mix() -> None:
-    assert IDEMPOTENT == {"charge": False, "charge_sync": False, "put": True, "put_sync": True, "serial": False}
+    assert IDEMPOTENT == {"charge": False, "charge_sync": False, "put": True, "put_sync": True, "serial": False,
+                          "job_put": True, "job_charge": False, "tick": False}
     assert sorted(EXCLUSIVE) == ["serial"]
+    assert set(IDEMPOTENT) >= JOB_TOOLS
+    assert [(s.name, s.cron, s.tool) for s in tools.schedules] == [(TICK, "* * * * * *", "tick")]
