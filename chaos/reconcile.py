@@ -40,6 +40,7 @@ from msgspec import Struct
 
 from chaos.calls import REFUSAL_CODES
 from chaos.facts import Facts
+from chaos.jobcheck import JobTable
 from chaos.model import Answer, Attempt, Fault, LedgerLine, Request
 
 UNCERTAIN = "EXECUTION_UNCERTAIN"
@@ -81,6 +82,7 @@ class Table(Struct, kw_only=True):
     in_loss_window: list[str]  # of the requests the violations name
     faults: dict[str, int]
     bounds: Bounds
+    jobs: JobTable | None = None  # chaos.jobcheck's rows, when the load made jobs
 
     def violations(self) -> dict[str, int]:
         """The broken promises, by row: a run passes when this is empty."""
@@ -89,7 +91,8 @@ class Table(Struct, kw_only=True):
                  "false uncertain": len(self.false_uncertain),
                  "effects after verdict": len(self.effects_after_verdict),
                  "lock overlaps": len(self.lock_overlaps), "hangs": len(self.hangs)}
-        return {name: n for name, n in found.items() if n}
+        violated = {name: n for name, n in found.items() if n}
+        return violated | (self.jobs.violations() if self.jobs else {})
 
     def about_records(self) -> set[str]:
         """The requests named by the rows a lost Redis write can explain: the records' rows,

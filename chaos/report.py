@@ -6,7 +6,8 @@ from typing import Any
 
 import msgspec
 
-from chaos.model import LedgerLine, Request
+from chaos.jobcheck import TOLERANCE_MS, JobTable
+from chaos.model import Job, LedgerLine, Request
 from chaos.reconcile import Table, percentile
 
 EXAMPLES = 3  # request ids quoted per violated row
@@ -16,16 +17,21 @@ def _ms(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds:.1f} s"
 
 
+def promise(name: str, found: list[str], value: str | None = None) -> tuple[str, str, str]:
+    shown = value if value is not None else str(len(found))
+    if found:
+        shown += " (e.g. " + ", ".join(found[:EXAMPLES]) + ")"
+    return name, shown, "VIOLATION" if found else "ok"
+
+
+def _msec(seconds: float | None) -> str:
+    """Below a second in ms, else as ``_ms``."""
+    return f"{seconds * 1000:.0f} ms" if seconds is not None and abs(seconds) < 1 else _ms(seconds)
+
+
 def rows(table: Table) -> list[tuple[str, str, str]]:
     """(row, value, verdict): ``ok`` or ``VIOLATION`` for a promise, ``info`` for the rest."""
     b = table.bounds
-
-    def promise(name: str, found: list[str], value: str | None = None) -> tuple[str, str, str]:
-        shown = value if value is not None else str(len(found))
-        if found:
-            shown += " (e.g. " + ", ".join(found[:EXAMPLES]) + ")"
-        return name, shown, "VIOLATION" if found else "ok"
-
     delays = table.after_verdict_delays
     statuses = ", ".join(f"{name} {n}" for name, n in table.statuses.items()) or "-"
     return [
@@ -46,6 +52,7 @@ def rows(table: Table) -> list[tuple[str, str, str]]:
         promise("lock overlaps (parallel_safe=False)", table.lock_overlaps),
         promise(f"hangs (no final answer within {b.patience:g} s)", table.hangs),
         (f"slow answers ({b.slow:g} s to {b.patience:g} s)", str(table.slow), "info"),
+        *(job_rows(table.jobs) if table.jobs else []),
         ("detection time after kill -9, p50 / max",
          f"{_ms(percentile(table.detection, 50))} / {_ms(max(table.detection) if table.detection else None)}"
          f" ({len(table.detection)} runs)", "info"),
@@ -56,6 +63,33 @@ def rows(table: Table) -> list[tuple[str, str, str]]:
         ("503 STORE_UNAVAILABLE with Redis up", str(len(table.false_store_unavailable)), "info"),
         ("503 NO_WORKERS with a live worker", str(len(table.false_no_workers)), "info"),
         ("faults", ", ".join(f"{k} {n}" for k, n in sorted(table.faults.items())) or "none", "info"),
+    ]
+
+
+def job_rows(j: JobTable) -> list[tuple[str, str, str]]:
+    statuses = ", ".join(f"{name} {n}" for name, n in j.statuses.items()) or "-"
+    late = j.lateness
+    return [
+        ("jobs", f"{j.jobs} ({j.delayed} with delay_ms, {j.jobs - j.delayed} with run_at; {j.planned_failures} "
+                 f"failing on purpose first; {j.attempts} attempts)", "info"),
+        ("jobs at their last read", f"{statuses} ({j.uncertain_dead} dead-lettered EXECUTION_UNCERTAIN); "
+                                    f"{j.unanswered} never given a job id", "info"),
+        promise("jobs lost", j.lost),
+        promise("jobs run twice (an attempt by two executions, a non-idempotent job's effect twice)", j.run_twice),
+        ("re-runs of idempotent job attempts (same execution)", str(j.idempotent_reruns), "info"),
+        promise(f"jobs started before they were due (run_at, delay, backoff; > {TOLERANCE_MS} ms)", j.early),
+        ("non-idempotent jobs with an attempt under way at a kill -9", str(j.interrupted), "info"),
+        promise("uncertain non-idempotent jobs run again, or not dead-lettered", j.rerun_uncertain),
+        promise("jobs unlike their runs (attempts, executions, result)", j.unlike_runs),
+        promise("jobs flipped after finishing", j.flipped),
+        ("job lateness (first run - due), p50 / max",
+         f"{_msec(percentile(late, 50))} / {_msec(max(late) if late else None)} ({len(late)} jobs)", "info"),
+        ("schedule occurrences run (every second)",
+         f"{j.occurrences} ({j.excused} missed while no worker could fire them within the grace)", "info"),
+        promise("schedule occurrences fired twice", j.fired_twice),
+        promise("schedule occurrences missed", j.missed),
+        ("jobs and occurrences named above: in Redis's loss window",
+         f"{len(j.in_loss_window)} of {len(j.named())} (created or run 1 s before a kill -9 or failover)", "info"),
     ]
 
 
@@ -73,15 +107,23 @@ def text(table: Table, title: str, log_errors: dict[str, int]) -> str:
     return "\n".join(lines)
 
 
-def evidence(table: Table, requests: list[Request], ledger: list[LedgerLine]) -> dict[str, Any]:
-    """Everything known of each request a violation names: its attempts and its ledger lines."""
+def evidence(table: Table, requests: list[Request], ledger: list[LedgerLine],
+             jobs: list[Job] | None = None) -> dict[str, Any]:
+    """Everything known of each request or job a violation names: its attempts (a job's creation
+    and reads) and its ledger lines (a job's: every attempt's)."""
     named = {rid for rids in (table.lost, table.duplicated_effects, table.flipped, table.unfounded,
                               table.false_uncertain, table.effects_after_verdict, table.hangs) for rid in rids}
     named |= {rid for pair in table.lock_overlaps for rid in pair.split("/")}
     by_rid = {r.rid: r for r in requests}
-    return {rid: {"request": msgspec.to_builtins(by_rid[rid]) if rid in by_rid else None,
-                  "ledger": [msgspec.to_builtins(line) for line in ledger if line.rid == rid]}
-            for rid in sorted(named)}
+    found = {rid: {"request": msgspec.to_builtins(by_rid[rid]) if rid in by_rid else None,
+                   "ledger": [msgspec.to_builtins(line) for line in ledger if line.rid == rid]}
+             for rid in sorted(named)}
+    by_job = {job.rid: job for job in jobs or []}
+    for rid in sorted(table.jobs.named() if table.jobs else set()):
+        found[rid] = {"job": msgspec.to_builtins(by_job[rid]) if rid in by_job else None,
+                      "ledger": [msgspec.to_builtins(line) for line in ledger
+                                 if line.rid == rid or line.rid.startswith(rid + "#")]}
+    return found
 
 
 def as_json(table: Table, run: dict[str, Any], proof: dict[str, Any], log_errors: dict[str, int]) -> bytes:
