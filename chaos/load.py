@@ -14,12 +14,15 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import httpx
 
 from chaos.calls import REFUSAL_CODES, attempt
 from chaos.model import Mode, Request
+
+if TYPE_CHECKING:
+    from chaos.jobload import JobLoad
 
 # The call mix: (tool, share, work in ms). Slow work keeps executions in flight when a fault
 # hits; quick work makes calls many.
@@ -40,10 +43,13 @@ def new_client() -> httpx.Client:
 
 
 class Load:
-    """``clients`` threads calling until ``stop``; ``burst`` adds n one-off calls at once."""
+    """``clients`` threads calling until ``stop``; ``burst`` adds n one-off calls at once. With
+    ``jobs``, a share of the clients' turns creates a job instead of making a call."""
 
-    def __init__(self, bases: list[str], clients: int, seed: int, patience: float, run_id: str) -> None:
+    def __init__(self, bases: list[str], clients: int, seed: int, patience: float, run_id: str,
+                 jobs: JobLoad | None = None) -> None:
         self.bases = bases
+        self.jobs = jobs
         self.clients = clients
         self.seed = seed
         self.patience = patience
@@ -96,6 +102,9 @@ class Load:
 
     def _client(self, rng: random.Random) -> None:
         while not self.stop.is_set():
+            if self.jobs is not None and rng.random() < self.jobs.share:
+                self.jobs.create(rng, self.bases[rng.randrange(len(self.bases))])
+                continue
             request = self._new(rng, "load")
             mode = rng.choices([m for m, _ in MODES], [w for _, w in MODES])[0]
             self._call(request, self.bases[rng.randrange(len(self.bases))], mode)

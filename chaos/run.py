@@ -2,9 +2,10 @@
 
 Starts a private Redis (append-only file; with --sentinel a primary, two replicas and three
 Sentinels), API replicas and workers serving ``chaos.tools``;
-runs the load while the injector plays faults; heals the cluster, lets the calls in flight
-finish, asks once more for every request with its request id; then reconciles the answers with
-the ledger and prints one table. Exits 1 if a promise was broken, 2 if the run could not be made.
+runs the load (calls, and jobs) while the injector plays faults; heals the cluster, lets the calls
+in flight finish, asks once more for every request with its request id, reads every job until it
+has finished and twice more; then reconciles the answers with the ledger and prints one table.
+Exits 1 if a promise was broken, 2 if the run could not be made.
 """
 
 from __future__ import annotations
@@ -23,17 +24,23 @@ from typing import Any, cast
 import msgspec
 
 from bench.processes import ROOT, StartError
-from chaos import ledger, report
+from chaos import jobload, ledger, report
 from chaos.cluster import Cluster
+from chaos.facts import Facts
 from chaos.faults import Injector, default_kinds, refusal
+from chaos.jobcheck import reconcile_jobs
+from chaos.jobload import JobLoad
 from chaos.load import Load, final_retries
 from chaos.model import FAULT_KINDS, FaultKind
 from chaos.reconcile import Bounds, reconcile
-from chaos.tools import EXCLUSIVE, IDEMPOTENT
+from chaos.tools import EXCLUSIVE, IDEMPOTENT, JOB_RETRY, JOB_TOOLS, TICK_GRACE_S
 
 SHORT_S = 55.0  # seconds of load in --short: about two minutes in all, with startup and the end
 QUIET_S = 2.0  # after the load, before the final retries: let late effects reach the ledger
 REPLICAS = 2  # with --sentinel: a failover leaves one, so WAIT still has a replica to wait for
+# The schedule's occurrences are checked up to this long before the jobs' last reads: the later
+# ones may not have run yet.
+TICK_MARGIN_S = 2.0
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -53,6 +60,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--workers", type=int, default=3, help="worker processes (default 3)")
     p.add_argument("--apis", type=int, default=2, help="API processes (default 2)")
     p.add_argument("--clients", type=int, default=16, help="concurrent clients (default 16)")
+    p.add_argument("--jobs", type=float, default=jobload.SHARE, metavar="SHARE",
+                   help=f"share of the clients' turns that create a job instead of a call (default {jobload.SHARE:g}; "
+                   "0 for none: the schedule still fires every second)")
     p.add_argument("--fsync", choices=["everysec", "always", "no"], default="everysec",
                    help="Redis appendfsync (default everysec, what the README recommends)")
     p.add_argument("--patience", type=float, default=30.0,
@@ -118,7 +128,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def play(args: argparse.Namespace, cluster: Cluster) -> int:
     started, at = time.time(), commit()  # the code under test is the one checked out now
-    load = Load(cluster.bases, args.clients, args.seed, args.patience, run_id=f"c{uuid.uuid4().hex[:8]}")
+    run_id = f"c{uuid.uuid4().hex[:8]}"
+    jobs = JobLoad(cluster.bases, args.patience, run_id, share=args.jobs)
+    load = Load(cluster.bases, args.clients, args.seed, args.patience, run_id=run_id, jobs=jobs)
+    jobs.start()
     load.start()
     injector = Injector(cluster, cast(list[FaultKind], args.kinds), args.seed, load.burst, started)
     injector.run(until=started + args.duration)
@@ -129,20 +142,27 @@ def play(args: argparse.Namespace, cluster: Cluster) -> int:
     time.sleep(QUIET_S)
     print(f"[{time.time() - started:6.1f} s] final retry of {len(load.requests)} requests", file=sys.stderr, flush=True)
     final_retries(cluster.bases, list(load.requests), each=min(args.patience, 20.0))
+    print(f"[{time.time() - started:6.1f} s] reading {len(jobs.jobs)} jobs until finished", file=sys.stderr, flush=True)
+    jobs.finish(each=min(args.patience, 20.0))
     time.sleep(QUIET_S)
     bounds = Bounds(patience=args.patience, slow=args.slow, after_verdict=args.after_verdict)
     requests, lines = list(load.requests), ledger.read(cluster.ledger_dir)
     table = reconcile(requests, lines, injector.faults, IDEMPOTENT, EXCLUSIVE, bounds, args.workers)
+    table.jobs = reconcile_jobs(jobs.jobs, lines, Facts(lines, injector.faults), IDEMPOTENT, JOB_TOOLS,
+                                cutoff=jobs.read_at - TICK_MARGIN_S, grace=TICK_GRACE_S,
+                                backoff=(round(JOB_RETRY.backoff * 1000), round(JOB_RETRY.max_backoff * 1000)))
     log_errors = cluster.log_errors()
-    title = (f"chaos check at {at}: seed {args.seed}, {args.duration:g} s of load, {args.clients} clients, "
+    title = (f"chaos check at {at}: seed {args.seed}, {args.duration:g} s of load, {args.clients} clients "
+             f"({args.jobs:.0%} of turns jobs), "
              f"{args.workers} workers, {args.apis} APIs, appendfsync {args.fsync}"
              + (f", Sentinel with {REPLICAS} replicas, WAIT {args.wait_replicas}" if args.sentinel else ""))
     print(report.text(table, title, log_errors))
     if args.out:
         run: dict[str, Any] = {"commit": at, "seed": args.seed, "duration": args.duration,
-                               "clients": args.clients, "workers": args.workers, "apis": args.apis,
+                               "clients": args.clients, "jobs": args.jobs, "workers": args.workers,
+                               "apis": args.apis,
                                "fsync": args.fsync, "faults": args.kinds, "sentinel": args.sentinel,
                                "wait_replicas": args.wait_replicas,
                                "injected": msgspec.to_builtins(injector.faults)}
-        args.out.write_bytes(report.as_json(table, run, report.evidence(table, requests, lines), log_errors))
+        args.out.write_bytes(report.as_json(table, run, report.evidence(table, requests, lines, jobs.jobs), log_errors))
     return 1 if table.violations() else 0
