@@ -27,9 +27,9 @@ from chaos.calls import REFUSAL_CODES, code_of
 from chaos.load import new_client
 from chaos.model import Create, Job, JobRead
 
-SHARE = 0.1  # of the clients' turns, by default
+SHARE = 0.15  # of the clients' turns, by default
 TOOLS: tuple[tuple[str, float], ...] = (("job_put", 0.6), ("job_charge", 0.4))
-WORK_MS = (50, 800)  # long enough that a kill -9 finds some attempts under way
+WORK_MS = (100, 2000)  # long enough that a kill -9 mostly finds attempts of both tools under way
 DELAY_MS = (0, 2000)
 # How many first attempts fail on purpose, and how often: 9 is more than any job's budget, so
 # such a job ends dead-lettered once its attempts run out.
