@@ -36,7 +36,6 @@ from carmy_worker.wire import (
     WorkerTool,
     job_decoder,
     msgpack_encoder,
-    record_decoder,
 )
 
 log = logging.getLogger("carmy.jobs")
@@ -72,7 +71,6 @@ class JobLoop:
         self.tools = {t.spec.name: t for t in tools}
         self._names = sorted(self.tools)
         self.room = room if room is not None else max(64, 4 * settings.concurrency)
-        self._redis = redis
         self._promotions = Promotions(redis, durability=durability)
         self._jobs = JobStore(redis)
         self._schedules = [_Schedule(s, Cron.parse(s.cron, s.timezone), _digest(s)) for s in schedules]
@@ -117,22 +115,19 @@ class JobLoop:
     # --- promotion ---------------------------------------------------------------------------
 
     async def _promote(self, due_jobs: list[tuple[str, str]], now_ms: int) -> None:
-        async with self._redis.pipeline(transaction=False) as pipe:
-            for _, job_id in due_jobs:
-                pipe.hmget(keys.job(job_id), ["status", "attempts", "payload", "request_id"])
-            rows = await pipe.execute()
+        found = await self._promotions.due([job_id for _, job_id in due_jobs])
         by_tool: dict[str, list[Promotion]] = defaultdict(list)
-        for (tool, job_id), (status, attempts, payload, request_id) in zip(due_jobs, rows, strict=True):
-            if status != b"queued" or payload is None:
-                continue  # PROMOTE would skip it too; a job that is gone leaves the due set below
+        for (tool, job_id), due_job in zip(due_jobs, found, strict=True):
+            if due_job.status != "queued" or due_job.payload is None:
+                continue  # PROMOTE would skip it too
             try:
-                template = job_decoder.decode(payload)
+                template = job_decoder.decode(due_job.payload)
             except msgspec.DecodeError:
                 log.error("job %s: its payload cannot be read; it stays queued", job_id)
                 continue
-            at = int(attempts or 0)
+            at = due_job.attempts
             exec_id = keys.new_execution_id()
-            base = request_id.decode() if request_id else job_id
+            base = due_job.request_id or job_id
             # Attempt n >= 2 has a request id of its own: the tool can tell attempts apart (its
             # own idempotency key for an external system), and each attempt is at most once.
             job = msgspec.structs.replace(template, execution_id=exec_id,
@@ -153,22 +148,15 @@ class JobLoop:
     async def _settled(self, exec_ids: list[str]) -> None:
         """Conclude the attempts whose executions have their record, all at once: one round trip
         for their executions, one for their jobs, one write for their CONCLUDEs."""
-        async with self._redis.pipeline(transaction=False) as pipe:
-            for exec_id in exec_ids:
-                pipe.hmget(keys.execution(exec_id), ["job", "started_at"])
-                pipe.get(keys.record(exec_id))
-            replies = await pipe.execute()
-        found: list[tuple[str, str, Record | None, int | None]] = []
-        for i, exec_id in enumerate(exec_ids):
-            (job_id, started_at), raw = replies[2 * i], replies[2 * i + 1]
-            if job_id is None:  # its hash expired: nothing left to conclude with
-                await self._promotions.forget_settled(exec_id)
-                continue
-            found.append((exec_id, job_id.decode(), None if raw is None else record_decoder.decode(raw),
-                          int(started_at) if started_at else None))
-        states = await self._jobs.read_many([job_id for _, job_id, _, _ in found])
-        await asyncio.gather(*(self._conclude(job, exec_id, record, began=started is not None, started_ms=started)
-                               for (exec_id, _, record, started), job in zip(found, states, strict=True)))
+        found = []
+        for ended in await self._promotions.ended(exec_ids):
+            if ended.job_id is None:  # its hash expired: nothing left to conclude with
+                await self._promotions.forget_settled(ended.execution_id)
+            else:
+                found.append(ended)
+        states = await self._jobs.read_many([e.job_id for e in found if e.job_id is not None])
+        await asyncio.gather(*(self._conclude(job, e.execution_id, e.record, began=e.began, started_ms=e.started_ms)
+                               for e, job in zip(found, states, strict=True)))
 
     async def _conclude(self, job: JobState | None, exec_id: str, record: Record | None, *, began: bool,
                         started_ms: int | None = None) -> None:
@@ -181,7 +169,7 @@ class JobLoop:
         status = await self._promotions.conclude(
             job_id=job.job_id, tool=job.tool, owner=job.owner, idem_key=job.idem_key, execution_id=exec_id,
             status=decision.status, delay_ms=decision.delay_ms, last_error=decision.last_error,
-            result=decision.result, lateness_ms=None if started_ms is None else max(0, started_ms - job.due_ms))
+            result=decision.result, lateness_ms=None if started_ms is None else max(0, started_ms - _due(job)))
         if status:
             _log_attempt(job, exec_id, record, decision, status)
 
@@ -215,14 +203,14 @@ class JobLoop:
                 execution_id="", tool=spec.tool, arguments=spec.arguments, request_id=request_id,
                 metadata={"schedule": spec.name, "occurrence": rfc3339(at)}))
             occurrences.append((keys.new_job_id(), at, request_id, payload))
-            idempotency.append(keys.job_idempotency(None, None, request_id))
-        shared = job_fields(tool=spec.tool, owner=keys.owner(None), payload=b"", policy=tool.retry,
+            idempotency.append(keys.schedule_idempotency(request_id))
+        shared = job_fields(tool=spec.tool, owner=keys.SCHEDULES_OWNER, payload=b"", policy=tool.retry,
                             max_attempts=tool.retry.max_attempts, idempotent=tool.spec.idempotent,
                             retention=self.settings.jobs_retention,
                             dead_retention=self.settings.dead_letter_retention, request_id=None)
         shared = shared[:-2]  # without the empty payload: each occurrence has its own
         fired, job_ids, moved = await self._promotions.fire(
-            name=spec.name, digest=s.digest, tool=spec.tool, owner=keys.owner(None), waited_for=s.next_ms,
+            name=spec.name, digest=s.digest, tool=spec.tool, owner=keys.SCHEDULES_OWNER, waited_for=s.next_ms,
             next_ms=firing.next, skipped=firing.skipped, shared=shared, occurrences=occurrences,
             idempotency=idempotency)
         if fired:
@@ -235,6 +223,13 @@ class JobLoop:
                                        "schedule": spec.name})
         else:
             s.next_ms = moved  # None: its state is gone (Redis lost it): made again on the next pass
+
+
+def _due(job: JobState) -> int:
+    """When the attempt just concluded was due: the job's run_at for its first (it may have been
+    queued later than that: asked for in the past, or a schedule's occurrence fired within its
+    grace), when its retry was due for any other."""
+    return job.run_at_ms if job.attempts == 1 else job.due_ms
 
 
 def _digest(spec: ScheduleSpec) -> str:

@@ -201,6 +201,17 @@ def job_idempotency(principal: str | None, session: str | None, request_id: str)
     return f"{PREFIX}jobidem:{_digest(principal, session, request_id)}"
 
 
+# Who a schedule's jobs belong to: no principal's ``owner`` (a 32-hex digest) can be this, so no
+# caller (the anonymous one of an API without keys included) sees or cancels them; an operator does.
+SCHEDULES_OWNER = "schedules"
+
+
+def schedule_idempotency(request_id: str) -> str:
+    """Which job one occurrence of a schedule queued (its request id names the schedule and the
+    occurrence), apart from every caller's job request ids: no caller can take an occurrence's."""
+    return f"{PREFIX}jobidem:schedule:{_digest(request_id)}"
+
+
 def schedule(name: str) -> str:
     """Hash of one recurring schedule's state: the occurrence it waits for, its last job, and
     how many occurrences it skipped."""

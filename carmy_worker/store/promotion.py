@@ -17,6 +17,7 @@ from carmy_worker.store.jobstore import CREATE_JOB, FINISH_JOB
 from carmy_worker.store.lua import ACCEPTED_WORK, NEW_WORK, NOW, text
 from carmy_worker.store.metrics import LUA_OBSERVE
 from carmy_worker.store.scripts import Script, bind
+from carmy_worker.wire import Record, record_decoder
 
 # What a worker's job loop has to do: executions of jobs that have their record (at most
 # ARGV[2]), and jobs due now in the due sets of its tools, as many as its queue has room for
@@ -167,6 +168,31 @@ class Look:
 
 
 @dataclass(frozen=True)
+class Due:
+    """A due job as its promotion needs it: its status, the attempts it has made, its payload
+    (an ``ExecutionJob`` without an execution id, msgpack) and its request id."""
+
+    job_id: str
+    status: str | None
+    attempts: int
+    payload: bytes | None
+    request_id: str | None
+
+
+@dataclass(frozen=True)
+class Ended:
+    """An execution of a job that has its record: its job (None if its hash expired), the record
+    (None if Redis lost it), whether its tool began (``began``: a non-idempotent tool marks it just
+    before it starts; any other counts as begun once claimed to run) and when it was claimed."""
+
+    execution_id: str
+    job_id: str | None
+    record: Record | None
+    began: bool
+    started_ms: int | None
+
+
+@dataclass(frozen=True)
 class Promotion:
     """One due job made an execution: its id, the attempt it was at, and the arq job."""
 
@@ -193,6 +219,32 @@ class Promotions:
             keys=[keys.JOBS_SETTLED, queue, *(keys.job_due(tool) for tool in tools)], args=[room, settled_at_most])
         pairs = [(tools[int(due[i]) - 1], due[i + 1].decode()) for i in range(0, len(due), 2)]
         return Look([e.decode() for e in settled], pairs, int(next_due) if next_due else None, int(now))
+
+    async def due(self, job_ids: list[str]) -> list[Due]:
+        """What promoting ``job_ids`` needs to know of each, in one round trip."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for job_id in job_ids:
+                pipe.hmget(keys.job(job_id), ["status", "attempts", "payload", "request_id"])
+            rows = await pipe.execute()
+        return [Due(job_id, status.decode() if status else None, int(attempts or 0), payload,
+                    request_id.decode() if request_id else None)
+                for job_id, (status, attempts, payload, request_id) in zip(job_ids, rows, strict=True)]
+
+    async def ended(self, execution_ids: list[str]) -> list[Ended]:
+        """The executions listed as settled, with their records, in one round trip."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for exec_id in execution_ids:
+                pipe.hmget(keys.execution(exec_id), ["job", "started_at", "began", "idem"])
+                pipe.get(keys.record(exec_id))
+            replies = await pipe.execute()
+        ended = []
+        for i, exec_id in enumerate(execution_ids):
+            (job_id, started_at, began, idem), raw = replies[2 * i], replies[2 * i + 1]
+            ended.append(Ended(
+                exec_id, job_id.decode() if job_id else None, None if raw is None else record_decoder.decode(raw),
+                began is not None or (idem == b"1" and started_at is not None),
+                int(started_at) if started_at else None))
+        return ended
 
     async def promote(self, tool: str, promotions: list[Promotion], *, queue: str, start_window_ms: int,
                       admission_ms: int, retention: int) -> list[str]:
