@@ -129,6 +129,7 @@ def create_app(settings: ApiSettings | None = None) -> Starlette:
             Route(JOBS_PATH + "/{job_id}", guarded(request_response(job_routes.delete)), methods=["DELETE"]),
             # No body, so no RequireJson: a page of another site is refused by its Origin (BrowserGuard).
             Route(JOBS_PATH + "/{job_id}/retry", guarded(request_response(job_routes.retry)), methods=["POST"]),
+            Route(JOBS_PATH + "/{job_id}/purge", guarded(request_response(job_routes.purge)), methods=["POST"]),
             Route("/agent/schedules", guarded(request_response(job_routes.list_schedules)), methods=["GET"]),
             # Every method: the MCP server answers 405 itself.
             Route(MCP_PATH, guarded(RequireJson(mcp.asgi), mcp=True)),

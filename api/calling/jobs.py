@@ -89,7 +89,8 @@ class Jobs:
             raise Rejected(error(
                 "INVALID_REQUEST", f"The job would be due {created.count // 1000} s from now, past the horizon of "
                 f"{self.settings.jobs_horizon} s.",
-                details={"field": "run_at", "horizon_s": self.settings.jobs_horizon}))
+                details={"field": "run_at" if request.run_at is not None else "delay_ms",
+                         "horizon_s": self.settings.jobs_horizon}))
         if created.kind == "limited":
             if created.limit == "jobs":
                 raise Rejected(error(
@@ -140,6 +141,19 @@ class Jobs:
             raise Rejected(error("JOB_NOT_RETRYABLE", f"Only a failed or dead-lettered job can be retried; this one "
                                                       f"is {outcome}.", details={"status": outcome}))
         return await self.store.read(job_id) or job
+
+    async def purge(self, job_id: str, agent: AgentContext) -> None:
+        """An operator removes a finished job (a dead letter it will not retry) before its
+        retention is over."""
+        if not self.is_operator(agent):
+            raise Rejected(operator_required())
+        job = await self.get(job_id, agent)
+        outcome = await self.store.purge(job)
+        if outcome == "gone":
+            raise Rejected(not_found())
+        if outcome != "purged":
+            raise Rejected(error("JOB_NOT_FINISHED", f"Only a finished job can be purged; this one is {outcome}.",
+                                 suggested_action="cancel it first", details={"status": outcome}))
 
     async def list(self, agent: AgentContext, *, status: str | None, limit: int) -> list[JobState]:
         """The caller's jobs newest first (everyone's for an operator), ``status`` only if given."""

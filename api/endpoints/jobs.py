@@ -8,6 +8,8 @@
 * ``DELETE /agent/jobs/{job_id}``: cancel it; a running job ends once its worker has stopped
   the execution, which this waits a few seconds for (``202`` if it has not yet).
 * ``POST /agent/jobs/{job_id}/retry``: an operator queues a failed or dead-lettered job again.
+* ``POST /agent/jobs/{job_id}/purge``: an operator removes a finished job (a dead letter it will
+  not retry) before its retention is over: ``204``.
 * ``GET /agent/schedules``: the recurring jobs the workers declare.
 
 Refusals are the envelope's ``{"error": ...}`` with the error's status. Every answer is
@@ -153,6 +155,13 @@ class JobRoutes:
     async def retry(self, request: Request) -> Response:
         async def work() -> Response:
             return job_response(await self.jobs.retry(request.path_params["job_id"], trusted_context(request.scope)))
+
+        return await answer(work)
+
+    async def purge(self, request: Request) -> Response:
+        async def work() -> Response:
+            await self.jobs.purge(request.path_params["job_id"], trusted_context(request.scope))
+            return Response(status_code=204, headers=NO_STORE)
 
         return await answer(work)
 

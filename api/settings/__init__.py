@@ -135,7 +135,7 @@ class ApiSettings(Struct, frozen=True, kw_only=True):
             jobs_max_open=env_int(env, "CARMY_JOBS_MAX_OPEN", 10_000, minimum=0),
             jobs_retention=env_int(env, "CARMY_JOBS_RETENTION", 7 * 86400),
             dead_letter_retention=env_int(env, "CARMY_DEAD_LETTER_RETENTION", 30 * 86400),
-            operator_permission=(env.get("CARMY_OPERATOR_PERMISSION") or "carmy:operator").strip(),
+            operator_permission=(env.get("CARMY_OPERATOR_PERMISSION") or "").strip() or "carmy:operator",
             mcp_operator_tools=env_bool(env, "CARMY_MCP_OPERATOR_TOOLS", False),
         )
 

@@ -66,6 +66,7 @@ ErrorCode = Literal[
     "STORE_FULL",
     "JOB_NOT_FOUND",
     "JOB_NOT_RETRYABLE",
+    "JOB_NOT_FINISHED",
     "OPERATOR_REQUIRED",
 ]
 
@@ -97,6 +98,7 @@ CATEGORY: Final[dict[str, Category]] = {
     "STORE_FULL": "capacity",
     "JOB_NOT_FOUND": "not_found",
     "JOB_NOT_RETRYABLE": "conflict",
+    "JOB_NOT_FINISHED": "conflict",
     "OPERATOR_REQUIRED": "permission",
 }
 
@@ -114,6 +116,7 @@ RECOVERABLE: Final[frozenset[str]] = RETRYABLE | {
     "INVALID_ARGUMENTS",
     "CONFIRMATION_REQUIRED",
     "OPERATOR_REQUIRED",
+    "JOB_NOT_FINISHED",
     "UNAUTHENTICATED",
     "INSUFFICIENT_SCOPE",
     "IDEMPOTENCY_CONFLICT",

@@ -152,7 +152,7 @@ local h = redis.call('HMGET', KEYS[1], 'status', 'attempts', 'tool', 'created_at
 if not h[1] then return 'gone' end
 if h[1] ~= 'failed' and h[1] ~= 'dead_lettered' then return h[1] end
 redis.call('HSET', KEYS[1], 'status', 'queued', 'base_attempts', h[2], 'due', now, 'updated_at', now)
-redis.call('HDEL', KEYS[1], 'finished_at', 'cancel')
+redis.call('HDEL', KEYS[1], 'finished_at', 'cancel', 'result')  -- its result is the next final attempt's
 redis.call('PERSIST', KEYS[1])
 if KEYS[4] ~= KEYS[1] then redis.call('PERSIST', KEYS[4]) end
 redis.call('ZREM', '{keys.JOBS_DEAD}', ARGV[1])
@@ -161,6 +161,24 @@ redis.call('ZADD', KEYS[3], tonumber(h[4]) * 1000, ARGV[1])
 redis.call('ZADD', KEYS[2], now, ARGV[1])
 count_job(h[3], 'queued')
 return 'retried'
+""")
+
+# An operator purges a finished job (a dead letter, usually) before its retention is over: its
+# hash, its request id and every list that names it go now. An unfinished job is left alone.
+# KEYS: job, owner's jobs, idempotency (or the job again)
+# ARGV: job_id, owner
+PURGE_JOB = Script("PURGE_JOB", ACCEPTED_WORK + f"""
+local status = redis.call('HGET', KEYS[1], 'status')
+if not status then return 'gone' end
+if status ~= 'succeeded' and status ~= 'failed' and status ~= 'dead_lettered' and status ~= 'cancelled' then
+  return status
+end
+redis.call('DEL', KEYS[1], KEYS[3])
+redis.call('ZREM', '{keys.JOBS_ALL}', ARGV[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('ZREM', '{keys.JOBS_DEAD}', ARGV[1])
+redis.call('ZREM', '{keys.JOBS_EXPIRING}', ARGV[1] .. ' ' .. ARGV[2])
+return 'purged'
 """)
 
 CreatedKind = Literal["new", "existing", "conflict", "limited", "too_far", "store_full"]
@@ -283,6 +301,7 @@ class JobStore:
         self._create = bind(redis, CREATE, durability=durability)
         self._cancel = bind(redis, CANCEL_JOB, durability=durability)
         self._retry = bind(redis, RETRY_JOB, durability=durability)
+        self._purge = bind(redis, PURGE_JOB, durability=durability)
 
     async def create(self, *, job_id: str, tool: str, owner: str, fields: list[Any], idempotency: str | None,
                      fingerprint: str, run_at_ms: int | None, delay_ms: int, horizon_ms: int, max_open: int,
@@ -377,6 +396,12 @@ class JobStore:
         """An operator's retry of a failed or dead-lettered job: ``retried`` (it is queued again),
         or the status that keeps it from being retried (``gone`` if it no longer exists)."""
         return text(await self._retry(keys=self._keys(job), args=[job.job_id]))
+
+    async def purge(self, job: JobState) -> str:
+        """An operator's purge of a finished job: ``purged``, or the status that keeps it (``gone``
+        if it no longer exists)."""
+        return text(await self._purge(keys=[keys.job(job.job_id), keys.jobs_of(job.owner),
+                                            job.idem_key or keys.job(job.job_id)], args=[job.job_id, job.owner]))
 
     @staticmethod
     def _keys(job: JobState) -> builtins.list[str]:

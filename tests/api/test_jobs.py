@@ -162,7 +162,7 @@ async def test_past_the_horizon_is_refused(client: httpx.AsyncClient, api_settin
     for when in ({"run_at": far}, {"delay_ms": horizon_ms + 60_000}):
         error = refused(await create(client, {"tool": "echo", "arguments": {"text": "x"}, **when}), 400,
                         "INVALID_REQUEST")
-        assert error["details"] == {"field": "run_at", "horizon_s": api_settings.jobs_horizon}
+        assert error["details"] == {"field": next(iter(when)), "horizon_s": api_settings.jobs_horizon}
     within = await create(client, {"tool": "echo", "arguments": {"text": "x"}, "delay_ms": horizon_ms - 60_000})
     assert within.status_code == 202
 
@@ -358,3 +358,18 @@ async def test_redis_out_of_reach_is_store_unavailable() -> None:
             r = await client.request(method, url)
             refused(r, 503, "STORE_UNAVAILABLE")
             assert r.headers["retry-after"] == "1"
+
+
+async def test_only_an_operator_purges_and_only_a_finished_job(client: httpx.AsyncClient, sync: redis.Redis) -> None:
+    job = (await create(client, echo("purge me", request_id="purge-1"))).json()
+    url = f"/agent/jobs/{job['job_id']}"
+    refused(await client.post(url + "/purge", headers=AS_ALICE), 403, "OPERATOR_REQUIRED")
+    error = refused(await client.post(url + "/purge", headers=AS_OPS), 409, "JOB_NOT_FINISHED")
+    assert error["details"] == {"status": "queued"}
+    await client.delete(url, headers=AS_ALICE)  # cancelled: finished
+    r = await client.post(url + "/purge", headers=AS_OPS)
+    assert (r.status_code, r.content) == (204, b"")
+    refused(await client.get(url, headers=AS_OPS), 404, "JOB_NOT_FOUND")
+    assert job["job_id"] not in [j["job_id"] for j in (await client.get("/agent/jobs", headers=AS_OPS)).json()["jobs"]]
+    assert not sync.exists(keys.job_idempotency("alice", None, "purge-1"))  # the request id is free again
+    assert (await create(client, echo("purge me", request_id="purge-1"))).status_code == 202

@@ -43,6 +43,7 @@ TABLE: dict[str, tuple[str, int, bool, bool]] = {
     "STORE_FULL": ("capacity", 503, True, True),
     "JOB_NOT_FOUND": ("not_found", 404, False, False),
     "JOB_NOT_RETRYABLE": ("conflict", 409, False, False),
+    "JOB_NOT_FINISHED": ("conflict", 409, False, True),
     "OPERATOR_REQUIRED": ("permission", 403, False, True),
 }
 
