@@ -22,16 +22,24 @@ from carmy_worker.wire import Record, record_decoder
 # What a worker's job loop has to do: executions of jobs that have their record (at most
 # ARGV[2]), and jobs due now in the due sets of its tools, as many as its queue has room for
 # (ARGV[1] jobs queued at most), oldest first; and when the next one is due (ms, '' if none).
+# What it returns is leased to this loop: pushed out of the other loops' sight, the executions
+# for ARGV[3] ms and the jobs for ARGV[4] ms (their hashes keep when they are due), so that
+# each is concluded, or promoted, by one loop rather than by every one at once. CONCLUDE and
+# PROMOTE remove what they took; what a loop that died leased comes back when its lease ends.
 # KEYS: settled executions, the worker's arq queue, then the due set of each of its tools
-# ARGV: queue room, settled at most
+# ARGV: queue room, settled at most, settled lease ms, due lease ms
 LOOK = Script("JOBS_LOOK", ACCEPTED_WORK + NOW + """
-local settled = redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[2]) - 1)
+local settled = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[2]))
+for _, e in ipairs(settled) do redis.call('ZADD', KEYS[1], 'XX', now + tonumber(ARGV[3]), e) end
 local room = tonumber(ARGV[1]) - redis.call('ZCARD', KEYS[2])
 local due, next_due = {}, nil
 for i = 3, #KEYS do
   if room > 0 then
     local ids = redis.call('ZRANGEBYSCORE', KEYS[i], '-inf', now, 'LIMIT', 0, math.min(room, 500))
-    for _, id in ipairs(ids) do table.insert(due, tostring(i - 2)) table.insert(due, id) end
+    for _, id in ipairs(ids) do
+      redis.call('ZADD', KEYS[i], 'XX', now + tonumber(ARGV[4]), id)
+      table.insert(due, tostring(i - 2)) table.insert(due, id)
+    end
     room = room - #ids
   end
   local first = redis.call('ZRANGE', KEYS[i], 0, 0, 'WITHSCORES')
@@ -156,6 +164,12 @@ return fired
 """)
 
 
+# How long what LOOK hands a loop stays out of the other loops' sight: a loop that died with it
+# leased (killed between LOOK and CONCLUDE or PROMOTE) delays it this long, no more.
+SETTLED_LEASE_MS = 30_000
+DUE_LEASE_MS = 10_000
+
+
 @dataclass(frozen=True)
 class Look:
     """What LOOK found: executions to conclude, due jobs (tool, job_id), when the next job is
@@ -214,9 +228,12 @@ class Promotions:
         self._ensure = bind(redis, ENSURE_SCHEDULE)
         self._fire = bind(redis, FIRE, durability=durability)
 
-    async def look(self, tools: list[str], queue: str, *, room: int, settled_at_most: int = 200) -> Look:
+    async def look(self, tools: list[str], queue: str, *, room: int, settled_at_most: int = 200,
+                   settled_lease_ms: int = SETTLED_LEASE_MS, due_lease_ms: int = DUE_LEASE_MS) -> Look:
+        """LOOK: what this loop has to do now, leased to it (see the script)."""
         settled, due, next_due, now = await self._look(
-            keys=[keys.JOBS_SETTLED, queue, *(keys.job_due(tool) for tool in tools)], args=[room, settled_at_most])
+            keys=[keys.JOBS_SETTLED, queue, *(keys.job_due(tool) for tool in tools)],
+            args=[room, settled_at_most, settled_lease_ms, due_lease_ms])
         pairs = [(tools[int(due[i]) - 1], due[i + 1].decode()) for i in range(0, len(due), 2)]
         return Look([e.decode() for e in settled], pairs, int(next_due) if next_due else None, int(now))
 

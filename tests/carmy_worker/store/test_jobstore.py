@@ -4,6 +4,7 @@ RETRY, driven by hand the way the API and a worker's job loop drive them."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 import redis.asyncio
 
@@ -11,7 +12,7 @@ from carmy_worker.sdk.errors import ToolError
 from carmy_worker.store import jobs, keys, records
 from carmy_worker.store.attempts import Attempts
 from carmy_worker.store.jobstore import JobState, JobStore, job_fields
-from carmy_worker.store.promotion import Promotion, Promotions
+from carmy_worker.store.promotion import Look, Promotion, Promotions
 from carmy_worker.wire import ExecutionJob, RetryPolicy, job_decoder, msgpack_encoder
 
 QUEUE = jobs.queue_name("g")
@@ -191,3 +192,32 @@ async def test_a_finished_job_leaves_its_lists_once_its_retention_is_over(ar: re
     assert await store.forget_expired() == 1
     for listing in (keys.JOBS_ALL, keys.jobs_of(OWNER), keys.JOBS_DEAD, keys.JOBS_EXPIRING):
         assert await ar.zcard(listing) == 0, listing
+
+
+async def test_what_one_loop_looked_at_is_leased_to_it_until_its_lease_ends(ar: redis.asyncio.Redis) -> None:
+    store, p = JobStore(ar), Promotions(ar)
+    job_ids = {await create(store) for _ in range(4)}
+    first = await p.look(["t"], QUEUE, room=100)
+    assert {job_id for _, job_id in first.due} == job_ids
+    assert (await p.look(["t"], QUEUE, room=100)).due == []  # another loop: nothing for it
+    await ar.zadd(keys.JOBS_SETTLED, {"exec_a": 0, "exec_b": 0})
+    mine = await p.look([], QUEUE, room=0, settled_at_most=1)
+    theirs = await p.look([], QUEUE, room=0, settled_at_most=5)
+    assert len(mine.settled) == len(theirs.settled) == 1 and mine.settled != theirs.settled
+
+    # A loop that died with them leased: once the lease is over, another loop sees them.
+    await ar.zadd(keys.job_due("t"), dict.fromkeys(job_ids, 0), xx=True)
+    leased = await p.look(["t"], QUEUE, room=100, due_lease_ms=1)
+    assert {job_id for _, job_id in leased.due} == job_ids
+    again = await turns_until_async(lambda: p.look(["t"], QUEUE, room=100), lambda look: look.due)
+    assert {job_id for _, job_id in again.due} == job_ids
+
+
+async def turns_until_async(look: Callable[[], Awaitable[Look]], done: Callable[[Look], object]) -> Look:
+    """``look()`` again until ``done`` says what it found will do (a lease of 1 ms ends soon)."""
+    for _ in range(1000):
+        found = await look()
+        if done(found):
+            return found
+        await asyncio.sleep(0.001)
+    raise AssertionError("the lease never ended")
