@@ -275,6 +275,8 @@ class RedisServer:
             binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
             "--appendonly", "yes" if self.durable else "no", "--appendfsync", self.fsync,
             "--dir", str(self.workdir), "--maxmemory-policy", "noeviction",
+            # As docker-compose.yml and bin/run: a queued job's hash stays a listpack.
+            "--hash-max-listpack-value", "256",
             # A replica that connects gets its first copy at once, not 5 s later (the default).
             "--repl-diskless-sync-delay", "0", *replica,
             *(["--min-replicas-to-write", str(self.min_replicas), "--min-replicas-max-lag", str(MIN_REPLICAS_MAX_LAG_S)]

@@ -74,6 +74,7 @@ def test_redis_keeps_data_with_aof_every_second_and_never_evicts(compose: Compos
     assert opts["--appendonly"] == "yes"
     assert opts["--appendfsync"] == "everysec"
     assert opts["--maxmemory-policy"] == "noeviction"
+    assert opts["--hash-max-listpack-value"] == "256"  # a queued job's hash stays compact
     # A limit, so that a full Redis refuses new calls rather than the host killing it.
     assert interpolate(opts["--maxmemory"], {}) == "1gb"
 
