@@ -83,6 +83,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         kinds = [] if args.faults == "none" else [k.strip() for k in args.faults.split(",") if k.strip()]
     if (why := refusal(kinds, args.sentinel)) is not None:
         p.error(why)
+    if not 0 <= args.jobs <= 1:
+        p.error("--jobs is a share of the clients' turns: 0 to 1")
     if args.wait_replicas and not args.sentinel:
         p.error("--wait-replicas needs replicas: add --sentinel")
     if args.workers < 2 and {"worker-kill", "worker-term", "worker-stop"} & set(kinds):
