@@ -1,4 +1,5 @@
-"""Fixture for ``load_tools``: one Toolbox bound to two names, plus a second Toolbox."""
+"""Fixture for ``load_tools`` and ``load_schedules``: one Toolbox bound to two names, plus a second
+Toolbox, each with a schedule."""
 
 from __future__ import annotations
 
@@ -19,3 +20,7 @@ def ping(ctx: Context) -> str:
 def pong(ctx: Context) -> str:
     """Answer ping."""
     return "ping"
+
+
+tools.schedule("ping.hourly", cron="@hourly", tool="ping")
+more.schedule("pong.nightly", cron="0 3 * * *", tool="pong", timezone="Europe/Lisbon")

@@ -105,10 +105,10 @@ def test_load_tools_without_tools() -> None:
 
 
 def test_load_schedules_gathers_every_toolbox_once() -> None:
-    schedules = load_schedules("tests.carmy_worker.sdk.scheduled_toolboxes")
+    schedules = load_schedules("tests.carmy_worker.sdk.aliased_toolbox")
     assert sorted((s.name, s.tool, s.timezone) for s in schedules) == [
         ("ping.hourly", "ping", "UTC"), ("pong.nightly", "pong", "Europe/Lisbon")]
-    assert load_schedules("tests.carmy_worker.sdk.aliased_toolbox") == []
+    assert load_schedules("tests.toolsets.basic") == []
 
 
 def test_same_schedule_in_two_toolboxes_of_one_module() -> None:
