@@ -10,21 +10,14 @@ import json
 
 from chaos.facts import Facts
 from chaos.jobcheck import JobTable, reconcile_jobs
-from chaos.model import Create, Fault, Job, JobRead, LedgerEvent, LedgerLine
+from chaos.model import Create, Fault, Job, JobRead, LedgerLine
 from chaos.reconcile import Bounds, reconcile
 from chaos.report import text
+from tests.chaos.ledgers import run
 
 IDEMPOTENT = {"job_put": True, "job_charge": False, "tick": False}
 JOB_TOOLS = set(IDEMPOTENT)
 TICK = "schedule:chaos-tick@1970-01-01T00:01:{:02d}.000Z"  # the occurrence at 60 + n seconds
-
-
-def run(rid: str, xid: str, tool: str, pid: int, start: float, end: float | None,
-        ev: LedgerEvent = "effect") -> list[LedgerLine]:
-    lines = [LedgerLine(ev="started", rid=rid, xid=xid, tool=tool, pid=pid, t=start)]
-    if end is not None:
-        lines.append(LedgerLine(ev=ev, rid=rid, xid=xid, tool=tool, pid=pid, t=end))
-    return lines
 
 
 def result(xid: str, pid: int, rid: str) -> str:

@@ -3,8 +3,9 @@ clean history passes. No processes: ``chaos.reconcile`` is pure."""
 
 from __future__ import annotations
 
-from chaos.model import Answer, Attempt, Fault, LedgerEvent, LedgerLine, Request
+from chaos.model import Answer, Attempt, Fault, LedgerLine, Request
 from chaos.reconcile import Bounds, Table, reconcile
+from tests.chaos.ledgers import run
 
 IDEMPOTENT = {"charge": False, "put": True, "serial": False}
 EXCLUSIVE = {"serial"}
@@ -23,14 +24,6 @@ def uncertain(xid: str, t: float) -> Attempt:
 
 def refused(code: str, t: float) -> Attempt:
     return Attempt(t0=t - 0.1, t1=t, mode="json", api="a", http=503, code=code)
-
-
-def run(rid: str, xid: str, tool: str, pid: int, start: float, end: float | None,
-        ev: LedgerEvent = "effect") -> list[LedgerLine]:
-    lines = [LedgerLine(ev="started", rid=rid, xid=xid, tool=tool, pid=pid, t=start)]
-    if end is not None:
-        lines.append(LedgerLine(ev=ev, rid=rid, xid=xid, tool=tool, pid=pid, t=end))
-    return lines
 
 
 def check(requests: list[Request], ledger: list[LedgerLine], faults: list[Fault] | None = None) -> Table:
