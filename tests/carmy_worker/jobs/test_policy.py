@@ -71,6 +71,8 @@ def test_an_uncertain_outcome_dead_letters_a_non_idempotent_job_and_retries_an_i
 def test_an_attempt_that_never_began_is_tried_again_whatever_the_tool() -> None:
     d = decide(records.never_started("exec_1", "t"), job(idempotent=False), began=False)
     assert d.status == "queued"
+    # Timed out waiting for its lock (parallel_safe=False): the tool never began either.
+    assert decide(records.timed_out("exec_1", "t", 5.0), job(idempotent=False), began=False).status == "queued"
 
 
 def test_a_cancelled_attempt_or_a_cancelled_job_ends_cancelled() -> None:
