@@ -33,7 +33,7 @@ STATUS_BY_CATEGORY: Final[dict[str, int]] = {
 # Codes whose HTTP status is not the one of their category.
 STATUS_BY_CODE: Final[dict[str, int]] = {
     "PAYLOAD_TOO_LARGE": 413, "UNAUTHENTICATED": 401, "BODY_TIMEOUT": 408, "UNSUPPORTED_MEDIA_TYPE": 415,
-    "RATE_LIMITED": 429,
+    "RATE_LIMITED": 429, "WEBHOOK_UNAUTHORIZED": 401,
 }
 
 MAY_HAVE_COMMITTED = "External effects of the tool may have committed."
@@ -68,6 +68,8 @@ ErrorCode = Literal[
     "JOB_NOT_RETRYABLE",
     "JOB_NOT_FINISHED",
     "OPERATOR_REQUIRED",
+    "WEBHOOK_UNAUTHORIZED",
+    "WEBHOOK_NOT_FOUND",
 ]
 
 CATEGORY: Final[dict[str, Category]] = {
@@ -100,6 +102,8 @@ CATEGORY: Final[dict[str, Category]] = {
     "JOB_NOT_RETRYABLE": "conflict",
     "JOB_NOT_FINISHED": "conflict",
     "OPERATOR_REQUIRED": "permission",
+    "WEBHOOK_UNAUTHORIZED": "permission",
+    "WEBHOOK_NOT_FOUND": "not_found",
 }
 
 # Codes an agent may simply try again (after ``retry_after`` when given).
@@ -118,6 +122,7 @@ RECOVERABLE: Final[frozenset[str]] = RETRYABLE | {
     "OPERATOR_REQUIRED",
     "JOB_NOT_FINISHED",
     "UNAUTHENTICATED",
+    "WEBHOOK_UNAUTHORIZED",
     "INSUFFICIENT_SCOPE",
     "IDEMPOTENCY_CONFLICT",
     "EXECUTION_UNCERTAIN",

@@ -45,6 +45,8 @@ TABLE: dict[str, tuple[str, int, bool, bool]] = {
     "JOB_NOT_RETRYABLE": ("conflict", 409, False, False),
     "JOB_NOT_FINISHED": ("conflict", 409, False, True),
     "OPERATOR_REQUIRED": ("permission", 403, False, True),
+    "WEBHOOK_UNAUTHORIZED": ("permission", 401, False, True),
+    "WEBHOOK_NOT_FOUND": ("not_found", 404, False, False),
 }
 
 STATUS_OF_CATEGORY = {
