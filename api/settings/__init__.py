@@ -1,6 +1,6 @@
 """Settings of the HTTP front end, read once from the environment at the entry point: the
 lowest room of the API, which every other may import (``quotas``: each principal's limits;
-``oauth``: the access tokens' issuer)."""
+``oauth``: the access tokens' issuer; ``webhooks``: the deliveries received, and their secrets)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from msgspec import Struct
 
 from api.settings.oauth import OAuthSettings, oauth_from_env
 from api.settings.quotas import Quotas, quotas_from_env
+from api.settings.webhooks import Webhook, parse_webhooks
 from carmy_worker.settings import (
     DEFAULT_REDIS_URL,
     SettingsError,
@@ -101,11 +102,13 @@ class ApiSettings(Struct, frozen=True, kw_only=True):
     # MCP lists the operator's tools (carmy_dead_letters) to callers that hold it.
     operator_permission: str = "carmy:operator"
     mcp_operator_tools: bool = False
+    # Webhooks received at /agent/webhooks/{name} (api/settings/webhooks.py), secrets read at start.
+    webhooks: dict[str, Webhook] = {}
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> ApiSettings:
         env = os.environ if env is None else env
-        return cls(
+        settings = cls(
             redis_url=env.get("CARMY_REDIS_URL") or DEFAULT_REDIS_URL,
             host=env.get("CARMY_HOST") or "127.0.0.1",
             port=env_int(env, "CARMY_PORT", 8000, minimum=0),
@@ -137,7 +140,12 @@ class ApiSettings(Struct, frozen=True, kw_only=True):
             dead_letter_retention=env_int(env, "CARMY_DEAD_LETTER_RETENTION", 30 * 86400),
             operator_permission=(env.get("CARMY_OPERATOR_PERMISSION") or "").strip() or "carmy:operator",
             mcp_operator_tools=env_bool(env, "CARMY_MCP_OPERATOR_TOOLS", False),
+            webhooks=parse_webhooks(env.get("CARMY_WEBHOOKS"), env),
         )
+        keyed = [name for name, hook in settings.webhooks.items() if hook.config.auth == "api-key"]
+        if keyed and not settings.authenticates:
+            raise SettingsError(f"CARMY_WEBHOOKS[{keyed[0]!r}]: auth \"api-key\" needs CARMY_API_KEYS (or OAuth)")
+        return settings
 
     def hosts_allowed(self) -> tuple[str, ...]:
         """``allowed_hosts``, or by default the loopback names when the API is bound to loopback

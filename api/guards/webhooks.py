@@ -1,0 +1,76 @@
+"""Whether a webhook delivery comes from its sender: checked over the raw body, before it is
+parsed, recorded or run (docs/protocol.md, "Webhooks in").
+
+Every comparison goes through ``hmac.compare_digest``; a shared secret in a header is compared
+by its SHA-256, so that the time taken does not tell its length either. Standard Webhooks is
+implemented here rather than with the ``standardwebhooks`` package (which the tests use to sign,
+as a sender would): the package's tolerance is fixed at five minutes, and a malformed header
+makes it raise errors other than its own.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import time
+from collections.abc import Mapping
+
+from api.settings.webhooks import HeaderSecret, HmacSha256, Secret, StandardWebhooks, Webhook
+
+HEX_PREFIX = b"sha256="
+
+
+def verified(webhook: Webhook, headers: Mapping[bytes, bytes], body: bytes, now: float | None = None) -> bool:
+    """Whether ``body``, with these (lower-case) header fields, is signed by ``webhook``'s secret."""
+    scheme, secret = webhook.config.verify, webhook.secret
+    if scheme == "none":
+        return True
+    if secret is None:  # pragma: no cover - settings read every scheme's secret at start
+        return False
+    if isinstance(scheme, HmacSha256):
+        return hmac_sha256(secret, headers.get(scheme.header.lower().encode()), body)
+    if isinstance(scheme, HeaderSecret):
+        return header_secret(secret, headers.get(scheme.header.lower().encode()))
+    return standard(scheme, secret, headers, body, time.time() if now is None else now)
+
+
+def hmac_sha256(secret: Secret, presented: bytes | None, body: bytes) -> bool:
+    """The hex digest, with or without GitHub's ``sha256=``."""
+    if presented is None:
+        return False
+    presented = presented.strip().lower().removeprefix(HEX_PREFIX)
+    expected = hmac.new(secret.value, body, hashlib.sha256).hexdigest().encode()
+    return hmac.compare_digest(expected, presented)
+
+
+def header_secret(secret: Secret, presented: bytes | None) -> bool:
+    if presented is None:
+        return False
+    return hmac.compare_digest(hashlib.sha256(presented.strip()).digest(), hashlib.sha256(secret.value).digest())
+
+
+def standard(scheme: StandardWebhooks, secret: Secret, headers: Mapping[bytes, bytes], body: bytes,
+             now: float) -> bool:
+    """Standard Webhooks: ``v1`` HMAC-SHA256 of ``{id}.{timestamp}.{body}``, base64, any of the
+    space-separated signatures; the timestamp (unix seconds) within the tolerance of ``now``."""
+    msg_id = headers.get(b"webhook-id")
+    timestamp = headers.get(b"webhook-timestamp")
+    signatures = headers.get(b"webhook-signature")
+    if not msg_id or not timestamp or not signatures or not timestamp.isdigit():
+        return False
+    if abs(now - int(timestamp)) > scheme.tolerance_s:
+        return False
+    expected = hmac.new(secret.value, msg_id + b"." + timestamp + b"." + body, hashlib.sha256).digest()
+    found = False
+    for entry in signatures.split():
+        version, _, signature = entry.partition(b",")
+        if version != b"v1":
+            continue
+        try:
+            presented = base64.b64decode(signature, validate=True)
+        except (binascii.Error, ValueError):
+            continue
+        found |= hmac.compare_digest(expected, presented)
+    return found
