@@ -24,6 +24,7 @@ from api.endpoints.jobs import JOBS_PATH, JobRoutes
 from api.endpoints.lookup import ExecutionRoutes
 from api.endpoints.ops import ApiMetrics, Ops
 from api.endpoints.shortcut import CarmyApp
+from api.endpoints.webhooks import WEBHOOKS_PATH, WebhookEndpoint
 from api.events.hub import EventHub
 from api.guards.auth import ApiKeys, Authenticator, RequireAuth
 from api.guards.browser import BrowserGuard, RequireJson
@@ -67,7 +68,8 @@ def create_app(settings: ApiSettings | None = None) -> Starlette:
     connector = RedisConnector(settings.redis_url)
     redis = connect(settings, connector)
     catalog = Catalog(redis=redis, server_name=settings.server_name, dead_after=settings.dead_after,
-                      refresh_interval=settings.catalog_refresh)
+                      refresh_interval=settings.catalog_refresh,
+                      webhook_tools={name: hook.config.tool for name, hook in settings.webhooks.items()})
     # The pub/sub connection waits for messages indefinitely: no read timeout on it.
     listener = connector.client(socket_connect_timeout=CONNECT_TIMEOUT_S)
     hub = EventHub(listener, on_broadcast={keys.CATALOG_CHANNEL: catalog.notify})
@@ -108,6 +110,8 @@ def create_app(settings: ApiSettings | None = None) -> Starlette:
                 tracing.shutdown()
 
     auth = authenticator(settings)
+    # Deliveries carry no key unless their webhook asks for one (api/endpoints/webhooks.py).
+    webhooks = WebhookEndpoint(settings=settings, execute=execute, jobs=jobs, auth=auth)
 
     def guarded(endpoint: ASGIApp, *, mcp: bool = False) -> ASGIApp:
         return RequireAuth(endpoint, auth, mcp=mcp)
@@ -131,6 +135,7 @@ def create_app(settings: ApiSettings | None = None) -> Starlette:
             Route(JOBS_PATH + "/{job_id}/retry", guarded(request_response(job_routes.retry)), methods=["POST"]),
             Route(JOBS_PATH + "/{job_id}/purge", guarded(request_response(job_routes.purge)), methods=["POST"]),
             Route("/agent/schedules", guarded(request_response(job_routes.list_schedules)), methods=["GET"]),
+            Route(WEBHOOKS_PATH + "/{name}", webhooks, methods=["POST"]),
             # Every method: the MCP server answers 405 itself.
             Route(MCP_PATH, guarded(RequireJson(mcp.asgi), mcp=True)),
             Route("/health", ops.health, methods=["GET"]),

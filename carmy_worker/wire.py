@@ -168,7 +168,7 @@ class CatalogDocument(Struct):
     tools: list[ToolSpec]
 
 
-class DiscoveryDocument(Struct, kw_only=True):
+class DiscoveryDocument(Struct, kw_only=True, omit_defaults=True):
     protocol: str
     server: str
     capabilities: list[str]
@@ -177,6 +177,7 @@ class DiscoveryDocument(Struct, kw_only=True):
     execute_url: str
     mcp_url: str
     jobs_url: str | None = None  # with the capability "jobs"
+    webhooks: list[str] | None = None  # with the capability "webhooks": the paths deliveries are received at
 
 
 # --- queue and Redis -------------------------------------------------------------------------

@@ -74,10 +74,17 @@ class CatalogView:
     def get(self, name: str) -> CatalogTool | None:
         return self.tools.get(name)
 
+    def unserved(self, webhook_tools: dict[str, str]) -> dict[str, str]:
+        """The webhooks (name -> tool) whose tool no live worker serves: their deliveries would
+        be refused (``TOOL_NOT_FOUND`` or ``NO_WORKERS``)."""
+        return {name: tool for name, tool in webhook_tools.items()
+                if (found := self.tools.get(tool)) is None or not found.groups}
+
 
 def build_view(server_name: str, workers: list[tuple[WorkerInfo, bool]],
-               validators: dict[bytes, InputSchema | None]) -> CatalogView:
-    """Merge workers' catalogs: for a tool defined twice, the newest worker's definition wins."""
+               validators: dict[bytes, InputSchema | None], webhook_paths: tuple[str, ...] = ()) -> CatalogView:
+    """Merge workers' catalogs: for a tool defined twice, the newest worker's definition wins.
+    ``webhook_paths``: where the configured webhooks are received, listed by discovery."""
     specs: dict[str, WorkerTool] = {}
     groups: dict[str, list[str]] = {}
     schedules: dict[str, ScheduleSpec] = {}
@@ -91,8 +98,10 @@ def build_view(server_name: str, workers: list[tuple[WorkerInfo, bool]],
     names = sorted(specs)
     catalog = Document.of(CatalogDocument(tools=[specs[n].spec for n in names]))
     discovery = Document.of(DiscoveryDocument(
-        protocol="carmy/1", server=server_name, capabilities=CAPABILITIES, tools_url="/agent/tools",
+        protocol="carmy/1", server=server_name, tools_url="/agent/tools",
+        capabilities=[*CAPABILITIES, "webhooks"] if webhook_paths else CAPABILITIES,
         tools_version=catalog.etag.strip('"'), execute_url="/agent/execute", mcp_url="/mcp", jobs_url="/agent/jobs",
+        webhooks=list(webhook_paths) or None,
     ))
     tools = {}
     for name in names:
@@ -128,15 +137,19 @@ class Catalog:
     server_name: str
     dead_after: float
     refresh_interval: float
+    # Webhooks (name -> tool), listed by discovery; one whose tool no worker serves is logged.
+    webhook_tools: dict[str, str] = field(default_factory=dict)
     view: CatalogView = field(init=False)
     _infos: dict[str, WorkerInfo] = field(default_factory=dict)
     _serving: dict[str, bool] | None = None  # what the current view was built from
     _validators: dict[bytes, InputSchema | None] = field(default_factory=dict)
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
     _ok: bool = False
+    _unserved: dict[str, str] | None = None  # as last logged; None: not known yet
 
     def __post_init__(self) -> None:
-        self.view = build_view(self.server_name, [], self._validators)
+        self._webhook_paths = tuple(f"/agent/webhooks/{name}" for name in sorted(self.webhook_tools))
+        self.view = build_view(self.server_name, [], self._validators, self._webhook_paths)
         self._liveness = Liveness(self.redis, dead_after=self.dead_after)
 
     @property
@@ -179,8 +192,22 @@ class Catalog:
         serving = {w: roster.serving(w) for w in self._infos}
         if serving == self._serving:
             return  # same workers, same liveness: the view is still right (the common case)
-        view = build_view(self.server_name, [(self._infos[w], live) for w, live in serving.items()], self._validators)
+        view = build_view(self.server_name, [(self._infos[w], live) for w, live in serving.items()], self._validators,
+                          self._webhook_paths)
         if view.catalog.etag != self.view.catalog.etag:
             log.info("catalog changed: %d tools, version %s", len(view.tools), view.catalog.etag)
         self.view = view
         self._serving = serving
+        self._report_unserved()
+
+    def _report_unserved(self) -> None:
+        """Log the webhooks whose tool no live worker serves, whenever that list changes."""
+        unserved = self.view.unserved(self.webhook_tools)
+        if unserved == self._unserved:
+            return
+        if unserved:
+            log.warning("webhooks whose tool no worker serves (their deliveries are refused): %s",
+                        ", ".join(f"{name} -> {tool}" for name, tool in sorted(unserved.items())))
+        elif self._unserved:
+            log.info("every webhook's tool is served again")
+        self._unserved = unserved

@@ -134,8 +134,15 @@ class ExecuteEndpoint:
             await envelope_error("INVALID_REQUEST", "The request body is not a valid execute request.",
                                  reason=request)(scope, receive, send)
             return Answer("invalid", 400, error_code="INVALID_REQUEST")
+        return await self.call(request, (scope, receive, send), sse=wants_sse(scope),
+                               respond_async=prefers_async(scope), traceparent=traceparent)
+
+    async def call(self, request: ExecuteRequest, asgi: tuple[Scope, Receive, Send], *, sse: bool = False,
+                   respond_async: bool = False, traceparent: str | None = None) -> Answer:
+        """Run a decoded call for the caller of ``scope`` and answer it as ``POST /agent/execute``
+        does: also the door of a webhook delivery (``api.endpoints.webhooks``), JSON only."""
+        scope, receive, send = asgi
         agent = trusted_context(scope)
-        sse, respond_async = wants_sse(scope), prefers_async(scope)
         try:
             call = self.calls.admit(request.tool, request.arguments, request.request_id, agent)
             tool = call.tool

@@ -1,5 +1,6 @@
 """Operating endpoints: ``/health`` (the process lives), ``/ready`` (it can serve: Redis
-answers, has memory left for new work, and a worker is alive) and ``/metrics`` (Prometheus text).
+answers, has memory left for new work, and a worker is alive; and, told but not required, the
+webhooks whose tool no worker serves) and ``/metrics`` (Prometheus text).
 
 Execution counts and latency histograms come from Redis (``carmy_worker.store.metrics``), so they
 cover every worker and are the same on every API replica; the ``carmy_api_*`` figures belong
@@ -165,6 +166,9 @@ class Ops:
             checks["workers"] = {"ok": False, "live": live, "error": _wire(error(
                 "NO_WORKERS", "No worker is alive.", retry_after=2))}
         ready = all(c["ok"] for c in checks.values())
+        if self.catalog.webhook_tools:  # told, not required: one webhook's tool missing leaves the rest servable
+            unserved = self.catalog.view.unserved(self.catalog.webhook_tools)
+            checks["webhooks"] = {"ok": not unserved, "required": False, "unserved": unserved}
         return JSONResponse({"ready": ready, "checks": checks}, status_code=200 if ready else 503,
                             headers={"cache-control": "no-store"})
 
