@@ -85,6 +85,46 @@ def env_tracing(env: Mapping[str, str]) -> TracingSettings:
     raise SettingsError(f"CARMY_TRACING must be off, otlp or file:<path>, got {raw!r}")
 
 
+class NotifySettings(Struct, frozen=True, kw_only=True):
+    """Jobs' callbacks (docs/protocol.md, "Callbacks"), the same settings for the API (which
+    refuses a ``notify`` it could not honour) and the workers (which deliver them).
+
+    ``secret``: ``CARMY_NOTIFY_SECRET``, ``whsec_`` + base64, the Standard Webhooks signing key
+    ('' : callbacks are off). ``hosts``: ``CARMY_NOTIFY_HOSTS``, the host names a callback may
+    call (``*`` any; none by default). ``allow_private``: ``CARMY_NOTIFY_ALLOW_PRIVATE``, whether
+    loopback, private and link-local addresses may be called. ``window``: ``CARMY_NOTIFY_WINDOW``,
+    seconds a callback is retried for."""
+
+    secret: str = ""
+    hosts: tuple[str, ...] = ()
+    allow_private: bool = False
+    window: int = 86400
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.secret)
+
+    def allows_host(self, host: str) -> bool:
+        return "*" in self.hosts or host.lower().rstrip(".") in self.hosts
+
+
+def notify_from_env(env: Mapping[str, str]) -> NotifySettings:
+    secret = (env.get("CARMY_NOTIFY_SECRET") or "").strip()
+    if secret:
+        import base64
+        import binascii
+
+        try:
+            key = base64.b64decode(secret.removeprefix("whsec_"), validate=True)
+        except (binascii.Error, ValueError):
+            key = b""
+        if not secret.startswith("whsec_") or len(key) < 16:
+            raise SettingsError("CARMY_NOTIFY_SECRET must be whsec_ followed by at least 16 bytes in base64")
+    hosts = tuple(h.strip().lower().rstrip(".") for h in (env.get("CARMY_NOTIFY_HOSTS") or "").split(",") if h.strip())
+    return NotifySettings(secret=secret, hosts=hosts, allow_private=env_bool(env, "CARMY_NOTIFY_ALLOW_PRIVATE", False),
+                          window=env_int(env, "CARMY_NOTIFY_WINDOW", 86400))
+
+
 class WorkerSettings(Struct, frozen=True, kw_only=True):
     """Settings of one worker process (the README's Settings table)."""
 
@@ -106,6 +146,7 @@ class WorkerSettings(Struct, frozen=True, kw_only=True):
     # API's settings of the same names apply to the jobs it creates).
     jobs_retention: int = 7 * 86400
     dead_letter_retention: int = 30 * 86400
+    notify: NotifySettings = NotifySettings()
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> WorkerSettings:
@@ -122,4 +163,5 @@ class WorkerSettings(Struct, frozen=True, kw_only=True):
             tracing=env_tracing(env),
             jobs_retention=env_int(env, "CARMY_JOBS_RETENTION", 7 * 86400),
             dead_letter_retention=env_int(env, "CARMY_DEAD_LETTER_RETENTION", 30 * 86400),
+            notify=notify_from_env(env),
         )

@@ -48,6 +48,39 @@ class JobRequest(Struct, forbid_unknown_fields=True, kw_only=True):
     run_at: str | None = None
     delay_ms: int | None = None
     max_attempts: int | None = None
+    notify: NotifyRequest | None = None
+
+
+class NotifyRequest(Struct, forbid_unknown_fields=True, kw_only=True):
+    """A job's callback: POST its view to ``url`` when it reaches one of ``events`` (default:
+    every final status), signed the Standard Webhooks way (docs/protocol.md, "Callbacks")."""
+
+    url: str
+    events: list[str] | None = None
+
+
+class NotifyAttempt(Struct, kw_only=True, omit_defaults=True):
+    """One attempt at delivering a callback: when, and the HTTP status it got or why it failed."""
+
+    at: str
+    status: int | None = None
+    error: str | None = None
+
+
+NotifyState = Literal["waiting", "pending", "delivered", "undeliverable"]
+
+
+class NotifyView(Struct, kw_only=True):
+    """A job's callback as its view shows it: ``state`` is ``waiting`` (the job has not reached
+    one of ``events``), ``pending`` (being delivered, retried with backoff), ``delivered`` (a
+    2xx answer) or ``undeliverable`` (refused address, or its window ran out); ``deliveries``:
+    the latest attempts, oldest first."""
+
+    url: str
+    events: list[str]
+    state: NotifyState = "waiting"
+    delivered: bool = False
+    deliveries: list[NotifyAttempt] = []
 
 
 JobStatus = Literal["queued", "running", "succeeded", "failed", "dead_lettered", "cancelled"]
@@ -75,6 +108,7 @@ class JobView(Struct, kw_only=True):
     result: Any = None
     executions: list[str] = []
     schedule: str | None = None  # the schedule that queued it, if one did
+    notify: NotifyView | None = None  # its callback, if it asked for one
 
 
 class ScheduleView(Struct, kw_only=True):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime
 import hashlib
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from redis.asyncio import Redis
 
@@ -20,15 +21,26 @@ from api.calling.checks import Rejected, rate_limited
 from api.settings import ApiSettings
 from carmy_worker.sdk.context import AgentContext
 from carmy_worker.sdk.errors import clip, error, store_full
+from carmy_worker.settings import NotifySettings
 from carmy_worker.store import keys
 from carmy_worker.store.durable import Durability
 from carmy_worker.store.jobstore import JobState, JobStore, job_fields
 from carmy_worker.store.memory import StoreMemory
 from carmy_worker.store.submit import Submission
-from carmy_worker.wire import JOB_STATUSES, ErrorBody, ExecutionJob, JobRequest, canonical_json_encoder, msgpack_encoder
+from carmy_worker.wire import (
+    JOB_STATUSES,
+    ErrorBody,
+    ExecutionJob,
+    JobRequest,
+    NotifyRequest,
+    canonical_json_encoder,
+    msgpack_encoder,
+)
 
 MAX_ATTEMPTS = 100  # the most attempts a request may ask for (a tool's retry policy has the same bound)
 MAX_LIST = 1000  # the most jobs one list returns
+MAX_NOTIFY_URL = 2048
+NOTIFY_EVENTS = ("succeeded", "failed", "dead_lettered", "cancelled")  # a callback's events: the final statuses
 
 
 @dataclass(frozen=True)
@@ -57,6 +69,7 @@ class Jobs:
         tool = admitted.tool
         run_at_ms = _run_at(request)
         max_attempts = _max_attempts(request, tool.retry.max_attempts)
+        notify = _notify(request.notify, self.settings.notify)
         arguments = canonical_json_encoder.encode(admitted.arguments)
         template = ExecutionJob(
             execution_id="", tool=tool.spec.name, arguments=arguments, principal=agent.principal,
@@ -67,13 +80,13 @@ class Jobs:
         fields = job_fields(
             tool=tool.spec.name, owner=owner, payload=msgpack_encoder.encode(template), policy=tool.retry,
             max_attempts=max_attempts, idempotent=tool.spec.idempotent, retention=self.settings.jobs_retention,
-            dead_retention=self.settings.dead_letter_retention, request_id=admitted.request_id,
+            dead_retention=self.settings.dead_letter_retention, request_id=admitted.request_id, notify=notify,
         )
         idempotency = None if admitted.request_id is None else keys.job_idempotency(
             agent.principal, agent.session, admitted.request_id)
         created = await self.store.create(
             job_id=job_id, tool=tool.spec.name, owner=owner, fields=fields, idempotency=idempotency,
-            fingerprint=_fingerprint(request, arguments), run_at_ms=run_at_ms, delay_ms=request.delay_ms or 0,
+            fingerprint=_fingerprint(request, arguments, notify), run_at_ms=run_at_ms, delay_ms=request.delay_ms or 0,
             horizon_ms=self.settings.jobs_horizon * 1000, max_open=self.settings.jobs_max_open,
             quota=self.settings.quotas.of(agent.principal), room=self.memory is None or self.memory.room,
         )
@@ -151,6 +164,10 @@ class Jobs:
         outcome = await self.store.purge(job)
         if outcome == "gone":
             raise Rejected(not_found())
+        if outcome == "notifying":
+            raise Rejected(error("JOB_NOT_FINISHED", "This job's callback is still being delivered; purge it once "
+                                                     "its notify state is delivered or undeliverable.",
+                                 details={"status": job.status, "notify": "pending"}))
         if outcome != "purged":
             raise Rejected(error("JOB_NOT_FINISHED", f"Only a finished job can be purged; this one is {outcome}.",
                                  suggested_action="cancel it first", details={"status": outcome}))
@@ -204,10 +221,44 @@ def _max_attempts(request: JobRequest, default: int) -> int:
     return request.max_attempts
 
 
-def _fingerprint(request: JobRequest, arguments: bytes) -> str:
+def _notify(notify: NotifyRequest | None, settings: NotifySettings) -> tuple[str, list[str]] | None:
+    """The callback asked for, as (url, events), refused unless callbacks are configured, the URL
+    is http(s) to a host ``CARMY_NOTIFY_HOSTS`` allows, and the events are final statuses."""
+    if notify is None:
+        return None
+
+    def refuse(message: str, field: str) -> Rejected:
+        return Rejected(error("INVALID_REQUEST", message, details={"field": field}))
+
+    if not settings.enabled:
+        raise refuse("Callbacks are not configured on this server (CARMY_NOTIFY_SECRET is not set).", "notify")
+    url = notify.url
+    if len(url.encode()) > MAX_NOTIFY_URL:
+        raise refuse(f"notify.url must be at most {MAX_NOTIFY_URL} bytes.", "notify.url")
+    try:
+        parts = urlsplit(url)
+        host = (parts.hostname or "").rstrip(".")
+        _ = parts.port
+    except ValueError:
+        raise refuse(f"notify.url is not a URL: {clip(url)!r}.", "notify.url") from None
+    if parts.scheme not in ("http", "https") or not host or parts.username is not None or parts.fragment:
+        raise refuse("notify.url must be an http or https URL with a host, and no credentials or fragment.",
+                     "notify.url")
+    if not settings.allows_host(host):
+        allowed = ", ".join(settings.hosts) or "none"
+        raise refuse(f"notify.url's host {host} is not one callbacks may call (CARMY_NOTIFY_HOSTS: {allowed}).",
+                     "notify.url")
+    events = list(NOTIFY_EVENTS) if notify.events is None else notify.events
+    if not events or len(set(events)) != len(events) or not set(events) <= set(NOTIFY_EVENTS):
+        raise refuse(f"notify.events must be distinct final statuses: {', '.join(NOTIFY_EVENTS)}.", "notify.events")
+    return url, [e for e in NOTIFY_EVENTS if e in events]
+
+
+def _fingerprint(request: JobRequest, arguments: bytes, notify: tuple[str, list[str]] | None) -> str:
     """What makes two requests with the same request id the same job: the whole body."""
     body = canonical_json_encoder.encode({
         "tool": request.tool, "arguments": arguments.decode(), "run_at": request.run_at,
         "delay_ms": request.delay_ms, "max_attempts": request.max_attempts,
+        **({} if notify is None else {"notify": list(notify)}),
     })
     return hashlib.sha256(body).hexdigest()

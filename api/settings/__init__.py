@@ -16,6 +16,7 @@ from api.settings.quotas import Quotas, quotas_from_env
 from api.settings.webhooks import Webhook, parse_webhooks
 from carmy_worker.settings import (
     DEFAULT_REDIS_URL,
+    NotifySettings,
     SettingsError,
     TracingSettings,
     env_bool,
@@ -23,6 +24,7 @@ from carmy_worker.settings import (
     env_float,
     env_int,
     env_tracing,
+    notify_from_env,
 )
 
 # The names a browser on this machine uses for a server bound to loopback, with any port.
@@ -104,6 +106,8 @@ class ApiSettings(Struct, frozen=True, kw_only=True):
     mcp_operator_tools: bool = False
     # Webhooks received at /agent/webhooks/{name} (api/settings/webhooks.py), secrets read at start.
     webhooks: dict[str, Webhook] = {}
+    # Jobs' callbacks: without a secret, or for a host not allowed, a job's notify is refused.
+    notify: NotifySettings = NotifySettings()
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> ApiSettings:
@@ -141,6 +145,7 @@ class ApiSettings(Struct, frozen=True, kw_only=True):
             operator_permission=(env.get("CARMY_OPERATOR_PERMISSION") or "").strip() or "carmy:operator",
             mcp_operator_tools=env_bool(env, "CARMY_MCP_OPERATOR_TOOLS", False),
             webhooks=parse_webhooks(env.get("CARMY_WEBHOOKS"), env),
+            notify=notify_from_env(env),
         )
         keyed = [name for name, hook in settings.webhooks.items() if hook.config.auth == "api-key"]
         if keyed and not settings.authenticates:

@@ -13,6 +13,7 @@ import time
 from redis.asyncio import Redis
 
 from carmy_worker import collector
+from carmy_worker.jobs.callbacks import CallbackLoop
 from carmy_worker.jobs.driver import JobLoop
 from carmy_worker.runtime import queue
 from carmy_worker.runtime.presence import Presence, describe, group_of, new_worker_id
@@ -66,6 +67,8 @@ async def serve(tools: list[Tool], settings: WorkerSettings, connector: RedisCon
     job_loop = asyncio.create_task(jobs_loop.run())
     background = [asyncio.create_task(listen_for_cancels(redis, runtime)), asyncio.create_task(janitor.run()),
                   job_loop]
+    if settings.notify.enabled:  # a worker without the secret leaves callbacks to those that have it
+        background.append(asyncio.create_task(CallbackLoop(redis, settings.notify).run()))
 
     async def on_shutdown(_: object) -> None:
         for task in background:

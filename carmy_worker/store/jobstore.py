@@ -30,9 +30,10 @@ from carmy_worker.store.lua import ACCEPTED_WORK, NEW_WORK, NOW, text
 from carmy_worker.store.metrics import LUA_COUNT_JOB
 from carmy_worker.store.quota import NO_QUOTA, QUOTA, Quota
 from carmy_worker.store.scripts import Script, bind
-from carmy_worker.wire import JobStatus, JobView, RetryPolicy
+from carmy_worker.wire import JobStatus, JobView, NotifyAttempt, NotifyState, NotifyView, RetryPolicy
 
 FINISHED: frozenset[str] = frozenset({"succeeded", "failed", "dead_lettered", "cancelled"})
+attempt_decoder = msgspec.json.Decoder(NotifyAttempt)
 
 # Lua: a new job, queued: its hash (`fields` are its parts from the caller, then what this adds),
 # due at `due` in its tool's due set, and listed (everyone's, its owner's, its owner's open ones:
@@ -106,8 +107,16 @@ return {'new', ARGV[1]}
 # (a dead letter for its own), and so is the request id that created it. Its listings forget it
 # once it has expired (`keys.JOBS_EXPIRING`, swept by the job loops: `forget_expired`).
 FINISH_JOB = LUA_COUNT_JOB + f"""
-local function finish_job(job, job_id, tool, status, open, due_set, idem, now)
+-- A job that asked to be told of this status gets its callback due now, in the same script (a
+-- crash cannot lose it): `notify_id` is its webhook-id, the same for every delivery attempt.
+local function finish_job(job, job_id, tool, status, open, due_set, idem, now, callbacks)
   redis.call('HSET', job, 'status', status, 'finished_at', now, 'updated_at', now)
+  local n = redis.call('HMGET', job, 'notify_url', 'notify_events', 'attempts')
+  if n[1] and string.find(' ' .. (n[2] or '') .. ' ', ' ' .. status .. ' ', 1, true) then
+    redis.call('HSET', job, 'notify_state', 'pending', 'notify_since', now, 'notify_tries', 0,
+               'notify_id', 'msg_' .. job_id .. '_' .. status .. '_' .. (n[3] or '0'))
+    redis.call('ZADD', callbacks, now, job_id)
+  end
   redis.call('ZREM', due_set, job_id)
   redis.call('ZREM', open, job_id)
   local keep = redis.call('HMGET', job, 'retention', 'dead_retention', 'owner')
@@ -126,14 +135,15 @@ end
 # A caller cancels its job: one that waits is cancelled here and now; a running one is marked,
 # and its execution (returned) is cancelled by the caller (store.verdicts.CANCEL): the job loop
 # then concludes it `cancelled`, unless it had already succeeded.
-# KEYS: job, due set, owner's open jobs, idempotency (or the job again)
+# KEYS: job, due set, owner's open jobs, idempotency (or the job again), callbacks due
 # ARGV: job_id
 CANCEL_JOB = Script("CANCEL_JOB", ACCEPTED_WORK + NOW + FINISH_JOB + """
 local h = redis.call('HMGET', KEYS[1], 'status', 'exec', 'tool')
 if not h[1] then return {'gone'} end
 if h[1] == 'queued' then
   redis.call('HSET', KEYS[1], 'cancel', '1')
-  finish_job(KEYS[1], ARGV[1], h[3], 'cancelled', KEYS[3], KEYS[2], KEYS[4] ~= KEYS[1] and KEYS[4] or '', now)
+  finish_job(KEYS[1], ARGV[1], h[3], 'cancelled', KEYS[3], KEYS[2], KEYS[4] ~= KEYS[1] and KEYS[4] or '', now,
+             KEYS[5])
   return {'cancelled'}
 end
 if h[1] == 'running' then
@@ -164,7 +174,8 @@ return 'retried'
 """)
 
 # An operator purges a finished job (a dead letter, usually) before its retention is over: its
-# hash, its request id and every list that names it go now. An unfinished job is left alone.
+# hash, its request id and every list that names it go now. An unfinished job is left alone, and
+# so is one whose callback is still being delivered ('notifying': the callback is not lost).
 # KEYS: job, owner's jobs, idempotency (or the job again)
 # ARGV: job_id, owner
 PURGE_JOB = Script("PURGE_JOB", ACCEPTED_WORK + f"""
@@ -173,6 +184,7 @@ if not status then return 'gone' end
 if status ~= 'succeeded' and status ~= 'failed' and status ~= 'dead_lettered' and status ~= 'cancelled' then
   return status
 end
+if redis.call('HGET', KEYS[1], 'notify_state') == 'pending' then return 'notifying' end
 redis.call('DEL', KEYS[1], KEYS[3])
 redis.call('ZREM', '{keys.JOBS_ALL}', ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
@@ -222,6 +234,7 @@ class JobState(Struct, kw_only=True):
     cancel: bool
     schedule: str | None
     idem_key: str
+    notify: Notify | None = None
 
     @property
     def attempts_left(self) -> int:
@@ -237,12 +250,32 @@ class JobState(Struct, kw_only=True):
             last_error=None if self.last_error is None else msgspec.Raw(self.last_error),
             result=None if self.result is None else msgspec.Raw(self.result),
             executions=self.executions, schedule=self.schedule,
+            notify=None if self.notify is None else self.notify.view(),
         )
+
+
+class Notify(Struct, kw_only=True):
+    """A job's callback as its hash holds it: ``state`` '' while it waits for one of ``events``;
+    ``message_id`` (its webhook-id) and ``tries`` once due; ``log``: the latest attempts (JSON
+    of ``NotifyAttempt`` each)."""
+
+    url: str
+    events: list[str]
+    state: str
+    message_id: str
+    tries: int
+    log: list[bytes]
+
+    def view(self) -> NotifyView:
+        state = cast("NotifyState", self.state or "waiting")
+        return NotifyView(url=self.url, events=self.events, state=state, delivered=state == "delivered",
+                          deliveries=[attempt_decoder.decode(line) for line in self.log])
 
 
 FIELDS = ["tool", "owner", "status", "request_id", "attempts", "base_attempts", "max_attempts", "backoff_ms",
           "max_backoff_ms", "idem", "run_at", "due", "created_at", "executions", "exec", "last_error", "result",
-          "cancel", "schedule", "idem_key"]
+          "cancel", "schedule", "idem_key", "notify_url", "notify_events", "notify_state", "notify_id",
+          "notify_tries", "notify_log"]
 
 
 def parse(job_id: str, values: list[bytes | None]) -> JobState | None:
@@ -266,6 +299,10 @@ def parse(job_id: str, values: list[bytes | None]) -> JobState | None:
         idempotent=v["idem"] == b"1", run_at_ms=n("run_at"), due_ms=n("due"), created_ms=n("created_at"),
         executions=(s("executions") or "").split(), execution_id=s("exec"), last_error=v["last_error"],
         result=v["result"], cancel=v["cancel"] == b"1", schedule=s("schedule"), idem_key=s("idem_key") or "",
+        notify=None if v["notify_url"] is None else Notify(
+            url=s("notify_url") or "", events=(s("notify_events") or "").split(), state=s("notify_state") or "",
+            message_id=s("notify_id") or "", tries=n("notify_tries"),
+            log=[line for line in (v["notify_log"] or b"").split(b"\n") if line]),
     )
 
 
@@ -278,7 +315,8 @@ def rfc3339(ms: int) -> str:
 
 
 def job_fields(*, tool: str, owner: str, payload: bytes, policy: RetryPolicy, max_attempts: int, idempotent: bool,
-               retention: int, dead_retention: int, request_id: str | None, schedule: str = "") -> list[Any]:
+               retention: int, dead_retention: int, request_id: str | None, schedule: str = "",
+               notify: tuple[str, list[str]] | None = None) -> list[Any]:
     """The parts of a new job's hash its creator knows (CREATE adds status, times, attempts):
     ``payload`` is its ``ExecutionJob`` (msgpack) with no execution id yet."""
     fields: list[Any] = [
@@ -290,6 +328,8 @@ def job_fields(*, tool: str, owner: str, payload: bytes, policy: RetryPolicy, ma
         fields += ["request_id", request_id]
     if schedule:
         fields += ["schedule", schedule]
+    if notify is not None:
+        fields += ["notify_url", notify[0], "notify_events", " ".join(notify[1])]
     return fields
 
 
@@ -406,4 +446,4 @@ class JobStore:
     @staticmethod
     def _keys(job: JobState) -> builtins.list[str]:
         return [keys.job(job.job_id), keys.job_due(job.tool), keys.jobs_open(job.owner),
-                job.idem_key or keys.job(job.job_id)]
+                job.idem_key or keys.job(job.job_id), keys.CALLBACKS_DUE]

@@ -172,6 +172,8 @@ JOBS_ALL = PREFIX + "jobs:all"  # zset job_id -> created (µs): every job, for a
 JOBS_DEAD = PREFIX + "jobs:dead"  # zset job_id -> dead-lettered (ms)
 JOBS_EXPIRING = PREFIX + "jobs:expiring"  # zset "job_id owner" -> when its retention ends (ms)
 JOB_PREFIX = PREFIX + "job:"
+# zset job_id -> when its callback's next delivery attempt is due (ms; store/callbacks.py)
+CALLBACKS_DUE = PREFIX + "callbacks:due"
 
 
 def job(job_id: str) -> str:

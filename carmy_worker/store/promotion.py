@@ -90,7 +90,8 @@ return promoted
 # queued again after ARGV[3] ms, or finished), only if this execution is still the job's current
 # attempt and the job still runs (another worker's loop may have concluded it first). A job its
 # caller cancelled while it ran ends cancelled rather than queued again.
-# KEYS: job, settled executions, running executions, due set, owner's open jobs, idempotency (or the job)
+# KEYS: job, settled executions, running executions, due set, owner's open jobs, idempotency (or the job),
+#       callbacks due
 # ARGV: exec_id, status, delay ms, last error JSON or '', result JSON or '', lateness ms or '', tool, job_id
 CONCLUDE = Script("JOBS_CONCLUDE", ACCEPTED_WORK + NOW + LUA_OBSERVE + FINISH_JOB + """
 redis.call('ZREM', KEYS[2], ARGV[1])
@@ -108,7 +109,8 @@ if status == 'queued' then
   count_job(ARGV[7], 'retried')
 else
   if ARGV[5] ~= '' then redis.call('HSET', KEYS[1], 'result', ARGV[5]) end
-  finish_job(KEYS[1], ARGV[8], ARGV[7], status, KEYS[5], KEYS[4], KEYS[6] ~= KEYS[1] and KEYS[6] or '', now)
+  finish_job(KEYS[1], ARGV[8], ARGV[7], status, KEYS[5], KEYS[4], KEYS[6] ~= KEYS[1] and KEYS[6] or '', now,
+             KEYS[7])
 end
 return status
 """)
@@ -279,7 +281,7 @@ class Promotions:
         """CONCLUDE: the status the job went to ('' if another loop concluded it first)."""
         answer = await self._conclude(
             keys=[keys.job(job_id), keys.JOBS_SETTLED, keys.JOBS_RUNNING, keys.job_due(tool), keys.jobs_open(owner),
-                  idem_key or keys.job(job_id)],
+                  idem_key or keys.job(job_id), keys.CALLBACKS_DUE],
             args=[execution_id, status, delay_ms, last_error, result, "" if lateness_ms is None else lateness_ms,
                   tool, job_id])
         return text(answer)

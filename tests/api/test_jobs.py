@@ -41,7 +41,7 @@ NIGHTLY = ScheduleSpec(name="nightly", cron="0 3 * * *", tool="echo", arguments=
                        timezone="Europe/Lisbon", grace=30.0)
 LATER = 3_600_000  # ms: a job due in an hour stays queued for the whole test
 VIEW_FIELDS = {"job_id", "tool", "status", "request_id", "attempts", "max_attempts", "run_at", "created_at",
-               "last_error", "result", "executions", "schedule"}
+               "last_error", "result", "executions", "schedule", "notify"}
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,125 @@
+"""One HTTP POST to a callback's URL, with no server-side request forgery.
+
+* Only a host ``CARMY_NOTIFY_HOSTS`` allows is called.
+* The name is resolved once; if any of its addresses is loopback, private, link-local,
+  unspecified, multicast or reserved (allowed only with ``CARMY_NOTIFY_ALLOW_PRIVATE``), or a
+  cloud metadata address (never allowed), nothing is called.
+* The connection goes to the address that was checked (no second resolution, so no DNS rebinding
+  between the check and the connection), with the name in ``Host`` and in TLS's SNI and
+  certificate check.
+* No redirect is followed (a 3xx is a failed attempt); the whole exchange has a timeout; at most
+  ``MAX_READ`` bytes of the answer are read (its status line is all that counts).
+
+A refusal is final (``Answer.final``): retrying would be refused again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import socket
+import ssl
+from dataclasses import dataclass
+from urllib.parse import SplitResult, urlsplit
+
+from carmy_worker.settings import NotifySettings
+
+TIMEOUT_S = 10.0
+MAX_READ = 4096
+MAX_ERROR = 200  # characters of an error kept in an attempt
+METADATA = frozenset({ipaddress.ip_address("169.254.169.254"), ipaddress.ip_address("fd00:ec2::254")})
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What an attempt got: the HTTP status, or why there was none (``error``); ``final``: the
+    address is refused, so no later attempt would do better."""
+
+    status: int | None = None
+    error: str | None = None
+    final: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.status is not None and 200 <= self.status < 300
+
+
+def refusal(address: str, *, allow_private: bool) -> str | None:
+    """Why ``address`` (an IP) may not be called, or None."""
+    ip = ipaddress.ip_address(address.split("%", 1)[0])
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    if ip in METADATA:
+        return "a cloud metadata address"
+    if allow_private:
+        return None
+    for kind, refused in (("loopback", ip.is_loopback), ("unspecified", ip.is_unspecified),
+                          ("link-local", ip.is_link_local), ("multicast", ip.is_multicast),
+                          ("private", ip.is_private), ("reserved", ip.is_reserved)):
+        if refused:
+            return f"a {kind} address"
+    return None
+
+
+def clip(message: str) -> str:
+    return message if len(message) <= MAX_ERROR else message[:MAX_ERROR - 1] + "…"
+
+
+async def post(url: str, body: bytes, headers: dict[str, str], *, settings: NotifySettings,
+               timeout: float = TIMEOUT_S) -> Answer:
+    """POST ``body`` to ``url`` under the rules above."""
+    parts = urlsplit(url)
+    host = (parts.hostname or "").rstrip(".")
+    if parts.scheme not in ("http", "https") or not host:
+        return Answer(error="not an http(s) URL", final=True)
+    if not settings.allows_host(host):
+        return Answer(error=f"host {host} is not in CARMY_NOTIFY_HOSTS", final=True)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        async with asyncio.timeout(timeout):
+            infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
+            for address in addresses:
+                why = refusal(address, allow_private=settings.allow_private)
+                if why is not None:
+                    return Answer(error=f"{host} resolves to {address}, {why}: refused", final=True)
+            if not addresses:
+                return Answer(error=f"{host} does not resolve")
+            return await _exchange(addresses[0], port, parts.scheme == "https", host, parts, body, headers)
+    except TimeoutError:
+        return Answer(error=f"no answer within {timeout:g} s")
+    except (OSError, ssl.SSLError, ValueError) as exc:
+        return Answer(error=clip(f"{type(exc).__name__}: {exc}"))
+
+
+async def _exchange(address: str, port: int, tls: bool, host: str, parts: SplitResult, body: bytes,
+                    headers: dict[str, str]) -> Answer:
+    context = ssl.create_default_context() if tls else None
+    reader, writer = await asyncio.open_connection(address, port, ssl=context,
+                                                   server_hostname=host if tls else None)
+    try:
+        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        default = 443 if tls else 80
+        authority = host if ":" not in host else f"[{host}]"
+        if port != default:
+            authority += f":{port}"
+        lines = [f"POST {target} HTTP/1.1", f"Host: {authority}", "Content-Type: application/json",
+                 f"Content-Length: {len(body)}", "Connection: close", "User-Agent: carmy-callbacks",
+                 *(f"{k}: {v}" for k, v in headers.items())]
+        writer.write(("\r\n".join(lines) + "\r\n\r\n").encode() + body)
+        await writer.drain()
+        head = b""
+        while b"\r\n" not in head and len(head) < MAX_READ:
+            chunk = await reader.read(MAX_READ - len(head))
+            if not chunk:
+                break
+            head += chunk
+    finally:
+        writer.close()
+    status_line = head.split(b"\r\n", 1)[0].split()
+    if len(status_line) < 2 or not status_line[0].startswith(b"HTTP/") or not status_line[1].isdigit():
+        return Answer(error="not an HTTP answer")
+    status = int(status_line[1])
+    if 300 <= status < 400:
+        return Answer(status=status, error="a redirect, not followed")
+    return Answer(status=status)

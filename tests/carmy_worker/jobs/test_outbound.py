@@ -1,0 +1,93 @@
+"""The callbacks' outbound HTTP: which addresses are refused, that the address checked is the one
+connected to (a name resolved once), and that a refusal calls nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from typing import Any
+
+import pytest
+
+from carmy_worker.jobs import outbound
+from carmy_worker.jobs.outbound import refusal
+from carmy_worker.settings import NotifySettings, SettingsError, notify_from_env
+
+ANY = NotifySettings(secret="whsec_x", hosts=("*",))
+
+
+@pytest.mark.parametrize(("address", "why"), [
+    ("127.0.0.1", "loopback"), ("127.8.9.10", "loopback"), ("::1", "loopback"), ("::ffff:127.0.0.1", "loopback"),
+    ("10.1.2.3", "private"), ("172.16.0.1", "private"), ("192.168.1.1", "private"), ("fd12::1", "private"),
+    ("169.254.1.1", "link-local"), ("fe80::1", "link-local"), ("0.0.0.0", "unspecified"), ("::", "unspecified"),
+    ("224.0.0.1", "multicast"), ("ff02::1", "multicast"),
+    ("169.254.169.254", "cloud metadata"), ("fd00:ec2::254", "cloud metadata"),
+])
+def test_forbidden_addresses(address: str, why: str) -> None:
+    found = refusal(address, allow_private=False)
+    assert found is not None and why in found
+
+
+def test_public_addresses_pass_and_private_ones_when_allowed_but_never_metadata() -> None:
+    assert refusal("93.184.216.34", allow_private=False) is None
+    assert refusal("2606:4700::6810:84e5", allow_private=False) is None
+    assert refusal("127.0.0.1", allow_private=True) is None
+    assert refusal("10.0.0.1", allow_private=True) is None
+    assert refusal("169.254.169.254", allow_private=True) == "a cloud metadata address"
+
+
+def test_hosts_are_allowed_by_name() -> None:
+    s = notify_from_env({"CARMY_NOTIFY_HOSTS": "Hooks.Example.com., 127.0.0.1", "CARMY_NOTIFY_SECRET": ""})
+    assert s.allows_host("hooks.example.com") and s.allows_host("hooks.example.com.")
+    assert not s.allows_host("evil.example.com") and not s.enabled
+    assert notify_from_env({}).hosts == () and not notify_from_env({}).allows_host("a")
+    assert ANY.allows_host("anything")
+
+
+@pytest.mark.parametrize("secret", ["abc", "whsec_not base64!", "whsec_YWJj"])
+def test_a_malformed_secret_is_refused(secret: str) -> None:
+    with pytest.raises(SettingsError, match="CARMY_NOTIFY_SECRET"):
+        notify_from_env({"CARMY_NOTIFY_SECRET": secret})
+
+
+async def test_a_name_is_resolved_once_and_its_address_connected_to(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A name that resolves to a private address on its second resolution (DNS rebinding) is
+    never resolved twice: the connection goes to the address checked."""
+    resolved: list[str] = []
+    connected: list[tuple[Any, ...]] = []
+    answers = iter(["93.184.216.34", "127.0.0.1"])
+
+    async def getaddrinfo(self: Any, host: str, port: int, **kw: Any) -> list[Any]:
+        resolved.append(host)
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (next(answers), port))]
+
+    async def open_connection(host: str, port: int, **kw: Any) -> Any:
+        connected.append((host, port, kw.get("server_hostname")))
+        raise ConnectionRefusedError("test: nothing listens")
+
+    monkeypatch.setattr(asyncio.get_running_loop().__class__, "getaddrinfo", getaddrinfo)
+    monkeypatch.setattr(asyncio, "open_connection", open_connection)
+    answer = await outbound.post("https://hooks.example.com/x", b"{}", {}, settings=ANY)
+    assert resolved == ["hooks.example.com"]
+    assert connected == [("93.184.216.34", 443, "hooks.example.com")]
+    assert answer.error is not None and "ConnectionRefusedError" in answer.error and not answer.final
+
+
+async def test_any_forbidden_address_of_a_name_refuses_it_without_connecting(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def getaddrinfo(self: Any, host: str, port: int, **kw: Any) -> list[Any]:
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (a, port)) for a in ("93.184.216.34", "10.0.0.7")]
+
+    async def open_connection(*a: Any, **kw: Any) -> Any:
+        raise AssertionError("connected")
+
+    monkeypatch.setattr(asyncio.get_running_loop().__class__, "getaddrinfo", getaddrinfo)
+    monkeypatch.setattr(asyncio, "open_connection", open_connection)
+    answer = await outbound.post("http://mixed.example.com/", b"{}", {}, settings=ANY)
+    assert answer.final and answer.error == "mixed.example.com resolves to 10.0.0.7, a private address: refused"
+
+
+async def test_a_host_not_allowed_or_not_http_is_final_without_resolving() -> None:
+    only = NotifySettings(secret="whsec_x", hosts=("a.example",))
+    answer = await outbound.post("http://b.example/", b"{}", {}, settings=only)
+    assert answer.final and answer.error == "host b.example is not in CARMY_NOTIFY_HOSTS"
+    assert (await outbound.post("file:///etc/passwd", b"", {}, settings=ANY)).final
