@@ -16,10 +16,15 @@ import httpx
 import pytest
 from standardwebhooks import Webhook, WebhookVerificationError
 
+from carmy_worker.store.callbacks import LEASE_MS
 from tests.callbacks import NOTIFY_ENV, SECRET, Receiver, receiver
 from tests.conftest import private_stack
 from tests.e2e.test_jobs_api import AS_ALICE, KEYS, Api, ms
 from tests.support import Stack, wait_until
+
+# A worker killed during an attempt leaves its lease (30 s) to run out before the next worker
+# makes the attempt again.
+LEASE_WAIT = LEASE_MS / 1000 + 30
 
 
 @pytest.fixture(scope="module")
@@ -150,7 +155,7 @@ def test_a_callback_pending_when_its_worker_dies_is_delivered_by_the_next(api: A
     assert api.get(job["job_id"])["notify"]["state"] == "pending"
     hook.answer("/crash")
     stack.worker("tests.toolsets.jobs", env=NOTIFY_ENV)
-    done = notified(api, job["job_id"])
+    done = notified(api, job["job_id"], timeout=LEASE_WAIT)
     ids = {d.headers["webhook-id"] for d in hook.to("/crash")}
     assert ids == {f"msg_{job['job_id']}_succeeded_1"}
     assert done["notify"]["deliveries"][-1]["status"] == 200
@@ -176,7 +181,7 @@ def test_a_pending_callback_survives_worker_api_and_redis_restarts(hook: Receive
         stack.worker("tests.toolsets.jobs", env=NOTIFY_ENV)
         _, base = stack.api({"CARMY_API_KEYS": KEYS, **NOTIFY_ENV})
         with httpx.Client(timeout=30) as client:
-            done = notified(Api(base, stack.tmp, client), job["job_id"])
+            done = notified(Api(base, stack.tmp, client), job["job_id"], timeout=LEASE_WAIT)
     assert done["notify"]["deliveries"][-1]["status"] == 200
     assert {d.headers["webhook-id"] for d in hook.to("/restart")} == {f"msg_{job['job_id']}_succeeded_1"}
     Webhook(SECRET).verify(hook.to("/restart")[-1].body, hook.to("/restart")[-1].headers)
