@@ -35,6 +35,7 @@ DELAY_MS = (0, 2000)
 # such a job ends dead-lettered once its attempts run out.
 FAILS: tuple[tuple[int, float], ...] = ((0, 0.6), (1, 0.2), (2, 0.1), (9, 0.1))
 MAX_ATTEMPTS = (2, 4)
+NOTIFY_SHARE = 0.3  # of the jobs, when a callback receiver runs: they ask for a callback
 FINISHED = frozenset({"succeeded", "failed", "dead_lettered", "cancelled"})
 WATCH_GAP_S = 0.05  # between two reads of the watcher: about 20 reads a second
 READ_GAP_S = 3.0  # between the last two reads of every job
@@ -64,6 +65,8 @@ def body(job: Job) -> dict[str, Any]:
         doc["delay_ms"] = job.delay_ms
     if job.run_at is not None:
         doc["run_at"] = job.run_at
+    if job.notify is not None:
+        doc["notify"] = {"url": job.notify}  # every final status, by default
     return doc
 
 
@@ -110,10 +113,11 @@ def read(client: httpx.Client, base: str, job_id: str) -> JobRead | None:
         return JobRead(t=time.time(), status=None)
     if r.status_code != 200:
         return None
-    error = doc.get("last_error") or {}
+    error, notify = doc.get("last_error") or {}, doc.get("notify") or {}
     return JobRead(t=time.time(), status=doc["status"], attempts=doc["attempts"], executions=doc["executions"],
                    created_ms=_ms(doc["created_at"]), error=error.get("code"),
-                   result=None if doc.get("result") is None else json.dumps(doc["result"], sort_keys=True))
+                   result=None if doc.get("result") is None else json.dumps(doc["result"], sort_keys=True),
+                   notify=notify.get("state"))
 
 
 def _ms(rfc3339: str) -> int:
@@ -133,8 +137,10 @@ def finished(job: Job) -> bool:
 class JobLoad:
     """The jobs the clients create (``create``), the watcher, and the end (``finish``)."""
 
-    def __init__(self, bases: list[str], patience: float, run_id: str, share: float = SHARE) -> None:
+    def __init__(self, bases: list[str], patience: float, run_id: str, share: float = SHARE,
+                 notify: str | None = None) -> None:
         self.bases = bases
+        self.notify = notify  # the callback receiver's URL: a share of the jobs ask for a callback
         self.patience = patience
         self.run_id = run_id
         self.share = share
@@ -154,6 +160,8 @@ class JobLoad:
         with self._ids_lock:
             n = next(self._ids)
         job = new_job(rng, f"{self.run_id}-j{n}")
+        if self.notify is not None and rng.random() < NOTIFY_SHARE:
+            job.notify = self.notify
         self.jobs.append(job)  # list.append is atomic under the GIL
         create(self.client, self.bases, job, base, job.first + self.patience)
 
@@ -185,6 +193,10 @@ class JobLoad:
         self._read_all(self.jobs, always=True)
         time.sleep(READ_GAP_S)
         self._read_all(self.jobs, always=True)
+
+    def reread(self, jobs: list[Job]) -> None:
+        """``jobs`` read once more, every read kept."""
+        self._read_all(jobs, always=True)
 
     def _read_all(self, jobs: list[Job], always: bool = False) -> None:
         def one(i: int, job: Job) -> None:

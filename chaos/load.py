@@ -22,6 +22,7 @@ from chaos.calls import REFUSAL_CODES, attempt
 from chaos.model import Mode, Request
 
 if TYPE_CHECKING:
+    from chaos.hookload import HookLoad
     from chaos.jobload import JobLoad
 
 # The call mix: (tool, share, work in ms). Slow work keeps executions in flight when a fault
@@ -47,9 +48,10 @@ class Load:
     ``jobs``, a share of the clients' turns creates a job instead of making a call."""
 
     def __init__(self, bases: list[str], clients: int, seed: int, patience: float, run_id: str,
-                 jobs: JobLoad | None = None) -> None:
+                 jobs: JobLoad | None = None, hooks: HookLoad | None = None) -> None:
         self.bases = bases
         self.jobs = jobs
+        self.hooks = hooks
         self.clients = clients
         self.seed = seed
         self.patience = patience
@@ -104,6 +106,9 @@ class Load:
         while not self.stop.is_set():
             if self.jobs is not None and rng.random() < self.jobs.share:
                 self.jobs.create(rng, self.bases[rng.randrange(len(self.bases))])
+                continue
+            if self.hooks is not None and rng.random() < self.hooks.share:
+                self.hooks.deliver(rng, self.bases[rng.randrange(len(self.bases))])
                 continue
             request = self._new(rng, "load")
             mode = rng.choices([m for m, _ in MODES], [w for _, w in MODES])[0]

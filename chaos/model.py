@@ -4,7 +4,7 @@ encode and build them as they are."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from msgspec import Struct
 
@@ -101,6 +101,7 @@ class JobRead(Struct, kw_only=True):
     created_ms: int = 0  # unix ms, Redis's clock
     error: str | None = None  # ``last_error``'s code
     result: str | None = None  # canonical JSON of ``result``
+    notify: str | None = None  # the callback's ``state``, if the job asked for one (not part of ``state()``)
 
     def state(self) -> tuple[object, ...]:
         """What must never change once the job has finished."""
@@ -117,6 +118,7 @@ class Job(Struct, kw_only=True):
     run_at: str | None = None  # RFC 3339, as sent
     max_attempts: int
     first: float  # wall clock of the first POST
+    notify: str | None = None  # the callback's URL, if the job asks for one
     creates: list[Create] = []
     reads: list[JobRead] = []
 
@@ -131,3 +133,43 @@ def attempt_of(request_id: str) -> tuple[str, int]:
     if sep and n.isdigit():
         return base, int(n)
     return request_id, 1
+
+
+class Delivery(Struct, kw_only=True):
+    """One ``POST /agent/webhooks/{name}`` of an event: what the API answered."""
+
+    t0: float
+    t1: float
+    api: str
+    http: int | None = None  # None: no HTTP answer
+    code: str | None = None  # the error code of a refusal or of the answer
+    execution_id: str | None = None  # mode call: the answer's execution
+    job_id: str | None = None  # mode job: the job it created or found
+    final: bool = False  # mode call: a final answer (not a refusal worth retrying)
+    error: str | None = None  # the transport error
+    phase: Literal["load", "final"] = "load"
+
+
+class Event(Struct, kw_only=True):
+    """One event a sender delivers to a webhook, retried and redelivered under its event id; a
+    forged one (``forged``: how) is sent once, never signed right."""
+
+    eid: str
+    hook: str  # the webhook's name
+    mode: Literal["call", "job"]
+    body: dict[str, Any]
+    forged: str | None = None  # "tampered", "unsigned" or "wrong-secret"
+    first: float
+    deliveries: list[Delivery] = []
+
+
+class Callback(Struct, kw_only=True):
+    """One delivery the callback receiver got, and what it answered."""
+
+    t: float
+    webhook_id: str
+    verified: bool  # the standardwebhooks library verified it with CARMY_NOTIFY_SECRET
+    job_id: str | None = None
+    status: str | None = None  # the job's status in the body
+    attempts: int = 0  # the job's attempts in the body
+    answered: int = 200

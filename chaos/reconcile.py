@@ -40,6 +40,7 @@ from msgspec import Struct
 
 from chaos.calls import REFUSAL_CODES
 from chaos.facts import Facts
+from chaos.hookcheck import HookTable
 from chaos.jobcheck import JobTable
 from chaos.model import Answer, Attempt, Fault, LedgerLine, Request
 
@@ -83,6 +84,7 @@ class Table(Struct, kw_only=True):
     faults: dict[str, int]
     bounds: Bounds
     jobs: JobTable | None = None  # chaos.jobcheck's rows, when the load made jobs
+    hooks: HookTable | None = None  # chaos.hookcheck's rows, when the load sent webhooks
 
     def violations(self) -> dict[str, int]:
         """The broken promises, by row: a run passes when this is empty."""
@@ -92,7 +94,8 @@ class Table(Struct, kw_only=True):
                  "effects after verdict": len(self.effects_after_verdict),
                  "lock overlaps": len(self.lock_overlaps), "hangs": len(self.hangs)}
         violated = {name: n for name, n in found.items() if n}
-        return violated | (self.jobs.violations() if self.jobs else {})
+        violated |= self.jobs.violations() if self.jobs else {}
+        return violated | (self.hooks.violations() if self.hooks else {})
 
     def about_records(self) -> set[str]:
         """The requests named by the rows a lost Redis write can explain: the records' rows,

@@ -6,8 +6,9 @@ from typing import Any
 
 import msgspec
 
+from chaos.hookcheck import HookTable
 from chaos.jobcheck import TOLERANCE_MS, JobTable
-from chaos.model import Job, LedgerLine, Request
+from chaos.model import Event, Job, LedgerLine, Request
 from chaos.reconcile import Table, percentile
 
 EXAMPLES = 3  # request ids quoted per violated row
@@ -53,6 +54,7 @@ def rows(table: Table) -> list[tuple[str, str, str]]:
         promise(f"hangs (no final answer within {b.patience:g} s)", table.hangs),
         (f"slow answers ({b.slow:g} s to {b.patience:g} s)", str(table.slow), "info"),
         *(job_rows(table.jobs) if table.jobs else []),
+        *(hook_rows(table.hooks) if table.hooks else []),
         ("detection time after kill -9, p50 / max",
          f"{_ms(percentile(table.detection, 50))} / {_ms(max(table.detection) if table.detection else None)}"
          f" ({len(table.detection)} runs)", "info"),
@@ -93,6 +95,24 @@ def job_rows(j: JobTable) -> list[tuple[str, str, str]]:
     ]
 
 
+def hook_rows(h: HookTable) -> list[tuple[str, str, str]]:
+    answers = ", ".join(f"{status} {n}" for status, n in h.answers.items()) or "-"
+    return [
+        ("webhook events", f"{h.events} ({h.calls} mode call, {h.events - h.calls} mode job; {h.forged} forged; "
+                           f"{h.redelivered} answered more than once; {h.deliveries} deliveries: {answers})", "info"),
+        promise("webhook events run twice (two executions, or two effects)", h.run_twice),
+        promise("webhook events lost or not replayed (two execution or job ids, or none)", h.not_replayed),
+        promise("forged deliveries run, or answered other than 401", h.forged_ran),
+        promise("webhook answers not as documented (401, 5xx but a 503 to retry, other refusals)", h.undocumented),
+        ("callbacks", f"{h.callbacks} deliveries for {h.notify_jobs} finished jobs that asked ({h.refused} answered "
+                      f"500 on purpose, {h.repeats} repeats)", "info"),
+        promise("callbacks lost (no verified delivery of the job's final status)", h.callbacks_lost),
+        promise("callbacks forged (not verified, or for no such job)", h.callbacks_forged),
+        promise("callback ids unstable (two webhook-ids, or not msg_<job>_<status>_<attempts>)", h.unstable_ids),
+        promise("callbacks not shown delivered in the job's view", h.not_shown),
+    ]
+
+
 def text(table: Table, title: str, log_errors: dict[str, int]) -> str:
     """The table in markdown, the process logs' error lines as its last row, and the verdict."""
     lines = [f"### {title}", "", "| | | |", "|---|---|---|"]
@@ -108,7 +128,7 @@ def text(table: Table, title: str, log_errors: dict[str, int]) -> str:
 
 
 def evidence(table: Table, requests: list[Request], ledger: list[LedgerLine],
-             jobs: list[Job] | None = None) -> dict[str, Any]:
+             jobs: list[Job] | None = None, events: list[Event] | None = None) -> dict[str, Any]:
     """Everything known of each request or job a violation names: its attempts (a job's creation
     and reads) and its ledger lines (a job's: every attempt's)."""
     named = {rid for rids in (table.lost, table.duplicated_effects, table.flipped, table.unfounded,
@@ -123,6 +143,11 @@ def evidence(table: Table, requests: list[Request], ledger: list[LedgerLine],
         found[rid] = {"job": msgspec.to_builtins(by_job[rid]) if rid in by_job else None,
                       "ledger": [msgspec.to_builtins(line) for line in ledger
                                  if line.rid == rid or line.rid.startswith(rid + "#")]}
+    by_event = {event.eid: event for event in events or []}
+    for eid in sorted(table.hooks.named() if table.hooks else set()):
+        found[eid] = {"event": msgspec.to_builtins(by_event[eid]) if eid in by_event else None,
+                      "ledger": [msgspec.to_builtins(line) for line in ledger
+                                 if line.rid == eid or line.rid.startswith(eid + "#")]}
     return found
 
 

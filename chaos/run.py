@@ -24,16 +24,19 @@ from typing import Any, cast
 import msgspec
 
 from bench.processes import ROOT, StartError
-from chaos import jobload, ledger, report
+from chaos import hookload, jobload, ledger, report
 from chaos.cluster import Cluster
 from chaos.facts import Facts
 from chaos.faults import Injector, default_kinds, refusal
-from chaos.jobcheck import reconcile_jobs
+from chaos.hookcheck import reconcile_hooks
+from chaos.hookload import HookLoad, Secrets
+from chaos.jobcheck import FINISHED, reconcile_jobs
 from chaos.jobload import JobLoad
 from chaos.load import Load, final_retries
 from chaos.model import FAULT_KINDS, FaultKind
+from chaos.receiver import Receiver
 from chaos.reconcile import Bounds, reconcile
-from chaos.tools import EXCLUSIVE, IDEMPOTENT, JOB_RETRY, JOB_TOOLS, TICK_GRACE_S
+from chaos.tools import EXCLUSIVE, HOOK_TOOLS, IDEMPOTENT, JOB_RETRY, JOB_TOOLS, TICK_GRACE_S
 
 SHORT_S = 55.0  # seconds of load in --short: about two minutes in all, with startup and the end
 QUIET_S = 2.0  # after the load, before the final retries: let late effects reach the ledger
@@ -41,6 +44,7 @@ REPLICAS = 2  # with --sentinel: a failover leaves one, so WAIT still has a repl
 # The schedule's occurrences are checked up to this long before the jobs' last reads: the later
 # ones may not have run yet.
 TICK_MARGIN_S = 2.0
+CALLBACKS_S = 30.0  # the most the end waits for every callback to be delivered and shown so
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -63,6 +67,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--jobs", type=float, default=jobload.SHARE, metavar="SHARE",
                    help=f"share of the clients' turns that create a job instead of a call (default {jobload.SHARE:g}; "
                    "0 for none: the schedule still fires every second)")
+    p.add_argument("--hooks", type=float, default=hookload.SHARE, metavar="SHARE",
+                   help=f"share of the clients' turns that deliver a webhook event (default {hookload.SHARE:g}; 0 for "
+                   "none)")
     p.add_argument("--fsync", choices=["everysec", "always", "no"], default="everysec",
                    help="Redis appendfsync (default everysec, what the README recommends)")
     p.add_argument("--patience", type=float, default=30.0,
@@ -83,8 +90,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         kinds = [] if args.faults == "none" else [k.strip() for k in args.faults.split(",") if k.strip()]
     if (why := refusal(kinds, args.sentinel)) is not None:
         p.error(why)
-    if not 0 <= args.jobs <= 1:
-        p.error("--jobs is a share of the clients' turns: 0 to 1")
+    if not 0 <= args.jobs <= 1 or not 0 <= args.hooks <= 1 - args.jobs:
+        p.error("--jobs and --hooks are shares of the clients' turns: 0 to 1 together")
     if args.wait_replicas and not args.sentinel:
         p.error("--wait-replicas needs replicas: add --sentinel")
     if args.workers < 2 and {"worker-kill", "worker-term", "worker-stop"} & set(kinds):
@@ -109,7 +116,9 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="carmy-chaos-"))
     print(f"chaos: seed {args.seed}, {args.duration:g} s, faults {','.join(args.kinds) or 'none'}; "
           f"logs and ledger in {workdir}", file=sys.stderr, flush=True)
-    env = dict(os.environ)
+    receiver, secrets = Receiver(args.seed), Secrets()
+    receiver.start()  # before anything can fail: ``close`` waits for its loop
+    env = dict(os.environ) | secrets.env() | receiver.env()
     if args.wait_replicas:
         env["CARMY_REDIS_WAIT_REPLICAS"] = str(args.wait_replicas)
     cluster = Cluster(workdir, apis=args.apis, workers=args.workers, fsync=args.fsync, env=env,
@@ -120,32 +129,39 @@ def main(argv: list[str] | None = None) -> int:
         except (StartError, RuntimeError) as exc:
             print(f"chaos: the cluster did not start: {exc}", file=sys.stderr)
             return 2
-        code = play(args, cluster)
+        code = play(args, cluster, receiver, secrets)
     finally:
         cluster.close()
+        receiver.close()
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
     return code
 
 
-def play(args: argparse.Namespace, cluster: Cluster) -> int:
+def play(args: argparse.Namespace, cluster: Cluster, receiver: Receiver, secrets: Secrets) -> int:
     started, at = time.time(), commit()  # the code under test is the one checked out now
     run_id = f"c{uuid.uuid4().hex[:8]}"
-    jobs = JobLoad(cluster.bases, args.patience, run_id, share=args.jobs)
-    load = Load(cluster.bases, args.clients, args.seed, args.patience, run_id=run_id, jobs=jobs)
+    jobs = JobLoad(cluster.bases, args.patience, run_id, share=args.jobs, notify=receiver.url)
+    hooks = HookLoad(cluster.bases, args.patience, run_id, secrets, share=args.hooks)
+    load = Load(cluster.bases, args.clients, args.seed, args.patience, run_id=run_id, jobs=jobs, hooks=hooks)
     jobs.start()
     load.start()
     injector = Injector(cluster, cast(list[FaultKind], args.kinds), args.seed, load.burst, started)
     injector.run(until=started + args.duration)
     load.stop.set()
+    receiver.failing = False
     cluster.heal()
     print(f"[{time.time() - started:6.1f} s] load stopped; waiting for calls in flight", file=sys.stderr, flush=True)
     load.finish(args.patience + 10)
     time.sleep(QUIET_S)
     print(f"[{time.time() - started:6.1f} s] final retry of {len(load.requests)} requests", file=sys.stderr, flush=True)
     final_retries(cluster.bases, list(load.requests), each=min(args.patience, 20.0))
+    print(f"[{time.time() - started:6.1f} s] delivering {len(hooks.events)} webhook events again",
+          file=sys.stderr, flush=True)
+    hooks.finish(each=min(args.patience, 20.0))
     print(f"[{time.time() - started:6.1f} s] reading {len(jobs.jobs)} jobs until finished", file=sys.stderr, flush=True)
     jobs.finish(each=min(args.patience, 20.0))
+    settle_callbacks(jobs, receiver, time.time() + CALLBACKS_S)
     time.sleep(QUIET_S)
     bounds = Bounds(patience=args.patience, slow=args.slow, after_verdict=args.after_verdict)
     requests, lines = list(load.requests), ledger.read(cluster.ledger_dir)
@@ -153,18 +169,34 @@ def play(args: argparse.Namespace, cluster: Cluster) -> int:
     table.jobs = reconcile_jobs(jobs.jobs, lines, Facts(lines, injector.faults), IDEMPOTENT, JOB_TOOLS,
                                 cutoff=jobs.read_at - TICK_MARGIN_S, grace=TICK_GRACE_S,
                                 backoff=(round(JOB_RETRY.backoff * 1000), round(JOB_RETRY.max_backoff * 1000)))
+    table.hooks = reconcile_hooks(hooks.events, lines, HOOK_TOOLS, jobs.jobs, list(receiver.callbacks))
     log_errors = cluster.log_errors()
     title = (f"chaos check at {at}: seed {args.seed}, {args.duration:g} s of load, {args.clients} clients "
-             f"({args.jobs:.0%} of turns jobs), "
+             f"({args.jobs:.0%} of turns jobs, {args.hooks:.0%} webhooks), "
              f"{args.workers} workers, {args.apis} APIs, appendfsync {args.fsync}"
              + (f", Sentinel with {REPLICAS} replicas, WAIT {args.wait_replicas}" if args.sentinel else ""))
     print(report.text(table, title, log_errors))
     if args.out:
         run: dict[str, Any] = {"commit": at, "seed": args.seed, "duration": args.duration,
-                               "clients": args.clients, "jobs": args.jobs, "workers": args.workers,
+                               "clients": args.clients, "jobs": args.jobs, "hooks": args.hooks, "workers": args.workers,
                                "apis": args.apis,
                                "fsync": args.fsync, "faults": args.kinds, "sentinel": args.sentinel,
                                "wait_replicas": args.wait_replicas,
                                "injected": msgspec.to_builtins(injector.faults)}
-        args.out.write_bytes(report.as_json(table, run, report.evidence(table, requests, lines, jobs.jobs), log_errors))
+        proof = report.evidence(table, requests, lines, jobs.jobs, hooks.events)
+        args.out.write_bytes(report.as_json(table, run, proof, log_errors))
     return 1 if table.violations() else 0
+
+
+def settle_callbacks(jobs: JobLoad, receiver: Receiver, deadline: float) -> None:
+    """Waits, until ``deadline`` at most, for every finished job that asked for a callback to have
+    a verified delivery of its final status and a view that says so (those that do not, re-read)."""
+    while True:
+        got = {(c.job_id, c.status) for c in list(receiver.callbacks) if c.verified}
+        waiting = [job for job in jobs.jobs if job.notify is not None and job.reads and job.job_ids()
+                   and job.reads[-1].status in FINISHED
+                   and ((min(job.job_ids()), job.reads[-1].status) not in got or job.reads[-1].notify != "delivered")]
+        if not waiting or time.time() > deadline:
+            return
+        time.sleep(0.5)
+        jobs.reread(waiting)

@@ -147,9 +147,25 @@ async def tick(ctx: Context, input: Flaky) -> JobReceipt:
     return await _job_work(ctx, "tick", input)
 
 
+# Webhooks in ----------------------------------------------------------------------------------
+
+
+@tools.tool(effect="write", idempotent=False, parallel_safe=True, timeout=TIMEOUT)
+async def hook_charge(ctx: Context, input: Work) -> Receipt:
+    """Run by a webhook in mode ``call``: its request id is the event id, its effect once per event."""
+    return await _async_work(ctx, "hook_charge", input.ms)
+
+
+@tools.tool(effect="write", idempotent=False, parallel_safe=True, timeout=TIMEOUT, retry=JOB_RETRY)
+async def hook_job(ctx: Context, input: Flaky) -> JobReceipt:
+    """Run by a webhook in mode ``job``: the job's request id is the event id."""
+    return await _job_work(ctx, "hook_job", input)
+
+
 tools.schedule(TICK, cron="* * * * * *", tool="tick", arguments={"ms": 10}, grace=TICK_GRACE_S)
 
 # What the checker needs to know of each tool, without asking the API.
 IDEMPOTENT = {tool.name: tool.spec.idempotent for tool in tools}
 EXCLUSIVE = {tool.name for tool in tools if not tool.spec.parallel_safe}
 JOB_TOOLS = {"job_put", "job_charge", "tick"}
+HOOK_TOOLS = {"hook_charge", "hook_job"}
