@@ -87,11 +87,14 @@ def test_jobs_survive_api_worker_and_redis_restarts(durable_stack: tuple[RedisSe
         # None started twice: each attempt's request id ran at most once.
         assert len(request_ids) == len(set(request_ids)), (name, request_ids)
         # None started before its run_at (both clocks are this machine's).
-        assert attempts and min(began for began, _ in attempts) >= ms(view["created_at"]) + body["delay_ms"]
+        if attempts:
+            assert min(began for began, _ in attempts) >= ms(view["created_at"]) + body["delay_ms"]
         if view["status"] == "succeeded":
-            assert view["result"]["status"] == "completed"
+            assert attempts and view["result"]["status"] == "completed"
             assert len(view["executions"]) == view["attempts"]
-        else:  # cut short by the kill while it ran: never run again by itself
+        else:
+            # Cut short by the kill after its tool began (possibly before the tool wrote its line:
+            # BEGIN marks it just before the tool starts): never run again by itself.
             assert view["status"] == "dead_lettered", view
             assert view["last_error"]["code"] == "EXECUTION_UNCERTAIN"
     assert sum(v["status"] == "succeeded" for v in views) >= 25
