@@ -19,7 +19,7 @@ from standardwebhooks import Webhook, WebhookVerificationError
 from carmy_worker.store.callbacks import LEASE_MS
 from tests.callbacks import NOTIFY_ENV, SECRET, Receiver, receiver
 from tests.conftest import private_stack
-from tests.e2e.test_jobs_api import AS_ALICE, KEYS, Api, ms
+from tests.e2e.test_jobs_api import AS_ALICE, KEYS, Api, job_api, ms
 from tests.support import Stack, wait_until
 
 # A worker killed during an attempt leaves its lease (30 s) to run out before the next worker
@@ -35,11 +35,8 @@ def hook() -> Iterator[Receiver]:
 
 @pytest.fixture(scope="module")
 def api(stack: Stack) -> Iterator[Api]:
-    stack.worker("tests.toolsets.jobs", env=NOTIFY_ENV)
-    _, base = stack.api({"CARMY_API_KEYS": KEYS, **NOTIFY_ENV})
-    with httpx.Client(timeout=30) as client:
-        wait_until(lambda: "stamp" in client.get(base + "/agent/tools", headers=AS_ALICE).text)
-        yield Api(base, stack.tmp, client)
+    with job_api(stack, NOTIFY_ENV) as a:
+        yield a
 
 
 def notified(api: Api, job_id: str, state: str = "delivered", timeout: float = 30) -> dict[str, Any]:

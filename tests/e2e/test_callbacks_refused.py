@@ -13,8 +13,8 @@ import pytest
 
 from tests.callbacks import SECRET, Receiver, receiver
 from tests.e2e.test_callbacks import notified
-from tests.e2e.test_jobs_api import AS_ALICE, KEYS, Api
-from tests.support import Stack, wait_until
+from tests.e2e.test_jobs_api import AS_ALICE, KEYS, Api, job_api
+from tests.support import Stack
 
 STRICT = {"CARMY_NOTIFY_SECRET": SECRET, "CARMY_NOTIFY_HOSTS": "localhost,127.0.0.1,169.254.169.254"}
 
@@ -27,11 +27,8 @@ def hook() -> Iterator[Receiver]:
 
 @pytest.fixture(scope="module")
 def api(stack: Stack) -> Iterator[Api]:
-    stack.worker("tests.toolsets.jobs", env=STRICT)
-    _, base = stack.api({"CARMY_API_KEYS": KEYS, **STRICT})
-    with httpx.Client(timeout=30) as client:
-        wait_until(lambda: "stamp" in client.get(base + "/agent/tools", headers=AS_ALICE).text)
-        yield Api(base, stack.tmp, client)
+    with job_api(stack, STRICT) as a:
+        yield a
 
 
 @pytest.mark.parametrize(("host", "why"), [

@@ -8,6 +8,7 @@ outside Redis."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 from collections.abc import Iterator
@@ -69,10 +70,18 @@ class Api:
 
 @pytest.fixture(scope="module")
 def api(stack: Stack) -> Iterator[Api]:
-    stack.worker("tests.toolsets.jobs")
-    _, base = stack.api({"CARMY_API_KEYS": KEYS})
+    with job_api(stack) as a:
+        yield a
+
+
+@contextlib.contextmanager
+def job_api(stack: Stack, env: dict[str, str] | None = None) -> Iterator[Api]:
+    """A worker of ``tests.toolsets.jobs`` and an API with Alice's and the operator's keys, both
+    with ``env``, once the API lists the job tools."""
+    stack.worker("tests.toolsets.jobs", env=env)
+    _, base = stack.api({"CARMY_API_KEYS": KEYS, **(env or {})})
     with httpx.Client(timeout=30) as client:
-        wait_until(lambda: "sync_mirror" in client.get(base + "/agent/tools", headers=AS_ALICE).text)
+        wait_until(lambda: "stamp" in client.get(base + "/agent/tools", headers=AS_ALICE).text)
         yield Api(base, stack.tmp, client)
 
 
