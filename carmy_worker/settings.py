@@ -111,14 +111,13 @@ class NotifySettings(Struct, frozen=True, kw_only=True):
 def notify_from_env(env: Mapping[str, str]) -> NotifySettings:
     secret = (env.get("CARMY_NOTIFY_SECRET") or "").strip()
     if secret:
-        import base64
-        import binascii
+        from carmy_worker import signatures  # imported where it is needed: settings import nothing else
 
         try:
-            key = base64.b64decode(secret.removeprefix("whsec_"), validate=True)
-        except (binascii.Error, ValueError):
+            key = signatures.key_of(secret)
+        except ValueError:
             key = b""
-        if not secret.startswith("whsec_") or len(key) < 16:
+        if not secret.startswith(signatures.PREFIX) or len(key) < 16:
             raise SettingsError("CARMY_NOTIFY_SECRET must be whsec_ followed by at least 16 bytes in base64")
     hosts = tuple(h.strip().lower().rstrip(".") for h in (env.get("CARMY_NOTIFY_HOSTS") or "").split(",") if h.strip())
     return NotifySettings(secret=secret, hosts=hosts, allow_private=env_bool(env, "CARMY_NOTIFY_ALLOW_PRIVATE", False),

@@ -18,6 +18,7 @@ import time
 from collections.abc import Mapping
 
 from api.settings.webhooks import HeaderSecret, HmacSha256, Secret, StandardWebhooks, Webhook
+from carmy_worker import signatures
 
 HEX_PREFIX = b"sha256="
 
@@ -57,14 +58,14 @@ def standard(scheme: StandardWebhooks, secret: Secret, headers: Mapping[bytes, b
     space-separated signatures; the timestamp (unix seconds) within the tolerance of ``now``."""
     msg_id = headers.get(b"webhook-id")
     timestamp = headers.get(b"webhook-timestamp")
-    signatures = headers.get(b"webhook-signature")
-    if not msg_id or not timestamp or not signatures or not timestamp.isdigit():
+    signed = headers.get(b"webhook-signature")
+    if not msg_id or not timestamp or not signed or not timestamp.isdigit():
         return False
     if abs(now - int(timestamp)) > scheme.tolerance_s:
         return False
-    expected = hmac.new(secret.value, msg_id + b"." + timestamp + b"." + body, hashlib.sha256).digest()
+    expected = signatures.digest(secret.value, msg_id, timestamp, body)
     found = False
-    for entry in signatures.split():
+    for entry in signed.split():
         version, _, signature = entry.partition(b",")
         if version != b"v1":
             continue

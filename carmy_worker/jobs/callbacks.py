@@ -14,14 +14,12 @@ recorded on the job, where its view shows it. A worker without a secret delivers
 from __future__ import annotations
 
 import asyncio
-import base64
-import hashlib
-import hmac
 import logging
 import time
 
 from redis.asyncio import Redis
 
+from carmy_worker import signatures
 from carmy_worker.jobs import outbound
 from carmy_worker.jobs.policy import backoff_ms
 from carmy_worker.logs import info_line
@@ -40,11 +38,8 @@ MAX_BACKOFF_MS = 3_600_000
 
 
 def sign(secret: str, message_id: str, timestamp: int, body: bytes) -> str:
-    """The Standard Webhooks signature of ``body``: ``v1,`` and the base64 HMAC-SHA256, keyed
-    by the secret's bytes (after ``whsec_``), of ``{id}.{timestamp}.{body}``."""
-    key = base64.b64decode(secret.removeprefix("whsec_"))
-    digest = hmac.new(key, f"{message_id}.{timestamp}.".encode() + body, hashlib.sha256).digest()
-    return "v1," + base64.b64encode(digest).decode()
+    """The Standard Webhooks signature of ``body`` (``carmy_worker.signatures``)."""
+    return signatures.signature(signatures.key_of(secret), message_id, timestamp, body)
 
 
 def signed_headers(secret: str, message_id: str, body: bytes, timestamp: int | None = None) -> dict[str, str]:
