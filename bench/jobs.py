@@ -26,7 +26,7 @@ from redis.asyncio import Redis
 from bench.processes import Proc
 from bench.procs import CpuMeter
 from carmy_worker.store import keys
-from carmy_worker.store.jobstore import JobStore, job_fields
+from carmy_worker.store.jobstore import JobStore, job_fields, rfc3339
 from carmy_worker.wire import ExecutionJob, RetryPolicy, canonical_json_encoder, msgpack_encoder
 
 # A typical small arguments object (``bench.tools.forecast``'s): the memory row's jobs carry it.
@@ -49,10 +49,6 @@ def redis_ms(client: redis.Redis) -> int:
     """Redis's clock, unix ms: the clock of every time a job or an execution holds."""
     seconds, micros = client.time()
     return int(seconds) * 1000 + int(micros) // 1000
-
-
-def rfc3339_ms(ms: int) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms // 1000)) + f".{ms % 1000:03d}Z"
 
 
 # --- creation over HTTP ----------------------------------------------------------------------
@@ -181,7 +177,7 @@ def due_burst(base: str, url: str, procs: list[Proc], *, tool: str, count: int,
     owner = keys.owner(None)
     with redis.Redis.from_url(url) as client:
         run_at = redis_ms(client) + LEAD_MS + round(count * CREATE_MS_PER_JOB)
-        posted = asyncio.run(post_jobs(base, {"tool": tool, "arguments": {}, "run_at": rfc3339_ms(run_at)},
+        posted = asyncio.run(post_jobs(base, {"tool": tool, "arguments": {}, "run_at": rfc3339(run_at)},
                                        count, connections))
         slack = run_at - redis_ms(client)
         time.sleep(max(0.0, slack / 1000 - 0.05))

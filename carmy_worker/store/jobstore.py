@@ -17,6 +17,7 @@ FIRE), reads, lists, CANCEL and an operator's RETRY.
 from __future__ import annotations
 
 import builtins
+import time
 from typing import Any, Literal, cast
 
 import msgspec
@@ -308,10 +309,7 @@ def parse(job_id: str, values: list[bytes | None]) -> JobState | None:
 
 def rfc3339(ms: int) -> str:
     """Unix ms as RFC 3339 in UTC, to the millisecond (``2026-12-02T10:00:00.000Z``)."""
-    import datetime
-
-    at = datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.UTC)
-    return at.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms // 1000)) + f".{ms % 1000:03d}Z"
 
 
 def job_fields(*, tool: str, owner: str, payload: bytes, policy: RetryPolicy, max_attempts: int, idempotent: bool,
