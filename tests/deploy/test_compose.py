@@ -152,6 +152,13 @@ def test_every_setting_env_example_documents_reaches_a_service(compose: Compose)
     assert documented_settings() == passed
 
 
+def test_every_setting_the_readme_lists_is_documented_for_compose() -> None:
+    """The README's Settings table is what a user reads; .env.example (and so compose, above)
+    must carry each of them, but for those compose sets itself."""
+    table = set(re.findall(r"^\| `(CARMY_[A-Z_]+)` \|", (ROOT / "README.md").read_text(), flags=re.M))
+    assert table - {"CARMY_HOST", "CARMY_PORT", "CARMY_REDIS_URL"} <= documented_settings()
+
+
 def test_api_settings_pass_through_and_default_when_unset(compose: Compose) -> None:
     env = compose["services"]["api"]["environment"]
     for name in ("CARMY_SERVER_NAME", "CARMY_MAX_PENDING", "CARMY_API_KEYS", "CARMY_REDIS_WAIT_REPLICAS",
