@@ -67,6 +67,12 @@ class Api:
     def execution(self, exec_id: str) -> httpx.Response:
         return self.client.get(f"{self.base}/agent/executions/{exec_id}", headers=AS_ALICE)
 
+    def job_lines(self, job_id: str) -> list[dict[str, Any]]:
+        """The job loops' log lines (JSON, every worker's) about ``job_id``."""
+        lines = [json.loads(line) for log in sorted(self.tmp.glob("worker-*.log"))
+                 for line in log.read_text().splitlines() if line.startswith("{") and job_id in line]
+        return [line for line in lines if line.get("message") == "job"]
+
 
 @pytest.fixture(scope="module")
 def api(stack: Stack) -> Iterator[Api]:
@@ -121,6 +127,11 @@ def test_retryable_failures_are_attempts_of_their_own(api: Api) -> None:
     assert [a.json()["error"]["code"] for a in answers[:2]] == ["UPSTREAM_BUSY", "UPSTREAM_BUSY"]
     assert done["result"] == answers[2].json() and done["result"]["data"]["run"] == 3
     assert done["last_error"]["code"] == "UPSTREAM_BUSY"  # the latest attempt that failed
+    # One log line an attempt, naming the job, its execution and what became of the job.
+    lines = wait_until(lambda: len(found := api.job_lines(job["job_id"])) == 3 and found)
+    assert [(line["attempt"], line["execution_id"], line["error_code"], line["status"]) for line in lines] == [
+        (1, done["executions"][0], "UPSTREAM_BUSY", "queued"), (2, done["executions"][1], "UPSTREAM_BUSY", "queued"),
+        (3, done["executions"][2], None, "succeeded")]
 
 
 def test_a_failure_for_good_ends_the_job_failed(api: Api) -> None:
