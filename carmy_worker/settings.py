@@ -124,6 +124,30 @@ def notify_from_env(env: Mapping[str, str]) -> NotifySettings:
                           window=env_int(env, "CARMY_NOTIFY_WINDOW", 86400))
 
 
+class AuditSettings(Struct, frozen=True, kw_only=True):
+    """The audit trail (docs/protocol.md, "Audit"): one entry per finished execution, in one
+    Redis stream that every janitor trims to ``max_entries`` (``CARMY_AUDIT_MAX_ENTRIES``) and to
+    ``retention`` seconds (``CARMY_AUDIT_RETENTION``). ``sink`` (API processes only,
+    ``CARMY_AUDIT_SINK``): where the entries are also written as JSON lines, once each across
+    the API replicas: nowhere (''), ``stdout``, or ``file:<path>``."""
+
+    max_entries: int = 100_000
+    retention: int = 7 * 86400
+    sink: str = ""
+
+
+def audit_from_env(env: Mapping[str, str]) -> AuditSettings:
+    sink = (env.get("CARMY_AUDIT_SINK") or "").strip()
+    if sink.lower() in ("", "off"):
+        sink = ""
+    elif sink.lower() == "stdout":
+        sink = "stdout"
+    elif not (sink.startswith("file:") and sink[5:]):
+        raise SettingsError(f"CARMY_AUDIT_SINK must be off, stdout or file:<path>, got {sink!r}")
+    return AuditSettings(max_entries=env_int(env, "CARMY_AUDIT_MAX_ENTRIES", 100_000, minimum=100),
+                         retention=env_int(env, "CARMY_AUDIT_RETENTION", 7 * 86400, minimum=60), sink=sink)
+
+
 class WorkerSettings(Struct, frozen=True, kw_only=True):
     """Settings of one worker process (the README's Settings table)."""
 
@@ -146,6 +170,7 @@ class WorkerSettings(Struct, frozen=True, kw_only=True):
     jobs_retention: int = 7 * 86400
     dead_letter_retention: int = 30 * 86400
     notify: NotifySettings = NotifySettings()
+    audit: AuditSettings = AuditSettings()  # the janitor trims the audit trail to it
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> WorkerSettings:
@@ -163,4 +188,5 @@ class WorkerSettings(Struct, frozen=True, kw_only=True):
             jobs_retention=env_int(env, "CARMY_JOBS_RETENTION", 7 * 86400),
             dead_letter_retention=env_int(env, "CARMY_DEAD_LETTER_RETENTION", 30 * 86400),
             notify=notify_from_env(env),
+            audit=audit_from_env(env),
         )

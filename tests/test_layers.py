@@ -58,7 +58,7 @@ def test_no_import_crosses_a_layer(package: str) -> None:
 # The API's rooms, lowest first: a module may import its own room and the rooms before it, never
 # one after it. app.py and __main__.py, at the top, put them together (docs/architecture.md).
 API_ROOMS = ("api.settings", "api.http", "api.serving", "api.guards", "api.events", "api.calling",
-             "api.endpoints", "api.mcp")
+             "api.endpoints", "api.mcp", "api.console")
 API_TOP = ("api.app", "api.__main__", "api")
 
 

@@ -16,8 +16,10 @@ from api.settings.quotas import Quotas, quotas_from_env
 from api.settings.webhooks import Webhook, parse_webhooks
 from carmy_worker.settings import (
     DEFAULT_REDIS_URL,
+    AuditSettings,
     NotifySettings,
     SettingsError,
+    audit_from_env,
     TracingSettings,
     env_bool,
     env_choice,
@@ -108,6 +110,16 @@ class ApiSettings(Struct, frozen=True, kw_only=True):
     webhooks: dict[str, Webhook] = {}
     # Jobs' callbacks: without a secret, or for a host not allowed, a job's notify is refused.
     notify: NotifySettings = NotifySettings()
+    # The audit trail: how much of it Redis keeps, and where it is also shipped (JSON lines).
+    audit: AuditSettings = AuditSettings()
+    # The operator console at /console (api/console/): off unless turned on; a session lasts
+    # `console_session` seconds; its cookies are signed with `console_secret` (when '', a random
+    # one shared through Redis); `console_secure_cookies` marks them Secure even over plain HTTP
+    # (behind a proxy that terminates TLS: this process never trusts proxy headers).
+    console: bool = False
+    console_session: int = 3600
+    console_secret: str = ""
+    console_secure_cookies: bool = False
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> ApiSettings:
@@ -146,7 +158,14 @@ class ApiSettings(Struct, frozen=True, kw_only=True):
             mcp_operator_tools=env_bool(env, "CARMY_MCP_OPERATOR_TOOLS", False),
             webhooks=parse_webhooks(env.get("CARMY_WEBHOOKS"), env),
             notify=notify_from_env(env),
+            audit=audit_from_env(env),
+            console=env_bool(env, "CARMY_CONSOLE", False),
+            console_session=env_int(env, "CARMY_CONSOLE_SESSION", 3600, minimum=60),
+            console_secret=(env.get("CARMY_CONSOLE_SECRET") or "").strip(),
+            console_secure_cookies=env_bool(env, "CARMY_CONSOLE_SECURE_COOKIES", False),
         )
+        if settings.console_secret and len(settings.console_secret) < 32:
+            raise SettingsError("CARMY_CONSOLE_SECRET must be at least 32 characters")
         keyed = [name for name, hook in settings.webhooks.items() if hook.config.auth == "api-key"]
         if keyed and not settings.authenticates:
             raise SettingsError(f"CARMY_WEBHOOKS[{keyed[0]!r}]: auth \"api-key\" needs CARMY_API_KEYS (or OAuth)")
