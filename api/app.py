@@ -76,7 +76,8 @@ def create_app(settings: ApiSettings | None = None) -> Starlette:
     durability = Durability(settings.wait_replicas, settings.wait_timeout)
     memory = StoreMemory(redis, headroom=settings.redis_memory_headroom)
     executions = Executions(redis, settings, durability, memory)
-    janitor = Janitor(redis, retention=settings.retention, dead_after=settings.dead_after, durability=durability)
+    janitor = Janitor(redis, retention=settings.retention, dead_after=settings.dead_after, durability=durability,
+                      audit=settings.audit)
     api_metrics = ApiMetrics()
     ops = Ops(redis, catalog, api_metrics, memory)
     calls = Calls(catalog=catalog, executions=executions, hub=hub)

@@ -87,6 +87,31 @@ JobStatus = Literal["queued", "running", "succeeded", "failed", "dead_lettered",
 JOB_STATUSES: tuple[str, ...] = ("queued", "running", "succeeded", "failed", "dead_lettered", "cancelled")
 
 
+class AuditEntry(Struct, kw_only=True):
+    """One entry of the audit trail (docs/protocol.md, "Audit"): an execution that finished, or
+    a finished execution replayed to a retry (``replayed``). Never its arguments, its output or
+    a secret. ``id``: the entry's place in the trail (its cursor); times are RFC 3339 in UTC;
+    ``queued_ms``: how long it waited for a worker; ``via``: the door it came in by (``http``,
+    ``sse``, ``mcp``, ``webhook``, ``job``); ``worker``: the worker that ran it last, if any."""
+
+    id: str
+    execution_id: str
+    request_id: str | None = None
+    job_id: str | None = None
+    principal: str | None = None
+    tool: str
+    effect: str | None = None
+    status: str
+    error_code: str | None = None
+    duration_ms: int | None = None
+    queued_ms: int | None = None
+    started_at: str | None = None
+    finished_at: str
+    replayed: bool = False
+    via: str | None = None
+    worker: str | None = None
+
+
 class JobView(Struct, kw_only=True):
     """A job as ``GET /agent/jobs/{job_id}`` shows it (docs/protocol.md, "Jobs").
 
@@ -261,6 +286,7 @@ class WorkerInfo(Struct, kw_only=True):
     host: str = ""
     pid: int = 0
     schedules: list[ScheduleSpec] = []  # the recurring jobs this worker fires (store.jobstore)
+    concurrency: int = 0  # executions at once (CARMY_CONCURRENCY); 0: a worker of before, which did not say
 
 
 class ExecutionJob(Struct, kw_only=True):

@@ -65,20 +65,22 @@ class Calls:
     @contextlib.asynccontextmanager
     async def start(self, tool: CatalogTool, arguments: dict[str, Any], request_id: str | None,
                     agent: AgentContext, *, follow: bool = True, stream: bool = True,
-                    traceparent: str | None = None) -> AsyncIterator[Started]:
+                    traceparent: str | None = None, via: str = "http") -> AsyncIterator[Started]:
         """Submit the call; with ``follow``, its events expected first so none is missed (every
         event if ``stream``, else only the final one: a caller that only wants the answer).
 
         A retry of the same request yields the execution it repeats: finished (with its record)
         or still going (followed instead of a new one). Refusals raise ``Rejected``.
         ``traceparent`` (tracing on): the caller's span, which the new execution's spans join.
+        ``via``: the door it came in by (``http``, ``sse``, ``mcp``, ``webhook``), for the audit
+        trail, where a retry answered with a finished execution's record has an entry too.
         """
         exec_id = keys.new_execution_id()
         with self._expect(exec_id, follow) as messages:
             sub = await self.executions.submit(
                 exec_id=exec_id, tool=tool, arguments=canonical_json_encoder.encode(arguments),
                 request_id=request_id, agent=agent, reply=self.hub.channel, stream=follow and stream,
-                traceparent=traceparent)
+                traceparent=traceparent, via=via)
             if sub.kind == "store_full":
                 raise Rejected(store_full())
             if sub.kind in ("conflict", "full", "limited", "no_workers"):
@@ -86,6 +88,7 @@ class Calls:
             if sub.kind == "new":
                 yield Started(exec_id, messages, None, owner=True)
             elif sub.record is not None:
+                await self.executions.replayed(sub.execution_id, sub.record, via=via)
                 yield Started(sub.execution_id, None, sub.record, owner=False, state="done")
             else:
                 with self._expect(sub.execution_id, follow) as joined:

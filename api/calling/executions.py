@@ -19,6 +19,7 @@ from carmy_worker.loop import Signal, running_loop
 from carmy_worker.sdk.context import AgentContext
 from carmy_worker.sdk.errors import store_unavailable
 from carmy_worker.store import jobs, records
+from carmy_worker.store.audit import AuditTrail
 from carmy_worker.store.durable import Durability
 from carmy_worker.store.follow import Join, Joined
 from carmy_worker.store.memory import StoreMemory
@@ -49,6 +50,7 @@ class Executions:
         self.settings = settings
         # New calls are refused while Redis is out of memory for them (store/memory.py).
         self._submit = Submit(redis, retention=settings.retention, durability=durability, memory=memory)
+        self._audit = AuditTrail(redis)
         self._verdicts = Verdicts(redis, retention=settings.retention, durability=durability)
         self._join = Join(redis)
         self._reads = Reads(redis)
@@ -56,13 +58,13 @@ class Executions:
 
     async def submit(
         self, *, exec_id: str, tool: CatalogTool, arguments: bytes, request_id: str | None, agent: AgentContext,
-        reply: str = "", stream: bool = True, traceparent: str | None = None,
+        reply: str = "", stream: bool = True, traceparent: str | None = None, via: str = "http",
     ) -> Submission:
         """Queue a call of ``tool`` (``arguments`` as canonical JSON) for the newest live group serving it.
 
         Its events go to ``reply`` (this process's channel), all of them if ``stream``, else only
         the final one (see ``Submit``). ``traceparent``: the span the worker's spans join, when
-        tracing is on."""
+        tracing is on. ``via``: the door it came in by, for its audit entry."""
         job = ExecutionJob(
             execution_id=exec_id, tool=tool.spec.name, arguments=arguments, request_id=request_id,
             principal=agent.principal, session=agent.session, permissions=sorted(agent.permissions),
@@ -73,8 +75,16 @@ class Executions:
             job, queue=jobs.queue_name(tool.groups[0] if tool.groups else ""), idempotent=tool.spec.idempotent,
             workers_alive=bool(tool.groups), max_pending=self.settings.max_pending, queue_wait_ms=queue_wait_ms,
             admission_ms=queue_wait_ms + int((tool.timeout + ADMISSION_GRACE_S) * 1000), reply=reply, stream=stream,
-            quota=self.settings.quotas.of(agent.principal),
+            quota=self.settings.quotas.of(agent.principal), via=via, effect=tool.spec.effect,
         )
+
+    async def replayed(self, exec_id: str, record: Record, *, via: str) -> None:
+        """Audit a finished execution answered again to a retry that came by ``via``. Not worth
+        failing the answer for: a Redis error is logged and the replay goes out."""
+        try:
+            await self._audit.replayed(exec_id, record, via=via)
+        except (RedisError, OSError) as exc:
+            log.warning("replay of %s not audited: %s", exec_id, exc)
 
     async def join(self, exec_id: str, tool: str, *, channel: str, stream: bool) -> Joined:
         """Follow an execution already submitted: its events from now on go to ``channel`` too

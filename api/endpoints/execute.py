@@ -138,16 +138,18 @@ class ExecuteEndpoint:
                                respond_async=prefers_async(scope), traceparent=traceparent)
 
     async def call(self, request: ExecuteRequest, asgi: tuple[Scope, Receive, Send], *, sse: bool = False,
-                   respond_async: bool = False, traceparent: str | None = None) -> Answer:
+                   respond_async: bool = False, traceparent: str | None = None, via: str = "") -> Answer:
         """Run a decoded call for the caller of ``scope`` and answer it as ``POST /agent/execute``
-        does: also the door of a webhook delivery (``api.endpoints.webhooks``), JSON only."""
+        does: also the door of a webhook delivery (``api.endpoints.webhooks``), JSON only.
+        ``via``: the door, for the audit trail (by default ``sse`` or ``http``, as it answers)."""
         scope, receive, send = asgi
         agent = trusted_context(scope)
         try:
             call = self.calls.admit(request.tool, request.arguments, request.request_id, agent)
             tool = call.tool
             async with self.calls.start(tool, call.arguments, call.request_id, agent,
-                                        follow=not respond_async, stream=sse, traceparent=traceparent) as started:
+                                        follow=not respond_async, stream=sse, traceparent=traceparent,
+                                        via=via or ("sse" if sse else "http")) as started:
                 if started.record is not None:
                     return await self._replay(request, started.execution_id, started.record, sse, send)
                 if respond_async:

@@ -104,7 +104,7 @@ class WebhookEndpoint:
             response = await self._job(request, trusted_context(scope))
             await response(scope, receive, send)
             return "queued", response.status_code, request.request_id
-        answer = await self.execute.call(request, (scope, receive, send))
+        answer = await self.execute.call(request, (scope, receive, send), via="webhook")
         return answer.outcome, answer.status_code, request.request_id
 
     def _request(self, hook: Webhook, scope: Scope, body: bytes) -> ExecuteRequest:

@@ -251,7 +251,7 @@ class McpServer:
             # the workers publish only the final event.
             streams = report_progress and _progress_token(params.meta) is not None
             async with self.calls.start(tool, call.arguments, call.request_id, agent, stream=streams,
-                                        traceparent=traceparent) as started:
+                                        traceparent=traceparent, via="mcp") as started:
                 record = started.record or await self._follow(ctx, started, tool, agent,
                                                               report_progress=report_progress,
                                                               patience=patience)

@@ -133,13 +133,14 @@ class JobLoop:
             job = msgspec.structs.replace(template, execution_id=exec_id,
                                           request_id=base if at == 0 else f"{base}#{at + 1}")
             arq_job = jobs.encode_job(msgpack_encoder.encode(job), now_ms)
-            by_tool[tool].append(Promotion(job_id, at, exec_id, arq_job))
+            by_tool[tool].append(Promotion(job_id, at, exec_id, arq_job, job.request_id or "", job.principal or ""))
         for tool, promotions in by_tool.items():
-            timeout = self.tools[tool].timeout
+            served = self.tools[tool]
             for i in range(0, len(promotions), PROMOTE_AT_ONCE):
                 done = await self._promotions.promote(
                     tool, promotions[i:i + PROMOTE_AT_ONCE], queue=self.queue, start_window_ms=START_WINDOW_S * 1000,
-                    admission_ms=int((timeout + ADMISSION_GRACE_S) * 1000), retention=self.settings.retention)
+                    admission_ms=int((served.timeout + ADMISSION_GRACE_S) * 1000), retention=self.settings.retention,
+                    effect=served.spec.effect)
                 for job_id in done:
                     log.debug("job %s promoted", job_id)
 

@@ -52,13 +52,15 @@ async def serve(tools: list[Tool], settings: WorkerSettings, connector: RedisCon
     info = WorkerInfo(
         worker_id=new_worker_id(), started_ms=int(time.time() * 1000), tools=described,
         group=group_of(described), host=socket.gethostname(), pid=os.getpid(), schedules=list(schedules or ()),
+        concurrency=settings.concurrency,
     )
     durability = Durability(settings.wait_replicas, settings.wait_timeout)
     tracing = start_tracing(settings.tracing, service="carmy-worker")
     runtime = Runtime(redis=redis, tools={t.name: t for t in tools}, settings=settings, worker_id=info.worker_id,
                       durability=durability, queue=jobs.queue_name(info.group), tracing=tracing)
     presence = Presence(redis=redis, settings=settings, info=info, runtime=runtime, connector=connector)
-    janitor = Janitor(redis, retention=settings.retention, dead_after=settings.dead_after, durability=durability)
+    janitor = Janitor(redis, retention=settings.retention, dead_after=settings.dead_after, durability=durability,
+                      audit=settings.audit)
     runtime.before_step = presence.ensure_fresh
     await version.require(redis)  # before anything runs a script it could not compile
     await presence.register()

@@ -11,7 +11,7 @@ from redis.asyncio import Redis
 from carmy_worker.store import jobs, keys, metrics
 from carmy_worker.store.batch import Batch, FollowUp
 from carmy_worker.store.durable import Durability
-from carmy_worker.store.lua import ACCEPTED_WORK, EMIT, FOLLOWERS, NOW, text
+from carmy_worker.store.lua import ACCEPTED_WORK, EMIT, FOLLOWERS, LUA_AUDIT, NOW, text
 from carmy_worker.store.metrics import LUA_COUNT, LUA_OBSERVE
 from carmy_worker.store.scripts import Script, bind
 from carmy_worker.wire import Record, final_event
@@ -85,13 +85,14 @@ return {verdict, attempt, waited}
 # With the token of the job's lease (ARGV[12]), it also ends that lease as FINISH would for a
 # finished job (jobs.END_LEASE): the worker needs no round trip of its own after it.
 # An execution of a job (the hash names it in `job`) is listed for the job loop to conclude
-# (store.jobstore), in the same script, so that no job waits on a record nobody reads.
+# (store.jobstore), in the same script, so that no job waits on a record nobody reads; and the
+# execution's audit entry is appended (store.audit), so that none finishes without one.
 # KEYS: exe, record, pending, running set, queued, arq in-progress key, arq job, arq retry key,
-#       arq queue, leases hash, jobs' settled executions
+#       arq queue, leases hash, jobs' settled executions, audit trail
 # ARGV: exec_id, attempt, record, retention s, events channel, final event, tool.completed event or '',
 #       metrics label, tool, run ms or '', worker_id if this attempt ran (CLAIM said run) or '',
 #       lease token or ''
-SETTLE = Script("SETTLE", ACCEPTED_WORK + NOW + LUA_COUNT + LUA_OBSERVE + EMIT + jobs.END_LEASE + """
+SETTLE = Script("SETTLE", ACCEPTED_WORK + NOW + LUA_COUNT + LUA_OBSERVE + EMIT + LUA_AUDIT + jobs.END_LEASE + """
 local h = redis.call('HMGET', KEYS[1], 'attempt', 'reaped', 'worker', 'quota', """ + FOLLOWERS + """, 'state', 'job')
 -- A record exists once the state is done: whatever writes one sets it in the same script.
 if h[8] == 'done' or h[1] ~= ARGV[2] or h[2] == ARGV[2] then return 0 end
@@ -108,6 +109,7 @@ if ARGV[7] ~= '' then emit_to(f, ARGV[1], ARGV[5], ARGV[7], false) end
 emit_to(f, ARGV[1], ARGV[5], ARGV[6], true)
 count(ARGV[8])
 if ARGV[10] ~= '' then observe('run', ARGV[9], tonumber(ARGV[10])) end
+audit(KEYS[12], KEYS[1], ARGV[1], now, ARGV[8], ARGV[10], '')
 if ARGV[12] ~= '' then end_lease(KEYS[10], KEYS[6], KEYS[7], KEYS[8], KEYS[9], ARGV[1], ARGV[12], true) end
 return 1
 """)
@@ -184,7 +186,7 @@ class Attempts:
         stored, final = final_event(record)
         keys_ = [keys.execution(exec_id), keys.record(exec_id), keys.PENDING, self._running, keys.QUEUED,
                  jobs.in_progress_key(exec_id), jobs.job_key(exec_id), jobs.retry_key(exec_id), self.queue,
-                 self._leases, keys.JOBS_SETTLED]
+                 self._leases, keys.JOBS_SETTLED, keys.AUDIT]
         args = [exec_id, attempt, stored, self.retention, keys.events(exec_id), final, completed_event or b"",
                 metrics.label(record), record.tool, "" if run_ms is None else run_ms, self.worker_id if ran else "",
                 lease]

@@ -10,7 +10,9 @@ import logging
 from msgspec import Struct
 from redis.asyncio import Redis
 
+from carmy_worker.settings import AuditSettings
 from carmy_worker.store import jobs, keys
+from carmy_worker.store.audit import AuditTrail
 from carmy_worker.store.durable import Durability
 from carmy_worker.store.lua import ACCEPTED_WORK, NOW
 from carmy_worker.store.pubsub import raise_if_cancelled
@@ -93,10 +95,13 @@ class Scan(Struct):
 
 class Janitor:
     def __init__(self, redis: Redis, *, retention: int, dead_after: float,
-                 durability: Durability | None = None) -> None:
+                 durability: Durability | None = None, audit: AuditSettings | None = None) -> None:
         self.dead_after_ms = int(dead_after * 1000)
         self._scan = bind(redis, JANITOR_SCAN)
         self._verdicts = Verdicts(redis, retention=retention, durability=durability)
+        # The audit trail's bounds, kept by every janitor (store.audit: its scripts never trim).
+        self._audit = AuditTrail(redis)
+        self._audit_bounds = audit or AuditSettings()
 
     async def run(self, interval: float = 1.0) -> None:
         """Sweep every ``interval`` seconds until cancelled; Redis errors are retried."""
@@ -137,4 +142,5 @@ class Janitor:
             if await self._verdicts.expire_unstarted(late.execution_id, late.tool):
                 log.warning("execution %s never started before its deadline", late.execution_id)
                 acted += 1
+        await self._audit.trim(max_entries=self._audit_bounds.max_entries, retention_s=self._audit_bounds.retention)
         return acted

@@ -22,6 +22,11 @@ DRAINING = PREFIX + "draining"  # set of workers finishing their work before the
 WATCH = PREFIX + "watch"  # hash: when Redis was last seen in use, and since when without a gap
 CATALOG_CHANNEL = PREFIX + "catalog"  # a worker came or went
 CANCEL_CHANNEL = PREFIX + "cancel"  # exec_id of an execution to cancel, for every worker
+# The operator console's signing secret when CARMY_CONSOLE_SECRET is unset: the first API
+# replica to need one writes it, and every replica signs and checks sessions with it.
+CONSOLE_SECRET = PREFIX + "console:secret"
+# Stream of audit entries, one per finished execution (and per replay), oldest first (store/audit.py)
+AUDIT = PREFIX + "audit"
 
 _JOB_ID = re.compile(r"job_[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}")
 _EXECUTION_ID = re.compile(r"exec_[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}")

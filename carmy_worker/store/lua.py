@@ -58,12 +58,32 @@ local function emit(exe, exec_id, channel, event, final)
 end
 """
 
+# audit(stream, exe, exec_id, now, label, run_ms, replay_via) appends the entry of the
+# execution `exe` describes, its tool, status and error code taken from the record's metrics
+# label (store.metrics.label), `run_ms` its tool's run time ('' if unknown). With `replay_via`
+# (the door of the retry), the entry is of a replay. A missing field is written ''.
+# Every entry has the same fields in the same order: entries of the same fields share their
+# names in the stream's nodes (Redis stores them once per node, not once per entry).
+LUA_AUDIT = """
+local function audit(stream, exe, exec_id, now, label, run_ms, replay_via)
+  local a = redis.call('HMGET', exe, 'rid', 'job', 'principal', 'effect', 'via', 'worker', 'queued_at', 'started_at')
+  local tool, status, code = string.match(label, '^(.*)\\31([^\\31]*)\\31(.*)$')
+  local via, replayed = a[5] or '', ''
+  if replay_via ~= '' then via, replayed = replay_via, '1' end
+  redis.call('XADD', stream, '*', 'execution_id', exec_id, 'request_id', a[1] or '', 'job_id', a[2] or '',
+             'principal', a[3] or '', 'tool', tool or '', 'effect', a[4] or '', 'status', status or '',
+             'error_code', code or '', 'duration_ms', run_ms, 'queued_at', a[7] or '', 'started_at', a[8] or '',
+             'finished_at', now, 'replayed', replayed, 'via', via, 'worker', a[6] or '')
+end
+"""
+
 # Writes a record in place of whoever holds the execution (the janitor, a cancel): bumping the
 # attempt fences out a late writer of the old one. It frees the execution's admission slot, and
 # its principal's (the pending set its hash names in `quota`: store/quota.py), as SETTLE does,
-# and lists an execution of a job in `settled` (keys.JOBS_SETTLED) for the job loop, as SETTLE does.
-IMPOSE = LUA_COUNT + EMIT + """
-local function impose(exe, rec, pending, exec_id, stored, retention, channel, final, label, settled)
+# and lists an execution of a job in `settled` (keys.JOBS_SETTLED) for the job loop, and appends
+# the execution's audit entry to `trail` (keys.AUDIT), as SETTLE does.
+IMPOSE = LUA_COUNT + EMIT + LUA_AUDIT + """
+local function impose(exe, rec, pending, exec_id, stored, retention, channel, final, label, settled, trail)
   local t = redis.call('TIME')
   local ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   redis.call('HINCRBY', exe, 'attempt', 1)
@@ -75,6 +95,7 @@ local function impose(exe, rec, pending, exec_id, stored, retention, channel, fi
   if owned[2] then redis.call('ZADD', settled, ms, exec_id) end
   emit(exe, exec_id, channel, final, true)
   count(label)
+  audit(trail, exe, exec_id, ms, label, '', '')
 end
 """
 

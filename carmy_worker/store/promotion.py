@@ -52,15 +52,17 @@ return {settled, due, next_due and tostring(next_due) or '', tostring(now)}
 # attempt its payload was built for: the job's next attempt (`exec`, `attempts`), the execution
 # (as SUBMIT writes one, owned by the job's owner, its events on its own channel), its arq job,
 # its place in the queue, and one idle worker woken. A job no longer queued leaves the due set.
+# What its audit entry tells (store.audit) goes in the execution's hash too: the attempt's request
+# id, the job's principal, the tool's effect, and `job` as the door it came in by.
 # KEYS: due set, arq queue, pending, queued, jobs' running executions, then per job: job, exe, arq job
-# ARGV: wake list, tool, start window ms, admission ms beyond it, execution retention s,
-#       then per job: job_id, attempts it was at, exec_id, arq job bytes
+# ARGV: wake list, tool, start window ms, admission ms beyond it, execution retention s, the tool's effect,
+#       then per job: job_id, attempts it was at, exec_id, arq job bytes, request id, principal
 PROMOTE = Script("JOBS_PROMOTE", ACCEPTED_WORK + NOW + jobs.WAKE_ONE + """
 local promoted = {}
 local start_by = now + tonumber(ARGV[3])
 local retention = tonumber(ARGV[5])
-for i = 0, (#ARGV - 5) / 4 - 1 do
-  local job_id, at, exec_id, arq = ARGV[6 + 4 * i], ARGV[7 + 4 * i], ARGV[8 + 4 * i], ARGV[9 + 4 * i]
+for i = 0, (#ARGV - 6) / 6 - 1 do
+  local job_id, at, exec_id, arq = ARGV[7 + 6 * i], ARGV[8 + 6 * i], ARGV[9 + 6 * i], ARGV[10 + 6 * i]
   local job, exe, arq_key = KEYS[6 + 3 * i], KEYS[7 + 3 * i], KEYS[8 + 3 * i]
   local h = redis.call('HMGET', job, 'status', 'attempts', 'due', 'owner', 'idem', 'executions')
   if h[1] ~= 'queued' then
@@ -72,7 +74,8 @@ for i = 0, (#ARGV - 5) / 4 - 1 do
     redis.call('HSET', job, 'status', 'running', 'attempts', tonumber(at) + 1, 'exec', exec_id,
                'executions', executions, 'updated_at', now)
     redis.call('HSET', exe, 'tool', ARGV[2], 'owner', h[4], 'idem', h[5] or '', 'state', 'queued', 'attempt', 0,
-               'start_by', start_by, 'wake', ARGV[1], 'queued_at', now, 'job', job_id)
+               'start_by', start_by, 'wake', ARGV[1], 'queued_at', now, 'job', job_id,
+               'rid', ARGV[11 + 6 * i], 'principal', ARGV[12 + 6 * i], 'via', 'job', 'effect', ARGV[6])
     redis.call('EXPIRE', exe, retention)
     redis.call('ZADD', KEYS[3], start_by + tonumber(ARGV[4]), exec_id)
     redis.call('ZADD', KEYS[4], start_by, exec_id)
@@ -210,12 +213,15 @@ class Ended:
 
 @dataclass(frozen=True)
 class Promotion:
-    """One due job made an execution: its id, the attempt it was at, and the arq job."""
+    """One due job made an execution: its id, the attempt it was at, and the arq job; the
+    attempt's request id and the job's principal, for its audit entry."""
 
     job_id: str
     attempts: int
     execution_id: str
     arq_job: bytes
+    request_id: str = ""
+    principal: str = ""
 
 
 class Promotions:
@@ -266,13 +272,13 @@ class Promotions:
         return ended
 
     async def promote(self, tool: str, promotions: list[Promotion], *, queue: str, start_window_ms: int,
-                      admission_ms: int, retention: int) -> list[str]:
-        """PROMOTE: the ids of the jobs that became executions."""
+                      admission_ms: int, retention: int, effect: str = "") -> list[str]:
+        """PROMOTE: the ids of the jobs that became executions (``effect``: the tool's)."""
         redis_keys: list[Any] = [keys.job_due(tool), queue, keys.PENDING, keys.QUEUED, keys.JOBS_RUNNING]
-        args: list[Any] = [jobs.wake_list(queue), tool, start_window_ms, admission_ms, retention]
+        args: list[Any] = [jobs.wake_list(queue), tool, start_window_ms, admission_ms, retention, effect]
         for p in promotions:
             redis_keys += [keys.job(p.job_id), keys.execution(p.execution_id), jobs.job_key(p.execution_id)]
-            args += [p.job_id, p.attempts, p.execution_id, p.arq_job]
+            args += [p.job_id, p.attempts, p.execution_id, p.arq_job, p.request_id, p.principal]
         return [raw.decode() for raw in await self._promote(keys=redis_keys, args=args)]
 
     async def conclude(self, *, job_id: str, tool: str, owner: str, idem_key: str, execution_id: str, status: str,

@@ -25,7 +25,8 @@ from carmy_worker.wire import ExecutionJob, Record, msgpack_encoder, record_deco
 #       queue wait ms, workers alive (1/0), tool, owner, idempotent (1/0), record prefix, wake list,
 #       reply channel ('' for the execution's own channel: lua.EMIT), '1' if the caller streams,
 #       the principal's pending limit (0: none), its bucket's interval and tolerance (µs; 0: no rate),
-#       '1' if Redis has room for new work (store/memory.py)
+#       '1' if Redis has room for new work (store/memory.py), then what its audit entry tells
+#       (store.audit): request id, principal, the door it came in by, the tool's effect
 # A request id seen before is answered (replay, join, conflict) before any limit: a retry of an
 # accepted call always gets its answer, and is never charged. Redis at its maxmemory refuses the
 # whole script (lua.NEW_WORK): Submit answers store_full then too.
@@ -58,7 +59,8 @@ if #KEYS == 8 then
 end
 local start_by = now + tonumber(ARGV[7])
 local fields = {'tool', ARGV[9], 'owner', ARGV[10], 'idem', ARGV[11], 'state', 'queued', 'attempt', 0,
-                'start_by', start_by, 'wake', ARGV[13], 'queued_at', now}
+                'start_by', start_by, 'wake', ARGV[13], 'queued_at', now,
+                'rid', ARGV[20], 'principal', ARGV[21], 'via', ARGV[22], 'effect', ARGV[23]}
 if ARGV[14] ~= '' then
   table.insert(fields, 'reply') table.insert(fields, ARGV[14])
   table.insert(fields, 'stream') table.insert(fields, ARGV[15])
@@ -113,6 +115,7 @@ class Submit:
     async def __call__(
         self, job: ExecutionJob, *, queue: str, idempotent: bool, workers_alive: bool, max_pending: int,
         queue_wait_ms: int, admission_ms: int, reply: str = "", stream: bool = True, quota: Quota = NO_QUOTA,
+        via: str = "http", effect: str = "",
     ) -> Submission:
         """Queue ``job`` on ``queue`` unless its request id was seen or admission refuses it.
 
@@ -121,7 +124,8 @@ class Submit:
         go to ``reply`` (an API process's channel: ``keys.api_channel``), every event if
         ``stream`` else only the final one; without ``reply``, every event goes to its own
         channel (``keys.events``). ``quota``: the limits of ``job.principal``, checked and charged
-        in the same round trip as the global ``max_pending``.
+        in the same round trip as the global ``max_pending``. ``via`` (the door it came in by)
+        and ``effect`` (its tool's) are kept for its audit entry (``store.audit``).
         """
         exec_id, owner = job.execution_id, keys.owner(job.principal)
         redis_keys = [keys.execution(exec_id), keys.PENDING, keys.QUEUED, jobs.job_key(exec_id), queue,
@@ -137,6 +141,7 @@ class Submit:
             queue_wait_ms, 1 if workers_alive else 0, job.tool, owner, 1 if idempotent else 0,
             keys.RECORD_PREFIX, jobs.wake_list(queue), reply, "1" if stream else "",
             quota.pending, quota.interval_us(), quota.tolerance_us(), "1" if memory is None or memory.room else "",
+            job.request_id or "", job.principal or "", via, effect,
         ]
         try:
             submission = _parse(await self._script(keys=redis_keys, args=args))
