@@ -17,15 +17,15 @@ ACTION_TIMEOUT_MS = 10_000
 NAVIGATION_TIMEOUT_MS = 20_000
 
 
-class ChromiumMissing(RuntimeError):
-    """No Chromium at ``CHROMIUM``: the message says how to install it."""
+def missing() -> str | None:
+    """What to install, when there is no Chromium at ``CHROMIUM``."""
+    if os.access(CHROMIUM, os.X_OK):
+        return None
+    return (f"the browser tests need Debian's chromium at {CHROMIUM}, which is missing: apt-get install chromium "
+            "(bin/test installs it when run as root), or set CARMY_CHROMIUM to another Chromium's path")
 
 
 def launch(playwright: Playwright) -> Browser:
-    """A headless chromium; ChromiumMissing when there is none to launch."""
-    if not os.access(CHROMIUM, os.X_OK):
-        raise ChromiumMissing(
-            f"the browser tests need Debian's chromium at {CHROMIUM}, which is missing: apt-get install chromium "
-            "(bin/test installs it when run as root), or set CARMY_CHROMIUM to another Chromium's path")
+    """A headless chromium (see ``missing`` first)."""
     # Playwright's default arguments include --no-sandbox (we may run as root) and headless mode.
     return playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True)

@@ -11,7 +11,7 @@ from playwright.sync_api import Browser, ConsoleMessage, Page, Playwright, expec
 
 from tests.browser import shots
 from tests.browser.attacker import Attacker, attacker_site
-from tests.browser.chromium import ACTION_TIMEOUT_MS, NAVIGATION_TIMEOUT_MS, ChromiumMissing, launch
+from tests.browser.chromium import ACTION_TIMEOUT_MS, NAVIGATION_TIMEOUT_MS, launch, missing
 from tests.browser.stack import Console, console_stack
 
 HERE = Path(__file__).parent
@@ -59,10 +59,9 @@ def _old_shots_cleared() -> None:
 def browser(playwright: Playwright, _old_shots_cleared: None) -> Iterator[Browser]:
     """A headless chromium for the module. Without one, every browser test fails saying what to
     install: they are never skipped, or CI would pass without them."""
-    try:
-        chromium = launch(playwright)
-    except ChromiumMissing as exc:
-        pytest.fail(str(exc), pytrace=False)
+    if problem := missing():
+        pytest.fail(problem, pytrace=False)
+    chromium = launch(playwright)
     expect.set_options(timeout=ACTION_TIMEOUT_MS)
     yield chromium
     chromium.close()
