@@ -70,6 +70,9 @@ class CatalogView:
     live_workers: int = 0
     # The recurring jobs the workers declare, by name (the newest worker's definition wins).
     schedules: dict[str, ScheduleSpec] = field(default_factory=dict)
+    # What the view was built from: every worker on the roster and whether it serves (alive and
+    # not draining), newest first; the console's Tools page shows who serves what from it.
+    workers: tuple[tuple[WorkerInfo, bool], ...] = ()
 
     def get(self, name: str) -> CatalogTool | None:
         return self.tools.get(name)
@@ -88,7 +91,8 @@ def build_view(server_name: str, workers: list[tuple[WorkerInfo, bool]],
     specs: dict[str, WorkerTool] = {}
     groups: dict[str, list[str]] = {}
     schedules: dict[str, ScheduleSpec] = {}
-    for info, live in sorted(workers, key=lambda w: w[0].started_ms, reverse=True):
+    workers = sorted(workers, key=lambda w: w[0].started_ms, reverse=True)
+    for info, live in workers:
         for schedule in info.schedules:
             schedules.setdefault(schedule.name, schedule)
         for tool in info.tools:
@@ -114,7 +118,7 @@ def build_view(server_name: str, workers: list[tuple[WorkerInfo, bool]],
                                   retry=specs[name].retry)
     return CatalogView(tools=tools, catalog=catalog, discovery=discovery,
                        live_workers=sum(1 for _, live in workers if live),
-                       schedules=dict(sorted(schedules.items())))
+                       schedules=dict(sorted(schedules.items())), workers=tuple(workers))
 
 
 def compile_validator(name: str, schema: dict[str, Any]) -> InputSchema | None:

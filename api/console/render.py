@@ -1,0 +1,70 @@
+"""Server-rendered pages: one jinja2 environment (autoescaped, templates from ``templates/``) and
+``render``, which every page answers with.
+
+A page template extends ``base.html`` and fills ``title`` and ``content`` (and ``scripts``, with
+``<script src>`` only: the policy refuses inline code). ``render`` gives every template the
+visitor, its CSRF token (``{{ csrf_field() }}`` in every form), the nav and ``static(name)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jinja2
+from markupsafe import Markup
+from starlette.requests import Request
+from starlette.responses import HTMLResponse
+
+from api.console.assets import static_url
+from api.console.visitor import visitor
+
+TEMPLATES_DIR = Path(__file__).parent / "templates"
+CSRF_FIELD = "csrf"  # the name of every form's hidden token field
+
+
+@dataclass(frozen=True)
+class NavItem:
+    label: str
+    href: str
+
+
+# The console's sections, in the order the nav shows them.
+NAV = (
+    NavItem("Overview", "/console"),
+    NavItem("Executions", "/console/executions"),
+    NavItem("Jobs", "/console/jobs"),
+    NavItem("Tools", "/console/tools"),
+)
+
+environment = jinja2.Environment(
+    loader=jinja2.FileSystemLoader(TEMPLATES_DIR),
+    autoescape=True,  # every value is escaped unless a template marks it safe
+    undefined=jinja2.StrictUndefined,  # a misspelt name fails the render (and the tests), not silently
+    trim_blocks=True,
+    lstrip_blocks=True,
+    auto_reload=False,
+)
+environment.globals["static"] = static_url
+
+
+def current(path: str, href: str) -> bool:
+    """Whether the nav's ``href`` is the section ``path`` is in."""
+    return path == href if href == "/console" else path == href or path.startswith(href + "/")
+
+
+def render(request: Request, template: str, *, status: int = 200, headers: Mapping[str, str] | None = None,
+           **context: Any) -> HTMLResponse:
+    """``template`` rendered for this request's visitor, as an HTML response."""
+    seen = visitor(request)
+    csrf = seen.csrf if seen is not None else ""
+    page = environment.get_template(template).render(
+        visitor=seen,
+        csrf=csrf,
+        csrf_field=lambda: Markup('<input type="hidden" name="{}" value="{}">').format(CSRF_FIELD, csrf),
+        nav=[(item, current(request.url.path, item.href)) for item in NAV],
+        **context,
+    )
+    return HTMLResponse(page, status_code=status, headers=headers)

@@ -1,0 +1,56 @@
+"""Every route of the console, in one list: adding a page is one line here.
+
+* a page: ``guard.page("/console/jobs", jobs.get)``, where ``jobs.get(request)`` answers with
+  ``render(request, "jobs.html", ...)`` (its template extends ``base.html``);
+* a button that changes something: a ``<form method="post">`` with ``{{ csrf_field() }}`` in its
+  template, and ``guard.action("/console/jobs/{job_id}/retry", jobs.retry)``, where
+  ``jobs.retry(request, form)`` runs only once the form's origin and CSRF token are checked.
+  Answer with a ``303`` redirect to a page (the browser's back button then never posts again).
+
+Nothing here exists unless ``CARMY_CONSOLE`` is on: ``api/app.py`` adds these routes only then.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from redis.asyncio import Redis
+from starlette.routing import BaseRoute, Route, request_response
+
+from api.calling.catalog import Catalog
+from api.console.assets import STATIC_PATH, serve
+from api.console.guard import SIGN_IN_PATH, Guard
+from api.console.headers import ConsoleHeaders
+from api.console.pages.placeholder import overview
+from api.console.pages.signin import SignIn
+from api.console.pages.tools import ToolsPage
+from api.console.session import Sessions
+from api.guards.auth import Authenticator
+from api.settings import ApiSettings
+
+
+@dataclass(frozen=True)
+class ConsoleServices:
+    """What the console's pages read, built by the app factory: the console has none of its own."""
+
+    settings: ApiSettings
+    redis: Redis
+    auth: Authenticator | None  # None: the API authenticates nobody, and the console is open
+    catalog: Catalog
+
+
+def console_routes(services: ConsoleServices) -> list[BaseRoute]:
+    """The console's routes, each behind its guard (``api/console/guard.py``)."""
+    settings = services.settings
+    guard = Guard(Sessions(settings, services.redis), authenticates=services.auth is not None)
+    sign_in = SignIn(guard, services.auth, settings.operator_permission)
+    tools = ToolsPage(services.catalog)
+    return [
+        Route(STATIC_PATH + "/{name:path}", ConsoleHeaders(request_response(serve)), methods=["GET"]),
+        guard.page(SIGN_IN_PATH, sign_in.form, signed_in=False),
+        guard.action(SIGN_IN_PATH, sign_in.sign_in, signed_in=False),
+        guard.action("/console/sign-out", sign_in.sign_out, signed_in=False),
+        # The pages, in the nav's order.
+        guard.page("/console", overview),
+        guard.page("/console/tools", tools.get),
+    ]

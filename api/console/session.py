@@ -1,0 +1,125 @@
+"""The console's session: a signed cookie, and the CSRF token bound to it.
+
+A browser cannot send the API's bearer header by itself, so a person pastes a key once
+(``signin``) and gets this cookie. It holds no secret: who signed in, whether they did (an
+anonymous session only carries the CSRF token of the sign-in form, or of an open console), when
+it ends and a random id, all under an HMAC-SHA256 of a secret every replica shares
+(``CARMY_CONSOLE_SECRET``, or one written once in Redis). Nothing is stored per session: it ends
+when it expires, and signing out forgets it in that browser.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import secrets
+import time
+from collections.abc import Callable
+
+import msgspec
+from msgspec import Struct
+from redis.asyncio import Redis
+
+from api.settings import ApiSettings
+from carmy_worker.store.consolesecret import shared_secret
+
+COOKIE = "carmy_console"
+COOKIE_PATH = "/console"
+MAX_COOKIE = 4096  # a browser keeps no more; anything longer is not ours
+
+
+class Session(Struct, frozen=True, forbid_unknown_fields=True):
+    """What the cookie says, once its signature is checked."""
+
+    sid: str  # random: what the CSRF token is bound to
+    principal: str | None
+    signed_in: bool  # False: anonymous (the sign-in form's, or an open console's)
+    expires: int  # Unix time, s
+
+
+_encode = msgspec.json.Encoder().encode
+_decode = msgspec.json.Decoder(Session).decode
+
+
+def _b64(raw: bytes) -> str:
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+class Signer:
+    """Seals sessions into cookie values and opens them again, and derives their CSRF tokens."""
+
+    def __init__(self, secret: bytes, clock: Callable[[], float] = time.time) -> None:
+        self._secret = secret
+        self._clock = clock
+
+    def _mac(self, purpose: bytes, message: bytes) -> bytes:
+        # A purpose in every MAC: a CSRF token can never pass for a cookie's signature, or back.
+        return hmac.new(self._secret, purpose + b":" + message, hashlib.sha256).digest()
+
+    def seal(self, session: Session) -> str:
+        payload = _encode(session)
+        return f"{_b64(payload)}.{_b64(self._mac(b'session', payload))}"
+
+    def open(self, value: str | None) -> Session | None:
+        """The session ``value`` seals, or None if it is missing, forged, tampered with or expired."""
+        if not value or len(value) > MAX_COOKIE or value.count(".") != 1:
+            return None
+        payload_text, mac_text = value.split(".")
+        try:
+            payload, mac = _unb64(payload_text), _unb64(mac_text)
+        except (binascii.Error, ValueError):
+            return None
+        if not hmac.compare_digest(mac, self._mac(b"session", payload)):
+            return None
+        try:
+            session = _decode(payload)
+        except msgspec.DecodeError:
+            return None
+        return session if session.expires > self._clock() else None
+
+    def csrf(self, session: Session) -> str:
+        """The token every form of this session carries: HMAC(secret, "csrf:" + session id)."""
+        return _b64(self._mac(b"csrf", session.sid.encode()))
+
+    def csrf_matches(self, session: Session, token: str | None) -> bool:
+        return token is not None and hmac.compare_digest(token.encode(), self.csrf(session).encode())
+
+    def new(self, *, principal: str | None, signed_in: bool, lifetime: int) -> Session:
+        """A fresh session (a new id at every sign-in: an id seen before it is worth nothing after)."""
+        return Session(sid=secrets.token_urlsafe(18), principal=principal, signed_in=signed_in,
+                       expires=int(self._clock()) + lifetime)
+
+
+class Sessions:
+    """The console's ``Signer``, keyed with the configured secret or the one shared through Redis
+    (read on first use, not at start: the API starts while Redis is down)."""
+
+    def __init__(self, settings: ApiSettings, redis: Redis, clock: Callable[[], float] = time.time) -> None:
+        self.lifetime = settings.console_session
+        self.secure = settings.console_secure_cookies
+        self._redis = redis
+        self._clock = clock
+        self._signer = Signer(settings.console_secret.encode(), clock) if settings.console_secret else None
+
+    async def signer(self) -> Signer:
+        """Raises what the Redis client raises when the shared secret cannot be read."""
+        if self._signer is None:
+            secret = await shared_secret(self._redis, secrets.token_bytes(32))
+            self._signer = Signer(secret, self._clock)
+        return self._signer
+
+    def cookie(self, value: str, *, https: bool) -> str:
+        """A ``Set-Cookie`` value. ``SameSite=Strict``: no other site's page or link brings it along;
+        ``Path=/console``: ``/agent/*`` never sees it; ``Secure`` over HTTPS, or when a proxy ends TLS."""
+        secure = "; Secure" if https or self.secure else ""
+        return f"{COOKIE}={value}; Path={COOKIE_PATH}; Max-Age={self.lifetime}; HttpOnly; SameSite=Strict{secure}"
+
+    def clearing_cookie(self, *, https: bool) -> str:
+        secure = "; Secure" if https or self.secure else ""
+        return f"{COOKIE}=; Path={COOKIE_PATH}; Max-Age=0; HttpOnly; SameSite=Strict{secure}"
