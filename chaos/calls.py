@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 
-from chaos.model import Answer, Attempt, Mode, Request
+from chaos.model import Answer, Attempt, Mode, Request, marked
 
 # Refusals worth retrying with the same request_id: nothing was recorded, and the cause passes
 # (Redis back, or with memory again, a worker back, the queue drained; a catalog Redis lost comes
@@ -42,7 +42,7 @@ def code_of(body: Any) -> str | None:
 
 def attempt(client: httpx.Client, base: str, request: Request, mode: Mode, timeout: float) -> Attempt:
     """One try of ``request`` against the API at ``base``, giving up after ``timeout`` seconds."""
-    envelope = {"tool": request.tool, "arguments": request.args, "request_id": request.rid}
+    envelope = {"tool": request.tool, "arguments": marked(request.args), "request_id": request.rid}
     result = Attempt(t0=time.time(), t1=0.0, mode=mode, api=base)
     try:
         if mode == "json":

@@ -31,7 +31,7 @@ from standardwebhooks import Webhook as StandardSigner
 
 from chaos.calls import REFUSAL_CODES, RETRY_CODES, answer_of, code_of
 from chaos.load import new_client
-from chaos.model import Delivery, Event
+from chaos.model import Delivery, Event, marked
 
 SHARE = 0.08  # of the clients' turns, by default
 FORGED = 0.15  # of the events
@@ -67,7 +67,7 @@ def new_event(rng: random.Random, eid: str) -> Event:
     mode: Literal["call", "job"] = rng.choice(["call", "job"])
     ms = rng.randint(*WORK_MS)
     forged = rng.choice(FORGERIES) if rng.random() < FORGED else None
-    body: dict[str, Any] = {"id": eid, "args": {"ms": ms}} if mode == "call" else {"ms": ms}
+    body: dict[str, Any] = {"id": eid, "args": marked({"ms": ms})} if mode == "call" else marked({"ms": ms})
     return Event(eid=eid, hook=f"chaos-{mode}", mode=mode, body=body, forged=forged, first=time.time())
 
 

@@ -25,7 +25,7 @@ import httpx
 
 from chaos.calls import REFUSAL_CODES, code_of
 from chaos.load import new_client
-from chaos.model import Create, Job, JobRead
+from chaos.model import Create, Job, JobRead, marked
 
 SHARE = 0.15  # of the clients' turns, by default
 TOOLS: tuple[tuple[str, float], ...] = (("job_put", 0.6), ("job_charge", 0.4))
@@ -59,7 +59,7 @@ def new_job(rng: random.Random, rid: str) -> Job:
 
 def body(job: Job) -> dict[str, Any]:
     """The POST's body: the same on every retry, so the API finds the job it created."""
-    doc: dict[str, Any] = {"tool": job.tool, "arguments": job.args, "request_id": job.rid,
+    doc: dict[str, Any] = {"tool": job.tool, "arguments": marked(job.args), "request_id": job.rid,
                            "max_attempts": job.max_attempts}
     if job.delay_ms is not None:
         doc["delay_ms"] = job.delay_ms

@@ -29,6 +29,8 @@ TIMEOUT = 10.0  # seconds, for every tool: far above their work, so a timeout me
 
 class Work(msgspec.Struct):
     ms: int  # how long the work takes before its effect
+    # The check's marker (chaos.model.ARGUMENT_MARK), ignored: the audit trail must never hold it.
+    mark: str = ""
 
 
 class Receipt(msgspec.Struct):
@@ -105,6 +107,7 @@ TICK_GRACE_S = 15.0
 class Flaky(msgspec.Struct):
     ms: int  # how long the work takes before its effect
     fail: int = 0  # the job's first ``fail`` attempts fail (retryably) instead of doing the effect
+    mark: str = ""  # as ``Work.mark``
 
 
 class JobReceipt(msgspec.Struct):
