@@ -30,6 +30,9 @@ FAILOVER_TIMEOUT = 30.0  # seconds for the Sentinels to promote a replica
 # for about 10 s before it tells it to replicate.
 SETTLE_TIMEOUT = 60.0
 TOOLS_MODULE = "chaos.tools"
+# CARMY_AUDIT_MAX_ENTRIES of the run: far more entries than any run writes (a 600 s run about
+# 100,000), so that the janitors' trim never takes one and the end can count every execution's.
+AUDIT_MAX_ENTRIES = 10_000_000
 EXECUTION_ID = re.compile(r"exec_[0-9a-f-]{36}")
 
 
@@ -67,11 +70,16 @@ class Cluster:
     def redis_url(self) -> str:
         return self.group.url if self.group else self.redis.url
 
+    def primary(self) -> RedisServer:
+        """The server that takes writes now: the one the Sentinels name, if there are any."""
+        return self.group.server_on(self.group.primary_port()) if self.group else self.redis
+
     def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
         env = {k: v for k, v in self._env.items() if not k.startswith("CARMY_")}
         env.update({"CARMY_REDIS_URL": self.redis_url, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1",
                     "CHAOS_LEDGER_DIR": str(self.ledger_dir)})
         env.update({k: v for k, v in self._env.items() if k.startswith("CARMY_")})
+        env["CARMY_AUDIT_MAX_ENTRIES"] = str(AUDIT_MAX_ENTRIES)  # over any caller's: the check needs it
         env.update(extra or {})
         return env
 

@@ -1,6 +1,7 @@
 """The records the chaos check keeps: what each attempt of a call got back, each request's
-history, each job's creation and reads, each fault and each ledger line. msgspec Structs, so ``--out`` and the tests can
-encode and build them as they are."""
+history, each job's creation and reads, each fault and each ledger line, and the audit trail as
+Redis held it at the end. msgspec Structs, so ``--out`` and the tests can encode and build them
+as they are."""
 
 from __future__ import annotations
 
@@ -185,3 +186,32 @@ ARGUMENT_MARK = "chaos-argument-marker-9f3c71d2"
 def marked(arguments: dict[str, Any]) -> dict[str, Any]:
     """``arguments`` as the load sends them: with the marker the audit trail must never hold."""
     return arguments | {MARK_FIELD: ARGUMENT_MARK}
+
+
+class RecordSeen(Struct, frozen=True, kw_only=True):
+    """An execution's final record as Redis held it at the end: what its audit entries repeat."""
+
+    xid: str
+    tool: str
+    status: str
+    error_code: str | None = None
+
+
+class RawEntry(Struct, frozen=True, kw_only=True):
+    """One entry of the audit stream, every field as Redis holds it (a field the store's decoder
+    does not know is kept: it may be where arguments leaked)."""
+
+    id: str  # ``<ms>-<seq>``
+    fields: dict[str, str]
+
+
+class Trail(Struct, kw_only=True):
+    """The audit trail and the records, read once the run is over. ``before``: the newest entry
+    id when the records began to be read (None: the stream was empty); an entry up to it was
+    written, with its record, before they were read. ``added``: entries ever added to the stream
+    (``XINFO STREAM``), more than ``entries`` if any were trimmed."""
+
+    records: list[RecordSeen]
+    entries: list[RawEntry]
+    before: str | None
+    added: int
