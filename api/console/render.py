@@ -55,6 +55,12 @@ def current(path: str, href: str) -> bool:
     return path == href if href == "/console" else path == href or path.startswith(href + "/")
 
 
+def fragment(template: str, **context: Any) -> Markup:
+    """A part of a page that is the same for every visitor (no nav, no CSRF token), rendered once
+    and kept by its page, then put in with ``{{ name }}``: it is already escaped."""
+    return Markup(environment.get_template(template).render(**context))
+
+
 def render(request: Request, template: str, *, status: int = 200, headers: Mapping[str, str] | None = None,
            **context: Any) -> HTMLResponse:
     """``template`` rendered for this request's visitor, as an HTML response."""

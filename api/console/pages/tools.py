@@ -1,10 +1,11 @@
 """``/console/tools``: the catalog as the API serves it, with who serves each tool.
 
 Everything comes from the catalog's current view (``api.calling.catalog``), which already holds
-every worker's info and liveness: the page reads nothing from Redis. Its model is built once per
-view (the view is replaced, never changed), so a catalog of 1,000 tools on 100 workers costs its
-JSON formatting once, not on every load; workers are shown by group (those that serve the same
-tools), so the page grows with tools plus workers, not with their product.
+every worker's info and liveness: the page reads nothing from Redis. Its listing is built and
+rendered once per view (the view is replaced, never changed, at most once a second), so a
+catalog of 1,000 tools on 100 workers costs its JSON formatting and templating once, not on every
+load; workers are shown by group (those that serve the same tools), so the page grows with tools
+plus workers, not with their product.
 """
 
 from __future__ import annotations
@@ -14,11 +15,12 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from markupsafe import Markup
 from starlette.requests import Request
 from starlette.responses import Response
 
 from api.calling.catalog import Catalog, CatalogView
-from api.console.render import render
+from api.console.render import fragment, render
 from carmy_worker.wire import WorkerInfo
 
 INLINE_WORKERS = 3  # named next to each tool; the rest are in the group's table
@@ -129,13 +131,16 @@ class ToolsPage:
 
     def __init__(self, catalog: Catalog) -> None:
         self.catalog = catalog
-        self._built: tuple[CatalogView, ToolsModel] | None = None
+        self._built: tuple[CatalogView, ToolsModel, Markup] | None = None
 
-    def model(self) -> ToolsModel:
+    def current(self) -> tuple[ToolsModel, Markup]:
+        """The current view's model and its rendered listing."""
         view = self.catalog.view
         if self._built is None or self._built[0] is not view:
-            self._built = (view, build_model(view))
-        return self._built[1]
+            model = build_model(view)
+            self._built = (view, model, fragment("tools_listing.html", model=model, inline=INLINE_WORKERS))
+        return self._built[1], self._built[2]
 
     async def get(self, request: Request) -> Response:
-        return render(request, "tools.html", model=self.model(), inline=INLINE_WORKERS)
+        model, listing = self.current()
+        return render(request, "tools.html", model=model, listing=listing)
