@@ -14,6 +14,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+from playwright.sync_api import Page
+from playwright.sync_api import Response as BrowserResponse
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
@@ -44,6 +46,19 @@ class Attacker:
 
     def url(self, path: str, host: str = SAME_SITE) -> str:
         return f"http://{host}:{urlsplit(self.base).port}{path}"
+
+    def attack(self, page: Page, action: str, fields: dict[str, str], host: str = SAME_SITE) -> BrowserResponse:
+        """Have ``page`` visit a page of this site, reached as ``host``, that posts ``fields`` to
+        ``action`` as it loads; the answer to that POST, as the browser got it."""
+        with page.expect_response(lambda r: r.url == action and r.request.method == "POST") as posted:
+            # Only until the attacker's page arrives: its script replaces it at once with the POST,
+            # whose answer is what is waited for.
+            page.goto(self.form_post(action, fields, host), wait_until="commit")
+        response = posted.value
+        # The refusal's page loaded: a navigation the test starts next cannot race it.
+        page.wait_for_url(action)
+        assert response.request.headers["origin"] == self.url("", host), "the browser sent no Origin"
+        return response
 
 
 @contextmanager
