@@ -1,0 +1,245 @@
+"""The console's live overview: the sampler against a real Redis (workers as they register and
+heartbeat, real executions counted per second, a dead worker leaving the frame), and the
+derivation of rates and quantiles on known inputs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import httpx
+import pytest
+import redis.asyncio
+
+from api.console.frame import LiveFrame, WorkerRow
+from api.console.framing import DEAD_SHOWN_MS
+from api.console.live import Sampler
+from api.console.rates import Step, Window, grown, quantile
+from carmy_worker.store import jobs, keys, metrics
+from carmy_worker.store.roster import Liveness
+from carmy_worker.store.submit import Submit
+from carmy_worker.wire import ExecutionJob, WorkerInfo, msgpack_encoder
+from tests.support import Proc, Stack, wait_until_async
+
+DEAD_AFTER = 3.0
+SAMPLER_NAME = "console-sampler"
+SEP = metrics.SEP
+
+
+# --- the derivation, on known inputs ------------------------------------------------------------
+
+def histogram(**at: int) -> list[int]:
+    """Non-cumulative counts of ``metrics.BUCKETS_MS``, given as ``b<index>=count``."""
+    counts = [0] * (len(metrics.BUCKETS_MS) + 1)
+    for name, n in at.items():
+        counts[int(name[1:])] = n
+    return counts
+
+
+def test_quantiles_interpolate_within_their_bucket() -> None:
+    # 100 runs between 5 and 10 ms (bucket 3): spread evenly, as Prometheus assumes.
+    assert quantile(histogram(b3=100), 0.5) == pytest.approx(7.5)
+    assert quantile(histogram(b3=100), 0.99) == pytest.approx(9.95)
+    # 90 fast runs (under 1 ms) and 10 slow ones (50 to 100 ms): the median is fast, the p99 slow.
+    fast_and_slow = histogram(b0=90, b6=10)
+    assert quantile(fast_and_slow, 0.5) == pytest.approx(50 / 90)
+    assert quantile(fast_and_slow, 0.99) == pytest.approx(50 + 50 * 9 / 10)
+    # Past the last edge (60 s) nothing more can be said than "over 60 s".
+    assert quantile(histogram(b15=3), 0.5) == metrics.BUCKETS_MS[-1]
+    assert quantile(histogram(), 0.5) is None
+
+
+def test_counters_grow_and_a_reset_counts_from_zero() -> None:
+    before = {b"a": b"5", b"b": b"7", b"c": b"1"}
+    after = {b"a": b"5", b"b": b"9", b"c": b"0", b"d": b"2"}
+    assert grown(before, after) == {b"b": 2, b"d": 2}  # c went down to 0 (a flushed Redis): nothing new
+    assert grown({b"x": b"10"}, {b"x": b"3"}) == {b"x": 3}
+
+
+def step(ms: int, **tools: tuple[int, int, list[int]]) -> Step:
+    """A step in which each tool finished n executions, e of them errors, with these run buckets."""
+    executions: dict[bytes, int] = {}
+    run: dict[bytes, int] = {}
+    for tool, (n, e, buckets) in tools.items():
+        executions[SEP.join((tool, "completed", "")).encode()] = n - e
+        executions[SEP.join((tool, "failed", "TOOL_ERROR")).encode()] = e
+        run.update({f"{tool}{SEP}{i}".encode(): c for i, c in enumerate(buckets) if c})
+        run[f"{tool}{SEP}sum".encode()] = 12345  # not a bucket: left out
+    return Step.between(ms, executions, run)
+
+
+def test_a_step_counts_completions_and_errors_per_second() -> None:
+    s = step(500, fast=(10, 2, histogram(b1=10)), slow=(1, 0, histogram(b9=1)))
+    assert (s.finished, s.errors) == (11, 2)
+    assert s.per_second(s.finished) == 22.0 and s.per_second(s.errors) == 4.0
+    assert s.tools["fast"].buckets == histogram(b1=10)
+    cancelled = Step.between(1000, {SEP.join(("t", "cancelled", "CANCELLED")).encode(): 3}, {})
+    assert (cancelled.finished, cancelled.errors) == (3, 0)  # a cancellation is no error
+
+
+def test_the_window_covers_its_last_steps_only() -> None:
+    window = Window(2)
+    window.push(step(1000, old=(4, 4, histogram(b14=4))))
+    window.push(step(1000, busy=(10, 0, histogram(b2=10))))
+    assert window.tools["old"].errors == 4
+    window.push(step(1000, busy=(10, 1, histogram(b3=10))))
+    assert "old" not in window.tools  # quiet for a whole window: gone from the table
+    busy = window.tools["busy"]
+    assert window.ms == 2000 and window.per_second(busy.finished) == 10.0 and busy.errors == 1
+    assert quantile(busy.buckets, 0.5) == pytest.approx(5.0)  # the 10th of 20 runs: the top of bucket 2
+
+
+# --- the sampler against Redis ------------------------------------------------------------------
+
+@pytest.fixture
+async def ar(stack: Stack) -> AsyncIterator[redis.asyncio.Redis]:
+    client = redis.asyncio.Redis.from_url(stack.redis_url)
+    yield client
+    await client.aclose()
+
+
+def info(worker_id: str, *, group: str = "g-fake", concurrency: int = 4) -> WorkerInfo:
+    return WorkerInfo(worker_id=worker_id, started_ms=int(time.time() * 1000), tools=[], group=group,
+                      host="host-" + worker_id, pid=4242, concurrency=concurrency)
+
+
+async def present(liveness: Liveness, worker: WorkerInfo, *, seen_ago_ms: int = 0) -> None:
+    """As a worker does: its info written, then a heartbeat (``seen_ago_ms`` back: one that died then)."""
+    await liveness.register(worker.worker_id, msgpack_encoder.encode(worker))
+    await liveness.heartbeat(worker.worker_id, offset_ms=-seen_ago_ms)
+
+
+def row(frame: LiveFrame, worker_id: str) -> WorkerRow | None:
+    return next((w for w in frame.workers if w.id == worker_id), None)
+
+
+async def test_workers_are_shown_as_they_register_heartbeat_and_drain(ar: redis.asyncio.Redis) -> None:
+    liveness = Liveness(ar, dead_after=DEAD_AFTER)
+    await present(liveness, info("fake-a", concurrency=8))
+    await present(liveness, info("fake-b", group="g-other"))
+    await liveness.drain("fake-b")
+    frame = await Sampler(ar, dead_after=DEAD_AFTER).tick()
+    a, b = row(frame, "fake-a"), row(frame, "fake-b")
+    assert a == WorkerRow(id="fake-a", host="host-fake-a", pid=4242, group="g-fake", slots=8, busy=0,
+                          last_seen=a.last_seen if a else 0, draining=False, alive=True)
+    assert b is not None and b.draining and b.alive and b.group == "g-other"
+
+
+async def ticks_until(sampler: Sampler, test: Callable[[LiveFrame], object], what: str) -> LiveFrame:
+    """Samples until a frame passes ``test``."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        frame = await sampler.tick()
+        if test(frame):
+            return frame
+        await asyncio.sleep(0.05)
+    raise TimeoutError(what)
+
+
+async def test_a_dead_worker_is_shown_dead_then_leaves_the_frame(ar: redis.asyncio.Redis) -> None:
+    liveness, sampler = Liveness(ar, dead_after=DEAD_AFTER), Sampler(ar, dead_after=DEAD_AFTER)
+    await present(liveness, info("fake-dying"))
+    alive = row(await sampler.tick(), "fake-dying")
+    assert alive is not None and alive.alive
+    # Silent for just over dead_after. (Redis just started being watched counts as the end of a
+    # gap: for one dead_after more, the roster gives workers the benefit of the doubt, so wait.)
+    dead_ms = int(DEAD_AFTER * 1000)
+    await present(liveness, info("fake-dying"), seen_ago_ms=dead_ms + 1)
+    await ticks_until(sampler, lambda f: (r := row(f, "fake-dying")) is not None and not r.alive, "shown dead")
+    await present(liveness, info("fake-dying"), seen_ago_ms=dead_ms + DEAD_SHOWN_MS + 1000)
+    await ticks_until(sampler, lambda f: row(f, "fake-dying") is None, "gone")
+
+
+async def test_a_group_queue_backing_up_is_in_the_frame(ar: redis.asyncio.Redis) -> None:
+    liveness, sampler = Liveness(ar, dead_after=DEAD_AFTER), Sampler(ar, dead_after=DEAD_AFTER)
+    await present(liveness, info("fake-q", group="g-backlog"))
+    before = await sampler.tick()
+    submit = Submit(ar, retention=600)
+    for _ in range(3):
+        job = ExecutionJob(execution_id=keys.new_execution_id(), tool="nobody_runs_it", arguments=b"{}")
+        await submit(job, queue=jobs.queue_name("g-backlog"), idempotent=True, workers_alive=True, max_pending=100,
+                     queue_wait_ms=3_600_000, admission_ms=3_600_000)
+    frame = await sampler.tick()
+    assert frame.point is not None and before.point is not None
+    assert [(q.due, q.length) for q in frame.queues if q.group == "g-backlog"] == [(3, 3)]
+    assert frame.point.queued == before.point.queued + 3 and frame.point.pending == before.point.pending + 3
+
+
+# --- real executions ----------------------------------------------------------------------------
+
+@pytest.fixture
+async def sampling(ar: redis.asyncio.Redis) -> AsyncIterator[Sampler]:
+    """A sampler running as the console runs it, in the background."""
+    sampler = Sampler(ar, dead_after=DEAD_AFTER)
+    task = asyncio.create_task(sampler.run())
+    yield sampler
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
+def seen(sampler: Sampler, test: Callable[[LiveFrame], object]) -> Callable[[], object]:
+    def check() -> object:
+        return sampler.frame is not None and test(sampler.frame)
+    return check
+
+
+def tool_row(frame: LiveFrame, tool: str) -> Any:
+    return next((t for t in frame.tools if t.tool == tool), None)
+
+
+async def test_real_executions_are_counted_per_second(client: httpx.AsyncClient, worker: Proc,
+                                                      sampling: Sampler) -> None:
+    await wait_until_async(seen(sampling, lambda f: any(w.alive and w.slots for w in f.workers)),
+                           what="the real worker in a frame, with its slots")
+    rates: list[float] = []
+
+    def counted(frame: LiveFrame) -> bool:
+        if frame.point is not None and frame.point.completions:
+            rates.append(frame.point.completions)
+        row = tool_row(frame, "echo")
+        return bool(rates) and row is not None and row.runs >= 3 and row.p50 is not None
+
+    for i in range(3):
+        answer = await client.post("/agent/execute", json={"tool": "echo", "arguments": {"text": str(i)}})
+        assert answer.status_code == 200, answer.text
+    await wait_until_async(seen(sampling, counted), what="three echo calls counted")
+    echo = tool_row(sampling.frame, "echo") if sampling.frame else None
+    assert echo is not None and echo.errors == 0 and 0 < echo.p50 <= echo.p99 <= 1000
+    assert 0 < sum(rates) <= 3.5  # three completions, spread over the frames that counted them
+
+    failed = await client.post("/agent/execute", json={"tool": "explode", "arguments": {}})
+    assert failed.json()["status"] == "failed"
+    await wait_until_async(seen(sampling, lambda f: (r := tool_row(f, "explode")) is not None and r.errors > 0),
+                           what="the failure counted as an error")
+
+
+async def test_a_running_execution_takes_a_slot(client: httpx.AsyncClient, worker: Proc, sampling: Sampler) -> None:
+    call = asyncio.create_task(client.post("/agent/execute", json={"tool": "sleepy", "arguments": {"seconds": 0.8}}))
+    try:
+        await wait_until_async(seen(sampling, lambda f: any(w.busy for w in f.workers)
+                                    and f.point is not None and f.point.in_flight >= 1),
+                               what="a busy slot while sleepy runs")
+    finally:
+        assert (await call).status_code == 200
+    await wait_until_async(seen(sampling, lambda f: not any(w.busy for w in f.workers)), what="the slot freed")
+
+
+@pytest.mark.slow
+async def test_a_killed_worker_leaves_the_frame_within_seconds(stack: Stack, worker: Proc, sampling: Sampler) -> None:
+    doomed = stack.worker()
+    pid = doomed.pid
+    await wait_until_async(seen(sampling, lambda f: any(w.pid == pid and w.alive for w in f.workers)),
+                           what="the second worker alive in a frame")
+    doomed.kill()  # SIGKILL: no goodbye, only its silence tells
+    killed = time.monotonic()
+    await wait_until_async(seen(sampling, lambda f: any(w.pid == pid and not w.alive for w in f.workers)),
+                           what="the killed worker shown dead")
+    assert time.monotonic() - killed < DEAD_AFTER + 3
+    await wait_until_async(seen(sampling, lambda f: all(w.pid != pid for w in f.workers)),
+                           what="the killed worker gone from the frame")
+    assert time.monotonic() - killed < DEAD_AFTER + DEAD_SHOWN_MS / 1000 + 5
