@@ -38,6 +38,7 @@ from collections import defaultdict
 
 from msgspec import Struct
 
+from chaos.auditcheck import AuditTable
 from chaos.calls import REFUSAL_CODES
 from chaos.facts import Facts
 from chaos.hookcheck import HookTable
@@ -85,6 +86,7 @@ class Table(Struct, kw_only=True):
     bounds: Bounds
     jobs: JobTable | None = None  # chaos.jobcheck's rows, when the load made jobs
     hooks: HookTable | None = None  # chaos.hookcheck's rows, when the load sent webhooks
+    audit: AuditTable | None = None  # chaos.auditcheck's rows
 
     def violations(self) -> dict[str, int]:
         """The broken promises, by row: a run passes when this is empty."""
@@ -95,7 +97,8 @@ class Table(Struct, kw_only=True):
                  "lock overlaps": len(self.lock_overlaps), "hangs": len(self.hangs)}
         violated = {name: n for name, n in found.items() if n}
         violated |= self.jobs.violations() if self.jobs else {}
-        return violated | (self.hooks.violations() if self.hooks else {})
+        violated |= self.hooks.violations() if self.hooks else {}
+        return violated | (self.audit.violations() if self.audit else {})
 
     def about_records(self) -> set[str]:
         """The requests named by the rows a lost Redis write can explain: the records' rows,

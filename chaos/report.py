@@ -6,9 +6,10 @@ from typing import Any
 
 import msgspec
 
+from chaos.auditcheck import AuditTable
 from chaos.hookcheck import HookTable
 from chaos.jobcheck import TOLERANCE_MS, JobTable
-from chaos.model import Event, Job, LedgerLine, Request
+from chaos.model import Event, Job, LedgerLine, Request, Trail
 from chaos.reconcile import Table, percentile
 
 EXAMPLES = 3  # request ids quoted per violated row
@@ -55,6 +56,7 @@ def rows(table: Table) -> list[tuple[str, str, str]]:
         (f"slow answers ({b.slow:g} s to {b.patience:g} s)", str(table.slow), "info"),
         *(job_rows(table.jobs) if table.jobs else []),
         *(hook_rows(table.hooks) if table.hooks else []),
+        *(audit_rows(table.audit) if table.audit else []),
         ("detection time after kill -9, p50 / max",
          f"{_ms(percentile(table.detection, 50))} / {_ms(max(table.detection) if table.detection else None)}"
          f" ({len(table.detection)} runs)", "info"),
@@ -113,6 +115,24 @@ def hook_rows(h: HookTable) -> list[tuple[str, str, str]]:
     ]
 
 
+def audit_rows(a: AuditTable) -> list[tuple[str, str, str]]:
+    vias = ", ".join(f"{via} {n}" for via, n in a.by_via.items()) or "-"
+    return [
+        ("audit entries", f"{a.entries} ({a.replayed} replays; by via: {vias}) for {a.records} records; "
+                          f"{a.trimmed} trimmed", "info"),
+        promise("executions finished without an audit entry (a record, no entry but replays)", a.unaudited,
+                f"{len(a.unaudited)} ({a.unaudited_answered} answered to a caller)"),
+        promise("executions audited twice (two entries, neither a replay)", a.twice),
+        promise("audit entries unlike their records (tool, status, code; request id, job; no record)", a.unlike),
+        promise("replays not audited (answers after the faults that replayed an earlier one)", a.unaudited_replays,
+                f"{len(a.unaudited_replays)} of {a.known_replays} replays"),
+        promise("arguments in the audit trail (an entry holding the load's marker)", a.with_arguments),
+        ("audit rows' executions: in Redis's loss window",
+         f"{len(a.in_loss_window)} of {len(a.named())} (finished, run or answered 1 s before a kill -9 or failover)",
+         "info"),
+    ]
+
+
 def text(table: Table, title: str, log_errors: dict[str, int]) -> str:
     """The table in markdown, the process logs' error lines as its last row, and the verdict."""
     lines = [f"### {title}", "", "| | | |", "|---|---|---|"]
@@ -128,9 +148,11 @@ def text(table: Table, title: str, log_errors: dict[str, int]) -> str:
 
 
 def evidence(table: Table, requests: list[Request], ledger: list[LedgerLine],
-             jobs: list[Job] | None = None, events: list[Event] | None = None) -> dict[str, Any]:
+             jobs: list[Job] | None = None, events: list[Event] | None = None,
+             trail: Trail | None = None) -> dict[str, Any]:
     """Everything known of each request or job a violation names: its attempts (a job's creation
-    and reads) and its ledger lines (a job's: every attempt's)."""
+    and reads) and its ledger lines (a job's: every attempt's); of each execution the audit rows
+    name, its entries, its record and its ledger lines."""
     named = {rid for rids in (table.lost, table.duplicated_effects, table.flipped, table.unfounded,
                               table.false_uncertain, table.effects_after_verdict, table.hangs) for rid in rids}
     named |= {rid for pair in table.lock_overlaps for rid in pair.split("/")}
@@ -148,7 +170,19 @@ def evidence(table: Table, requests: list[Request], ledger: list[LedgerLine],
         found[eid] = {"event": msgspec.to_builtins(by_event[eid]) if eid in by_event else None,
                       "ledger": [msgspec.to_builtins(line) for line in ledger
                                  if line.rid == eid or line.rid.startswith(eid + "#")]}
+    if table.audit and trail:
+        found |= audit_evidence(table.audit, trail, ledger)
     return found
+
+
+def audit_evidence(audit: AuditTable, trail: Trail, ledger: list[LedgerLine]) -> dict[str, Any]:
+    leaked = set(audit.with_arguments)
+    named = audit.named() | {raw.fields.get("execution_id", "") for raw in trail.entries if raw.id in leaked}
+    return {xid: {"entries": [msgspec.to_builtins(raw) for raw in trail.entries
+                              if raw.fields.get("execution_id") == xid],
+                  "record": next((msgspec.to_builtins(r) for r in trail.records if r.xid == xid), None),
+                  "ledger": [msgspec.to_builtins(line) for line in ledger if line.xid == xid]}
+            for xid in sorted(named)}
 
 
 def as_json(table: Table, run: dict[str, Any], proof: dict[str, Any], log_errors: dict[str, int]) -> bytes:

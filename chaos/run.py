@@ -4,7 +4,8 @@ Starts a private Redis (append-only file; with --sentinel a primary, two replica
 Sentinels), API replicas and workers serving ``chaos.tools``;
 runs the load (calls, and jobs) while the injector plays faults; heals the cluster, lets the calls
 in flight finish, asks once more for every request with its request id, reads every job until it
-has finished and twice more; then reconciles the answers with the ledger and prints one table.
+has finished and twice more, reads the audit trail and every record from Redis; then reconciles
+the answers and the trail with the ledger and prints one table.
 Exits 1 if a promise was broken, 2 if the run could not be made.
 """
 
@@ -25,6 +26,8 @@ import msgspec
 
 from bench.processes import ROOT, StartError
 from chaos import hookload, jobload, ledger, report
+from chaos.auditcheck import reconcile_audit
+from chaos.auditread import read_trail
 from chaos.cluster import Cluster
 from chaos.facts import Facts
 from chaos.faults import Injector, default_kinds, refusal
@@ -163,13 +166,17 @@ def play(args: argparse.Namespace, cluster: Cluster, receiver: Receiver, secrets
     jobs.finish(each=min(args.patience, 20.0))
     settle_callbacks(jobs, receiver, time.time() + CALLBACKS_S)
     time.sleep(QUIET_S)
+    with cluster.primary().client() as client:  # every call and job has finished: their records are all in
+        trail = read_trail(client)
     bounds = Bounds(patience=args.patience, slow=args.slow, after_verdict=args.after_verdict)
     requests, lines = list(load.requests), ledger.read(cluster.ledger_dir)
     table = reconcile(requests, lines, injector.faults, IDEMPOTENT, EXCLUSIVE, bounds, args.workers)
-    table.jobs = reconcile_jobs(jobs.jobs, lines, Facts(lines, injector.faults), IDEMPOTENT, JOB_TOOLS,
+    facts = Facts(lines, injector.faults)
+    table.jobs = reconcile_jobs(jobs.jobs, lines, facts, IDEMPOTENT, JOB_TOOLS,
                                 cutoff=jobs.read_at - TICK_MARGIN_S, grace=TICK_GRACE_S,
                                 backoff=(round(JOB_RETRY.backoff * 1000), round(JOB_RETRY.max_backoff * 1000)))
     table.hooks = reconcile_hooks(hooks.events, lines, HOOK_TOOLS, jobs.jobs, list(receiver.callbacks))
+    table.audit = reconcile_audit(trail, requests, hooks.events, jobs.jobs, lines, facts)
     log_errors = cluster.log_errors()
     title = (f"chaos check at {at}: seed {args.seed}, {args.duration:g} s of load, {args.clients} clients "
              f"({args.jobs:.0%} of turns jobs, {args.hooks:.0%} webhooks), "
@@ -183,7 +190,7 @@ def play(args: argparse.Namespace, cluster: Cluster, receiver: Receiver, secrets
                                "fsync": args.fsync, "faults": args.kinds, "sentinel": args.sentinel,
                                "wait_replicas": args.wait_replicas,
                                "injected": msgspec.to_builtins(injector.faults)}
-        proof = report.evidence(table, requests, lines, jobs.jobs, hooks.events)
+        proof = report.evidence(table, requests, lines, jobs.jobs, hooks.events, trail)
         args.out.write_bytes(report.as_json(table, run, proof, log_errors))
     return 1 if table.violations() else 0
 
