@@ -1,29 +1,38 @@
 """The console's live overview: the sampler against a real Redis (workers as they register and
-heartbeat, real executions counted per second, a dead worker leaving the frame), and the
-derivation of rates and quantiles on known inputs.
+heartbeat, real executions counted per second, a dead worker leaving the frame), the derivation
+of rates and quantiles on known inputs, and the page and its stream (``/console/live``) over a
+real server.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
+from html.parser import HTMLParser
 from typing import Any
 
 import httpx
 import pytest
 import redis.asyncio
+from starlette.applications import Starlette
+from starlette.routing import Route
 
+from api.console.assets import STATIC_PATH, serve
 from api.console.frame import LiveFrame, WorkerRow
 from api.console.framing import DEAD_SHOWN_MS
+from api.console.guard import Guard
 from api.console.live import Sampler
+from api.console.pages.overview import OverviewPage
 from api.console.rates import Step, Window, grown, quantile
+from api.console.session import Sessions
 from carmy_worker.store import jobs, keys, metrics
 from carmy_worker.store.roster import Liveness
 from carmy_worker.store.submit import Submit
 from carmy_worker.wire import ExecutionJob, WorkerInfo, msgpack_encoder
-from tests.support import Proc, Stack, wait_until_async
+from tests.support import Proc, Stack, app_settings, serving, wait_until, wait_until_async
 
 DEAD_AFTER = 3.0
 SAMPLER_NAME = "console-sampler"
@@ -243,3 +252,128 @@ async def test_a_killed_worker_leaves_the_frame_within_seconds(stack: Stack, wor
     await wait_until_async(seen(sampling, lambda f: all(w.pid != pid for w in f.workers)),
                            what="the killed worker gone from the frame")
     assert time.monotonic() - killed < DEAD_AFTER + DEAD_SHOWN_MS / 1000 + 5
+
+
+# --- the stream ---------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def live_server(redis_url: str) -> Iterator[tuple[str, OverviewPage]]:
+    """The overview's routes behind the console's guard (open: an API without keys), under uvicorn
+    (a real server: a client leaving is a real disconnect), the sampler run by the app's lifespan
+    as the console runs it."""
+    client = redis.asyncio.Redis.from_url(redis_url, client_name=SAMPLER_NAME)
+    page = OverviewPage(Sampler(client, dead_after=DEAD_AFTER))
+    sessions = redis.asyncio.Redis.from_url(redis_url)  # the guard's reads (the session secret): not the sampler's
+    guard = Guard(Sessions(app_settings(redis_url), sessions), authenticates=False)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        task = asyncio.create_task(page.sampler.run())
+        yield
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await client.aclose()
+        await sessions.aclose()
+
+    routes = [Route(STATIC_PATH + "/{name:path}", serve),
+              guard.page("/console", page.get), guard.page("/console/live", page.live)]
+    with serving(Starlette(routes=routes, lifespan=lifespan)) as base:
+        yield base, page
+
+
+async def events(response: httpx.Response) -> AsyncIterator[tuple[str, bytes]]:
+    name = ""
+    async for line in response.aiter_lines():
+        if line.startswith("event: "):
+            name = line[7:]
+        elif line.startswith("data: "):
+            yield name, line[6:].encode()
+
+
+async def test_the_stream_sends_history_then_a_frame_a_second_and_ends_with_its_client(stack: Stack) -> None:
+    with live_server(stack.redis_url) as (base, page):
+        await wait_until_async(lambda: page.sampler.seq >= 2, what="two frames sampled")
+        received: list[tuple[str, bytes]] = []
+        async with httpx.AsyncClient(timeout=30) as client, client.stream("GET", base + "/console/live") as response:
+            assert response.headers["content-type"].startswith("text/event-stream")
+            async for name, data in events(response):
+                received.append((name, data))
+                if sum(n == "frame" for n, _ in received) >= 3:
+                    break
+            assert page.streams == 1
+        names = [n for n, _ in received]
+        assert names[0] == "history" and names[1:] == ["frame"] * 3
+        history = json.loads(received[0][1])["points"]
+        assert len(history) >= 2 and all(p["t"] for p in history)
+        seqs = [json.loads(d)["seq"] for n, d in received if n == "frame"]
+        assert seqs == sorted(set(seqs))  # each frame once, in order
+        wait_until(lambda: page.streams == 0, timeout=10, what="the stream ended with its client")
+
+
+async def test_viewers_share_the_sampler_s_one_connection(stack: Stack) -> None:
+    with live_server(stack.redis_url) as (base, page):
+        async def frames(client: httpx.AsyncClient, n: int) -> list[int]:
+            seqs: list[int] = []
+            async with client.stream("GET", base + "/console/live") as response:
+                async for name, data in events(response):
+                    if name == "frame":
+                        seqs.append(json.loads(data)["seq"])
+                        if len(seqs) == n:
+                            return seqs
+            raise AssertionError("the stream ended")
+
+        async with httpx.AsyncClient(timeout=30) as client:
+            viewers = asyncio.gather(*(frames(client, 4) for _ in range(5)))
+            await wait_until_async(lambda: page.streams == 5, what="five viewers")
+            connections = await sampler_connections(stack.redis_url)
+            await viewers
+        # However many watch, Redis sees the sampler's one reading a second, on one connection.
+        assert connections <= 1
+        wait_until(lambda: page.streams == 0, timeout=10, what="every stream ended")
+
+
+async def sampler_connections(redis_url: str) -> int:
+    client = redis.asyncio.Redis.from_url(redis_url)
+    try:
+        return sum(1 for c in await client.client_list() if c.get("name") == SAMPLER_NAME)
+    finally:
+        await client.aclose()
+
+
+class Scripts(HTMLParser):
+    """What a page loads, and what the policy would refuse: inline code and style."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sources: list[str] = []
+        self.inline: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        found = dict(attrs)
+        if tag in ("script", "link"):
+            self.sources.append(found.get("src") or found.get("href") or "")
+        if (tag == "script" and "src" not in found) or tag == "style":
+            self.inline.append(tag)
+        self.inline += [f"{tag} {name}" for name in found if name == "style" or name.startswith("on")]
+
+
+async def test_the_page_shows_the_latest_frame_without_javascript(stack: Stack, ar: redis.asyncio.Redis) -> None:
+    await present(Liveness(ar, dead_after=DEAD_AFTER), info("fake-paged", concurrency=6))
+    with live_server(stack.redis_url) as (base, page):
+        await wait_until_async(lambda: page.sampler.frame is not None, what="a first frame")
+        async with httpx.AsyncClient(base_url=base, timeout=30) as client:
+            answer = await client.get("/console", headers={"accept": "text/html"})
+            assert answer.status_code == 200
+            assert "script-src 'self'" in answer.headers["content-security-policy"]
+            html = answer.text
+            assert "<code>fake-paged</code>" in html and "host-fake-paged" in html
+            assert 'data-field="pending"' in html and 'data-live="/console/live"' in html
+            parsed = Scripts()
+            parsed.feed(html)
+            assert parsed.inline == []
+            loaded = [src for src in parsed.sources if src.startswith(STATIC_PATH)]
+            assert {src.split("?")[0].rsplit("/", 1)[1] for src in loaded} >= {"overview.css", "charts.js",
+                                                                                  "overview.js"}
+            for src in loaded:
+                assert (await client.get(src)).status_code == 200, src
