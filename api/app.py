@@ -13,11 +13,14 @@ from starlette.middleware import Middleware
 from starlette.routing import Route, request_response
 from starlette.types import ASGIApp
 
+from api.calling.audit import Audit
 from api.calling.calls import Calls
 from api.calling.catalog import Catalog
 from api.calling.executions import Executions
 from api.calling.jobs import Jobs
 from api.calling.schedules import Schedules
+from api.console.routes import ConsoleServices, console_routes
+from api.endpoints.audit import AUDIT_PATH, AuditRoutes
 from api.endpoints.discovery import endpoints
 from api.endpoints.execute import ExecuteEndpoint
 from api.endpoints.jobs import JOBS_PATH, JobRoutes
@@ -26,6 +29,7 @@ from api.endpoints.ops import ApiMetrics, Ops
 from api.endpoints.shortcut import CarmyApp
 from api.endpoints.webhooks import WEBHOOKS_PATH, WebhookEndpoint
 from api.events.hub import EventHub
+from api.events.sink import audit_sink
 from api.guards.auth import ApiKeys, Authenticator, RequireAuth
 from api.guards.browser import BrowserGuard, RequireJson
 from api.guards.headers import middleware
@@ -86,7 +90,12 @@ def create_app(settings: ApiSettings | None = None) -> Starlette:
     lookup = ExecutionRoutes(settings=settings, calls=calls)
     jobs = Jobs(redis, settings, calls, durability=durability, memory=memory)
     job_routes = JobRoutes(settings=settings, jobs=jobs, schedules=Schedules(redis, catalog))
-    mcp = McpServer(settings=settings, calls=calls, jobs=jobs, tracing=tracing)
+    audit = Audit(redis, jobs)
+    audit_routes = AuditRoutes(audit=audit)
+    # CARMY_AUDIT_SINK: entries shipped as JSON lines, each by one API process of all.
+    sink = audit_sink(connector, settings.audit.sink, connect_timeout=CONNECT_TIMEOUT_S) \
+        if settings.audit.sink else None
+    mcp = McpServer(settings=settings, calls=calls, jobs=jobs, audit=audit, tracing=tracing)
     discovery, tools = endpoints(catalog)
 
     @contextlib.asynccontextmanager
@@ -94,6 +103,8 @@ def create_app(settings: ApiSettings | None = None) -> Starlette:
         await hub.start()
         tasks = [asyncio.create_task(catalog.run()), asyncio.create_task(janitor.run()),
                  asyncio.create_task(memory.run())]
+        if sink is not None:
+            tasks.append(asyncio.create_task(sink.run()))
         # Serve with the catalog already known when Redis is there; never block start-up on it.
         with contextlib.suppress(Exception):
             await asyncio.wait_for(catalog.refresh(), 2.0)
@@ -105,6 +116,8 @@ def create_app(settings: ApiSettings | None = None) -> Starlette:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await hub.close()
+            if sink is not None:
+                await sink.close()
             await listener.aclose()
             await redis.aclose(close_connection_pool=True)
             if tracing is not None:
@@ -118,6 +131,9 @@ def create_app(settings: ApiSettings | None = None) -> Starlette:
         return RequireAuth(endpoint, auth, mcp=mcp)
 
     execute_route = guarded(RequireJson(execute))
+    # The operator console (CARMY_CONSOLE): without it, no route under /console exists at all.
+    console = console_routes(ConsoleServices(settings=settings, redis=redis, auth=auth, catalog=catalog)) \
+        if settings.console else []
     return CarmyApp(
         # POST /agent/execute skips Starlette's router and error layers (api/endpoints/shortcut.py says why).
         shortcut_path=EXECUTE_PATH, shortcut=execute_route,
@@ -136,6 +152,7 @@ def create_app(settings: ApiSettings | None = None) -> Starlette:
             Route(JOBS_PATH + "/{job_id}/retry", guarded(request_response(job_routes.retry)), methods=["POST"]),
             Route(JOBS_PATH + "/{job_id}/purge", guarded(request_response(job_routes.purge)), methods=["POST"]),
             Route("/agent/schedules", guarded(request_response(job_routes.list_schedules)), methods=["GET"]),
+            Route(AUDIT_PATH, guarded(request_response(audit_routes.list)), methods=["GET"]),
             Route(WEBHOOKS_PATH + "/{name}", webhooks, methods=["POST"]),
             # Every method: the MCP server answers 405 itself.
             Route(MCP_PATH, guarded(RequireJson(mcp.asgi), mcp=True)),
@@ -143,6 +160,7 @@ def create_app(settings: ApiSettings | None = None) -> Starlette:
             Route("/ready", ops.ready, methods=["GET"]),
             Route("/metrics", guarded(request_response(ops.metrics_text)), methods=["GET"]),
             *(auth.resources.routes() if auth is not None and auth.resources is not None else ()),
+            *console,
         ],
         # Innermost, the guard: the CORS layer answers an allowed origin's preflight before it,
         # and its refusals carry the security and CORS headers like any other answer.

@@ -112,6 +112,14 @@ class AuditEntry(Struct, kw_only=True):
     worker: str | None = None
 
 
+class AuditEntries(Struct, kw_only=True):
+    """A page of the audit trail (``GET /agent/audit``, MCP's ``carmy_audit``): entries newest
+    first, and ``next_cursor``, to send back as ``cursor`` for the older ones (null: no more)."""
+
+    entries: list[AuditEntry]
+    next_cursor: str | None = None
+
+
 class JobView(Struct, kw_only=True):
     """A job as ``GET /agent/jobs/{job_id}`` shows it (docs/protocol.md, "Jobs").
 

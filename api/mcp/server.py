@@ -37,6 +37,7 @@ from redis.exceptions import RedisError
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from api.calling.audit import Audit
 from api.calling.calls import Calls, Started
 from api.calling.catalog import CatalogTool
 from api.calling.checks import Rejected
@@ -94,14 +95,15 @@ class McpServer:
     """The MCP endpoint: ``asgi`` serves ``/mcp`` while ``lifespan()`` is entered (``create_app``
     mounts both)."""
 
-    def __init__(self, *, settings: ApiSettings, calls: Calls, jobs: Jobs, tracing: Tracing | None = None) -> None:
+    def __init__(self, *, settings: ApiSettings, calls: Calls, jobs: Jobs, audit: Audit,
+                 tracing: Tracing | None = None) -> None:
         self.settings = settings
         self.tracing = tracing  # None: tracing is off, and no span is made
         self.calls = calls
         self.catalog = calls.catalog
         self.executions = calls.executions
         self.registry = CallRegistry(calls.executions.redis)
-        self.system = SystemTools(settings=settings, jobs=jobs)
+        self.system = SystemTools(settings=settings, jobs=jobs, audit=audit)
         self.server: Server[Any] = Server(
             settings.server_name, version=_version(), title=settings.server_title,
             description=settings.server_description, instructions=INSTRUCTIONS,

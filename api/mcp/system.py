@@ -6,6 +6,8 @@ reference implementation does.
 * ``carmy_dead_letters`` (operators, when ``CARMY_MCP_OPERATOR_TOOLS`` is on): the newest
   dead-lettered jobs. To any other caller it does not exist: not listed, and a call of it is the
   unknown tool's protocol error.
+* ``carmy_audit`` (operators, the same way): a page of the audit trail, as ``GET /agent/audit``
+  answers it, with the same filters and cursor.
 
 They are not executions: no worker, no queue, no execution id, never a task; they only read,
 so a request id in ``_meta`` changes nothing. The ``carmy_`` prefix is theirs: a worker's tool
@@ -27,6 +29,7 @@ from mcp_types import INVALID_PARAMS
 from msgspec import Meta
 from redis.exceptions import RedisError
 
+from api.calling.audit import Audit, AuditQuery
 from api.calling.catalog import CatalogTool, compile_validator
 from api.calling.checks import Rejected, check_arguments
 from api.calling.jobs import Jobs
@@ -35,7 +38,7 @@ from api.settings import ApiSettings
 from carmy_worker.sdk.context import AgentContext
 from carmy_worker.sdk.errors import clip, store_unavailable
 from carmy_worker.sdk.schema import schema_for
-from carmy_worker.wire import JobView, ToolSpec
+from carmy_worker.wire import AuditEntries, JobView, ToolSpec
 
 log = logging.getLogger("carmy.api")
 
@@ -80,10 +83,11 @@ class SystemTool:
 
 
 class SystemTools:
-    """The system tools of one ``McpServer``, on the API's ``Jobs`` service."""
+    """The system tools of one ``McpServer``, on the API's ``Jobs`` and ``Audit`` services."""
 
-    def __init__(self, *, settings: ApiSettings, jobs: Jobs) -> None:
+    def __init__(self, *, settings: ApiSettings, jobs: Jobs, audit: Audit) -> None:
         self.jobs = jobs
+        self.audit = audit
         self.operator_tools = settings.mcp_operator_tools
         tools = [
             SystemTool(_entry("carmy_job", "Read a job: its status, attempts, last error, and its result once it "
@@ -92,6 +96,10 @@ class SystemTools:
                               "out of attempts, or whose outcome was uncertain, waiting for an operator.",
                               DeadLetterArguments, DeadLetters), DeadLetterArguments, self._dead_letters,
                        operator=True),
+            SystemTool(_entry("carmy_audit", "Read the audit trail (operators only): one entry per finished "
+                              "execution, newest first, filtered by tool, principal, status and time; never "
+                              "arguments or results. Pass next_cursor back as cursor for older entries.",
+                              AuditQuery, AuditEntries), AuditQuery, self._audit, operator=True),
         ]
         self._tools = {t.name: t for t in tools}
         self._listed = {t.name: mcp_tool(t.entry.spec) for t in tools}
@@ -127,6 +135,9 @@ class SystemTools:
     async def _dead_letters(self, arguments: DeadLetterArguments, agent: AgentContext) -> DeadLetters:
         jobs = await self.jobs.list(agent, status="dead_lettered", limit=arguments.limit)
         return DeadLetters([job.view() for job in jobs])
+
+    async def _audit(self, arguments: AuditQuery, agent: AgentContext) -> AuditEntries:
+        return await self.audit.page(arguments, agent)
 
 
 def _entry(name: str, description: str, arguments: type[msgspec.Struct], output: type[msgspec.Struct]) -> CatalogTool:
