@@ -12,6 +12,7 @@ from playwright.sync_api import Browser, ConsoleMessage, Page, Playwright, expec
 from tests.browser import shots
 from tests.browser.attacker import Attacker, attacker_site
 from tests.browser.chromium import ACTION_TIMEOUT_MS, NAVIGATION_TIMEOUT_MS, launch, missing
+from tests.browser.pages import sign_in
 from tests.browser.stack import Console, console_stack
 
 HERE = Path(__file__).parent
@@ -96,6 +97,13 @@ def page(browser: Browser, page_problems: list[str], request: pytest.FixtureRequ
 def csp_violation(message: ConsoleMessage) -> list[str]:
     """Chromium reports what the Content Security Policy blocked (an inline script, say) on the console."""
     return [message.text] if "Content Security Policy" in message.text else []
+
+
+@pytest.fixture
+def operator_page(page: Page, console: Console) -> Page:
+    """``page``, signed in to ``console`` with the operator's key and showing the overview."""
+    sign_in(page, console)
+    return page
 
 
 @pytest.fixture(scope="module")
