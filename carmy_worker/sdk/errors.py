@@ -34,6 +34,9 @@ STATUS_BY_CATEGORY: Final[dict[str, int]] = {
 STATUS_BY_CODE: Final[dict[str, int]] = {
     "PAYLOAD_TOO_LARGE": 413, "UNAUTHENTICATED": 401, "BODY_TIMEOUT": 408, "UNSUPPORTED_MEDIA_TYPE": 415,
     "RATE_LIMITED": 429, "WEBHOOK_UNAUTHORIZED": 401,
+    # An OpenAPI import's upstream (carmy_worker.openapi.failures): its rate limit is the caller's
+    # to respect, as RATE_LIMITED is; an answer it cannot pass on is a bad gateway's.
+    "UPSTREAM_RATE_LIMITED": 429, "UPSTREAM_ERROR": 502,
 }
 
 MAY_HAVE_COMMITTED = "External effects of the tool may have committed."
@@ -70,6 +73,13 @@ ErrorCode = Literal[
     "OPERATOR_REQUIRED",
     "WEBHOOK_UNAUTHORIZED",
     "WEBHOOK_NOT_FOUND",
+    "UPSTREAM_RATE_LIMITED",
+    "UPSTREAM_UNAVAILABLE",
+    "UPSTREAM_NOT_FOUND",
+    "UPSTREAM_REJECTED",
+    "UPSTREAM_FORBIDDEN",
+    "UPSTREAM_CONFLICT",
+    "UPSTREAM_ERROR",
 ]
 
 CATEGORY: Final[dict[str, Category]] = {
@@ -104,11 +114,19 @@ CATEGORY: Final[dict[str, Category]] = {
     "OPERATOR_REQUIRED": "permission",
     "WEBHOOK_UNAUTHORIZED": "permission",
     "WEBHOOK_NOT_FOUND": "not_found",
+    "UPSTREAM_RATE_LIMITED": "capacity",
+    "UPSTREAM_UNAVAILABLE": "capacity",
+    "UPSTREAM_NOT_FOUND": "not_found",
+    "UPSTREAM_REJECTED": "validation",
+    "UPSTREAM_FORBIDDEN": "permission",
+    "UPSTREAM_CONFLICT": "conflict",
+    "UPSTREAM_ERROR": "internal",
 }
 
 # Codes an agent may simply try again (after ``retry_after`` when given).
 RETRYABLE: Final[frozenset[str]] = frozenset({
     "QUEUE_FULL", "RATE_LIMITED", "NO_WORKERS", "STORE_UNAVAILABLE", "STORE_FULL", "AUTH_UNAVAILABLE",
+    "UPSTREAM_RATE_LIMITED", "UPSTREAM_UNAVAILABLE",
 })
 # Codes an agent can recover from by changing something (its request, or waiting).
 RECOVERABLE: Final[frozenset[str]] = RETRYABLE | {
@@ -128,6 +146,9 @@ RECOVERABLE: Final[frozenset[str]] = RETRYABLE | {
     "EXECUTION_UNCERTAIN",
     "TIMEOUT",
     "CANCELLED",
+    "UPSTREAM_NOT_FOUND",
+    "UPSTREAM_REJECTED",
+    "UPSTREAM_CONFLICT",
 }
 
 

@@ -47,6 +47,13 @@ TABLE: dict[str, tuple[str, int, bool, bool]] = {
     "OPERATOR_REQUIRED": ("permission", 403, False, True),
     "WEBHOOK_UNAUTHORIZED": ("permission", 401, False, True),
     "WEBHOOK_NOT_FOUND": ("not_found", 404, False, False),
+    "UPSTREAM_RATE_LIMITED": ("capacity", 429, True, True),
+    "UPSTREAM_UNAVAILABLE": ("capacity", 503, True, True),
+    "UPSTREAM_NOT_FOUND": ("not_found", 404, False, True),
+    "UPSTREAM_REJECTED": ("validation", 400, False, True),
+    "UPSTREAM_FORBIDDEN": ("permission", 403, False, False),
+    "UPSTREAM_CONFLICT": ("conflict", 409, False, True),
+    "UPSTREAM_ERROR": ("internal", 502, False, False),
 }
 
 STATUS_OF_CATEGORY = {
