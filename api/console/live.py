@@ -15,6 +15,7 @@ import time
 from collections import deque
 
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 
 from api.console.frame import LiveFrame, Point, encoder
 from api.console.framing import Framer
@@ -69,10 +70,13 @@ class Sampler:
             raise
         except Exception as exc:
             raise_if_cancelled(exc)
+            unreachable = isinstance(exc, RedisError | OSError | TimeoutError)
             if not self._failing:
-                log.warning("console: reading Redis failed: %s", exc)
+                log.log(logging.WARNING if unreachable else logging.ERROR, "console: reading Redis failed: %r", exc,
+                        exc_info=not unreachable)
             self._failing = True
-            frame = LiveFrame(seq=self.seq + 1, point=None, error=f"Redis does not answer: {type(exc).__name__}")
+            why = "Redis does not answer" if unreachable else "The overview cannot read Redis"
+            frame = LiveFrame(seq=self.seq + 1, point=None, error=f"{why} ({type(exc).__name__}).")
         self._publish(frame)
         return frame
 

@@ -32,7 +32,7 @@ from carmy_worker.store import jobs, keys, metrics
 from carmy_worker.store.roster import Liveness
 from carmy_worker.store.submit import Submit
 from carmy_worker.wire import ExecutionJob, WorkerInfo, msgpack_encoder
-from tests.support import Proc, Stack, app_settings, serving, wait_until, wait_until_async
+from tests.support import NO_REDIS, Proc, Stack, app_settings, serving, wait_until, wait_until_async
 
 DEAD_AFTER = 3.0
 SAMPLER_NAME = "console-sampler"
@@ -176,6 +176,25 @@ async def test_a_group_queue_backing_up_is_in_the_frame(ar: redis.asyncio.Redis)
     assert frame.point is not None and before.point is not None
     assert [(q.due, q.length) for q in frame.queues if q.group == "g-backlog"] == [(3, 3)]
     assert frame.point.queued == before.point.queued + 3 and frame.point.pending == before.point.pending + 3
+
+
+async def test_a_redis_that_lost_its_scripts_is_read_all_the_same(ar: redis.asyncio.Redis) -> None:
+    sampler = Sampler(ar, dead_after=DEAD_AFTER)
+    await sampler.tick()
+    await ar.script_flush()  # a restarted Redis, or a new primary: PULSE is loaded again
+    frame = await sampler.tick()
+    assert frame.error == "" and frame.point is not None
+
+
+async def test_an_unreachable_redis_makes_a_frame_that_says_so() -> None:
+    client = redis.asyncio.Redis.from_url(NO_REDIS, socket_connect_timeout=1)
+    try:
+        sampler = Sampler(client, dead_after=DEAD_AFTER)
+        frame = await sampler.tick()
+        assert frame.point is None and frame.error.startswith("Redis does not answer")
+        assert sampler.seq == 1 and b"Redis does not answer" in sampler.frame_json  # viewers are told
+    finally:
+        await client.aclose()
 
 
 # --- real executions ----------------------------------------------------------------------------
