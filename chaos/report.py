@@ -13,6 +13,7 @@ from chaos.model import Event, Job, LedgerLine, Request, Trail
 from chaos.reconcile import Table, percentile
 
 EXAMPLES = 3  # request ids quoted per violated row
+DOORS, DOOR = 6, 24  # audit entries' doors shown, and the characters of each name
 
 
 def _ms(seconds: float | None) -> str:
@@ -115,8 +116,17 @@ def hook_rows(h: HookTable) -> list[tuple[str, str, str]]:
     ]
 
 
+def doors(by_via: dict[str, int]) -> str:
+    """The entries by door, the most common first: a few, each named shortly (a broken trail may
+    write anything there, even arguments: a copy broken so on purpose wrote 553 of them)."""
+    common = sorted(by_via.items(), key=lambda kv: (-kv[1], kv[0]))
+    shown = ", ".join(f"{via if len(via) <= DOOR else via[:DOOR] + '…'} {n}" for via, n in common[:DOORS]) or "-"
+    rest = common[DOORS:]
+    return shown + (f", {len(rest)} other doors {sum(n for _, n in rest)}" if rest else "")
+
+
 def audit_rows(a: AuditTable) -> list[tuple[str, str, str]]:
-    vias = ", ".join(f"{via} {n}" for via, n in a.by_via.items()) or "-"
+    vias = doors(a.by_via)
     return [
         ("audit entries", f"{a.entries} ({a.replayed} replays; by via: {vias}) for {a.records} records; "
                           f"{a.trimmed} trimmed", "info"),
