@@ -23,10 +23,12 @@ from api.calling.catalog import Catalog, CatalogView, build_view
 from api.console.pages.tools import ToolsPage
 from api.console.render import environment
 from api.console.session import COOKIE, Session, Signer
+from api.guards.oauth import OAuthSettings
 from api.settings import ApiKey, ApiSettings
 from carmy_worker.store import keys
 from carmy_worker.wire import ToolSpec, WorkerInfo, WorkerTool
 from tests.conftest import asgi_client
+from tests.issuer import ISSUER, RESOURCE, issuing, new_key
 from tests.support import Proc, Stack, app_settings
 
 OPERATOR_KEY = "operator-key-0123456789"
@@ -333,6 +335,19 @@ async def test_without_authentication_the_console_is_open_but_posts_still_need_c
         assert (await c.post("/console/sign-out", data={"csrf": csrf_of(page.text)},
                              headers={"origin": "https://evil.example"})).status_code == 403
         assert (await c.post("/console/sign-out", data={"csrf": csrf_of(page.text)}, headers=ORIGIN)).status_code == 303
+
+
+async def test_an_access_token_with_the_operator_scope_signs_in_too(stack: Stack) -> None:
+    with issuing(new_key("rsa-1")) as issuer:
+        oauth = OAuthSettings(issuer=ISSUER, resource=RESOURCE, jwks_url=issuer.jwks_url)
+        async with asgi_client(create_app(app_settings(stack.redis_url, console=True, oauth=oauth))) as c:
+            assert (await sign_in(c, issuer.token(scope="tools:read"))).status_code == 403
+            assert (await sign_in(c, issuer.token(exp=int(time.time()) - 600))).status_code == 401
+            assert (await sign_in(c, issuer.token(aud="https://elsewhere.example"))).status_code == 401
+            assert (await c.get("/console", headers=PAGE)).status_code == 303
+            signed = await sign_in(c, issuer.token(sub="oona", scope="carmy:operator tools:read"))
+            assert signed.status_code == 303
+            assert "Signed in as <strong>oona</strong>" in (await c.get("/console", headers=PAGE)).text
 
 
 async def test_replicas_share_the_secret_through_redis(stack: Stack) -> None:
