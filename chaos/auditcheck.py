@@ -95,6 +95,7 @@ def id_key(entry_id: str) -> tuple[int, int]:
 
 
 def holds_arguments(entry: RawEntry, mark: str = ARGUMENT_MARK) -> bool:
+    """Whether any field of the entry, its name or its value, holds the load's marker."""
     return any(mark in name or mark in value for name, value in entry.fields.items())
 
 
@@ -123,6 +124,7 @@ def event_replays(event: Event) -> Iterable[tuple[str, str]]:
 
 
 def known_replays(requests: list[Request], events: list[Event]) -> Counter[tuple[str, str]]:
+    """How many answers after the faults replayed each execution, by door."""
     found: Counter[tuple[str, str]] = Counter()
     for request in requests:
         found.update(request_replays(request))
