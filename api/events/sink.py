@@ -52,7 +52,8 @@ class Stdout:
 
 class AppendFile:
     """A file opened for appending, written with one ``write`` per batch: processes sharing it
-    (O_APPEND) never interleave inside a batch."""
+    (O_APPEND) never interleave inside a batch. Opened again for each batch, so that a log
+    rotation that moves the file away is followed at once."""
 
     def __init__(self, path: str) -> None:
         self.path = path
