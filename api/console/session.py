@@ -28,6 +28,7 @@ from carmy_worker.store.consolesecret import shared_secret
 COOKIE = "carmy_console"
 COOKIE_PATH = "/console"
 MAX_COOKIE = 4096  # a browser keeps no more; anything longer is not ours
+SECRET_RECHECK_S = 60.0
 
 
 class Session(Struct, frozen=True, forbid_unknown_fields=True):
@@ -98,21 +99,43 @@ class Signer:
 
 class Sessions:
     """The console's ``Signer``, keyed with the configured secret or the one shared through Redis
-    (read on first use, not at start: the API starts while Redis is down)."""
+    (read on first use, not at start: the API starts while Redis is down).
+
+    The shared secret is asserted again every ``SECRET_RECHECK_S``: should Redis lose it (a restart
+    without its files), the replicas agree on one again within that time, rather than each keep
+    its own while a new replica writes another.
+    """
 
     def __init__(self, settings: ApiSettings, redis: Redis, clock: Callable[[], float] = time.time) -> None:
         self.lifetime = settings.console_session
         self.secure = settings.console_secure_cookies
         self._redis = redis
         self._clock = clock
-        self._signer = Signer(settings.console_secret.encode(), clock) if settings.console_secret else None
+        self._fixed = Signer(settings.console_secret.encode(), clock) if settings.console_secret else None
+        self._shared: Signer | None = None
+        self._secret = b""
+        self._checked = 0.0  # time.monotonic() of the last reading of the shared secret
 
     async def signer(self) -> Signer:
-        """Raises what the Redis client raises when the shared secret cannot be read."""
-        if self._signer is None:
-            secret = await shared_secret(self._redis, secrets.token_bytes(32))
-            self._signer = Signer(secret, self._clock)
-        return self._signer
+        """Raises what the Redis client raises when the shared secret cannot be read on first use (a
+        failed recheck keeps the secret already known)."""
+        if self._fixed is not None:
+            return self._fixed
+        known = self._shared
+        if known is not None and time.monotonic() - self._checked < SECRET_RECHECK_S:
+            return known
+        try:
+            secret = await shared_secret(self._redis, self._secret or secrets.token_bytes(32))
+        except Exception:
+            if known is None:
+                raise
+            self._checked = time.monotonic()  # Redis is away: sign as before, ask again in a while
+            return known
+        self._checked = time.monotonic()
+        if known is None or secret != self._secret:
+            self._secret, known = secret, Signer(secret, self._clock)
+            self._shared = known
+        return known
 
     def cookie(self, value: str, *, https: bool) -> str:
         """A ``Set-Cookie`` value. ``SameSite=Strict``: no other site's page or link brings it along;

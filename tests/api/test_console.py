@@ -20,9 +20,10 @@ from redis.asyncio import Redis
 
 from api.app import create_app
 from api.calling.catalog import Catalog, CatalogView, build_view
+from api.console import session as console_session
 from api.console.pages.tools import ToolsPage
 from api.console.render import environment
-from api.console.session import COOKIE, Session, Signer
+from api.console.session import COOKIE, Session, Sessions, Signer
 from api.guards.oauth import OAuthSettings
 from api.settings import ApiKey, ApiSettings
 from carmy_worker.store import keys
@@ -357,6 +358,19 @@ async def test_replicas_share_the_secret_through_redis(stack: Stack) -> None:
         assert (await sign_in(one, OPERATOR_KEY)).status_code == 303
         put_cookie(two, one.cookies[COOKIE])
         assert (await two.get("/console", headers=PAGE)).status_code == 200
+
+
+async def test_replicas_agree_again_after_redis_loses_the_secret(stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(console_session, "SECRET_RECHECK_S", 0.0)  # every use asks Redis again
+    settings = app_settings(stack.redis_url, console=True)
+    async with Redis.from_url(stack.redis_url) as redis:
+        old = Sessions(settings, redis)
+        await old.signer()
+        await redis.delete(keys.CONSOLE_SECRET)  # as a Redis restarted without its files
+        new = Sessions(settings, redis)  # a replica started since writes a secret of its own
+        session = (await new.signer()).new(principal="olga", signed_in=True, lifetime=60)
+        sealed = (await new.signer()).seal(session)
+        assert (await old.signer()).open(sealed) == session  # the older replica takes it up
 
 
 # -- static files ----------------------------------------------------------------------------------
