@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from bench.console import ConsoleResult
 from bench.inflight import InflightResult
 from bench.jobs import DueResult, MemoryResult
 
@@ -18,6 +19,7 @@ TARGET_REDIS_CONNECTIONS = 20
 TARGET_VS_BARE_RPS = 0.20  # no-op, 64 clients: of bare Starlette's throughput
 TARGET_VS_BARE_P50 = 6.0  # no-op and SSE's first event, 1 client: times bare Starlette's p50
 TARGET_SLOT_SHARE = 0.90  # scale-out: of what the worker slots allow
+TARGET_CONSOLE_MS = 1000  # every console page, at the size (bench/console.py)
 
 
 def times(ratio: float) -> str:
@@ -52,6 +54,7 @@ class Report:
     inflight: InflightResult | None = None
     jobs_due: DueResult | None = None
     jobs_memory: MemoryResult | None = None
+    console: ConsoleResult | None = None
     problems: list[str] = field(default_factory=list)
     log_errors: list[str] = field(default_factory=list)  # reported, but not a failure of the run
 
@@ -60,7 +63,8 @@ class Report:
 
     def render(self) -> str:
         parts = [self.header_lines(), self.table(), self.ratios(), self.cpu_per_call(), self.scale_table(),
-                 self.inflight_lines(), self.jobs_due_lines(), self.jobs_memory_lines(), self.targets(),
+                 self.inflight_lines(), self.jobs_due_lines(), self.jobs_memory_lines(), self.console_lines(),
+                 self.targets(),
                  self.log_error_lines(), self.problem_lines()]
         return "\n\n".join(part for part in parts if part) + "\n"
 
@@ -175,6 +179,16 @@ class Report:
                 f"{r.used_before / 2**20:,.1f} → {r.used_after / 2**20:,.1f} MiB; made at "
                 f"{r.jobs / r.create_seconds:,.0f}/s)")
 
+    def console_lines(self) -> str:
+        r = self.console
+        if r is None:
+            return ""
+        lines = [f"Console pages ({r.entries:,} audit entries, {r.workers} live workers serving {r.tools:,} tools, "
+                 "1,000 queued jobs; one client, one page after another; ms):", "",
+                 "| page | p50 | slowest |", "|---|--:|--:|"]
+        lines += [f"| {p.name} (`{p.route}`) | {p.p50_ms:,.1f} | {p.max_ms:,.1f} |" for p in r.pages]
+        return "\n".join(lines)
+
     def targets(self) -> str:
         checks: list[tuple[str, str, bool]] = []
         if (ours_1 := self.get("ours_1")) is not None:
@@ -210,6 +224,12 @@ class Report:
             conns = max(r.peak.redis_connections, r.peak.redis_clients)
             checks.append((f"{r.calls} in flight: ≤ {TARGET_REDIS_CONNECTIONS} Redis connections from the API",
                            str(conns), conns <= TARGET_REDIS_CONNECTIONS))
+        if (c := self.console) is not None:
+            pages = [p for p in c.pages if p.path.startswith("/console")]
+            slowest = max(pages, key=lambda p: p.p50_ms)
+            checks.append((f"console pages, {c.entries:,} audit entries and {c.workers} workers: p50 ≤ "
+                           f"{TARGET_CONSOLE_MS:,} ms", f"{slowest.p50_ms:,.0f} ms ({slowest.name})",
+                           slowest.p50_ms <= TARGET_CONSOLE_MS and all(p.ok for p in pages)))
         if not checks:
             return ""
         lines = ["| target | measured | met |", "|---|--:|:-:|"]

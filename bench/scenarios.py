@@ -9,7 +9,7 @@ from pathlib import Path
 
 import httpx
 
-from bench import inflight, jobs, latency, redis_floor, wrk
+from bench import console, inflight, jobs, latency, redis_floor, wrk
 from bench.processes import RedisServer
 from bench.procs import CpuMeter, Processes
 from bench.report import Report, Row, ScalePoint
@@ -41,12 +41,13 @@ class Config:
     scale_workers: tuple[int, ...]
     due_jobs: int  # jobs due in the same second
     queued_jobs: int  # jobs queued an hour ahead, for Redis's memory per job
+    console_loads: int  # loads of each console page
 
 
 FULL = Config(seconds=5, warmup=1, sse_calls=200, floor_round_trips=2000, inflight_calls=500,
-              scale_workers=(1, 2, 4), due_jobs=10_000, queued_jobs=100_000)
+              scale_workers=(1, 2, 4), due_jobs=10_000, queued_jobs=100_000, console_loads=21)
 QUICK = Config(seconds=1, warmup=0, sse_calls=20, floor_round_trips=200, inflight_calls=50, scale_workers=(1, 2),
-               due_jobs=1000, queued_jobs=10_000)
+               due_jobs=1000, queued_jobs=10_000, console_loads=3)
 
 
 class Bench:
@@ -227,4 +228,38 @@ def jobs_memory(b: Bench) -> None:
     b.redis.flush()
 
 
-ALL = (carmy, traced, bare, arq_textbook, floor, scale_out, in_flight, jobs_due, jobs_memory)
+# The console open (no keys, on loopback) as bin/run serves it, and the pages the issue names.
+CONSOLE_API = {"CARMY_CONSOLE": "1", "CARMY_JOBS_MAX_OPEN": "0"}
+
+
+def console_pages(b: Bench) -> None:
+    """Every console page with 10,000 audit entries, 100 live workers serving 1,000 tools and
+    1,000 queued jobs (bench/console.py), 1 API process, one client; ``GET /health`` as the floor."""
+    b.redis.flush()
+    client = b.redis.client()
+    some_execution = console.fill_audit(client, console.ENTRIES)
+    asyncio.run(jobs.create_queued(b.redis.url, console.tool_name(0, 0), 1000))
+    beats = console.Heartbeats(b.redis.url, console.workers())
+    beats.start()
+    try:
+        with b.processes("console") as procs:
+            _, base = procs.carmy_api(env=CONSOLE_API, tool=console.tool_name(9, 99))
+            pages = [("health", "/health", ""), ("overview", "/console", "</html>"),
+                     ("executions", "/console/executions", "</html>"),
+                     ("executions, a filter nothing matches (the whole trail scanned)",
+                      "/console/executions?tool=nothing", "</html>"),
+                     ("one execution", f"/console/executions/{some_execution}", "</html>"),
+                     ("jobs", "/console/jobs", "</html>"), ("tools", "/console/tools", "</html>")]
+            b.report.console = console.ConsoleResult(
+                console.ENTRIES, len(beats.infos), console.GROUPS * console.TOOLS_PER_GROUP,
+                console.time_pages(base, pages, b.config.console_loads))
+    finally:
+        beats.stop()
+        client.close()
+    for page in b.report.console.pages:
+        if not page.ok:
+            b.report.problems.append(f"console: {page.path} did not answer 200 with its page every time")
+    b.redis.flush()
+
+
+ALL = (carmy, traced, bare, arq_textbook, floor, scale_out, in_flight, jobs_due, jobs_memory, console_pages)

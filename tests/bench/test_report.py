@@ -87,3 +87,22 @@ def test_redis_memory_per_queued_job_is_the_growth_of_used_memory_over_the_jobs(
 def test_a_run_of_sections_only_prints_no_empty_table() -> None:
     report = Report(header=["# h"], jobs_memory=MemoryResult(1, 0, 1000, 1.0, 73))
     assert "| scenario |" not in report.render()
+
+
+def test_console_pages_are_held_to_a_second_each_at_the_issues_size() -> None:
+    from bench.console import ConsoleResult, PageTime
+
+    pages = [PageTime("health", "/health", "/health", 0.8, 1.0, True),
+             PageTime("tools", "/console/tools", "/console/tools", 40.0, 60.0, True),
+             PageTime("one execution", "/console/executions/exec_x", "/console/executions/{execution_id}", 2.0, 3.0,
+                      True)]
+    report = Report(header=[], console=ConsoleResult(10_000, 100, 1000, pages))
+    assert "| tools (`/console/tools`) | 40.0 | 60.0 |" in report.console_lines()
+    assert "| console pages, 10,000 audit entries and 100 workers: p50 ≤ 1,000 ms | 40 ms (tools) | yes |" in (
+        report.targets())
+    slow = Report(header=[], console=ConsoleResult(10_000, 100, 1000, [*pages[:1], PageTime(
+        "jobs", "/console/jobs", "/console/jobs", 1500.0, 1600.0, True)]))
+    assert "| 1,500 ms (jobs) | **no** |" in slow.targets()
+    broken = Report(header=[], console=ConsoleResult(10_000, 100, 1000, [PageTime(
+        "jobs", "/console/jobs", "/console/jobs", 5.0, 6.0, False)]))
+    assert "**no**" in broken.targets()
