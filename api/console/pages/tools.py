@@ -24,6 +24,9 @@ from api.console.render import fragment, render
 from carmy_worker.wire import WorkerInfo
 
 INLINE_WORKERS = 3  # named next to each tool; the rest are in the group's table
+# Each effect in words (the protocol's values are terse; "none" alone reads as "unknown").
+EFFECTS = {"none": "no side effect", "read": "reads only", "write": "writes", "external_write": "writes outside",
+           "destructive": "destructive"}
 
 
 @dataclass(frozen=True)
@@ -138,7 +141,8 @@ class ToolsPage:
         view = self.catalog.view
         if self._built is None or self._built[0] is not view:
             model = build_model(view)
-            self._built = (view, model, fragment("tools_listing.html", model=model, inline=INLINE_WORKERS))
+            self._built = (view, model, fragment("tools_listing.html", model=model, inline=INLINE_WORKERS,
+                                                     effects=EFFECTS))
         return self._built[1], self._built[2]
 
     async def get(self, request: Request) -> Response:
