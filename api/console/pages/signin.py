@@ -48,6 +48,8 @@ class SignIn:
             return self._form(request, 503, "The access token cannot be checked right now (the issuer's keys "
                                             "cannot be fetched). Try again in a moment.")
         if not isinstance(found, AgentContext):
+            # Worth an operator's notice (guessing goes on here); the token itself is never logged.
+            log.info("console: sign-in refused, the token is not a valid key or access token")
             return self._form(request, 401, "This is not a valid API key or access token.")
         if self.operator not in found.permissions:
             log.info("console: sign-in refused to %s, who lacks %s", found.principal, self.operator)
