@@ -18,6 +18,7 @@ from carmy_worker.jobs.driver import JobLoop
 from carmy_worker.runtime import queue
 from carmy_worker.runtime.presence import Presence, describe, group_of, new_worker_id
 from carmy_worker.runtime.runner import Runtime
+from carmy_worker.sdk import lifecycle
 from carmy_worker.sdk.toolbox import Tool
 from carmy_worker.settings import WorkerSettings
 from carmy_worker.store import jobs, keys, version
@@ -78,6 +79,7 @@ async def serve(tools: list[Tool], settings: WorkerSettings, connector: RedisCon
         await asyncio.gather(*background, return_exceptions=True)
         with contextlib.suppress(Exception):
             await presence.deregister()
+        await lifecycle.shut_down()  # tools' shared resources (an OpenAPI import's HTTP client)
         runtime.close()
 
     def on_drain() -> None:

@@ -11,6 +11,7 @@ import copy
 import json
 from typing import Any
 
+import jsonschema_rs
 import msgspec
 
 _DEFS = "#/$defs/"
@@ -47,3 +48,38 @@ def _close_objects(node: Any) -> None:
     elif isinstance(node, list):
         for value in node:
             _close_objects(value)
+
+
+class SchemaError(ValueError):
+    """A JSON Schema given as data cannot be a tool's: it is not JSON, not a schema, or has a root ``$ref``."""
+
+
+def checked_schema(schema: object) -> jsonschema_rs.Validator:
+    """``schema``, compiled as the API will compile it (Draft 2020-12 unless it says otherwise,
+    formats not asserted); raises ``SchemaError`` saying why it cannot be published."""
+    if not isinstance(schema, dict):
+        raise SchemaError(f"a schema must be a JSON object (a dict), not {type(schema).__name__}")
+    if "$ref" in schema:
+        raise SchemaError("a schema's root must not be a $ref (MCP and agent frameworks refuse it): inline it")
+    try:
+        msgspec.json.encode(schema)
+        return jsonschema_rs.validator_for(schema, validate_formats=False)
+    except (TypeError, ValueError, jsonschema_rs.ReferencingError) as exc:
+        raise SchemaError(f"not a valid JSON Schema: {exc}") from exc
+
+
+class SchemaOutput:
+    """The output check of a tool whose output schema is data: with a validator, a value the
+    schema refuses raises ``jsonschema_rs.ValidationError`` (the runtime reports INVALID_OUTPUT);
+    without one, any JSON passes."""
+
+    __slots__ = ("_validator",)
+
+    def __init__(self, validator: jsonschema_rs.Validator | None) -> None:
+        self._validator = validator
+
+    def decode(self, buf: bytes, /) -> Any:
+        value = msgspec.json.decode(buf)
+        if self._validator is not None:
+            self._validator.validate(value)
+        return value
