@@ -1,0 +1,147 @@
+"""One call of an operation: the request built from the tool's arguments, sent with the
+process's pooled client, and the answer made the tool's result or a ``ToolError``.
+
+The request goes to the configured base URL and the operation's path only (``params.url``).
+It carries ``Idempotency-Key`` (``idempotency_key``), so an upstream that honours it acts once
+however often the call is retried. Nothing here has a deadline of its own beyond connecting: the
+tool's timeout and a cancellation cancel the call, which closes the connection, so the upstream
+sees its request aborted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import httpx
+
+from carmy_worker.openapi import failures, params
+from carmy_worker.openapi.auth import Auth
+from carmy_worker.openapi.client import shared
+from carmy_worker.openapi.operations import BODY, Operation
+from carmy_worker.sdk.context import Context
+from carmy_worker.sdk.errors import ToolError
+
+MAX_ANSWER = 16 * 1024 * 1024  # bytes of an answer read; the result limit is smaller still
+USER_AGENT = "carmy-openapi"
+_PRINTABLE = frozenset(range(0x20, 0x7F))
+
+
+def idempotency_key(ctx: Context) -> str:
+    """The call's ``request_id`` as sent upstream; the execution id when it has none. A caller
+    with a principal or session gets a digest of all three instead, so that two principals'
+    equal request ids are not one request to the upstream (which sees one client, the worker);
+    so does a request id that is not printable ASCII, which a header cannot carry."""
+    rid = ctx.request_id
+    if rid is None:
+        return ctx.execution_id
+    if ctx.principal is None and ctx.session is None and set(rid.encode()) <= _PRINTABLE:
+        return rid
+    identity = json.dumps([ctx.principal, ctx.session, rid]).encode()
+    return "carmy-" + hashlib.sha256(identity).hexdigest()[:40]
+
+
+class Upstream:
+    """An HTTP API: where it is, its credentials, and how long a connection may take."""
+
+    def __init__(self, base_url: httpx.URL, *, auth: Auth | None, connect_timeout: float) -> None:
+        self.base_url = base_url
+        self.auth = auth
+        self._timeout = httpx.Timeout(None, connect=connect_timeout)
+
+    def handler(self, operation: Operation) -> Callable[[Context, dict[str, Any]], Awaitable[Any]]:
+        """The tool function of ``operation``."""
+
+        async def call(ctx: Context, arguments: dict[str, Any]) -> Any:
+            return await self.call(operation, ctx, arguments)
+
+        call.__name__ = operation.name
+        return call
+
+    def request(self, operation: Operation, ctx: Context, arguments: dict[str, Any]) -> httpx.Request:
+        """The request for one call (raises ``ToolError`` for a value no URL can carry)."""
+        segments: dict[str, str] = {}
+        query: list[tuple[str, str | int | float | bool | None]] = []
+        headers = {"Accept": "application/json", "User-Agent": USER_AGENT, "Idempotency-Key": idempotency_key(ctx)}
+        try:
+            for param in operation.parameters:
+                if param.name not in arguments:
+                    continue
+                value = arguments[param.name]
+                if param.location == "path":
+                    segments[param.name] = params.path_segment(param, value)
+                elif param.location == "query":
+                    query += params.query_pairs(param, value)
+                else:
+                    headers[param.name] = params.header_value(param, value)
+            url = params.url(self.base_url, operation.path, segments)
+        except params.ParameterError as exc:
+            raise ToolError("INVALID_ARGUMENTS", f"The arguments cannot be sent: {exc}.", category="validation",
+                            recoverable=True, details={"reason": str(exc)}) from None
+        if self.auth is not None:
+            headers.update(self.auth.headers())
+            query += list(self.auth.params().items())
+        content = None
+        if operation.has_body and BODY in arguments:
+            content = json.dumps(arguments[BODY], separators=(",", ":"), ensure_ascii=False).encode()
+            headers["Content-Type"] = "application/json"
+        return httpx.Request(operation.method, url, params=query, headers=headers, content=content,
+                             extensions={"timeout": self._timeout.as_dict()})
+
+    async def call(self, operation: Operation, ctx: Context, arguments: dict[str, Any]) -> Any:
+        request = self.request(operation, ctx, arguments)
+        try:
+            response = await shared().send(request, stream=True)
+        except httpx.ConnectError as exc:
+            raise failures.unavailable(f"The upstream API cannot be reached: {self._hide(exc)}.") from None
+        except httpx.TimeoutException as exc:  # only connecting has a timeout of its own
+            raise failures.unavailable(f"The upstream API did not accept a connection in time: {self._hide(exc)}.") \
+                from None
+        except httpx.TransportError as exc:
+            raise failures.unavailable(
+                f"The connection to the upstream API failed: {self._hide(exc)}. The request may have reached it."
+            ) from None
+        try:
+            body = await _read(response)
+        finally:
+            await response.aclose()
+        if body is None:
+            raise failures.bad_answer(f"The upstream API's answer is over {MAX_ANSWER:,} bytes.")
+        text = self._hide_text(body.decode(response.encoding or "utf-8", errors="replace"))
+        if not 200 <= response.status_code < 300:
+            raise failures.answered(response.status_code, response.reason_phrase, text,
+                                    response.headers.get("retry-after"), method=operation.method)
+        return _result(response, body, text)
+
+    def _hide(self, exc: Exception) -> str:
+        return self._hide_text(str(exc) or type(exc).__name__)
+
+    def _hide_text(self, text: str) -> str:
+        return text if self.auth is None else self.auth.hide(text)
+
+
+async def _read(response: httpx.Response) -> bytes | None:
+    """The answer's body, or None past ``MAX_ANSWER`` bytes (the rest is not read)."""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.aiter_bytes():
+        size += len(chunk)
+        if size > MAX_ANSWER:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _result(response: httpx.Response, body: bytes, text: str) -> Any:
+    """A 2xx answer as the tool's result: its JSON, its text, or None when it has no body."""
+    if not body.strip():
+        return None
+    kind = response.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if kind == "application/json" or kind.endswith("+json"):
+        try:
+            return json.loads(body)
+        except ValueError:
+            raise failures.bad_answer("The upstream API's answer says it is JSON and is not.") from None
+    return text

@@ -1,0 +1,213 @@
+"""Real documents become tools: the OpenAPI Initiative's Petstore (3.0), Box's Platform API (3.0,
+large, ``allOf`` and ``$ref`` chains), and the test upstream's own (3.1). Every schema published
+is a valid, self-contained Draft 2020-12 schema, as the API and MCP clients need it."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import jsonschema_rs
+import pytest
+import yaml
+
+from carmy_worker import Tool, Toolbox, ToolDefinitionError
+from carmy_worker.openapi import Options
+from tests.openapi_upstream import DOCUMENT
+
+SPECS = Path(__file__).parent / "specs"
+BASE = "https://api.example.test/v1"
+
+
+def tools_of(spec: str | Path, **options: Any) -> dict[str, Tool]:
+    return {t.name: t for t in Toolbox().openapi(spec, base_url=BASE, options=Options(**options))}
+
+
+def check_published(tool: Tool, *, reference: bool = True) -> None:
+    """A valid Draft 2020-12 schema (by the reference implementation, or for a large document by
+    the API's own, which is faster), with no reference out of itself and no root $ref."""
+    for schema in (tool.spec.input_schema, tool.spec.output_schema):
+        if reference:
+            jsonschema.Draft202012Validator.check_schema(schema)
+        else:
+            jsonschema_rs.meta.validate(schema)
+        assert "$ref" not in schema
+        assert not [key for key in _keys(schema) if key.startswith("x-") or key in ("nullable", "discriminator")]
+        for ref in _refs(schema):
+            assert ref.startswith("#/$defs/") and ref.removeprefix("#/$defs/") in schema["$defs"], ref
+    assert tool.spec.input_schema["type"] == "object" and tool.spec.input_schema["additionalProperties"] is False
+
+
+def _keys(node: Any) -> Iterator[str]:
+    """The keywords of a schema and its subschemas (not property or definition names, nor values)."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield key
+            if key in ("properties", "$defs", "patternProperties") and isinstance(value, dict):
+                for sub in value.values():
+                    yield from _keys(sub)
+            elif key not in ("enum", "const", "default", "examples", "required"):
+                yield from _keys(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _keys(value)
+
+
+def _refs(node: Any) -> Iterator[str]:
+    if isinstance(node, dict):
+        if isinstance(node.get("$ref"), str):
+            yield node["$ref"]
+        for value in node.values():
+            yield from _refs(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _refs(value)
+
+
+def test_petstore() -> None:
+    tools = tools_of(SPECS / "petstore.yaml")
+    assert sorted(tools) == ["createPets", "listPets", "showPetById"]
+    for tool in tools.values():
+        check_published(tool)
+    listing, create, show = tools["listPets"].spec, tools["createPets"].spec, tools["showPetById"].spec
+    assert (listing.effect, listing.idempotent, listing.confirmation) == ("read", True, "none")
+    assert (create.effect, create.idempotent) == ("external_write", False)
+    assert listing.description == "List all pets"
+    assert listing.input_schema["properties"]["limit"] == {
+        "type": "integer", "maximum": 100, "format": "int32",
+        "description": "How many items to return at one time (max 100)"}
+    assert "required" not in listing.input_schema
+    assert listing.output_schema == {"type": "array", "maxItems": 100, "items": {"$ref": "#/$defs/Pet"},
+                                     "$defs": {"Pet": {"type": "object", "required": ["id", "name"], "properties": {
+                                         "id": {"type": "integer", "format": "int64"}, "name": {"type": "string"},
+                                         "tag": {"type": "string"}}}}}
+    assert create.input_schema["required"] == ["body"]
+    assert create.input_schema["properties"]["body"] == {"$ref": "#/$defs/Pet"}
+    assert create.output_schema == {"type": "null"}  # 201 without a body
+    assert show.input_schema["required"] == ["petId"]
+    assert show.output_schema["required"] == ["id", "name"]  # the root $ref inlined
+
+
+def test_box_platform_a_large_document_with_allof_and_deep_references(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, "carmy.worker"):
+        tools = tools_of(SPECS / "box-platform.json")
+    skipped = [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()]
+    assert len(tools) == 285 and len(skipped) == 11
+    assert ("openapi: POST /files/content (post_files_content) skipped: its request body is multipart/form-data: "
+            "only JSON bodies can be a tool's input") in skipped
+    assert any("GET /users/{user_id}/avatar (get_users_id_avatar) skipped: its response is image/jpg" in s
+               for s in skipped)
+    for tool in tools.values():
+        check_published(tool, reference=False)
+    effects = {name: (t.spec.effect, t.spec.idempotent, t.spec.confirmation) for name, t in tools.items()}
+    assert effects["get_files_id"] == ("read", True, "none")
+    assert effects["put_files_id"] == ("external_write", True, "none")
+    assert effects["post_folders"] == ("external_write", False, "none")
+    assert effects["delete_files_id"] == ("destructive", False, "required")
+    # GET /files/{file_id} answers a File--Full: an allOf of File, itself an allOf of File--Mini…
+    file_full = tools["get_files_id"].spec.output_schema
+    assert "allOf" in file_full and {"File", "File--Mini", "File--Base"} <= set(file_full["$defs"])
+    assert tools["get_files_id"].spec.input_schema["required"] == ["file_id"]
+    # Header parameters are inputs (if-none-match); "#refresh" is no tool-name character.
+    assert "if-none-match" in tools["get_files_id"].spec.input_schema["properties"]
+    assert "post_oauth2_token_refresh" not in tools  # form-encoded: skipped, so its name is not taken
+
+
+def test_the_upstreams_own_31_document(tmp_path: Path) -> None:
+    spec = tmp_path / "items.yaml"
+    spec.write_text(yaml.safe_dump(DOCUMENT))
+    tools = tools_of(spec, prefix="shop.")
+    assert sorted(tools) == ["shop.broken", "shop.createItem", "shop.deleteItem", "shop.getItem", "shop.listItems",
+                             "shop.moved", "shop.rateLimited", "shop.replaceItem", "shop.slow", "shop.text",
+                             "shop.whoami"]  # uploadPhoto's body is multipart
+    for tool in tools.values():
+        check_published(tool)
+    create = tools["shop.createItem"].spec.input_schema
+    # readOnly id is the server's to set: not part of the input, nor required of it.
+    assert create["$defs"]["Item"]["properties"].keys() == {"name", "price", "tags"}
+    assert create["$defs"]["Item"]["required"] == ["name"]
+    output = tools["shop.createItem"].spec.output_schema
+    assert output["required"] == ["id", "name"] and output["properties"]["price"]["type"] == ["number", "null"]
+    assert tools["shop.getItem"].spec.input_schema["required"] == ["itemId"]  # a path item's parameter
+    assert tools["shop.text"].spec.output_schema == {"type": "string"}
+    deleting = tools["shop.deleteItem"].spec
+    assert (deleting.effect, deleting.confirmation, deleting.output_schema) == ("destructive", "required",
+                                                                               {"type": "null"})
+
+
+def test_only_some_operations_and_effects_by_option(tmp_path: Path) -> None:
+    spec = tmp_path / "items.json"
+    spec.write_text(json.dumps(DOCUMENT))
+    tools = tools_of(spec, operations=["getItem", "DELETE /items/{itemId}", "slow"],
+                     effects={"DELETE /items/{itemId}": "external_write", "slow": "none"})
+    assert sorted(tools) == ["deleteItem", "getItem", "slow"]
+    assert (tools["deleteItem"].spec.effect, tools["deleteItem"].spec.confirmation) == ("external_write", "none")
+    assert tools["deleteItem"].spec.idempotent is False
+    with pytest.raises(ToolDefinitionError, match="no operation is named 'getitem'"):
+        tools_of(spec, operations=["getitem"])
+    with pytest.raises(ToolDefinitionError, match="no operation is named 'GET /nowhere'"):
+        tools_of(spec, effects={"GET /nowhere": "read"})
+
+
+def write(tmp_path: Path, document: dict[str, Any]) -> Path:
+    path = tmp_path / "api.json"
+    path.write_text(json.dumps(document))
+    return path
+
+
+def operation(op: dict[str, Any], route: str = "/things", method: str = "get") -> dict[str, Any]:
+    return {"openapi": "3.0.3", "info": {"title": "t", "version": "1"},
+            "paths": {route: {method: {"responses": {"200": {"description": "ok"}}, **op}}}}
+
+
+def test_x_carmy_effect_and_its_mistakes(tmp_path: Path) -> None:
+    declared = operation({"operationId": "search", "x-carmy-effect": "read"}, method="post")
+    assert (tools_of(write(tmp_path, declared))["search"].spec.idempotent) is True
+    wrong = operation({"operationId": "search", "x-carmy-effect": "maybe"}, method="post")
+    with pytest.raises(ToolDefinitionError, match=r"POST /things \(search\): x-carmy-effect 'maybe' is not one of"):
+        tools_of(write(tmp_path, wrong))
+
+
+def test_an_invalid_document_is_refused_naming_the_operation(tmp_path: Path) -> None:
+    bad = operation({"operationId": "listThings", "parameters": [{"name": "n", "in": "nowhere"}]})
+    with pytest.raises(ToolDefinitionError) as refused:
+        tools_of(write(tmp_path, bad))
+    assert str(refused.value) == (
+        f"openapi: {tmp_path / 'api.json'}: operation GET /things (listThings), at parameters[0]: "
+        """{"in":"nowhere","name":"n"} is not valid under any of the schemas listed in the 'oneOf' keyword""")
+    twice = operation({"operationId": "listThings"})
+    twice["paths"]["/others"] = {"get": {"operationId": "listThings", "responses": {"200": {"description": "ok"}}}}
+    with pytest.raises(ToolDefinitionError, match="Operation ID 'listThings' for 'get' in '/others' is not unique"):
+        tools_of(write(tmp_path, twice))
+
+
+@pytest.mark.parametrize(("document", "problem"), [
+    ({"swagger": "2.0", "info": {"title": "t", "version": "1"}, "paths": {}}, "Swagger 2.0 is not supported"),
+    ({"openapi": "4.0.0"}, "OpenAPI 4.0.0 is not supported: 3.0 or 3.1"),
+    (["not", "a", "document"], "not an OpenAPI document"),
+])
+def test_what_is_not_openapi_3(tmp_path: Path, document: Any, problem: str) -> None:
+    with pytest.raises(ToolDefinitionError, match=problem):
+        tools_of(write(tmp_path, document))  # type: ignore[arg-type]
+
+
+def test_unreadable_documents(tmp_path: Path) -> None:
+    with pytest.raises(ToolDefinitionError, match="cannot be read"):
+        tools_of(tmp_path / "missing.yaml")
+    (tmp_path / "broken.yaml").write_text("openapi: [3.0\n")
+    with pytest.raises(ToolDefinitionError, match="neither JSON nor YAML"):
+        tools_of(tmp_path / "broken.yaml")
+
+
+def test_references_to_another_file_next_to_it(tmp_path: Path) -> None:
+    (tmp_path / "schemas.yaml").write_text(yaml.safe_dump({"Thing": {"type": "object", "properties": {
+        "name": {"type": "string"}, "parent": {"$ref": "#/Thing"}}}}))
+    document = operation({"operationId": "getThing", "responses": {"200": {"description": "ok", "content": {
+        "application/json": {"schema": {"$ref": "schemas.yaml#/Thing"}}}}}})
+    output = tools_of(write(tmp_path, document))["getThing"].spec.output_schema
+    # Recursive: the definition stays, and the root is its copy.
+    assert output["properties"]["parent"] == {"$ref": "#/$defs/Thing"} and "Thing" in output["$defs"]

@@ -1,0 +1,195 @@
+"""Imported tools calling a real upstream (``tests/openapi_upstream.py``, served on 127.0.0.1),
+run as the worker runs them (``invoke``): the request it gets, and each of its failures as the
+error an agent acts on; credentials sent and never passed on; cancellations and timeouts that
+abort the upstream request."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import json
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import msgspec
+import pytest
+
+from carmy_worker import AgentContext, Context, Tool, Toolbox
+from carmy_worker.loop import Signal
+from carmy_worker.openapi import Auth, Options, api_key_query, basic, bearer
+from carmy_worker.runtime.invoke import Outcome, invoke
+from carmy_worker.wire import ErrorBody
+from tests.openapi_upstream import TOKEN, Upstream, upstream
+from tests.support import free_port, wait_until_async
+
+
+@pytest.fixture(scope="module")
+def api() -> Iterator[Upstream]:
+    with upstream() as u:
+        yield u
+
+
+def tools(api: Upstream, auth: Auth | None = None, base: str | None = None, **options: Any) -> dict[str, Tool]:
+    box = Toolbox()
+    box.openapi(api.url + "/openapi.json", base_url=base or api.url, options=Options(auth=auth, **options))
+    return {t.name: t for t in box}
+
+
+@pytest.fixture(scope="module")
+def served(api: Upstream) -> dict[str, Tool]:
+    return tools(api)
+
+
+class Run:
+    """One call of a tool as the worker makes it."""
+
+    def __init__(self, tool: Tool, arguments: dict[str, Any], *, request_id: str | None = None,
+                 principal: str | None = None) -> None:
+        self.tool, self.arguments = tool, arguments
+        self.ctx = Context(execution_id="exec_7", tool=tool.name, request_id=request_id,
+                           agent=AgentContext(principal=principal), emit=lambda *_: None)
+        self.cancelled = Signal()
+
+    async def outcome(self, timeout: float = 10) -> Outcome:
+        with ThreadPoolExecutor(1) as executor:
+            return await invoke(self.tool, self.ctx, msgspec.json.encode(self.arguments), timeout=timeout,
+                                executor=executor, cancelled=self.cancelled, max_result_bytes=1 << 20)
+
+
+async def data(tool: Tool, arguments: dict[str, Any], **kw: Any) -> Any:
+    outcome = await Run(tool, arguments, **kw).outcome()
+    assert outcome.error is None and outcome.data is not None, outcome
+    return json.loads(outcome.data)
+
+
+async def failure(tool: Tool, arguments: dict[str, Any], **kw: Any) -> ErrorBody:
+    outcome = await Run(tool, arguments, **kw).outcome()
+    assert outcome.error is not None, outcome
+    return outcome.error
+
+
+async def test_a_post_sends_its_body_and_the_request_id_as_idempotency_key(api: Upstream,
+                                                                         served: dict[str, Tool]) -> None:
+    created = await data(served["createItem"], {"body": {"name": "lamp", "price": 12.5}}, request_id="order-1")
+    assert created == {"name": "lamp", "price": 12.5, "id": created["id"]}
+    [seen] = api.requests("POST", "/items")
+    assert json.loads(seen.body) == {"name": "lamp", "price": 12.5}
+    assert seen.headers["content-type"] == "application/json"
+    assert seen.headers["idempotency-key"] == "order-1"
+    assert seen.headers["user-agent"] == "carmy-openapi" and "authorization" not in seen.headers
+
+
+async def test_the_idempotency_key_of_a_principal_or_without_a_request_id(api: Upstream,
+                                                                        served: dict[str, Tool]) -> None:
+    await data(served["createItem"], {"body": {"name": "a"}}, request_id="order-1", principal="alice")
+    await data(served["createItem"], {"body": {"name": "b"}})
+    alice, anonymous = api.requests("POST", "/items")[-2:]
+    digest = hashlib.sha256(json.dumps(["alice", None, "order-1"]).encode()).hexdigest()[:40]
+    assert alice.headers["idempotency-key"] == f"carmy-{digest}"  # not bob's "order-1" upstream
+    assert anonymous.headers["idempotency-key"] == "exec_7"
+
+
+async def test_query_and_path_parameters(api: Upstream, served: dict[str, Tool]) -> None:
+    created = await data(served["createItem"], {"body": {"name": "mug", "tags": ["kitchen", "blue"]}})
+    assert await data(served["listItems"], {"tag": ["blue", "red"], "limit": 5}) == [created]
+    assert api.requests("GET", "/items")[-1].query == [("limit", "5"), ("tag", "blue"), ("tag", "red")]
+    assert await data(served["getItem"], {"itemId": created["id"]}) == created
+    assert await data(served["deleteItem"], {"itemId": created["id"]}) is None
+    assert await data(served["text"], {}) == "just words"
+
+
+async def test_a_path_parameter_cannot_reach_another_route(api: Upstream, served: dict[str, Tool]) -> None:
+    before = len(api.seen)
+    # Sent as /items/..%2Flimited: one segment, which no route of the upstream takes.
+    missing = await failure(served["getItem"], {"itemId": "../limited"})
+    assert missing.code == "UPSTREAM_NOT_FOUND"
+    refused = await failure(served["getItem"], {"itemId": ".."})
+    assert (refused.code, refused.category) == ("INVALID_ARGUMENTS", "validation")
+    assert len(api.seen) == before  # /limited never called, and ".." never sent
+
+
+async def test_429_tells_when_to_retry(served: dict[str, Tool]) -> None:
+    limited = await failure(served["rateLimited"], {})
+    assert (limited.code, limited.category, limited.retryable, limited.retry_after) == (
+        "UPSTREAM_RATE_LIMITED", "capacity", True, 7)
+    assert limited.message == "The upstream API answered 429 Too Many Requests: slow down"
+    assert limited.details == {"status": 429, "body": {"message": "slow down"}}
+    dated = await failure(served["rateLimited"], {"as": "date"})
+    assert dated.retry_after is not None and 110 <= dated.retry_after <= 121
+
+
+async def test_5xx_is_retryable_and_passes_the_upstreams_message(served: dict[str, Tool]) -> None:
+    broken = await failure(served["broken"], {})
+    assert (broken.code, broken.retryable, broken.recoverable) == ("UPSTREAM_UNAVAILABLE", True, True)
+    assert broken.message.startswith("The upstream API answered 500 Internal Server Error: the database is down")
+    assert "may have committed" in broken.message  # a POST: it may have acted before failing
+
+
+async def test_client_errors(served: dict[str, Tool]) -> None:
+    rejected = await failure(served["createItem"], {"body": {"name": "x", "price": -1}})
+    assert (rejected.code, rejected.category, rejected.recoverable) == ("UPSTREAM_REJECTED", "validation", True)
+    assert rejected.message == "The upstream API answered 422 Unprocessable Entity: price must not be negative"
+    missing = await failure(served["getItem"], {"itemId": "nope"})
+    assert (missing.code, missing.category, missing.details) == (
+        "UPSTREAM_NOT_FOUND", "not_found", {"status": 404, "body": {"detail": "no item nope"}})
+
+
+async def test_a_redirect_is_not_followed(api: Upstream, served: dict[str, Tool]) -> None:
+    moved = await failure(served["moved"], {})
+    assert (moved.code, moved.category, moved.details["status"]) == ("UPSTREAM_ERROR", "internal", 302)
+    assert api.seen[-1].path == "/moved"
+
+
+async def test_credentials_are_sent_and_never_passed_on(api: Upstream) -> None:
+    right = tools(api, auth=bearer("TOKEN", environ={"TOKEN": TOKEN}))
+    assert await data(right["whoami"], {}) == {"principal": "worker"}
+    wrong = tools(api, auth=bearer("TOKEN", environ={"TOKEN": "wrong-secret-token"}))
+    refused = await failure(wrong["whoami"], {})
+    assert (refused.code, refused.category, refused.recoverable) == ("UPSTREAM_FORBIDDEN", "permission", False)
+    assert "wrong-secret-token" not in json.dumps(msgspec.to_builtins(refused))
+    assert refused.message == "The upstream API answered 401 Unauthorized: bad credentials: '[secret]'"
+    keyed = tools(api, auth=api_key_query("api_key", environ={"CARMY_OPENAPI_API_KEY": "k-123"}))
+    await data(keyed["text"], {})
+    assert ("api_key", "k-123") in api.seen[-1].query
+    basic_auth = tools(api, auth=basic(environ={"CARMY_OPENAPI_USERNAME": "u", "CARMY_OPENAPI_PASSWORD": "p w"}))
+    await data(basic_auth["text"], {})
+    assert api.seen[-1].headers["authorization"] == "Basic " + base64.b64encode(b"u:p w").decode()
+
+
+async def test_strict_output_checks_the_answer_against_the_response_schema(api: Upstream,
+                                                                           served: dict[str, Tool]) -> None:
+    await data(served["replaceItem"], {"itemId": "odd", "body": {"name": "odd", "price": "free"}})
+    assert (await data(served["getItem"], {"itemId": "odd"}))["price"] == "free"  # passed through
+    strict = tools(api, strict_output=True)
+    invalid = await failure(strict["getItem"], {"itemId": "odd"})
+    assert invalid.code == "INVALID_OUTPUT"
+
+
+async def test_no_connection_is_unavailable(api: Upstream) -> None:
+    nowhere = tools(api, base=f"http://127.0.0.1:{free_port()}")
+    down = await failure(nowhere["getItem"], {"itemId": "x"})
+    assert (down.code, down.retryable) == ("UPSTREAM_UNAVAILABLE", True)
+    assert down.message.startswith("The upstream API cannot be reached")
+
+
+async def test_a_timeout_aborts_the_upstream_request(api: Upstream, served: dict[str, Tool]) -> None:
+    outcome = await Run(served["slow"], {"seconds": 5}).outcome(timeout=0.3)
+    assert outcome.timed_out
+    await wait_until_async(lambda: "5" in api.aborted, timeout=5, what="the upstream saw its caller leave")
+
+
+async def test_a_cancellation_aborts_the_upstream_request(api: Upstream, served: dict[str, Tool]) -> None:
+    run = Run(served["slow"], {"seconds": 6})
+    before = len(api.requests("GET", "/slow"))
+
+    async def cancel_once_sent() -> None:
+        await wait_until_async(lambda: len(api.requests("GET", "/slow")) > before, timeout=5)
+        run.cancelled.set()
+
+    canceller = asyncio.ensure_future(cancel_once_sent())
+    outcome = await run.outcome()
+    await canceller
+    assert outcome.cancelled
+    await wait_until_async(lambda: "6" in api.aborted, timeout=5, what="the upstream saw its caller leave")
