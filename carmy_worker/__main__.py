@@ -1,15 +1,18 @@
-"""``python -m carmy_worker MODULE``: serve every Toolbox found in MODULE."""
+"""``python -m carmy_worker MODULE``: serve every Toolbox found in MODULE; with ``--openapi SPEC
+--base-url URL``, the operations of an HTTP API's OpenAPI document as well (or alone)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import importlib
+import os
 import sys
 from collections.abc import Coroutine
 from typing import Any
 
 from carmy_worker import collector, logs
+from carmy_worker.openapi import cli  # the document validator itself is loaded only for --openapi
 from carmy_worker.runtime.service import serve
 from carmy_worker.sdk.toolbox import Tool, Toolbox, ToolDefinitionError
 from carmy_worker.settings import SettingsError, WorkerSettings
@@ -26,24 +29,40 @@ def _toolboxes(module_name: str) -> list[Toolbox]:
     return list(boxes.values())
 
 
-def load_tools(module_name: str) -> list[Tool]:
-    """The tools of every ``Toolbox`` in ``module_name``; a name served twice is an error."""
+def load_tools(module_name: str | None, extra: Toolbox | None = None) -> list[Tool]:
+    """The tools of every ``Toolbox`` in ``module_name`` and of ``extra`` (an OpenAPI import's);
+    a name served twice is an error."""
     tools: dict[str, Tool] = {}
-    for box in _toolboxes(module_name):
+    boxes = ([] if module_name is None else _toolboxes(module_name)) + ([] if extra is None else [extra])
+    where = f"module {module_name!r}" if module_name else "the OpenAPI document"
+    for box in boxes:
         for tool in box:
             if tool.name in tools:
-                raise ToolDefinitionError(f"tool {tool.name!r}: defined in two Toolboxes of {module_name!r}")
+                raise ToolDefinitionError(f"tool {tool.name!r}: defined twice (in {where} and the OpenAPI document)"
+                                          if box is extra else
+                                          f"tool {tool.name!r}: defined in two Toolboxes of {module_name!r}")
             tools[tool.name] = tool
     if not tools:
-        raise ToolDefinitionError(f"module {module_name!r} registers no tools")
+        raise ToolDefinitionError(f"{where} registers no tools")
     return list(tools.values())
 
 
-def load_schedules(module_name: str) -> list[ScheduleSpec]:
+def openapi_tools(args: argparse.Namespace) -> Toolbox | None:
+    """The Toolbox of ``--openapi``'s operations, or None without it."""
+    if args.openapi is None:
+        if args.base_url is not None:
+            raise ToolDefinitionError("--base-url is for --openapi SPEC")
+        return None
+    box = Toolbox()
+    box.openapi(args.openapi, base_url=args.base_url, options=cli.options(args, os.environ))
+    return box
+
+
+def load_schedules(module_name: str | None) -> list[ScheduleSpec]:
     """The schedules of every ``Toolbox`` in ``module_name``; a name declared twice is an error
     (the store keeps one schedule per name)."""
     schedules: dict[str, ScheduleSpec] = {}
-    for box in _toolboxes(module_name):
+    for box in [] if module_name is None else _toolboxes(module_name):
         for spec in box.schedules:
             if spec.name in schedules:
                 raise ToolDefinitionError(f"schedule {spec.name!r}: declared in two Toolboxes of {module_name!r}")
@@ -66,13 +85,16 @@ def run(coro: Coroutine[Any, Any, None]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m carmy_worker", description=__doc__)
-    parser.add_argument("module", help="importable module with a Toolbox, e.g. examples.shop")
+    parser.add_argument("module", nargs="?", help="importable module with a Toolbox, e.g. examples.shop")
+    cli.add_arguments(parser)
     args = parser.parse_args(argv)
+    if args.module is None and args.openapi is None:
+        parser.error("give a MODULE, or --openapi SPEC --base-url URL, or both")
     try:
         settings = WorkerSettings.from_env()
         connector = RedisConnector(settings.redis_url)
         logs.configure(settings.log_format)
-        tools = load_tools(args.module)
+        tools = load_tools(args.module, openapi_tools(args))
         schedules = load_schedules(args.module)
     except (SettingsError, ToolDefinitionError, ImportError) as exc:
         print(f"carmy_worker: {exc}", file=sys.stderr)
