@@ -91,11 +91,13 @@ class Stack:
         self.procs.append(proc)
         return proc
 
-    def worker(self, module: str = "tests.toolsets.basic", env: dict[str, str] | None = None,
-               wait: bool = True) -> Proc:
-        """``python -m carmy_worker MODULE``; with ``wait``, returned once it serves (StartError,
-        with the end of its log, if it exits first)."""
-        proc = self._start("worker", [sys.executable, "-m", "carmy_worker", module], self.env(env))
+    def worker(self, module: str | None = "tests.toolsets.basic", env: dict[str, str] | None = None,
+               wait: bool = True, args: tuple[str, ...] = ()) -> Proc:
+        """``python -m carmy_worker MODULE ARGS...`` (``--openapi SPEC``, say, with or without a
+        module); with ``wait``, returned once it serves (StartError, with the end of its log, if
+        it exits first)."""
+        command = [sys.executable, "-m", "carmy_worker", *([module] if module else []), *args]
+        proc = self._start("worker", command, self.env(env))
         if wait:
             proc.wait_for_log("serving", START_TIMEOUT)
         return proc
