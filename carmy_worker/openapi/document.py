@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
 import httpx
@@ -24,7 +24,17 @@ from carmy_worker.sdk.errors import clip
 
 METHODS = ("get", "put", "post", "delete", "options", "head", "patch", "trace")
 FETCH_TIMEOUT = 30.0
-_YAML_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's, ten times faster, when built
+_SAFE: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's, ten times faster, when built
+
+
+class _Loader(_SAFE):  # type: ignore[misc]
+    """YAML read as its JSON values: an unquoted ``2024-01-31`` stays a string, as OpenAPI means
+    it (YAML 1.1's timestamps are no JSON type, and no schema's ``string`` would take them)."""
+
+    yaml_implicit_resolvers: ClassVar[dict[Any, list[tuple[str, Any]]]] = {
+        first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:timestamp"]
+        for first, resolvers in _SAFE.yaml_implicit_resolvers.items()
+    }
 
 
 class OpenAPIError(ValueError):
@@ -52,7 +62,7 @@ def read(source: str) -> Any:
     except ValueError:
         pass
     try:
-        return yaml.load(text, Loader=_YAML_LOADER)  # a safe loader: libyaml's or the Python one
+        return yaml.load(text, Loader=_Loader)  # a safe loader: libyaml's or the Python one
     except yaml.YAMLError as exc:
         raise OpenAPIError(f"{source}: neither JSON nor YAML ({clip(str(exc))})") from exc
 
@@ -84,6 +94,8 @@ def load(source: str | Path) -> Mapping[str, Any]:
     except OpenAPIValidationError as exc:
         said = clip(exc.message.split("\n", 1)[0], 500)
         raise OpenAPIError(f"{where}: {_located(document, list(exc.absolute_path))}: {said}") from exc
+    except Exception as exc:  # the validator's own failures: a reference it cannot retrieve, say
+        raise OpenAPIError(f"{where}: cannot be validated ({type(exc).__name__}: {clip(str(exc))})") from exc
     resolved: Mapping[str, Any] = jsonref.replace_refs(document, base_uri=uri, loader=_load_referenced,
                                                        lazy_load=True)
     return resolved

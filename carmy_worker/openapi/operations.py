@@ -17,6 +17,8 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import jsonref
+
 from carmy_worker.openapi import naming
 from carmy_worker.openapi.params import STYLES, Parameter
 from carmy_worker.openapi.schemas import SchemaBuilder, plain
@@ -91,6 +93,10 @@ def operations(document: Mapping[str, Any], selection: Selection) -> tuple[list[
             except Unservable as why:
                 log.warning("openapi: %s skipped: %s", label, why)
                 skipped.append(Skipped(label, str(why)))
+            except (TypeError, KeyError, AttributeError, jsonref.JsonRefError) as exc:
+                # A shape the validator let through and this module did not foresee, or a
+                # reference into another file that does not resolve: name the operation.
+                raise ValueError(f"{label}: cannot be read ({type(exc).__name__}: {exc})") from exc
     unknown = sorted({*(selection.only or ()), *(selection.effects or {})} - known)
     if unknown:
         raise ValueError(f"no operation is named {', '.join(map(repr, unknown))} (an operationId or 'METHOD /path')")

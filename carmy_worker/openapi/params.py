@@ -81,7 +81,11 @@ def query_pairs(param: Parameter, value: Any) -> list[tuple[str, str]]:
 
 
 def header_value(param: Parameter, value: Any) -> str:
-    return _flat(param, value)
+    """A header parameter's value; one that would end the header (a line break) is refused."""
+    text = _flat(param, value)
+    if any(c in text for c in "\r\n\0"):
+        raise ParameterError(f"the header parameter {param.name!r} cannot contain a line break or NUL")
+    return text
 
 
 def path_segment(param: Parameter, value: Any) -> str:

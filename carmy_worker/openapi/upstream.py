@@ -26,6 +26,7 @@ from carmy_worker.sdk.errors import ToolError
 
 MAX_ANSWER = 16 * 1024 * 1024  # bytes of an answer read; the result limit is smaller still
 USER_AGENT = "carmy-openapi"
+ACCEPT = "application/json, text/*;q=0.5, */*;q=0.1"  # JSON first; text is a result too
 _PRINTABLE = frozenset(range(0x20, 0x7F))
 
 
@@ -64,7 +65,7 @@ class Upstream:
         """The request for one call (raises ``ToolError`` for a value no URL can carry)."""
         segments: dict[str, str] = {}
         query: list[tuple[str, str | int | float | bool | None]] = []
-        headers = {"Accept": "application/json", "User-Agent": USER_AGENT, "Idempotency-Key": idempotency_key(ctx)}
+        headers = {"Accept": ACCEPT, "User-Agent": USER_AGENT, "Idempotency-Key": idempotency_key(ctx)}
         try:
             for param in operation.parameters:
                 if param.name not in arguments:

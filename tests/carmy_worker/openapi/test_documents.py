@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import jsonref
 import jsonschema
 import jsonschema_rs
 import pytest
@@ -17,6 +18,7 @@ import yaml
 
 from carmy_worker import Tool, Toolbox, ToolDefinitionError
 from carmy_worker.openapi import Options
+from carmy_worker.openapi.operations import Selection, operations
 from tests.openapi_upstream import DOCUMENT
 
 SPECS = Path(__file__).parent / "specs"
@@ -211,3 +213,31 @@ def test_references_to_another_file_next_to_it(tmp_path: Path) -> None:
     output = tools_of(write(tmp_path, document))["getThing"].spec.output_schema
     # Recursive: the definition stays, and the root is its copy.
     assert output["properties"]["parent"] == {"$ref": "#/$defs/Thing"} and "Thing" in output["$defs"]
+
+
+def test_a_yaml_date_is_json_text_and_a_dangling_reference_names_its_operation(tmp_path: Path) -> None:
+    (tmp_path / "api.yaml").write_text("""
+openapi: 3.0.3
+info: {title: t, version: "1"}
+paths:
+  /things:
+    get:
+      operationId: since
+      parameters:
+        - {name: from, in: query, schema: {type: string, format: date, default: 2024-01-31}}
+      responses: {"200": {description: ok}}
+""")
+    assert tools_of(tmp_path / "api.yaml")["since"].spec.input_schema["properties"]["from"]["default"] == "2024-01-31"
+    dangling = operation({"operationId": "getThing", "responses": {"200": {"description": "ok", "content": {
+        "application/json": {"schema": {"$ref": "missing.yaml#/Thing"}}}}}})
+    with pytest.raises(ToolDefinitionError, match=r"api.json: cannot be validated \(Unresolvable: missing.yaml#/Thing"):
+        tools_of(write(tmp_path, dangling))
+
+
+def test_what_the_validator_lets_through_and_cannot_be_read_names_its_operation(tmp_path: Path) -> None:
+    """A reference that resolves only when followed (lazily), past validation: the error names the operation."""
+    dangling = operation({"operationId": "getThing", "responses": {"200": {"description": "ok", "content": {
+        "application/json": {"schema": {"$ref": "gone.yaml#/Thing"}}}}}})
+    resolved = jsonref.replace_refs(dangling, base_uri=(tmp_path / "api.json").as_uri(), lazy_load=True)
+    with pytest.raises(ValueError, match=r"GET /things \(getThing\): cannot be read \(JsonRefError"):
+        operations(resolved, Selection())

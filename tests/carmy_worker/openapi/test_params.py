@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 import pytest
 
-from carmy_worker.openapi.params import Parameter, ParameterError, path_segment, query_pairs, url
+from carmy_worker.openapi.params import Parameter, ParameterError, header_value, path_segment, query_pairs, url
 
 BASE = httpx.URL("https://api.example.test/v1")
 
@@ -67,3 +67,9 @@ def test_query_styles(style: str, explode: bool, value: Any, pairs: list[tuple[s
 
 def test_a_json_parameter_is_sent_as_json_text() -> None:
     assert query_pairs(param(as_json=True), {"a": [1, "é"]}) == [("p", '{"a":[1,"é"]}')]
+
+
+def test_a_header_value_cannot_end_its_header() -> None:
+    with pytest.raises(ParameterError, match="cannot contain a line break"):
+        header_value(param("header", "simple", False), "ok\r\nX-Admin: yes")
+    assert header_value(param("header", "simple", False), ["a", "b"]) == "a,b"
