@@ -17,7 +17,7 @@ from carmy_worker import AgentContext, Context
 from carmy_worker.openapi.upstream import idempotency_key
 from tests.api.test_mcp import connect, error_of
 from tests.openapi_upstream import TOKEN, Upstream, upstream
-from tests.support import Stack, wait_until
+from tests.support import Proc, Stack, wait_until
 
 AGENT = "agent-key-0123456789"  # may confirm deleteItem
 INTERN = "intern-key-0123456789"  # may not
@@ -32,9 +32,13 @@ def api(stack: Stack) -> Iterator[Upstream]:
 
 
 @pytest.fixture(scope="module")
-def base(stack: Stack, api: Upstream) -> str:
-    stack.worker(None, env={"CARMY_OPENAPI_BEARER_TOKEN": TOKEN},
-                 args=("--openapi", api.url + "/openapi.json", "--base-url", api.url, "--timeout", "2"))
+def worker(stack: Stack, api: Upstream) -> Proc:
+    return stack.worker(None, env={"CARMY_OPENAPI_BEARER_TOKEN": TOKEN},
+                        args=("--openapi", api.url + "/openapi.json", "--base-url", api.url, "--timeout", "2"))
+
+
+@pytest.fixture(scope="module")
+def base(stack: Stack, worker: Proc) -> str:
     _, url = stack.api({"CARMY_API_KEYS": KEYS})
     return url
 
@@ -131,3 +135,11 @@ async def test_over_mcp(base: str, api: Upstream) -> None:
         refused = error_of(await client.call_tool("deleteItem", {"itemId": item["id"]}))
         assert refused["code"] == "CONFIRMATION_REQUIRED"
     assert api.requests("DELETE", f"/items/{item['id']}") == []
+
+
+def test_zz_the_worker_stops_cleanly_closing_its_upstream_connections(base: str, worker: Proc) -> None:
+    """Last: the worker that served every call above drains on SIGTERM and closes its pooled
+    client (a failure there would be logged as an error)."""
+    assert call(base, "text", {}).json()["data"] == "just words"  # a connection in the pool
+    assert worker.stop(timeout=20) == 0
+    assert worker.error_lines() == []
