@@ -132,7 +132,8 @@ def create_app(settings: ApiSettings | None = None) -> Starlette:
 
     execute_route = guarded(RequireJson(execute))
     # The operator console (CARMY_CONSOLE): without it, no route under /console exists at all.
-    console = console_routes(ConsoleServices(settings=settings, redis=redis, auth=auth, catalog=catalog)) \
+    console = console_routes(ConsoleServices(settings=settings, redis=redis, auth=auth, catalog=catalog,
+                                             jobs=jobs)) \
         if settings.console else []
     return CarmyApp(
         # POST /agent/execute skips Starlette's router and error layers (api/endpoints/shortcut.py says why).

@@ -18,15 +18,22 @@ from redis.asyncio import Redis
 from starlette.routing import BaseRoute, Route, request_response
 
 from api.calling.catalog import Catalog
+from api.calling.jobs import Jobs
+from api.calling.schedules import Schedules
 from api.console.assets import STATIC_PATH, serve
 from api.console.guard import SIGN_IN_PATH, Guard
 from api.console.headers import ConsoleHeaders
+from api.console.pages.execution import ExecutionPage
+from api.console.pages.executions import ExecutionsPage
+from api.console.pages.jobactions import JobActions
+from api.console.pages.jobs import JobsPage
 from api.console.pages.placeholder import overview
 from api.console.pages.signin import SignIn
 from api.console.pages.tools import ToolsPage
 from api.console.session import Sessions
 from api.guards.auth import Authenticator
 from api.settings import ApiSettings
+from carmy_worker.store.audit import AuditTrail
 
 
 @dataclass(frozen=True)
@@ -37,6 +44,7 @@ class ConsoleServices:
     redis: Redis
     auth: Authenticator | None  # None: the API authenticates nobody, and the console is open
     catalog: Catalog
+    jobs: Jobs  # what /agent/jobs does its work with: the console's buttons go through it too
 
 
 def console_routes(services: ConsoleServices) -> list[BaseRoute]:
@@ -45,6 +53,10 @@ def console_routes(services: ConsoleServices) -> list[BaseRoute]:
     guard = Guard(Sessions(settings, services.redis), authenticates=services.auth is not None)
     sign_in = SignIn(guard, services.auth, settings.operator_permission)
     tools = ToolsPage(services.catalog)
+    trail = AuditTrail(services.redis)
+    executions, execution = ExecutionsPage(trail, services.catalog), ExecutionPage(services.redis, trail)
+    jobs = JobsPage(services.jobs, Schedules(services.redis, services.catalog))
+    actions = JobActions(services.jobs)
     return [
         Route(STATIC_PATH + "/{name:path}", ConsoleHeaders(request_response(serve)), methods=["GET"]),
         guard.page(SIGN_IN_PATH, sign_in.form, signed_in=False),
@@ -52,5 +64,14 @@ def console_routes(services: ConsoleServices) -> list[BaseRoute]:
         guard.action("/console/sign-out", sign_in.sign_out, signed_in=False),
         # The pages, in the nav's order.
         guard.page("/console", overview),
+        guard.page("/console/executions", executions.get),
+        guard.page("/console/executions/rows", executions.rows),  # before {execution_id}: not an id
+        guard.page("/console/executions/{execution_id}", execution.get),
+        guard.page("/console/jobs", jobs.get),
+        guard.page("/console/jobs/{job_id}", jobs.job),
+        guard.page("/console/jobs/{job_id}/retry", actions.confirm("retry")),
+        guard.action("/console/jobs/{job_id}/retry", actions.do("retry")),
+        guard.page("/console/jobs/{job_id}/cancel", actions.confirm("cancel")),
+        guard.action("/console/jobs/{job_id}/cancel", actions.do("cancel")),
         guard.page("/console/tools", tools.get),
     ]
