@@ -48,7 +48,7 @@ class Options:
     effects: Mapping[str, Effect] | None = None
 
 
-def base_url(value: str) -> httpx.URL:
+def checked_base_url(value: str) -> httpx.URL:
     """The upstream's base URL: http(s), a host, no credentials, query or fragment."""
     try:
         url = httpx.URL(value)
@@ -62,7 +62,7 @@ def base_url(value: str) -> httpx.URL:
 
 def register(toolbox: Toolbox, spec: str | Path, *, base_url: str, options: Options) -> list[Tool]:
     """Register the tools of ``spec``'s operations on ``toolbox``; see ``Toolbox.openapi``."""
-    upstream = Upstream(_base(base_url), auth=options.auth, connect_timeout=options.connect_timeout)
+    upstream = Upstream(checked_base_url(base_url), auth=options.auth, connect_timeout=options.connect_timeout)
     filled = frozenset() if options.auth is None else frozenset({(options.auth.where, options.auth.name.lower())})
     selection = Selection(only=options.operations, prefix=options.prefix, effects=options.effects, filled=filled)
     try:
@@ -80,5 +80,3 @@ def register(toolbox: Toolbox, spec: str | Path, *, base_url: str, options: Opti
     log.info("openapi: %s: %d operations served as tools, %d skipped", spec, len(tools), len(skipped))
     return tools
 
-
-_base = base_url

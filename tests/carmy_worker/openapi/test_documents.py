@@ -241,3 +241,10 @@ def test_what_the_validator_lets_through_and_cannot_be_read_names_its_operation(
     resolved = jsonref.replace_refs(dangling, base_uri=(tmp_path / "api.json").as_uri(), lazy_load=True)
     with pytest.raises(ValueError, match=r"GET /things \(getThing\): cannot be read \(JsonRefError"):
         operations(resolved, Selection())
+
+
+@pytest.mark.parametrize("base", ["ftp://api.example.test", "https://user:pw@api.example.test", "/v1",
+                                  "https://api.example.test/v1?key=1", "https://api.example.test/#top"])
+def test_the_base_url_is_an_origin_and_a_path(base: str) -> None:
+    with pytest.raises(ToolDefinitionError, match="must be http"):
+        Toolbox().openapi(SPECS / "petstore.yaml", base_url=base)
