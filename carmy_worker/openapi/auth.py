@@ -34,9 +34,11 @@ class Auth:
     _secrets: tuple[str, ...] = field(repr=False, default=())  # what an echo of them may contain
 
     def headers(self) -> dict[str, str]:
+        """What a request's headers get."""
         return {self.name: self._value} if self.where == "header" else {}
 
     def params(self) -> dict[str, str]:
+        """What a request's query gets."""
         return {self.name: self._value} if self.where == "query" else {}
 
     def hide(self, text: str) -> str:

@@ -58,6 +58,8 @@ def unique(name: str, taken: set[str]) -> str:
 
 
 def description(method: str, path: str, operation: Mapping[str, Any]) -> str:
+    """The summary, then the description (at most ``MAX_DESCRIPTION`` characters); the method and
+    path when the document has neither: agents choose tools by it."""
     parts = [str(operation[k]).strip() for k in ("summary", "description") if isinstance(operation.get(k), str)]
     text = "\n\n".join(dict.fromkeys(p for p in parts if p)) or f"{method} {path}"
     return text if len(text) <= MAX_DESCRIPTION else text[:MAX_DESCRIPTION - 1] + "…"

@@ -92,6 +92,7 @@ class Upstream:
                              extensions={"timeout": self._timeout.as_dict()})
 
     async def call(self, operation: Operation, ctx: Context, arguments: dict[str, Any]) -> Any:
+        """Send the call's request; its 2xx answer as the result, anything else raised as a ``ToolError``."""
         request = self.request(operation, ctx, arguments)
         try:
             response = await shared().send(request, stream=True)
