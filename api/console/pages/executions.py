@@ -5,7 +5,7 @@ by tool, status and principal (a GET form, so a filtered page is a link to share
 The store looks at ``SCAN_AT_MOST`` entries at most for one page, so the page stays fast however
 long the trail is: a filter that matches something rare may come back short, and the page then
 says so and links to where to look further. ``/console/executions/rows`` is the table's body
-alone, which ``executions.js`` fetches every two seconds so that new calls appear without a reload.
+alone, which ``executions.js`` fetches every second so that new calls appear without a reload.
 """
 
 from __future__ import annotations
