@@ -40,3 +40,15 @@ def test_another_sites_form_cannot_sign_a_browser_in(console: Console, attacker:
     assert not [c for c in page.context.cookies() if c["name"] == "carmy_console"]
     page.goto(console.url("/console"))
     expect(page).to_have_url(console.url(SIGN_IN))
+
+
+@SITES
+def test_another_sites_form_cannot_retry_a_dead_letter(console: Console, attacker: Attacker, operator_page: Page,
+                                                       site: str) -> None:
+    """What the Retry button does (its tool runs again: a charge, a message sent), asked for by
+    another site's page while the operator is signed in."""
+    dead = console.dead_letter(f"cross-{site}")
+    response = attacker.attack(operator_page, console.url(f"/console/jobs/{dead['job_id']}/retry"), {}, site)
+    assert response.status == 403
+    after = console.job(dead["job_id"])
+    assert (after["status"], after["attempts"]) == ("dead_lettered", dead["attempts"])
