@@ -12,7 +12,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 from carmy_worker import collector, logs
-from carmy_worker.openapi import cli  # the document validator itself is loaded only for --openapi
+from carmy_worker.openapi import cli, register  # the document validator itself loads only for --openapi
 from carmy_worker.runtime.service import serve
 from carmy_worker.sdk.toolbox import Tool, Toolbox, ToolDefinitionError
 from carmy_worker.settings import SettingsError, WorkerSettings
@@ -54,7 +54,7 @@ def openapi_tools(args: argparse.Namespace) -> Toolbox | None:
             raise ToolDefinitionError("--base-url is for --openapi SPEC")
         return None
     box = Toolbox()
-    box.openapi(args.openapi, base_url=args.base_url, options=cli.options(args, os.environ))
+    register(box, args.openapi, base_url=args.base_url, options=cli.options(args, os.environ))
     return box
 
 

@@ -3,11 +3,11 @@ a tool that calls it (README, "Serve an existing API").
 
 ```python
 from carmy_worker import Toolbox
-from carmy_worker.openapi import Options, bearer
+from carmy_worker.openapi import bearer
 
 tools = Toolbox()
-tools.openapi("petstore.yaml", base_url="https://petstore.example/v1",
-              options=Options(prefix="pets_", auth=bearer("PETSTORE_TOKEN")))
+tools.openapi("petstore.yaml", base_url="https://petstore.example/v1", prefix="pets_",
+              auth=bearer("PETSTORE_TOKEN"))
 ```
 
 The package, one concept a module: ``document`` (read, validate, resolve references),

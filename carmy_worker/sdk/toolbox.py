@@ -7,7 +7,7 @@ occurrence) at run time.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -34,7 +34,7 @@ __all__ = ["CONFIRMATIONS", "EFFECTS", "RESERVED_PREFIX", "Tool", "ToolDefinitio
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from carmy_worker.openapi import Options
+    from carmy_worker.openapi import Auth
 
 
 class Toolbox:
@@ -129,11 +129,30 @@ class Toolbox:
         self._add(tool)
         return tool
 
-    def openapi(self, spec: str | Path, *, base_url: str, options: Options | None = None) -> list[Tool]:
+    def openapi(
+        self,
+        spec: str | Path,
+        *,
+        base_url: str,
+        operations: Collection[str] | None = None,
+        prefix: str = "",
+        auth: Auth | None = None,
+        timeout: float | None = None,
+        connect_timeout: float = 10.0,
+        strict_output: bool = False,
+        effects: Mapping[str, Effect] | None = None,
+    ) -> list[Tool]:
         """Register one tool per operation of the OpenAPI 3.0 or 3.1 document ``spec`` (a file,
-        or an http(s) URL read now), calling the API at ``base_url``. ``options``
-        (``carmy_worker.openapi.Options``): which operations, a name prefix, the upstream's
-        credentials, timeouts, effects, strict output. Returns the tools registered.
+        or an http(s) URL read now), each calling the API at ``base_url`` and nowhere else.
+        Returns the tools registered.
+
+        ``operations``: only these, by ``operationId`` or as ``"METHOD /path"``. ``prefix``: put
+        before every tool's name. ``auth``: the upstream's credentials, read from the environment
+        (``carmy_worker.openapi.bearer``, ``api_key_header``, ``api_key_query``, ``basic``).
+        ``timeout``: each tool's, the upstream call included (default ``CARMY_DEFAULT_TIMEOUT``);
+        ``connect_timeout``: to connect upstream. ``strict_output``: check answers against the
+        response schemas. ``effects``: an effect per operation (same keys as ``operations``),
+        over its method's and its ``x-carmy-effect``.
 
         The document is validated now; a bad one fails the worker at start with an error naming
         the operation. Operations that cannot be expressed as a tool (a body that is not JSON)
@@ -141,7 +160,9 @@ class Toolbox:
         """
         from carmy_worker.openapi import Options, register
 
-        return register(self, spec, base_url=base_url, options=options or Options())
+        options = Options(operations=operations, prefix=prefix, auth=auth, timeout=timeout,
+                          connect_timeout=connect_timeout, strict_output=strict_output, effects=effects)
+        return register(self, spec, base_url=base_url, options=options)
 
     def _add(self, tool: Tool) -> None:
         if tool.name in self._tools:

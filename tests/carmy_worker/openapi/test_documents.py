@@ -17,7 +17,6 @@ import pytest
 import yaml
 
 from carmy_worker import Tool, Toolbox, ToolDefinitionError
-from carmy_worker.openapi import Options
 from carmy_worker.openapi.operations import Selection, operations
 from tests.openapi_upstream import DOCUMENT
 
@@ -26,7 +25,7 @@ BASE = "https://api.example.test/v1"
 
 
 def tools_of(spec: str | Path, **options: Any) -> dict[str, Tool]:
-    return {t.name: t for t in Toolbox().openapi(spec, base_url=BASE, options=Options(**options))}
+    return {t.name: t for t in Toolbox().openapi(spec, base_url=BASE, **options)}
 
 
 def check_published(tool: Tool, *, reference: bool = True) -> None:

@@ -18,7 +18,7 @@ import pytest
 
 from carmy_worker import AgentContext, Context, Tool, Toolbox
 from carmy_worker.loop import Signal
-from carmy_worker.openapi import Auth, Options, api_key_query, basic, bearer
+from carmy_worker.openapi import Auth, api_key_query, basic, bearer
 from carmy_worker.runtime.invoke import Outcome, invoke
 from carmy_worker.wire import ErrorBody
 from tests.openapi_upstream import TOKEN, Upstream, upstream
@@ -33,7 +33,7 @@ def api() -> Iterator[Upstream]:
 
 def tools(api: Upstream, auth: Auth | None = None, base: str | None = None, **options: Any) -> dict[str, Tool]:
     box = Toolbox()
-    box.openapi(api.url + "/openapi.json", base_url=base or api.url, options=Options(auth=auth, **options))
+    box.openapi(api.url + "/openapi.json", base_url=base or api.url, auth=auth, **options)
     return {t.name: t for t in box}
 
 
