@@ -82,9 +82,10 @@ class Console:
         job: dict[str, Any] = r.json()
         return job
 
-    def dead_letter(self, name: str) -> dict[str, Any]:
-        """A job of ``flaky`` that fails every attempt, once it is a dead letter (3 fast attempts)."""
-        job_id = self.create_job("flaky", {"name": name, "fail_times": 1000})["job_id"]
+    def dead_letter(self, name: str, fail_times: int = 1000) -> dict[str, Any]:
+        """A job of ``flaky`` once it is a dead letter (its 3 fast attempts failed): its first
+        ``fail_times`` runs fail, so with 3 the first attempt after a retry succeeds."""
+        job_id = self.create_job("flaky", {"name": name, "fail_times": fail_times})["job_id"]
         return self.finished(job_id, "dead_lettered")
 
     def finished(self, job_id: str, status: str | None = None, timeout: float = 30) -> dict[str, Any]:
