@@ -257,6 +257,13 @@ async def test_the_jobs_list_by_status_and_the_schedules(client: httpx.AsyncClie
     assert later[:12] in everything and dead[:12] in everything
     schedules = everything[everything.index('id="schedules"'):]
     assert "every-second" in schedules and "<code>* * * * * *</code>" in schedules and "<code>tick</code>" in schedules
+    # Once a worker has taken it up and it has fired: its next occurrence, and its last job's link.
+    deadline = time.monotonic() + 10
+    while "not taken up yet" in schedules or 'href="/console/jobs/job_' not in schedules:
+        assert time.monotonic() < deadline, schedules
+        await asyncio.sleep(0.2)
+        page = (await operator.get("/console/jobs?status=all", headers=PAGE)).text
+        schedules = page[page.index('id="schedules"'):]
 
 
 async def test_a_job_page_shows_its_executions_last_error_and_buttons(client: httpx.AsyncClient,
@@ -342,6 +349,20 @@ async def test_redis_out_of_reach_is_told_on_the_page() -> None:
             page = await c.get(path, headers=PAGE)
             assert page.status_code == 503, path
             assert "cannot reach Redis" in page.text
+
+
+async def test_a_running_job_is_listed_and_cancelled_by_the_button(client: httpx.AsyncClient,
+                                                                    operator: httpx.AsyncClient) -> None:
+    running = await new_job(client, "tally", {"name": "console-cancel", "seconds": 5})
+    await until_status(client, running, "running")
+    assert running[:12] in (await operator.get("/console/jobs?status=running", headers=PAGE)).text
+    confirm = await operator.get(f"/console/jobs/{running}/cancel", headers=PAGE)
+    assert "Its running attempt's execution is cancelled" in confirm.text
+    done = await operator.post(f"/console/jobs/{running}/cancel", data={"csrf": csrf_of(confirm.text)},
+                               headers=ORIGIN)
+    assert done.headers["location"] in (f"/console/jobs/{running}?done=cancelling",
+                                        f"/console/jobs/{running}?done=cancelled")
+    await until_status(client, running, "cancelled")
 
 
 # -- every page ------------------------------------------------------------------------------------
