@@ -19,7 +19,7 @@ import pytest
 from redis.asyncio import Redis
 
 from api.app import create_app
-from api.console.pages import executions
+from api.console.pages import executions, jobs
 from api.settings import ApiKey, ApiSettings
 from carmy_worker.store import keys
 from tests.api.test_console import InlineFinder, csrf_of
@@ -264,6 +264,15 @@ async def test_the_jobs_list_by_status_and_the_schedules(client: httpx.AsyncClie
         await asyncio.sleep(0.2)
         page = (await operator.get("/console/jobs?status=all", headers=PAGE)).text
         schedules = page[page.index('id="schedules"'):]
+
+
+async def test_a_list_cut_at_its_size_says_so(client: httpx.AsyncClient, operator: httpx.AsyncClient,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    for _ in range(2):
+        await new_job(client, "noop", delay_ms=600_000)
+    monkeypatch.setattr(jobs, "LIST_SIZE", 2)
+    due_now = (await operator.get("/console/jobs?status=queued", headers=PAGE)).text
+    assert "Queued: 0 jobs" in due_now and "(among the newest 2 queued jobs only)" in due_now
 
 
 async def test_a_job_page_shows_its_executions_last_error_and_buttons(client: httpx.AsyncClient,

@@ -127,10 +127,12 @@ class JobsPage:
         agent = operator(request, self.jobs.settings.operator_permission)
         now = now_ms()
         rows = [JobRow(job, now) for job in await self.jobs.list(agent, status=status, limit=LIST_SIZE)]
+        # Whether the list was cut at LIST_SIZE: before queued jobs are split into due and scheduled.
+        cut = len(rows) >= LIST_SIZE
         if status == "queued":
             rows = [row for row in rows if row.scheduled == (key == "scheduled")]
-        return render(request, "jobs.html", tabs=TABS, tab=key, label=label, rows=rows, limit=LIST_SIZE,
-                      schedules=await self.schedules.list(), **WORDING)
+        return render(request, "jobs.html", tabs=TABS, tab=key, label=label, rows=rows, limit=LIST_SIZE, cut=cut,
+                      queued=status == "queued", schedules=await self.schedules.list(), **WORDING)
 
     @told_if_unreachable
     async def job(self, request: Request) -> Response:
