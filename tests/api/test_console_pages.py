@@ -238,6 +238,21 @@ async def test_an_expired_execution_is_shown_from_its_audit_entry(client: httpx.
     assert "have expired" in page.text and "<code>noop</code>" in page.text
     assert (await operator.get(f"/console/executions/{done['execution_id']}?at=9999999999999-0",
                                headers=PAGE)).status_code == 404
+    # A link to a replay's entry, the execution's own entry being older than it: still its page.
+    first = await call(client, "noop", request_id="console-expired-replay")
+    await call(client, "noop", request_id="console-expired-replay")
+    listed = (await operator.get("/console/executions?tool=noop", headers=PAGE)).text
+    replay = re.search(rf'href="/console/executions/{first["execution_id"]}\?at=([0-9-]+)"', listed)
+    assert replay
+    async with Redis.from_url(stack.redis_url) as redis:
+        await redis.delete(keys.execution(first["execution_id"]), keys.record(first["execution_id"]))
+        newest = (await redis.xrevrange(keys.AUDIT, count=1))[0][0].decode()
+    assert replay.group(1) == newest
+    page = await operator.get(f"/console/executions/{first['execution_id']}?at={int(newest.split('-')[0]) + 1}-0",
+                              headers=PAGE)
+    assert page.status_code == 404  # nothing of it at or after that point
+    page = await operator.get(f"/console/executions/{first['execution_id']}?at={newest}", headers=PAGE)
+    assert page.status_code == 200 and ">replayed</span>" in page.text and "<code>noop</code>" in page.text
 
 
 # -- jobs ------------------------------------------------------------------------------------------

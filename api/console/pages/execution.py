@@ -126,7 +126,11 @@ class ExecutionPage:
                           message="No execution has this id, or it has expired: an execution is kept for "
                                   "CARMY_RETENTION (24 hours by default), its audit entries for "
                                   "CARMY_AUDIT_RETENTION.")
-        return render(request, "execution.html", exec_id=exec_id, found=found, own=own, entries=page.entries,
-                      more=page.cursor is not None, scanned=SCAN_AT_MOST, steps=timeline(found, own),
+        # What the facts are read from: its hash, else its own entry, else (a link to one of its replays
+        # once the own entry is older than the search) the oldest entry found.
+        about = found if found is not None else own if own is not None else page.entries[-1]
+        return render(request, "execution.html", exec_id=exec_id, found=found, about=about, entries=page.entries,
+                      more=page.cursor is not None, shown=MAX_ENTRIES, scanned=SCAN_AT_MOST,
+                      steps=timeline(found, own),
                       outcome=None if found is None or found.record is None else outcome_of(found.record),
                       **WORDING)
