@@ -19,6 +19,7 @@ from api.calling.catalog import Catalog
 from api.calling.executions import Executions
 from api.calling.jobs import Jobs
 from api.calling.schedules import Schedules
+from api.console.live import Sampler
 from api.console.routes import ConsoleServices, console_routes
 from api.endpoints.audit import AUDIT_PATH, AuditRoutes
 from api.endpoints.discovery import endpoints
@@ -97,6 +98,8 @@ def create_app(settings: ApiSettings | None = None) -> Starlette:
         if settings.audit.sink else None
     mcp = McpServer(settings=settings, calls=calls, jobs=jobs, audit=audit, tracing=tracing)
     discovery, tools = endpoints(catalog)
+    # The console overview's one reading of Redis a second; it runs only with the console on.
+    sampler = Sampler(redis, dead_after=settings.dead_after)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -105,6 +108,8 @@ def create_app(settings: ApiSettings | None = None) -> Starlette:
                  asyncio.create_task(memory.run())]
         if sink is not None:
             tasks.append(asyncio.create_task(sink.run()))
+        if settings.console:
+            tasks.append(asyncio.create_task(sampler.run()))
         # Serve with the catalog already known when Redis is there; never block start-up on it.
         with contextlib.suppress(Exception):
             await asyncio.wait_for(catalog.refresh(), 2.0)
@@ -133,7 +138,7 @@ def create_app(settings: ApiSettings | None = None) -> Starlette:
     execute_route = guarded(RequireJson(execute))
     # The operator console (CARMY_CONSOLE): without it, no route under /console exists at all.
     console = console_routes(ConsoleServices(settings=settings, redis=redis, auth=auth, catalog=catalog,
-                                             jobs=jobs)) \
+                                             jobs=jobs, sampler=sampler)) \
         if settings.console else []
     return CarmyApp(
         # POST /agent/execute skips Starlette's router and error layers (api/endpoints/shortcut.py says why).

@@ -23,11 +23,12 @@ from api.calling.schedules import Schedules
 from api.console.assets import STATIC_PATH, serve
 from api.console.guard import SIGN_IN_PATH, Guard
 from api.console.headers import ConsoleHeaders
+from api.console.live import Sampler
 from api.console.pages.execution import ExecutionPage
 from api.console.pages.executions import ExecutionsPage
 from api.console.pages.jobactions import JobActions
 from api.console.pages.jobs import JobsPage
-from api.console.pages.placeholder import overview
+from api.console.pages.overview import OverviewPage
 from api.console.pages.signin import SignIn
 from api.console.pages.tools import ToolsPage
 from api.console.session import Sessions
@@ -45,6 +46,7 @@ class ConsoleServices:
     auth: Authenticator | None  # None: the API authenticates nobody, and the console is open
     catalog: Catalog
     jobs: Jobs  # what /agent/jobs does its work with: the console's buttons go through it too
+    sampler: Sampler  # the live overview's frames, sampled by the app's lifespan (api/console/live.py)
 
 
 def console_routes(services: ConsoleServices) -> list[BaseRoute]:
@@ -57,13 +59,15 @@ def console_routes(services: ConsoleServices) -> list[BaseRoute]:
     executions, execution = ExecutionsPage(trail, services.catalog), ExecutionPage(services.redis, trail)
     jobs = JobsPage(services.jobs, Schedules(services.redis, services.catalog))
     actions = JobActions(services.jobs)
+    overview = OverviewPage(services.sampler)
     return [
         Route(STATIC_PATH + "/{name:path}", ConsoleHeaders(request_response(serve)), methods=["GET"]),
         guard.page(SIGN_IN_PATH, sign_in.form, signed_in=False),
         guard.action(SIGN_IN_PATH, sign_in.sign_in, signed_in=False),
         guard.action("/console/sign-out", sign_in.sign_out, signed_in=False),
         # The pages, in the nav's order.
-        guard.page("/console", overview),
+        guard.page("/console", overview.get),
+        guard.page("/console/live", overview.live),
         guard.page("/console/executions", executions.get),
         guard.page("/console/executions/rows", executions.rows),  # before {execution_id}: not an id
         guard.page("/console/executions/{execution_id}", execution.get),
