@@ -20,6 +20,7 @@ import redis.asyncio
 from starlette.applications import Starlette
 from starlette.routing import Route
 
+from api.app import create_app
 from api.console.assets import STATIC_PATH, serve
 from api.console.frame import LiveFrame, WorkerRow
 from api.console.framing import DEAD_SHOWN_MS
@@ -396,3 +397,18 @@ async def test_the_page_shows_the_latest_frame_without_javascript(stack: Stack, 
                                                                                   "overview.js"}
             for src in loaded:
                 assert (await client.get(src)).status_code == 200, src
+
+
+async def test_the_app_with_the_console_on_shows_a_call_live(stack: Stack, worker: Proc) -> None:
+    with serving(create_app(app_settings(stack.redis_url, console=True))) as base:
+        async with httpx.AsyncClient(base_url=base, timeout=30) as client:
+            page = await client.get("/console", headers={"accept": "text/html"})
+            assert page.status_code == 200 and 'data-live="/console/live"' in page.text
+            async with client.stream("GET", "/console/live") as response:
+                assert response.status_code == 200
+                # A tool no other test here calls: its row can only come from this call.
+                called = await client.post("/agent/execute", json={"tool": "words", "arguments": {"text": "a b"}})
+                assert called.status_code == 200
+                async for name, data in events(response):
+                    if name == "frame" and any(t["tool"] == "words" for t in json.loads(data)["tools"]):
+                        break
