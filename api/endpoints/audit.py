@@ -46,5 +46,11 @@ def query_of(request: Request) -> AuditQuery:
         raise invalid("limit", f"limit must be a whole number; got {clip(limit)!r}.")
     return AuditQuery(tool=given("tool"), principal=given("principal"),
                       status=given("status"),  # type: ignore[arg-type]  # reading() refuses another, naming it
-                      since=given("since"), until=given("until"),
+                      since=offset_kept(given("since")), until=offset_kept(given("until")),
                       limit=DEFAULT_LIMIT if limit is None else int(limit), cursor=given("cursor"))
+
+
+def offset_kept(value: str | None) -> str | None:
+    """A time's ``+01:00`` offset as a query string sent unencoded carries it: a ``+`` there is
+    a space (and an RFC 3339 time has no space, since ``T`` is required)."""
+    return None if value is None else value.replace(" ", "+")

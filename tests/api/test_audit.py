@@ -9,6 +9,7 @@ entries of other tests in the module's Redis do not matter.
 
 from __future__ import annotations
 
+import datetime
 import json
 import time
 from collections.abc import AsyncIterator
@@ -139,6 +140,11 @@ async def test_since_and_until_bound_the_time_in_ms_or_rfc_3339(client: httpx.As
     assert await ids(since=rfc3339(cut)) == [late]
     assert await ids(until=rfc3339(cut).replace("Z", "+00:00")) == [early]
     assert await ids(since=cut - 60_000, until=cut + 60_000) == [late, early]
+    # A "+" sent unencoded in a query string arrives as a space: still the offset it was.
+    plus_one = datetime.datetime.fromtimestamp(cut / 1000, datetime.timezone(datetime.timedelta(hours=1)))
+    r = await client.get(f"/agent/audit?principal=erin&since={plus_one.isoformat(timespec='milliseconds')}",
+                         headers=AS_OPS)
+    assert [e["execution_id"] for e in r.json()["entries"]] == [late], r.text
 
 
 @pytest.mark.parametrize(("params", "field"), [
