@@ -277,12 +277,12 @@ async def test_a_killed_worker_leaves_the_frame_within_seconds(stack: Stack, wor
 # --- the stream ---------------------------------------------------------------------------------
 
 @contextlib.contextmanager
-def live_server(redis_url: str) -> Iterator[tuple[str, OverviewPage]]:
+def live_server(redis_url: str, rotate: float = 10.0) -> Iterator[tuple[str, OverviewPage]]:
     """The overview's routes behind the console's guard (open: an API without keys), under uvicorn
     (a real server: a client leaving is a real disconnect), the sampler run by the app's lifespan
     as the console runs it."""
     client = redis.asyncio.Redis.from_url(redis_url, client_name=SAMPLER_NAME)
-    page = OverviewPage(Sampler(client, dead_after=DEAD_AFTER))
+    page = OverviewPage(Sampler(client, dead_after=DEAD_AFTER), rotate=rotate)
     sessions = redis.asyncio.Redis.from_url(redis_url)  # the guard's reads (the session secret): not the sampler's
     guard = Guard(Sessions(app_settings(redis_url), sessions), authenticates=False)
 
@@ -329,6 +329,14 @@ async def test_the_stream_sends_history_then_a_frame_a_second_and_ends_with_its_
         seqs = [json.loads(d)["seq"] for n, d in received if n == "frame"]
         assert seqs == sorted(set(seqs))  # each frame once, in order
         wait_until(lambda: page.streams == 0, timeout=10, what="the stream ended with its client")
+
+
+async def test_a_stream_ends_by_itself_so_that_it_never_holds_a_shutdown_up(stack: Stack) -> None:
+    with live_server(stack.redis_url, rotate=1.5) as (base, page):
+        async with httpx.AsyncClient(timeout=30) as client, client.stream("GET", base + "/console/live") as response:
+            names = [name async for name, _ in events(response)]  # to its end, which the server chose
+        assert names[0] == "history" and names[-1] == "end" and "frame" in names
+        wait_until(lambda: page.streams == 0, timeout=10, what="the stream ended")
 
 
 async def test_viewers_share_the_sampler_s_one_connection(stack: Stack) -> None:

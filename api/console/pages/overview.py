@@ -5,6 +5,10 @@ then opens ``/console/live`` (Server-Sent Events): a ``history`` event with the 
 of the last minutes, then a ``frame`` event with each new frame, as the sampler (``live.py``)
 encoded it once for every viewer. A stream holds no Redis connection, and ends as soon as its
 client goes away (or the sampler stops).
+
+A stream also ends by itself after ``ROTATE_S``, with an ``end`` event, and the page opens the
+next one at once: a stopping API process waits for its open responses (up to 30 s) before its
+lifespan ends, so a stream that never ended would hold every deploy up while a console is open.
 """
 
 from __future__ import annotations
@@ -24,13 +28,16 @@ FIRST_FRAME_WAIT_S = 2.0  # a page served just after start waits this long for t
 KEEPALIVE_S = 15.0  # a comment on a stream with no frame for this long (Redis down): proxies keep it open
 # Browsers reconnect an EventSource that ended after this (ms): a restarted API is back within it.
 RETRY_MS = 2000
+ROTATE_S = 10.0  # a stream's life: what a viewer can hold up the API's shutdown by
+END = b"event: end\ndata: {}\n\n"  # the stream ends here: open the next one now
 
 
 class OverviewPage:
     """The overview's two routes, over the API process's ``Sampler``. ``streams``: open streams."""
 
-    def __init__(self, sampler: Sampler) -> None:
+    def __init__(self, sampler: Sampler, *, rotate: float = ROTATE_S) -> None:
         self.sampler = sampler
+        self.rotate = rotate
         self.streams = 0
 
     async def get(self, request: Request) -> Response:
@@ -53,7 +60,9 @@ class LiveStream(Response):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         sampler, page = self.page.sampler, self.page
-        watching = running_loop().create_task(until_disconnect(receive))
+        loop = running_loop()
+        watching = loop.create_task(until_disconnect(receive))
+        ends = loop.time() + page.rotate
         page.streams += 1
         try:
             await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
@@ -62,8 +71,8 @@ class LiveStream(Response):
             if sampler.frame is not None:
                 first += sse_frame("frame", sampler.frame_json)
             await _write(send, first)
-            while not sampler.closed:
-                await first_done(sampler.next_frame(), watching, timeout=KEEPALIVE_S)
+            while not sampler.closed and loop.time() < ends:
+                await first_done(sampler.next_frame(), watching, timeout=min(KEEPALIVE_S, page.rotate))
                 if watching.done():
                     return
                 if sampler.seq != seq:  # a slow viewer gets the latest frame, and skips those it missed
@@ -71,7 +80,7 @@ class LiveStream(Response):
                     await _write(send, sse_frame("frame", sampler.frame_json))
                 else:
                     await _write(send, SSE_KEEPALIVE)
-            await send({"type": "http.response.body", "body": b""})
+            await send({"type": "http.response.body", "body": END})
         finally:
             page.streams -= 1
             watching.cancel()

@@ -1,5 +1,5 @@
 /* The live overview: /console/live (Server-Sent Events) sends the charts' points of the last
-   minutes ("history"), then a "frame" a second; this keeps the page's figures, tables and charts
+   minutes ("history"), then a "frame" a second, until "end"; this keeps the page's figures, tables and charts
    (charts.js) current. Text goes in with textContent only, never as HTML. Formats are those of
    api/console/figures.py. */
 (function () {
@@ -137,21 +137,32 @@
     }
   }
 
-  const source = new EventSource(root.getAttribute('data-live'));
-  source.addEventListener('history', (event) => {
-    points = JSON.parse(event.data).points;
-    draw();
-  });
-  source.addEventListener('frame', (event) => {
-    const frame = JSON.parse(event.data);
-    if (frame.point) add(frame.point);
-    show(frame);
-    draw();
-  });
-  source.addEventListener('error', () => {
-    // A closed source is not retried by the browser (the session ended: a 401): say to reload.
-    if (source.readyState === EventSource.CLOSED) say('Not live: reload the page (sign in again if asked).', 'lost');
-    else say('Reconnecting…', 'lost');
-  });
+  // The server ends each stream after a few seconds with an "end" event (so that a stopping API
+  // is not held up by open pages): the next one is opened at once, and starts with the history.
+  let source = null;
+  function connect() {
+    source = new EventSource(root.getAttribute('data-live'));
+    source.addEventListener('history', (event) => {
+      points = JSON.parse(event.data).points;
+      draw();
+    });
+    source.addEventListener('frame', (event) => {
+      const frame = JSON.parse(event.data);
+      if (frame.point) add(frame.point);
+      show(frame);
+      draw();
+    });
+    source.addEventListener('end', () => {
+      source.close();
+      connect();
+    });
+    source.addEventListener('error', () => {
+      // A closed source is not retried by the browser (the session ended: a 401): say to reload.
+      if (source.readyState === EventSource.CLOSED) say('Not live: reload the page (sign in again if asked).', 'lost');
+      else say('Reconnecting…', 'lost');
+    });
+  }
+  connect();
   window.addEventListener('pagehide', () => source.close());
+  window.addEventListener('pageshow', (event) => { if (event.persisted) connect(); });  // back from the cache
 })();
