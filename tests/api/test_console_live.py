@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -225,13 +226,9 @@ async def test_real_executions_are_counted_per_second(client: httpx.AsyncClient,
                                                       sampling: Sampler) -> None:
     await wait_until_async(seen(sampling, lambda f: any(w.alive and w.slots for w in f.workers)),
                            what="the real worker in a frame, with its slots")
-    rates: list[float] = []
-
     def counted(frame: LiveFrame) -> bool:
-        if frame.point is not None and frame.point.completions:
-            rates.append(frame.point.completions)
         row = tool_row(frame, "echo")
-        return bool(rates) and row is not None and row.runs >= 3 and row.p50 is not None
+        return row is not None and row.runs >= 3 and row.p50 is not None
 
     for i in range(3):
         answer = await client.post("/agent/execute", json={"tool": "echo", "arguments": {"text": str(i)}})
@@ -239,7 +236,10 @@ async def test_real_executions_are_counted_per_second(client: httpx.AsyncClient,
     await wait_until_async(seen(sampling, counted), what="three echo calls counted")
     echo = tool_row(sampling.frame, "echo") if sampling.frame else None
     assert echo is not None and echo.errors == 0 and 0 < echo.p50 <= echo.p99 <= 1000
-    assert 0 < sum(rates) <= 3.5  # three completions, spread over the frames that counted them
+    # Each second's rate times that second's length, summed over the charts' points: the three calls.
+    points = json.loads(sampling.history_json())["points"]
+    counts = [p["completions"] * (p["t"] - q["t"]) / 1000 for q, p in itertools.pairwise(points)]
+    assert sum(counts) == pytest.approx(3)
 
     failed = await client.post("/agent/execute", json={"tool": "explode", "arguments": {}})
     assert failed.json()["status"] == "failed"
@@ -268,10 +268,12 @@ async def test_a_killed_worker_leaves_the_frame_within_seconds(stack: Stack, wor
     killed = time.monotonic()
     await wait_until_async(seen(sampling, lambda f: any(w.pid == pid and not w.alive for w in f.workers)),
                            what="the killed worker shown dead")
-    assert time.monotonic() - killed < DEAD_AFTER + 3
+    # dead_after, a second's sampling and margin; twice dead_after if a busy machine made a gap in which
+    # nobody reached Redis (the roster then gives workers one dead_after more: store/roster.py).
+    assert time.monotonic() - killed < 2 * DEAD_AFTER + 3
     await wait_until_async(seen(sampling, lambda f: all(w.pid != pid for w in f.workers)),
                            what="the killed worker gone from the frame")
-    assert time.monotonic() - killed < DEAD_AFTER + DEAD_SHOWN_MS / 1000 + 5
+    assert time.monotonic() - killed < 2 * DEAD_AFTER + DEAD_SHOWN_MS / 1000 + 5
 
 
 # --- the stream ---------------------------------------------------------------------------------
