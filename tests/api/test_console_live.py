@@ -30,10 +30,12 @@ from api.console.live import Sampler
 from api.console.pages.overview import OverviewPage
 from api.console.rates import Step, Window, grown, quantile
 from api.console.session import Sessions
+from api.settings import ApiKey
 from carmy_worker.store import jobs, keys, metrics
 from carmy_worker.store.roster import Liveness
 from carmy_worker.store.submit import Submit
 from carmy_worker.wire import ExecutionJob, WorkerInfo, msgpack_encoder
+from tests.conftest import asgi_client
 from tests.support import NO_REDIS, Proc, Stack, app_settings, serving, wait_until, wait_until_async
 
 DEAD_AFTER = 3.0
@@ -422,3 +424,11 @@ async def test_the_app_with_the_console_on_shows_a_call_live(stack: Stack, worke
                 async for name, data in events(response):
                     if name == "frame" and any(t["tool"] == "words" for t in json.loads(data)["tools"]):
                         break
+
+
+async def test_the_stream_needs_a_session_when_the_api_authenticates(stack: Stack) -> None:
+    settings = app_settings(stack.redis_url, console=True, api_keys={"a-key-0123456789abcdef": ApiKey(principal="p")})
+    async with asgi_client(create_app(settings)) as client:
+        answer = await client.get("/console/live", headers={"accept": "text/event-stream"})
+        assert answer.status_code == 401  # an EventSource is no navigation: told, not redirected
+        assert not answer.headers["content-type"].startswith("text/event-stream")
