@@ -18,7 +18,7 @@ from typing import Any
 from redis.asyncio import Redis
 
 from api.calling.schemas import InputSchema
-from carmy_worker.store.pubsub import raise_if_cancelled
+from carmy_worker.store.pubsub import raise_if_cancelled, stop_if_cancelled
 from carmy_worker.store.roster import Liveness, worker_infos
 from carmy_worker.wire import (
     CatalogDocument,
@@ -170,6 +170,7 @@ class Catalog:
             self._changed.clear()
             try:
                 await self.refresh()
+                stop_if_cancelled()
                 self._ok = True
             except asyncio.CancelledError:
                 raise

@@ -20,7 +20,7 @@ from redis.exceptions import RedisError
 from api.console.frame import LiveFrame, Point, encoder
 from api.console.framing import Framer
 from carmy_worker.loop import first_done, running_loop
-from carmy_worker.store.pubsub import raise_if_cancelled
+from carmy_worker.store.pubsub import raise_if_cancelled, stop_if_cancelled
 from carmy_worker.store.pulse import PulseReader
 
 log = logging.getLogger("carmy.api")
@@ -63,6 +63,7 @@ class Sampler:
         """One reading, published: every viewer waiting gets it."""
         try:
             frame = await self.sample()
+            stop_if_cancelled()
             if self._failing:
                 log.info("console: Redis answers again")
             self._failing = False

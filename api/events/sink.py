@@ -24,7 +24,7 @@ from typing import Protocol
 from redis.exceptions import RedisError, ResponseError
 
 from carmy_worker.store.connect import RedisConnector
-from carmy_worker.store.pubsub import raise_if_cancelled
+from carmy_worker.store.pubsub import raise_if_cancelled, stop_if_cancelled
 from carmy_worker.store.shipment import Lot, Shipment, group_lost
 from carmy_worker.wire import json_encoder
 
@@ -105,6 +105,7 @@ class AuditSink:
                     pass
                 while True:
                     await self._turn()
+                    stop_if_cancelled()
                     backoff = MIN_BACKOFF_S
             except asyncio.CancelledError:
                 raise

@@ -26,7 +26,7 @@ from carmy_worker.logs import info_line
 from carmy_worker.settings import NotifySettings
 from carmy_worker.store.callbacks import Callbacks
 from carmy_worker.store.jobstore import JobState, JobStore, rfc3339
-from carmy_worker.store.pubsub import raise_if_cancelled
+from carmy_worker.store.pubsub import raise_if_cancelled, stop_if_cancelled
 from carmy_worker.wire import NotifyAttempt, json_encoder
 
 log = logging.getLogger("carmy.jobs")
@@ -60,6 +60,7 @@ class CallbackLoop:
         while True:
             try:
                 delivered = await self.tick()
+                stop_if_cancelled()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:

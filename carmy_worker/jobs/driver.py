@@ -28,7 +28,7 @@ from carmy_worker.store import jobs, keys, records
 from carmy_worker.store.durable import Durability
 from carmy_worker.store.jobstore import JobState, JobStore, job_fields, rfc3339
 from carmy_worker.store.promotion import Promotion, Promotions
-from carmy_worker.store.pubsub import raise_if_cancelled
+from carmy_worker.store.pubsub import raise_if_cancelled, stop_if_cancelled
 from carmy_worker.wire import (
     ExecutionJob,
     Record,
@@ -82,6 +82,7 @@ class JobLoop:
         while True:
             try:
                 pause = await self.tick()
+                stop_if_cancelled()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:

@@ -15,7 +15,7 @@ from carmy_worker.store import jobs, keys
 from carmy_worker.store.audit import AuditTrail
 from carmy_worker.store.durable import Durability
 from carmy_worker.store.lua import ACCEPTED_WORK, NOW
-from carmy_worker.store.pubsub import raise_if_cancelled
+from carmy_worker.store.pubsub import raise_if_cancelled, stop_if_cancelled
 from carmy_worker.store.roster import CUTOFF
 from carmy_worker.store.scripts import Script, bind
 from carmy_worker.store.verdicts import Verdicts
@@ -108,6 +108,7 @@ class Janitor:
         while True:
             try:
                 await self.sweep()
+                stop_if_cancelled()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:

@@ -25,7 +25,7 @@ from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from carmy_worker.store import version
-from carmy_worker.store.pubsub import raise_if_cancelled
+from carmy_worker.store.pubsub import raise_if_cancelled, stop_if_cancelled
 
 log = logging.getLogger("carmy.store")
 
@@ -105,6 +105,7 @@ class StoreMemory:
         while True:
             try:
                 await self.read()
+                stop_if_cancelled()
             except asyncio.CancelledError:
                 raise
             except ResponseError as exc:

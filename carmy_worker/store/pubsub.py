@@ -29,6 +29,16 @@ def _message(reply: list[Any]) -> Message:
             "channel": reply[1], "data": reply[2]}
 
 
+def stop_if_cancelled() -> None:
+    """Raise the cancellation a call swallowed although it returned: on Python 3.11, a cancel
+    that comes as the call completes (``asyncio.wait_for``'s race, which redis-py's timeouts
+    and our pool's waits go through) is lost, and a loop that sleeps and goes on would never
+    stop. ``Task.cancelling()`` still knows; every run-forever loop asks after each pass."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
 def raise_if_cancelled(exc: BaseException) -> None:
     """Re-raise a cancellation a library turned into another error.
 

@@ -63,3 +63,27 @@ async def test_a_resubscribing_loop_stops() -> None:
 
     task = asyncio.create_task(listen_forever(Client(), lambda: ["c"], lambda m: None, name="test"))  # type: ignore[arg-type]
     await stops_when_cancelled(task, swallowed)
+
+
+class Returning(Swallowing):
+    """A Redis call that, cancelled, returns as if it had its reply: Python 3.11's
+    ``asyncio.wait_for`` does so when the cancel comes as the reply does."""
+
+    async def __call__(self) -> None:
+        self.entered.set()
+        try:
+            await asyncio.get_running_loop().create_future()
+        except asyncio.CancelledError:
+            return
+
+
+async def test_the_janitor_stops_when_a_call_swallowed_its_cancel_and_returned(monkeypatch: pytest.MonkeyPatch) -> None:
+    janitor = Janitor(redis.asyncio.Redis.from_url("redis://127.0.0.1:1/0"), retention=60, dead_after=3)
+    swallowed = Returning()
+
+    async def sweep() -> int:
+        await swallowed()
+        return 0
+
+    monkeypatch.setattr(janitor, "sweep", sweep)
+    await stops_when_cancelled(asyncio.create_task(janitor.run(interval=0.01)), swallowed)
