@@ -281,6 +281,7 @@ class RedisServer:
             "--repl-diskless-sync-delay", "0", *replica,
             *(["--min-replicas-to-write", str(self.min_replicas), "--min-replicas-max-lag", str(MIN_REPLICAS_MAX_LAG_S)]
               if self.min_replicas else []),
+            *self.extra_args(),
         ], dict(os.environ), self.workdir / f"{name}.log", kind="redis")
         # Each PING is bounded: whatever holds the port may accept and never answer.
         try:
@@ -289,6 +290,10 @@ class RedisServer:
         except StartError:
             self._proc.close()
             raise
+
+    def extra_args(self) -> list[str]:
+        """More arguments of redis-server, for a subclass (a cluster node's)."""
+        return []
 
     def client(self) -> redis.Redis:
         return redis.Redis.from_url(self.url)

@@ -1,0 +1,253 @@
+"""A Redis Cluster on loopback: six ``redis-server --cluster-enabled yes`` processes (three
+primaries, three replicas) joined with ``redis-cli --cluster create``, for the tests, the
+benchmark and the chaos check (issue 34).
+
+Each node is a ``RedisServer`` (bench/processes.py) in a folder of its own, where it keeps its
+``nodes.conf`` and, when ``durable``, its AOF. The cluster bus gets a free port of its own
+(``cluster-port``): the default, the data port + 10,000, is past 65535 for half of the
+ephemeral range. ``cluster-node-timeout`` is short (2 s by default) so that a primary killed
+is replaced within a few seconds.
+
+Which node is a primary changes with failovers: ``primaries()`` and ``replicas()`` ask the
+cluster (``CLUSTER NODES``) each time, never the order of start.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import cast
+
+import redis
+
+from bench.processes import RedisServer, StartError, free_port, wait_until
+
+SLOTS = 16384
+NODE_TIMEOUT_MS = 2000
+# Each check of a node is bounded: a node killed a moment ago must not hold the wait up.
+CHECK_TIMEOUTS = {"socket_timeout": 2, "socket_connect_timeout": 2}
+
+
+class ClusterServer(RedisServer):
+    """One node of a ``LocalCluster``: a ``RedisServer`` with the cluster enabled."""
+
+    def __init__(self, workdir: Path, *, durable: bool, fsync: str, node_timeout_ms: int) -> None:
+        super().__init__(workdir, durable=durable, fsync=fsync)
+        self.node_timeout_ms = node_timeout_ms
+        self.bus_port = free_port()
+        self._up = False
+
+    def extra_args(self) -> list[str]:
+        if not self._up:  # a first start that failed may have lost its bus port too
+            self.bus_port = free_port()
+        return ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                "--cluster-port", str(self.bus_port), "--cluster-node-timeout", str(self.node_timeout_ms)]
+
+    def start(self, timeout: float = 30.0) -> None:
+        super().start(timeout)
+        self._up = True
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def check_client(self) -> redis.Redis:
+        """A client whose every call is bounded (for polling a node that may be gone)."""
+        return redis.Redis(host="127.0.0.1", port=self.port, **CHECK_TIMEOUTS)  # type: ignore[arg-type]
+
+    def node_id(self) -> str:
+        with self.check_client() as client:
+            return cast(str, client.execute_command("CLUSTER", "MYID").decode())
+
+    def info(self, section: str) -> dict[str, object]:
+        with self.check_client() as client:
+            return cast(dict[str, object], client.info(section))
+
+    def cpu(self) -> float:
+        """Seconds of CPU this redis-server has used (``INFO cpu``: system + user)."""
+        info = self.info("cpu")
+        return float(cast(float, info["used_cpu_sys"])) + float(cast(float, info["used_cpu_user"]))
+
+
+class NodeLine:
+    """One line of ``CLUSTER NODES``."""
+
+    def __init__(self, line: str) -> None:
+        fields = line.split()
+        self.id = fields[0]
+        self.port = int(fields[1].split("@")[0].rsplit(":", 1)[1])
+        self.flags = set(fields[2].split(","))
+        self.primary_id = None if fields[3] == "-" else fields[3]
+        self.slots = fields[8:]
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.flags & {"fail", "fail?", "noaddr", "handshake"})
+
+    @property
+    def is_primary(self) -> bool:
+        return "master" in self.flags
+
+    def first_slot(self) -> int:
+        return min((int(s.split("-")[0]) for s in self.slots if not s.startswith("[")), default=SLOTS)
+
+
+class LocalCluster:
+    """Three primaries and their three replicas on free loopback ports, under ``workdir``.
+
+    ``start()`` returns once every node says ``cluster_state:ok``, every slot is served and
+    every replica is in sync. ``nodes`` is the seed list for ``CARMY_REDIS_CLUSTER_NODES``.
+    ``durable`` gives each node its AOF (``fsync`` is its appendfsync), as ``ReplicatedRedis``.
+    """
+
+    def __init__(self, workdir: Path, *, primaries: int = 3, durable: bool = False, fsync: str = "everysec",
+                 node_timeout_ms: int = NODE_TIMEOUT_MS) -> None:
+        self.workdir = workdir
+        self.servers = [ClusterServer(self._dir(f"node-{i + 1}"), durable=durable, fsync=fsync,
+                                      node_timeout_ms=node_timeout_ms)
+                        for i in range(2 * primaries)]
+
+    def _dir(self, name: str) -> Path:
+        path = self.workdir / name
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    @property
+    def nodes(self) -> str:
+        """Every node as ``host:port``, comma-separated: ``CARMY_REDIS_CLUSTER_NODES``."""
+        return ",".join(server.address for server in self.servers)
+
+    # Lifecycle ---------------------------------------------------------------------------------
+
+    def start(self, timeout: float = 60.0) -> None:
+        for server in self.servers:
+            server.start()
+        self._cli("--cluster", "create", *(s.address for s in self.servers), "--cluster-replicas", "1",
+                  "--cluster-yes", timeout=timeout)
+        self.wait_ok(timeout)
+
+    def stop(self) -> None:
+        for server in self.servers:
+            server.stop()
+
+    def restart(self, server: ClusterServer, timeout: float = 60.0) -> None:
+        """Starts a node that was killed or stopped again, on its port and files: it finds its
+        slots served by the replica promoted meanwhile and comes back as that one's replica."""
+        server.start()
+        self.wait_ok(timeout)
+
+    # What the cluster says now -----------------------------------------------------------------
+
+    def live(self) -> list[ClusterServer]:
+        return [server for server in self.servers if server._proc is not None and server.proc.alive()]
+
+    def topology(self) -> list[NodeLine]:
+        """``CLUSTER NODES`` as the first live node that answers sees it."""
+        for server in self.live():
+            try:
+                with server.check_client() as client:
+                    text = client.execute_command("CLUSTER", "NODES")
+            except redis.RedisError:
+                continue
+            return [NodeLine(line) for line in (text.decode() if isinstance(text, bytes) else text).splitlines()]
+        raise redis.ConnectionError("no node of the cluster answers")
+
+    def primaries(self) -> list[ClusterServer]:
+        """The primaries that serve slots, by their first slot (the first serves slot 0)."""
+        lines = sorted((n for n in self.topology() if n.is_primary and not n.failed and n.slots),
+                       key=NodeLine.first_slot)
+        return [self.server_on(n.port) for n in lines]
+
+    def replicas(self) -> list[ClusterServer]:
+        return [self.server_on(n.port) for n in self.topology() if not n.is_primary and not n.failed]
+
+    def server_on(self, port: int) -> ClusterServer:
+        return next(server for server in self.servers if server.port == port)
+
+    def primary_cpu(self) -> dict[int, float]:
+        """Each primary's Redis CPU so far, in seconds, by port: the bench's share per primary is
+        the difference of two readings."""
+        return {server.port: server.cpu() for server in self.primaries()}
+
+    def healthy(self) -> bool:
+        """Every live node says the cluster is ok with every slot served, and knows the same
+        primaries; every live replica is in sync with its primary."""
+        owners: set[tuple[int, ...]] = set()
+        live = self.live()
+        for server in live:
+            info = _cluster_info(server)
+            if info.get("cluster_state") != "ok" or int(info.get("cluster_slots_ok", 0)) != SLOTS:
+                return False
+            replication = server.info("replication")
+            if replication["role"] == "slave" and replication.get("master_link_status") != "up":
+                return False
+            with server.check_client() as client:
+                text = client.execute_command("CLUSTER", "NODES").decode()
+            seen = [n for n in map(NodeLine, text.splitlines()) if not n.failed]
+            primaries = tuple(sorted(n.port for n in seen if n.is_primary and n.slots))
+            # Every live node known, and every one that serves no slot known as a replica.
+            if len(seen) != len(live) or sum(not n.is_primary for n in seen) != len(live) - len(primaries):
+                return False
+            owners.add(primaries)
+        return len(owners) == 1
+
+    def wait_ok(self, timeout: float = 60.0) -> None:
+        wait_until(self.healthy, timeout, "the cluster ok on every node", interval=0.1)
+
+    # Faults ------------------------------------------------------------------------------------
+
+    def kill_primary(self, index: int = 0, timeout: float = 60.0) -> ClusterServer:
+        """``kill -9`` of ``primaries()[index]``; returns it once its replica has been promoted
+        and the cluster is ok again without it (about node-timeout + 1 s)."""
+        victim = self.primaries()[index]
+        victim.kill()
+
+        def promoted() -> bool:
+            return victim.port not in {s.port for s in self.primaries()} and self.healthy()
+
+        wait_until(promoted, timeout, f"a replica promoted in place of {victim.address}", interval=0.1)
+        return victim
+
+    def migrate_slots(self, count: int, source: ClusterServer, target: ClusterServer,
+                      timeout: float = 120.0) -> None:
+        """Moves ``count`` slots, keys and all, from the primary ``source`` to the primary
+        ``target`` (``redis-cli --cluster reshard``); clients meanwhile get ASK and MOVED
+        redirections. Blocks until done: run it in a thread to keep load going."""
+        self._cli("--cluster", "reshard", source.address, "--cluster-from", source.node_id(),
+                  "--cluster-to", target.node_id(), "--cluster-slots", str(count), "--cluster-yes",
+                  timeout=timeout)
+        self.wait_ok(timeout)
+
+    def slots_of(self, server: ClusterServer) -> int:
+        """How many slots ``server`` serves, as the cluster says."""
+        line = next(n for n in self.topology() if n.port == server.port)
+        return sum(_span(s) for s in line.slots if not s.startswith("["))
+
+    def _cli(self, *args: str, timeout: float) -> None:
+        binary = shutil.which("redis-cli")
+        if binary is None:
+            raise StartError("redis-cli is not installed (Debian/Ubuntu: apt-get install redis-tools)")
+        log = self.workdir / "redis-cli.log"
+        with log.open("ab") as out:
+            code = subprocess.run([binary, *args], stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                  timeout=timeout, check=False).returncode
+        if code:
+            raise StartError(f"redis-cli {' '.join(args[:2])} failed (exit code {code}); its log ({log}) ends with:\n"
+                             f"{log.read_text(errors='replace')[-2000:]}")
+
+    def __iter__(self) -> Iterator[ClusterServer]:
+        return iter(self.servers)
+
+
+def _span(item: str) -> int:
+    first, _, last = item.partition("-")
+    return int(last or first) - int(first) + 1
+
+
+def _cluster_info(server: ClusterServer) -> dict[str, str]:
+    with server.check_client() as client:
+        text = client.execute_command("CLUSTER", "INFO")
+    text = text.decode() if isinstance(text, bytes) else text
+    return dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
