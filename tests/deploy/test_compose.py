@@ -159,6 +159,18 @@ def test_every_setting_the_readme_lists_is_documented_for_compose() -> None:
     assert table - {"CARMY_HOST", "CARMY_PORT", "CARMY_REDIS_URL"} <= documented_settings()
 
 
+def test_each_setting_reaches_every_service_the_readme_says_uses_it(compose: Compose) -> None:
+    """A setting the README's table says is used by ``both`` (the audit trail's bounds, which
+    every janitor keeps) must reach the worker as well as the API: set on one only, the two
+    would trim to different bounds."""
+    rows = re.findall(r"^\| `(CARMY_[A-Z_]+)` \| (API|worker|both) \|", (ROOT / "README.md").read_text(), flags=re.M)
+    assert ("CARMY_AUDIT_RETENTION", "both") in rows
+    services = {"API": {"api"}, "worker": {"worker"}, "both": {"api", "worker"}}
+    missing = [(name, service) for name, used_by in rows for service in services[used_by]
+               if name not in compose["services"][service]["environment"]]
+    assert missing == []
+
+
 def test_api_settings_pass_through_and_default_when_unset(compose: Compose) -> None:
     env = compose["services"]["api"]["environment"]
     for name in ("CARMY_SERVER_NAME", "CARMY_MAX_PENDING", "CARMY_API_KEYS", "CARMY_REDIS_WAIT_REPLICAS",
