@@ -5,6 +5,7 @@ from __future__ import annotations
 from playwright.sync_api import Page, expect
 
 from tests.browser.stack import Console
+from tests.support import wait_until
 
 SIGN_IN = "/console/sign-in"
 TOKEN_FIELD = "API key or access token"  # the sign-in form's label
@@ -22,3 +23,35 @@ def submit_key(page: Page, console: Console, key: str) -> None:
     page.goto(console.url(SIGN_IN))
     page.get_by_label(TOKEN_FIELD).fill(key)
     page.get_by_role("button", name="Sign in").click()
+
+
+# Installs a watch in the page: the wall-clock ms (Date.now()) at which an element matching a
+# selector first holds a text, as the page's own script put it there (a MutationObserver runs
+# as the DOM changes, before any paint, and whatever the test's process is doing meanwhile).
+_WATCH = """([selector, text]) => {
+  window.__carmySeen = null;
+  const look = () => {
+    for (const node of document.querySelectorAll(selector)) {
+      if (node.textContent.includes(text)) { window.__carmySeen = Date.now(); observer.disconnect(); return; }
+    }
+  };
+  const observer = new MutationObserver(look);
+  observer.observe(document.body, {childList: true, subtree: true, characterData: true});
+  look();
+}"""
+
+
+class Sighting:
+    """When the page first showed a text in an element, by the page's clock (Date.now(), ms)."""
+
+    def __init__(self, page: Page, selector: str, text: str) -> None:
+        self.page = page
+        self.text = text
+        page.evaluate(_WATCH, [selector, text])
+
+    def at_ms(self, timeout: float = 15.0) -> int:
+        """The instant, once it has happened (waiting up to ``timeout`` s). Asked by evaluating
+        a function (the CSP's script-src refuses the string Playwright's wait_for_function evals)."""
+        seen = wait_until(lambda: self.page.evaluate("() => window.__carmySeen"), timeout,
+                          what=f"the page showing {self.text!r}")
+        return int(seen)  # type: ignore[call-overload]

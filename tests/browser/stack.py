@@ -5,6 +5,7 @@ which a test may kill (-9) and start again. Calls and jobs are made over HTTP, a
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import signal
 import socket
@@ -68,6 +69,14 @@ class Console:
         assert r.status_code == 200, r.text
         answer: dict[str, Any] = r.json()
         return answer
+
+    def finished_ms(self, execution_id: str) -> int:
+        """When ``execution_id`` finished, Unix ms (its audit entry's ``finished_at``: Redis's clock,
+        this machine's, as the browser's is)."""
+        r = self.http.get(self.url("/agent/audit"), headers=bearer(OPERATOR_KEY))
+        assert r.status_code == 200, r.text
+        [entry] = [e for e in r.json()["entries"] if e["execution_id"] == execution_id and not e["replayed"]]
+        return round(datetime.datetime.fromisoformat(entry["finished_at"]).timestamp() * 1000)
 
     def create_job(self, tool: str, arguments: dict[str, Any], **fields: Any) -> dict[str, Any]:
         r = self.http.post(self.url("/agent/jobs"), json={"tool": tool, "arguments": arguments, **fields},
