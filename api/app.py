@@ -70,7 +70,7 @@ def create_app(settings: ApiSettings | None = None) -> Starlette:
     ``app.router.lifespan_context(app)`` from the host's own lifespan (see the README).
     """
     settings = settings or ApiSettings.from_env()
-    connector = RedisConnector(settings.redis_url)
+    connector = RedisConnector(settings.redis_url, settings.redis_cluster_nodes)
     redis = connect(settings, connector)
     catalog = Catalog(redis=redis, server_name=settings.server_name, dead_after=settings.dead_after,
                       refresh_interval=settings.catalog_refresh,

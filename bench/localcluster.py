@@ -220,6 +220,30 @@ class LocalCluster:
                   timeout=timeout)
         self.wait_ok(timeout)
 
+    def move_slot(self, slot: int, target: ClusterServer, timeout: float = 60.0) -> None:
+        """Moves one slot, keys and all, to the primary ``target``, the way ``redis-cli`` does
+        (IMPORTING/MIGRATING, MIGRATE in batches, then SETSLOT NODE on every primary)."""
+        source = self.owner(slot)
+        if source is target:
+            return
+        source_id, target_id = source.node_id(), target.node_id()
+        with source.check_client() as src, target.check_client() as dst:
+            dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", source_id)
+            src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
+            while keys := src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100):
+                src.execute_command("MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", *keys)
+            for primary in (target, source, *self.primaries()):
+                with primary.check_client() as client:
+                    client.execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
+        self.wait_ok(timeout)
+
+    def owner(self, slot: int) -> ClusterServer:
+        """The primary that serves ``slot`` now."""
+        for line in self.topology():
+            if line.is_primary and not line.failed and any(_covers(s, slot) for s in line.slots):
+                return self.server_on(line.port)
+        raise LookupError(f"no primary serves slot {slot}")
+
     def slots_of(self, server: ClusterServer) -> int:
         """How many slots ``server`` serves, as the cluster says."""
         line = next(n for n in self.topology() if n.port == server.port)
@@ -239,6 +263,13 @@ class LocalCluster:
 
     def __iter__(self) -> Iterator[ClusterServer]:
         return iter(self.servers)
+
+
+def _covers(item: str, slot: int) -> bool:
+    if item.startswith("["):  # a slot being migrated or imported
+        return False
+    first, _, last = item.partition("-")
+    return int(first) <= slot <= int(last or first)
 
 
 def _span(item: str) -> int:

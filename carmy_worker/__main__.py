@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("give a MODULE, or --openapi SPEC --base-url URL, or both")
     try:
         settings = WorkerSettings.from_env()
-        connector = RedisConnector(settings.redis_url)
+        connector = RedisConnector(settings.redis_url, settings.redis_cluster_nodes)
         logs.configure(settings.log_format)
         tools = load_tools(args.module, openapi_tools(args))
         schedules = load_schedules(args.module)

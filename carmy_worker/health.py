@@ -27,7 +27,8 @@ TIMEOUT = 2.0  # seconds, per connect and per reply
 def check(settings: WorkerSettings, host: str) -> str | None:
     """None when a worker on ``host`` is alive, else the reason it is not."""
     try:
-        client = RedisConnector(settings.redis_url).sync_client(socket_timeout=TIMEOUT, socket_connect_timeout=TIMEOUT)
+        connector = RedisConnector(settings.redis_url, settings.redis_cluster_nodes)
+        client = connector.sync_client(socket_timeout=TIMEOUT, socket_connect_timeout=TIMEOUT)
     except SettingsError as exc:
         return str(exc)
     try:

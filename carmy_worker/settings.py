@@ -65,6 +65,21 @@ def env_choice(env: Mapping[str, str], name: str, choices: tuple[str, ...]) -> s
     return raw
 
 
+def env_cluster_nodes(env: Mapping[str, str]) -> tuple[str, ...]:
+    """``CARMY_REDIS_CLUSTER_NODES``: seed nodes of a Redis Cluster, comma-separated ``host:port``
+    (``[::1]:7000`` for IPv6); none (the default) means no cluster: ``CARMY_REDIS_URL`` names the
+    server. With seeds, ``CARMY_REDIS_URL`` still gives the password (its userinfo), TLS
+    (``rediss://``) and its query's connection options, applied to every node
+    (``carmy_worker.store.connect``)."""
+    raw = env.get("CARMY_REDIS_CLUSTER_NODES") or ""
+    nodes = tuple(item.strip() for item in raw.split(",") if item.strip())
+    for node in nodes:
+        host, _, port = node.rpartition(":")
+        if not host.strip("[]") or not port.isdigit() or not 0 < int(port) < 65536:
+            raise SettingsError(f"CARMY_REDIS_CLUSTER_NODES must be host:port,host:port,..., got {node!r}")
+    return nodes
+
+
 class TracingSettings(Struct, frozen=True):
     """``CARMY_TRACING``: where spans go (``carmy_worker.tracing``). Nowhere (``off``, the
     default), over OTLP/HTTP (``otlp``: the exporter reads the standard ``OTEL_EXPORTER_OTLP_*``
@@ -152,6 +167,7 @@ class WorkerSettings(Struct, frozen=True, kw_only=True):
     """Settings of one worker process (the README's Settings table)."""
 
     redis_url: str = DEFAULT_REDIS_URL
+    redis_cluster_nodes: tuple[str, ...] = ()  # a Redis Cluster's seeds; () : redis_url names the server
     concurrency: int = 16  # executions at once in this process
     default_timeout: float = 30.0  # seconds, for tools that set none
     retention: int = 86400  # seconds final records are kept
@@ -177,6 +193,7 @@ class WorkerSettings(Struct, frozen=True, kw_only=True):
         env = os.environ if env is None else env
         return cls(
             redis_url=env.get("CARMY_REDIS_URL") or DEFAULT_REDIS_URL,
+            redis_cluster_nodes=env_cluster_nodes(env),
             concurrency=env_int(env, "CARMY_CONCURRENCY", 16),
             default_timeout=env_float(env, "CARMY_DEFAULT_TIMEOUT", 30.0),
             retention=env_int(env, "CARMY_RETENTION", 86400),

@@ -23,6 +23,7 @@ from carmy_worker.settings import (
     audit_from_env,
     env_bool,
     env_choice,
+    env_cluster_nodes,
     env_float,
     env_int,
     env_tracing,
@@ -60,6 +61,7 @@ class ApiSettings(Struct, frozen=True, kw_only=True):
     """Settings of one API process (the README's Settings table). Build with ``from_env`` or directly in tests."""
 
     redis_url: str = DEFAULT_REDIS_URL
+    redis_cluster_nodes: tuple[str, ...] = ()  # a Redis Cluster's seeds; () : redis_url names the server
     host: str = "127.0.0.1"
     port: int = 8000
     server_name: str = "carmy"
@@ -126,6 +128,7 @@ class ApiSettings(Struct, frozen=True, kw_only=True):
         env = os.environ if env is None else env
         settings = cls(
             redis_url=env.get("CARMY_REDIS_URL") or DEFAULT_REDIS_URL,
+            redis_cluster_nodes=env_cluster_nodes(env),
             host=env.get("CARMY_HOST") or "127.0.0.1",
             port=env_int(env, "CARMY_PORT", 8000, minimum=0),
             server_name=env.get("CARMY_SERVER_NAME") or "carmy",

@@ -68,7 +68,7 @@ class Presence:
                  connector: RedisConnector | None = None) -> None:
         self.redis = redis
         self.settings = settings
-        self.connector = connector or RedisConnector(settings.redis_url)
+        self.connector = connector or RedisConnector(settings.redis_url, settings.redis_cluster_nodes)
         self.info = info
         self.runtime = runtime
         # The jobs this worker's queue loop has leased (set once it is built); safe from a thread.

@@ -47,7 +47,7 @@ async def serve(tools: list[Tool], settings: WorkerSettings, connector: RedisCon
     """Serve ``tools`` until SIGTERM or SIGINT, then drain running executions and leave;
     ``schedules``: the recurring jobs this worker fires (with every other worker that declares
     them: each occurrence is fired once)."""
-    connector = connector or RedisConnector(settings.redis_url)
+    connector = connector or RedisConnector(settings.redis_url, settings.redis_cluster_nodes)
     redis = queue.connect(connector)
     described = describe(tools, settings)
     info = WorkerInfo(

@@ -13,6 +13,14 @@ connection asks the Sentinels for the primary (redis-py's ``SentinelConnectionPo
 connection that finds its server demoted (``READONLY``) is closed and reported as a connection
 error, and Sentinel closes the clients of a server it demotes. Carmy's loops all treat a
 connection error as "reconnect and go on", so after a failover they end up on the new primary.
+
+A Redis Cluster is named by ``CARMY_REDIS_CLUSTER_NODES`` (seeds, ``host:port,host:port``);
+``CARMY_REDIS_URL`` then only gives what every node's connections take: its password (and
+user), TLS with ``rediss://`` and the ``ssl_*`` options of its query; its host and port are
+not used, its database must be 0, and ``unix://`` and ``redis+sentinel://`` are refused. One
+password for every node, as a cluster has. The cluster's clients are ``cluster_client`` and
+``sync_cluster_client`` (``store.cluster``); the single-server methods refuse to make a client
+of one node of a cluster.
 """
 
 from __future__ import annotations
@@ -21,14 +29,17 @@ from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import redis
+import redis.cluster
 import redis.sentinel
 from msgspec import Struct
 from redis.asyncio import ConnectionPool, Redis
+from redis.asyncio.cluster import ClusterNode
 from redis.asyncio.connection import parse_url
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 
 from carmy_worker.settings import SettingsError
 from carmy_worker.store.checkout import QuickCheckout
+from carmy_worker.store.cluster import ClusterTarget, StoreCluster, cluster_target, sync_cluster
 from carmy_worker.store.packing import packed_by_hiredis
 from carmy_worker.store.pool import StorePool
 
@@ -114,23 +125,59 @@ def _port(raw: str) -> int:
 
 
 class RedisConnector:
-    """Clients for one ``CARMY_REDIS_URL``. Built at start: an unusable URL raises ``SettingsError``
-    naming the setting. Building clients connects nothing; connections open on first use."""
+    """Clients for one ``CARMY_REDIS_URL`` (and ``CARMY_REDIS_CLUSTER_NODES``, ``cluster_nodes``).
+    Built at start: an unusable value raises ``SettingsError`` naming the setting. Building
+    clients connects nothing; connections open on first use."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, cluster_nodes: tuple[str, ...] = ()) -> None:
         self.url = url
         self.sentinel: SentinelTarget | None = None
+        self.cluster: ClusterTarget | None = None
         try:
-            if url.startswith(SENTINEL_SCHEME + "://"):
+            if cluster_nodes:
+                self.cluster = cluster_target(url, cluster_nodes)
+            elif url.startswith(SENTINEL_SCHEME + "://"):
                 self.sentinel = parse_sentinel_url(url)
             else:
                 parse_url(url)  # what redis-py would refuse on first use
         except ValueError as exc:
+            if cluster_nodes:
+                raise SettingsError(f"CARMY_REDIS_URL cannot be used with CARMY_REDIS_CLUSTER_NODES ({exc})") from None
             raise SettingsError(f"CARMY_REDIS_URL cannot be used ({exc}); expected redis://, rediss://, "
                                 f"unix:// or {SENTINEL_SCHEME}://host:port,host:port/<service>") from None
 
+    @property
+    def is_cluster(self) -> bool:
+        return self.cluster is not None
+
+    def cluster_client(self, *, max_connections: int, wait: float | None = None, **options: Any) -> StoreCluster:
+        """An asyncio client of the cluster: at most ``max_connections`` commands under way at
+        once (so at most that many connections to any node), a caller waiting up to ``wait``
+        seconds for its turn (``store.cluster``). Connects on first use."""
+        target = self._cluster_target()
+        nodes = [ClusterNode(host, port) for host, port in target.nodes]
+        return StoreCluster(startup_nodes=nodes, max_connections=max_connections, wait=wait,  # type: ignore[abstract]
+                            **{**target.options, **options})  # (redis-py's stubs: connection_pool)
+
+    def sync_cluster_client(self, **options: Any) -> redis.cluster.RedisCluster:
+        """A synchronous client of the cluster (the heartbeat thread, the health check)."""
+        return sync_cluster(self._cluster_target(), **options)
+
+    def _cluster_target(self) -> ClusterTarget:
+        if self.cluster is None:
+            raise RuntimeError("no Redis Cluster: CARMY_REDIS_CLUSTER_NODES is not set")
+        return self.cluster
+
+    def _single(self) -> None:
+        """Refuse a single-server client when the setting names a cluster: one node's client
+        would answer MOVED for most keys."""
+        if self.cluster is not None:
+            raise SettingsError("CARMY_REDIS_CLUSTER_NODES is set: this part of Carmy does not run on "
+                                "a Redis Cluster yet (issue 34)")
+
     def pool(self, **options: Any) -> ConnectionPool:
         """An unbounded asyncio pool (workers, pub/sub listeners)."""
+        self._single()
         target = self.sentinel
         if target is None:
             return packed_by_hiredis(Pool.from_url(self.url, **options))
@@ -143,6 +190,7 @@ class RedisConnector:
     def store_client(self, *, max_connections: int, wait: float, **options: Any) -> Redis:
         """An asyncio client on a ``StorePool`` of ``max_connections``, where a caller waits up to
         ``wait`` seconds for a free connection while Redis is reachable."""
+        self._single()
         target = self.sentinel
         if target is None:
             pool: ConnectionPool = StorePool.from_url(self.url, max_connections=max_connections, timeout=wait,
@@ -154,6 +202,7 @@ class RedisConnector:
 
     def sync_client(self, **options: Any) -> redis.Redis:
         """A synchronous client (the heartbeat thread, the health check)."""
+        self._single()
         target = self.sentinel
         if target is None:
             return redis.Redis.from_url(self.url, **options)

@@ -45,3 +45,36 @@ def test_an_unusable_url_is_refused_naming_the_setting(url: str, why: str) -> No
     with pytest.raises(SettingsError, match="CARMY_REDIS_URL") as raised:
         RedisConnector(url)
     assert why in str(raised.value)
+
+
+def test_cluster_nodes_take_the_urls_password_and_tls_not_its_host() -> None:
+    connector = RedisConnector("rediss://carmy:s%40cret@ignored:6379/0?ssl_cert_reqs=none",
+                               ("10.0.0.1:7000", "redis-b:7001", "[::1]:7002"))
+    target = connector.cluster
+    assert target is not None and connector.is_cluster and connector.sentinel is None
+    assert target.nodes == (("10.0.0.1", 7000), ("redis-b", 7001), ("::1", 7002))
+    assert target.tls and target.options["username"] == "carmy" and target.options["password"] == "s@cret"
+    assert target.options["ssl_cert_reqs"] == "none"
+    client = connector.cluster_client(max_connections=4, wait=2.0, socket_timeout=1.0)
+    assert client.connection_kwargs["password"] == "s@cret" and client.connection_kwargs["socket_timeout"] == 1.0
+    assert [n.port for n in client.nodes_manager.startup_nodes.values()] == [7000, 7001, 7002]
+
+
+def test_a_cluster_has_no_single_server_client() -> None:
+    connector = RedisConnector("redis://localhost:6379/0", ("127.0.0.1:7000",))
+    for make in (connector.pool, connector.client, connector.sync_client):
+        with pytest.raises(SettingsError, match="CARMY_REDIS_CLUSTER_NODES"):
+            make()
+    with pytest.raises(RuntimeError, match="not set"):
+        RedisConnector("redis://localhost:6379/0").cluster_client(max_connections=2)
+
+
+@pytest.mark.parametrize(("url", "why"), [
+    ("redis+sentinel://localhost:26379/cache", "redis:// or rediss://"),
+    ("unix:///run/redis.sock", "redis:// or rediss://"),
+    ("redis://localhost:6379/2", "database 0 only"),
+])
+def test_a_url_that_cannot_serve_a_cluster_is_refused_naming_both_settings(url: str, why: str) -> None:
+    with pytest.raises(SettingsError, match="CARMY_REDIS_URL cannot be used with CARMY_REDIS_CLUSTER_NODES") as raised:
+        RedisConnector(url, ("127.0.0.1:7000",))
+    assert why in str(raised.value)

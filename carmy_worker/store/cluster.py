@@ -1,0 +1,248 @@
+"""Clients of a Redis Cluster (``CARMY_REDIS_CLUSTER_NODES``): the target parsed from the
+setting and ``CARMY_REDIS_URL``, and ``StoreCluster``, redis-py's asyncio ``RedisCluster`` with
+Carmy's retry rules and a bounded number of connections per node.
+
+What redis-py 5.3's ``redis.asyncio.cluster.RedisCluster`` does, and what we change:
+
+* **Routing.** Each command goes to the primary of its key's slot; ``EVALSHA``/``EVAL`` by
+  their ``KEYS`` (all in one slot, or ``RedisClusterException`` before anything is sent; no key:
+  a random node). A script's SHA must be loaded on the node that runs it: ``store.scripts``
+  loads it on ``NOSCRIPT``, which works per node as it does on one server.
+* **Redirections.** ``MOVED`` patches the slot table (every 5th rebuilds it) and sends again;
+  ``ASK`` sends ``ASKING`` then the command to the importing node; ``TRYAGAIN`` (a multi-key
+  command during a migration) is sent again, sleeping 50 ms once half of the 16 tries are used.
+  Nothing ran on a node that redirected, so these are always safe, and we keep them.
+* **Failures.** ``CLUSTERDOWN`` and an uncovered slot close every connection, sleep 250 ms,
+  rebuild the slot table and send again, ``cluster_error_retry_attempts`` times: safe, the
+  node refused. A ``ConnectionError`` or ``TimeoutError`` also closes *every* connection of
+  the client (in-flight commands on other nodes included) and drops that node from the seeds;
+  redis-py then sends the command again. That is not safe for a write: the command may have run
+  before the reply was lost, and a script would run twice. ``StoreCluster`` sends again only on
+  the refusals; a connection error or timeout reaches the caller, as with one server (Carmy's
+  loops reconnect and go on; the API answers the documented retryable error). Until the
+  cluster has promoted a replica (``cluster-node-timeout`` + about 1 s), calls for the dead
+  primary's slots fail that way.
+* **Rebuilding the slot table** (after a connection error, a ``CLUSTERDOWN``, every 5th
+  ``MOVED``) makes new ``ClusterNode`` objects and disconnects the old ones, and a connection
+  error first closes every node's connections: commands under way on *other* nodes then fail
+  with "Connection lost" (seen here under a migration). ``StoreCluster`` keeps the node
+  objects it knows (``StoreNodes``) and, inside a command, only marks the table for
+  rebuilding: a shard's trouble stays that shard's.
+* **Pipelines** are not transactions (``pipeline(transaction=True)`` raises): the commands
+  are grouped by node and sent to the nodes at once, each reply in its command's place;
+  redirected ones are sent again one by one. redis-py sends the whole pipeline again (less
+  the commands whose result is truthy) on a connection error: ``StorePipeline`` does not.
+* **Connections.** ``max_connections`` is per node, and redis-py raises ``MaxConnectionsError``
+  at once when a node's are all busy. ``StoreCluster`` instead lets at most
+  ``max_connections`` commands (or pipelines) be under way at once, the others waiting their
+  turn up to ``wait`` seconds: a command uses one connection of one node, a pipeline one per
+  node, so no node ever needs more, and a burst of calls queues instead of failing.
+* **Pub/sub**: the asyncio client has none (the synchronous one has ``ClusterPubSub``): see
+  ``store.shardpubsub`` for sharded pub/sub. ``BLPOP`` and other blocking commands work
+  (routed by key), but hold a connection of the node for their whole wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+from collections.abc import AsyncIterator
+from contextvars import ContextVar
+from typing import Any
+
+import redis.cluster
+from msgspec import Struct
+from redis.asyncio.cluster import ClusterNode, ClusterPipeline, NodesManager, PipelineCommand, RedisCluster
+from redis.asyncio.connection import SSLConnection, parse_url
+from redis.exceptions import ClusterDownError, RedisClusterException, SlotNotCoveredError
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+# Where a failover or a migration sends a command again: the node refused it, nothing ran.
+REFUSALS = (ClusterDownError, SlotNotCoveredError)
+# Tries at the refusals above (each one 250 ms apart, after rebuilding the slot table).
+CLUSTER_RETRIES = 8
+# Tries at connecting to a node (connecting only: nothing was sent yet).
+CONNECT_RETRIES = 2
+
+# Options of a redis-py URL that the cluster client takes (its constructor has no **kwargs).
+_CLUSTER_OPTIONS = set(inspect.signature(RedisCluster.__init__).parameters) - {"self", "host", "port", "db", "path"}
+
+
+class ClusterTarget(Struct, frozen=True):
+    """The seed nodes of ``CARMY_REDIS_CLUSTER_NODES``, and the options every node's connections
+    take from ``CARMY_REDIS_URL``: password, TLS (``rediss://``) and its query's options."""
+
+    nodes: tuple[tuple[str, int], ...]
+    options: dict[str, Any] = {}
+
+    @property
+    def tls(self) -> bool:
+        return bool(self.options.get("ssl"))
+
+
+def cluster_target(url: str, nodes: tuple[str, ...]) -> ClusterTarget:
+    """The target of ``nodes`` (``host:port`` each) with ``url``'s credentials and TLS; the URL's
+    host and port are not used. ValueError says what cannot be used."""
+    if not url.startswith(("redis://", "rediss://")):
+        raise ValueError("with CARMY_REDIS_CLUSTER_NODES, CARMY_REDIS_URL must be redis:// or rediss:// "
+                         "(it gives the password and TLS of every node)")
+    parsed: dict[str, Any] = dict(parse_url(url))
+    if int(parsed.pop("db", 0) or 0):
+        raise ValueError("a Redis Cluster has database 0 only: CARMY_REDIS_URL must name /0 or none")
+    if parsed.pop("connection_class", None) is SSLConnection:
+        parsed["ssl"] = True
+    unknown = sorted(set(parsed) - _CLUSTER_OPTIONS - {"host", "port"})
+    if unknown:
+        raise ValueError(f"option {unknown[0]!r} of CARMY_REDIS_URL does not apply to a cluster")
+    options = {k: v for k, v in parsed.items() if k in _CLUSTER_OPTIONS and v is not None}
+    return ClusterTarget(nodes=tuple(_node(item) for item in nodes), options=options)
+
+
+def _node(item: str) -> tuple[str, int]:
+    host, _, port = item.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+_holding: ContextVar[bool] = ContextVar("carmy_cluster_turn", default=False)
+
+
+class StoreNode(ClusterNode):
+    """redis-py's node, which takes a connection back when sending on it failed (a node it
+    could not connect to, say): redis-py's counts it as busy for good, and once that happened
+    ``max_connections`` times the node refuses every command (``MaxConnectionsError``). redis-py
+    hid that by replacing every node when it rebuilt its slot table; ``StoreNodes`` keeps them.
+    The nodes redis-py makes become this class in ``StoreNodes.set_nodes`` (no new slots)."""
+
+    __slots__ = ()
+
+    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        connection = self.acquire_connection()
+        try:
+            await connection.send_packed_command(connection.pack_command(*args), False)
+            return await self.parse_response(connection, args[0], **kwargs)
+        finally:
+            self._free.append(connection)
+
+    async def execute_pipeline(self, commands: list[PipelineCommand]) -> bool:
+        connection = self.acquire_connection()
+        try:
+            await connection.send_packed_command(connection.pack_commands(cmd.args for cmd in commands), False)
+            failed = False
+            for cmd in commands:
+                try:
+                    cmd.result = await self.parse_response(connection, cmd.args[0], **cmd.kwargs)
+                except Exception as exc:
+                    cmd.result, failed = exc, True
+            return failed
+        finally:
+            self._free.append(connection)
+
+
+def _ours(node: ClusterNode) -> ClusterNode:
+    if type(node) is ClusterNode:
+        node.__class__ = StoreNode
+    return node
+
+
+class StoreNodes(NodesManager):
+    """redis-py's slot table, which keeps the ``ClusterNode`` of a node it already knows when
+    it is rebuilt (redis-py makes a new one and disconnects the old, commands under way on it
+    included), and makes every node a ``StoreNode``."""
+
+    __slots__ = ()
+
+    def set_nodes(self, old: dict[str, ClusterNode], new: dict[str, ClusterNode], remove_old: bool = False) -> None:
+        for node in new.values():
+            _ours(node)
+        if old is self.nodes_cache:
+            kept = {name: old[name] for name, node in new.items() if name in old and old[name] is not node}
+            for name, node in kept.items():
+                node.server_type = new[name].server_type
+                new[name] = node
+            if kept:
+                for nodes in {id(n): n for n in self.slots_cache.values()}.values():
+                    nodes[:] = [kept.get(node.name, node) for node in nodes]
+        super().set_nodes(old, new, remove_old)
+
+
+class StoreCluster(RedisCluster):
+    """``RedisCluster`` that sends a command again only where a node refused it (``REFUSALS``,
+    and the redirections), and lets ``max_connections`` commands be under way at once, the
+    others waiting up to ``wait`` seconds (then ``ConnectionError``, as ``StorePool``'s)."""
+
+    ERRORS_ALLOW_RETRY = REFUSALS  # type: ignore[assignment]  # fewer than redis-py's, on purpose
+
+    def __init__(self, *, max_connections: int, wait: float | None, **options: Any) -> None:
+        options.setdefault("cluster_error_retry_attempts", CLUSTER_RETRIES)
+        options.setdefault("connection_error_retry_attempts", CONNECT_RETRIES)
+        super().__init__(max_connections=max_connections, **options)
+        manager = self.nodes_manager
+        seeds = [_ours(node) for node in manager.startup_nodes.values()]
+        self.nodes_manager = StoreNodes(seeds, manager.require_full_coverage, manager.connection_kwargs,
+                                        address_remap=manager.address_remap, event_dispatcher=self._event_dispatcher)
+        self.patience = wait  # not ``wait``: that is the WAIT command's method
+        self._turns = asyncio.Semaphore(max_connections)
+
+    @contextlib.asynccontextmanager
+    async def turn(self) -> AsyncIterator[None]:
+        """Room for one command or pipeline; a call made while holding one (a pipeline's
+        redirected command) does not wait for another."""
+        if _holding.get():
+            yield
+            return
+        try:
+            async with asyncio.timeout(self.patience):
+                await self._turns.acquire()
+        except TimeoutError:
+            raise RedisConnectionError(f"No connection available within {self.patience:g} s.") from None
+        token = _holding.set(True)
+        try:
+            yield
+        finally:
+            _holding.reset(token)
+            self._turns.release()
+
+    async def aclose(self) -> None:
+        """Close every connection; but called by redis-py inside a command (after a connection
+        error or ``CLUSTERDOWN``), only rebuild the slot table before the next command."""
+        if _holding.get():
+            self._initialize = True
+            return
+        await super().aclose()
+
+    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        async with self.turn():
+            return await super().execute_command(*args, **kwargs)
+
+    def pipeline(self, transaction: Any | None = None, shard_hint: Any | None = None) -> StorePipeline:
+        if transaction or shard_hint:
+            raise RedisClusterException("a cluster pipeline is not a transaction (MULTI/EXEC)")
+        return StorePipeline(self)  # type: ignore[abstract]  # redis-py's stubs: connection_pool
+
+
+class StorePipeline(ClusterPipeline):
+    """A cluster pipeline sent once: redirected commands are sent again one by one (as
+    redis-py does), but after a connection error nothing is sent again (redis-py would resend
+    every command whose reply was falsy or an error)."""
+
+    ERRORS_ALLOW_RETRY = ()  # type: ignore[assignment]  # none, on purpose
+
+    def __init__(self, client: StoreCluster) -> None:
+        super().__init__(client)
+        self._store = client
+
+    async def execute(self, raise_on_error: bool = True, allow_redirections: bool = True) -> list[Any]:
+        async with self._store.turn():
+            return await super().execute(raise_on_error=raise_on_error, allow_redirections=allow_redirections)
+
+
+def sync_cluster(target: ClusterTarget, **options: Any) -> redis.cluster.RedisCluster:
+    """A synchronous cluster client (the heartbeat thread, the health check), with the same
+    rule: refusals are tried again, connection errors and timeouts are the caller's."""
+    nodes = [redis.cluster.ClusterNode(host, port) for host, port in target.nodes]
+    return _SyncCluster(startup_nodes=nodes, **{**target.options, **options})  # type: ignore[no-any-return]
+
+
+class _SyncCluster(redis.cluster.RedisCluster):
+    ERRORS_ALLOW_RETRY = REFUSALS  # type: ignore[assignment]  # fewer than redis-py's, on purpose

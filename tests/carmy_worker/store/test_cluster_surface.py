@@ -1,0 +1,66 @@
+"""redis-py's private cluster surface, pinned: ``store.cluster`` overrides redis-py's retry
+tuples, replaces its slot table's class and its nodes' methods, and ``store.shardpubsub`` opens
+connections the way a node does. A release that changed one of these would turn a rule off
+quietly (a write sent twice, a node refusing every command); this fails instead, naming it."""
+
+from __future__ import annotations
+
+import inspect
+
+from redis.asyncio.cluster import ClusterNode, ClusterPipeline, NodesManager, RedisCluster
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from carmy_worker.store.cluster import REFUSALS, StoreCluster, StoreNode, StoreNodes, StorePipeline, cluster_target
+
+# Statements of redis-py's source whose meaning our overrides rely on.
+STATEMENTS = {
+    # StoreCluster.ERRORS_ALLOW_RETRY decides what a command is sent again after.
+    RedisCluster.execute_command: ("if retry_attempts > 0 and type(e) in self.__class__.ERRORS_ALLOW_RETRY:",),
+    # StoreCluster.aclose, called here mid-command, only marks the table for rebuilding.
+    RedisCluster._execute_command: ("await self.aclose()", "return await target_node.execute_command(*args, **kwargs)"),
+    # StorePipeline.ERRORS_ALLOW_RETRY (none): a pipeline is not sent again.
+    ClusterPipeline.execute: ("if type(e) in self.__class__.ERRORS_ALLOW_RETRY:",
+                              "for _ in range(self._client.cluster_error_retry_attempts):"),
+    # StoreNode's methods are redis-py's, with the connection given back when sending fails.
+    ClusterNode.execute_command: ("connection = self.acquire_connection()",
+                                  "await connection.send_packed_command(connection.pack_command(*args), False)",
+                                  "self._free.append(connection)"),
+    ClusterNode.execute_pipeline: ("connection = self.acquire_connection()", "self._free.append(connection)"),
+    # StoreNodes.set_nodes keeps the nodes it knows when the table is rebuilt.
+    NodesManager.initialize: ("self.set_nodes(self.nodes_cache, tmp_nodes_cache, remove_old=True)",
+                              "self.slots_cache = tmp_slots"),
+}
+
+NODES_MANAGER_ATTRIBUTES = ("startup_nodes", "require_full_coverage", "connection_kwargs", "address_remap",
+                            "slots_cache", "nodes_cache")
+CLUSTER_NODE_ATTRIBUTES = ("_free", "_connections", "connection_class", "connection_kwargs", "name", "server_type")
+
+
+def test_the_statements_the_overrides_rely_on_are_in_redis_py_s_source() -> None:
+    missing = {f.__qualname__: [s for s in lines if s not in inspect.getsource(f)] for f, lines in STATEMENTS.items()}
+    assert {name: lines for name, lines in missing.items() if lines} == {}
+
+
+def test_the_overrides_change_only_what_they_mean_to() -> None:
+    # redis-py sends a command again after a connection error or a timeout: we do not.
+    assert RedisConnectionError in RedisCluster.ERRORS_ALLOW_RETRY and StoreCluster.ERRORS_ALLOW_RETRY == REFUSALS
+    assert RedisConnectionError in ClusterPipeline.ERRORS_ALLOW_RETRY and StorePipeline.ERRORS_ALLOW_RETRY == ()
+    assert list(inspect.signature(NodesManager.set_nodes).parameters) == ["self", "old", "new", "remove_old"]
+    # A node becomes a StoreNode by changing its class: possible only without a __dict__ of its own.
+    assert "__slots__" in vars(ClusterNode) and StoreNode.__slots__ == () and StoreNodes.__slots__ == ()
+
+
+def test_every_attribute_we_use_exists() -> None:
+    client = StoreCluster(startup_nodes=[ClusterNode("127.0.0.1", 1)], max_connections=2, wait=1.0)  # type: ignore[abstract]
+    manager = client.nodes_manager
+    assert isinstance(manager, StoreNodes)
+    assert [a for a in NODES_MANAGER_ATTRIBUTES if not hasattr(manager, a)] == []
+    node = next(iter(manager.startup_nodes.values()))
+    assert type(node) is StoreNode
+    assert [a for a in CLUSTER_NODE_ATTRIBUTES if not hasattr(node, a)] == []
+    assert client._initialize is True  # connects on first use
+
+
+def test_a_cluster_target_takes_no_option_the_client_would_refuse() -> None:
+    target = cluster_target("redis://:pw@h:1/0?socket_timeout=2&health_check_interval=5", ("h:7000",))
+    assert target.options == {"password": "pw", "socket_timeout": 2.0, "health_check_interval": 5}

@@ -1,0 +1,95 @@
+"""The connector's cluster client against a real cluster: scripts run on the shard of their
+keys, a burst larger than the connection bound waits its turn instead of failing, redirections
+during a migration never reach the caller, and a dead primary's slots answer again once its
+replica is promoted."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator
+
+import pytest
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisClusterException
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from bench.localcluster import LocalCluster
+from carmy_worker.store.cluster import StoreCluster
+from carmy_worker.store.connect import RedisConnector
+
+INCR_BOTH = "redis.call('INCR', KEYS[1]); return redis.call('INCR', KEYS[2])"
+
+
+@pytest.fixture
+async def cluster(redis_cluster: LocalCluster) -> AsyncIterator[StoreCluster]:
+    connector = RedisConnector("redis://localhost/0", tuple(redis_cluster.nodes.split(",")))
+    client = connector.cluster_client(max_connections=2, wait=10.0, socket_connect_timeout=1.0, socket_timeout=5.0)
+    yield client
+    await client.aclose()
+
+
+async def test_a_script_runs_on_the_shard_of_its_keys_which_must_share_a_slot(cluster: StoreCluster,
+                                                                            redis_cluster: LocalCluster) -> None:
+    sha = await cluster.script_load(INCR_BOTH)  # on every primary (redis-py's routing of SCRIPT LOAD)
+    for tag in ("a", "b", "c", "d"):
+        assert await cluster.evalsha(sha, 2, f"{{{tag}}}x", f"{{{tag}}}y") == 1
+    owners = {redis_cluster.owner(cluster.keyslot(f"{{{tag}}}x")).port for tag in ("a", "b", "c", "d")}
+    assert len(owners) > 1  # the four tags are spread: each script ran where its slot lives
+    with pytest.raises(RedisClusterException, match="same key slot"):
+        await cluster.eval(INCR_BOTH, 2, "{a}x", "{b}x")
+
+
+async def test_a_burst_past_the_connection_bound_waits_its_turn(cluster: StoreCluster) -> None:
+    await cluster.delete("{burst}n")
+    await asyncio.gather(*(cluster.incr("{burst}n") for _ in range(200)))
+    assert await cluster.get("{burst}n") == b"200"
+    node = cluster.get_node_from_key("{burst}n")
+    assert len(node._connections) <= 2
+
+
+async def test_a_pipeline_spans_shards_without_being_a_transaction(cluster: StoreCluster) -> None:
+    pipe = cluster.pipeline()
+    for tag in ("a", "b", "c"):
+        pipe.set(f"{{{tag}}}p", tag)
+    pipe.get("{a}p")
+    assert await pipe.execute() == [True, True, True, b"a"]
+    with pytest.raises(RedisClusterException, match="not a transaction"):
+        cluster.pipeline(transaction=True)
+
+
+@pytest.mark.slow
+async def test_slots_migrating_under_load_never_reach_the_caller(cluster: StoreCluster,
+                                                                 redis_cluster: LocalCluster) -> None:
+    source, target = redis_cluster.primaries()[:2]
+    await cluster.mset_nonatomic({f"load{i}": 0 for i in range(500)})
+    moving = threading.Thread(target=redis_cluster.migrate_slots, args=(300, source, target))
+    moving.start()
+    done = 0
+    while moving.is_alive() or done < 500:
+        await asyncio.gather(*(cluster.incr(f"load{(done + i) % 500}") for i in range(50)))
+        done += 50
+    moving.join()
+    counts = await cluster.mget_nonatomic([f"load{i}" for i in range(500)])
+    assert sum(int(c) for c in counts) == done
+
+
+@pytest.mark.slow
+async def test_a_dead_primary_s_keys_answer_again_once_its_replica_is_promoted(
+        cluster: StoreCluster, redis_cluster: LocalCluster) -> None:
+    victim = redis_cluster.primaries()[0]
+    key = next(f"dead{i}" for i in range(10_000) if redis_cluster.owner(cluster.keyslot(f"dead{i}")) is victim)
+    await cluster.set(key, "kept")
+    assert await cluster.wait(1, 2000, target_nodes=cluster.get_node_from_key(key)) == 1
+    errors: list[BaseException] = []
+    killing = asyncio.create_task(asyncio.to_thread(redis_cluster.kill_primary, 0))
+    while not killing.done():
+        try:
+            await cluster.get(key)
+        except (RedisConnectionError, RedisTimeoutError) as exc:  # the documented, retryable kinds
+            errors.append(exc)
+        await asyncio.sleep(0.05)
+    await killing
+    assert await cluster.get(key) == b"kept"  # on the promoted replica, found by the client
+    assert errors  # the window was seen, as connection errors only
+    await asyncio.to_thread(redis_cluster.restart, victim)
