@@ -75,7 +75,8 @@ class Calls:
         ``via``: the door it came in by (``http``, ``sse``, ``mcp``, ``webhook``), for the audit
         trail, where a retry answered with a finished execution's record has an entry too.
         """
-        exec_id = keys.new_execution_id()
+        # Where its request id's idempotency key lives, so that SUBMIT finds a replay in one slot.
+        exec_id = keys.new_execution_id(keys.request_partition(agent.principal, agent.session, request_id))
         with self._expect(exec_id, follow) as messages:
             sub = await self.executions.submit(
                 exec_id=exec_id, tool=tool, arguments=canonical_json_encoder.encode(arguments),

@@ -109,8 +109,8 @@ ARQ_PRIVATE_SURFACE: dict[str, tuple[str, ...]] = {
 }
 
 if (job_key_prefix, in_progress_key_prefix, retry_key_prefix) != (
-        jobs.JOB_KEY_PREFIX, jobs.IN_PROGRESS_KEY_PREFIX, jobs.RETRY_KEY_PREFIX):
-    raise ImportError("this arq writes jobs under other keys than carmy_worker.store.jobs: pin arq==0.28.*")
+        jobs.ARQ_JOB_KEY_PREFIX, jobs.ARQ_IN_PROGRESS_KEY_PREFIX, jobs.ARQ_RETRY_KEY_PREFIX):
+    raise ImportError("this arq names its jobs' keys otherwise than carmy_worker.store.jobs: pin arq==0.28.*")
 
 _encoder = msgspec.msgpack.Encoder(enc_hook=repr)  # arq may hand us exceptions to store
 _decoder = msgspec.msgpack.Decoder()
@@ -185,13 +185,13 @@ class _AnsweredPipeline:
         self._replies.append(reply)
 
     def get(self, key: str) -> None:
-        self._expect(key, jobs.job_key(self._lease.job_id), self._lease.job or None)
+        self._expect(key, jobs.ARQ_JOB_KEY_PREFIX + self._lease.job_id, self._lease.job or None)
 
     def incr(self, key: str) -> None:
-        self._expect(key, jobs.retry_key(self._lease.job_id), self._lease.runs)
+        self._expect(key, jobs.ARQ_RETRY_KEY_PREFIX + self._lease.job_id, self._lease.runs)
 
     def expire(self, key: str, seconds: int) -> None:
-        self._expect(f"{key} {seconds}", f"{jobs.retry_key(self._lease.job_id)} {_ARQ_RETRY_TTL_S}", True)
+        self._expect(f"{key} {seconds}", f"{jobs.ARQ_RETRY_KEY_PREFIX}{self._lease.job_id} {_ARQ_RETRY_TTL_S}", True)
 
     async def execute(self) -> list[Any]:
         return self._replies

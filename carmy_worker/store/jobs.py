@@ -11,17 +11,26 @@ from __future__ import annotations
 
 import msgspec
 
+from carmy_worker.store import keys
+
 FUNCTION = "carmy_execute"  # the arq function every job calls
-JOB_KEY_PREFIX = "arq:job:"  # arq.constants.job_key_prefix
-IN_PROGRESS_KEY_PREFIX = "arq:in-progress:"  # arq.constants.in_progress_key_prefix
-RETRY_KEY_PREFIX = "arq:retry:"  # arq.constants.retry_key_prefix: arq counts a job's runs here
+# arq's own names (arq.constants' prefixes): arq asks for them in run_job's first pipeline, which
+# runtime/queue.py answers from the lease, so they never reach Redis.
+ARQ_JOB_KEY_PREFIX = "arq:job:"
+ARQ_IN_PROGRESS_KEY_PREFIX = "arq:in-progress:"
+ARQ_RETRY_KEY_PREFIX = "arq:retry:"
+# Where the store keeps them: under the execution's partition (its hash tag), so that the
+# scripts that write a job and its execution touch one slot.
+JOB_KEY_PREFIX = keys.partition_prefix(0) + ARQ_JOB_KEY_PREFIX  # partition 0's (job_key: any)
+IN_PROGRESS_KEY_PREFIX = keys.partition_prefix(0) + ARQ_IN_PROGRESS_KEY_PREFIX
+RETRY_KEY_PREFIX = keys.partition_prefix(0) + ARQ_RETRY_KEY_PREFIX
 
 _encoder = msgspec.msgpack.Encoder()
 
 
 def queue_name(group: str) -> str:
     """The queue (a sorted set of job ids) of a group of workers serving the same catalog."""
-    return f"carmy:queue:{group}"
+    return f"{keys.partition_prefix(0)}queue:{group}"
 
 
 WAKE_SUFFIX = ":wake"
@@ -98,16 +107,16 @@ end
 
 
 def job_key(exec_id: str) -> str:
-    return JOB_KEY_PREFIX + exec_id
+    return f"{keys.partition_prefix(keys.partition_of(exec_id))}{ARQ_JOB_KEY_PREFIX}{exec_id}"
 
 
 def in_progress_key(exec_id: str) -> str:
     """A worker's lease on a job (arq's in-progress key)."""
-    return IN_PROGRESS_KEY_PREFIX + exec_id
+    return f"{keys.partition_prefix(keys.partition_of(exec_id))}{ARQ_IN_PROGRESS_KEY_PREFIX}{exec_id}"
 
 
 def retry_key(exec_id: str) -> str:
-    return RETRY_KEY_PREFIX + exec_id
+    return f"{keys.partition_prefix(keys.partition_of(exec_id))}{ARQ_RETRY_KEY_PREFIX}{exec_id}"
 
 
 def encode_job(payload: bytes, enqueue_ms: int) -> bytes:

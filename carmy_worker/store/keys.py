@@ -1,7 +1,17 @@
-"""Redis key and channel names, in one place.
+"""Redis key and channel names, in one place, and the partitions they are spread over.
 
 Nothing a request sends reaches a key name raw: identities are hashed, and execution ids are
 generated here (the API checks the format of any id a client sends back).
+
+**Partitions** (docs/architecture.md, section 3). Every key a script touches carries a Redis
+Cluster hash tag, ``{c:N}`` for partition N, so that each script's keys are in one slot. An
+execution's partition is a stable function of its id alone (``partition_of``: its last 16 bits,
+which are random, modulo the count), so any process finds it from the id; a request's
+idempotency key is placed by the hash of (principal, session, request id), and the API draws the
+new execution's id into that same partition (``new_execution_id(partition)``), so that SUBMIT
+finds a replay in one script. The count is ``CARMY_REDIS_PARTITIONS``, set once per process
+(``use_partitions``) before any key is named, and recorded in Redis (``PARTITIONS``: its own
+slot) so that processes configured with another count refuse to start (``store.partitions``).
 """
 
 from __future__ import annotations
@@ -15,32 +25,104 @@ import threading
 import msgspec
 
 PREFIX = "carmy:"
-PENDING = PREFIX + "pending"  # zset exec_id -> admission deadline (ms): queued or running
-QUEUED = PREFIX + "queued"  # zset exec_id -> start-by (ms): accepted and not yet started
-WORKERS = PREFIX + "workers"  # zset worker_id -> last heartbeat (ms)
-DRAINING = PREFIX + "draining"  # set of workers finishing their work before they stop
-WATCH = PREFIX + "watch"  # hash: when Redis was last seen in use, and since when without a gap
-CATALOG_CHANNEL = PREFIX + "catalog"  # a worker came or went
+# The partition count every process must agree on, written by the first one (store.partitions).
+PARTITIONS = PREFIX + "{meta}:partitions"
+
+
+class _Layout:
+    """The process's partition count and each partition's key prefix, ``carmy:{c:N}:``."""
+
+    __slots__ = ("count", "prefixes")
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self.prefixes = tuple(f"{PREFIX}{{c:{n}}}:" for n in range(count))
+
+
+_layout = _Layout(1)
+
+
+def use_partitions(count: int) -> None:
+    """Name every key of this process over ``count`` partitions (at start, before any key is
+    named: store.partitions checks it against the count recorded in Redis)."""
+    global _layout
+    if count < 1:
+        raise ValueError("at least one partition")
+    _layout = _Layout(count)
+
+
+def partition_count() -> int:
+    return _layout.count
+
+
+def partition_prefix(partition: int) -> str:
+    """``carmy:{c:N}:``, the prefix of every key of partition N (one hash slot)."""
+    return _layout.prefixes[partition]
+
+
+def partition_of(identifier: str) -> int:
+    """The partition of an execution or a job, from its id alone: the UUID's last 16 bits
+    (random) modulo the count. An empty id (a prefix asked for) is partition 0."""
+    count = _layout.count
+    if count == 1 or not identifier:
+        return 0
+    return int(identifier[-4:], 16) % count
+
+
+def _prefix_of(identifier: str) -> str:
+    return _layout.prefixes[partition_of(identifier)]
+
+
+def partition_of_digest(digest: str) -> int:
+    """The partition of a key named by a SHA-256 hex digest (idempotency): its first 32 bits."""
+    count = _layout.count
+    return 0 if count == 1 else int(digest[:8], 16) % count
+
+
+def partitions() -> range:
+    return range(_layout.count)
+
+
+# The keys below that are not functions of an id live in partition 0's slot, with the executions
+# of partition 0, so that each script's keys share one slot: every process runs one partition
+# (CARMY_REDIS_PARTITIONS=1) until the scripts that read them take a partition.
+_P0 = PREFIX + "{c:0}:"
+PENDING = _P0 + "pending"  # zset exec_id -> admission deadline (ms): queued or running
+QUEUED = _P0 + "queued"  # zset exec_id -> start-by (ms): accepted and not yet started
+WORKERS = _P0 + "workers"  # zset worker_id -> last heartbeat (ms)
+DRAINING = _P0 + "draining"  # set of workers finishing their work before they stop
+WATCH = _P0 + "watch"  # hash: when Redis was last seen in use, and since when without a gap
+CATALOG_CHANNEL = PREFIX + "catalog"  # a worker came or went (classic pub/sub: rare messages)
 CANCEL_CHANNEL = PREFIX + "cancel"  # exec_id of an execution to cancel, for every worker
 # The operator console's signing secret when CARMY_CONSOLE_SECRET is unset: the first API
 # replica to need one writes it, and every replica signs and checks sessions with it.
 CONSOLE_SECRET = PREFIX + "console:secret"
 # Stream of audit entries, one per finished execution (and per replay), oldest first (store/audit.py)
-AUDIT = PREFIX + "audit"
+AUDIT = _P0 + "audit"
 
 _JOB_ID = re.compile(r"job_[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}")
 _EXECUTION_ID = re.compile(r"exec_[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}")
 
 
-def new_execution_id() -> str:
+def new_execution_id(partition: int | None = None) -> str:
     """``exec_`` and a random (version 4) UUID, as ``uuid.uuid4()`` writes one: its 122 random
-    bits from the system's CSPRNG, read 4 KiB at a time rather than with a system call per id."""
-    return "exec_" + _uuid4()
+    bits from the system's CSPRNG, read 4 KiB at a time rather than with a system call per id.
+    With ``partition``, ids are drawn until one lands in it (``partition_of``): still a random
+    UUID4, and one draw in ``count`` on average lands."""
+    return "exec_" + _uuid4_in(partition)
 
 
-def new_job_id() -> str:
+def new_job_id(partition: int | None = None) -> str:
     """``job_`` and a random (version 4) UUID, as for an execution."""
-    return "job_" + _uuid4()
+    return "job_" + _uuid4_in(partition)
+
+
+def _uuid4_in(partition: int | None) -> str:
+    count = _layout.count
+    while True:
+        uuid = _uuid4()
+        if partition is None or count == 1 or int(uuid[-4:], 16) % count == partition:
+            return uuid
 
 
 def _uuid4() -> str:
@@ -92,15 +174,20 @@ def execution(exec_id: str) -> str:
     (Redis's clock, ms) it was accepted (``queued_at``), last claimed (``started_at``) and ended
     (``ended_at``); while it runs, its newest progress ``message`` and when it came (``message_at``);
     where its events go (``reply``, ``joined``, ``stream``: ``lua.EMIT``)."""
-    return f"{PREFIX}exe:{exec_id}"
+    return f"{_prefix_of(exec_id)}exe:{exec_id}"
 
 
-RECORD_PREFIX = PREFIX + "rec:"
+RECORD_PREFIX = _P0 + "rec:"  # the records of partition 0 (record_prefix: any)
+
+
+def record_prefix(partition: int) -> str:
+    """What a record's key is named by in ``partition``: the prefix, then the execution id."""
+    return _layout.prefixes[partition] + "rec:"
 
 
 def record(exec_id: str) -> str:
     """The final record, written once."""
-    return RECORD_PREFIX + exec_id
+    return f"{_prefix_of(exec_id)}rec:{exec_id}"
 
 
 def events(exec_id: str) -> str:
@@ -115,21 +202,21 @@ def api_channel(process_id: str) -> str:
 
 
 def worker(worker_id: str) -> str:
-    return f"{PREFIX}worker:{worker_id}"
+    return f"{_P0}worker:{worker_id}"
 
 
 def running(worker_id: str) -> str:
     """Set of executions a worker has claimed and not settled."""
-    return f"{PREFIX}running:{worker_id}"
+    return f"{_P0}running:{worker_id}"
 
 
 def leases(worker_id: str) -> str:
     """Hash of the jobs a worker has leased (job id -> lease token), claimed or not yet."""
-    return f"{PREFIX}leases:{worker_id}"
+    return f"{_P0}leases:{worker_id}"
 
 
 def lock(tool: str) -> str:
-    return f"{PREFIX}lock:{tool}"
+    return f"{_P0}lock:{tool}"
 
 
 def _digest(*parts: str | None) -> str:
@@ -138,7 +225,16 @@ def _digest(*parts: str | None) -> str:
 
 def idempotency(principal: str | None, session: str | None, request_id: str) -> str:
     """The key of an idempotency record: a hash of (principal, session, request_id)."""
-    return f"{PREFIX}idem:{_digest(principal, session, request_id)}"
+    digest = _digest(principal, session, request_id)
+    return f"{_layout.prefixes[partition_of_digest(digest)]}idem:{digest}"
+
+
+def request_partition(principal: str | None, session: str | None, request_id: str | None) -> int | None:
+    """The partition of a call's idempotency key (None without a request id: any partition),
+    which is where SUBMIT must create its execution (``new_execution_id``)."""
+    if request_id is None or _layout.count == 1:
+        return None if request_id is None else 0
+    return partition_of_digest(_digest(principal, session, request_id))
 
 
 @functools.lru_cache(maxsize=4096)  # a principal calls again and again: one digest, not one a call
@@ -150,12 +246,12 @@ def owner(principal: str | None) -> str:
 def quota_pending(owner: str) -> str:
     """Zset of one principal's pending executions (exec_id -> admission deadline, ms), by its
     ``owner`` hash: the part of ``PENDING`` its quota counts (store/quota.py)."""
-    return f"{PREFIX}quota:pending:{owner}"
+    return f"{_P0}quota:pending:{owner}"
 
 
 def quota_bucket(owner: str) -> str:
     """One principal's token bucket, by its ``owner`` hash: the µs instant it is full again."""
-    return f"{PREFIX}quota:bucket:{owner}"
+    return f"{_P0}quota:bucket:{owner}"
 
 
 def fingerprint(tool: str, canonical_arguments: bytes) -> str:
@@ -171,41 +267,40 @@ def mcp_call(principal: str | None, session: str | None, mcp_session: str, reque
 
 # --- jobs (store/jobstore.py) ----------------------------------------------------------------
 
-JOBS_SETTLED = PREFIX + "jobs:settled"  # zset exec_id -> ms: an execution of a job has its record
-JOBS_RUNNING = PREFIX + "jobs:running"  # zset exec_id -> ms: executions of jobs, from promotion to conclusion
-JOBS_ALL = PREFIX + "jobs:all"  # zset job_id -> created (µs): every job, for an operator's list
-JOBS_DEAD = PREFIX + "jobs:dead"  # zset job_id -> dead-lettered (ms)
-JOBS_EXPIRING = PREFIX + "jobs:expiring"  # zset "job_id owner" -> when its retention ends (ms)
-JOB_PREFIX = PREFIX + "job:"
+JOBS_SETTLED = _P0 + "jobs:settled"  # zset exec_id -> ms: an execution of a job has its record
+JOBS_RUNNING = _P0 + "jobs:running"  # zset exec_id -> ms: executions of jobs, from promotion to conclusion
+JOBS_ALL = _P0 + "jobs:all"  # zset job_id -> created (µs): every job, for an operator's list
+JOBS_DEAD = _P0 + "jobs:dead"  # zset job_id -> dead-lettered (ms)
+JOBS_EXPIRING = _P0 + "jobs:expiring"  # zset "job_id owner" -> when its retention ends (ms)
 # zset job_id -> when its callback's next delivery attempt is due (ms; store/callbacks.py)
-CALLBACKS_DUE = PREFIX + "callbacks:due"
+CALLBACKS_DUE = _P0 + "callbacks:due"
 
 
 def job(job_id: str) -> str:
     """Hash of one job: what it runs, for whom, its status, attempts and outcome (store.jobstore)."""
-    return JOB_PREFIX + job_id
+    return f"{_prefix_of(job_id)}job:{job_id}"
 
 
 def job_due(tool: str) -> str:
     """Zset of a tool's queued jobs (job_id -> when it is due, ms): what the workers serving the
     tool promote to executions once due."""
-    return f"{PREFIX}jobs:due:{tool}"
+    return f"{_P0}jobs:due:{tool}"
 
 
 def jobs_of(owner: str) -> str:
     """Zset of one principal's jobs (job_id -> created, µs), by its ``owner`` hash: its list."""
-    return f"{PREFIX}jobs:by:{owner}"
+    return f"{_P0}jobs:by:{owner}"
 
 
 def jobs_open(owner: str) -> str:
     """Zset of one principal's unfinished jobs (job_id -> created, µs): its limit counts them."""
-    return f"{PREFIX}jobs:open:{owner}"
+    return f"{_P0}jobs:open:{owner}"
 
 
 def job_idempotency(principal: str | None, session: str | None, request_id: str) -> str:
     """Which job a request id created: a hash of (principal, session, request_id), apart from
     the executions' (the same id may name a call and a job)."""
-    return f"{PREFIX}jobidem:{_digest(principal, session, request_id)}"
+    return f"{_P0}jobidem:{_digest(principal, session, request_id)}"
 
 
 # Who a schedule's jobs belong to: no principal's ``owner`` (a 32-hex digest) can be this, so no
@@ -216,10 +311,10 @@ SCHEDULES_OWNER = "schedules"
 def schedule_idempotency(request_id: str) -> str:
     """Which job one occurrence of a schedule queued (its request id names the schedule and the
     occurrence), apart from every caller's job request ids: no caller can take an occurrence's."""
-    return f"{PREFIX}jobidem:schedule:{_digest(request_id)}"
+    return f"{_P0}jobidem:schedule:{_digest(request_id)}"
 
 
 def schedule(name: str) -> str:
     """Hash of one recurring schedule's state: the occurrence it waits for, its last job, and
     how many occurrences it skipped."""
-    return f"{PREFIX}schedule:{name}"
+    return f"{_P0}schedule:{name}"

@@ -12,14 +12,16 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from carmy_worker.store.keys import JOBS_DEAD, PENDING, PREFIX, QUEUED
+from carmy_worker.store.keys import JOBS_DEAD, PENDING, QUEUED, partition_prefix
 from carmy_worker.wire import Record
 
-EXECUTIONS = PREFIX + "m:executions"
-HISTOGRAMS = {"run": PREFIX + "m:run", "queue_wait": PREFIX + "m:queue_wait", "job_lateness": PREFIX + "m:job_lateness"}
+# In partition 0's slot, with the executions whose scripts count them (keys.py: one partition).
+_P0 = partition_prefix(0)
+EXECUTIONS = _P0 + "m:executions"
+HISTOGRAMS = {"run": _P0 + "m:run", "queue_wait": _P0 + "m:queue_wait", "job_lateness": _P0 + "m:job_lateness"}
 # Jobs (store.jobstore): one field per tool and status, counting the jobs that reached the status
 # (queued counts creations and retries; `skipped` counts schedule occurrences missed past grace).
-JOBS = PREFIX + "m:jobs"
+JOBS = _P0 + "m:jobs"
 BUCKETS_MS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000)
 SEP = "\x1f"  # between label values in a field name: it cannot occur in a tool name
 

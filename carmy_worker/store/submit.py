@@ -139,7 +139,7 @@ class Submit:
             exec_id, keys.fingerprint(job.tool, job.arguments) if job.request_id is not None else "", arq_job,
             self.retention, max_pending, admission_ms,
             queue_wait_ms, 1 if workers_alive else 0, job.tool, owner, 1 if idempotent else 0,
-            keys.RECORD_PREFIX, jobs.wake_list(queue), reply, "1" if stream else "",
+            keys.record_prefix(keys.partition_of(exec_id)), jobs.wake_list(queue), reply, "1" if stream else "",
             quota.pending, quota.interval_us(), quota.tolerance_us(), "1" if memory is None or memory.room else "",
             job.request_id or "", job.principal or "", via, effect,
         ]

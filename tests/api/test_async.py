@@ -11,6 +11,7 @@ import pytest
 import redis
 
 from api.settings import ApiKey, ApiSettings
+from carmy_worker.store import jobs
 from tests.sse import parse
 from tests.support import Stack, app_settings, wait_until_async
 
@@ -146,7 +147,7 @@ async def test_delete_a_queued_execution(client: httpx.AsyncClient, stack: Stack
     assert (await client.delete(busy.headers["location"], headers=AS_ALICE)).status_code == 408
     # The worker is free again: it takes the queued job (arq's job key goes when it is done
     # with it), finds the execution settled and drops it without running the tool.
-    await wait_until_async(lambda: not sync_redis.exists(f"arq:job:{queued.json()['execution_id']}"),
+    await wait_until_async(lambda: not sync_redis.exists(jobs.job_key(queued.json()['execution_id'])),
                            what="the worker dropping the deleted job")
     assert not (stack.tmp / "linger-start-async-queued").exists()
 

@@ -12,6 +12,7 @@ import httpx
 import pytest
 import redis
 
+from carmy_worker.store import keys
 from tests.raw import authority, connect, read_whole_response, until_closed
 from tests.support import Proc, Stack, wait_until
 
@@ -48,12 +49,12 @@ def head(base: str, method: str, path: str, *framing: bytes) -> bytes:
 
 
 def executions(r: redis.Redis) -> set[bytes]:
-    return set(r.keys("carmy:exe:*"))
+    return set(r.keys("carmy:*:exe:*"))
 
 
 def assert_nothing_recorded(r: redis.Redis, before: set[bytes]) -> None:
     assert executions(r) == before  # no execution was created
-    assert r.zcard("carmy:pending") == 0  # and no admission slot is held
+    assert r.zcard(keys.PENDING) == 0  # and no admission slot is held
 
 
 def assert_refused_in_time(elapsed: float, received: bytes) -> None:

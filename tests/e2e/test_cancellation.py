@@ -14,6 +14,7 @@ import httpx
 import pytest
 import redis
 
+from carmy_worker.store import jobs, keys
 from tests.support import Stack, marked, wait_until
 
 
@@ -108,12 +109,12 @@ def test_abandoned_queued_execution_never_starts(base: str, stack: Stack, sync_r
         marked(stack.tmp / "linger-start-busy")
         with calling(base, queued):
             # Accepted: it waits in the queue of executions not yet started.
-            [exec_id] = wait_until(lambda: sync_redis.zrange("carmy:queued", 0, -1))
-        wait_until(lambda: sync_redis.exists(f"carmy:rec:{exec_id.decode()}"))  # settled, since its caller left
+            [exec_id] = wait_until(lambda: sync_redis.zrange(keys.QUEUED, 0, -1))
+        wait_until(lambda: sync_redis.exists(keys.record(exec_id.decode())))  # settled, since its caller left
         assert_cancelled_record(base, queued, started=False)
     # Its caller gone too, the busy execution is cancelled: the worker is free again. It takes
     # the queued job (arq's job key goes when it is done with it) and drops it without running it.
-    wait_until(lambda: not sync_redis.exists(f"arq:job:{exec_id.decode()}"))
+    wait_until(lambda: not sync_redis.exists(jobs.job_key(exec_id.decode())))
     assert not (stack.tmp / "linger-start-queued").exists()
     # The worker found the settled job and dropped it quietly.
     assert "Traceback" not in stack.procs[0].output()

@@ -11,6 +11,7 @@ import time
 import httpx
 import redis
 
+from carmy_worker.store import jobs, keys
 from tests.support import Call, Proc, Stack, wait_until
 
 
@@ -52,7 +53,7 @@ def test_kill9_mid_non_idempotent_tool_runs_it_once(fresh_stack: Stack, sync_red
     assert retry.content == r.content
     # The job went back to arq's queue and reached the new worker, which dropped it unrun.
     exec_id = body_json["execution_id"]
-    wait_until(lambda: not sync_redis.exists(f"arq:job:{exec_id}"))
+    wait_until(lambda: not sync_redis.exists(jobs.job_key(exec_id)))
     assert lines(stack, "tally-k9") == 1
 
 
@@ -84,7 +85,7 @@ def test_paused_worker_stops_its_tool_and_cannot_overwrite_an_idempotent_rerun(
     r, paused = settle_while_paused(fresh_stack, "tally_idem", "stop")
     assert r.status_code == 200
     assert r.json()["data"] == {"n": 2}  # the re-run on the other worker settled it
-    key = f"carmy:rec:{r.json()['execution_id']}"
+    key = keys.record(r.json()['execution_id'])
     before = sync_redis.get(key)
     paused.signal(signal.SIGCONT)
     # On waking it learns it lost the execution, and its tool never takes the step after its
@@ -98,7 +99,7 @@ def test_paused_worker_stops_its_tool_after_an_uncertain_verdict(fresh_stack: St
     r, paused = settle_while_paused(fresh_stack, "tally", "stop")
     assert r.status_code == 409
     assert r.json()["error"]["code"] == "EXECUTION_UNCERTAIN"
-    key = f"carmy:rec:{r.json()['execution_id']}"
+    key = keys.record(r.json()['execution_id'])
     before = sync_redis.get(key)
     paused.signal(signal.SIGCONT)
     wait_until(lambda: "outcome of attempt 1 is dropped" in paused.output())

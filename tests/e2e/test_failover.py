@@ -125,7 +125,7 @@ def test_with_wait_a_locked_tool_begins_only_once_a_replica_knows_it_began() -> 
         second = Call(base, {"tool": "exclusive_gate", "arguments": {"tag": "second"}})
         with group.primary.client() as primary:
             def waiting() -> bytes | None:
-                found = [k for k in primary.keys("carmy:exe:*")
+                found = [k for k in primary.keys("carmy:*:exe:*")
                          if primary.hget(k, "tool") == b"exclusive_gate" and primary.hget(k, "state") == b"running"
                          and not k.endswith(first_id.encode())]
                 return found[0] if found else None

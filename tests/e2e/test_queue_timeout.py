@@ -7,6 +7,7 @@ import time
 import httpx
 import redis
 
+from carmy_worker.store import jobs
 from tests.support import Call, Stack, marked, wait_until
 
 BUSY_SECONDS = 6  # how long the one slot is taken: far past the 1 s queue timeout and a janitor sweep
@@ -38,5 +39,5 @@ def test_call_queued_past_the_queue_timeout_times_out_and_never_runs(fresh_stack
     assert busy.result().status_code == 200
     # The worker is free now: it takes the late job (arq's job key goes when it is done with
     # it), finds the execution settled and drops it without running the tool.
-    wait_until(lambda: not sync_redis.exists(f"arq:job:{body['execution_id']}"))
+    wait_until(lambda: not sync_redis.exists(jobs.job_key(body['execution_id'])))
     assert not (stack.tmp / "linger-start-late").exists(), "a call answered as never started ran anyway"

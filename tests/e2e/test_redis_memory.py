@@ -80,7 +80,7 @@ def mcp_call(base: str, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
 
 
 def all_settled(client: redis.Redis) -> bool:
-    states = [client.hget(k, "state") for k in client.scan_iter("carmy:exe:*")]
+    states = [client.hget(k, "state") for k in client.scan_iter("carmy:*:exe:*")]
     return bool(states) and all(s == b"done" for s in states)
 
 
@@ -113,7 +113,7 @@ def test_results_filling_redis_get_store_full_and_calls_come_back_when_memory_fr
     assert httpx.get(base + "/ready").status_code == 503
 
     # The records expire (CARMY_RETENTION), and memory with them: admitted again, no restart.
-    client.delete(*client.keys("carmy:rec:*"))
+    client.delete(*client.keys("carmy:*:rec:*"))
     wait_until(lambda: ready(base)["checks"]["memory"]["ok"], what="/ready says memory is there again")
     assert ready(base)["ready"] is True
     assert metric(base, "carmy_redis_memory_full") == 0

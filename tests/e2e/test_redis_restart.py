@@ -66,7 +66,7 @@ def test_redis_restart(durable_stack: tuple[RedisServer, Stack]) -> None:
     client = server.client()
 
     def all_settled() -> bool:
-        states = [client.hget(k, "state") for k in client.scan_iter("carmy:exe:*")]
+        states = [client.hget(k, "state") for k in client.scan_iter("carmy:*:exe:*")]
         return bool(states) and all(s == b"done" for s in states)
 
     wait_until(all_settled)

@@ -72,9 +72,9 @@ def test_run_job_still_reads_the_job_with_the_pipeline_lease_answers() -> None:
 def test_the_job_layout_the_api_writes_is_the_one_arq_reads() -> None:
     assert queue.ARQ_PRIVATE_SURFACE["arq.constants"] == ("job_key_prefix", "in_progress_key_prefix",
                                                           "retry_key_prefix")
-    assert arq.constants.job_key_prefix == jobs.JOB_KEY_PREFIX
-    assert arq.constants.in_progress_key_prefix == jobs.IN_PROGRESS_KEY_PREFIX
-    assert arq.constants.retry_key_prefix == jobs.RETRY_KEY_PREFIX
+    assert arq.constants.job_key_prefix == jobs.ARQ_JOB_KEY_PREFIX
+    assert arq.constants.in_progress_key_prefix == jobs.ARQ_IN_PROGRESS_KEY_PREFIX
+    assert arq.constants.retry_key_prefix == jobs.ARQ_RETRY_KEY_PREFIX
     payload = msgpack_encoder.encode(ExecutionJob(execution_id="exec_1", tool="t", arguments=b"{}"))
     raw = jobs.encode_job(payload, 1_700_000_000_123)
     function, args, kwargs, job_try, enqueue_ms = arq.jobs.deserialize_job_raw(raw, deserializer=queue.deserialize)
@@ -87,11 +87,12 @@ async def test_a_pipeline_of_run_job_other_than_the_one_pinned_fails_loudly() ->
     arq did not ask for before is a change of arq, not something to answer wrongly."""
     lease = Lease("exec_1", 0, "w/t/exec_1", b"job", 1)
     pipe = queue._AnsweredPipeline(lease)
-    pipe.get(jobs.job_key("exec_1"))
-    pipe.incr(jobs.retry_key("exec_1"))
-    pipe.expire(jobs.retry_key("exec_1"), queue._ARQ_RETRY_TTL_S)
+    # arq asks by its own names, which never reach Redis (the store's are in the partition's slot).
+    pipe.get(jobs.ARQ_JOB_KEY_PREFIX + "exec_1")
+    pipe.incr(jobs.ARQ_RETRY_KEY_PREFIX + "exec_1")
+    pipe.expire(jobs.ARQ_RETRY_KEY_PREFIX + "exec_1", queue._ARQ_RETRY_TTL_S)
     assert await pipe.execute() == [b"job", 1, True]
-    for ask in (lambda: pipe.get(jobs.job_key("exec_2")), lambda: pipe.incr(jobs.job_key("exec_1")),
-                lambda: pipe.expire(jobs.retry_key("exec_1"), 60)):
+    for ask in (lambda: pipe.get(jobs.ARQ_JOB_KEY_PREFIX + "exec_2"), lambda: pipe.incr(jobs.job_key("exec_1")),
+                lambda: pipe.expire(jobs.ARQ_RETRY_KEY_PREFIX + "exec_1", 60)):
         with pytest.raises(RuntimeError, match="ARQ_PRIVATE_SURFACE"):
             ask()

@@ -62,6 +62,6 @@ def test_list_order_matters() -> None:
 @given(st.text(min_size=1, max_size=20), st.text(max_size=5), st.text(max_size=5))
 def test_identity_key_hides_its_parts_and_does_not_collide_on_separators(request_id: str, p: str, s: str) -> None:
     key = idempotency(p, s, request_id)
-    assert key.startswith("carmy:idem:") and len(key) == len("carmy:idem:") + 64
+    assert key.startswith("carmy:{c:0}:idem:") and len(key) == len("carmy:{c:0}:idem:") + 64
     assert idempotency(p + "x", s, request_id) != key
     assert idempotency(None, s, request_id) != idempotency("", s, request_id)

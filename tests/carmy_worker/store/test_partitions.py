@@ -1,0 +1,99 @@
+"""Partitions: an execution is found from its id alone, a replay in the partition of its request
+id, every key of an execution in one slot; and processes that disagree on the count refuse to
+start against a store that recorded another."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+import redis
+import redis.asyncio
+from redis.crc import key_slot
+
+from carmy_worker.settings import SettingsError
+from carmy_worker.store import jobs, keys, partitions
+from tests.support import RedisServer
+
+
+@pytest.fixture
+def sixteen() -> Iterator[None]:
+    keys.use_partitions(16)
+    try:
+        yield
+    finally:
+        keys.use_partitions(1)
+
+
+def slot(key: str) -> int:
+    return key_slot(key.encode())
+
+
+@pytest.mark.usefixtures("sixteen")
+def test_an_id_drawn_for_a_partition_lands_there_and_stays_a_random_uuid4() -> None:
+    for partition in range(16):
+        for _ in range(20):
+            exec_id = keys.new_execution_id(partition)
+            assert keys.is_execution_id(exec_id) and keys.partition_of(exec_id) == partition
+            parsed = uuid.UUID(exec_id.removeprefix("exec_"))
+            assert (parsed.version, parsed.variant) == (4, uuid.RFC_4122)
+        assert keys.partition_of(keys.new_job_id(partition)) == partition
+    drawn = {keys.partition_of(keys.new_execution_id()) for _ in range(2000)}
+    assert drawn == set(range(16))  # undirected ids spread over every partition
+
+
+@pytest.mark.usefixtures("sixteen")
+def test_every_key_of_an_execution_is_in_its_partitions_slot() -> None:
+    for partition in range(16):
+        exec_id = keys.new_execution_id(partition)
+        names = [keys.execution(exec_id), keys.record(exec_id), jobs.job_key(exec_id), jobs.in_progress_key(exec_id),
+                 jobs.retry_key(exec_id)]
+        assert all(f"{{c:{partition}}}" in name for name in names)
+        assert {slot(name) for name in names} == {slot(keys.partition_prefix(partition))}
+
+
+@pytest.mark.usefixtures("sixteen")
+def test_a_request_ids_key_and_its_execution_share_a_slot() -> None:
+    for n in range(200):
+        principal, session, request_id = f"p{n % 7}", None if n % 2 else "s", f"req-{n}"
+        partition = keys.request_partition(principal, session, request_id)
+        assert partition is not None
+        exec_id = keys.new_execution_id(partition)
+        assert slot(keys.idempotency(principal, session, request_id)) == slot(keys.execution(exec_id))
+    assert keys.request_partition("p", None, None) is None  # no request id: any partition
+    slots = {slot(keys.partition_prefix(p)) for p in range(16)}
+    assert len(slots) == 16  # sixteen slots, not one
+
+
+def test_one_partition_names_every_key_in_partition_zero() -> None:
+    exec_id = keys.new_execution_id(0)
+    assert keys.execution(exec_id) == f"carmy:{{c:0}}:exe:{exec_id}"
+    assert keys.request_partition("p", None, "r") == 0
+    assert keys.partition_of(exec_id) == 0
+
+
+def test_the_count_comes_from_the_setting_or_the_kind_of_redis() -> None:
+    assert partitions.from_env({}, cluster=False) == 1
+    assert partitions.from_env({}, cluster=True) == 16
+    assert partitions.from_env({"CARMY_REDIS_PARTITIONS": "4"}, cluster=True) == 4
+    for bad in ("0", "257", "x"):
+        with pytest.raises(SettingsError, match="CARMY_REDIS_PARTITIONS"):
+            partitions.from_env({"CARMY_REDIS_PARTITIONS": bad}, cluster=False)
+
+
+@pytest.fixture
+async def ar(sync_redis: redis.Redis, redis_server: RedisServer) -> AsyncIterator[redis.asyncio.Redis]:
+    sync_redis.flushall()
+    client = redis.asyncio.Redis.from_url(redis_server.url)
+    yield client
+    await client.aclose()
+    sync_redis.flushall()
+
+
+async def test_the_first_process_records_the_count_and_another_count_is_refused(ar: redis.asyncio.Redis) -> None:
+    await partitions.agree(ar, 4)
+    await partitions.agree(ar, 4)  # the same count: the next process starts
+    with pytest.raises(partitions.PartitionsDisagree, match="is 16 here but 4 in Redis"):
+        await partitions.agree(ar, 16)
+    assert await ar.get(keys.PARTITIONS) == b"4"
