@@ -37,6 +37,21 @@ What redis-py 5.3's ``redis.asyncio.cluster.RedisCluster`` does, and what we cha
   ``max_connections`` commands (or pipelines) be under way at once, the others waiting their
   turn up to ``wait`` seconds: a command uses one connection of one node, a pipeline one per
   node, so no node ever needs more, and a burst of calls queues instead of failing.
+* **arq's pool.** arq's ``create_pool`` makes an ``ArqRedis`` (a plain ``Redis``): it is not
+  cluster-aware, and arq's own claim (``WATCH``/``MULTI`` across a job's keys) and enqueue
+  would be ``CROSSSLOT`` or refused in a cluster. Carmy uses neither: LEASE, FINISH and SUBMIT
+  are the store's scripts. What arq still sends through the pool it is given
+  (``runtime/queue.py``, ``WakeableWorker``): ``run_job``'s first pipeline (``MULTI``, ``GET``
+  the job, ``INCR``/``EXPIRE`` its retry key: answered in memory from the lease, never sent;
+  it would fail here, a cluster pipeline being no transaction); ``SETEX`` of the retry key
+  only when a job's own try count is ahead of it (never: Carmy writes 1); once an hour
+  ``record_health``'s ``ZCARD`` of the queue and ``PSETEX`` of its health-check key;
+  at ``close``, ``DELETE`` of that key and ``close(close_connection_pool=True)``. The
+  single-key commands route by key on a ``StoreCluster``; only ``close`` needs an adapter
+  (``RedisCluster.close`` takes no argument): a ``StoreCluster`` subclass in ``queue.py``
+  with ``close(close_connection_pool=...)`` calling ``aclose`` is all arq's seam needs,
+  given to ``Worker(redis_pool=...)`` (typed ``ArqRedis`` by a cast). No cron jobs and no
+  aborts (``allow_abort_jobs`` off) means arq sends nothing else.
 * **Pub/sub**: the asyncio client has none (the synchronous one has ``ClusterPubSub``): see
   ``store.shardpubsub`` for sharded pub/sub. ``BLPOP`` and other blocking commands work
   (routed by key), but hold a connection of the node for their whole wait.
