@@ -32,7 +32,9 @@ def read_trail(client: redis.Redis) -> Trail:
 
 
 def _records(client: redis.Redis) -> Iterator[RecordSeen]:
-    names = list(client.scan_iter(match=keys.RECORD_PREFIX + "*", count=PAGE))
+    # Every partition's records (one partition on the single Redis or Sentinel group a run has).
+    names = [name for n in keys.partitions()
+             for name in client.scan_iter(match=keys.record_prefix(n) + "*", count=PAGE)]
     for i in range(0, len(names), PAGE):
         chunk = names[i:i + PAGE]
         values: Any = client.mget(chunk)
@@ -40,7 +42,7 @@ def _records(client: redis.Redis) -> Iterator[RecordSeen]:
             if raw is None:  # gone between the scan and the read: records are kept a day, so never
                 continue
             record = record_decoder.decode(raw)
-            yield RecordSeen(xid=_text(name).removeprefix(keys.RECORD_PREFIX), tool=record.tool,
+            yield RecordSeen(xid=_text(name).rpartition(":")[2], tool=record.tool,
                              status=record.status, error_code=record.error_code)
 
 
