@@ -26,27 +26,32 @@ def submit_key(page: Page, console: Console, key: str) -> None:
 
 
 # Installs a watch in the page: the wall-clock ms (Date.now()) at which an element matching a
-# selector first holds a text, as the page's own script put it there (a MutationObserver runs
-# as the DOM changes, before any paint, and whatever the test's process is doing meanwhile).
+# selector first holds a text (or, with no text, first appears that was not there before), as the
+# page's own script put it there (a MutationObserver runs as the DOM changes, before any paint,
+# and whatever the test's process is doing meanwhile).
 _WATCH = """([selector, text]) => {
   window.__carmySeen = null;
+  const before = new Set(document.querySelectorAll(selector));
   const look = () => {
     for (const node of document.querySelectorAll(selector)) {
-      if (node.textContent.includes(text)) { window.__carmySeen = Date.now(); observer.disconnect(); return; }
+      if (text === null ? !before.has(node) : node.textContent.includes(text)) {
+        window.__carmySeen = Date.now(); observer.disconnect(); return;
+      }
     }
   };
   const observer = new MutationObserver(look);
   observer.observe(document.body, {childList: true, subtree: true, characterData: true});
-  look();
+  if (text !== null) look();
 }"""
 
 
 class Sighting:
-    """When the page first showed a text in an element, by the page's clock (Date.now(), ms)."""
+    """When the page first showed a text in an element (or, ``text`` None, a new element), by
+    the page's clock (Date.now(), ms): install it before the action, ask ``at_ms`` after."""
 
-    def __init__(self, page: Page, selector: str, text: str) -> None:
+    def __init__(self, page: Page, selector: str, text: str | None = None) -> None:
         self.page = page
-        self.text = text
+        self.text = text or selector
         page.evaluate(_WATCH, [selector, text])
 
     def at_ms(self, timeout: float = 15.0) -> int:
