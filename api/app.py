@@ -8,6 +8,7 @@ import contextlib
 from collections.abc import AsyncIterator
 
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.routing import Route, request_response
@@ -37,7 +38,7 @@ from api.guards.headers import middleware
 from api.guards.oauth import ProtectedResources, TokenVerifier, key_source
 from api.mcp import MCP_PATH, McpServer
 from api.settings import ApiSettings
-from carmy_worker.store import keys
+from carmy_worker.store import keys, partitions
 from carmy_worker.store.connect import RedisConnector
 from carmy_worker.store.durable import Durability
 from carmy_worker.store.janitor import Janitor
@@ -70,6 +71,7 @@ def create_app(settings: ApiSettings | None = None) -> Starlette:
     ``app.router.lifespan_context(app)`` from the host's own lifespan (see the README).
     """
     settings = settings or ApiSettings.from_env()
+    keys.use_partitions(settings.redis_partitions)  # before any key is named
     connector = RedisConnector(settings.redis_url, settings.redis_cluster_nodes)
     redis = connect(settings, connector)
     catalog = Catalog(redis=redis, server_name=settings.server_name, dead_after=settings.dead_after,
@@ -103,6 +105,16 @@ def create_app(settings: ApiSettings | None = None) -> Starlette:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        # Another partition count than the store's would look for executions where they are not:
+        # refuse to start (PartitionsDisagree). A Redis not there yet does not hold start-up up.
+        try:
+            await asyncio.wait_for(partitions.agree(redis, settings.redis_partitions), 2.0)
+        except partitions.PartitionsDisagree:
+            await listener.aclose()
+            await redis.aclose(close_connection_pool=True)
+            raise
+        except (RedisError, OSError, TimeoutError):
+            pass
         await hub.start()
         tasks = [asyncio.create_task(catalog.run()), asyncio.create_task(janitor.run()),
                  asyncio.create_task(memory.run())]

@@ -80,6 +80,20 @@ def env_cluster_nodes(env: Mapping[str, str]) -> tuple[str, ...]:
     return nodes
 
 
+# How many partitions this release's scripts run over (store/partitions.py): one, until every
+# script takes its partition (issue 34); a cluster then defaults to 16.
+SUPPORTED_PARTITIONS = 1
+
+
+def env_partitions(env: Mapping[str, str]) -> int:
+    """``CARMY_REDIS_PARTITIONS``: how many partitions the store's keys are spread over (1)."""
+    count = env_int(env, "CARMY_REDIS_PARTITIONS", 1)
+    if count > SUPPORTED_PARTITIONS:
+        raise SettingsError(f"CARMY_REDIS_PARTITIONS must be at most {SUPPORTED_PARTITIONS} in this release, "
+                            f"got {count}: every script still keeps its keys in partition 0's slot")
+    return count
+
+
 class TracingSettings(Struct, frozen=True):
     """``CARMY_TRACING``: where spans go (``carmy_worker.tracing``). Nowhere (``off``, the
     default), over OTLP/HTTP (``otlp``: the exporter reads the standard ``OTEL_EXPORTER_OTLP_*``
@@ -168,6 +182,7 @@ class WorkerSettings(Struct, frozen=True, kw_only=True):
 
     redis_url: str = DEFAULT_REDIS_URL
     redis_cluster_nodes: tuple[str, ...] = ()  # a Redis Cluster's seeds; () : redis_url names the server
+    redis_partitions: int = 1  # partitions of the store's keys, the same in every process (store/partitions.py)
     concurrency: int = 16  # executions at once in this process
     default_timeout: float = 30.0  # seconds, for tools that set none
     retention: int = 86400  # seconds final records are kept
@@ -194,6 +209,7 @@ class WorkerSettings(Struct, frozen=True, kw_only=True):
         return cls(
             redis_url=env.get("CARMY_REDIS_URL") or DEFAULT_REDIS_URL,
             redis_cluster_nodes=env_cluster_nodes(env),
+            redis_partitions=env_partitions(env),
             concurrency=env_int(env, "CARMY_CONCURRENCY", 16),
             default_timeout=env_float(env, "CARMY_DEFAULT_TIMEOUT", 30.0),
             retention=env_int(env, "CARMY_RETENTION", 86400),

@@ -26,6 +26,7 @@ from carmy_worker.settings import (
     env_cluster_nodes,
     env_float,
     env_int,
+    env_partitions,
     env_tracing,
     notify_from_env,
 )
@@ -62,6 +63,7 @@ class ApiSettings(Struct, frozen=True, kw_only=True):
 
     redis_url: str = DEFAULT_REDIS_URL
     redis_cluster_nodes: tuple[str, ...] = ()  # a Redis Cluster's seeds; () : redis_url names the server
+    redis_partitions: int = 1  # partitions of the store's keys, the same in every process (store/partitions.py)
     host: str = "127.0.0.1"
     port: int = 8000
     server_name: str = "carmy"
@@ -129,6 +131,7 @@ class ApiSettings(Struct, frozen=True, kw_only=True):
         settings = cls(
             redis_url=env.get("CARMY_REDIS_URL") or DEFAULT_REDIS_URL,
             redis_cluster_nodes=env_cluster_nodes(env),
+            redis_partitions=env_partitions(env),
             host=env.get("CARMY_HOST") or "127.0.0.1",
             port=env_int(env, "CARMY_PORT", 8000, minimum=0),
             server_name=env.get("CARMY_SERVER_NAME") or "carmy",

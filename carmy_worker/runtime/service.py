@@ -21,7 +21,7 @@ from carmy_worker.runtime.runner import Runtime
 from carmy_worker.sdk import lifecycle
 from carmy_worker.sdk.toolbox import Tool
 from carmy_worker.settings import WorkerSettings
-from carmy_worker.store import jobs, keys, version
+from carmy_worker.store import jobs, keys, partitions, version
 from carmy_worker.store.connect import RedisConnector
 from carmy_worker.store.durable import Durability
 from carmy_worker.store.janitor import Janitor
@@ -48,6 +48,7 @@ async def serve(tools: list[Tool], settings: WorkerSettings, connector: RedisCon
     ``schedules``: the recurring jobs this worker fires (with every other worker that declares
     them: each occurrence is fired once)."""
     connector = connector or RedisConnector(settings.redis_url, settings.redis_cluster_nodes)
+    keys.use_partitions(settings.redis_partitions)  # before any key is named
     redis = queue.connect(connector)
     described = describe(tools, settings)
     info = WorkerInfo(
@@ -64,6 +65,7 @@ async def serve(tools: list[Tool], settings: WorkerSettings, connector: RedisCon
                       audit=settings.audit)
     runtime.before_step = presence.ensure_fresh
     await version.require(redis)  # before anything runs a script it could not compile
+    await partitions.agree(redis, settings.redis_partitions)  # nor looks for executions where they are not
     await presence.register()
     jobs_loop = JobLoop(redis, tools=described, queue=jobs.queue_name(info.group), settings=settings,
                         schedules=info.schedules, durability=durability)

@@ -11,34 +11,14 @@ nothing rehashes a live store.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from redis.asyncio import Redis
 
-from carmy_worker.settings import SettingsError, env_int
+from carmy_worker.settings import SettingsError
 from carmy_worker.store import keys
-
-# A single Redis (or Sentinel's primary) runs every script on one core whatever the count: one
-# partition keeps its keys as few as they can be. A cluster spreads them: 16 partitions over
-# three primaries put five or six on each, and leave room for six or eight primaries.
-SINGLE_DEFAULT = 1
-CLUSTER_DEFAULT = 16
-# Every partition is served by every worker (a connection per partition blocked on its wake
-# lists): the bound keeps that, and the cross-partition reads, small.
-MAXIMUM = 256
 
 
 class PartitionsDisagree(SettingsError):
     """This process's ``CARMY_REDIS_PARTITIONS`` is not the count recorded in Redis."""
-
-
-def from_env(env: Mapping[str, str], *, cluster: bool) -> int:
-    """``CARMY_REDIS_PARTITIONS``: 1 on a single Redis, 16 on a cluster unless set."""
-    default = CLUSTER_DEFAULT if cluster else SINGLE_DEFAULT
-    count = env_int(env, "CARMY_REDIS_PARTITIONS", default)
-    if not 1 <= count <= MAXIMUM:
-        raise SettingsError(f"CARMY_REDIS_PARTITIONS must be between 1 and {MAXIMUM}, got {count}")
-    return count
 
 
 def message(mine: int, recorded: int) -> str:

@@ -12,9 +12,11 @@ import redis
 import redis.asyncio
 from redis.crc import key_slot
 
-from carmy_worker.settings import SettingsError
+from api.app import create_app
+from api.settings import ApiSettings
+from carmy_worker.settings import SettingsError, WorkerSettings
 from carmy_worker.store import jobs, keys, partitions
-from tests.support import RedisServer
+from tests.support import RedisServer, app_settings
 
 
 @pytest.fixture
@@ -73,13 +75,12 @@ def test_one_partition_names_every_key_in_partition_zero() -> None:
     assert keys.partition_of(exec_id) == 0
 
 
-def test_the_count_comes_from_the_setting_or_the_kind_of_redis() -> None:
-    assert partitions.from_env({}, cluster=False) == 1
-    assert partitions.from_env({}, cluster=True) == 16
-    assert partitions.from_env({"CARMY_REDIS_PARTITIONS": "4"}, cluster=True) == 4
-    for bad in ("0", "257", "x"):
+def test_the_setting_is_one_partition_until_every_script_takes_its_own() -> None:
+    assert WorkerSettings.from_env({}).redis_partitions == ApiSettings.from_env({}).redis_partitions == 1
+    assert ApiSettings.from_env({"CARMY_REDIS_PARTITIONS": "1"}).redis_partitions == 1
+    for bad in ("0", "16", "x"):
         with pytest.raises(SettingsError, match="CARMY_REDIS_PARTITIONS"):
-            partitions.from_env({"CARMY_REDIS_PARTITIONS": bad}, cluster=False)
+            WorkerSettings.from_env({"CARMY_REDIS_PARTITIONS": bad})
 
 
 @pytest.fixture
@@ -97,3 +98,12 @@ async def test_the_first_process_records_the_count_and_another_count_is_refused(
     with pytest.raises(partitions.PartitionsDisagree, match="is 16 here but 4 in Redis"):
         await partitions.agree(ar, 16)
     assert await ar.get(keys.PARTITIONS) == b"4"
+
+
+async def test_an_api_configured_with_another_count_does_not_start(ar: redis.asyncio.Redis,
+                                                                   redis_server: RedisServer) -> None:
+    await partitions.agree(ar, 4)  # as a deployment of four partitions would have recorded it
+    app = create_app(app_settings(redis_server.url))
+    with pytest.raises(partitions.PartitionsDisagree, match="is 1 here but 4 in Redis"):
+        async with app.router.lifespan_context(app):
+            pass

@@ -1,0 +1,43 @@
+"""A pytest plugin (``-p tests.slotrecorder``) that names every key over ``CARMY_SLOT_PARTITIONS``
+partitions and records, for each script the store runs, the hash slots of the keys each call
+declared (``Script.command``: every way a script goes out builds its command there), as JSON in
+``CARMY_SLOT_REPORT`` at the end of the session. ``tests/carmy_worker/store/test_slots.py``
+runs the store's script tests under it: a script whose call spans two slots would be refused by
+a Redis Cluster (CROSSSLOT)."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import pytest
+from redis.crc import key_slot
+
+from carmy_worker.store import keys
+from carmy_worker.store.scripts import Script
+
+_seen: dict[str, list[list[int]]] = {}
+
+
+def _recording(command: Any) -> Any:
+    def record(self: Script, redis_keys: list[Any], args: list[Any]) -> tuple[Any, ...]:
+        slots = sorted({key_slot(k if isinstance(k, bytes) else str(k).encode()) for k in redis_keys})
+        calls = _seen.setdefault(self.name, [])
+        if slots not in calls:
+            calls.append(slots)
+        return command(self, redis_keys, args)  # type: ignore[no-any-return]
+    return record
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if os.environ.get("CARMY_SLOT_REPORT"):
+        keys.use_partitions(int(os.environ.get("CARMY_SLOT_PARTITIONS", "16")))
+        Script.command = _recording(Script.command)  # type: ignore[method-assign]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    report = os.environ.get("CARMY_SLOT_REPORT")
+    if report:
+        with open(report, "w") as out:
+            json.dump(_seen, out)
