@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from bench import curves as cost_curves
 from bench.console import ConsoleResult
 from bench.inflight import InflightResult
 from bench.jobs import DueResult, MemoryResult
@@ -55,6 +56,7 @@ class Report:
     jobs_due: DueResult | None = None
     jobs_memory: MemoryResult | None = None
     console: ConsoleResult | None = None
+    curves: list[cost_curves.Curve] = field(default_factory=list)  # issue 35's cost curves
     problems: list[str] = field(default_factory=list)
     log_errors: list[str] = field(default_factory=list)  # reported, but not a failure of the run
 
@@ -64,7 +66,7 @@ class Report:
     def render(self) -> str:
         parts = [self.header_lines(), self.table(), self.ratios(), self.cpu_per_call(), self.scale_table(),
                  self.inflight_lines(), self.jobs_due_lines(), self.jobs_memory_lines(), self.console_lines(),
-                 self.targets(),
+                 cost_curves.render_all(self.curves), self.targets(),
                  self.log_error_lines(), self.problem_lines()]
         return "\n\n".join(part for part in parts if part) + "\n"
 
