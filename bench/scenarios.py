@@ -9,7 +9,7 @@ from pathlib import Path
 
 import httpx
 
-from bench import console, inflight, jobs, latency, redis_floor, wrk
+from bench import console, cost_rows, inflight, jobs, latency, redis_floor, wrk
 from bench.processes import RedisServer
 from bench.procs import CpuMeter, Processes
 from bench.report import Report, Row, ScalePoint
@@ -262,4 +262,6 @@ def console_pages(b: Bench) -> None:
     b.redis.flush()
 
 
-ALL = (carmy, traced, bare, arq_textbook, floor, scale_out, in_flight, jobs_due, jobs_memory, console_pages)
+ALL = (carmy, traced, bare, arq_textbook, floor, scale_out, in_flight, jobs_due, jobs_memory, console_pages,
+       cost_rows.cost_payload, cost_rows.cost_progress, cost_rows.cost_catalog, cost_rows.cost_idle,
+       cost_rows.cost_waiting)

@@ -92,3 +92,32 @@ async def ledger(ctx: Context, input: LedgerInput) -> LedgerEntry:
         f.write(f"{input.request} {ctx.execution_id}\n")
     await asyncio.sleep(0.02)
     return LedgerEntry(request=input.request, execution_id=ctx.execution_id)
+
+
+class EchoInput(msgspec.Struct):
+    data: str
+
+
+@tools.tool(effect="none", idempotent=True, parallel_safe=True)
+async def echo(ctx: Context, input: EchoInput) -> EchoInput:
+    """Return the arguments: the cost curve of arguments and results by size (bench/sizes.py)."""
+    return input
+
+
+class EmitInput(msgspec.Struct):
+    events: int
+
+
+@tools.tool(effect="none", idempotent=True, parallel_safe=True, timeout=60)
+async def emit(ctx: Context, input: EmitInput) -> Empty:
+    """Report progress ``events`` times, then end: the cost curve of progress events per execution."""
+    for i in range(input.events):
+        ctx.progress(i + 1, input.events)
+    return Empty()
+
+
+@tools.tool(effect="none", idempotent=True, parallel_safe=True, timeout=900)
+async def idle(ctx: Context) -> Empty:
+    """Sleep until cancelled (up to 15 min): keeps an SSE stream open and quiet."""
+    await asyncio.sleep(890)
+    return Empty()
