@@ -80,7 +80,7 @@ class Calls:
         with self._expect(exec_id, follow) as messages:
             sub = await self.executions.submit(
                 exec_id=exec_id, tool=tool, arguments=canonical_json_encoder.encode(arguments),
-                request_id=request_id, agent=agent, reply=self.hub.channel, stream=follow and stream,
+                request_id=request_id, agent=agent, reply=self.hub.channel_for(exec_id), stream=follow and stream,
                 traceparent=traceparent, via=via)
             if sub.kind == "store_full":
                 raise Rejected(store_full())
@@ -101,7 +101,7 @@ class Calls:
     async def follow(self, exec_id: str, tool: str, *, stream: bool) -> tuple[str, Record | None]:
         """Have ``exec_id``'s events sent to this process too (expect them first): its state
         (queued, running or done) and its record once done."""
-        joined = await self.executions.join(exec_id, tool, channel=self.hub.channel, stream=stream)
+        joined = await self.executions.join(exec_id, tool, channel=self.hub.channel_for(exec_id), stream=stream)
         return joined.state, joined.record
 
     def _expect(self, exec_id: str, follow: bool) -> contextlib.AbstractContextManager[Mailbox | None]:

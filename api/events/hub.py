@@ -1,8 +1,10 @@
 """One shared pub/sub connection per API process, fanned out to the requests that wait.
 
-The process subscribes once, at start, to a channel of its own (``keys.api_channel``). A request
-registers the execution it waits for (``expect``) before it submits it, naming that channel as
-where the execution's events go (SUBMIT's ``reply``, or JOIN's for a call that follows an
+The process subscribes once, at start, to channels of its own (``keys.api_channel``), one per
+partition of the store, sharded (``SSUBSCRIBE``): a script publishes in its own slot, so on a
+cluster a message stays on its shard. A request registers the execution it waits for
+(``expect``) before it submits it, naming its partition's channel (``channel_for``) as where
+the execution's events go (SUBMIT's ``reply``, or JOIN's for a call that follows an
 execution already running): every message there carries its execution's id, and the hub hands
 it to the mailboxes expecting that id. No per-execution SUBSCRIBE, no round trip to wait for.
 
@@ -38,9 +40,13 @@ class HubUnavailable(Exception):
 class EventHub:
     def __init__(self, redis: Redis, *, on_broadcast: dict[str, Callable[[bytes], None]] | None = None) -> None:
         self._redis = redis
-        # This process's channel, and whether Redis confirmed the subscription to it on the
-        # current connection: until then an event published there could be lost unnoticed.
-        self.channel = keys.api_channel(uuid.uuid4().hex)
+        # This process's channels, one per partition, and whether Redis confirmed the
+        # subscription to every one on the current connection: until then an event published
+        # there could be lost unnoticed.
+        process = uuid.uuid4().hex
+        self.channels = tuple(keys.api_channel(process, p) for p in keys.partitions())
+        self._names = {channel.encode(): channel for channel in self.channels}
+        self._unconfirmed = set(self.channels)
         self._confirmed = asyncio.Event()
         self._resync_due = False  # a reconnection: re-read once the process channel is confirmed
         self._expected: dict[str, set[Mailbox]] = {}
@@ -71,6 +77,10 @@ class EventHub:
         """
         return Expectation(self, exec_id)
 
+    def channel_for(self, exec_id: str) -> str:
+        """Where ``exec_id``'s events reach this process: the channel of its partition."""
+        return self.channels[keys.partition_of(exec_id)]
+
     def _register(self, exec_id: str) -> Mailbox:
         if not self._confirmed.is_set():
             raise HubUnavailable("not connected")
@@ -86,8 +96,8 @@ class EventHub:
                 del self._expected[exec_id]
 
     async def _read_forever(self) -> None:
-        await listen_forever(self._redis, lambda: [self.channel, *self._broadcast], self._dispatch,
-                             name="event hub", on_connect=self._connected, on_drop=self._dropped)
+        await listen_forever(self._redis, lambda: list(self._broadcast), self._dispatch, name="event hub",
+                             on_connect=self._connected, on_drop=self._dropped, sharded=lambda: self.channels)
 
     def _connected(self, _pubsub: PubSub, after_drop: bool) -> None:
         # Subscribed, not yet confirmed: the waiters re-read once Redis confirms (_dispatch),
@@ -96,6 +106,7 @@ class EventHub:
 
     def _dropped(self) -> None:
         self._confirmed.clear()
+        self._unconfirmed = set(self.channels)
         self._resync()  # whatever was in flight may be lost
 
     def _resync(self) -> None:
@@ -104,16 +115,20 @@ class EventHub:
                 queue.put_nowait(RESYNC)
 
     def _dispatch(self, message: Message) -> None:
-        kind, channel = message["type"], message["channel"].decode()
-        if kind == "message" and channel == self.channel:
+        kind, raw = message["type"], message["channel"]
+        own = self._names.get(raw)
+        if kind == "message" and own is not None:
             exec_id, _, event = message["data"].partition(b" ")
             for queue in self._expected.get(exec_id.decode(), ()):
                 queue.put_nowait(event)
         elif kind == "message":
-            handler = self._broadcast.get(channel)
+            handler = self._broadcast.get(raw.decode())
             if handler is not None:
                 handler(message["data"])
-        elif kind == "subscribe" and channel == self.channel:
+        elif kind == "subscribe" and own is not None:
+            self._unconfirmed.discard(own)
+            if self._unconfirmed:
+                return
             self._confirmed.set()
             if self._resync_due:  # events published before this confirmation were lost
                 self._resync_due = False

@@ -33,13 +33,15 @@ log = logging.getLogger("carmy.worker")
 
 
 async def listen_for_cancels(redis: Redis, runtime: Runtime) -> None:
-    """Every worker hears every cancellation; the one running the execution acts on it."""
+    """Every worker hears every cancellation, on every partition's channel (sharded); the one
+    running the execution acts on it."""
 
     def on_message(message: Message) -> None:
         if message["type"] == "message":
             runtime.cancel(message["data"].decode())
 
-    await listen_forever(redis, lambda: [keys.CANCEL_CHANNEL], on_message, name="cancel channel", max_backoff=0.5)
+    channels = [keys.cancel_channel(p) for p in keys.partitions()]
+    await listen_forever(redis, tuple, on_message, name="cancel channel", max_backoff=0.5, sharded=lambda: channels)
 
 
 async def serve(tools: list[Tool], settings: WorkerSettings, connector: RedisConnector | None = None,

@@ -93,7 +93,6 @@ WORKERS = _P0 + "workers"  # zset worker_id -> last heartbeat (ms)
 DRAINING = _P0 + "draining"  # set of workers finishing their work before they stop
 WATCH = _P0 + "watch"  # hash: when Redis was last seen in use, and since when without a gap
 CATALOG_CHANNEL = PREFIX + "catalog"  # a worker came or went (classic pub/sub: rare messages)
-CANCEL_CHANNEL = PREFIX + "cancel"  # exec_id of an execution to cancel, for every worker
 # The operator console's signing secret when CARMY_CONSOLE_SECRET is unset: the first API
 # replica to need one writes it, and every replica signs and checks sessions with it.
 CONSOLE_SECRET = PREFIX + "console:secret"
@@ -195,10 +194,17 @@ def events(exec_id: str) -> str:
     return f"{PREFIX}ev:{exec_id}"
 
 
-def api_channel(process_id: str) -> str:
-    """The pub/sub channel of one API process: the events of every execution it follows, each
-    message the execution id, a space, and the event (``lua.EMIT``)."""
-    return f"{PREFIX}api:{process_id}"
+def api_channel(process_id: str, partition: int = 0) -> str:
+    """The sharded channel (``SPUBLISH``, in the partition's slot) of one API process for the
+    executions of ``partition``: the events of every one it follows, each message the execution
+    id, a space, and the event (``lua.EMIT``). A process subscribes to every partition's."""
+    return f"{_layout.prefixes[partition]}api:{process_id}"
+
+
+def cancel_channel(partition: int) -> str:
+    """The sharded channel of the cancellations of ``partition``'s executions (their ids), which
+    every worker subscribes to, for every partition."""
+    return f"{_layout.prefixes[partition]}cancel"
 
 
 def worker(worker_id: str) -> str:

@@ -29,9 +29,11 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 """
 
 # Publishes one of an execution's events to whoever follows it; every script that publishes an
-# event goes through it. SUBMIT records in the execution's hash where its events go: `reply`, the
-# channel of the API process that holds the caller, and `stream` ('1' when someone relays every
-# event); JOIN (store/follow.py) adds the channels of later followers to `joined` (space
+# event goes through it. The API processes' channels are sharded (SPUBLISH): each is named in the
+# execution's partition (keys.api_channel), so a message stays on the shard of the script's slot
+# instead of being broadcast to every node of a cluster. SUBMIT records in the execution's hash
+# where its events go: `reply`, the channel of the API process that holds the caller, and `stream`
+# ('1' when someone relays every event); JOIN (store/follow.py) adds the channels of later followers to `joined` (space
 # separated). On those channels a message is the execution id, a space, then the event, so that
 # one subscription per API process serves all its executions. A caller that only wants the answer
 # (JSON) gets only the `final` event: `tool.started`/`progress`/`completed` are not published at
@@ -46,10 +48,10 @@ local function emit_to(f, exec_id, channel, event, final)
   if not f[1] then redis.call('PUBLISH', channel, event) end
   if not final and f[3] ~= '1' then return end
   local message = exec_id .. ' ' .. event
-  if f[1] then redis.call('PUBLISH', f[1], message) end
+  if f[1] then redis.call('SPUBLISH', f[1], message) end
   if f[2] then
     for follower in string.gmatch(f[2], '%S+') do
-      if follower ~= f[1] then redis.call('PUBLISH', follower, message) end
+      if follower ~= f[1] then redis.call('SPUBLISH', follower, message) end
     end
   end
 end

@@ -1,5 +1,7 @@
 """A pub/sub subscription that outlives its connection: the one reconnect loop of the project
-(the API's event hub, the workers' cancel channel)."""
+(the API's event hub, the workers' cancel channels) on one Redis. Plain channels (``SUBSCRIBE``)
+and sharded ones (``SSUBSCRIBE``, Redis 7: the per-partition channels the scripts ``SPUBLISH``
+to) share its one connection; a cluster's sharded channels are ``store.shardpubsub``'s."""
 
 from __future__ import annotations
 
@@ -20,13 +22,17 @@ log = logging.getLogger("carmy.pubsub")
 Message = dict[str, Any]
 
 
+# A sharded subscription's replies, named as the plain ones are, so that one handler serves both.
+SHARDED_KINDS = {b"smessage": "message", b"ssubscribe": "subscribe", b"sunsubscribe": "unsubscribe"}
+
+
 def _message(reply: list[Any]) -> Message:
     """A reply on a subscribed connection as redis-py's ``PubSub.get_message`` gives it: a
     ``message`` (channel, data) or a confirmation of ``subscribe``/``unsubscribe`` (channel,
-    count). No patterns are subscribed: a ``pmessage`` never comes."""
+    count), sharded or not. No patterns are subscribed: a ``pmessage`` never comes."""
     kind = reply[0]
-    return {"type": kind.decode() if isinstance(kind, bytes) else kind, "pattern": None,
-            "channel": reply[1], "data": reply[2]}
+    named = SHARDED_KINDS.get(kind) or (kind.decode() if isinstance(kind, bytes) else kind)
+    return {"type": named, "pattern": None, "channel": reply[1], "data": reply[2]}
 
 
 def stop_if_cancelled() -> None:
@@ -60,9 +66,11 @@ async def listen_forever(
     on_connect: Callable[[PubSub, bool], None] | None = None,
     on_drop: Callable[[], None] | None = None,
     max_backoff: float = 1.0,
+    sharded: Callable[[], Collection[str]] = tuple,
 ) -> None:
-    """Subscribe to ``channels()`` and hand every message (subscribe confirmations included) to
-    ``on_message``, until cancelled.
+    """Subscribe to ``channels()`` and ``sharded()`` (``SSUBSCRIBE``) and hand every message
+    (subscribe confirmations included, sharded ones named as plain ones) to ``on_message``,
+    until cancelled.
 
     When the connection drops, it reconnects with a backoff (0.1 s doubling up to
     ``max_backoff``) and subscribes again to what ``channels()`` says then. ``on_connect(pubsub,
@@ -73,7 +81,11 @@ async def listen_forever(
     while True:
         pubsub = redis.pubsub()
         try:
-            await pubsub.subscribe(*channels())
+            plain = channels()
+            if plain:
+                await pubsub.subscribe(*plain)
+            for channel in sharded():  # one a command: each may be in a slot of its own
+                await pubsub.execute_command("SSUBSCRIBE", channel)
             if lost:
                 log.info("%s: connection restored", name)
             if on_connect is not None:

@@ -23,7 +23,7 @@ if redis.call('EXISTS', KEYS[2]) == 1 then return 'settled' end
 if redis.call('EXISTS', KEYS[1]) == 0 then return 'gone' end
 redis.call('HSET', KEYS[1], 'cancel', 1)
 if redis.call('HGET', KEYS[1], 'state') == 'running' then
-  redis.call('PUBLISH', ARGV[6], ARGV[1])
+  redis.call('SPUBLISH', ARGV[6], ARGV[1])
   return 'signalled'
 end
 redis.call('ZREM', KEYS[4], ARGV[1])
@@ -99,7 +99,8 @@ class Verdicts:
         outcome = await self._cancel(
             keys=[keys.execution(exec_id), keys.record(exec_id), keys.PENDING, keys.QUEUED, keys.JOBS_SETTLED,
                   keys.AUDIT],
-            args=[exec_id, stored, self.retention, keys.events(exec_id), final, keys.CANCEL_CHANNEL, label],
+            args=[exec_id, stored, self.retention, keys.events(exec_id), final,
+                  keys.cancel_channel(keys.partition_of(exec_id)), label],
         )
         return cast("CancelOutcome", text(outcome))
 

@@ -22,8 +22,8 @@ async def test_a_dropped_connection_resyncs_waiters_and_refuses_new_calls_until_
         await hub.start()
         with hub.expect("exec_waiting") as waiting:
             with server.client() as control:
-                control.publish(hub.channel, b"exec_waiting first")
-                control.publish(hub.channel, b"exec_other not-mine")
+                control.spublish(hub.channel_for("exec_waiting"), b"exec_waiting first")
+                control.spublish(hub.channel_for("exec_other"), b"exec_other not-mine")
             assert await waiting.get() == b"first"
             server.kill()
             # The request that waits is told to re-read its record, without waiting for a timeout.
@@ -35,7 +35,7 @@ async def test_a_dropped_connection_resyncs_waiters_and_refuses_new_calls_until_
             # Events published while the channel was not subscribed were lost: told again.
             assert await waiting.get() == RESYNC
         with hub.expect("exec_new") as fresh, server.client() as control:
-            control.publish(hub.channel, b"exec_new hello")
+            control.spublish(hub.channel_for("exec_new"), b"exec_new hello")
             assert await fresh.get() == b"hello"
     finally:
         await hub.close()

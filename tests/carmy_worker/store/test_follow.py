@@ -27,10 +27,10 @@ API_A, API_B = keys.api_channel("a"), keys.api_channel("b")
 def channels(sync_redis: redis.Redis) -> Iterator[PubSub]:
     """Subscribed (confirmed) to both API channels; ``heard`` reads it."""
     p = sync_redis.pubsub()
-    p.subscribe(API_A, API_B)
+    p.ssubscribe(API_A, API_B)  # sharded, as the scripts SPUBLISH to them
     for _ in range(2):
-        message = p.get_message(timeout=2)
-        assert message is not None and message["type"] == "subscribe"
+        message = p.get_sharded_message(timeout=2)
+        assert message is not None and message["type"] == "ssubscribe"
     yield p
     p.close()
 
@@ -41,7 +41,7 @@ def heard(p: PubSub, wait: float = 0.2) -> list[tuple[str, str, str]]:
     deadline = time.monotonic() + wait
     while (left := deadline - time.monotonic()) > 0:
         message = p.get_message(timeout=left)
-        if message is not None and message["type"] == "message":
+        if message is not None and message["type"] in ("message", "smessage"):
             data: bytes = message["data"]
             exec_id, _, event = data.partition(b" ")
             channel = message["channel"].decode()

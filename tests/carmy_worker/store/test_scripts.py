@@ -143,16 +143,18 @@ async def heartbeat(ar: redis.asyncio.Redis, worker_id: str, offset_ms: int = 0,
 
 @pytest.fixture
 def listen(r: redis.Redis) -> Iterator[Any]:
-    """``listen(*channels)`` subscribes (confirmed) and returns the pubsub to read from."""
+    """``listen(*channels)`` subscribes (confirmed) and returns the pubsub to read from: a
+    partition's channels (``{c:N}`` in their name) sharded, as the scripts SPUBLISH to them."""
     opened: list[PubSub] = []
 
     def subscribe(*channels: str) -> PubSub:
         p = r.pubsub()
         opened.append(p)
-        p.subscribe(*channels)
-        for _ in channels:
-            message = p.get_message(timeout=2)
-            assert message is not None and message["type"] == "subscribe"
+        for channel in channels:
+            sharded = "{c:" in channel
+            p.ssubscribe(channel) if sharded else p.subscribe(channel)
+            message = p.get_sharded_message(timeout=2) if sharded else p.get_message(timeout=2)
+            assert message is not None and message["type"] == ("ssubscribe" if sharded else "subscribe")
         return p
 
     yield subscribe
@@ -166,7 +168,7 @@ def received(p: PubSub, wait: float = 0.2) -> list[tuple[str, bytes]]:
     deadline = time.monotonic() + wait
     while (left := deadline - time.monotonic()) > 0:
         message = p.get_message(timeout=left)
-        if message is not None and message["type"] == "message":
+        if message is not None and message["type"] in ("message", "smessage"):
             out.append((message["channel"].decode(), message["data"]))
     return out
 
@@ -496,9 +498,9 @@ async def test_cancel_of_a_running_execution_signals_its_worker(
     r: redis.Redis, ar: redis.asyncio.Redis, listen: Any,
 ) -> None:
     exec_id = await running(ar)
-    channels = listen(keys.CANCEL_CHANNEL, keys.events(exec_id))
+    channels = listen(keys.cancel_channel(0), keys.events(exec_id))
     assert (await cancel(ar, exec_id))[0] == "signalled"
-    assert received(channels) == [(keys.CANCEL_CHANNEL, exec_id.encode())]
+    assert received(channels) == [(keys.cancel_channel(0), exec_id.encode())]
     assert not r.exists(keys.record(exec_id))
     h = state(r, exec_id)
     assert (h["state"], h["attempt"], h["cancel"]) == ("running", "1", "1")
