@@ -59,7 +59,8 @@ class ShardSet:
     async def subscribe(self, channels: Collection[str]) -> None:
         """``SSUBSCRIBE`` to every channel on the primary of its slot, per the slot table now.
         The confirmations come to ``run``'s ``on_message`` (or a ``MOVED`` to its failure)."""
-        await self.cluster.initialize()
+        async with self.cluster.turn():  # the slot table's first load takes a node's connection
+            await self.cluster.initialize()
         by_node: dict[str, tuple[ClusterNode, dict[int, list[str]]]] = {}
         for channel in channels:
             slot = self.cluster.keyslot(channel)

@@ -35,8 +35,8 @@ def test_three_primaries_serve_every_slot_and_each_has_a_replica(redis_cluster: 
 def test_a_killed_primary_is_replaced_by_its_replica(redis_cluster: LocalCluster, client: RedisCluster) -> None:
     victim = redis_cluster.primaries()[0]
     key = next(f"kept-{i}" for i in range(10_000) if client.get_node_from_key(f"kept-{i}").port == victim.port)
-    client.set(key, "yes")
-    with victim.client() as direct:
+    with victim.client() as direct:  # WAIT counts the replicas that have this connection's writes
+        direct.set(key, "yes")
         assert direct.wait(1, 2000) == 1  # replicated before the kill, so the failover keeps it
 
     killed = redis_cluster.kill_primary(0)
