@@ -27,8 +27,8 @@ if TYPE_CHECKING:
     from bench.report import Row
     from bench.scenarios import Bench
 
-# Room for a 1 MiB argument in the body and a 1 MiB result in the record, with their envelopes.
-BIG = {"CARMY_MAX_BODY": str(4 * MIB)}
+# Room for a result of 1 MiB with its envelope (a body's limit, 1 MiB, is not a setting: the
+# largest body is that, envelope included).
 BIG_RESULT = {"CARMY_MAX_RESULT_BYTES": str(4 * MIB)}
 
 
@@ -36,9 +36,10 @@ def sizes(b: Bench) -> Sizes:
     return QUICK if b.config.warmup == 0 else FULL
 
 
-def one_client(b: Bench, label: str, base: str, request: wrk.Request, procs: Processes) -> Row:
+def one_client(b: Bench, label: str, base: str, request: wrk.Request, procs: Processes, *,
+               settle: bool = True) -> Row:
     """One point: measured as the main table's rows are (warm-up, wrk, CPU), kept out of that table."""
-    return b.load(label, label, base, request, 1, procs, in_table=False)
+    return b.load(label, label, base, request, 1, procs, in_table=False, settle=settle)
 
 
 def per_call(row_cpu: dict[str, float], prefix: str) -> dict[str, float]:
@@ -55,7 +56,7 @@ def cost_payload(b: Bench) -> None:
     points: dict[int, dict[str, float]] = {n: {} for n in s.payload_bytes}
     with b.processes("cost_payload") as procs:
         procs.carmy_worker(env=BIG_RESULT)
-        _, base = procs.carmy_api(env=BIG, tool="echo")
+        _, base = procs.carmy_api(tool="echo")
         for n in s.payload_bytes:
             row = one_client(b, f"Carmy echo, {n:,} bytes", base, call("echo", echo_arguments(n)), procs)
             points[n].update({"p50 ms": row.p50_ms, **per_call(row.cpu_us_per_call, "")})
@@ -173,7 +174,7 @@ def cost_idle(b: Bench) -> None:
 
 
 def other_calls(b: Bench, label: str, base: str, procs: Processes, out: list[Row]) -> None:
-    out.append(one_client(b, label, base, call("noop", {}), procs))
+    out.append(one_client(b, label, base, call("noop", {}), procs, settle=False))  # the streams stay pending
 
 
 def cost_waiting(b: Bench) -> None:

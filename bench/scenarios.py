@@ -70,9 +70,10 @@ class Bench:
         return [line for procs in self.started for line in procs.log_errors()]
 
     def load(self, key: str, label: str, base: str, request: wrk.Request, clients: int, procs: Processes,
-             *, in_table: bool = True) -> Row:
+             *, in_table: bool = True, settle: bool = True) -> Row:
         """Warm up, measure with wrk, add the row (to the main table unless ``in_table`` is false);
-        unexpected answers become problems.
+        unexpected answers become problems. ``settle=False``: measure after the warm-up without
+        waiting for every pending execution to end (some are meant to stay, as idle streams' do).
 
         The CPU each process used during the measurement goes with the row: on a small machine
         it tells which process is the bottleneck.
@@ -82,7 +83,8 @@ class Bench:
             # wrk ends its warm-up by closing every connection: the calls still waiting there are
             # cancelled for their departed callers. Measured from the start, the first tenth of a
             # second or more of a 50 ms tool at 256 clients would be those cancellations.
-            self.redis.wait_settled(PENDING)
+            if settle:
+                self.redis.wait_settled(PENDING)
         with CpuMeter([*procs.procs, self.redis.proc]) as cpu:
             result = wrk.run(base, request, clients=clients, seconds=self.config.seconds, workdir=self.workdir)
         per_call = {kind: used / result.requests * 1e6 for kind, used in cpu.seconds.items()} if result.requests else {}

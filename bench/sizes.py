@@ -42,9 +42,14 @@ def call(tool: str, arguments: dict[str, object]) -> wrk.Request:
                        headers=JSON, expect_text=COMPLETED)
 
 
+# The body of an echo call around its string: ``{"tool": "echo", "arguments": {"data": ""}}``.
+ECHO_ENVELOPE = len(json.dumps({"tool": "echo", "arguments": {"data": ""}}))
+
+
 def echo_arguments(size: int) -> dict[str, object]:
-    """The echo tool's arguments, whose one string is ``size`` bytes (ASCII, so as many on the wire)."""
-    return {"data": "x" * size}
+    """The echo tool's arguments, whose body is ``size`` bytes in all (its one string ASCII): the
+    largest, 1 MiB, is then the API's limit on a body."""
+    return {"data": "x" * (size - ECHO_ENVELOPE)}
 
 
 def sse_times(base: str, tool: str, arguments: dict[str, object], calls: int) -> latency.Percentiles:
