@@ -150,9 +150,13 @@ def cost_idle(b: Bench) -> None:
     s = sizes(b)
     raise_fd_limit()
     columns = [Column("api KiB/stream", work=0), Column("worker KiB/stream", work=0),
-               Column("other calls p50 ms", work=0), Column("other calls p99 ms", work=0)]
+               Column("other calls p50 ms", work=0), Column("other calls p99 ms", work=0),
+               Column("api CPU µs/call", work=0), Column("worker CPU µs/call", work=0),
+               Column("redis CPU µs/call", work=0)]
     curve = Curve("cost_idle", "Idle SSE streams on one API process (a no-op at 1 client meanwhile)", "streams",
-                  columns, notes=["Size 0: the same no-op row before any stream was opened."])
+                  columns, notes=["Size 0: the same no-op row before any stream was opened. CPU per call: each process's "
+                         "CPU during the no-op's measurement over the no-op calls, the streams' upkeep included "
+                         "(keep-alives, rechecks, leases)."])
     most = max(s.idle_streams)
     # Every stream's execution running (a slot each), so that the no-op has a free slot; none
     # dropped for waiting, none refused for admission.
@@ -160,14 +164,16 @@ def cost_idle(b: Bench) -> None:
         worker = procs.carmy_worker(env={"CARMY_CONCURRENCY": str(most + 100)})
         api, base = procs.carmy_api(env={"CARMY_MAX_PENDING": str(most * 2), "CARMY_QUEUE_TIMEOUT": "900"})
         row = one_client(b, "no-op, no stream open", base, call("noop", {}), procs)
-        curve.points.append(Point(0, {"other calls p50 ms": row.p50_ms, "other calls p99 ms": row.p99_ms}))
+        curve.points.append(Point(0, {"other calls p50 ms": row.p50_ms, "other calls p99 ms": row.p99_ms,
+                                      **per_call(row.cpu_us_per_call, "")}))
         for n in s.idle_streams:
             rows: list[Row] = []
             meanwhile = functools.partial(other_calls, b, f"no-op, {n} streams open", base, procs, rows)
             held = asyncio.run(hold_streams(base, n, api.pid, worker.pid, meanwhile))
             curve.points.append(Point(n, {"api KiB/stream": held.api_kib_per_stream,
                                           "worker KiB/stream": held.worker_kib_per_stream,
-                                          "other calls p50 ms": rows[0].p50_ms, "other calls p99 ms": rows[0].p99_ms}))
+                                          "other calls p50 ms": rows[0].p50_ms, "other calls p99 ms": rows[0].p99_ms,
+                                          **per_call(rows[0].cpu_us_per_call, "")}))
             b.redis.wait_settled(PENDING, timeout=120)  # the streams' executions cancelled, as their callers left
     b.redis.flush()
     b.report.curves.append(curve)
