@@ -154,9 +154,9 @@ def cost_idle(b: Bench) -> None:
                Column("api CPU µs/call", work=0), Column("worker CPU µs/call", work=0),
                Column("redis CPU µs/call", work=0)]
     curve = Curve("cost_idle", "Idle SSE streams on one API process (a no-op at 1 client meanwhile)", "streams",
-                  columns, notes=["Size 0: the same no-op row before any stream was opened. CPU per call: each process's "
-                         "CPU during the no-op's measurement over the no-op calls, the streams' upkeep included "
-                         "(keep-alives, rechecks, leases)."])
+                  columns, notes=["Size 0: the same no-op row before any stream was opened. CPU per call: each "
+                                  "process's CPU during the no-op's measurement over the no-op calls, the "
+                                  "streams' upkeep included (keep-alives, rechecks, leases)."])
     most = max(s.idle_streams)
     # Every stream's execution running (a slot each), so that the no-op has a free slot; none
     # dropped for waiting, none refused for admission.
