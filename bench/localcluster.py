@@ -33,17 +33,24 @@ CHECK_TIMEOUTS = {"socket_timeout": 2, "socket_connect_timeout": 2}
 class ClusterServer(RedisServer):
     """One node of a ``LocalCluster``: a ``RedisServer`` with the cluster enabled."""
 
-    def __init__(self, workdir: Path, *, durable: bool, fsync: str, node_timeout_ms: int) -> None:
+    def __init__(self, workdir: Path, *, durable: bool, fsync: str, node_timeout_ms: int,
+                 password: str | None = None) -> None:
         super().__init__(workdir, durable=durable, fsync=fsync)
         self.node_timeout_ms = node_timeout_ms
+        self.password = password
         self.bus_port = free_port()
         self._up = False
 
     def extra_args(self) -> list[str]:
         if not self._up:  # a first start that failed may have lost its bus port too
             self.bus_port = free_port()
+        auth = ["--requirepass", self.password, "--masterauth", self.password] if self.password else []
         return ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-                "--cluster-port", str(self.bus_port), "--cluster-node-timeout", str(self.node_timeout_ms)]
+                "--cluster-port", str(self.bus_port), "--cluster-node-timeout", str(self.node_timeout_ms), *auth]
+
+    @property
+    def url(self) -> str:
+        return f"redis://:{self.password}@127.0.0.1:{self.port}/0" if self.password else super().url
 
     def start(self, timeout: float = 30.0) -> None:
         super().start(timeout)
@@ -55,7 +62,8 @@ class ClusterServer(RedisServer):
 
     def check_client(self) -> redis.Redis:
         """A client whose every call is bounded (for polling a node that may be gone)."""
-        return redis.Redis(host="127.0.0.1", port=self.port, **CHECK_TIMEOUTS)  # type: ignore[arg-type]
+        return redis.Redis(host="127.0.0.1", port=self.port, password=self.password,
+                           **CHECK_TIMEOUTS)  # type: ignore[arg-type]
 
     def node_id(self) -> str:
         with self.check_client() as client:
@@ -100,13 +108,16 @@ class LocalCluster:
     ``start()`` returns once every node says ``cluster_state:ok``, every slot is served and
     every replica is in sync. ``nodes`` is the seed list for ``CARMY_REDIS_CLUSTER_NODES``.
     ``durable`` gives each node its AOF (``fsync`` is its appendfsync), as ``ReplicatedRedis``.
+    ``password``: every node requires it (and replicas use it); ``url`` carries it, the form of
+    ``CARMY_REDIS_URL`` beside ``CARMY_REDIS_CLUSTER_NODES``.
     """
 
     def __init__(self, workdir: Path, *, primaries: int = 3, durable: bool = False, fsync: str = "everysec",
-                 node_timeout_ms: int = NODE_TIMEOUT_MS) -> None:
+                 node_timeout_ms: int = NODE_TIMEOUT_MS, password: str | None = None) -> None:
         self.workdir = workdir
+        self.password = password
         self.servers = [ClusterServer(self._dir(f"node-{i + 1}"), durable=durable, fsync=fsync,
-                                      node_timeout_ms=node_timeout_ms)
+                                      node_timeout_ms=node_timeout_ms, password=password)
                         for i in range(2 * primaries)]
 
     def _dir(self, name: str) -> Path:
@@ -118,6 +129,11 @@ class LocalCluster:
     def nodes(self) -> str:
         """Every node as ``host:port``, comma-separated: ``CARMY_REDIS_CLUSTER_NODES``."""
         return ",".join(server.address for server in self.servers)
+
+    @property
+    def url(self) -> str:
+        """``CARMY_REDIS_URL`` for this cluster: the password, if any (its host is not used)."""
+        return self.servers[0].url
 
     # Lifecycle ---------------------------------------------------------------------------------
 
@@ -231,7 +247,8 @@ class LocalCluster:
             dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", source_id)
             src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
             while keys := src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100):
-                src.execute_command("MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", *keys)
+                auth = ["AUTH", self.password] if self.password else []
+                src.execute_command("MIGRATE", "127.0.0.1", target.port, "", 0, 5000, *auth, "KEYS", *keys)
             for primary in (target, source, *self.primaries()):
                 with primary.check_client() as client:
                     client.execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
@@ -255,8 +272,9 @@ class LocalCluster:
             raise StartError("redis-cli is not installed (Debian/Ubuntu: apt-get install redis-tools)")
         log = self.workdir / "redis-cli.log"
         with log.open("ab") as out:
-            code = subprocess.run([binary, *args], stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                  timeout=timeout, check=False).returncode
+            auth = ["-a", self.password, "--no-auth-warning"] if self.password else []
+            code = subprocess.run([binary, *auth, *args], stdout=out, stderr=subprocess.STDOUT,
+                                  stdin=subprocess.DEVNULL, timeout=timeout, check=False).returncode
         if code:
             raise StartError(f"redis-cli {' '.join(args[:2])} failed (exit code {code}); its log ({log}) ends with:\n"
                              f"{log.read_text(errors='replace')[-2000:]}")

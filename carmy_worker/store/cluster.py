@@ -119,6 +119,12 @@ def _node(item: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+class ClusterUnreachable(RedisConnectionError):
+    """No seed node answered ``CLUSTER SLOTS`` (or none gave a table covering every slot):
+    redis-py says so with ``RedisClusterException``, which is no ``RedisError``, so Carmy's
+    loops, which reconnect on ``RedisError``, would take it for a bug."""
+
+
 _holding: ContextVar[bool] = ContextVar("carmy_cluster_turn", default=False)
 
 
@@ -218,6 +224,13 @@ class StoreCluster(RedisCluster):
             _holding.reset(token)
             self._turns.release()
 
+    async def initialize(self) -> StoreCluster:
+        try:
+            await super().initialize()
+        except RedisClusterException as exc:
+            raise ClusterUnreachable(str(exc)) from exc
+        return self
+
     async def aclose(self) -> None:
         """Close every connection; but called by redis-py inside a command (after a connection
         error or ``CLUSTERDOWN``), only rebuild the slot table before the next command."""
@@ -256,7 +269,10 @@ def sync_cluster(target: ClusterTarget, **options: Any) -> redis.cluster.RedisCl
     """A synchronous cluster client (the heartbeat thread, the health check), with the same
     rule: refusals are tried again, connection errors and timeouts are the caller's."""
     nodes = [redis.cluster.ClusterNode(host, port) for host, port in target.nodes]
-    return _SyncCluster(startup_nodes=nodes, **{**target.options, **options})  # type: ignore[no-any-return]
+    try:  # redis-py's synchronous client loads the slot table as it is made
+        return _SyncCluster(startup_nodes=nodes, **{**target.options, **options})  # type: ignore[no-any-return]
+    except RedisClusterException as exc:
+        raise ClusterUnreachable(str(exc)) from exc
 
 
 class _SyncCluster(redis.cluster.RedisCluster):

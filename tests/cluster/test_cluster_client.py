@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -16,8 +17,9 @@ from redis.exceptions import RedisClusterException
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from bench.localcluster import LocalCluster
-from carmy_worker.store.cluster import StoreCluster
+from carmy_worker.store.cluster import ClusterUnreachable, StoreCluster
 from carmy_worker.store.connect import RedisConnector
+from tests.support import new_tmp
 
 INCR_BOTH = "redis.call('INCR', KEYS[1]); return redis.call('INCR', KEYS[2])"
 
@@ -111,3 +113,34 @@ async def test_a_dead_primary_s_keys_answer_again_once_its_replica_is_promoted(
         raise AssertionError("the key's new primary was not found")
     assert errors  # the window was seen, as connection errors only
     await asyncio.to_thread(redis_cluster.restart, victim)
+
+
+@pytest.fixture(scope="module")
+def guarded_cluster() -> Iterator[LocalCluster]:
+    """A cluster of the module's own whose every node requires a password."""
+    workdir = new_tmp()
+    guarded = LocalCluster(workdir, password="s3cret-pass")
+    try:
+        guarded.start()
+        yield guarded
+    finally:
+        guarded.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+async def test_the_url_s_password_reaches_every_node(guarded_cluster: LocalCluster) -> None:
+    nodes = tuple(guarded_cluster.nodes.split(","))
+    assert guarded_cluster.url.startswith("redis://:s3cret-pass@")
+    client = RedisConnector(guarded_cluster.url, nodes).cluster_client(max_connections=2)
+    try:
+        await client.mset_nonatomic({f"pw{i}": i for i in range(100)})  # on every primary
+        assert len({guarded_cluster.owner(client.keyslot(f"pw{i}")).port for i in range(100)}) == 3
+    finally:
+        await client.aclose()
+    anonymous = RedisConnector("redis://localhost/0", nodes).cluster_client(max_connections=2)
+    try:
+        # A ConnectionError, as an unreachable cluster is (redis-py's RedisClusterException is no RedisError).
+        with pytest.raises(ClusterUnreachable, match="Authentication required"):
+            await anonymous.get("pw1")
+    finally:
+        await anonymous.aclose()

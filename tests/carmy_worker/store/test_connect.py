@@ -78,3 +78,17 @@ def test_a_url_that_cannot_serve_a_cluster_is_refused_naming_both_settings(url: 
     with pytest.raises(SettingsError, match="CARMY_REDIS_URL cannot be used with CARMY_REDIS_CLUSTER_NODES") as raised:
         RedisConnector(url, ("127.0.0.1:7000",))
     assert why in str(raised.value)
+
+
+async def test_an_unreachable_cluster_is_a_connection_error_not_a_bug() -> None:
+    """redis-py says "no seed answers" with RedisClusterException, no RedisError: Carmy's loops,
+    which reconnect on RedisError, would stop on it."""
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    client = RedisConnector("redis://localhost/0", ("127.0.0.1:1",)).cluster_client(
+        max_connections=2, socket_connect_timeout=1.0)
+    try:
+        with pytest.raises(RedisConnectionError, match="cannot be connected"):
+            await client.get("key")
+    finally:
+        await client.aclose()
