@@ -190,27 +190,40 @@ class LocalCluster:
     def healthy(self) -> bool:
         """Every live node says the cluster is ok with every slot served, and knows the same
         primaries; every live replica is in sync with its primary."""
+        return self.problem() is None
+
+    def problem(self) -> str | None:
+        """What keeps the cluster from ``healthy``, in words (None: nothing)."""
         owners: set[tuple[int, ...]] = set()
         live = self.live()
         for server in live:
             info = _cluster_info(server)
             if info.get("cluster_state") != "ok" or int(info.get("cluster_slots_ok", 0)) != SLOTS:
-                return False
+                return f"{server.address} says {info.get('cluster_state')}, {info.get('cluster_slots_ok')} slots ok"
             replication = server.info("replication")
             if replication["role"] == "slave" and replication.get("master_link_status") != "up":
-                return False
+                return f"{server.address}, a replica, has its link to {replication.get('master_port')} down"
             with server.check_client() as client:
                 text = client.execute_command("CLUSTER", "NODES").decode()
             seen = [n for n in map(NodeLine, text.splitlines()) if not n.failed]
             primaries = tuple(sorted(n.port for n in seen if n.is_primary and n.slots))
             # Every live node known, and every one that serves no slot known as a replica.
             if len(seen) != len(live) or sum(not n.is_primary for n in seen) != len(live) - len(primaries):
-                return False
+                return f"{server.address} sees {len(seen)} of {len(live)} live nodes, primaries {primaries}"
             owners.add(primaries)
-        return len(owners) == 1
+        return None if len(owners) == 1 else f"the nodes disagree on the primaries: {sorted(owners)}"
 
     def wait_ok(self, timeout: float = 60.0) -> None:
-        wait_until(self.healthy, timeout, "the cluster ok on every node", interval=0.1)
+        last: list[str | None] = [None]
+
+        def ok() -> bool:
+            last[0] = self.problem()
+            return last[0] is None
+
+        try:
+            wait_until(ok, timeout, "the cluster ok on every node", interval=0.1)
+        except TimeoutError as exc:
+            raise TimeoutError(f"{exc}; last seen: {last[0]}") from None
 
     # Faults ------------------------------------------------------------------------------------
 
