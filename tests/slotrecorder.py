@@ -1,9 +1,11 @@
 """A pytest plugin (``-p tests.slotrecorder``) that names every key over ``CARMY_SLOT_PARTITIONS``
 partitions and records, for each script the store runs, the hash slots of the keys each call
 declared (``Script.command``: every way a script goes out builds its command there), as JSON in
-``CARMY_SLOT_REPORT`` at the end of the session. ``tests/carmy_worker/store/test_slots.py``
-runs the store's script tests under it: a script whose call spans two slots would be refused by
-a Redis Cluster (CROSSSLOT)."""
+``CARMY_SLOT_REPORT`` at the end of the session; with ``CARMY_SLOT_CALLS``, also the calls
+themselves (a few of each script, msgpack), to be run again on a cluster
+(``tests/cluster/test_scripts_on_cluster.py``). ``tests/carmy_worker/store/test_slots.py`` runs
+the store's script tests under it: a script whose call spans two slots would be refused by a
+Redis Cluster (CROSSSLOT)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import json
 import os
 from typing import Any
 
+import msgspec
 import pytest
 from redis.crc import key_slot
 
@@ -18,14 +21,20 @@ from carmy_worker.store import keys
 from carmy_worker.store.scripts import Script
 
 _seen: dict[str, list[list[int]]] = {}
+_calls: dict[str, list[tuple[list[Any], list[Any]]]] = {}
+CALLS_KEPT = 8  # of each script, the first ones (besides one of each spread of slots)
 
 
 def _recording(command: Any) -> Any:
     def record(self: Script, redis_keys: list[Any], args: list[Any]) -> tuple[Any, ...]:
         slots = sorted({key_slot(k if isinstance(k, bytes) else str(k).encode()) for k in redis_keys})
         calls = _seen.setdefault(self.name, [])
-        if slots not in calls:
+        kept = _calls.setdefault(self.name, [])
+        if slots not in calls:  # every new spread of slots is kept, and the first few calls
             calls.append(slots)
+            kept.append((list(redis_keys), list(args)))
+        elif len(kept) < CALLS_KEPT:
+            kept.append((list(redis_keys), list(args)))
         return command(self, redis_keys, args)  # type: ignore[no-any-return]
     return record
 
@@ -41,3 +50,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     if report:
         with open(report, "w") as out:
             json.dump(_seen, out)
+    calls = os.environ.get("CARMY_SLOT_CALLS")
+    if calls:
+        with open(calls, "wb") as out:
+            out.write(msgspec.msgpack.encode(_calls))

@@ -158,7 +158,10 @@ class Attempts:
         self.retention = retention
         self._running = keys.running(worker_id)
         self._leases = keys.leases(worker_id)
-        self.queue = queue  # the worker's arq queue: SETTLE ends a job's lease there
+        # The worker's arq queue: SETTLE ends a job's lease there. Without one (no lease is ever
+        # given), a queue name in partition 0's slot still, never written: a cluster refuses a
+        # script whose keys span slots, an empty name's included.
+        self.queue = queue or jobs.queue_name("")
 
     async def claim(self, exec_id: str, *, max_attempts: int, lease: str = "") -> Claim:
         """Take the next attempt, if ``lease`` (the token of the job's lease) is still current;

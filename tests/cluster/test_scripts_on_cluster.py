@@ -1,0 +1,99 @@
+"""Every script of the store, run on a real Redis Cluster as the store's own tests call it.
+
+The store's script tests run in a subprocess under ``tests/slotrecorder.py``, which keeps the
+first calls of each script (keys and arguments, as its typed wrapper built them); each call is
+then run again here with ``EVAL`` on the cluster fixture. What a call does to a cluster's
+state does not matter (it is out of its test's context): only whether the cluster refuses it
+for its slots, which it does both for declared keys in two slots and for a key the script names
+inside Lua in another slot than its declared ones, the check the declared keys alone
+(``tests/carmy_worker/store/test_slots.py``) cannot make. A script that fails earlier for
+another reason (its state is not there) may hide such a key: the store's tests drive each
+script through its branches, and several calls of each are run.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import pkgutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+import redis.cluster
+from redis.exceptions import RedisClusterException, ResponseError
+
+import carmy_worker.store
+from bench.localcluster import LocalCluster
+from carmy_worker.store.scripts import SCRIPTS
+from tests.carmy_worker.store.test_slots import DRIVEN, SPANNING
+
+ROOT = Path(__file__).parents[2]
+SLOT_ERRORS = ("same slot", "non local key", "crossslot", "all keys must map", "same key slot")
+
+Calls = dict[str, list[tuple[list[Any], list[Any]]]]
+
+
+def recorded_calls(tmp: Path, partitions: int) -> Calls:
+    calls = tmp / f"calls-{partitions}.msgpack"
+    env = {**os.environ, "CARMY_SLOT_REPORT": str(tmp / f"slots-{partitions}.json"),
+           "CARMY_SLOT_CALLS": str(calls), "CARMY_SLOT_PARTITIONS": str(partitions)}
+    subprocess.run([sys.executable, "-m", "pytest", "-p", "tests.slotrecorder", "-q", "-p", "no:cacheprovider",
+                    "-m", "not e2e and not slow", *DRIVEN], cwd=ROOT, env=env, capture_output=True, timeout=300,
+                   check=False)
+    decoded: Calls = msgspec.msgpack.decode(calls.read_bytes())
+    return decoded
+
+
+@pytest.fixture(scope="module")
+def cluster(redis_cluster: LocalCluster) -> Iterator[redis.cluster.RedisCluster]:
+    host, _, port = redis_cluster.nodes.split(",")[0].rpartition(":")
+    client = redis.cluster.RedisCluster(host=host, port=int(port))
+    yield client
+    client.close()
+
+
+def every_script() -> dict[str, str]:
+    """The source of every script of the store, by name (each module imported, so listed)."""
+    for module in pkgutil.iter_modules(carmy_worker.store.__path__):
+        importlib.import_module(f"carmy_worker.store.{module.name}")
+    return {name: script.source for name, script in SCRIPTS.items()}
+
+
+def refused_for_slots(cluster: redis.cluster.RedisCluster, calls: Calls) -> dict[str, str]:
+    """Each script the cluster refused a call of for its slots, with the refusal."""
+    refused: dict[str, str] = {}
+    sources = every_script()
+    for name, made in calls.items():
+        source = sources.get(name)
+        if source is None:  # the tests' own scripts (scripts.py's tests)
+            continue
+        for redis_keys, args in made:
+            try:
+                cluster.execute_command("EVAL", source, len(redis_keys), *redis_keys, *args)
+            except (RedisClusterException, ResponseError) as exc:
+                if any(words in str(exc).lower() for words in SLOT_ERRORS):
+                    refused[name] = str(exc)
+                    break
+    return refused
+
+
+def test_every_script_runs_on_a_cluster_with_one_partition(cluster: redis.cluster.RedisCluster,
+                                                          tmp_path: Path) -> None:
+    calls = recorded_calls(tmp_path, 1)
+    assert len(set(calls) & set(every_script())) >= 25  # the store's tests drove most scripts
+    assert refused_for_slots(cluster, calls) == {}
+
+
+def test_with_sixteen_partitions_only_the_known_scripts_are_refused(cluster: redis.cluster.RedisCluster,
+                                                                    tmp_path: Path) -> None:
+    refused = refused_for_slots(cluster, recorded_calls(tmp_path, 16))
+    # Those whose declared keys mix an id's partition with partition 0's sets: the rest of issue
+    # 34 (architecture.md, section 3). The scripts that name keys inside Lua from partition 0's
+    # prefixes (LEASE's claims, HEARTBEAT, JANITOR_SCAN, PULSE) stay in one slot, the wrong one
+    # for another partition's execution: their own tests fail over 16 partitions instead.
+    assert set(refused) == SPANNING, refused
