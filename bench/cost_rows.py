@@ -19,7 +19,7 @@ from api.calling.catalog import Catalog
 from bench import backlog, many_tools, wrk
 from bench.crowd import hold_streams, raise_fd_limit
 from bench.curves import Column, Curve, Point
-from bench.sizes import FULL, MIB, QUICK, Sizes, call, echo_arguments, sse_times
+from bench.sizes import MIB, call, echo_arguments, sse_times
 from carmy_worker.store.keys import PENDING
 
 if TYPE_CHECKING:
@@ -30,10 +30,6 @@ if TYPE_CHECKING:
 # Room for a result of 1 MiB with its envelope (a body's limit, 1 MiB, is not a setting: the
 # largest body is that, envelope included).
 BIG_RESULT = {"CARMY_MAX_RESULT_BYTES": str(4 * MIB)}
-
-
-def sizes(b: Bench) -> Sizes:
-    return QUICK if b.config.warmup == 0 else FULL
 
 
 def one_client(b: Bench, label: str, base: str, request: wrk.Request, procs: Processes, *,
@@ -48,7 +44,7 @@ def per_call(row_cpu: dict[str, float], prefix: str) -> dict[str, float]:
 
 def cost_payload(b: Bench) -> None:
     """The echo tool, its argument and result of each size, beside bare Starlette's in-process echo."""
-    s = sizes(b)
+    s = b.config.curve_sizes
     columns = [Column("p50 ms"), Column("api CPU µs/call"), Column("worker CPU µs/call"),
                Column("redis CPU µs/call"), Column("bare p50 ms", fitted=False),
                Column("bare uvicorn CPU µs/call", fitted=False), Column("× bare p50", work=0, fitted=False)]
@@ -74,7 +70,7 @@ def cost_payload(b: Bench) -> None:
 def cost_progress(b: Bench) -> None:
     """A tool reporting progress N times per execution, to JSON callers (wrk) and SSE callers
     (every event relayed), beside bare Starlette calling the same tool in-process."""
-    s = sizes(b)
+    s = b.config.curve_sizes
     columns = [Column("JSON p50 ms"), Column("SSE p50 ms, to the end"), Column("api CPU µs/call"),
                Column("worker CPU µs/call"), Column("redis CPU µs/call"), Column("bare p50 ms", fitted=False)]
     curve = Curve("cost_progress", "Progress events per execution (1 client)", "events", columns,
@@ -100,7 +96,7 @@ def cost_progress(b: Bench) -> None:
 
 def cost_catalog(b: Bench) -> None:
     """A worker serving N tools: its start, the catalog's refresh, discovery and its revalidation."""
-    s = sizes(b)
+    s = b.config.curve_sizes
     columns = [Column("worker start s"), Column("catalog refresh ms"), Column("/.well-known/agent p50 ms", work=0),
                Column("/agent/tools 200 p50 ms"), Column("/agent/tools 304 p50 ms", work=0),
                Column("/agent/tools KiB", fitted=False)]
@@ -147,7 +143,7 @@ async def time_refresh(url: str, times: int) -> float:
 
 def cost_idle(b: Bench) -> None:
     """N idle SSE streams on one API process: memory per stream, and a no-op's latency meanwhile."""
-    s = sizes(b)
+    s = b.config.curve_sizes
     raise_fd_limit()
     columns = [Column("api KiB/stream", work=0), Column("worker KiB/stream", work=0),
                Column("other calls p50 ms", work=0), Column("other calls p99 ms", work=0),
@@ -186,7 +182,7 @@ def other_calls(b: Bench, label: str, base: str, procs: Processes, out: list[Row
 def cost_waiting(b: Bench) -> None:
     """Executions waiting in one queue, and jobs queued an hour ahead: memory per item, and the
     time of one SUBMIT, LEASE or CREATE more at each length."""
-    s = sizes(b)
+    s = b.config.curve_sizes
     waiting = asyncio.run(backlog.waiting_curve(b.redis.url, s.waiting, s.calls))
     b.report.curves.append(Curve(
         "cost_waiting", "Executions waiting in one queue (no worker; the store's Submit and Leases in-process)",

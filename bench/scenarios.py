@@ -9,7 +9,7 @@ from pathlib import Path
 
 import httpx
 
-from bench import console, cost_rows, inflight, jobs, latency, redis_floor, wrk
+from bench import console, cost_rows, inflight, jobs, latency, redis_floor, sizes, wrk
 from bench.processes import RedisServer
 from bench.procs import CpuMeter, Processes
 from bench.report import Report, Row, ScalePoint
@@ -42,12 +42,14 @@ class Config:
     due_jobs: int  # jobs due in the same second
     queued_jobs: int  # jobs queued an hour ahead, for Redis's memory per job
     console_loads: int  # loads of each console page
+    curve_sizes: sizes.Sizes  # the sizes of the cost curves (issue 35)
 
 
 FULL = Config(seconds=5, warmup=1, sse_calls=200, floor_round_trips=2000, inflight_calls=500,
-              scale_workers=(1, 2, 4), due_jobs=10_000, queued_jobs=100_000, console_loads=21)
+              scale_workers=(1, 2, 4), due_jobs=10_000, queued_jobs=100_000, console_loads=21,
+              curve_sizes=sizes.FULL)
 QUICK = Config(seconds=1, warmup=0, sse_calls=20, floor_round_trips=200, inflight_calls=50, scale_workers=(1, 2),
-               due_jobs=1000, queued_jobs=10_000, console_loads=3)
+               due_jobs=1000, queued_jobs=10_000, console_loads=3, curve_sizes=sizes.QUICK)
 
 
 class Bench:
