@@ -96,3 +96,15 @@ async def test_a_pipeline_of_run_job_other_than_the_one_pinned_fails_loudly() ->
                 lambda: pipe.expire(jobs.ARQ_RETRY_KEY_PREFIX + "exec_1", 60)):
         with pytest.raises(RuntimeError, match="ARQ_PRIVATE_SURFACE"):
             ask()
+
+
+def test_a_jobs_payload_reaches_run_job_as_bytes_with_a_short_repr() -> None:
+    # arq's run_job reprs its arguments for a log line on every job: of a 1 MiB payload that
+    # was a fifth of the worker's CPU (bench/README.md, "Cost curves").
+    from carmy_worker.runtime.queue import deserialize, serialize
+
+    payload = bytes(range(256)) * 4096  # 1 MiB
+    job = deserialize(serialize({"t": 1, "f": "run", "a": [payload], "k": {}, "et": 0}))
+    [arg] = job["a"]
+    assert arg == payload and isinstance(arg, bytes)
+    assert repr(arg) == "<payload of 1048576 bytes>"
