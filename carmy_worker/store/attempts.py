@@ -3,6 +3,7 @@ after. Each attempt has a number (the fencing token); only the current one may w
 
 from __future__ import annotations
 
+import functools
 from typing import Literal, cast
 
 from msgspec import Struct
@@ -40,7 +41,7 @@ end
 # LEASE (runtime.queue) claims each job it leases with it, in the same round trip; CLAIM claims
 # one.
 CLAIM_ONE = NOW + LUA_OBSERVE + EMIT + STARTED + f"""
-local function claim(exec_id, worker_id, running, max_attempts)
+local function claim(exec_id, worker_id, running, max_attempts, queue_wait)
   local exe = '{keys.execution("")}' .. exec_id
   -- Read before the attempt is counted, with `state` (no EXISTS of the hash or of the record):
   -- SUBMIT writes it and nothing removes it, so a hash without it is not there, or is what a
@@ -61,7 +62,7 @@ local function claim(exec_id, worker_id, running, max_attempts)
   redis.call('SADD', running, exec_id)
   local f = {{h[7], h[8], h[9]}}
   if emits(f, false) then emit_to(f, exec_id, '{keys.events("")}' .. exec_id, started_event(exec_id, tool), false) end
-  if attempt == 1 then observe('queue_wait', tool, waited) end
+  if attempt == 1 then observe(queue_wait, tool, waited) end
   return 'run', attempt, waited
 end
 """
@@ -69,11 +70,11 @@ end
 # CLAIM_ONE for a worker that leased the job itself: only if the lease (ARGV[4], the token in
 # arq's in-progress key) is still current. A lease the janitor took away (the worker was paused
 # after LEASE) claims nothing: another worker has the job now.
-# KEYS: running set, arq in-progress key
+# KEYS: running set, arq in-progress key, the partition's queue-wait histogram
 # ARGV: exec_id, worker_id, max attempts, lease token or ''
 CLAIM = Script("CLAIM", ACCEPTED_WORK + CLAIM_ONE + """
 if ARGV[4] ~= '' and redis.call('GET', KEYS[2]) ~= ARGV[4] then return {'moved', 0, 0} end
-local verdict, attempt, waited = claim(ARGV[1], ARGV[2], KEYS[1], tonumber(ARGV[3]))
+local verdict, attempt, waited = claim(ARGV[1], ARGV[2], KEYS[1], tonumber(ARGV[3]), KEYS[3])
 return {verdict, attempt, waited}
 """)
 
@@ -88,7 +89,8 @@ return {verdict, attempt, waited}
 # (store.jobstore), in the same script, so that no job waits on a record nobody reads; and the
 # execution's audit entry is appended (store.audit), so that none finishes without one.
 # KEYS: exe, record, pending, running set, queued, arq in-progress key, arq job, arq retry key,
-#       arq queue, leases hash, jobs' settled executions, audit trail
+#       arq queue, leases hash, jobs' settled executions, audit trail, the partition's counts and
+#       run-time histogram
 # ARGV: exec_id, attempt, record, retention s, events channel, final event, tool.completed event or '',
 #       metrics label, tool, run ms or '', worker_id if this attempt ran (CLAIM said run) or '',
 #       lease token or ''
@@ -107,8 +109,8 @@ if h[9] then redis.call('ZADD', KEYS[11], now, ARGV[1]) end
 local f = {h[5], h[6], h[7]}
 if ARGV[7] ~= '' then emit_to(f, ARGV[1], ARGV[5], ARGV[7], false) end
 emit_to(f, ARGV[1], ARGV[5], ARGV[6], true)
-count(ARGV[8])
-if ARGV[10] ~= '' then observe('run', ARGV[9], tonumber(ARGV[10])) end
+count(KEYS[13], ARGV[8])
+if ARGV[10] ~= '' then observe(KEYS[14], ARGV[9], tonumber(ARGV[10])) end
 audit(KEYS[12], KEYS[1], ARGV[1], now, ARGV[8], ARGV[10], '')
 if ARGV[12] ~= '' then end_lease(KEYS[10], KEYS[6], KEYS[7], KEYS[8], KEYS[9], ARGV[1], ARGV[12], true) end
 return 1
@@ -140,6 +142,12 @@ class Claim(Struct):
     queue_wait_ms: int
 
 
+@functools.lru_cache(maxsize=256)  # one per partition: SETTLE names them on every execution
+def _counts(partition: int) -> tuple[str, str]:
+    """The counts SETTLE adds to, in its execution's partition: its records, its run times."""
+    return metrics.executions(partition), metrics.histogram("run", partition)
+
+
 class Attempts:
     """CLAIM and SETTLE for the executions of one worker."""
 
@@ -167,7 +175,8 @@ class Attempts:
         """Take the next attempt, if ``lease`` (the token of the job's lease) is still current;
         on ``run`` the execution is this worker's and ``tool.started`` is out."""
         verdict, attempt, waited = await self._claim(
-            keys=[self._running, jobs.in_progress_key(exec_id)],
+            keys=[self._running, jobs.in_progress_key(exec_id),
+                  metrics.histogram("queue_wait", keys.partition_of(exec_id))],
             args=[exec_id, self.worker_id, max_attempts, lease],
         )
         return Claim(cast("ClaimVerdict", text(verdict)), int(attempt), int(waited))
@@ -189,7 +198,7 @@ class Attempts:
         stored, final = final_event(record)
         keys_ = [keys.execution(exec_id), keys.record(exec_id), keys.PENDING, self._running, keys.QUEUED,
                  jobs.in_progress_key(exec_id), jobs.job_key(exec_id), jobs.retry_key(exec_id), self.queue,
-                 self._leases, keys.JOBS_SETTLED, keys.AUDIT]
+                 self._leases, keys.JOBS_SETTLED, keys.AUDIT, *_counts(keys.partition_of(exec_id))]
         args = [exec_id, attempt, stored, self.retention, keys.events(exec_id), final, completed_event or b"",
                 metrics.label(record), record.tool, "" if run_ms is None else run_ms, self.worker_id if ran else "",
                 lease]

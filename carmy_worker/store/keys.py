@@ -73,6 +73,12 @@ def _prefix_of(identifier: str) -> str:
     return _layout.prefixes[partition_of(identifier)]
 
 
+def partition_of_key(name: str) -> int:
+    """The partition of a key named in one (its ``{c:N}`` tag)."""
+    start = name.index("{c:") + 3
+    return int(name[start:name.index("}", start)])
+
+
 def partition_of_digest(digest: str) -> int:
     """The partition of a key named by a SHA-256 hex digest (idempotency): its first 32 bits."""
     count = _layout.count

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import secrets
@@ -24,7 +25,7 @@ from redis._parsers.hiredis import NOT_ENOUGH_DATA
 from redis.asyncio import Redis
 from redis.exceptions import NoScriptError, RedisError
 
-from carmy_worker.store import jobs, keys
+from carmy_worker.store import jobs, keys, metrics
 from carmy_worker.store.attempts import CLAIM_ONE, MAX_ATTEMPTS, Claim, ClaimVerdict
 from carmy_worker.store.batch import FollowUp
 from carmy_worker.store.checkout import buffered_reply
@@ -51,7 +52,7 @@ log = logging.getLogger("carmy.queue")
 # only a few jobs down the queue, and leaves the tokens as they are (one too many, at most, for
 # the job it took: an idle worker woken for nothing looks further, and sets them right).
 # Returns {id, score before, job, verdict ('' if not claimed), attempt, ms waited, id, ...}.
-# KEYS: queue, leases hash, wake list, running set
+# KEYS: queue, leases hash, wake list, running set, the queue's partition's queue-wait histogram
 # ARGV: in-progress key prefix, how many, lease ms, how far down the queue to look, token prefix,
 #       job key prefix, worker_id, max attempts, '1' to leave the wake list alone
 LEASE = Script("LEASE", ACCEPTED_WORK + CLAIM_ONE + jobs.WAKE_FOR + """
@@ -72,7 +73,7 @@ for i = 1, #due, 2 do
     local bytes = redis.call('GET', ARGV[6] .. job) or ''
     local verdict, attempt, waited = '', 0, 0
     if bytes ~= '' then
-      verdict, attempt, waited = claim(job, ARGV[7], KEYS[4], tonumber(ARGV[8]))
+      verdict, attempt, waited = claim(job, ARGV[7], KEYS[4], tonumber(ARGV[8]), KEYS[5])
     end
     for _, v in ipairs({job, due[i + 1], bytes, verdict, attempt, waited}) do table.insert(leased, v) end
   end
@@ -106,6 +107,12 @@ FINISH_RETRY_S = 60.0
 # How far down the queue a LEASE sent with a SETTLE looks: past a job another worker's lease still
 # holds, but not over the whole backlog (checking each job there is most of a full LEASE's cost).
 HANDOFF_LOOK_AHEAD = 4
+
+
+@functools.lru_cache(maxsize=256)  # a worker's queues are few, and LEASE names one on every call
+def _queue_wait(queue: str) -> str:
+    """The queue-wait histogram of the partition ``queue`` is in, where LEASE's claims observe."""
+    return metrics.histogram("queue_wait", keys.partition_of_key(queue))
 
 class Lease(Struct, frozen=True):
     job_id: str
@@ -193,7 +200,8 @@ class Leases:
         """LEASE's keys and arguments, and the prefix of this call's lease tokens (new each call);
         ``wake``: it sets the wake list's tokens right."""
         prefix = f"{self.worker_id}/{next(self._calls):x}/"
-        return ([queue, self._hash, jobs.wake_list(queue), self._running],
+        return ([queue, self._hash, jobs.wake_list(queue), self._running,
+                 _queue_wait(queue)],
                 [jobs.IN_PROGRESS_KEY_PREFIX, most, lease_ms, look_ahead, prefix, jobs.JOB_KEY_PREFIX,
                  self.worker_id, MAX_ATTEMPTS, "" if wake else "1"],
                 prefix)

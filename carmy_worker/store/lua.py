@@ -83,9 +83,10 @@ end
 # attempt fences out a late writer of the old one. It frees the execution's admission slot, and
 # its principal's (the pending set its hash names in `quota`: store/quota.py), as SETTLE does,
 # and lists an execution of a job in `settled` (keys.JOBS_SETTLED) for the job loop, and appends
-# the execution's audit entry to `trail` (keys.AUDIT), as SETTLE does.
+# the execution's audit entry to `trail` (keys.AUDIT), as SETTLE does; `counts` is its
+# partition's count of records (metrics.executions).
 IMPOSE = LUA_COUNT + EMIT + LUA_AUDIT + """
-local function impose(exe, rec, pending, exec_id, stored, retention, channel, final, label, settled, trail)
+local function impose(exe, rec, pending, exec_id, stored, retention, channel, final, label, settled, trail, counts)
   local t = redis.call('TIME')
   local ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   redis.call('HINCRBY', exe, 'attempt', 1)
@@ -96,7 +97,7 @@ local function impose(exe, rec, pending, exec_id, stored, retention, channel, fi
   if owned[1] then redis.call('ZREM', owned[1], exec_id) end
   if owned[2] then redis.call('ZADD', settled, ms, exec_id) end
   emit(exe, exec_id, channel, final, true)
-  count(label)
+  count(counts, label)
   audit(trail, exe, exec_id, ms, label, '', '')
 end
 """

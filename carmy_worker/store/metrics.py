@@ -1,9 +1,11 @@
 """Execution metrics kept in Redis, so that every worker's figures reach the API's /metrics
 without a second scrape target.
 
-The Lua scripts that write records count them (``carmy:m:executions``, one field per tool,
-status and code) and observe latencies into fixed histogram buckets (``carmy:m:run``,
-``carmy:m:queue_wait``), inside the same script call: no extra round trip per execution.
+The Lua scripts that write records count them (``carmy:{c:N}:m:executions``, one field per
+tool, status and code) and observe latencies into fixed histogram buckets (``…:m:run``,
+``…:m:queue_wait``), inside the same script call: no extra round trip per execution. An
+execution's counts are kept in its partition (``executions``, ``histogram``), declared in the
+script's KEYS, so that every script stays in one slot; ``snapshot`` adds the partitions up.
 """
 
 from __future__ import annotations
@@ -12,13 +14,25 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from carmy_worker.store.keys import JOBS_DEAD, PENDING, QUEUED, partition_prefix
+from carmy_worker.store.keys import JOBS_DEAD, PENDING, QUEUED, partition_prefix, partitions
 from carmy_worker.wire import Record
 
-# In partition 0's slot, with the executions whose scripts count them (keys.py: one partition).
+
+def executions(partition: int) -> str:
+    """The records of ``partition``'s executions, counted by tool, status and code."""
+    return partition_prefix(partition) + "m:executions"
+
+
+def histogram(name: str, partition: int) -> str:
+    """Histogram ``name`` (``run``, ``queue_wait``) of ``partition``'s executions."""
+    return f"{partition_prefix(partition)}m:{name}"
+
+
+# Jobs' counters are still partition 0's, named inside their scripts (keys.py: one partition).
 _P0 = partition_prefix(0)
-EXECUTIONS = _P0 + "m:executions"
-HISTOGRAMS = {"run": _P0 + "m:run", "queue_wait": _P0 + "m:queue_wait", "job_lateness": _P0 + "m:job_lateness"}
+EXECUTIONS = executions(0)
+HISTOGRAMS = {"run": histogram("run", 0), "queue_wait": histogram("queue_wait", 0),
+              "job_lateness": _P0 + "m:job_lateness"}
 # Jobs (store.jobstore): one field per tool and status, counting the jobs that reached the status
 # (queued counts creations and retries; `skipped` counts schedule occurrences missed past grace).
 JOBS = _P0 + "m:jobs"
@@ -31,15 +45,14 @@ def label(record: Record) -> str:
     return SEP.join((record.tool, record.status, record.error_code or ""))
 
 
-# observe(name, tool, ms): one observation into histogram `name` (non-cumulative buckets,
-# 0-based; index len(BUCKETS_MS) is +Inf), plus its sum. No count: it is the sum of the buckets,
-# which /metrics adds up anyway (one call less in every script that observes, on every execution).
+# observe(hash, tool, ms): one observation into the histogram `hash` (a declared key:
+# non-cumulative buckets, 0-based; index len(BUCKETS_MS) is +Inf), plus its sum. No count: it is
+# the sum of the buckets, which /metrics adds up anyway (one call less in every script that
+# observes, on every execution).
 LUA_OBSERVE = f"""
 local BUCKETS = {{{", ".join(map(str, BUCKETS_MS))}}}
-local HISTOGRAMS = {{run = '{HISTOGRAMS["run"]}', queue_wait = '{HISTOGRAMS["queue_wait"]}',
-                    job_lateness = '{HISTOGRAMS["job_lateness"]}'}}
-local function observe(name, tool, ms)
-  local hash, b = HISTOGRAMS[name], #BUCKETS
+local function observe(hash, tool, ms)
+  local b = #BUCKETS
   for i, edge in ipairs(BUCKETS) do
     if ms <= edge then b = i - 1 break end
   end
@@ -48,8 +61,9 @@ local function observe(name, tool, ms)
 end
 """
 
-LUA_COUNT = f"""
-local function count(field) redis.call('HINCRBY', '{EXECUTIONS}', field, 1) end
+# count(hash, field): one more record counted in `hash` (a declared key: ``executions``).
+LUA_COUNT = """
+local function count(hash, field) redis.call('HINCRBY', hash, field, 1) end
 """
 
 # count_job(tool, status, n): n more jobs of `tool` reached `status` (store.jobstore).
@@ -64,14 +78,42 @@ async def snapshot(redis: Redis) -> dict[str, Any]:
     as written), the executions ``queued`` and ``pending`` (admitted, not yet settled), the jobs
     counted by tool and status (``jobs``) and the ``dead_letters`` kept."""
     async with redis.pipeline(transaction=False) as pipe:
-        pipe.hgetall(EXECUTIONS)
-        pipe.hgetall(HISTOGRAMS["run"])
-        pipe.hgetall(HISTOGRAMS["queue_wait"])
+        read_counts(pipe)
         pipe.zcard(QUEUED)
         pipe.zcard(PENDING)
         pipe.hgetall(HISTOGRAMS["job_lateness"])
         pipe.hgetall(JOBS)
         pipe.zcard(JOBS_DEAD)
-        executions, run, queue_wait, queued, pending, lateness, jobs, dead = await pipe.execute()
+        replies = await pipe.execute()
+    executions, run, queue_wait = added_counts(replies)
+    queued, pending, lateness, jobs, dead = replies[-5:]
     return {"executions": executions, "run": run, "queue_wait": queue_wait, "queued": queued, "pending": pending,
             "job_lateness": lateness, "jobs": jobs, "dead_letters": dead}
+
+
+COUNTED = ("executions", "run", "queue_wait")  # what read_counts asks each partition for, in order
+
+
+def read_counts(pipe: Any) -> None:
+    """Asks ``pipe`` for every partition's execution counts and histograms (``added_counts``)."""
+    for partition in partitions():
+        pipe.hgetall(executions(partition))
+        pipe.hgetall(histogram("run", partition))
+        pipe.hgetall(histogram("queue_wait", partition))
+
+
+def added_counts(replies: list[Any]) -> list[dict[bytes, bytes]]:
+    """``read_counts``' replies (the first of ``replies``), each kind added up over the
+    partitions, field by field: the executions' counts, then the run and queue-wait histograms."""
+    n = len(COUNTED) * len(partitions())
+    return [_added(replies[kind:n:len(COUNTED)]) for kind in range(len(COUNTED))]
+
+
+def _added(hashes: list[dict[bytes, bytes]]) -> dict[bytes, bytes]:
+    if len(hashes) == 1:
+        return hashes[0]
+    total: dict[bytes, int] = {}
+    for counts in hashes:
+        for field, value in counts.items():
+            total[field] = total.get(field, 0) + int(value)
+    return {field: str(value).encode() for field, value in total.items()}

@@ -15,7 +15,7 @@ from carmy_worker.store.batch import Batch
 from carmy_worker.store.durable import Durability
 from carmy_worker.store.jobstore import CREATE_JOB, FINISH_JOB
 from carmy_worker.store.lua import ACCEPTED_WORK, NEW_WORK, NOW, text
-from carmy_worker.store.metrics import LUA_OBSERVE
+from carmy_worker.store.metrics import HISTOGRAMS, LUA_OBSERVE
 from carmy_worker.store.scripts import Script, bind
 from carmy_worker.wire import Record, record_decoder
 
@@ -104,7 +104,7 @@ if h[1] ~= 'running' or h[2] ~= ARGV[1] then return '' end
 local status = ARGV[2]
 if status == 'queued' and h[3] == '1' then status = 'cancelled' end
 if ARGV[4] ~= '' then redis.call('HSET', KEYS[1], 'last_error', ARGV[4]) end
-if ARGV[6] ~= '' then observe('job_lateness', ARGV[7], tonumber(ARGV[6])) end
+if ARGV[6] ~= '' then observe('""" + HISTOGRAMS["job_lateness"] + """', ARGV[7], tonumber(ARGV[6])) end
 if status == 'queued' then
   local due = now + tonumber(ARGV[3])
   redis.call('HSET', KEYS[1], 'status', 'queued', 'due', due, 'updated_at', now)

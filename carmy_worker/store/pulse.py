@@ -97,16 +97,17 @@ class PulseReader:
         args = [self.dead_ms, keys.running(""), keys.worker(""), jobs.queue_name(""), len(known), *known, *groups]
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.execute_command(*PULSE.command(_PULSE_KEYS, args))
-            pipe.hgetall(metrics.EXECUTIONS)
-            pipe.hgetall(metrics.HISTOGRAMS["run"])
+            metrics.read_counts(pipe)
             pipe.zcard(keys.QUEUED)
             pipe.zcard(keys.PENDING)
-            reply, executions, run_hist, queued, pending = await pipe.execute(raise_on_error=False)
+            replies = await pipe.execute(raise_on_error=False)
+        reply, queued, pending = replies[0], replies[-2], replies[-1]
         if isinstance(reply, NoScriptError):  # a restarted Redis: load it, and run it alone this once
             reply = await run(self.redis, PULSE, _PULSE_KEYS, args)
-        for part in (reply, executions, run_hist, queued, pending):
+        for part in (reply, *replies[1:]):
             if isinstance(part, Exception):
                 raise part
+        executions, run_hist, _ = metrics.added_counts(replies[1:-2])
         return _parse(reply, groups, executions=executions, run=run_hist, queued=queued, pending=pending)
 
 

@@ -16,7 +16,7 @@ from carmy_worker.wire import Record, final_event
 
 # Cancels an execution for its caller. One never started is settled here and now; a running
 # one is signalled to every worker (the one running it answers with the record).
-# KEYS: exe, record, pending, queued, jobs' settled executions, audit trail
+# KEYS: exe, record, pending, queued, jobs' settled executions, audit trail, the partition's counts
 # ARGV: exec_id, record, retention s, events channel, final event, cancel channel, metrics label
 CANCEL = Script("CANCEL", ACCEPTED_WORK + IMPOSE + """
 if redis.call('EXISTS', KEYS[2]) == 1 then return 'settled' end
@@ -27,7 +27,7 @@ if redis.call('HGET', KEYS[1], 'state') == 'running' then
   return 'signalled'
 end
 redis.call('ZREM', KEYS[4], ARGV[1])
-impose(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[7], KEYS[5], KEYS[6])
+impose(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[7], KEYS[5], KEYS[6], KEYS[7])
 return 'cancelled'
 """)
 
@@ -39,7 +39,7 @@ return 'cancelled'
 # uncertain first, so the re-delivered job finds it settled and never runs the tool a second
 # time (so is one whose job is gone: nothing could run it again).
 # KEYS: exe, record, pending, running set, arq in-progress key, leases hash, arq job key,
-#       jobs' settled executions, audit trail
+#       jobs' settled executions, audit trail, the partition's counts
 # ARGV: exec_id, worker_id, record, retention s, events channel, final event, metrics label, attempt or ''
 REAP = Script("REAP", ACCEPTED_WORK + IMPOSE + jobs.DUE_AGAIN + """
 local h = redis.call('HMGET', KEYS[1], 'worker', 'state', 'idem', 'wake', 'attempt', 'began')
@@ -57,12 +57,12 @@ if (h[3] == '1' or not h[6]) and redis.call('EXISTS', KEYS[7]) == 1 then
   redis.call('HSET', KEYS[1], 'state', 'queued', 'reaped', h[5])
   return 'requeued'
 end
-impose(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], KEYS[8], KEYS[9])
+impose(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], KEYS[8], KEYS[9], KEYS[10])
 return 'uncertain'
 """)
 
 # An accepted execution that no worker started before its start-by instant.
-# KEYS: exe, record, pending, queued, jobs' settled executions, audit trail
+# KEYS: exe, record, pending, queued, jobs' settled executions, audit trail, the partition's counts
 # ARGV: exec_id, record, retention s, events channel, final event, metrics label
 EXPIRE_UNSTARTED = Script("EXPIRE_UNSTARTED", ACCEPTED_WORK + NOW + IMPOSE + """
 local h = redis.call('HMGET', KEYS[1], 'state', 'start_by')
@@ -72,7 +72,7 @@ if h[1] ~= 'queued' or redis.call('EXISTS', KEYS[2]) == 1 then
 end
 if tonumber(h[2]) > now then return 0 end
 redis.call('ZREM', KEYS[4], ARGV[1])
-impose(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], KEYS[5], KEYS[6])
+impose(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], KEYS[5], KEYS[6], KEYS[7])
 return 1
 """)
 
@@ -98,7 +98,7 @@ class Verdicts:
         stored, final, label = _imposed(records.cancelled(exec_id, tool, started=False))
         outcome = await self._cancel(
             keys=[keys.execution(exec_id), keys.record(exec_id), keys.PENDING, keys.QUEUED, keys.JOBS_SETTLED,
-                  keys.AUDIT],
+                  keys.AUDIT, metrics.executions(keys.partition_of(exec_id))],
             args=[exec_id, stored, self.retention, keys.events(exec_id), final,
                   keys.cancel_channel(keys.partition_of(exec_id)), label],
         )
@@ -112,7 +112,7 @@ class Verdicts:
         outcome = await self._reap(
             keys=[keys.execution(exec_id), keys.record(exec_id), keys.PENDING, keys.running(worker_id),
                   jobs.in_progress_key(exec_id), keys.leases(worker_id), jobs.job_key(exec_id), keys.JOBS_SETTLED,
-                  keys.AUDIT],
+                  keys.AUDIT, metrics.executions(keys.partition_of(exec_id))],
             args=[exec_id, worker_id, stored, self.retention, keys.events(exec_id), final, label,
                   "" if attempt is None else attempt],
         )
@@ -123,7 +123,7 @@ class Verdicts:
         stored, final, label = _imposed(records.never_started(exec_id, tool))
         return bool(await self._expire(
             keys=[keys.execution(exec_id), keys.record(exec_id), keys.PENDING, keys.QUEUED, keys.JOBS_SETTLED,
-                  keys.AUDIT],
+                  keys.AUDIT, metrics.executions(keys.partition_of(exec_id))],
             args=[exec_id, stored, self.retention, keys.events(exec_id), final, label],
         ))
 
