@@ -41,7 +41,7 @@ end
 # LEASE (runtime.queue) claims each job it leases with it, in the same round trip; CLAIM claims
 # one.
 CLAIM_ONE = NOW + LUA_OBSERVE + EMIT + STARTED + f"""
-local function claim(exec_id, worker_id, running, max_attempts, queue_wait)
+local function claim(exec_id, worker_id, running, max_attempts, queue_wait, queued)
   local exe = '{keys.execution("")}' .. exec_id
   -- Read before the attempt is counted, with `state` (no EXISTS of the hash or of the record):
   -- SUBMIT writes it and nothing removes it, so a hash without it is not there, or is what a
@@ -50,7 +50,7 @@ local function claim(exec_id, worker_id, running, max_attempts, queue_wait)
   local h = redis.call('HMGET', exe, 'cancel', 'idem', 'start_by', 'queued_at', 'began', 'tool', {FOLLOWERS}, 'state')
   if not h[10] then return 'gone', 0, 0 end
   if h[10] == 'done' then return 'settled', 0, 0 end
-  redis.call('ZREM', '{keys.QUEUED}', exec_id)
+  redis.call('ZREM', queued, exec_id)
   local attempt = redis.call('HINCRBY', exe, 'attempt', 1)
   local waited = now - tonumber(h[4] or now)
   if h[1] == '1' then return 'cancelled', attempt, waited end
@@ -70,11 +70,11 @@ end
 # CLAIM_ONE for a worker that leased the job itself: only if the lease (ARGV[4], the token in
 # arq's in-progress key) is still current. A lease the janitor took away (the worker was paused
 # after LEASE) claims nothing: another worker has the job now.
-# KEYS: running set, arq in-progress key, the partition's queue-wait histogram
+# KEYS: running set, arq in-progress key, the partition's queue-wait histogram and queued set
 # ARGV: exec_id, worker_id, max attempts, lease token or ''
 CLAIM = Script("CLAIM", ACCEPTED_WORK + CLAIM_ONE + """
 if ARGV[4] ~= '' and redis.call('GET', KEYS[2]) ~= ARGV[4] then return {'moved', 0, 0} end
-local verdict, attempt, waited = claim(ARGV[1], ARGV[2], KEYS[1], tonumber(ARGV[3]), KEYS[3])
+local verdict, attempt, waited = claim(ARGV[1], ARGV[2], KEYS[1], tonumber(ARGV[3]), KEYS[3], KEYS[4])
 return {verdict, attempt, waited}
 """)
 
@@ -148,6 +148,12 @@ def _counts(partition: int) -> tuple[str, str]:
     return metrics.executions(partition), metrics.histogram("run", partition)
 
 
+@functools.lru_cache(maxsize=256)
+def _sets(partition: int) -> tuple[str, str]:
+    """The partition's admitted (pending) and not-yet-started (queued) executions."""
+    return keys.pending(partition), keys.queued(partition)
+
+
 class Attempts:
     """CLAIM and SETTLE for the executions of one worker."""
 
@@ -176,7 +182,7 @@ class Attempts:
         on ``run`` the execution is this worker's and ``tool.started`` is out."""
         verdict, attempt, waited = await self._claim(
             keys=[self._running, jobs.in_progress_key(exec_id),
-                  metrics.histogram("queue_wait", keys.partition_of(exec_id))],
+                  metrics.histogram("queue_wait", keys.partition_of(exec_id)), keys.queued(keys.partition_of(exec_id))],
             args=[exec_id, self.worker_id, max_attempts, lease],
         )
         return Claim(cast("ClaimVerdict", text(verdict)), int(attempt), int(waited))
@@ -196,9 +202,11 @@ class Attempts:
         replicas (``store.durable``) ``then`` is not sent, and its ``reply`` stays None.
         """
         stored, final = final_event(record)
-        keys_ = [keys.execution(exec_id), keys.record(exec_id), keys.PENDING, self._running, keys.QUEUED,
+        partition = keys.partition_of(exec_id)
+        pending, queued = _sets(partition)
+        keys_ = [keys.execution(exec_id), keys.record(exec_id), pending, self._running, queued,
                  jobs.in_progress_key(exec_id), jobs.job_key(exec_id), jobs.retry_key(exec_id), self.queue,
-                 self._leases, keys.JOBS_SETTLED, keys.AUDIT, *_counts(keys.partition_of(exec_id))]
+                 self._leases, keys.JOBS_SETTLED, keys.AUDIT, *_counts(partition)]
         args = [exec_id, attempt, stored, self.retention, keys.events(exec_id), final, completed_event or b"",
                 metrics.label(record), record.tool, "" if run_ms is None else run_ms, self.worker_id if ran else "",
                 lease]

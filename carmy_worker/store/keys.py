@@ -93,8 +93,28 @@ def partitions() -> range:
 # of partition 0, so that each script's keys share one slot: every process runs one partition
 # (CARMY_REDIS_PARTITIONS=1) until the scripts that read them take a partition.
 _P0 = PREFIX + "{c:0}:"
-PENDING = _P0 + "pending"  # zset exec_id -> admission deadline (ms): queued or running
-QUEUED = _P0 + "queued"  # zset exec_id -> start-by (ms): accepted and not yet started
+
+
+def pending(partition: int) -> str:
+    """Zset of ``partition``'s admitted executions (exec_id -> admission deadline, ms): queued or
+    running. SUBMIT admits up to its share of ``CARMY_MAX_PENDING`` (``share``)."""
+    return _layout.prefixes[partition] + "pending"
+
+
+def queued(partition: int) -> str:
+    """Zset of ``partition``'s accepted executions not yet started (exec_id -> start-by, ms)."""
+    return _layout.prefixes[partition] + "queued"
+
+
+def share(total: int) -> int:
+    """A partition's part of a limit over every partition: ``ceil(total / count)``, so that the
+    partitions together never admit more than ``total + count - 1``."""
+    return -(-total // _layout.count)
+
+
+# Partition 0's, for the readers that do not take a partition yet (JANITOR_SCAN, HEARTBEAT, PROMOTE).
+PENDING = _P0 + "pending"
+QUEUED = _P0 + "queued"
 WORKERS = _P0 + "workers"  # zset worker_id -> last heartbeat (ms)
 DRAINING = _P0 + "draining"  # set of workers finishing their work before they stop
 WATCH = _P0 + "watch"  # hash: when Redis was last seen in use, and since when without a gap

@@ -52,7 +52,8 @@ log = logging.getLogger("carmy.queue")
 # only a few jobs down the queue, and leaves the tokens as they are (one too many, at most, for
 # the job it took: an idle worker woken for nothing looks further, and sets them right).
 # Returns {id, score before, job, verdict ('' if not claimed), attempt, ms waited, id, ...}.
-# KEYS: queue, leases hash, wake list, running set, the queue's partition's queue-wait histogram
+# KEYS: queue, leases hash, wake list, running set, the queue's partition's queue-wait histogram and
+#       queued set
 # ARGV: in-progress key prefix, how many, lease ms, how far down the queue to look, token prefix,
 #       job key prefix, worker_id, max attempts, '1' to leave the wake list alone
 LEASE = Script("LEASE", ACCEPTED_WORK + CLAIM_ONE + jobs.WAKE_FOR + """
@@ -73,7 +74,7 @@ for i = 1, #due, 2 do
     local bytes = redis.call('GET', ARGV[6] .. job) or ''
     local verdict, attempt, waited = '', 0, 0
     if bytes ~= '' then
-      verdict, attempt, waited = claim(job, ARGV[7], KEYS[4], tonumber(ARGV[8]), KEYS[5])
+      verdict, attempt, waited = claim(job, ARGV[7], KEYS[4], tonumber(ARGV[8]), KEYS[5], KEYS[6])
     end
     for _, v in ipairs({job, due[i + 1], bytes, verdict, attempt, waited}) do table.insert(leased, v) end
   end
@@ -109,10 +110,12 @@ FINISH_RETRY_S = 60.0
 HANDOFF_LOOK_AHEAD = 4
 
 
-@functools.lru_cache(maxsize=256)  # a worker's queues are few, and LEASE names one on every call
-def _queue_wait(queue: str) -> str:
-    """The queue-wait histogram of the partition ``queue`` is in, where LEASE's claims observe."""
-    return metrics.histogram("queue_wait", keys.partition_of_key(queue))
+@functools.lru_cache(maxsize=256)  # a worker's queues are few, and LEASE names them on every call
+def _partition_of_queue(queue: str) -> tuple[str, str]:
+    """Where LEASE's claims of ``queue``'s jobs observe their wait and unlist them: its
+    partition's queue-wait histogram and queued set."""
+    partition = keys.partition_of_key(queue)
+    return metrics.histogram("queue_wait", partition), keys.queued(partition)
 
 class Lease(Struct, frozen=True):
     job_id: str
@@ -201,7 +204,7 @@ class Leases:
         ``wake``: it sets the wake list's tokens right."""
         prefix = f"{self.worker_id}/{next(self._calls):x}/"
         return ([queue, self._hash, jobs.wake_list(queue), self._running,
-                 _queue_wait(queue)],
+                 *_partition_of_queue(queue)],
                 [jobs.IN_PROGRESS_KEY_PREFIX, most, lease_ms, look_ahead, prefix, jobs.JOB_KEY_PREFIX,
                  self.worker_id, MAX_ATTEMPTS, "" if wake else "1"],
                 prefix)

@@ -14,7 +14,7 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from carmy_worker.store.keys import JOBS_DEAD, PENDING, QUEUED, partition_prefix, partitions
+from carmy_worker.store.keys import JOBS_DEAD, partition_prefix, partitions, pending, queued
 from carmy_worker.wire import Record
 
 
@@ -79,16 +79,30 @@ async def snapshot(redis: Redis) -> dict[str, Any]:
     counted by tool and status (``jobs``) and the ``dead_letters`` kept."""
     async with redis.pipeline(transaction=False) as pipe:
         read_counts(pipe)
-        pipe.zcard(QUEUED)
-        pipe.zcard(PENDING)
+        read_sizes(pipe)
         pipe.hgetall(HISTOGRAMS["job_lateness"])
         pipe.hgetall(JOBS)
         pipe.zcard(JOBS_DEAD)
         replies = await pipe.execute()
     executions, run, queue_wait = added_counts(replies)
-    queued, pending, lateness, jobs, dead = replies[-5:]
-    return {"executions": executions, "run": run, "queue_wait": queue_wait, "queued": queued, "pending": pending,
+    n = len(COUNTED) * len(partitions())
+    waiting, admitted = added_sizes(replies[n:])
+    lateness, jobs, dead = replies[-3:]
+    return {"executions": executions, "run": run, "queue_wait": queue_wait, "queued": waiting, "pending": admitted,
             "job_lateness": lateness, "jobs": jobs, "dead_letters": dead}
+
+
+def read_sizes(pipe: Any) -> None:
+    """Asks ``pipe`` for every partition's queued and pending executions (``added_sizes``)."""
+    for partition in partitions():
+        pipe.zcard(queued(partition))
+        pipe.zcard(pending(partition))
+
+
+def added_sizes(replies: list[Any]) -> tuple[int, int]:
+    """``read_sizes``' replies (the first of ``replies``) added up: (queued, pending)."""
+    n = 2 * len(partitions())
+    return sum(replies[0:n:2]), sum(replies[1:n:2])
 
 
 COUNTED = ("executions", "run", "queue_wait")  # what read_counts asks each partition for, in order

@@ -98,16 +98,16 @@ class PulseReader:
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.execute_command(*PULSE.command(_PULSE_KEYS, args))
             metrics.read_counts(pipe)
-            pipe.zcard(keys.QUEUED)
-            pipe.zcard(keys.PENDING)
+            metrics.read_sizes(pipe)
             replies = await pipe.execute(raise_on_error=False)
-        reply, queued, pending = replies[0], replies[-2], replies[-1]
+        reply = replies[0]
         if isinstance(reply, NoScriptError):  # a restarted Redis: load it, and run it alone this once
             reply = await run(self.redis, PULSE, _PULSE_KEYS, args)
         for part in (reply, *replies[1:]):
             if isinstance(part, Exception):
                 raise part
-        executions, run_hist, _ = metrics.added_counts(replies[1:-2])
+        executions, run_hist, _ = metrics.added_counts(replies[1:])
+        queued, pending = metrics.added_sizes(replies[1 + len(metrics.COUNTED) * len(keys.partitions()):])
         return _parse(reply, groups, executions=executions, run=run_hist, queued=queued, pending=pending)
 
 

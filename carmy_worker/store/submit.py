@@ -128,8 +128,10 @@ class Submit:
         and ``effect`` (its tool's) are kept for its audit entry (``store.audit``).
         """
         exec_id, owner = job.execution_id, keys.owner(job.principal)
-        redis_keys = [keys.execution(exec_id), keys.PENDING, keys.QUEUED, jobs.job_key(exec_id), queue,
-                      keys.quota_pending(owner), keys.quota_bucket(owner)]
+        partition = keys.partition_of(exec_id)
+        # Admission is counted per partition (``keys.share`` of max_pending): a script sees one slot.
+        redis_keys = [keys.execution(exec_id), keys.pending(partition), keys.queued(partition), jobs.job_key(exec_id),
+                      queue, keys.quota_pending(owner), keys.quota_bucket(owner)]
         if job.request_id is not None:
             redis_keys.append(keys.idempotency(job.principal, job.session, job.request_id))
         arq_job = jobs.encode_job(msgpack_encoder.encode(job), int(time.time() * 1000))
@@ -137,9 +139,9 @@ class Submit:
         args = [
             # The fingerprint is only compared with a request id's (an idempotency record).
             exec_id, keys.fingerprint(job.tool, job.arguments) if job.request_id is not None else "", arq_job,
-            self.retention, max_pending, admission_ms,
+            self.retention, keys.share(max_pending), admission_ms,
             queue_wait_ms, 1 if workers_alive else 0, job.tool, owner, 1 if idempotent else 0,
-            keys.record_prefix(keys.partition_of(exec_id)), jobs.wake_list(queue), reply, "1" if stream else "",
+            keys.record_prefix(partition), jobs.wake_list(queue), reply, "1" if stream else "",
             quota.pending, quota.interval_us(), quota.tolerance_us(), "1" if memory is None or memory.room else "",
             job.request_id or "", job.principal or "", via, effect,
         ]
