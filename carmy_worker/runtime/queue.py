@@ -34,6 +34,16 @@ from arq's defaults:
   reply is read, in a task of its own that takes over the slot of arq's count
   (``WakeableWorker._take_over``), while arq's run_job still ends the job before it.
 
+**On a Redis Cluster** (issue 34) arq's pool, which is not cluster-aware, never reaches a job's
+keys: arq asks for them by its own names (``arq:job:<id>``, ``arq:retry:<id>``) only in run_job's
+first pipeline, which is answered from the lease here, while the store keeps them under the
+execution's hash tag (``carmy:{c:N}:arq:job:<id>``), in the slot of the scripts that write and
+lease them; every other command of the seam is a store script (LEASE, FINISH, SETTLE) or the
+BLPOP on a wake list, whose keys are all in the queue's slot, so that each can go to that slot's
+primary (the connection held for BLPOP-then-LEASE must then be one of that primary's: not wired
+yet, issue 34). What arq itself still sends is its status line (``heart_beat``: one SET of
+``<queue>:health-check``, in the queue's slot).
+
 The last two override arq internals. ``ARQ_PRIVATE_SURFACE`` names every private or
 undocumented name of arq this module relies on; ``tests/carmy_worker/runtime/test_arq_surface.py``
 fails loudly when an arq release changes one of them.
