@@ -11,10 +11,15 @@ nothing rehashes a live store.
 
 from __future__ import annotations
 
+import logging
+
 from redis.asyncio import Redis
+from redis.exceptions import OutOfMemoryError
 
 from carmy_worker.settings import SettingsError
 from carmy_worker.store import keys
+
+log = logging.getLogger("carmy.store")
 
 
 class PartitionsDisagree(SettingsError):
@@ -28,8 +33,18 @@ def message(mine: int, recorded: int) -> str:
 
 
 async def agree(redis: Redis, count: int) -> None:
-    """Record ``count`` if no process did, else ``PartitionsDisagree`` unless it is the same. In
-    one round trip (``SET NX GET``: Redis 7), so two first processes cannot both win."""
-    recorded = await redis.set(keys.PARTITIONS, count, nx=True, get=True)
+    """Record ``count`` if no process did, else ``PartitionsDisagree`` unless it is the same.
+
+    Read first: a Redis over its ``maxmemory`` refuses any SET, even one that would write
+    nothing, and a worker must start then to serve the work already accepted (README, "A full
+    Redis"). Recorded with ``SET NX GET`` (Redis 7), so two first processes cannot both win; a
+    full Redis that has no count yet is told so in the log, and the next process records it."""
+    recorded = await redis.get(keys.PARTITIONS)
+    if recorded is None:
+        try:
+            recorded = await redis.set(keys.PARTITIONS, count, nx=True, get=True)
+        except OutOfMemoryError:
+            log.warning("Redis is full: CARMY_REDIS_PARTITIONS (%d) is not recorded yet", count)
+            return
     if recorded is not None and int(recorded) != count:
         raise PartitionsDisagree(message(count, int(recorded)))
