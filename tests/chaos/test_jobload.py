@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import datetime
 import random
+import time
+
+import pytest
 
 from chaos.jobload import body, keep, new_job
 from chaos.model import JobRead, attempt_of
@@ -18,9 +21,13 @@ def test_the_attempt_is_read_from_the_request_id() -> None:
     assert attempt_of("a#b") == ("a#b", 1)
 
 
-def test_a_job_asks_for_one_due_time_the_same_on_every_retry() -> None:
+def test_a_job_asks_for_one_due_time_the_same_on_every_retry(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Two jobs made a millisecond apart would ask for run_at a millisecond apart: one clock here.
+    monkeypatch.setattr(time, "time", lambda: 1_800_000_000.25)
     jobs = [new_job(random.Random(5), f"r{i}") for i in range(2)]
     assert body(jobs[0]) | {"request_id": "r1"} == body(jobs[1])  # seeded: the same draws
+    monkeypatch.undo()
+    assert body(jobs[0]) == body(jobs[0])  # a retry, later, sends the same body
     many = [new_job(random.Random(i), "r") for i in range(200)]
     assert all((job.delay_ms is None) != (job.run_at is None) for job in many)
     assert {"delay_ms" in body(job) for job in many} == {True, False}
