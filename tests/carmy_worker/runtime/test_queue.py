@@ -36,3 +36,37 @@ async def test_the_handler_gets_the_payload() -> None:
     await worker.functions[jobs.FUNCTION].coroutine({"job_id": "exec_x"}, b"payload")
     assert seen == [b"payload"]
     await pool.aclose(close_connection_pool=True)
+
+
+async def test_a_run_that_failed_is_surfaced_and_one_that_ended_well_is_unlisted(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The loop that starts jobs looks only at the runs that failed (not at every running task):
+    # a run ending well unlists itself, and one that failed is raised there, as arq does.
+    import asyncio
+
+    from carmy_worker.store.leases import Lease
+
+    async def handler(payload: bytes, lease: str, then: object = None) -> None:
+        pass
+
+    pool = queue.connect("redis://127.0.0.1:1/0")
+    worker = queue.build_worker(handler, pool=pool, worker_id="w", group="g", concurrency=4, max_timeout=1,
+                                drain_seconds=1)
+    worker._slot_freed, worker._ends, worker._failed = asyncio.Event(), {}, []
+
+    async def run_job(job_id: str, score: int) -> None:
+        if job_id == "bad":
+            raise ValueError("run_job itself failed")
+
+    async def heart_beat() -> None:
+        pass
+
+    monkeypatch.setattr(worker, "run_job", run_job)
+    monkeypatch.setattr(worker, "heart_beat", heart_beat)
+    assert await worker._start_due([Lease("ok", 0, "t1"), Lease("bad", 0, "t2")]) == 2
+    await asyncio.gather(*worker.tasks.values(), return_exceptions=True)
+    assert list(worker.tasks) == ["bad"] and worker._failed == ["bad"]
+    with pytest.raises(ValueError, match="run_job itself failed"):
+        await worker._start_due([])
+    assert worker.tasks == {} and worker._failed == []
+    await pool.aclose(close_connection_pool=True)
