@@ -1,9 +1,9 @@
 """``python -m carmy_worker.health``: is a worker on this host alive? For container health checks.
 
-Exit 0 when a worker process on this host heartbeated within ``dead_after`` seconds, else exit 1
-with one line on stderr saying why. It asks Redis, not the process: the heartbeat is what the
-API and the janitor go by, so a worker whose heartbeat stopped is dead to them whatever its
-process is doing. Each Redis call gives up after 2 s, so a check never hangs.
+Exit 0 when a worker process on this host heartbeated within ``dead_after`` seconds (in every
+partition: ``store.roster``), else exit 1 with one line on stderr saying why. It asks Redis, not
+the process: the heartbeat is what the API and the janitor go by, so a worker whose heartbeat
+stopped is dead to them whatever its process is doing. Each Redis call gives up after 2 s, so a check never hangs.
 """
 
 from __future__ import annotations
@@ -32,9 +32,11 @@ def check(settings: WorkerSettings, host: str) -> str | None:
     except SettingsError as exc:
         return str(exc)
     try:
-        # Scores are compared with Redis's clock, as the API does: this host's may differ.
-        roster = SyncLiveness(client, dead_after=settings.dead_after).roster()
-        live = [w for w in roster.last_seen if roster.alive(w)]
+        # Scores are compared with Redis's clock, as the API does: this host's may differ. A
+        # worker counts as alive only if every partition's roster says so: one whose beats no
+        # longer reach a partition has its work there reaped by that partition's janitor.
+        rosters = SyncLiveness(client, dead_after=settings.dead_after).rosters()
+        live = [w for w in rosters[0].last_seen if all(roster.alive(w) for roster in rosters)]
         # The sync client's stubs type every reply as "maybe awaitable".
         infos = cast("list[bytes | None]", client.mget([keys.worker(w) for w in live])) if live else []
     except redis.RedisError as exc:

@@ -660,7 +660,7 @@ async def test_janitor_reaps_only_the_executions_of_dead_workers(r: redis.Redis,
     assert state(r, kept)["state"] == "running" and not r.exists(keys.record(kept))
     assert r.sismember(keys.running("alive"), kept)
     assert r.scard(keys.running("dead")) == 0
-    assert in_zset(r, keys.WORKERS, "dead")  # recently dead: still remembered
+    assert in_zset(r, keys.workers(0), "dead")  # recently dead: still remembered
 
 
 async def test_janitor_forgets_long_departed_workers_once_they_hold_nothing(
@@ -669,13 +669,13 @@ async def test_janitor_forgets_long_departed_workers_once_they_hold_nothing(
     long_ago = -(DEPARTED_MEMORY_S * 1000 + 1000)
     for worker_id, offset in (("idle", long_ago), ("busy", long_ago), ("recent", -10_000)):
         r.set(keys.worker(worker_id), b"info")
-        r.sadd(keys.DRAINING, worker_id)
+        r.sadd(keys.draining(0), worker_id)
         await heartbeat(ar, worker_id, offset)
     held = await running(ar, worker_id="busy")
 
     def remembered(worker_id: str) -> tuple[bool, bool, bool]:
-        return (bool(r.exists(keys.worker(worker_id))), in_zset(r, keys.WORKERS, worker_id),
-                bool(r.sismember(keys.DRAINING, worker_id)))
+        return (bool(r.exists(keys.worker(worker_id))), in_zset(r, keys.workers(0), worker_id),
+                bool(r.sismember(keys.draining(0), worker_id)))
 
     assert await sweep(ar) == [1]  # the busy worker's execution
     assert remembered("idle") == (False, False, False)
@@ -1004,8 +1004,8 @@ async def test_heartbeat_reports_what_its_worker_no_longer_holds(r: redis.Redis,
 async def test_liveness_after_a_gap_counts_only_what_could_be_observed(r: redis.Redis, ar: redis.asyncio.Redis) -> None:
     now = redis_now_ms(r)
     # Redis was unreachable for the last 5 s (nothing marked it watched), after a long quiet run.
-    r.hset(keys.WATCH, mapping={"seen": now - 5000, "since": now - MINUTE_MS, "from": now - MINUTE_MS})
-    r.zadd(keys.WORKERS, {"cut_off": now - 6000, "dead_before": now - 9000})
+    r.hset(keys.watch(0), mapping={"seen": now - 5000, "since": now - MINUTE_MS, "from": now - MINUTE_MS})
+    r.zadd(keys.workers(0), {"cut_off": now - 6000, "dead_before": now - 9000})
     cut_off = await running(ar, worker_id="cut_off")
     dead_before = await running(ar, worker_id="dead_before")
     roster = await Liveness(ar, dead_after=3.0).roster()
@@ -1014,7 +1014,7 @@ async def test_liveness_after_a_gap_counts_only_what_could_be_observed(r: redis.
     assert await sweep(ar) == [1]
     assert r.exists(keys.record(dead_before)) and not r.exists(keys.record(cut_off))
     # A worker that does not reassert itself within one dead-after period of the gap's end is dead.
-    r.hset(keys.WATCH, mapping={"seen": redis_now_ms(r), "since": redis_now_ms(r) - 3001})
+    r.hset(keys.watch(0), mapping={"seen": redis_now_ms(r), "since": redis_now_ms(r) - 3001})
     assert (await Liveness(ar, dead_after=3.0).roster()).alive("cut_off") is False
     assert await sweep(ar) == [1]
     assert record_decoder.decode(r.get(keys.record(cut_off))).error_code == "EXECUTION_UNCERTAIN"
@@ -1022,8 +1022,8 @@ async def test_liveness_after_a_gap_counts_only_what_could_be_observed(r: redis.
 
 async def test_short_gaps_between_observations_change_nothing(r: redis.Redis, ar: redis.asyncio.Redis) -> None:
     now = redis_now_ms(r)
-    r.hset(keys.WATCH, mapping={"seen": now - 500, "since": now - MINUTE_MS, "from": now - MINUTE_MS})
-    r.zadd(keys.WORKERS, {"silent": now - 3500})
+    r.hset(keys.watch(0), mapping={"seen": now - 500, "since": now - MINUTE_MS, "from": now - MINUTE_MS})
+    r.zadd(keys.workers(0), {"silent": now - 3500})
     exec_id = await running(ar, worker_id="silent")
     assert await sweep(ar) == [1]
     assert r.exists(keys.record(exec_id))
