@@ -32,25 +32,34 @@ def check(settings: WorkerSettings, host: str) -> str | None:
     except SettingsError as exc:
         return str(exc)
     try:
-        # Scores are compared with Redis's clock, as the API does: this host's may differ. A
-        # worker counts as alive only if every partition's roster says so: one whose beats no
-        # longer reach a partition has its work there reaped by that partition's janitor.
+        # Scores are compared with Redis's clock, as the API does: this host's may differ.
         rosters = SyncLiveness(client, dead_after=settings.dead_after).rosters()
-        live = [w for w in rosters[0].last_seen if all(roster.alive(w) for roster in rosters)]
+        live = [w for w in rosters[0].last_seen if rosters[0].alive(w)]
         # The sync client's stubs type every reply as "maybe awaitable".
         infos = cast("list[bytes | None]", client.mget([keys.worker(w) for w in live])) if live else []
     except redis.RedisError as exc:
         return f"cannot query Redis: {exc}"
     finally:
         client.close()
-    for raw in infos:
-        try:
-            if raw is not None and worker_info_decoder.decode(raw).host == host:
-                return None
-        except msgspec.DecodeError:
-            continue  # another version's record: not ours to judge
+    ours = [w for w, raw in zip(live, infos, strict=True) if _host(raw) == host]
+    # Alive only if every partition's roster says so: a worker whose beats no longer reach a
+    # partition has its work there reaped by that partition's janitor.
+    missed = {w: [p for p, roster in enumerate(rosters) if not roster.alive(w)] for w in ours}
+    if any(not partitions for partitions in missed.values()):
+        return None
+    if missed:
+        worker_id, partitions = next(iter(missed.items()))
+        return (f"worker {worker_id} on {host} has not heartbeated in the last {settings.dead_after:g} s in "
+                f"partition(s) {', '.join(map(str, partitions))} of {len(rosters)}")
     return (f"no worker on {host} has heartbeated in the last {settings.dead_after:g} s "
             f"({len(live)} live elsewhere)")
+
+
+def _host(raw: bytes | None) -> str | None:
+    try:
+        return None if raw is None else worker_info_decoder.decode(raw).host
+    except msgspec.DecodeError:
+        return None  # another version's record: not ours to judge
 
 
 def main() -> int:
@@ -59,6 +68,7 @@ def main() -> int:
     except SettingsError as exc:
         reason: str | None = str(exc)
     else:
+        keys.use_partitions(settings.redis_partitions)  # before any key is named
         reason = check(settings, socket.gethostname())
     if reason is None:
         return 0
