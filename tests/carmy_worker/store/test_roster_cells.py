@@ -217,3 +217,20 @@ def test_a_beat_sends_one_heartbeat_per_partition_in_one_pipeline(r: redis.Redis
     assert all(r.zscore(keys.workers(p), "w1") is not None for p in keys.partitions())
     stats = r.info("commandstats")  # the commands sent, and those the scripts ran
     assert stats["cmdstat_evalsha"]["calls"] == stats["cmdstat_zadd"]["calls"] == PARTITIONS
+
+
+async def test_a_redis_that_lost_its_scripts_still_gets_every_beat_and_scan(r: redis.Redis,
+                                                                            ar: redis.asyncio.Redis) -> None:
+    """A restarted Redis, or a new primary (NOSCRIPT): each partition's call is loaded and run again."""
+    liveness = Liveness(ar, dead_after=DEAD_AFTER)
+    await liveness.heartbeat("w1")
+    held = [claimed(r, await accepted(ar, partition, idempotent=False), "dead") for partition in keys.partitions()]
+    await liveness.heartbeat("dead", offset_ms=-10_000)
+    r.script_flush()
+    beat = SyncLiveness(r, dead_after=DEAD_AFTER).heartbeat("w1")
+    assert beat.lost == [] and all(r.zscore(keys.workers(p), "w1") is not None for p in keys.partitions())
+    r.script_flush()
+    assert await Janitor(ar, retention=RETENTION, dead_after=DEAD_AFTER).sweep() == PARTITIONS
+    assert [error_code(r, h.execution_id) for h in held] == ["EXECUTION_UNCERTAIN"] * PARTITIONS
+    r.script_flush()
+    assert all(roster.alive("w1") for roster in await liveness.rosters())
