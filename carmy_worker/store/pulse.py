@@ -7,9 +7,8 @@ the parts are added up: the workers are partition 0's roster, judged by the rost
 (``roster.CUTOFF``, which marks each partition watched, as WORKERS does: a reading is evidence
 that Redis is up), each one's running executions counted in every partition, each queue's depth
 over its partitions; the metrics hashes and the admission sets of every partition are read in
-the same pipeline. A worker's info never
-changes while it lives, so PULSE sends it only for the workers the caller does not know yet, and
-the depth only of the queues it names.
+the same pipeline. A worker's info never changes while it lives, so PULSE sends it only for the
+workers the caller does not know yet, and the depth only of the queues it names.
 """
 
 from __future__ import annotations
