@@ -107,7 +107,8 @@ class Heartbeats(threading.Thread):
         self.halt.set()
         self.join(5)
         for info in self.infos:
-            self.client.zrem(keys.WORKERS, info.worker_id)
+            for partition in keys.partitions():
+                self.client.zrem(keys.workers(partition), info.worker_id)
             self.client.delete(keys.worker(info.worker_id))
         self.client.close()
 

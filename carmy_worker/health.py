@@ -1,9 +1,9 @@
 """``python -m carmy_worker.health``: is a worker on this host alive? For container health checks.
 
-Exit 0 when a worker process on this host heartbeated within ``dead_after`` seconds, else exit 1
-with one line on stderr saying why. It asks Redis, not the process: the heartbeat is what the
-API and the janitor go by, so a worker whose heartbeat stopped is dead to them whatever its
-process is doing. Each Redis call gives up after 2 s, so a check never hangs.
+Exit 0 when a worker process on this host heartbeated within ``dead_after`` seconds (in every
+partition: ``store.roster``), else exit 1 with one line on stderr saying why. It asks Redis, not
+the process: the heartbeat is what the API and the janitor go by, so a worker whose heartbeat
+stopped is dead to them whatever its process is doing. Each Redis call gives up after 2 s, so a check never hangs.
 """
 
 from __future__ import annotations
@@ -33,22 +33,33 @@ def check(settings: WorkerSettings, host: str) -> str | None:
         return str(exc)
     try:
         # Scores are compared with Redis's clock, as the API does: this host's may differ.
-        roster = SyncLiveness(client, dead_after=settings.dead_after).roster()
-        live = [w for w in roster.last_seen if roster.alive(w)]
+        rosters = SyncLiveness(client, dead_after=settings.dead_after).rosters()
+        live = [w for w in rosters[0].last_seen if rosters[0].alive(w)]
         # The sync client's stubs type every reply as "maybe awaitable".
         infos = cast("list[bytes | None]", client.mget([keys.worker(w) for w in live])) if live else []
     except redis.RedisError as exc:
         return f"cannot query Redis: {exc}"
     finally:
         client.close()
-    for raw in infos:
-        try:
-            if raw is not None and worker_info_decoder.decode(raw).host == host:
-                return None
-        except msgspec.DecodeError:
-            continue  # another version's record: not ours to judge
+    ours = [w for w, raw in zip(live, infos, strict=True) if _host(raw) == host]
+    # Alive only if every partition's roster says so: a worker whose beats no longer reach a
+    # partition has its work there reaped by that partition's janitor.
+    missed = {w: [p for p, roster in enumerate(rosters) if not roster.alive(w)] for w in ours}
+    if any(not partitions for partitions in missed.values()):
+        return None
+    if missed:
+        worker_id, partitions = next(iter(missed.items()))
+        return (f"worker {worker_id} on {host} has not heartbeated in the last {settings.dead_after:g} s in "
+                f"partition(s) {', '.join(map(str, partitions))} of {len(rosters)}")
     return (f"no worker on {host} has heartbeated in the last {settings.dead_after:g} s "
             f"({len(live)} live elsewhere)")
+
+
+def _host(raw: bytes | None) -> str | None:
+    try:
+        return None if raw is None else worker_info_decoder.decode(raw).host
+    except msgspec.DecodeError:
+        return None  # another version's record: not ours to judge
 
 
 def main() -> int:
@@ -57,6 +68,7 @@ def main() -> int:
     except SettingsError as exc:
         reason: str | None = str(exc)
     else:
+        keys.use_partitions(settings.redis_partitions)  # before any key is named
         reason = check(settings, socket.gethostname())
     if reason is None:
         return 0

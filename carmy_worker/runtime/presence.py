@@ -54,6 +54,9 @@ def group_of(described: list[WorkerTool]) -> str:
 class Presence:
     """Registers a worker, keeps its heartbeat, and deregisters it on a clean stop.
 
+    A worker is present in every partition (``store.roster``): each heartbeat beats in all of
+    them at once (one pipeline), and so do its drain and its departure.
+
     Each heartbeat also checks what the worker's runtime holds. An execution the worker lost
     (the janitor reaped it while the worker was paused or cut off from Redis) is stopped at
     once; so is one whose tool lock went to another. One listed as running on this worker that
@@ -174,10 +177,7 @@ class Presence:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
-        offset = -int(self.settings.dead_after * 1000) - 1
-        await self._liveness.heartbeat(self.info.worker_id, offset_ms=offset)
-
-        await self.redis.srem(keys.DRAINING, self.info.worker_id)  # type: ignore[misc]  # redis-py's union
+        await self._liveness.depart(self.info.worker_id)
         await self.redis.publish(keys.CATALOG_CHANNEL, self.info.worker_id)
 
 

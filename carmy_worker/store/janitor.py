@@ -1,6 +1,7 @@
 """Settling what nobody else will: executions whose worker died, and executions that waited in
-the queue past their start deadline. Every worker and every API process runs one; the scripts
-make concurrent janitors harmless."""
+the queue past their start deadline. Every worker and every API process runs one, over every
+partition each sweep (each partition judges its workers by its own roster); the scripts make
+concurrent janitors harmless."""
 
 from __future__ import annotations
 
@@ -14,10 +15,11 @@ from carmy_worker.settings import AuditSettings
 from carmy_worker.store import jobs, keys
 from carmy_worker.store.audit import AuditTrail
 from carmy_worker.store.durable import Durability
+from carmy_worker.store.fanout import Call, run_each
 from carmy_worker.store.lua import ACCEPTED_WORK, NOW
 from carmy_worker.store.pubsub import raise_if_cancelled, stop_if_cancelled
-from carmy_worker.store.roster import CUTOFF
-from carmy_worker.store.scripts import Script, bind
+from carmy_worker.store.roster import CUTOFF, in_progress_prefix
+from carmy_worker.store.scripts import Script
 from carmy_worker.store.verdicts import Verdicts
 
 log = logging.getLogger("carmy.janitor")
@@ -26,12 +28,14 @@ log = logging.getLogger("carmy.janitor")
 # crash does not turn calls into TOOL_NOT_FOUND.
 DEPARTED_MEMORY_S = 3600
 
-# What the janitor has to look at: executions claimed by dead workers (REAP decides each),
-# executions that were never started in time. Jobs a dead worker leased but never claimed go
-# back to the queue here and now. Forgets workers that departed more than `memory` ms ago.
+# What the janitor has to look at in one partition: its executions claimed by workers dead by
+# its roster (REAP decides each), its executions that were never started in time. Jobs a dead
+# worker leased there but never claimed go back to the queue here and now. Forgets workers that
+# departed more than `memory` ms ago (their info too, in partition 0, the info's: ARGV[5] is ''
+# elsewhere). Every key is the partition's: declared, or named from its prefixes, in its slot.
 # KEYS: watch, workers zset, queued zset, draining set
-# ARGV: dead after ms, memory ms, running prefix, execution prefix, worker prefix, leases prefix,
-#       in-progress prefix
+# ARGV: dead after ms, memory ms, running prefix, execution prefix, worker info prefix or '',
+#       leases prefix, in-progress prefix
 JANITOR_SCAN = Script("JANITOR_SCAN", ACCEPTED_WORK + NOW + CUTOFF + jobs.DUE_AGAIN + """
 local dead_before = cutoff(now, tonumber(ARGV[1]))
 local held, released = {}, {}
@@ -58,7 +62,8 @@ for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', '(' .. dead_bef
 end
 for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now - tonumber(ARGV[2]))) do
   if redis.call('SCARD', ARGV[3] .. id) == 0 then
-    redis.call('DEL', ARGV[5] .. id, ARGV[6] .. id)
+    if ARGV[5] ~= '' then redis.call('DEL', ARGV[5] .. id) end
+    redis.call('DEL', ARGV[6] .. id)
     redis.call('ZREM', KEYS[2], id)
     redis.call('SREM', KEYS[4], id)
   end
@@ -97,7 +102,7 @@ class Janitor:
     def __init__(self, redis: Redis, *, retention: int, dead_after: float,
                  durability: Durability | None = None, audit: AuditSettings | None = None) -> None:
         self.dead_after_ms = int(dead_after * 1000)
-        self._scan = bind(redis, JANITOR_SCAN)
+        self._redis = redis
         self._verdicts = Verdicts(redis, retention=retention, durability=durability)
         # The audit trail's bounds, kept by every janitor (store.audit: its scripts never trim).
         self._audit = AuditTrail(redis)
@@ -117,17 +122,22 @@ class Janitor:
             await asyncio.sleep(interval)
 
     async def scan(self) -> Scan:
-        """JANITOR_SCAN: what is held by dead workers and what is late (forgetting long-departed workers)."""
-        held, late, released = await self._scan(
-            keys=[keys.WATCH, keys.WORKERS, keys.QUEUED, keys.DRAINING],
-            args=[self.dead_after_ms, DEPARTED_MEMORY_S * 1000, keys.running(""), keys.execution(""),
-                  keys.worker(""), keys.leases(""), jobs.IN_PROGRESS_KEY_PREFIX],
-        )
+        """JANITOR_SCAN in every partition (one pipeline): what is held by workers dead by that
+        partition's roster and what is late there (forgetting long-departed workers)."""
+        replies, _ = await run_each(self._redis, JANITOR_SCAN, [self._scan_call(p) for p in keys.partitions()])
+        held = [v.decode() for reply in replies for v in reply[0]]
+        late = [v.decode() for reply in replies for v in reply[1]]
         return Scan(
-            held=[Held(*(v.decode() for v in held[i:i + 3])) for i in range(0, len(held), 3)],
-            late=[Late(*(v.decode() for v in late[i:i + 2])) for i in range(0, len(late), 2)],
-            released=[job.decode() for job in released],
+            held=[Held(*held[i:i + 3]) for i in range(0, len(held), 3)],
+            late=[Late(*late[i:i + 2]) for i in range(0, len(late), 2)],
+            released=[job.decode() for reply in replies for job in reply[2]],
         )
+
+    def _scan_call(self, partition: int) -> Call:
+        return ([keys.watch(partition), keys.workers(partition), keys.queued(partition), keys.draining(partition)],
+                [self.dead_after_ms, DEPARTED_MEMORY_S * 1000, keys.running("", partition),
+                 keys.execution_prefix(partition), keys.worker("") if partition == 0 else "",
+                 keys.leases("", partition), in_progress_prefix(partition)])
 
     async def sweep(self) -> int:
         """One pass; returns how many executions it settled or re-queued."""

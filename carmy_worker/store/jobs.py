@@ -28,9 +28,9 @@ RETRY_KEY_PREFIX = keys.partition_prefix(0) + ARQ_RETRY_KEY_PREFIX
 _encoder = msgspec.msgpack.Encoder()
 
 
-def queue_name(group: str) -> str:
+def queue_name(group: str, partition: int = 0) -> str:
     """The queue (a sorted set of job ids) of a group of workers serving the same catalog."""
-    return f"{keys.partition_prefix(0)}queue:{group}"
+    return f"{keys.partition_prefix(partition)}queue:{group}"
 
 
 WAKE_SUFFIX = ":wake"

@@ -112,12 +112,28 @@ def share(total: int) -> int:
     return -(-total // _layout.count)
 
 
-# Partition 0's, for the readers that do not take a partition yet (JANITOR_SCAN, HEARTBEAT, PROMOTE).
+# Partition 0's, for the readers that do not take a partition yet (PROMOTE).
 PENDING = _P0 + "pending"
 QUEUED = _P0 + "queued"
-WORKERS = _P0 + "workers"  # zset worker_id -> last heartbeat (ms)
-DRAINING = _P0 + "draining"  # set of workers finishing their work before they stop
-WATCH = _P0 + "watch"  # hash: when Redis was last seen in use, and since when without a gap
+
+
+# The roster, one copy per partition (docs/architecture.md, section 3): a worker heartbeats in
+# every partition, so each partition's janitor judges, and reaps, that partition's work alone.
+def workers(partition: int) -> str:
+    """Zset of the workers heartbeating in ``partition``: worker_id -> last heartbeat (ms)."""
+    return _layout.prefixes[partition] + "workers"
+
+
+def draining(partition: int) -> str:
+    """Set of the workers finishing their work before they stop, as ``partition`` knows them."""
+    return _layout.prefixes[partition] + "draining"
+
+
+def watch(partition: int) -> str:
+    """Hash: when ``partition``'s slot was last seen in use, and since when without a gap."""
+    return _layout.prefixes[partition] + "watch"
+
+
 CATALOG_CHANNEL = PREFIX + "catalog"  # a worker came or went (classic pub/sub: rare messages)
 # The operator console's signing secret when CARMY_CONSOLE_SECRET is unset: the first API
 # replica to need one writes it, and every replica signs and checks sessions with it.
@@ -210,6 +226,11 @@ def record_prefix(partition: int) -> str:
     return _layout.prefixes[partition] + "rec:"
 
 
+def execution_prefix(partition: int) -> str:
+    """What an execution's hash is named by in ``partition``: the prefix, then its id."""
+    return _layout.prefixes[partition] + "exe:"
+
+
 def record(exec_id: str) -> str:
     """The final record, written once."""
     return f"{_prefix_of(exec_id)}rec:{exec_id}"
@@ -234,17 +255,18 @@ def cancel_channel(partition: int) -> str:
 
 
 def worker(worker_id: str) -> str:
+    """A worker's ``WorkerInfo`` (msgpack): partition 0's alone, where the catalog reads it."""
     return f"{_P0}worker:{worker_id}"
 
 
-def running(worker_id: str) -> str:
-    """Set of executions a worker has claimed and not settled."""
-    return f"{_P0}running:{worker_id}"
+def running(worker_id: str, partition: int = 0) -> str:
+    """Set of ``partition``'s executions a worker has claimed and not settled."""
+    return f"{_layout.prefixes[partition]}running:{worker_id}"
 
 
-def leases(worker_id: str) -> str:
-    """Hash of the jobs a worker has leased (job id -> lease token), claimed or not yet."""
-    return f"{_P0}leases:{worker_id}"
+def leases(worker_id: str, partition: int = 0) -> str:
+    """Hash of ``partition``'s jobs a worker has leased (job id -> lease token), claimed or not yet."""
+    return f"{_layout.prefixes[partition]}leases:{worker_id}"
 
 
 def lock(tool: str) -> str:

@@ -1,16 +1,24 @@
 """Who serves: each worker's HEARTBEAT on Redis's clock, and the ``Roster`` (WORKERS) that the
 API, the health check and the janitor judge liveness by.
 
+The roster is kept per partition (docs/architecture.md, section 3): a worker beats in every
+partition's ``workers`` zset, and each beat checks what it holds in that partition, so that a
+partition's janitor judges the workers, and reaps their work, with that partition's keys alone
+(one slot: a Redis Cluster runs each partition's scripts on its own primary). A worker is dead
+in a partition only by that partition's roster. Its info (``keys.worker``) is partition 0's, as
+is the roster the catalog reads.
+
 Liveness is judged only on evidence gathered while someone could have written it. Every
-HEARTBEAT, roster read and janitor scan marks Redis as watched (``keys.WATCH``); a gap of more than a
-third of ``dead_after`` with no mark at all means Redis was down or restarted (or every process
-was stopped), and nobody could heartbeat. For one ``dead_after`` after such a gap, a worker that
-was alive when the gap began still counts as alive: it gets a full period to reassert itself
-before anyone reaps its executions or answers ``NO_WORKERS`` for its tools.
+HEARTBEAT, roster read and janitor scan marks its partition as watched (``keys.watch``); a gap of
+more than a third of ``dead_after`` with no mark at all means Redis was down or restarted (or
+every process was stopped), and nobody could heartbeat. For one ``dead_after`` after such a gap,
+a worker that was alive when the gap began still counts as alive: it gets a full period to
+reassert itself before anyone reaps its executions or answers ``NO_WORKERS`` for its tools.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import redis as sync_redis
@@ -18,6 +26,7 @@ from msgspec import Struct
 from redis.asyncio import Redis
 
 from carmy_worker.store import jobs, keys
+from carmy_worker.store.fanout import Call, run_each, run_each_sync
 from carmy_worker.store.lua import ACCEPTED_WORK, NOW
 from carmy_worker.store.scripts import Script, bind, bind_sync
 
@@ -39,27 +48,29 @@ local function cutoff(now, dead_ms)
 end
 """
 
-# Marks the worker seen now (plus an offset: negative marks it departed) and checks what it
-# believes it holds, claiming again what a Redis crash made it lose. Returns {whether the
-# worker's info is still there (a Redis that restarted empty lost it); lost: executions it no
-# longer holds (reaped while it was paused or cut off, or settled by someone else); unlocked:
-# executions it holds whose tool lock went to another; strays: {id, attempt, tool} listed as
-# running on this worker that it did not name (a CLAIM or SETTLE whose reply never came, or
-# that Redis lost); orphans: {job, token} leases in its hash for jobs it does not have (a LEASE
-# whose reply never came)}. The orphans a previous beat returned, passed back, are released if
-# they still are: the job is free to be leased again at once.
-# KEYS: watch, workers zset, worker info, running set, queued zset, leases hash
+# Marks the worker seen now in one partition (plus an offset: negative marks it departed) and
+# checks what it believes it holds there, claiming again what a Redis crash made it lose.
+# Returns {whether the worker's info is still there (a Redis that restarted empty lost it; 1 when
+# the info key is not declared: it is partition 0's alone); lost: executions it no longer holds
+# (reaped while it was paused or cut off, or settled by someone else); strays: {id, attempt, tool}
+# listed as running on this worker that it did not name (a CLAIM or SETTLE whose reply never
+# came, or that Redis lost); orphans: {job, token} leases in its hash for jobs it does not have
+# (a LEASE whose reply never came)}. The orphans a previous beat returned, passed back, are
+# released if they still are: the job is free to be leased again at once. Every key is the
+# partition's: the declared ones, and the executions, records and arq keys named from its
+# prefixes (ARGV), in its slot. (A tool lock lives in a slot of its own: ``Liveness`` reads it
+# beside the beat.)
+# KEYS: watch, workers zset, running set, queued zset, leases hash[, worker info]
 # ARGV: worker_id, offset ms, dead ms, execution prefix, record prefix, in-progress prefix,
-#       n, then n × (exec_id, attempt, lock key or ''), m, then m job ids it has, then
-#       (job, token) pairs to release
+#       n, then n × (exec_id, attempt), m, then m job ids it has, then (job, token) pairs to release
 HEARTBEAT = Script("HEARTBEAT", ACCEPTED_WORK + NOW + CUTOFF + jobs.DUE_AGAIN + """
 cutoff(now, tonumber(ARGV[3]))
 redis.call('ZADD', KEYS[2], now + tonumber(ARGV[2]), ARGV[1])
-local lost, unlocked, named, has = {}, {}, {}, {}
+local lost, named, has = {}, {}, {}
 local i = 8
 for _ = 1, tonumber(ARGV[7]) do
-  local e, attempt, lock = ARGV[i], ARGV[i + 1], ARGV[i + 2]
-  i = i + 3
+  local e, attempt = ARGV[i], ARGV[i + 1]
+  i = i + 2
   named[e] = true
   local h = redis.call('HMGET', ARGV[4] .. e, 'attempt', 'worker', 'state', 'reaped')
   if h[1] and tonumber(h[1]) < tonumber(attempt) and h[3] == 'queued'
@@ -69,14 +80,12 @@ for _ = 1, tonumber(ARGV[7]) do
     -- (Its tool may have begun: a redelivery must not run a non-idempotent one again.)
     redis.call('HSET', ARGV[4] .. e, 'attempt', attempt, 'worker', ARGV[1], 'state', 'running',
                'began', attempt)
-    redis.call('SADD', KEYS[4], e)
-    redis.call('ZREM', KEYS[5], e)
+    redis.call('SADD', KEYS[3], e)
+    redis.call('ZREM', KEYS[4], e)
     h = {attempt, ARGV[1], 'running', h[4]}
   end
   if h[1] ~= attempt or h[2] ~= ARGV[1] or h[3] ~= 'running' or h[4] == attempt then
     table.insert(lost, e)
-  elseif lock ~= '' and redis.call('GET', lock) ~= e .. '/' .. attempt then
-    table.insert(unlocked, e)
   end
 end
 local n_jobs = tonumber(ARGV[i])
@@ -85,8 +94,8 @@ i = i + n_jobs + 1
 while i < #ARGV do
   local job, token = ARGV[i], ARGV[i + 1]
   i = i + 2
-  if not has[job] and redis.call('HGET', KEYS[6], job) == token then
-    redis.call('HDEL', KEYS[6], job)
+  if not has[job] and redis.call('HGET', KEYS[5], job) == token then
+    redis.call('HDEL', KEYS[5], job)
     if redis.call('GET', ARGV[6] .. job) == token then
       redis.call('DEL', ARGV[6] .. job)
       local wake = redis.call('HGET', ARGV[4] .. job, 'wake')
@@ -95,7 +104,7 @@ while i < #ARGV do
   end
 end
 local strays = {}
-for _, e in ipairs(redis.call('SMEMBERS', KEYS[4])) do
+for _, e in ipairs(redis.call('SMEMBERS', KEYS[3])) do
   if not named[e] then
     local h = redis.call('HMGET', ARGV[4] .. e, 'attempt', 'tool')
     table.insert(strays, e)
@@ -104,14 +113,16 @@ for _, e in ipairs(redis.call('SMEMBERS', KEYS[4])) do
   end
 end
 local orphans = {}
-local leases = redis.call('HGETALL', KEYS[6])
+local leases = redis.call('HGETALL', KEYS[5])
 for k = 1, #leases, 2 do
   if not has[leases[k]] then
     table.insert(orphans, leases[k])
     table.insert(orphans, leases[k + 1])
   end
 end
-return {redis.call('EXISTS', KEYS[3]), lost, unlocked, strays, orphans}
+local registered = 1
+if KEYS[6] then registered = redis.call('EXISTS', KEYS[6]) end
+return {registered, lost, strays, orphans}
 """)
 
 # Everything the API needs to know who serves what: {cutoff, {id, score, ...}, {draining ids}}.
@@ -207,44 +218,89 @@ class Claims(Struct, frozen=True):
 NOTHING = Claims()
 
 
-def _heartbeat_args(worker_id: str, offset_ms: int, dead_ms: int, claims: Claims) -> list[str | int]:
-    args: list[str | int] = [worker_id, offset_ms, dead_ms, keys.execution(""), keys.record(""),
-                             jobs.IN_PROGRESS_KEY_PREFIX, len(claims.held)]
-    for h in claims.held:
-        args += [h.execution_id, h.attempt, h.lock]
-    args += [len(claims.jobs), *claims.jobs]
+def in_progress_prefix(partition: int) -> str:
+    """What the store names a job's arq in-progress key by in ``partition`` (``jobs.in_progress_key``)."""
+    return keys.partition_prefix(partition) + jobs.ARQ_IN_PROGRESS_KEY_PREFIX
+
+
+def _heartbeat_call(worker_id: str, offset_ms: int, dead_ms: int, claims: Claims, partition: int) -> Call:
+    """HEARTBEAT in ``partition``, given only the claims of that partition's executions and jobs."""
+    mine = keys.partition_of
+    held = [h for h in claims.held if mine(h.execution_id) == partition]
+    has = [job for job in claims.jobs if mine(job) == partition]
+    args: list[str | int] = [worker_id, offset_ms, dead_ms, keys.execution_prefix(partition),
+                             keys.record_prefix(partition), in_progress_prefix(partition), len(held)]
+    for h in held:
+        args += [h.execution_id, h.attempt]
+    args += [len(has), *has]
     for orphan in claims.release:
-        args += [orphan.job_id, orphan.token]
-    return args
+        if mine(orphan.job_id) == partition:
+            args += [orphan.job_id, orphan.token]
+    call_keys = [keys.watch(partition), keys.workers(partition), keys.running(worker_id, partition),
+                 keys.queued(partition), keys.leases(worker_id, partition)]
+    if partition == 0:  # the info is partition 0's: only its beat says whether Redis lost it
+        call_keys.append(keys.worker(worker_id))
+    return call_keys, args
 
 
-def _beat(reply: list[Any]) -> Beat:
-    strays = [v.decode() for v in reply[3]]
-    orphans = [v.decode() for v in reply[4]]
+def _heartbeat_calls(worker_id: str, offset_ms: int, dead_ms: int, claims: Claims) -> list[Call]:
+    return [_heartbeat_call(worker_id, offset_ms, dead_ms, claims, p) for p in keys.partitions()]
+
+
+def _read_locks(claims: Claims) -> Callable[[Any], None]:
+    """Asks a pipeline for the value of each lock the claims hold (each in a slot of its own)."""
+    def read(pipe: Any) -> None:
+        for h in claims.held:
+            if h.lock:
+                pipe.get(h.lock)
+    return read
+
+
+def _beat(claims: Claims, replies: list[Any], locks: list[Any]) -> Beat:
+    """One beat over every partition: partition 0's says whether the info is there; the lost,
+    strays and orphans of all; ``unlocked``: the held executions not lost whose lock's value is
+    not their attempt's."""
+    lost = [e.decode() for reply in replies for e in reply[1]]
+    gone = set(lost)
+    strays = [v.decode() for reply in replies for v in reply[2]]
+    orphans = [v.decode() for reply in replies for v in reply[3]]
+    values = iter(locks)
+    unlocked = [h.execution_id for h in claims.held
+                if h.lock and next(values) != lock_holder(h.execution_id, h.attempt).encode()
+                and h.execution_id not in gone]
     return Beat(
-        registered=bool(reply[0]), lost=[e.decode() for e in reply[1]], unlocked=[e.decode() for e in reply[2]],
+        registered=bool(replies[0][0]), lost=lost, unlocked=unlocked,
         strays=[Stray(strays[i], int(strays[i + 1]), strays[i + 2]) for i in range(0, len(strays), 3)],
         orphans=[Orphan(orphans[i], orphans[i + 1]) for i in range(0, len(orphans), 2)],
     )
 
 
-def _heartbeat_keys(worker_id: str) -> list[str]:
-    return [keys.WATCH, keys.WORKERS, keys.worker(worker_id), keys.running(worker_id), keys.QUEUED,
-            keys.leases(worker_id)]
+def _roster_call(dead_ms: int, partition: int) -> Call:
+    return [keys.watch(partition), keys.workers(partition), keys.draining(partition)], [dead_ms]
 
 
-_ROSTER_KEYS = [keys.WATCH, keys.WORKERS, keys.DRAINING]
+def _drain_call(worker_id: str, partition: int) -> Call:
+    return [keys.draining(partition)], [worker_id]
+
+
+def _departed(worker_id: str) -> Callable[[Any], None]:
+    """Asks a pipeline to take ``worker_id`` off every partition's draining set."""
+    def forget(pipe: Any) -> None:
+        for partition in keys.partitions():
+            pipe.srem(keys.draining(partition), worker_id)
+    return forget
 
 
 class Liveness:
     """HEARTBEAT and WORKERS (and a worker's REGISTER and DRAIN) on an asyncio client, for workers
-    judged dead after ``dead_after`` s."""
+    judged dead after ``dead_after`` s. A worker beats, drains and departs in every partition at
+    once (``store.fanout``: one pipeline); its info is partition 0's, and so is the roster the
+    catalog reads."""
 
     def __init__(self, redis: Redis, *, dead_after: float) -> None:
-        self._heartbeat = bind(redis, HEARTBEAT)
+        self.redis = redis
         self._workers = bind(redis, WORKERS)
         self._register = bind(redis, REGISTER)
-        self._drain = bind(redis, DRAIN)
         self.dead_ms = int(dead_after * 1000)
 
     async def register(self, worker_id: str, info: bytes) -> None:
@@ -252,23 +308,37 @@ class Liveness:
         await self._register(keys=[keys.worker(worker_id)], args=[info])
 
     async def drain(self, worker_id: str) -> None:
-        """List ``worker_id`` as draining: it takes no new work."""
-        await self._drain(keys=[keys.DRAINING], args=[worker_id])
+        """List ``worker_id`` as draining in every partition: it takes no new work."""
+        await run_each(self.redis, DRAIN, [_drain_call(worker_id, p) for p in keys.partitions()])
 
     async def heartbeat(self, worker_id: str, *, offset_ms: int = 0, claims: Claims = NOTHING) -> Beat:
-        """Mark ``worker_id`` seen now (plus ``offset_ms``), and check its ``claims``."""
-        return _beat(await self._heartbeat(keys=_heartbeat_keys(worker_id),
-                                           args=_heartbeat_args(worker_id, offset_ms, self.dead_ms, claims)))
+        """Mark ``worker_id`` seen now (plus ``offset_ms``) in every partition, and check its ``claims``."""
+        replies, locks = await run_each(self.redis, HEARTBEAT,
+                                        _heartbeat_calls(worker_id, offset_ms, self.dead_ms, claims),
+                                        then=_read_locks(claims))
+        return _beat(claims, replies, locks)
 
-    async def roster(self) -> Roster:
-        return Roster.parse(await self._workers(keys=_ROSTER_KEYS, args=[self.dead_ms]))
+    async def depart(self, worker_id: str) -> None:
+        """Mark ``worker_id`` departed in every partition (its tools are remembered a while, as
+        unavailable), and no longer draining."""
+        await run_each(self.redis, HEARTBEAT, _heartbeat_calls(worker_id, -self.dead_ms - 1, self.dead_ms, NOTHING),
+                       then=_departed(worker_id))
+
+    async def roster(self, partition: int = 0) -> Roster:
+        """Who heartbeats, as ``partition`` knows it (partition 0's: the catalog's)."""
+        return Roster.parse(await self._workers(*_roster_call(self.dead_ms, partition)))
+
+    async def rosters(self) -> list[Roster]:
+        """Every partition's roster, in order, in one round trip."""
+        replies, _ = await run_each(self.redis, WORKERS, [_roster_call(self.dead_ms, p) for p in keys.partitions()])
+        return [Roster.parse(reply) for reply in replies]
 
 
 class SyncLiveness:
     """The same on a blocking client: for the heartbeat thread and the container health check."""
 
     def __init__(self, redis: sync_redis.Redis, *, dead_after: float) -> None:
-        self._heartbeat = bind_sync(redis, HEARTBEAT)
+        self.redis = redis
         self._workers = bind_sync(redis, WORKERS)
         self._register = bind_sync(redis, REGISTER)
         self.dead_ms = int(dead_after * 1000)
@@ -277,11 +347,17 @@ class SyncLiveness:
         self._register(keys=[keys.worker(worker_id)], args=[info])
 
     def heartbeat(self, worker_id: str, *, offset_ms: int = 0, claims: Claims = NOTHING) -> Beat:
-        return _beat(self._heartbeat(keys=_heartbeat_keys(worker_id),
-                                     args=_heartbeat_args(worker_id, offset_ms, self.dead_ms, claims)))
+        replies, locks = run_each_sync(self.redis, HEARTBEAT,
+                                       _heartbeat_calls(worker_id, offset_ms, self.dead_ms, claims),
+                                       then=_read_locks(claims))
+        return _beat(claims, replies, locks)
 
-    def roster(self) -> Roster:
-        return Roster.parse(self._workers(keys=_ROSTER_KEYS, args=[self.dead_ms]))
+    def roster(self, partition: int = 0) -> Roster:
+        return Roster.parse(self._workers(*_roster_call(self.dead_ms, partition)))
+
+    def rosters(self) -> list[Roster]:
+        replies, _ = run_each_sync(self.redis, WORKERS, [_roster_call(self.dead_ms, p) for p in keys.partitions()])
+        return [Roster.parse(reply) for reply in replies]
 
 
 async def worker_infos(redis: Redis, worker_ids: list[str]) -> dict[str, bytes]:

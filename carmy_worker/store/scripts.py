@@ -17,8 +17,9 @@ How a call goes out is said once, when it is bound, and nowhere else:
 Whichever way, a ``NOSCRIPT`` reply (a new primary after a failover, a restarted Redis, a flushed
 script cache: nothing ran) loads the script and runs it once more, in ``run``. The three places
 that write ``EVALSHA`` on a connection themselves, the batch, the worker's ``BLPOP``-then-LEASE and
-the console's PULSE (``store.pulse``, pipelined with its reads), take the command from
-``Script.command`` and fall back on ``run`` when Redis does not know the script.
+``store.fanout`` (one script in every partition, pipelined: the beats, the janitor's scans, the
+console's PULSE), take the command from ``Script.command`` and fall back on ``run`` when Redis
+does not know the script.
 """
 
 from __future__ import annotations

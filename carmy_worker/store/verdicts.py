@@ -111,8 +111,8 @@ class Verdicts:
         stored, final, label = _imposed(records.uncertain(exec_id, tool, why))
         outcome = await self._reap(
             keys=[keys.execution(exec_id), keys.record(exec_id), keys.pending(keys.partition_of(exec_id)),
-                  keys.running(worker_id),
-                  jobs.in_progress_key(exec_id), keys.leases(worker_id), jobs.job_key(exec_id), keys.JOBS_SETTLED,
+                  keys.running(worker_id, keys.partition_of(exec_id)), jobs.in_progress_key(exec_id),
+                  keys.leases(worker_id, keys.partition_of(exec_id)), jobs.job_key(exec_id), keys.JOBS_SETTLED,
                   keys.AUDIT, metrics.executions(keys.partition_of(exec_id))],
             args=[exec_id, worker_id, stored, self.retention, keys.events(exec_id), final, label,
                   "" if attempt is None else attempt],

@@ -266,7 +266,7 @@ async def test_a_foreign_host_is_refused_as_on_agent_routes(operator: httpx.Asyn
 
 async def test_the_tools_page_shows_badges_and_who_serves(operator: httpx.AsyncClient, stack: Stack) -> None:
     async with Redis.from_url(stack.redis_url) as redis:
-        workers = [w.decode() for w in await redis.zrange(keys.WORKERS, 0, -1)]
+        workers = [w.decode() for w in await redis.zrange(keys.workers(0), 0, -1)]
     page = (await operator.get("/console/tools", headers=PAGE)).text
     publish = page[page.index('id="tool-publish"'):]
     publish = publish[:publish.index("</article>")]

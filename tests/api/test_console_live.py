@@ -182,6 +182,37 @@ async def test_a_group_queue_backing_up_is_in_the_frame(ar: redis.asyncio.Redis)
     assert frame.point.queued == before.point.queued + 3 and frame.point.pending == before.point.pending + 3
 
 
+@pytest.fixture
+def four_partitions() -> Iterator[None]:
+    before = keys.partition_count()
+    keys.use_partitions(4)
+    try:
+        yield
+    finally:
+        keys.use_partitions(before)
+
+
+@pytest.mark.usefixtures("four_partitions")
+async def test_the_frame_adds_up_every_partition(ar: redis.asyncio.Redis) -> None:
+    """With four partitions, a worker's busy count is its running executions in each, a queue's
+    depth its partitions' added up; the workers are partition 0's roster."""
+    await present(Liveness(ar, dead_after=DEAD_AFTER), info("fake-cells", group="g-cells"))
+    for partition in keys.partitions():
+        await ar.sadd(keys.running("fake-cells", partition), *(keys.new_execution_id(partition)
+                                                              for _ in range(partition + 1)))
+        await ar.zadd(jobs.queue_name("g-cells", partition), {keys.new_execution_id(partition): 0})
+    try:
+        sampler = Sampler(ar, dead_after=DEAD_AFTER)
+        await sampler.tick()  # learns the worker's info, and so its group's queue
+        frame = await sampler.tick()
+        cells = row(frame, "fake-cells")
+        assert cells is not None and cells.alive and cells.busy == 1 + 2 + 3 + 4
+        assert [(q.due, q.length) for q in frame.queues if q.group == "g-cells"] == [(4, 4)]
+    finally:
+        await ar.delete(*(keys.running("fake-cells", p) for p in keys.partitions()),
+                        *(jobs.queue_name("g-cells", p) for p in keys.partitions()))
+
+
 async def test_a_redis_that_lost_its_scripts_is_read_all_the_same(ar: redis.asyncio.Redis) -> None:
     sampler = Sampler(ar, dead_after=DEAD_AFTER)
     await sampler.tick()

@@ -11,11 +11,12 @@ from collections.abc import Iterator
 import pytest
 import redis
 
+from carmy_worker.health import check
 from carmy_worker.settings import WorkerSettings
 from carmy_worker.store import keys
 from carmy_worker.store.roster import SyncLiveness
 from carmy_worker.wire import WorkerInfo, msgpack_encoder
-from tests.support import ROOT, Stack, free_port, wait_until
+from tests.support import ROOT, RedisServer, Stack, free_port, wait_until
 
 DEAD_AFTER = WorkerSettings().dead_after
 
@@ -57,6 +58,33 @@ def test_a_live_worker_on_another_host_does_not_count(stack: Stack, sync_redis: 
     assert result.returncode == 1
     assert f"no worker on {socket.gethostname()}" in result.stderr
     assert "1 live elsewhere" in result.stderr
+
+
+@pytest.fixture
+def four_partitions() -> Iterator[None]:
+    before = keys.partition_count()
+    keys.use_partitions(4)
+    try:
+        yield
+    finally:
+        keys.use_partitions(before)
+
+
+@pytest.mark.usefixtures("four_partitions")
+def test_a_worker_is_healthy_only_while_alive_in_every_partition(sync_redis: redis.Redis,
+                                                                 redis_server: RedisServer) -> None:
+    sync_redis.flushall()
+    host = socket.gethostname()
+    info = WorkerInfo(worker_id="here-1", started_ms=0, tools=[], group="g", host=host, pid=1)
+    sync_redis.set(keys.worker(info.worker_id), msgpack_encoder.encode(info))
+    SyncLiveness(sync_redis, dead_after=DEAD_AFTER).heartbeat(info.worker_id)
+    settings = WorkerSettings(redis_url=redis_server.url, redis_partitions=4)
+    assert check(settings, host) is None
+    # Its beats no longer reach partition 3 (where the janitor now reaps its work): not healthy.
+    seconds, micros = sync_redis.time()
+    sync_redis.zadd(keys.workers(3), {info.worker_id: seconds * 1000 + micros // 1000 - 10 * DEAD_AFTER * 1000})
+    assert check(settings, host) == (f"worker here-1 on {host} has not heartbeated in the last {DEAD_AFTER:g} s "
+                                     "in partition(s) 3 of 4")
 
 
 @pytest.fixture

@@ -125,7 +125,7 @@ def test_calls_in_flight_keep_their_outcome_through_a_redis_outage_longer_than_d
     call = Call(base, {"tool": "tally", "arguments": {"name": "outage", "seconds": 1}, "request_id": "outage"})
     marked(stack.tmp / "tally-outage")
     with server.client() as client:
-        watched_since = client.hget(keys.WATCH, "since")
+        watched_since = client.hget(keys.watch(0), "since")
     server.stop()
     down_at = time.monotonic()
     wait_until(lambda: time.monotonic() - down_at > DEAD_AFTER + 1.5, what="an outage longer than dead_after")
@@ -135,7 +135,8 @@ def test_calls_in_flight_keep_their_outcome_through_a_redis_outage_longer_than_d
     worker.signal(signal.SIGSTOP)
     server.start()
     with server.client() as client:
-        wait_until(lambda: client.hget(keys.WATCH, "since") != watched_since, what="the API's first look after the gap")
+        wait_until(lambda: client.hget(keys.watch(0), "since") != watched_since,
+                   what="the API's first look after the gap")
         looked_at = time.monotonic()
         wait_until(lambda: time.monotonic() - looked_at > 0.5, what="the API's view of the silent worker")
     worker.signal(signal.SIGCONT)
@@ -161,7 +162,7 @@ def test_an_execution_listed_on_a_live_worker_that_does_not_hold_it_is_settled(
     """What a Redis crash that took a SETTLE leaves behind: an execution "running" on a live
     worker that finished it long ago. Two of that worker's heartbeats find it, and it is settled."""
     ready(fresh_stack, "tally")
-    [worker_id] = [w.decode() for w in sync_redis.zrange(keys.WORKERS, 0, -1)]
+    [worker_id] = [w.decode() for w in sync_redis.zrange(keys.workers(0), 0, -1)]
     exec_id = keys.new_execution_id()
     sync_redis.hset(keys.execution(exec_id), mapping={
         "tool": "tally", "state": "running", "attempt": 1, "worker": worker_id, "idem": 0, "owner": "x"})
@@ -195,4 +196,4 @@ def test_a_call_whose_worker_died_while_it_waited_for_the_tool_lock_runs_elsewhe
 
 
 def worker_id(client: redis.Redis, worker: Proc) -> str:
-    return next(w.decode() for w in client.zrange(keys.WORKERS, 0, -1) if f"-{worker.pid}-" in w.decode())
+    return next(w.decode() for w in client.zrange(keys.workers(0), 0, -1) if f"-{worker.pid}-" in w.decode())

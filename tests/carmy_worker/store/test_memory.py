@@ -151,7 +151,7 @@ async def test_accepted_work_carries_on_to_its_record_over_the_limit(
     assert own_redis.exists(keys.record(ran)) and own_redis.exists(keys.record(goes))
     assert not own_redis.exists(jobs.job_key(ran))  # its lease ended with it
     assert own_redis.get(keys.worker("w2")) == b"a worker starting now"
-    assert own_redis.smembers(keys.DRAINING) == {b"w1"}
+    assert own_redis.smembers(keys.draining(0)) == {b"w1"}
 
 
 def test_a_reading_refuses_from_the_limit_less_the_headroom() -> None:

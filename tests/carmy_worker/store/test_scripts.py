@@ -658,9 +658,9 @@ async def test_janitor_reaps_only_the_executions_of_dead_workers(r: redis.Redis,
     assert record_decoder.decode(r.get(keys.record(lost))).error_code == "EXECUTION_UNCERTAIN"
     assert state(r, requeued)["state"] == "queued" and not r.exists(keys.record(requeued))
     assert state(r, kept)["state"] == "running" and not r.exists(keys.record(kept))
-    assert r.sismember(keys.running("alive"), kept)
-    assert r.scard(keys.running("dead")) == 0
-    assert in_zset(r, keys.WORKERS, "dead")  # recently dead: still remembered
+    assert r.sismember(keys.running("alive", keys.partition_of(kept)), kept)
+    assert sum(r.scard(keys.running("dead", p)) for p in keys.partitions()) == 0
+    assert in_zset(r, keys.workers(0), "dead")  # recently dead: still remembered
 
 
 async def test_janitor_forgets_long_departed_workers_once_they_hold_nothing(
@@ -669,13 +669,13 @@ async def test_janitor_forgets_long_departed_workers_once_they_hold_nothing(
     long_ago = -(DEPARTED_MEMORY_S * 1000 + 1000)
     for worker_id, offset in (("idle", long_ago), ("busy", long_ago), ("recent", -10_000)):
         r.set(keys.worker(worker_id), b"info")
-        r.sadd(keys.DRAINING, worker_id)
+        r.sadd(keys.draining(0), worker_id)
         await heartbeat(ar, worker_id, offset)
     held = await running(ar, worker_id="busy")
 
     def remembered(worker_id: str) -> tuple[bool, bool, bool]:
-        return (bool(r.exists(keys.worker(worker_id))), in_zset(r, keys.WORKERS, worker_id),
-                bool(r.sismember(keys.DRAINING, worker_id)))
+        return (bool(r.exists(keys.worker(worker_id))), in_zset(r, keys.workers(0), worker_id),
+                bool(r.sismember(keys.draining(0), worker_id)))
 
     assert await sweep(ar) == [1]  # the busy worker's execution
     assert remembered("idle") == (False, False, False)
@@ -694,7 +694,7 @@ async def test_janitor_settles_executions_that_never_started_in_time(r: redis.Re
     assert await sweep(ar) == [1]
     assert record_decoder.decode(r.get(keys.record(late))).error_code == "TIMEOUT"
     assert not r.exists(keys.record(waiting))
-    assert in_zset(r, keys.QUEUED, waiting)
+    assert in_zset(r, keys.queued(keys.partition_of(waiting)), waiting)
 
 
 # --- arq lease (store.leases.Lease) -----------------------------------------------------------
@@ -932,7 +932,7 @@ async def test_janitor_puts_back_jobs_a_dead_worker_leased_and_never_claimed(
     # A lease with no claim, as a worker of before (LEASE, then CLAIM) could leave it.
     await submit(ar, unclaimed, idempotent=True)
     r.set(jobs.in_progress_key(unclaimed), f"dead/old/{unclaimed}", px=MINUTE_MS)
-    r.hset(keys.leases("dead"), unclaimed, f"dead/old/{unclaimed}")
+    r.hset(keys.leases("dead", keys.partition_of(unclaimed)), unclaimed, f"dead/old/{unclaimed}")
     r.zadd(QUEUE, {unclaimed: redis_now_ms(r) + MINUTE_MS}, xx=True)
     await submit(ar, kept)
     await Leases(ar, "alive").take(QUEUE, most=1, lease_ms=MINUTE_MS, look_ahead=10)
@@ -943,11 +943,11 @@ async def test_janitor_puts_back_jobs_a_dead_worker_leased_and_never_claimed(
     # Both of the dead worker's jobs can be leased again at once, and idle workers were woken.
     assert not r.exists(jobs.in_progress_key(unclaimed), jobs.in_progress_key(claimed))
     assert state(r, claimed)["state"] == "queued"
-    assert r.hlen(keys.leases("dead")) == 0
+    assert sum(r.hlen(keys.leases("dead", p)) for p in keys.partitions()) == 0
     assert r.llen(WAKE) == 2  # one token each
     assert max(r.zscore(QUEUE, unclaimed), r.zscore(QUEUE, claimed)) <= redis_now_ms(r)
     # The live worker's lease is untouched.
-    assert r.get(jobs.in_progress_key(kept)) == r.hget(keys.leases("alive"), kept)
+    assert r.get(jobs.in_progress_key(kept)) == r.hget(keys.leases("alive", keys.partition_of(kept)), kept)
     got = await Leases(ar, "w2").take(QUEUE, most=5, lease_ms=MINUTE_MS, look_ahead=10)
     assert {lease.job_id for lease in got} == {unclaimed, claimed}
 
@@ -991,7 +991,7 @@ async def test_heartbeat_reports_what_its_worker_no_longer_holds(r: redis.Redis,
     assert (await reap(ar, requeued, "w1"))[0] == "requeued"
     assert (await reap(ar, moved, "w1"))[0] == "requeued"
     assert await claim(ar, moved, "w2") == ("run", 2)
-    r.sadd(keys.running("w1"), moved)  # as if w1's entry had been left behind
+    r.sadd(keys.running("w1", keys.partition_of(moved)), moved)  # as if w1's entry had been left behind
     held = (Holding(mine, 1), Holding(locked, 1, keys.lock("tally")), Holding(unlocked, 1, keys.lock("other")),
             Holding(requeued, 1), Holding(moved, 1))
     beat = await heartbeat(ar, "w1", held=held)
@@ -1004,8 +1004,9 @@ async def test_heartbeat_reports_what_its_worker_no_longer_holds(r: redis.Redis,
 async def test_liveness_after_a_gap_counts_only_what_could_be_observed(r: redis.Redis, ar: redis.asyncio.Redis) -> None:
     now = redis_now_ms(r)
     # Redis was unreachable for the last 5 s (nothing marked it watched), after a long quiet run.
-    r.hset(keys.WATCH, mapping={"seen": now - 5000, "since": now - MINUTE_MS, "from": now - MINUTE_MS})
-    r.zadd(keys.WORKERS, {"cut_off": now - 6000, "dead_before": now - 9000})
+    for p in keys.partitions():  # every partition's copy of the roster saw the same
+        r.hset(keys.watch(p), mapping={"seen": now - 5000, "since": now - MINUTE_MS, "from": now - MINUTE_MS})
+        r.zadd(keys.workers(p), {"cut_off": now - 6000, "dead_before": now - 9000})
     cut_off = await running(ar, worker_id="cut_off")
     dead_before = await running(ar, worker_id="dead_before")
     roster = await Liveness(ar, dead_after=3.0).roster()
@@ -1014,7 +1015,8 @@ async def test_liveness_after_a_gap_counts_only_what_could_be_observed(r: redis.
     assert await sweep(ar) == [1]
     assert r.exists(keys.record(dead_before)) and not r.exists(keys.record(cut_off))
     # A worker that does not reassert itself within one dead-after period of the gap's end is dead.
-    r.hset(keys.WATCH, mapping={"seen": redis_now_ms(r), "since": redis_now_ms(r) - 3001})
+    for p in keys.partitions():
+        r.hset(keys.watch(p), mapping={"seen": redis_now_ms(r), "since": redis_now_ms(r) - 3001})
     assert (await Liveness(ar, dead_after=3.0).roster()).alive("cut_off") is False
     assert await sweep(ar) == [1]
     assert record_decoder.decode(r.get(keys.record(cut_off))).error_code == "EXECUTION_UNCERTAIN"
@@ -1022,8 +1024,9 @@ async def test_liveness_after_a_gap_counts_only_what_could_be_observed(r: redis.
 
 async def test_short_gaps_between_observations_change_nothing(r: redis.Redis, ar: redis.asyncio.Redis) -> None:
     now = redis_now_ms(r)
-    r.hset(keys.WATCH, mapping={"seen": now - 500, "since": now - MINUTE_MS, "from": now - MINUTE_MS})
-    r.zadd(keys.WORKERS, {"silent": now - 3500})
+    for p in keys.partitions():
+        r.hset(keys.watch(p), mapping={"seen": now - 500, "since": now - MINUTE_MS, "from": now - MINUTE_MS})
+        r.zadd(keys.workers(p), {"silent": now - 3500})
     exec_id = await running(ar, worker_id="silent")
     assert await sweep(ar) == [1]
     assert r.exists(keys.record(exec_id))
@@ -1055,7 +1058,8 @@ async def test_heartbeat_claims_again_what_a_redis_crash_lost(r: redis.Redis, ar
     beat = await heartbeat(ar, "w1", held=(Holding(exec_id, 1),))
     assert beat.lost == [] and beat.strays == []
     assert (state(r, exec_id)["attempt"], state(r, exec_id)["state"]) == ("1", "running")
-    assert r.sismember(keys.running("w1"), exec_id) and not in_zset(r, keys.QUEUED, exec_id)
+    partition = keys.partition_of(exec_id)
+    assert r.sismember(keys.running("w1", partition), exec_id) and not in_zset(r, keys.queued(partition), exec_id)
     assert await claim(ar, exec_id, "w2") == ("uncertain", 2)  # a redelivery: never a second run
     # Two claims with the same number (the crash took the first): only the claimer's record counts.
     other = new_id()
@@ -1091,7 +1095,8 @@ async def test_heartbeat_releases_a_lease_its_worker_never_heard_of(
     r.delete(WAKE)
     second = await heartbeat(ar, "w1", claims=Claims(jobs=[known], release=first.orphans))
     assert second.orphans == []
-    assert not r.exists(jobs.in_progress_key(unknown)) and not r.hexists(keys.leases("w1"), unknown)
+    assert not r.exists(jobs.in_progress_key(unknown))
+    assert not r.hexists(keys.leases("w1", keys.partition_of(unknown)), unknown)
     assert r.llen(WAKE) == 1 and r.zscore(QUEUE, unknown) <= redis_now_ms(r)  # due again now
     assert r.get(jobs.in_progress_key(known)) == leases[known].token.encode()
     # A lease that the worker has by the second beat (its reply came late) is kept.

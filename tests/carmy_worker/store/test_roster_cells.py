@@ -1,0 +1,241 @@
+"""The roster as cells (docs/architecture.md, section 3), over four partitions: a worker beats,
+drains and departs in every partition; each partition's janitor judges the workers by its own
+roster and reaps its own executions; a beat checks what the worker holds in each partition.
+
+The executions are accepted by SUBMIT, each in the partition its id was drawn for, and claimed
+as LEASE's claim leaves one (its hash running the attempt on the worker, in the worker's running
+set of the execution's partition): what a worker killed mid-run leaves behind.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+import redis
+import redis.asyncio
+
+from carmy_worker.store import jobs, keys
+from carmy_worker.store.janitor import Janitor
+from carmy_worker.store.roster import Claims, Holding, Liveness, Orphan, Stray, SyncLiveness, lock_holder
+from carmy_worker.store.submit import Submit
+from carmy_worker.wire import ExecutionJob, record_decoder
+from tests.support import RedisServer
+
+PARTITIONS = 4
+RETENTION = 600
+DEAD_AFTER = 3.0
+QUEUE = jobs.queue_name("g-cells")
+MINUTE_MS = 60_000
+
+
+@pytest.fixture
+def cells() -> Iterator[None]:
+    """Every key named over four partitions for the test (whatever the run's count is)."""
+    if os.environ.get("CARMY_SLOT_PARTITIONS") == "1":
+        # tests/slotrecorder.py keeps these calls to replay them as one partition's on a cluster
+        # (tests/cluster/test_scripts_on_cluster.py): calls made over four are not.
+        pytest.skip("the calls of one partition are being recorded")
+    before = keys.partition_count()
+    keys.use_partitions(PARTITIONS)
+    try:
+        yield
+    finally:
+        keys.use_partitions(before)
+
+
+@pytest.fixture
+def r(sync_redis: redis.Redis, cells: None) -> redis.Redis:
+    sync_redis.flushall()
+    return sync_redis
+
+
+@pytest.fixture
+async def ar(r: redis.Redis, redis_server: RedisServer) -> AsyncIterator[redis.asyncio.Redis]:
+    client = redis.asyncio.Redis.from_url(redis_server.url)
+    yield client
+    await client.aclose()
+
+
+async def accepted(ar: redis.asyncio.Redis, partition: int, *, idempotent: bool) -> str:
+    """A new execution of ``partition``, accepted and queued."""
+    exec_id = keys.new_execution_id(partition)
+    job = ExecutionJob(execution_id=exec_id, tool="tally", arguments=b"{}")
+    await Submit(ar, retention=RETENTION)(job, queue=QUEUE, idempotent=idempotent, workers_alive=True, max_pending=100,
+                                          queue_wait_ms=MINUTE_MS, admission_ms=MINUTE_MS)
+    return exec_id
+
+
+def claimed(r: redis.Redis, exec_id: str, worker_id: str) -> Holding:
+    """``exec_id``'s first attempt claimed by ``worker_id`` and its tool begun, as LEASE's claim
+    and BEGIN leave it, in the execution's partition."""
+    partition = keys.partition_of(exec_id)
+    r.hset(keys.execution(exec_id), mapping={"state": "running", "attempt": 1, "worker": worker_id, "began": 1})
+    r.sadd(keys.running(worker_id, partition), exec_id)
+    r.zrem(keys.queued(partition), exec_id)
+    return Holding(exec_id, 1)
+
+
+def redis_now_ms(r: redis.Redis) -> int:
+    seconds, micros = r.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def watched_since_a_minute(r: redis.Redis) -> None:
+    """Every partition watched without a gap for a minute: the roster gives no benefit of the
+    doubt to a worker that was alive when observation began."""
+    now = redis_now_ms(r)
+    for partition in keys.partitions():
+        r.hset(keys.watch(partition), mapping={"seen": now, "since": now - MINUTE_MS, "from": now - MINUTE_MS})
+
+
+def state(r: redis.Redis, exec_id: str) -> str:
+    return (r.hget(keys.execution(exec_id), "state") or b"").decode()
+
+
+def error_code(r: redis.Redis, exec_id: str) -> str | None:
+    raw = r.get(keys.record(exec_id))
+    return None if raw is None else record_decoder.decode(raw).error_code
+
+
+async def test_a_dead_workers_executions_are_reaped_in_every_partition(r: redis.Redis,
+                                                                        ar: redis.asyncio.Redis) -> None:
+    liveness = Liveness(ar, dead_after=DEAD_AFTER)
+    retried, uncertain, kept = [], [], []
+    for partition in keys.partitions():
+        retried.append(claimed(r, await accepted(ar, partition, idempotent=True), "dead").execution_id)
+        uncertain.append(claimed(r, await accepted(ar, partition, idempotent=False), "dead").execution_id)
+        kept.append(claimed(r, await accepted(ar, partition, idempotent=False), "alive"))
+    await liveness.heartbeat("dead", offset_ms=-10_000)  # killed ten seconds ago
+    await liveness.heartbeat("alive", claims=Claims(held=kept))
+    janitor = Janitor(ar, retention=RETENTION, dead_after=DEAD_AFTER)
+
+    assert await janitor.sweep() == 2 * PARTITIONS
+    for partition in keys.partitions():
+        assert r.scard(keys.running("dead", partition)) == 0
+        assert r.smembers(keys.running("alive", partition)) == {kept[partition].execution_id.encode()}
+    # Idempotent: back in the queue, and the next claim is a new attempt. Not idempotent: ended.
+    now_ms = redis_now_ms(r)
+    for exec_id in retried:
+        assert state(r, exec_id) == "queued" and error_code(r, exec_id) is None
+        queue = r.hget(keys.execution(exec_id), "wake").decode().removesuffix(jobs.WAKE_SUFFIX)
+        assert r.zscore(queue, exec_id) <= now_ms  # due again at once, for the next worker to take
+    assert [error_code(r, exec_id) for exec_id in uncertain] == ["EXECUTION_UNCERTAIN"] * PARTITIONS
+    assert all(state(r, h.execution_id) == "running" and error_code(r, h.execution_id) is None for h in kept)
+    assert await janitor.sweep() == 0  # nothing is reaped twice
+
+
+async def test_a_worker_is_dead_in_a_partition_only_by_that_partitions_roster(
+    r: redis.Redis, ar: redis.asyncio.Redis,
+) -> None:
+    held = [claimed(r, await accepted(ar, partition, idempotent=False), "cut-off") for partition in keys.partitions()]
+    await Liveness(ar, dead_after=DEAD_AFTER).heartbeat("cut-off", claims=Claims(held=held))
+    # Its beats stopped reaching partition 2's slot ten seconds ago (a primary it cannot reach).
+    r.zadd(keys.workers(2), {"cut-off": redis_now_ms(r) - 10_000})
+
+    assert await Janitor(ar, retention=RETENTION, dead_after=DEAD_AFTER).sweep() == 1
+    assert [error_code(r, h.execution_id) for h in held] == [None, None, "EXECUTION_UNCERTAIN", None]
+
+
+async def test_a_draining_worker_is_skipped_in_every_partition_and_departs_from_all(
+    r: redis.Redis, ar: redis.asyncio.Redis,
+) -> None:
+    watched_since_a_minute(r)
+    liveness = Liveness(ar, dead_after=DEAD_AFTER)
+    for worker_id in ("leaving", "staying"):
+        await liveness.heartbeat(worker_id)
+    await liveness.drain("leaving")
+    rosters = await liveness.rosters()
+    assert len(rosters) == PARTITIONS
+    assert all(roster.alive("leaving") and not roster.serving("leaving") for roster in rosters)
+    assert all(roster.serving("staying") for roster in rosters)
+
+    await liveness.depart("leaving")
+    rosters = await liveness.rosters()
+    assert not any(roster.alive("leaving") or "leaving" in roster.draining for roster in rosters)
+    assert all(roster.serving("staying") for roster in rosters)
+
+
+async def test_a_beat_checks_what_its_worker_holds_in_every_partition(r: redis.Redis,
+                                                                       ar: redis.asyncio.Redis) -> None:
+    liveness = Liveness(ar, dead_after=DEAD_AFTER)
+    mine = [claimed(r, await accepted(ar, partition, idempotent=True), "w1") for partition in keys.partitions()]
+    # Partition 3's was reaped while w1 was paused; partition 2 lists one w1 did not name (a claim
+    # whose reply never came); partition 1's lock went to another attempt; partition 0 has a lease
+    # w1 does not know of (a LEASE whose reply never came).
+    r.hset(keys.execution(mine[3].execution_id), "reaped", 1)
+    stray = claimed(r, await accepted(ar, 2, idempotent=True), "w1").execution_id
+    lock = keys.lock("tally")
+    r.set(lock, lock_holder("exec_someone_else", 1))
+    held = [mine[0], Holding(mine[1].execution_id, 1, lock), mine[2], mine[3]]
+    orphan = await accepted(ar, 0, idempotent=True)
+    r.hset(keys.leases("w1", 0), orphan, "w1/lost/" + orphan)
+    r.set(jobs.in_progress_key(orphan), "w1/lost/" + orphan)
+
+    beat = await liveness.heartbeat("w1", claims=Claims(held=held))
+    assert beat.lost == [mine[3].execution_id]
+    assert beat.unlocked == [mine[1].execution_id]
+    assert beat.strays == [Stray(stray, 1, "tally")]
+    assert beat.orphans == [Orphan(orphan, "w1/lost/" + orphan)]
+    assert beat.registered is False  # partition 0's beat looks for the info: none was written
+    # Passed back on the next beat, the orphaned lease is released in its own partition.
+    await liveness.heartbeat("w1", claims=Claims(held=held, release=beat.orphans))
+    assert not r.hexists(keys.leases("w1", 0), orphan) and not r.exists(jobs.in_progress_key(orphan))
+    await liveness.register("w1", b"info")
+    assert (await liveness.heartbeat("w1", claims=Claims(held=held))).registered is True
+
+
+async def test_every_partition_forgets_a_long_departed_worker_and_partition_0_its_info(
+    r: redis.Redis, ar: redis.asyncio.Redis,
+) -> None:
+    liveness = Liveness(ar, dead_after=DEAD_AFTER)
+    await liveness.register("gone", b"info")
+    await liveness.drain("gone")
+    await liveness.heartbeat("gone", offset_ms=-(3600 * 1000 + 1000))
+    await Janitor(ar, retention=RETENTION, dead_after=DEAD_AFTER).sweep()
+    assert not r.exists(keys.worker("gone"))
+    for partition in keys.partitions():
+        assert r.zscore(keys.workers(partition), "gone") is None
+        assert not r.sismember(keys.draining(partition), "gone")
+
+
+async def test_a_janitor_settles_the_late_executions_of_every_partition(r: redis.Redis,
+                                                                         ar: redis.asyncio.Redis) -> None:
+    late = []
+    for partition in keys.partitions():
+        exec_id = await accepted(ar, partition, idempotent=True)
+        r.zadd(keys.queued(partition), {exec_id: 0})  # its start-by long past
+        r.hset(keys.execution(exec_id), "start_by", 0)
+        late.append(exec_id)
+    assert await Janitor(ar, retention=RETENTION, dead_after=DEAD_AFTER).sweep() == PARTITIONS
+    assert [error_code(r, exec_id) for exec_id in late] == ["TIMEOUT"] * PARTITIONS
+
+
+def test_a_beat_sends_one_heartbeat_per_partition_in_one_pipeline(r: redis.Redis) -> None:
+    """The heartbeat thread's client: a beat is one HEARTBEAT in each partition, nothing more."""
+    liveness = SyncLiveness(r, dead_after=DEAD_AFTER)
+    liveness.heartbeat("w1")  # the script loaded
+    r.config_resetstat()
+    beat = liveness.heartbeat("w1")
+    assert beat.lost == [] and beat.strays == [] and beat.registered is False
+    assert all(r.zscore(keys.workers(p), "w1") is not None for p in keys.partitions())
+    stats = r.info("commandstats")  # the commands sent, and those the scripts ran
+    assert stats["cmdstat_evalsha"]["calls"] == stats["cmdstat_zadd"]["calls"] == PARTITIONS
+
+
+async def test_a_redis_that_lost_its_scripts_still_gets_every_beat_and_scan(r: redis.Redis,
+                                                                            ar: redis.asyncio.Redis) -> None:
+    """A restarted Redis, or a new primary (NOSCRIPT): each partition's call is loaded and run again."""
+    liveness = Liveness(ar, dead_after=DEAD_AFTER)
+    await liveness.heartbeat("w1")
+    held = [claimed(r, await accepted(ar, partition, idempotent=False), "dead") for partition in keys.partitions()]
+    await liveness.heartbeat("dead", offset_ms=-10_000)
+    r.script_flush()
+    beat = SyncLiveness(r, dead_after=DEAD_AFTER).heartbeat("w1")
+    assert beat.lost == [] and all(r.zscore(keys.workers(p), "w1") is not None for p in keys.partitions())
+    r.script_flush()
+    assert await Janitor(ar, retention=RETENTION, dead_after=DEAD_AFTER).sweep() == PARTITIONS
+    assert [error_code(r, h.execution_id) for h in held] == ["EXECUTION_UNCERTAIN"] * PARTITIONS
+    r.script_flush()
+    assert all(roster.alive("w1") for roster in await liveness.rosters())
