@@ -1,0 +1,26 @@
+"""A fixture that runs a test twice: under the partition count the session runs with (one, or
+``CARMY_REDIS_PARTITIONS``, or the slot recorder's), and under four partitions, so that the
+store's jobs are checked spread over several cells whatever the session's count.
+
+Use it with ``pytestmark = pytest.mark.usefixtures("cells")`` after importing it; it names
+keys only (``keys.use_partitions``): a test that starts processes passes them its count."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from carmy_worker.store import keys
+
+
+@pytest.fixture(params=["as-configured", "four-partitions"])
+def cells(request: pytest.FixtureRequest) -> Iterator[int]:
+    """The partition count the test runs with."""
+    before = keys.partition_count()
+    if request.param == "four-partitions":
+        keys.use_partitions(4)
+    try:
+        yield keys.partition_count()
+    finally:
+        keys.use_partitions(before)
