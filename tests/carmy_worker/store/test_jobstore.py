@@ -246,7 +246,7 @@ async def test_the_operators_list_pages_across_partitions_without_duplicates_or_
                                      max_open=0)
         assert created.kind == "new"
     listed = {p: await ar.zrange(keys.jobs_all(p), 0, -1, withscores=True) for p in keys.partitions()}
-    assert sum(len(rows) > 0 for rows in listed.values()) == keys.partition_count()  # every partition has some
+    assert sum(len(rows) > 0 for rows in listed.values()) > 1 or keys.partition_count() == 1  # merged from several
     # Ties over partitions (jobs created in the same µs): a few share one score.
     tied = [rows[0][0] for rows in listed.values()]
     for p, rows in listed.items():
