@@ -103,8 +103,9 @@ class JobLoop:
         for partition, look in enumerate(looks):
             if look.due:
                 await self._promote(look.due, look.now_ms, partition)
-            if look.settled:
-                await self._settled(look.settled)
+        settled = [exec_id for look in looks for exec_id in look.settled]
+        if settled:  # every partition's at once: one round trip of reads, one write of CONCLUDEs
+            await self._settled(settled)
         if time.monotonic() - self._lost_at > LOST_EVERY_S:
             self._lost_at = time.monotonic()
             await self._sweep()
