@@ -263,3 +263,24 @@ async def test_the_operators_list_pages_across_partitions_without_duplicates_or_
         after = Cursor.parse(page.after.text())  # as a client sends it back
     assert [job_id for ids in pages for job_id in ids] == [job_id for _, job_id in expected]
     assert all(len(ids) == 5 for ids in pages[:4])
+
+
+async def test_a_list_pages_through_more_ties_than_a_page_holds(ar: redis.asyncio.Redis) -> None:
+    store = JobStore(ar)
+    created = {await create(store) for _ in range(120)}
+    await ar.zadd(keys.jobs_all(home()), dict.fromkeys(created, 7))  # all created in one µs, as it were
+    seen: list[str] = []
+    page = await store.list(owner=None, status=None, limit=30)
+    while True:
+        seen += [job.job_id for job in page.jobs]
+        if page.after is None:
+            break
+        page = await store.list(owner=None, status=None, limit=30, after=page.after)
+    assert seen == sorted(created, reverse=True)  # ties in Redis's order: ids descending
+
+
+def test_a_cursor_is_read_back_only_from_what_a_page_wrote() -> None:
+    cursor = Cursor(1_733_000_000_000_000, keys.new_job_id(0))
+    assert Cursor.parse(cursor.text()) == cursor
+    for text in ("", "12", f"x:{cursor.job_id}", "12:job_nope", f"-1:{cursor.job_id}", f"{'9' * 21}:{cursor.job_id}"):
+        assert Cursor.parse(text) is None, text
