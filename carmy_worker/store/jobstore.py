@@ -7,9 +7,14 @@ promotes it to an execution like any other (``store.promotion``: one script writ
 execution, its arq job and the job's new attempt together, so an attempt is started at most
 once whatever the number of workers). The execution's record, when SETTLE or an imposed
 verdict writes it, lists the execution in ``keys.jobs_settled`` of its partition (the job's:
-PROMOTE draws the execution's id there); a worker's job loop then
-concludes the attempt: the job is finished (``succeeded``, ``failed``, ``dead_lettered``,
-``cancelled``) or due again after a backoff.
+PROMOTE draws the execution's id there); a worker's job loop then concludes the attempt: the
+job is finished (``succeeded``, ``failed``, ``dead_lettered``, ``cancelled``) or due again
+after a backoff.
+
+Every key of a job is in its id's partition, and so is every index that lists it; a principal's
+jobs are all drawn into its home partition (``JobStore.new_job_id``), where its limit, its rate
+and its request ids are, so that each script here runs in one partition (docs/architecture.md,
+section 3, "Jobs across partitions"). Lists over partitions are ``store.joblists``'.
 
 This module is the API's side, and what both sides share: CREATE (also run by a schedule's
 FIRE), reads, lists, CANCEL and an operator's RETRY.
