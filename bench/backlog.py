@@ -112,8 +112,8 @@ async def queued_curve(url: str, sizes: tuple[int, ...], calls: int) -> list[Que
         before = await used_memory(client)
 
         async def create() -> None:
-            await store.create(job_id=keys.new_job_id(), tool=bench_jobs.MEMORY_TOOL, owner=keys.owner(None),
-                               fields=fields, idempotency=None, fingerprint="", run_at_ms=None,
+            await store.create(job_id=store.new_job_id(keys.owner(None)), tool=bench_jobs.MEMORY_TOOL,
+                               owner=keys.owner(None), fields=fields, idempotency=None, fingerprint="", run_at_ms=None,
                                delay_ms=bench_jobs.HOUR_MS, horizon_ms=2 * bench_jobs.HOUR_MS, max_open=0)
 
         for size in sizes:

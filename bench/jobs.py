@@ -144,7 +144,7 @@ class DueResult:
 def wait_finished(client: redis.Redis, owner: str, timeout: float) -> None:
     """Until ``owner`` has no unfinished job (its open set is empty)."""
     deadline = time.monotonic() + timeout
-    while (left := client.zcard(keys.jobs_open(owner))) > 0:
+    while (left := client.zcard(keys.jobs_open(owner, keys.home_partition(owner)))) > 0:
         if time.monotonic() > deadline:
             raise TimeoutError(f"{left} jobs still unfinished after {timeout:g} s")
         time.sleep(0.01)
@@ -238,9 +238,9 @@ async def create_queued(url: str, tool: str, count: int, *, delay_ms: int = HOUR
     async def loop() -> None:
         while remaining[0] > 0:
             remaining[0] -= 1
-            created = await store.create(job_id=keys.new_job_id(), tool=tool, owner=keys.owner(None), fields=fields,
-                                         idempotency=None, fingerprint="", run_at_ms=None, delay_ms=delay_ms,
-                                         horizon_ms=2 * delay_ms, max_open=0)
+            created = await store.create(job_id=store.new_job_id(keys.owner(None)), tool=tool, owner=keys.owner(None),
+                                         fields=fields, idempotency=None, fingerprint="", run_at_ms=None,
+                                         delay_ms=delay_ms, horizon_ms=2 * delay_ms, max_open=0)
             if created.kind != "new":
                 raise RuntimeError(f"JobStore.create refused a job: {created}")
 
@@ -262,7 +262,7 @@ def queued_memory(url: str, count: int, tool: str = MEMORY_TOOL) -> MemoryResult
         before = used_memory(client)
         seconds = asyncio.run(create_queued(url, tool, count))
         after = used_memory(client)
-        queued = client.zcard(keys.job_due(tool))
+        queued = client.zcard(keys.job_due(tool, keys.home_partition(keys.owner(None))))  # the anonymous caller's
     if queued != count:
         raise RuntimeError(f"{queued} jobs in the due set, not {count}")
     return MemoryResult(count, before, after, seconds, len(canonical_json_encoder.encode(ARGUMENTS)))

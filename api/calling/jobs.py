@@ -24,6 +24,7 @@ from carmy_worker.sdk.errors import clip, error, store_full
 from carmy_worker.settings import NotifySettings
 from carmy_worker.store import keys
 from carmy_worker.store.durable import Durability
+from carmy_worker.store.joblists import Cursor, Page
 from carmy_worker.store.jobstore import JobState, JobStore, job_fields
 from carmy_worker.store.memory import StoreMemory
 from carmy_worker.store.submit import Submission
@@ -76,7 +77,7 @@ class Jobs:
             session=agent.session, permissions=sorted(agent.permissions), metadata=agent.metadata,
         )
         owner = keys.owner(agent.principal)
-        job_id = keys.new_job_id()
+        job_id = JobStore.new_job_id(owner)  # in its home partition: its limits and request ids are there
         fields = job_fields(
             tool=tool.spec.name, owner=owner, payload=msgpack_encoder.encode(template), policy=tool.retry,
             max_attempts=max_attempts, idempotent=tool.spec.idempotent, retention=self.settings.jobs_retention,
@@ -174,13 +175,21 @@ class Jobs:
 
     async def list(self, agent: AgentContext, *, status: str | None, limit: int) -> list[JobState]:
         """The caller's jobs newest first (everyone's for an operator), ``status`` only if given."""
+        return (await self.page(agent, status=status, limit=limit)).jobs
+
+    async def page(self, agent: AgentContext, *, status: str | None, limit: int, cursor: str | None = None) -> Page:
+        """``list``, from where the page ``cursor`` (``Page.after``, as text) ended."""
+        after = None if cursor is None else Cursor.parse(cursor)
+        if cursor is not None and after is None:
+            raise Rejected(error("INVALID_REQUEST", "cursor must be the next_cursor of a list's page.",
+                                 details={"field": "cursor"}))
         if status is not None and status not in JOB_STATUSES:
             raise Rejected(error("INVALID_REQUEST", f"status must be one of {', '.join(JOB_STATUSES)}.",
                                  details={"field": "status"}))
         if not 1 <= limit <= MAX_LIST:
             raise Rejected(error("INVALID_REQUEST", f"limit must be 1 to {MAX_LIST}.", details={"field": "limit"}))
         owner = None if self.is_operator(agent) else keys.owner(agent.principal)
-        return await self.store.list(owner=owner, status=status, limit=limit)
+        return await self.store.list(owner=owner, status=status, limit=limit, after=after)
 
 
 def not_found() -> ErrorBody:

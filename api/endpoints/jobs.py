@@ -3,8 +3,8 @@
 * ``POST /agent/jobs``: a call to run later, again after a failure that may pass, checked now as
   a call is; ``202`` and the job, with its ``Location``. The same ``request_id`` and body again:
   ``200`` and the same job.
-* ``GET /agent/jobs/{job_id}``: the job; ``GET /agent/jobs?status=&limit=``: the caller's jobs,
-  newest first (everyone's for an operator).
+* ``GET /agent/jobs/{job_id}``: the job; ``GET /agent/jobs?status=&limit=&cursor=``: the caller's jobs,
+  newest first (everyone's for an operator), a page at a time (``next_cursor``).
 * ``DELETE /agent/jobs/{job_id}``: cancel it; a running job ends once its worker has stopped
   the execution, which this waits a few seconds for (``202`` if it has not yet).
 * ``POST /agent/jobs/{job_id}/retry``: an operator queues a failed or dead-lettered job again.
@@ -146,9 +146,11 @@ class JobRoutes:
             limit = request.query_params.get("limit")
             if limit is not None and not limit.strip().isdigit():
                 return envelope_error("INVALID_REQUEST", "limit must be a whole number.", reason=clip(limit))
-            jobs = await self.jobs.list(trusted_context(request.scope), status=status,
-                                        limit=DEFAULT_LIMIT if limit is None else int(limit))
-            return json_response({"jobs": [job.view() for job in jobs]})
+            page = await self.jobs.page(trusted_context(request.scope), status=status,
+                                        limit=DEFAULT_LIMIT if limit is None else int(limit),
+                                        cursor=request.query_params.get("cursor"))
+            return json_response({"jobs": [job.view() for job in page.jobs],
+                                  "next_cursor": None if page.after is None else page.after.text()})
 
         return await answer(work)
 

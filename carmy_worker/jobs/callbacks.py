@@ -24,6 +24,7 @@ from carmy_worker.jobs import outbound
 from carmy_worker.jobs.policy import backoff_ms
 from carmy_worker.logs import info_line
 from carmy_worker.settings import NotifySettings
+from carmy_worker.store import keys
 from carmy_worker.store.callbacks import Callbacks
 from carmy_worker.store.jobstore import JobState, JobStore, rfc3339
 from carmy_worker.store.pubsub import raise_if_cancelled, stop_if_cancelled
@@ -32,7 +33,7 @@ from carmy_worker.wire import NotifyAttempt, json_encoder
 log = logging.getLogger("carmy.jobs")
 
 POLL_S = 0.2  # the longest the loop sleeps while nothing is due
-AT_ONCE = 20  # callbacks delivered at once by one loop
+AT_ONCE = 20  # callbacks delivered at once by one loop (over every partition, each its share)
 FIRST_BACKOFF_MS = 1000
 MAX_BACKOFF_MS = 3_600_000
 
@@ -73,15 +74,17 @@ class CallbackLoop:
                 await asyncio.sleep(pause)
 
     async def tick(self) -> int:
-        """One pass: the attempts made."""
-        due = await self._callbacks.look(at_most=AT_ONCE)
-        if not due.job_ids:
+        """One pass over every partition: the attempts made."""
+        job_ids = []
+        for partition in keys.partitions():
+            job_ids += (await self._callbacks.look(partition, at_most=keys.share(AT_ONCE))).job_ids
+        if not job_ids:
             return 0
-        jobs = await self._jobs.read_many(due.job_ids)
+        jobs = await self._jobs.read_many(job_ids)
         async with asyncio.TaskGroup() as group:
-            for job_id, job in zip(due.job_ids, jobs, strict=True):
+            for job_id, job in zip(job_ids, jobs, strict=True):
                 group.create_task(self._deliver(job_id, job))
-        return len(due.job_ids)
+        return len(job_ids)
 
     async def _deliver(self, job_id: str, job: JobState | None) -> None:
         notify = None if job is None else job.notify

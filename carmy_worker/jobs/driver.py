@@ -3,8 +3,10 @@ queue, concludes the attempts whose execution has a record, and fires the schedu
 
 Every worker runs one; the scripts (``store.promotion``) make any number of them safe together:
 a job is promoted once per attempt, an attempt concluded once, an occurrence fired once. The
-loop never promotes more than its queue has room for (``room``), so that a burst of due jobs
-waits in Redis as jobs, not as executions whose start deadline runs out.
+loop never promotes more than its queue has room for (``room``, shared out over the partitions:
+each has its copy of the queue), so that a burst of due jobs waits in Redis as jobs, not as
+executions whose start deadline runs out. Each pass looks in every partition (one LOOK each,
+sent together), so a due job in any of them is promoted in the same pass.
 """
 
 from __future__ import annotations
@@ -93,29 +95,41 @@ class JobLoop:
                 await asyncio.sleep(pause)
 
     async def tick(self) -> float:
-        """One pass; how long to wait before the next (0: there is more to do now)."""
-        look = await self._promotions.look(self._names, self.queue, room=self.room)
-        if look.due:
-            await self._promote(look.due, look.now_ms)
-        if look.settled:
-            await self._settled(look.settled)
+        """One pass over every partition; how long to wait before the next (0: there is more to
+        do now)."""
+        room = keys.share(self.room)
+        looks = await asyncio.gather(*(self._promotions.look(self._names, self.queue, p, room=room)
+                                       for p in keys.partitions()))
+        for partition, look in enumerate(looks):
+            if look.due:
+                await self._promote(look.due, look.now_ms, partition)
+        settled = [exec_id for look in looks for exec_id in look.settled]
+        if settled:  # every partition's at once: one round trip of reads, one write of CONCLUDEs
+            await self._settled(settled)
         if time.monotonic() - self._lost_at > LOST_EVERY_S:
             self._lost_at = time.monotonic()
-            for exec_id, job_id in await self._promotions.lost(older_than_ms=LOST_AFTER_MS):
-                await self._conclude(await self._jobs.read(job_id), exec_id, None, began=True)
-            await self._jobs.forget_expired()
-        soonest = await self._fire(look.now_ms)
-        if look.due or look.settled:
+            await self._sweep()
+        now_ms = looks[0].now_ms
+        soonest = await self._fire(now_ms)
+        if any(look.due or look.settled for look in looks):
             return 0.0
         wait = POLL_S
-        for at in (look.next_due_ms, soonest):
+        for at, now in [(look.next_due_ms, look.now_ms) for look in looks] + [(soonest, now_ms)]:
             if at is not None:
-                wait = min(wait, max(0.0, (at - look.now_ms) / 1000))
+                wait = min(wait, max(0.0, (at - now) / 1000))
         return max(wait, 0.005)
+
+    async def _sweep(self) -> None:
+        """Conclude the attempts Redis lost, and forget expired jobs, in every partition."""
+        for partition in keys.partitions():
+            for exec_id, job_id in await self._promotions.lost(partition, older_than_ms=LOST_AFTER_MS):
+                await self._conclude(await self._jobs.read(job_id), exec_id, None, began=True)
+            await self._jobs.forget_expired(partition)
 
     # --- promotion ---------------------------------------------------------------------------
 
-    async def _promote(self, due_jobs: list[tuple[str, str]], now_ms: int) -> None:
+    async def _promote(self, due_jobs: list[tuple[str, str]], now_ms: int, partition: int) -> None:
+        """Promote ``partition``'s due jobs to executions drawn into the same partition."""
         found = await self._promotions.due([job_id for _, job_id in due_jobs])
         by_tool: dict[str, list[Promotion]] = defaultdict(list)
         for (tool, job_id), due_job in zip(due_jobs, found, strict=True):
@@ -127,7 +141,7 @@ class JobLoop:
                 log.error("job %s: its payload cannot be read; it stays queued", job_id)
                 continue
             at = due_job.attempts
-            exec_id = keys.new_execution_id()
+            exec_id = keys.new_execution_id(partition)
             base = due_job.request_id or job_id
             # Attempt n >= 2 has a request id of its own: the tool can tell attempts apart (its
             # own idempotency key for an external system), and each attempt is at most once.
@@ -139,7 +153,8 @@ class JobLoop:
             served = self.tools[tool]
             for i in range(0, len(promotions), PROMOTE_AT_ONCE):
                 done = await self._promotions.promote(
-                    tool, promotions[i:i + PROMOTE_AT_ONCE], queue=self.queue, start_window_ms=START_WINDOW_S * 1000,
+                    tool, promotions[i:i + PROMOTE_AT_ONCE], partition, queue=self.queue,
+                    start_window_ms=START_WINDOW_S * 1000,
                     admission_ms=int((served.timeout + ADMISSION_GRACE_S) * 1000), retention=self.settings.retention,
                     effect=served.spec.effect)
                 for job_id in done:
@@ -204,8 +219,8 @@ class JobLoop:
             payload = msgpack_encoder.encode(ExecutionJob(
                 execution_id="", tool=spec.tool, arguments=spec.arguments, request_id=request_id,
                 metadata={"schedule": spec.name, "occurrence": rfc3339(at)}))
-            occurrences.append((keys.new_job_id(), at, request_id, payload))
-            idempotency.append(keys.schedule_idempotency(request_id))
+            occurrences.append((keys.new_job_id(keys.schedule_partition(spec.name)), at, request_id, payload))
+            idempotency.append(keys.schedule_idempotency(spec.name, request_id))
         shared = job_fields(tool=spec.tool, owner=keys.SCHEDULES_OWNER, payload=b"", policy=tool.retry,
                             max_attempts=tool.retry.max_attempts, idempotent=tool.spec.idempotent,
                             retention=self.settings.jobs_retention,

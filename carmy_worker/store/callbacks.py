@@ -3,9 +3,10 @@
 A callback is made due by the script that finishes its job (``store.jobstore``'s FINISH_JOB, in
 CONCLUDE and CANCEL_JOB), so that no crash between the two can lose it: the job's hash holds its
 state (``notify_state`` ``pending``, ``notify_id`` its webhook-id, ``notify_since``,
-``notify_tries``, ``notify_log`` the latest attempts) and ``keys.CALLBACKS_DUE`` lists it by when
-its next attempt is due. A worker's callback loop (``jobs.callbacks``) takes the due ones, leased
-as LOOK leases due jobs, delivers each, and records the attempt here.
+``notify_tries``, ``notify_log`` the latest attempts) and ``keys.callbacks_due`` of the job's
+partition lists it by when its next attempt is due. A worker's callback loop (``jobs.callbacks``)
+takes the due ones of every partition, leased as LOOK leases due jobs, delivers each, and records
+the attempt here.
 """
 
 from __future__ import annotations
@@ -82,13 +83,15 @@ class Callbacks:
         self._look = bind(redis, LOOK_CALLBACKS)
         self._record = bind(redis, RECORD_CALLBACK)
 
-    async def look(self, *, at_most: int = 20, lease_ms: int = LEASE_MS) -> DueCallbacks:
-        due, now = await self._look(keys=[keys.CALLBACKS_DUE], args=[at_most, lease_ms])
+    async def look(self, partition: int, *, at_most: int = 20, lease_ms: int = LEASE_MS) -> DueCallbacks:
+        """LOOK in ``partition``: its callbacks due now, leased to the caller."""
+        due, now = await self._look(keys=[keys.callbacks_due(partition)], args=[at_most, lease_ms])
         return DueCallbacks([text(j) for j in due], int(now))
 
     async def record(self, *, job_id: str, message_id: str, outcome: str, delay_ms: int, attempt: bytes,
                      window_ms: int, keep: int = KEEP_ATTEMPTS) -> str:
         """RECORD: the callback's state after this attempt (``pending``, ``delivered``,
         ``undeliverable``), or ``stale``/``gone`` if it was no longer the one pending."""
-        return text(await self._record(keys=[keys.job(job_id), keys.CALLBACKS_DUE],
+        due = keys.callbacks_due(keys.partition_of(job_id))
+        return text(await self._record(keys=[keys.job(job_id), due],
                                        args=[job_id, message_id, outcome, delay_ms, attempt, window_ms, keep]))

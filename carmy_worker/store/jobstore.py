@@ -6,9 +6,15 @@ tool's due set (``keys.job_due``, scored by when it is due); once due, a worker 
 promotes it to an execution like any other (``store.promotion``: one script writes the
 execution, its arq job and the job's new attempt together, so an attempt is started at most
 once whatever the number of workers). The execution's record, when SETTLE or an imposed
-verdict writes it, lists the execution in ``keys.JOBS_SETTLED``; a worker's job loop then
-concludes the attempt: the job is finished (``succeeded``, ``failed``, ``dead_lettered``,
-``cancelled``) or due again after a backoff.
+verdict writes it, lists the execution in ``keys.jobs_settled`` of its partition (the job's:
+PROMOTE draws the execution's id there); a worker's job loop then concludes the attempt: the
+job is finished (``succeeded``, ``failed``, ``dead_lettered``, ``cancelled``) or due again
+after a backoff.
+
+Every key of a job is in its id's partition, and so is every index that lists it; a principal's
+jobs are all drawn into its home partition (``JobStore.new_job_id``), where its limit, its rate
+and its request ids are, so that each script here runs in one partition (docs/architecture.md,
+section 3, "Jobs across partitions"). Lists over partitions are ``store.joblists``'.
 
 This module is the API's side, and what both sides share: CREATE (also run by a schedule's
 FIRE), reads, lists, CANCEL and an operator's RETRY.
@@ -25,8 +31,9 @@ from msgspec import Struct
 from redis.asyncio import Redis
 from redis.exceptions import OutOfMemoryError
 
-from carmy_worker.store import keys
+from carmy_worker.store import keys, metrics
 from carmy_worker.store.durable import Durability
+from carmy_worker.store.joblists import Cursor, Page, listed
 from carmy_worker.store.lua import ACCEPTED_WORK, NEW_WORK, NOW, text
 from carmy_worker.store.metrics import LUA_COUNT_JOB
 from carmy_worker.store.quota import NO_QUOTA, QUOTA, Quota
@@ -38,10 +45,10 @@ attempt_decoder = msgspec.json.Decoder(NotifyAttempt)
 
 # Lua: a new job, queued: its hash (`fields` are its parts from the caller, then what this adds),
 # due at `due` in its tool's due set, and listed (everyone's, its owner's, its owner's open ones:
-# job -> created, µs).
+# job -> created, µs). `k`: the job's partition's keys (job, due, by, open, all, counts).
 # Unfinished jobs never expire; a finished one expires with its retention (store.promotion).
-CREATE_JOB = LUA_COUNT_JOB + f"""
-local function create_job(job, due_set, by, open, job_id, tool, fields, due, run_at, now)
+CREATE_JOB = LUA_COUNT_JOB + """
+local function create_job(k, job_id, tool, fields, due, run_at, now)
   table.insert(fields, 'status') table.insert(fields, 'queued')
   table.insert(fields, 'due') table.insert(fields, due)
   table.insert(fields, 'run_at') table.insert(fields, run_at)
@@ -49,27 +56,28 @@ local function create_job(job, due_set, by, open, job_id, tool, fields, due, run
   table.insert(fields, 'updated_at') table.insert(fields, now)
   table.insert(fields, 'attempts') table.insert(fields, 0)
   table.insert(fields, 'base_attempts') table.insert(fields, 0)
-  redis.call('HSET', job, unpack(fields))
-  redis.call('ZADD', due_set, due, job_id)
+  redis.call('HSET', k.job, unpack(fields))
+  redis.call('ZADD', k.due, due, job_id)
   -- Listed by µs (exact in a Lua number): jobs created in the same ms still list newest first.
   local t = redis.call('TIME')
   local us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  redis.call('ZADD', '{keys.JOBS_ALL}', us, job_id)
-  redis.call('ZADD', by, us, job_id)
-  redis.call('ZADD', open, us, job_id)
-  count_job(tool, 'queued')
+  redis.call('ZADD', k.all, us, job_id)
+  redis.call('ZADD', k.by, us, job_id)
+  redis.call('ZADD', k.open, us, job_id)
+  count_job(k.counts, tool, 'queued')
 end
 """
 
 # A request id seen before answers with its job (`existing`, the same body) or `conflict`, before
 # any limit. Then: Redis out of room for new work, a due time past the horizon, the principal's
 # limit on unfinished jobs, its rate (the quota's bucket, charged as a call would be).
-# KEYS: job, due set, owner's jobs, owner's open jobs, owner's bucket, [idempotency]
+# Every key is in the principal's home partition (keys.home_partition), the job's id drawn there.
+# KEYS: job, due set, owner's jobs, owner's open jobs, owner's bucket, every job, job counts, [idempotency]
 # ARGV: job_id, fingerprint, tool, run_at ms or '', delay ms, horizon ms, max open (0: none),
 #       rate interval µs (0: none), tolerance µs, '1' if Redis has room, then the job's fields
 CREATE = Script("CREATE_JOB", NEW_WORK + NOW + QUOTA + CREATE_JOB + """
-if #KEYS == 6 then
-  local held = redis.call('GET', KEYS[6])
+if #KEYS == 8 then
+  local held = redis.call('GET', KEYS[8])
   if held then
     local sep = string.find(held, ' ', 1, true)
     local other = string.sub(held, 1, sep - 1)
@@ -95,56 +103,61 @@ if interval > 0 then
 end
 local fields = {}
 for i = 11, #ARGV do table.insert(fields, ARGV[i]) end
-if #KEYS == 6 then
+if #KEYS == 8 then
   -- Kept while the job is: its conclusion gives it the job's retention.
-  redis.call('SET', KEYS[6], ARGV[1] .. ' ' .. ARGV[2])
-  table.insert(fields, 'idem_key') table.insert(fields, KEYS[6])
+  redis.call('SET', KEYS[8], ARGV[1] .. ' ' .. ARGV[2])
+  table.insert(fields, 'idem_key') table.insert(fields, KEYS[8])
 end
-create_job(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[1], ARGV[3], fields, math.max(run_at, now), run_at, now)
+local k = {job = KEYS[1], due = KEYS[2], by = KEYS[3], open = KEYS[4], all = KEYS[6], counts = KEYS[7]}
+create_job(k, ARGV[1], ARGV[3], fields, math.max(run_at, now), run_at, now)
 return {'new', ARGV[1]}
 """)
 
 # Lua: a job reaches a finished status: out of the due and open sets, kept for its retention
 # (a dead letter for its own), and so is the request id that created it. Its listings forget it
-# once it has expired (`keys.JOBS_EXPIRING`, swept by the job loops: `forget_expired`).
-FINISH_JOB = LUA_COUNT_JOB + f"""
+# once it has expired (`keys.jobs_expiring`, swept by the job loops: `forget_expired`).
+# `k`: the job's partition's keys (job, due, open, callbacks, dead, expiring, counts).
+FINISH_JOB = LUA_COUNT_JOB + """
 -- A job that asked to be told of this status gets its callback due now, in the same script (a
 -- crash cannot lose it): `notify_id` is its webhook-id, the same for every delivery attempt.
-local function finish_job(job, job_id, tool, status, open, due_set, idem, now, callbacks)
+local function finish_job(k, job_id, tool, status, idem, now)
+  local job = k.job
   redis.call('HSET', job, 'status', status, 'finished_at', now, 'updated_at', now)
   local n = redis.call('HMGET', job, 'notify_url', 'notify_events', 'attempts')
   if n[1] and string.find(' ' .. (n[2] or '') .. ' ', ' ' .. status .. ' ', 1, true) then
     redis.call('HSET', job, 'notify_state', 'pending', 'notify_since', now, 'notify_tries', 0,
                'notify_id', 'msg_' .. job_id .. '_' .. status .. '_' .. (n[3] or '0'))
-    redis.call('ZADD', callbacks, now, job_id)
+    redis.call('ZADD', k.callbacks, now, job_id)
   end
-  redis.call('ZREM', due_set, job_id)
-  redis.call('ZREM', open, job_id)
+  redis.call('ZREM', k.due, job_id)
+  redis.call('ZREM', k.open, job_id)
   local keep = redis.call('HMGET', job, 'retention', 'dead_retention', 'owner')
   local ttl = tonumber(keep[1]) or 604800
   if status == 'dead_lettered' then
     ttl = tonumber(keep[2]) or ttl
-    redis.call('ZADD', '{keys.JOBS_DEAD}', now, job_id)
+    redis.call('ZADD', k.dead, now, job_id)
   end
   redis.call('EXPIRE', job, ttl)
   if idem ~= '' then redis.call('EXPIRE', idem, ttl) end
-  redis.call('ZADD', '{keys.JOBS_EXPIRING}', now + ttl * 1000, job_id .. ' ' .. (keep[3] or ''))
-  count_job(tool, status)
+  redis.call('ZADD', k.expiring, now + ttl * 1000, job_id .. ' ' .. (keep[3] or ''))
+  count_job(k.counts, tool, status)
 end
 """
 
 # A caller cancels its job: one that waits is cancelled here and now; a running one is marked,
 # and its execution (returned) is cancelled by the caller (store.verdicts.CANCEL): the job loop
 # then concludes it `cancelled`, unless it had already succeeded.
-# KEYS: job, due set, owner's open jobs, idempotency (or the job again), callbacks due
+# KEYS (the job's partition): job, due set, owner's open jobs, idempotency (or the job again),
+#       callbacks due, dead letters, expiring, job counts
 # ARGV: job_id
 CANCEL_JOB = Script("CANCEL_JOB", ACCEPTED_WORK + NOW + FINISH_JOB + """
 local h = redis.call('HMGET', KEYS[1], 'status', 'exec', 'tool')
 if not h[1] then return {'gone'} end
 if h[1] == 'queued' then
   redis.call('HSET', KEYS[1], 'cancel', '1')
-  finish_job(KEYS[1], ARGV[1], h[3], 'cancelled', KEYS[3], KEYS[2], KEYS[4] ~= KEYS[1] and KEYS[4] or '', now,
-             KEYS[5])
+  local k = {job = KEYS[1], due = KEYS[2], open = KEYS[3], callbacks = KEYS[5], dead = KEYS[6],
+             expiring = KEYS[7], counts = KEYS[8]}
+  finish_job(k, ARGV[1], h[3], 'cancelled', KEYS[4] ~= KEYS[1] and KEYS[4] or '', now)
   return {'cancelled'}
 end
 if h[1] == 'running' then
@@ -156,9 +169,10 @@ return {'finished'}
 
 # An operator queues a failed or dead-lettered job again, due now, with a fresh budget of
 # attempts (its attempts go on being numbered from where they were: each keeps its request id).
-# KEYS: job, due set, owner's open jobs, idempotency (or the job again)
+# KEYS (the job's partition): job, due set, owner's open jobs, idempotency (or the job again),
+#       dead letters, expiring, job counts
 # ARGV: job_id
-RETRY_JOB = Script("RETRY_JOB", ACCEPTED_WORK + NOW + LUA_COUNT_JOB + f"""
+RETRY_JOB = Script("RETRY_JOB", ACCEPTED_WORK + NOW + LUA_COUNT_JOB + """
 local h = redis.call('HMGET', KEYS[1], 'status', 'attempts', 'tool', 'created_at', 'owner')
 if not h[1] then return 'gone' end
 if h[1] ~= 'failed' and h[1] ~= 'dead_lettered' then return h[1] end
@@ -166,20 +180,21 @@ redis.call('HSET', KEYS[1], 'status', 'queued', 'base_attempts', h[2], 'due', no
 redis.call('HDEL', KEYS[1], 'finished_at', 'cancel', 'result')  -- its result is the next final attempt's
 redis.call('PERSIST', KEYS[1])
 if KEYS[4] ~= KEYS[1] then redis.call('PERSIST', KEYS[4]) end
-redis.call('ZREM', '{keys.JOBS_DEAD}', ARGV[1])
-redis.call('ZREM', '{keys.JOBS_EXPIRING}', ARGV[1] .. ' ' .. (h[5] or ''))
+redis.call('ZREM', KEYS[5], ARGV[1])
+redis.call('ZREM', KEYS[6], ARGV[1] .. ' ' .. (h[5] or ''))
 redis.call('ZADD', KEYS[3], tonumber(h[4]) * 1000, ARGV[1])
 redis.call('ZADD', KEYS[2], now, ARGV[1])
-count_job(h[3], 'queued')
+count_job(KEYS[7], h[3], 'queued')
 return 'retried'
 """)
 
 # An operator purges a finished job (a dead letter, usually) before its retention is over: its
 # hash, its request id and every list that names it go now. An unfinished job is left alone, and
 # so is one whose callback is still being delivered ('notifying': the callback is not lost).
-# KEYS: job, owner's jobs, idempotency (or the job again)
+# KEYS (the job's partition): job, owner's jobs, idempotency (or the job again), every job,
+#       dead letters, expiring
 # ARGV: job_id, owner
-PURGE_JOB = Script("PURGE_JOB", ACCEPTED_WORK + f"""
+PURGE_JOB = Script("PURGE_JOB", ACCEPTED_WORK + """
 local status = redis.call('HGET', KEYS[1], 'status')
 if not status then return 'gone' end
 if status ~= 'succeeded' and status ~= 'failed' and status ~= 'dead_lettered' and status ~= 'cancelled' then
@@ -187,10 +202,10 @@ if status ~= 'succeeded' and status ~= 'failed' and status ~= 'dead_lettered' an
 end
 if redis.call('HGET', KEYS[1], 'notify_state') == 'pending' then return 'notifying' end
 redis.call('DEL', KEYS[1], KEYS[3])
-redis.call('ZREM', '{keys.JOBS_ALL}', ARGV[1])
+redis.call('ZREM', KEYS[4], ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
-redis.call('ZREM', '{keys.JOBS_DEAD}', ARGV[1])
-redis.call('ZREM', '{keys.JOBS_EXPIRING}', ARGV[1] .. ' ' .. ARGV[2])
+redis.call('ZREM', KEYS[5], ARGV[1])
+redis.call('ZREM', KEYS[6], ARGV[1] .. ' ' .. ARGV[2])
 return 'purged'
 """)
 
@@ -346,9 +361,14 @@ class JobStore:
                      quota: Quota = NO_QUOTA, room: bool = True) -> Created:
         """Queue a new job (``fields``: ``job_fields``) due at ``run_at_ms`` (unix ms) or
         ``delay_ms`` from now (Redis's clock), unless ``idempotency`` (``keys.job_idempotency``)
-        names one already, or a limit refuses it."""
-        redis_keys = [keys.job(job_id), keys.job_due(tool), keys.jobs_of(owner), keys.jobs_open(owner),
-                      keys.quota_bucket(owner)]
+        names one already, or a limit refuses it. ``job_id`` is drawn into the owner's home
+        partition (``new_job_id``), where its limit, its bucket and its request ids are."""
+        partition = keys.partition_of(job_id)
+        if partition != keys.home_partition(owner):
+            raise ValueError(f"job {job_id} is not in its owner's home partition (JobStore.new_job_id)")
+        redis_keys = [keys.job(job_id), keys.job_due(tool, partition), keys.jobs_of(owner, partition),
+                      keys.jobs_open(owner, partition), keys.quota_bucket(owner, partition), keys.jobs_all(partition),
+                      metrics.jobs(partition)]
         if idempotency is not None:
             redis_keys.append(idempotency)
         args = [job_id, fingerprint, tool, "" if run_at_ms is None else run_at_ms, delay_ms, horizon_ms, max_open,
@@ -364,6 +384,11 @@ class JobStore:
             return Created("too_far", count=int(answer[1]))
         return Created(cast("CreatedKind", kind), text(answer[1]) if len(answer) > 1 else "")
 
+    @staticmethod
+    def new_job_id(owner: str) -> str:
+        """A new job id for ``owner``'s job: in its home partition (``keys.home_partition``)."""
+        return keys.new_job_id(keys.home_partition(owner))
+
     async def read(self, job_id: str) -> JobState | None:
         return (await self.read_many([job_id]))[0]
 
@@ -374,74 +399,67 @@ class JobStore:
             rows = await pipe.execute()
         return [parse(job_id, row) for job_id, row in zip(job_ids, rows, strict=True)]
 
-    async def list(self, *, owner: str | None, status: str | None, limit: int) -> builtins.list[JobState]:
-        """Jobs newest first: ``owner``'s, or everyone's (None); only ``status`` if given
-        (dead letters from their own set). Looks at most a few pages past ``limit`` for a
-        status that is rare, and forgets listed jobs whose hash expired."""
+    async def list(self, *, owner: str | None, status: str | None, limit: int,
+                   after: Cursor | None = None) -> Page:
+        """Jobs newest first, after ``after``: ``owner``'s (in its home partition), or everyone's
+        (None: every partition's, merged); only ``status`` if given (dead letters from their own
+        sets). Looks at most a few pages past ``limit`` for a status that is rare, and forgets
+        listed jobs whose hash expired."""
         if status == "dead_lettered":
-            listing = keys.JOBS_DEAD
+            listings = [keys.jobs_dead(p) for p in keys.partitions()]
         elif owner is None:
-            listing = keys.JOBS_ALL
+            listings = [keys.jobs_all(p) for p in keys.partitions()]
         else:
-            listing = keys.jobs_of(owner)
-        found: list[JobState] = []
-        start, page = 0, max(limit, 50)
-        while len(found) < limit and start < 20 * page:
-            ids = [raw.decode() for raw in await self.redis.zrevrange(listing, start, start + page - 1)]
-            if not ids:
-                break
-            states = await self.read_many(ids)
-            gone = [job_id for job_id, state in zip(ids, states, strict=True) if state is None]
-            if gone:
-                await self.redis.zrem(listing, *gone)
-            start += page - len(gone)
-            for state in states:
-                if state is None or (status is not None and state.status != status):
-                    continue
-                if owner is not None and state.owner != owner:
-                    continue
-                found.append(state)
-                if len(found) == limit:
-                    break
-        return found
+            listings = [keys.jobs_of(owner, keys.home_partition(owner))]
+        return await listed(self.redis, self.read_many, listings, owner=owner, status=status, limit=limit,
+                            after=after)
 
-    async def forget_expired(self, *, at_most: int = 500) -> int:
-        """Take the jobs whose retention has run out off the lists that name them (everyone's,
-        their owner's, the dead letters): their hashes are gone already. How many."""
+    async def forget_expired(self, partition: int, *, at_most: int = 500) -> int:
+        """Take ``partition``'s jobs whose retention has run out off the lists that name them
+        (everyone's, their owner's, the dead letters): their hashes are gone already. How many."""
+        expiring = keys.jobs_expiring(partition)
         now_s, now_us = await self.redis.time()
-        due = await self.redis.zrangebyscore(keys.JOBS_EXPIRING, "-inf", now_s * 1000 + now_us // 1000,
-                                             start=0, num=at_most)
+        due = await self.redis.zrangebyscore(expiring, "-inf", now_s * 1000 + now_us // 1000, start=0, num=at_most)
         if not due:
             return 0
         async with self.redis.pipeline(transaction=False) as pipe:
             for member in due:
                 job_id, _, owner = member.decode().partition(" ")
-                pipe.zrem(keys.JOBS_ALL, job_id)
-                pipe.zrem(keys.jobs_of(owner), job_id)
-                pipe.zrem(keys.JOBS_DEAD, job_id)
-                pipe.zrem(keys.JOBS_EXPIRING, member)
+                pipe.zrem(keys.jobs_all(partition), job_id)
+                pipe.zrem(keys.jobs_of(owner, partition), job_id)
+                pipe.zrem(keys.jobs_dead(partition), job_id)
+                pipe.zrem(expiring, member)
             await pipe.execute()
         return len(due)
 
     async def cancel(self, job: JobState) -> tuple[Literal["gone", "cancelled", "running", "finished"], str | None]:
         """Cancel ``job``: at once if it waits; if it runs, marked, with the execution the
         caller must cancel; ``finished`` if it had already."""
-        answer = await self._cancel(keys=self._keys(job), args=[job.job_id])
+        p = keys.partition_of(job.job_id)
+        answer = await self._cancel(keys=[*self._keys(job), keys.callbacks_due(p), keys.jobs_dead(p),
+                                          keys.jobs_expiring(p), metrics.jobs(p)], args=[job.job_id])
         kind = cast("Literal['gone', 'cancelled', 'running', 'finished']", text(answer[0]))
         return kind, text(answer[1]) if len(answer) > 1 and answer[1] else None
 
     async def retry(self, job: JobState) -> str:
         """An operator's retry of a failed or dead-lettered job: ``retried`` (it is queued again),
         or the status that keeps it from being retried (``gone`` if it no longer exists)."""
-        return text(await self._retry(keys=self._keys(job), args=[job.job_id]))
+        p = keys.partition_of(job.job_id)
+        return text(await self._retry(keys=[*self._keys(job), keys.jobs_dead(p), keys.jobs_expiring(p),
+                                            metrics.jobs(p)], args=[job.job_id]))
 
     async def purge(self, job: JobState) -> str:
         """An operator's purge of a finished job: ``purged``, or the status that keeps it (``gone``
         if it no longer exists)."""
-        return text(await self._purge(keys=[keys.job(job.job_id), keys.jobs_of(job.owner),
-                                            job.idem_key or keys.job(job.job_id)], args=[job.job_id, job.owner]))
+        p = keys.partition_of(job.job_id)
+        return text(await self._purge(keys=[keys.job(job.job_id), keys.jobs_of(job.owner, p),
+                                            job.idem_key or keys.job(job.job_id), keys.jobs_all(p), keys.jobs_dead(p),
+                                            keys.jobs_expiring(p)], args=[job.job_id, job.owner]))
 
     @staticmethod
     def _keys(job: JobState) -> builtins.list[str]:
-        return [keys.job(job.job_id), keys.job_due(job.tool), keys.jobs_open(job.owner),
-                job.idem_key or keys.job(job.job_id), keys.CALLBACKS_DUE]
+        """The job, its due set, its owner's open jobs and its request id (or the job again), in
+        the job's partition."""
+        p = keys.partition_of(job.job_id)
+        return [keys.job(job.job_id), keys.job_due(job.tool, p), keys.jobs_open(job.owner, p),
+                job.idem_key or keys.job(job.job_id)]

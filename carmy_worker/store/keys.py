@@ -303,9 +303,10 @@ def quota_pending(owner: str) -> str:
     return f"{_P0}quota:pending:{owner}"
 
 
-def quota_bucket(owner: str) -> str:
-    """One principal's token bucket, by its ``owner`` hash: the µs instant it is full again."""
-    return f"{_P0}quota:bucket:{owner}"
+def quota_bucket(owner: str, partition: int) -> str:
+    """One principal's token bucket, by its ``owner`` hash: the µs instant it is full again (in
+    its ``home_partition``)."""
+    return f"{_layout.prefixes[partition]}quota:bucket:{owner}"
 
 
 def fingerprint(tool: str, canonical_arguments: bytes) -> str:
@@ -320,14 +321,47 @@ def mcp_call(principal: str | None, session: str | None, mcp_session: str, reque
 
 
 # --- jobs (store/jobstore.py) ----------------------------------------------------------------
+# Every job index is per partition, and a job's keys are in its id's partition. A principal's
+# jobs are all drawn into its home partition (``home_partition``), so that CREATE counts its
+# unfinished jobs exactly and charges its rate in one script; a schedule's jobs are drawn into
+# its own partition (``schedule_partition``). An operator's lists merge every partition's.
 
-JOBS_SETTLED = _P0 + "jobs:settled"  # zset exec_id -> ms: an execution of a job has its record
-JOBS_RUNNING = _P0 + "jobs:running"  # zset exec_id -> ms: executions of jobs, from promotion to conclusion
-JOBS_ALL = _P0 + "jobs:all"  # zset job_id -> created (µs): every job, for an operator's list
-JOBS_DEAD = _P0 + "jobs:dead"  # zset job_id -> dead-lettered (ms)
-JOBS_EXPIRING = _P0 + "jobs:expiring"  # zset "job_id owner" -> when its retention ends (ms)
-# zset job_id -> when its callback's next delivery attempt is due (ms; store/callbacks.py)
-CALLBACKS_DUE = _P0 + "callbacks:due"
+
+def home_partition(owner: str) -> int:
+    """The partition of everything kept per principal (its quota, its jobs), by its ``owner``
+    hash (32 hex): its first 32 bits modulo the count."""
+    count = _layout.count
+    return 0 if count == 1 else int(owner[:8], 16) % count
+
+
+def jobs_settled(partition: int) -> str:
+    """Zset exec_id -> ms: an execution of a job of ``partition`` has its record (SETTLE, impose)."""
+    return _layout.prefixes[partition] + "jobs:settled"
+
+
+def jobs_running(partition: int) -> str:
+    """Zset "exec_id job_id" -> ms: executions of ``partition``'s jobs, from promotion to conclusion."""
+    return _layout.prefixes[partition] + "jobs:running"
+
+
+def jobs_all(partition: int) -> str:
+    """Zset job_id -> created (µs): every job of ``partition``, for an operator's list."""
+    return _layout.prefixes[partition] + "jobs:all"
+
+
+def jobs_dead(partition: int) -> str:
+    """Zset job_id -> dead-lettered (ms): ``partition``'s dead letters."""
+    return _layout.prefixes[partition] + "jobs:dead"
+
+
+def jobs_expiring(partition: int) -> str:
+    """Zset "job_id owner" -> when its retention ends (ms), of ``partition``'s finished jobs."""
+    return _layout.prefixes[partition] + "jobs:expiring"
+
+
+def callbacks_due(partition: int) -> str:
+    """Zset job_id -> when its callback's next delivery attempt is due (ms; store/callbacks.py)."""
+    return _layout.prefixes[partition] + "callbacks:due"
 
 
 def job(job_id: str) -> str:
@@ -335,26 +369,29 @@ def job(job_id: str) -> str:
     return f"{_prefix_of(job_id)}job:{job_id}"
 
 
-def job_due(tool: str) -> str:
-    """Zset of a tool's queued jobs (job_id -> when it is due, ms): what the workers serving the
-    tool promote to executions once due."""
-    return f"{_P0}jobs:due:{tool}"
+def job_due(tool: str, partition: int) -> str:
+    """Zset of a tool's queued jobs of ``partition`` (job_id -> when it is due, ms): what the
+    workers serving the tool promote to executions once due."""
+    return f"{_layout.prefixes[partition]}jobs:due:{tool}"
 
 
-def jobs_of(owner: str) -> str:
-    """Zset of one principal's jobs (job_id -> created, µs), by its ``owner`` hash: its list."""
-    return f"{_P0}jobs:by:{owner}"
+def jobs_of(owner: str, partition: int) -> str:
+    """Zset of one principal's jobs (job_id -> created, µs), by its ``owner`` hash: its list (in
+    its ``home_partition``; a schedule's jobs, owned by ``SCHEDULES_OWNER``, in the schedule's)."""
+    return f"{_layout.prefixes[partition]}jobs:by:{owner}"
 
 
-def jobs_open(owner: str) -> str:
+def jobs_open(owner: str, partition: int) -> str:
     """Zset of one principal's unfinished jobs (job_id -> created, µs): its limit counts them."""
-    return f"{_P0}jobs:open:{owner}"
+    return f"{_layout.prefixes[partition]}jobs:open:{owner}"
 
 
 def job_idempotency(principal: str | None, session: str | None, request_id: str) -> str:
     """Which job a request id created: a hash of (principal, session, request_id), apart from
-    the executions' (the same id may name a call and a job)."""
-    return f"{_P0}jobidem:{_digest(principal, session, request_id)}"
+    the executions' (the same id may name a call and a job). In the principal's home partition,
+    where its job is created (a job is placed by its owner, not by its request id)."""
+    digest = _digest(principal, session, request_id)
+    return f"{_layout.prefixes[home_partition(owner(principal))]}jobidem:{digest}"
 
 
 # Who a schedule's jobs belong to: no principal's ``owner`` (a 32-hex digest) can be this, so no
@@ -362,13 +399,20 @@ def job_idempotency(principal: str | None, session: str | None, request_id: str)
 SCHEDULES_OWNER = "schedules"
 
 
-def schedule_idempotency(request_id: str) -> str:
-    """Which job one occurrence of a schedule queued (its request id names the schedule and the
-    occurrence), apart from every caller's job request ids: no caller can take an occurrence's."""
-    return f"{_P0}jobidem:schedule:{_digest(request_id)}"
+def schedule_partition(name: str) -> int:
+    """The partition of a schedule's state and of the jobs its occurrences queue: by a hash of
+    its name, so that FIRE is one script in one slot."""
+    count = _layout.count
+    return 0 if count == 1 else int(_digest(name)[:8], 16) % count
+
+
+def schedule_idempotency(name: str, request_id: str) -> str:
+    """Which job one occurrence of schedule ``name`` queued (its request id names the schedule and
+    the occurrence), apart from every caller's job request ids: no caller can take an occurrence's."""
+    return f"{_layout.prefixes[schedule_partition(name)]}jobidem:schedule:{_digest(request_id)}"
 
 
 def schedule(name: str) -> str:
     """Hash of one recurring schedule's state: the occurrence it waits for, its last job, and
     how many occurrences it skipped."""
-    return f"{_P0}schedule:{name}"
+    return f"{_layout.prefixes[schedule_partition(name)]}schedule:{name}"

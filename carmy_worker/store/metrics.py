@@ -14,7 +14,7 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from carmy_worker.store.keys import JOBS_DEAD, partition_prefix, partitions, pending, queued
+from carmy_worker.store.keys import jobs_dead, partition_prefix, partitions, pending, queued
 from carmy_worker.wire import Record
 
 
@@ -28,14 +28,21 @@ def histogram(name: str, partition: int) -> str:
     return f"{partition_prefix(partition)}m:{name}"
 
 
-# Jobs' counters are still partition 0's, named inside their scripts (keys.py: one partition).
-_P0 = partition_prefix(0)
 EXECUTIONS = executions(0)
-HISTOGRAMS = {"run": histogram("run", 0), "queue_wait": histogram("queue_wait", 0),
-              "job_lateness": _P0 + "m:job_lateness"}
-# Jobs (store.jobstore): one field per tool and status, counting the jobs that reached the status
-# (queued counts creations and retries; `skipped` counts schedule occurrences missed past grace).
-JOBS = _P0 + "m:jobs"
+HISTOGRAMS = {"run": histogram("run", 0), "queue_wait": histogram("queue_wait", 0)}
+
+
+def jobs(partition: int) -> str:
+    """The jobs of ``partition`` (store.jobstore) counted by tool and status, one field each:
+    the jobs that reached the status (queued counts creations and retries; ``skipped`` counts
+    schedule occurrences missed past grace). Declared in the KEYS of the scripts that count."""
+    return partition_prefix(partition) + "m:jobs"
+
+
+def job_lateness(partition: int) -> str:
+    """Histogram of how late ``partition``'s jobs' attempts started, after they were due."""
+    return histogram("job_lateness", partition)
+
 BUCKETS_MS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000)
 SEP = "\x1f"  # between label values in a field name: it cannot occur in a tool name
 
@@ -66,9 +73,10 @@ LUA_COUNT = """
 local function count(hash, field) redis.call('HINCRBY', hash, field, 1) end
 """
 
-# count_job(tool, status, n): n more jobs of `tool` reached `status` (store.jobstore).
-LUA_COUNT_JOB = f"""
-local function count_job(tool, status, n) redis.call('HINCRBY', '{JOBS}', tool .. '\\31' .. status, n or 1) end
+# count_job(hash, tool, status, n): n more jobs of `tool` reached `status`, in `hash` (a declared
+# key: ``jobs``, the job's partition's).
+LUA_COUNT_JOB = """
+local function count_job(hash, tool, status, n) redis.call('HINCRBY', hash, tool .. '\\31' .. status, n or 1) end
 """
 
 
@@ -80,16 +88,17 @@ async def snapshot(redis: Redis) -> dict[str, Any]:
     async with redis.pipeline(transaction=False) as pipe:
         read_counts(pipe)
         read_sizes(pipe)
-        pipe.hgetall(HISTOGRAMS["job_lateness"])
-        pipe.hgetall(JOBS)
-        pipe.zcard(JOBS_DEAD)
+        for partition in partitions():
+            pipe.hgetall(job_lateness(partition))
+            pipe.hgetall(jobs(partition))
+            pipe.zcard(jobs_dead(partition))
         replies = await pipe.execute()
     executions, run, queue_wait = added_counts(replies)
     n = len(COUNTED) * len(partitions())
     waiting, admitted = added_sizes(replies[n:])
-    lateness, jobs, dead = replies[-3:]
+    of_jobs = replies[n + 2 * len(partitions()):]
     return {"executions": executions, "run": run, "queue_wait": queue_wait, "queued": waiting, "pending": admitted,
-            "job_lateness": lateness, "jobs": jobs, "dead_letters": dead}
+            "job_lateness": _added(of_jobs[0::3]), "jobs": _added(of_jobs[1::3]), "dead_letters": sum(of_jobs[2::3])}
 
 
 def read_sizes(pipe: Any) -> None:

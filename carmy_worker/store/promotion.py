@@ -1,6 +1,11 @@
 """The workers' side of jobs (store.jobstore): what is due, promoting a due job to an execution,
 concluding an attempt once its execution has a record, and firing schedules. Each is one script,
 safe to run from any number of workers at once: every write checks the state it expects first.
+
+Each runs inside one partition (docs/architecture.md, section 3): LOOK on a partition's indexes
+and its copy of the worker's queue (``queue_in``), PROMOTE of that partition's due jobs into
+executions drawn into it, CONCLUDE in the job's, FIRE in the schedule's. A job loop runs them
+for every partition in turn.
 """
 
 from __future__ import annotations
@@ -10,12 +15,12 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from carmy_worker.store import jobs, keys
+from carmy_worker.store import jobs, keys, metrics
 from carmy_worker.store.batch import Batch
 from carmy_worker.store.durable import Durability
 from carmy_worker.store.jobstore import CREATE_JOB, FINISH_JOB
 from carmy_worker.store.lua import ACCEPTED_WORK, NEW_WORK, NOW, text
-from carmy_worker.store.metrics import HISTOGRAMS, LUA_OBSERVE
+from carmy_worker.store.metrics import LUA_OBSERVE
 from carmy_worker.store.scripts import Script, bind
 from carmy_worker.wire import Record, record_decoder
 
@@ -26,7 +31,7 @@ from carmy_worker.wire import Record, record_decoder
 # for ARGV[3] ms and the jobs for ARGV[4] ms (their hashes keep when they are due), so that
 # each is concluded, or promoted, by one loop rather than by every one at once. CONCLUDE and
 # PROMOTE remove what they took; what a loop that died leased comes back when its lease ends.
-# KEYS: settled executions, the worker's arq queue, then the due set of each of its tools
+# KEYS (one partition's): settled executions, the worker's arq queue, then the due set of each of its tools
 # ARGV: queue room, settled at most, settled lease ms, due lease ms
 LOOK = Script("JOBS_LOOK", ACCEPTED_WORK + NOW + """
 local settled = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[2]))
@@ -54,6 +59,8 @@ return {settled, due, next_due and tostring(next_due) or '', tostring(now)}
 # its place in the queue, and one idle worker woken. A job no longer queued leaves the due set.
 # What its audit entry tells (store.audit) goes in the execution's hash too: the attempt's request
 # id, the job's principal, the tool's effect, and `job` as the door it came in by.
+# Every key in the jobs' partition: the queue is its copy of the worker's, the executions' ids are
+# drawn into it (`keys.new_execution_id(partition)`), and so is the wake list, named in ARGV.
 # KEYS: due set, arq queue, pending, queued, jobs' running executions, then per job: job, exe, arq job
 # ARGV: wake list, tool, start window ms, admission ms beyond it, execution retention s, the tool's effect,
 #       then per job: job_id, attempts it was at, exec_id, arq job bytes, request id, principal
@@ -93,8 +100,8 @@ return promoted
 # queued again after ARGV[3] ms, or finished), only if this execution is still the job's current
 # attempt and the job still runs (another worker's loop may have concluded it first). A job its
 # caller cancelled while it ran ends cancelled rather than queued again.
-# KEYS: job, settled executions, running executions, due set, owner's open jobs, idempotency (or the job),
-#       callbacks due
+# KEYS (the job's partition): job, settled executions, running executions, due set, owner's open jobs,
+#       idempotency (or the job), callbacks due, dead letters, expiring, job counts, lateness histogram
 # ARGV: exec_id, status, delay ms, last error JSON or '', result JSON or '', lateness ms or '', tool, job_id
 CONCLUDE = Script("JOBS_CONCLUDE", ACCEPTED_WORK + NOW + LUA_OBSERVE + FINISH_JOB + """
 redis.call('ZREM', KEYS[2], ARGV[1])
@@ -104,16 +111,17 @@ if h[1] ~= 'running' or h[2] ~= ARGV[1] then return '' end
 local status = ARGV[2]
 if status == 'queued' and h[3] == '1' then status = 'cancelled' end
 if ARGV[4] ~= '' then redis.call('HSET', KEYS[1], 'last_error', ARGV[4]) end
-if ARGV[6] ~= '' then observe('""" + HISTOGRAMS["job_lateness"] + """', ARGV[7], tonumber(ARGV[6])) end
+if ARGV[6] ~= '' then observe(KEYS[11], ARGV[7], tonumber(ARGV[6])) end
 if status == 'queued' then
   local due = now + tonumber(ARGV[3])
   redis.call('HSET', KEYS[1], 'status', 'queued', 'due', due, 'updated_at', now)
   redis.call('ZADD', KEYS[4], due, ARGV[8])
-  count_job(ARGV[7], 'retried')
+  count_job(KEYS[10], ARGV[7], 'retried')
 else
   if ARGV[5] ~= '' then redis.call('HSET', KEYS[1], 'result', ARGV[5]) end
-  finish_job(KEYS[1], ARGV[8], ARGV[7], status, KEYS[5], KEYS[4], KEYS[6] ~= KEYS[1] and KEYS[6] or '', now,
-             KEYS[7])
+  local k = {job = KEYS[1], due = KEYS[4], open = KEYS[5], callbacks = KEYS[7], dead = KEYS[8], expiring = KEYS[9],
+             counts = KEYS[10]}
+  finish_job(k, ARGV[8], ARGV[7], status, KEYS[6] ~= KEYS[1] and KEYS[6] or '', now)
 end
 return status
 """)
@@ -134,7 +142,9 @@ return ARGV[2]
 # its own (a job already there for it is left alone).
 # New work: a full Redis refuses it whole (lua.NEW_WORK), and the occurrence is fired once there
 # is room, or skipped once past its grace.
-# KEYS: schedule, due set, owner's jobs, owner's open jobs, then per occurrence: job, idempotency
+# Every key in the schedule's partition (keys.schedule_partition), its jobs' ids drawn there.
+# KEYS: schedule, due set, owner's jobs, owner's open jobs, every job, job counts,
+#       then per occurrence: job, idempotency
 # ARGV: occurrence waited for, next, skipped, definition's digest, tool, schedule name,
 #       count of the shared fields, the shared fields, then per occurrence: job_id, ms, request id, payload
 FIRE = Script("SCHEDULE_FIRE", NEW_WORK + NOW + CREATE_JOB + """
@@ -144,7 +154,7 @@ redis.call('HSET', KEYS[1], 'next', ARGV[2])
 local skipped = tonumber(ARGV[3])
 if skipped > 0 then
   redis.call('HINCRBY', KEYS[1], 'skipped', skipped)
-  count_job(ARGV[5], 'skipped', skipped)
+  count_job(KEYS[6], ARGV[5], 'skipped', skipped)
 end
 local shared = tonumber(ARGV[7])
 local fired = {'fired'}
@@ -152,14 +162,15 @@ local first = 8 + shared
 for i = 0, (#ARGV - first + 1) / 4 - 1 do
   local at_i = first + 4 * i
   local job_id, at, rid, payload = ARGV[at_i], ARGV[at_i + 1], ARGV[at_i + 2], ARGV[at_i + 3]
-  local job, idem = KEYS[5 + 2 * i], KEYS[6 + 2 * i]
+  local job, idem = KEYS[7 + 2 * i], KEYS[8 + 2 * i]
   if redis.call('SET', idem, job_id .. ' schedule', 'NX') then
     local fields = {}
     for j = 8, 7 + shared do table.insert(fields, ARGV[j]) end
     for _, v in ipairs({'request_id', rid, 'payload', payload, 'schedule', ARGV[6], 'idem_key', idem}) do
       table.insert(fields, v)
     end
-    create_job(job, KEYS[2], KEYS[3], KEYS[4], job_id, ARGV[5], fields, math.max(tonumber(at), now), tonumber(at), now)
+    local k = {job = job, due = KEYS[2], by = KEYS[3], open = KEYS[4], all = KEYS[5], counts = KEYS[6]}
+    create_job(k, job_id, ARGV[5], fields, math.max(tonumber(at), now), tonumber(at), now)
     redis.call('HSET', KEYS[1], 'last_job', job_id, 'last_at', at)
     redis.call('HINCRBY', KEYS[1], 'fired', 1)
     table.insert(fired, job_id)
@@ -167,6 +178,12 @@ for i = 0, (#ARGV - first + 1) / 4 - 1 do
 end
 return fired
 """)
+
+
+def queue_in(queue: str, partition: int) -> str:
+    """A worker's queue in ``partition``: each partition holds a copy of every group's queue (its
+    name under the partition's prefix), and an execution is queued in its own partition's."""
+    return keys.partition_prefix(partition) + queue.removeprefix(keys.partition_prefix(keys.partition_of_key(queue)))
 
 
 # How long what LOOK hands a loop stays out of the other loops' sight: a loop that died with it
@@ -236,11 +253,14 @@ class Promotions:
         self._ensure = bind(redis, ENSURE_SCHEDULE)
         self._fire = bind(redis, FIRE, durability=durability)
 
-    async def look(self, tools: list[str], queue: str, *, room: int, settled_at_most: int = 200,
+    async def look(self, tools: list[str], queue: str, partition: int, *, room: int, settled_at_most: int = 200,
                    settled_lease_ms: int = SETTLED_LEASE_MS, due_lease_ms: int = DUE_LEASE_MS) -> Look:
-        """LOOK: what this loop has to do now, leased to it (see the script)."""
+        """LOOK in ``partition``: what this loop has to do there now, leased to it (see the
+        script); ``queue``: the worker's, ``room`` how many executions its copy in the partition
+        may hold."""
         settled, due, next_due, now = await self._look(
-            keys=[keys.JOBS_SETTLED, queue, *(keys.job_due(tool) for tool in tools)],
+            keys=[keys.jobs_settled(partition), queue_in(queue, partition),
+                  *(keys.job_due(tool, partition) for tool in tools)],
             args=[room, settled_at_most, settled_lease_ms, due_lease_ms])
         pairs = [(tools[int(due[i]) - 1], due[i + 1].decode()) for i in range(0, len(due), 2)]
         return Look([e.decode() for e in settled], pairs, int(next_due) if next_due else None, int(now))
@@ -271,10 +291,14 @@ class Promotions:
                 int(started_at) if started_at else None))
         return ended
 
-    async def promote(self, tool: str, promotions: list[Promotion], *, queue: str, start_window_ms: int,
-                      admission_ms: int, retention: int, effect: str = "") -> list[str]:
-        """PROMOTE: the ids of the jobs that became executions (``effect``: the tool's)."""
-        redis_keys: list[Any] = [keys.job_due(tool), queue, keys.PENDING, keys.QUEUED, keys.JOBS_RUNNING]
+    async def promote(self, tool: str, promotions: list[Promotion], partition: int, *, queue: str,
+                      start_window_ms: int, admission_ms: int, retention: int, effect: str = "") -> list[str]:
+        """PROMOTE in ``partition`` (its jobs' and their executions', ``new_execution_id``): the ids
+        of the jobs that became executions, queued on the partition's copy of ``queue``
+        (``effect``: the tool's)."""
+        queue = queue_in(queue, partition)
+        redis_keys: list[Any] = [keys.job_due(tool, partition), queue, keys.pending(partition), keys.queued(partition),
+                                 keys.jobs_running(partition)]
         args: list[Any] = [jobs.wake_list(queue), tool, start_window_ms, admission_ms, retention, effect]
         for p in promotions:
             redis_keys += [keys.job(p.job_id), keys.execution(p.execution_id), jobs.job_key(p.execution_id)]
@@ -285,25 +309,27 @@ class Promotions:
                        delay_ms: int = 0, last_error: bytes = b"", result: bytes = b"",
                        lateness_ms: int | None = None) -> str:
         """CONCLUDE: the status the job went to ('' if another loop concluded it first)."""
+        p = keys.partition_of(job_id)
         answer = await self._conclude(
-            keys=[keys.job(job_id), keys.JOBS_SETTLED, keys.JOBS_RUNNING, keys.job_due(tool), keys.jobs_open(owner),
-                  idem_key or keys.job(job_id), keys.CALLBACKS_DUE],
+            keys=[keys.job(job_id), keys.jobs_settled(p), keys.jobs_running(p), keys.job_due(tool, p),
+                  keys.jobs_open(owner, p), idem_key or keys.job(job_id), keys.callbacks_due(p), keys.jobs_dead(p),
+                  keys.jobs_expiring(p), metrics.jobs(p), metrics.job_lateness(p)],
             args=[execution_id, status, delay_ms, last_error, result, "" if lateness_ms is None else lateness_ms,
                   tool, job_id])
         return text(answer)
 
     async def forget_settled(self, execution_id: str) -> None:
         """An execution listed as settled whose job is gone: nothing to conclude."""
-        await self.redis.zrem(keys.JOBS_SETTLED, execution_id)
+        await self.redis.zrem(keys.jobs_settled(keys.partition_of(execution_id)), execution_id)
 
-    async def lost(self, *, older_than_ms: int, at_most: int = 100) -> list[tuple[str, str]]:
-        """Executions of jobs promoted more than ``older_than_ms`` ago whose hash and record
+    async def lost(self, partition: int, *, older_than_ms: int, at_most: int = 100) -> list[tuple[str, str]]:
+        """``partition``'s executions of jobs promoted more than ``older_than_ms`` ago whose hash and record
         are both gone (Redis lost them, restarted without its data): (execution, job) each,
         whose attempt nothing will ever settle. The caller concludes them."""
         now_s, now_us = await self.redis.time()
         now = now_s * 1000 + now_us // 1000
         candidates = [e.decode().split(" ", 1) for e in await self.redis.zrangebyscore(
-            keys.JOBS_RUNNING, "-inf", now - older_than_ms, start=0, num=at_most)]
+            keys.jobs_running(partition), "-inf", now - older_than_ms, start=0, num=at_most)]
         if not candidates:
             return []
         async with self.redis.pipeline(transaction=False) as pipe:
@@ -320,8 +346,11 @@ class Promotions:
                    idempotency: list[str]) -> tuple[bool, list[str], int | None]:
         """FIRE: (whether this call fired, the jobs it queued, the occurrence the schedule waits
         for if another fired first). ``occurrences``: (job_id, ms, request id, payload) each,
-        with its ``idempotency`` key."""
-        redis_keys: list[Any] = [keys.schedule(name), keys.job_due(tool), keys.jobs_of(owner), keys.jobs_open(owner)]
+        with its ``idempotency`` key, the job ids drawn into the schedule's partition
+        (``keys.schedule_partition``)."""
+        p = keys.schedule_partition(name)
+        redis_keys: list[Any] = [keys.schedule(name), keys.job_due(tool, p), keys.jobs_of(owner, p),
+                                 keys.jobs_open(owner, p), keys.jobs_all(p), metrics.jobs(p)]
         args: list[Any] = [waited_for, next_ms, skipped, digest, tool, name, len(shared), *shared]
         for (job_id, at, rid, payload), idem in zip(occurrences, idempotency, strict=True):
             redis_keys += [keys.job(job_id), idem]

@@ -97,7 +97,8 @@ class Verdicts:
         """Cancel for a caller that went away: at once if queued, else via its worker."""
         stored, final, label = _imposed(records.cancelled(exec_id, tool, started=False))
         outcome = await self._cancel(
-            keys=[keys.execution(exec_id), keys.record(exec_id), *_sets(exec_id), keys.JOBS_SETTLED,
+            keys=[keys.execution(exec_id), keys.record(exec_id), *_sets(exec_id),
+                  keys.jobs_settled(keys.partition_of(exec_id)),
                   keys.AUDIT, metrics.executions(keys.partition_of(exec_id))],
             args=[exec_id, stored, self.retention, keys.events(exec_id), final,
                   keys.cancel_channel(keys.partition_of(exec_id)), label],
@@ -112,7 +113,8 @@ class Verdicts:
         outcome = await self._reap(
             keys=[keys.execution(exec_id), keys.record(exec_id), keys.pending(keys.partition_of(exec_id)),
                   keys.running(worker_id, keys.partition_of(exec_id)), jobs.in_progress_key(exec_id),
-                  keys.leases(worker_id, keys.partition_of(exec_id)), jobs.job_key(exec_id), keys.JOBS_SETTLED,
+                  keys.leases(worker_id, keys.partition_of(exec_id)), jobs.job_key(exec_id),
+                  keys.jobs_settled(keys.partition_of(exec_id)),
                   keys.AUDIT, metrics.executions(keys.partition_of(exec_id))],
             args=[exec_id, worker_id, stored, self.retention, keys.events(exec_id), final, label,
                   "" if attempt is None else attempt],
@@ -123,7 +125,8 @@ class Verdicts:
         """Settle ``exec_id`` as never started if it is still queued past its start-by instant."""
         stored, final, label = _imposed(records.never_started(exec_id, tool))
         return bool(await self._expire(
-            keys=[keys.execution(exec_id), keys.record(exec_id), *_sets(exec_id), keys.JOBS_SETTLED,
+            keys=[keys.execution(exec_id), keys.record(exec_id), *_sets(exec_id),
+                  keys.jobs_settled(keys.partition_of(exec_id)),
                   keys.AUDIT, metrics.executions(keys.partition_of(exec_id))],
             args=[exec_id, stored, self.retention, keys.events(exec_id), final, label],
         ))

@@ -9,6 +9,7 @@ read by a client signed in with the operator's.
 from __future__ import annotations
 
 import asyncio
+import html
 import re
 import time
 from collections.abc import AsyncIterator
@@ -288,6 +289,20 @@ async def test_a_list_cut_at_its_size_says_so(client: httpx.AsyncClient, operato
     monkeypatch.setattr(jobs, "LIST_SIZE", 2)
     due_now = (await operator.get("/console/jobs?status=queued", headers=PAGE)).text
     assert "Queued: 0 jobs" in due_now and "(among the newest 2 queued jobs only)" in due_now
+
+
+async def test_the_list_pages_to_older_jobs_each_once(client: httpx.AsyncClient, operator: httpx.AsyncClient,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    made = [await new_job(client, "noop", delay_ms=600_000) for _ in range(5)]
+    monkeypatch.setattr(jobs, "LIST_SIZE", 2)
+    shown: list[str] = []
+    url: str | None = "/console/jobs?status=scheduled"
+    while url is not None and len(shown) < len(made):
+        page = (await operator.get(url, headers=PAGE)).text
+        shown += [job_id for job_id in re.findall(r'href="/console/jobs/(job_[0-9a-f-]+)"', page) if job_id in made]
+        older = re.search(r'href="([^"]+)" rel="next">Older', page)
+        url = None if older is None else html.unescape(older.group(1))
+    assert shown == made[::-1]  # newest first, each once, over three pages
 
 
 async def test_a_job_page_shows_its_executions_last_error_and_buttons(client: httpx.AsyncClient,

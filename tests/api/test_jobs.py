@@ -13,6 +13,7 @@ import datetime
 import re
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -247,11 +248,30 @@ async def test_the_list_is_newest_first_and_filters_by_status(client: httpx.Asyn
     listed = await client.get("/agent/jobs", params={"limit": "1"}, headers=AS_DAVE)
     assert [j["job_id"] for j in listed.json()["jobs"]] == [ids[2]]
     assert (await client.get("/agent/jobs", params={"status": "dead_lettered"}, headers=AS_DAVE)).json() == {
-        "jobs": []}
+        "jobs": [], "next_cursor": None}
     # An operator's list is everyone's.
     everyone = {j["job_id"] for j in (await client.get("/agent/jobs", params={"limit": "1000"},
                                                         headers=AS_OPS)).json()["jobs"]}
     assert set(ids) <= everyone
+
+
+async def test_an_operator_pages_through_everyones_jobs_once_each(client: httpx.AsyncClient) -> None:
+    mine = {(await create(client, echo(f"page-{i}"), who)).json()["job_id"]
+            for i, who in enumerate([AS_ALICE, AS_BOB, AS_DAVE] * 3)}
+    seen: list[dict[str, Any]] = []
+    params = {"limit": "2"}
+    while True:
+        r = await client.get("/agent/jobs", params=params, headers=AS_OPS)
+        assert r.status_code == 200 and len(r.json()["jobs"]) <= 2
+        seen += r.json()["jobs"]
+        if r.json()["next_cursor"] is None:
+            break
+        params = {"limit": "2", "cursor": r.json()["next_cursor"]}
+    ids = [j["job_id"] for j in seen]
+    assert len(ids) == len(set(ids)) and mine <= set(ids)  # no job twice, none left out
+    created = [j["created_at"] for j in seen]
+    assert created == sorted(created, reverse=True)  # newest first across the pages
+    refused(await client.get("/agent/jobs", params={"cursor": "yesterday"}, headers=AS_OPS), 400, "INVALID_REQUEST")
 
 
 def wait_next_ms(created_at: str) -> None:
@@ -283,12 +303,13 @@ async def test_only_an_operator_retries_and_only_a_failed_job(client: httpx.Asyn
 
 async def test_a_queued_job_cancelled_never_becomes_due(client: httpx.AsyncClient, sync: redis.Redis) -> None:
     job = (await create(client, {"tool": "echo", "arguments": {"text": "cancel me"}})).json()  # due now
-    assert sync.zscore(keys.job_due("echo"), job["job_id"]) is not None
+    assert sync.zscore(keys.job_due("echo", keys.partition_of(job["job_id"])), job["job_id"]) is not None
     url = f"/agent/jobs/{job['job_id']}"
     r = await client.delete(url, headers=AS_ALICE)
     assert (r.status_code, r.headers["cache-control"]) == (200, "no-store")
     assert r.json() == {**job, "status": "cancelled"}
-    assert sync.zscore(keys.job_due("echo"), job["job_id"]) is None  # no worker could promote it
+    # No worker could promote it:
+    assert sync.zscore(keys.job_due("echo", keys.partition_of(job["job_id"])), job["job_id"]) is None
     assert (await client.get(url, headers=AS_ALICE)).json()["status"] == "cancelled"
     again = await client.delete(url, headers=AS_ALICE)  # a finished job is left as it is
     assert (again.status_code, again.json()["status"]) == (200, "cancelled")

@@ -25,6 +25,7 @@ from api.console.pages.operator import operator
 from api.console.pages.unreachable import told_if_unreachable
 from api.console.pages.wording import WORDING
 from api.console.render import render
+from carmy_worker.store.joblists import Cursor
 from carmy_worker.store.jobstore import JobState
 
 LIST_SIZE = 100
@@ -121,18 +122,25 @@ class JobsPage:
 
     @told_if_unreachable
     async def get(self, request: Request) -> Response:
-        """``GET /console/jobs?status=``."""
+        """``GET /console/jobs?status=&cursor=``: a page of LIST_SIZE jobs, the older ones from
+        the page's cursor on (every partition's, merged: ``store.joblists``)."""
         tab = request.query_params.get("status", "queued")
         key, label, status = next((t for t in TABS if t[0] == tab), TABS[0])
         agent = operator(request, self.jobs.settings.operator_permission)
+        cursor = request.query_params.get("cursor")
+        if cursor is not None and Cursor.parse(cursor) is None:
+            cursor = None  # a link edited by hand: the newest page
         now = now_ms()
-        rows = [JobRow(job, now) for job in await self.jobs.list(agent, status=status, limit=LIST_SIZE)]
+        page = await self.jobs.page(agent, status=status, limit=LIST_SIZE, cursor=cursor)
+        rows = [JobRow(job, now) for job in page.jobs]
         # Whether the list was cut at LIST_SIZE: before queued jobs are split into due and scheduled.
         cut = len(rows) >= LIST_SIZE
         if status == "queued":
             rows = [row for row in rows if row.scheduled == (key == "scheduled")]
+        older = page.after.text() if cut and page.after is not None else None
         return render(request, "jobs.html", tabs=TABS, tab=key, label=label, rows=rows, limit=LIST_SIZE, cut=cut,
-                      queued=status == "queued", schedules=await self.schedules.list(), **WORDING)
+                      queued=status == "queued", cursor=cursor, older=older, schedules=await self.schedules.list(),
+                      **WORDING)
 
     @told_if_unreachable
     async def job(self, request: Request) -> Response:

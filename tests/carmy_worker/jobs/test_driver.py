@@ -5,17 +5,25 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import time
 from collections.abc import Sequence
 
+import pytest
 import redis
 import redis.asyncio
 
 from carmy_worker.jobs.driver import JobLoop
+from carmy_worker.sdk.errors import ToolError
 from carmy_worker.settings import WorkerSettings
-from carmy_worker.store import jobs, keys
+from carmy_worker.store import jobs, keys, records
+from carmy_worker.store.attempts import Attempts
 from carmy_worker.store.jobstore import JobStore, job_fields
-from carmy_worker.wire import ExecutionJob, RetryPolicy, ScheduleSpec, ToolSpec, WorkerTool, msgpack_encoder
+from carmy_worker.store.promotion import queue_in
+from carmy_worker.wire import ExecutionJob, Record, RetryPolicy, ScheduleSpec, ToolSpec, WorkerTool, msgpack_encoder
+from tests.cells import cells  # noqa: F401 (a fixture)
 from tests.support import wait_until_async
+
+pytestmark = pytest.mark.usefixtures("cells")
 
 QUEUE = jobs.queue_name("g")
 SCHEMA = {"type": "object", "properties": {}, "additionalProperties": False}
@@ -36,7 +44,7 @@ def loop(ar: redis.asyncio.Redis, schedules: Sequence[ScheduleSpec] = ()) -> Job
 
 async def scheduled_jobs(ar: redis.asyncio.Redis) -> list[str]:
     """The request ids of the jobs the schedule queued."""
-    ids = [raw.decode() for raw in await ar.zrange(keys.JOBS_ALL, 0, -1)]
+    ids = [raw.decode() for p in keys.partitions() for raw in await ar.zrange(keys.jobs_all(p), 0, -1)]
     return [(await ar.hget(keys.job(i), "request_id")).decode() for i in ids]
 
 
@@ -46,7 +54,8 @@ async def test_three_loops_fire_each_occurrence_of_a_schedule_once(ar: redis.asy
     loops = [loop(ar, [every_second]) for _ in range(3)]
     tasks = [asyncio.create_task(one.run()) for one in loops]
     try:
-        await wait_until_async(lambda: sync_redis.zcard(keys.JOBS_ALL) >= 3, what="three occurrences")
+        every = keys.jobs_all(keys.schedule_partition("s"))  # the schedule's jobs are in its partition
+        await wait_until_async(lambda: sync_redis.zcard(every) >= 3, what="three occurrences")
     finally:
         for task in tasks:
             task.cancel()
@@ -72,14 +81,17 @@ async def test_occurrences_missed_past_their_grace_are_skipped_and_counted(ar: r
     assert int(state[b"fired"]) <= 3
 
 
-async def make_job(ar: redis.asyncio.Redis, name: str, *, idempotent: bool) -> str:
-    template = ExecutionJob(execution_id="", tool=name, arguments=b"{}")
-    fields = job_fields(tool=name, owner=keys.owner(None), payload=msgpack_encoder.encode(template),
+async def make_job(ar: redis.asyncio.Redis, name: str, *, idempotent: bool, principal: str | None = None,
+                   delay_ms: int = 0) -> str:
+    owner = keys.owner(principal)
+    template = ExecutionJob(execution_id="", tool=name, arguments=b"{}", principal=principal)
+    fields = job_fields(tool=name, owner=owner, payload=msgpack_encoder.encode(template),
                         policy=RetryPolicy(backoff=0.05), max_attempts=3, idempotent=idempotent, retention=60,
                         dead_retention=60, request_id=None)
-    created = await JobStore(ar).create(job_id=keys.new_job_id(), tool=name, owner=keys.owner(None), fields=fields,
-                                        idempotency=None, fingerprint="", run_at_ms=None, delay_ms=0,
+    created = await JobStore(ar).create(job_id=JobStore.new_job_id(owner), tool=name, owner=owner, fields=fields,
+                                        idempotency=None, fingerprint="", run_at_ms=None, delay_ms=delay_ms,
                                         horizon_ms=10_000, max_open=0)
+    assert created.kind == "new"
     return created.job_id
 
 
@@ -92,7 +104,7 @@ async def test_an_attempt_whose_execution_redis_lost_is_concluded(ar: redis.asyn
         exec_id = (await ar.hget(keys.job(job_id), "exec")).decode()
         lost[job_id] = exec_id
         await ar.delete(keys.execution(exec_id), jobs.job_key(exec_id))
-        await ar.zadd(keys.JOBS_RUNNING, {f"{exec_id} {job_id}": 0})  # promoted long ago
+        await ar.zadd(keys.jobs_running(keys.partition_of(job_id)), {f"{exec_id} {job_id}": 0})  # promoted long ago
     one._lost_at = 0.0
     await one.tick()
     store = JobStore(ar)
@@ -100,4 +112,78 @@ async def test_an_attempt_whose_execution_redis_lost_is_concluded(ar: redis.asyn
     assert tick_state is not None and mirror_state is not None
     assert tick_state.status == "dead_lettered"  # not idempotent: never run again by itself
     assert mirror_state.status == "queued" and mirror_state.attempts == 1  # idempotent: tried again
-    assert await ar.zcard(keys.JOBS_RUNNING) == 0
+    assert sum([await ar.zcard(keys.jobs_running(p)) for p in keys.partitions()]) == 0
+
+
+class Settler:
+    """What the workers would do with the executions the loops promote, without running a tool:
+    each one's record, written by SETTLE (as a verdict is, at attempt 0), the outcome ``outcome``
+    asks for, once each, and its queue entry gone (as a worker's lease ends with it)."""
+
+    def __init__(self, ar: redis.asyncio.Redis, outcome: collections.abc.Callable[[str], Record]) -> None:
+        self.ar, self.outcome = ar, outcome
+        self.settled: list[str] = []
+
+    async def settle_queued(self) -> None:
+        for partition in keys.partitions():
+            queue = queue_in(QUEUE, partition)
+            for raw in await self.ar.zrange(queue, 0, -1):
+                exec_id = raw.decode()
+                if exec_id in self.settled:
+                    continue
+                assert keys.partition_of(exec_id) == partition  # an execution is queued in its own partition
+                attempts = Attempts(self.ar, worker_id="w1", retention=60, queue=queue)
+                assert await attempts.settle(self.outcome(exec_id), exec_id=exec_id, attempt=0, ran=False)
+                await self.ar.zrem(queue, exec_id)
+                self.settled.append(exec_id)
+
+
+PRINCIPALS = [f"agent-{n}" for n in range(12)]  # their home partitions cover four partitions
+
+
+async def run_loops(ar: redis.asyncio.Redis, settler: Settler, job_ids: list[str], *, until: set[str]) -> None:
+    """Two job loops and the settler, until every job in ``job_ids`` has a status in ``until``."""
+    loops = [loop(ar), loop(ar)]
+    store = JobStore(ar)
+
+    async def finished() -> bool:
+        await settler.settle_queued()
+        return all(job is not None and job.status in until for job in await store.read_many(job_ids))
+
+    tasks = [asyncio.create_task(one.run()) for one in loops]
+    try:
+        deadline = time.monotonic() + 30
+        while not await finished():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the jobs are not all {' or '.join(until)} within 30 s")
+            await asyncio.sleep(0.01)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_jobs_of_every_partition_each_run_once_not_before_they_are_due(ar: redis.asyncio.Redis) -> None:
+    assert len({keys.home_partition(keys.owner(p)) for p in PRINCIPALS}) == keys.partition_count()
+    job_ids = [await make_job(ar, "mirror", idempotent=True, principal=p, delay_ms=200) for p in PRINCIPALS]
+    settler = Settler(ar, lambda e: records.completed(e, "mirror", b'{"ok":true}', cacheable=False, duration_ms=1))
+    await run_loops(ar, settler, job_ids, until={"succeeded"})
+    for job in await JobStore(ar).read_many(job_ids):
+        assert job is not None and len(job.executions) == 1 and job.attempts == 1
+        [exec_id] = job.executions
+        assert keys.partition_of(exec_id) == keys.partition_of(job.job_id)
+        queued_at = int(await ar.hget(keys.execution(exec_id), "queued_at"))
+        assert queued_at >= job.run_at_ms  # promoted once due, not before
+    assert sorted(settler.settled) == sorted(e for job in await JobStore(ar).read_many(job_ids)
+                                             for e in (job.executions if job else []))
+
+
+async def test_retries_then_dead_letters_in_every_partition(ar: redis.asyncio.Redis) -> None:
+    job_ids = [await make_job(ar, "mirror", idempotent=True, principal=p) for p in PRINCIPALS]
+    busy = ToolError("BUSY", "try later", retryable=True).to_wire()
+    settler = Settler(ar, lambda e: records.failed(e, "mirror", busy))
+    await run_loops(ar, settler, job_ids, until={"dead_lettered"})
+    for job in await JobStore(ar).read_many(job_ids):
+        assert job is not None and job.attempts == 3 and len(set(job.executions)) == 3  # max_attempts, each once
+    dead = [job_id for p in keys.partitions() for job_id in await ar.zrange(keys.jobs_dead(p), 0, -1)]
+    assert sorted(raw.decode() for raw in dead) == sorted(job_ids)

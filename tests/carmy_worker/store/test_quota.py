@@ -26,7 +26,7 @@ from tests.carmy_worker.store.test_scripts import (
 
 OWNER = keys.owner(PRINCIPAL)
 HELD = keys.quota_pending(OWNER)
-BUCKET = keys.quota_bucket(OWNER)
+BUCKET = keys.quota_bucket(OWNER, keys.home_partition(OWNER))
 
 
 @pytest.fixture
