@@ -1,11 +1,18 @@
 """SUBMIT's per-principal quota against the real Redis: the pending limit, the token bucket,
-nothing written on a refusal, and the principal's slot freed exactly when the global one is."""
+nothing written on a refusal, and the principal's slot freed exactly when the global one is;
+with four partitions, a principal's calls placed in its home partition as the API places them,
+so that its quota admits exactly its limit under concurrency."""
 
 from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import Iterator
 
 import pytest
 import redis
 import redis.asyncio
+from redis.crc import key_slot
 
 from carmy_worker.store import keys
 from carmy_worker.store.quota import Quota
@@ -152,3 +159,59 @@ async def test_the_quota_set_is_named_in_the_execution_hash(r: redis.Redis, ar: 
     exec_id = home_id()
     assert (await submit(ar, exec_id, Quota(pending=3))).kind == "new"
     assert r.hget(keys.execution(exec_id), "quota") == held().encode()
+
+
+@pytest.fixture(params=[1, 4], ids=["one-partition", "four-partitions"])
+def partitions(request: pytest.FixtureRequest) -> Iterator[int]:
+    before = keys.partition_count()
+    keys.use_partitions(request.param)
+    try:
+        yield request.param
+    finally:
+        keys.use_partitions(before)
+
+
+async def call(ar: redis.asyncio.Redis, quota: Quota, request_id: str | None, principal: str = PRINCIPAL) -> Submission:
+    """A call placed as ``api.calling.calls`` places it: in the home partition with a quota."""
+    exec_id = keys.new_execution_id(keys.request_partition(principal, None, request_id, homed=quota.bounded))
+    return await submit(ar, exec_id, quota, request_id=request_id, principal=principal)
+
+
+@pytest.mark.usefixtures("partitions")
+async def test_a_principals_pending_limit_admits_exactly_its_limit_over_partitions(
+        r: redis.Redis, ar: redis.asyncio.Redis) -> None:
+    quota = Quota(pending=5)
+    answers = await asyncio.gather(*(call(ar, quota, f"req-{i}" if i % 2 else None) for i in range(40)))
+    assert Counter(a.kind for a in answers) == {"new": 5, "limited": 35}
+    admitted = [a.execution_id for a in answers if a.kind == "new"]
+    assert {keys.partition_of(xid) for xid in admitted} == {keys.home_partition(OWNER)}
+    assert r.zcard(held()) == 5
+    # A retry of an admitted request id finds its key (placement depends on nothing else): it joins.
+    retried = next(f"req-{i}" for i, a in enumerate(answers) if a.kind == "new" and i % 2)
+    assert (await call(ar, quota, retried)).kind == "join"
+
+
+@pytest.mark.usefixtures("partitions")
+async def test_a_principals_bucket_admits_exactly_its_burst_over_partitions(
+        r: redis.Redis, ar: redis.asyncio.Redis) -> None:
+    quota = Quota(rate=0.001, burst=3)
+    answers = await asyncio.gather(*(call(ar, quota, f"req-{i}") for i in range(30)))
+    assert Counter((a.kind, a.limit) for a in answers) == {("new", ""): 3, ("limited", "rate"): 27}
+    assert r.exists(bucket())
+
+
+@pytest.mark.usefixtures("partitions")
+def test_a_principal_with_a_quota_has_every_key_of_its_calls_in_its_home_slot() -> None:
+    home = keys.home_partition(OWNER)
+    for n in range(50):
+        request_id = f"req-{n}" if n % 5 else None
+        partition = keys.request_partition(PRINCIPAL, "s", request_id, homed=True)
+        assert partition == home
+        exec_id = keys.new_execution_id(partition)
+        names = [keys.execution(exec_id), keys.quota_pending(OWNER, partition), keys.quota_bucket(OWNER, partition)]
+        if request_id is not None:
+            names.append(keys.idempotency(PRINCIPAL, "s", request_id, partition))
+        assert {key_slot(name.encode()) for name in names} == {key_slot(keys.partition_prefix(home).encode())}
+    # Without a quota, calls spread over every partition as before.
+    spread = {keys.request_partition(PRINCIPAL, "s", f"req-{n}") for n in range(200)}
+    assert spread == set(keys.partitions())
