@@ -1,5 +1,6 @@
 """The end of a run's one read of the audit trail: every final record and every entry of every
-partition's stream, as Redis holds them (ids in the trail: ``store.audit.trail_id``), for ``chaos.auditcheck`` to set against each other.
+partition's stream, as Redis holds them (ids in the trail: ``store.audit.trail_id``), for
+``chaos.auditcheck`` to set against each other.
 
 The schedule goes on firing while this reads, so executions still finish meanwhile. The order
 makes that harmless: the newest entry id first, then the records, then the whole stream. A
@@ -28,7 +29,8 @@ def read_trail(client: redis.Redis) -> Trail:
     before = _before(client)
     records = list(_records(client))
     entries = [entry for n in keys.partitions() for entry in _entries(client, n)]
-    return Trail(records=records, entries=entries, before=before, added=sum(_added(client, n) for n in keys.partitions()))
+    added = sum(_added(client, n) for n in keys.partitions())
+    return Trail(records=records, entries=entries, before=before, added=added)
 
 
 def _before(client: redis.Redis) -> str | None:

@@ -216,7 +216,8 @@ def decode(entry_id: bytes | str, fields: dict[Any, Any], partition: int = 0) ->
         duration = max(0, finished - started_at)
     replayed = f.get("replayed") == "1"
     return AuditEntry(
-        id=trail_id(entry_id, partition), execution_id=f.get("execution_id", ""), request_id=f.get("request_id") or None,
+        id=trail_id(entry_id, partition), execution_id=f.get("execution_id", ""),
+        request_id=f.get("request_id") or None,
         job_id=f.get("job_id") or None, principal=f.get("principal") or None, tool=f.get("tool", ""),
         effect=f.get("effect") or None, status=f.get("status", ""), error_code=f.get("error_code") or None,
         duration_ms=duration,

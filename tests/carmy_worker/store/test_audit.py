@@ -45,7 +45,8 @@ async def write(trail: AuditTrail, count: int) -> list[str]:
     for i in range(count):
         exec_id = keys.new_execution_id(i % keys.partition_count())
         tool = "rare" if i % 7 == 0 else "echo"
-        await trail.replayed(exec_id, records.completed(exec_id, tool, b"{}", cacheable=False, duration_ms=3), via="http")
+        record = records.completed(exec_id, tool, b"{}", cacheable=False, duration_ms=3)
+        await trail.replayed(exec_id, record, via="http")
         written.append(exec_id)
     return written
 
@@ -102,7 +103,8 @@ async def test_equal_stream_ids_in_two_partitions_are_two_entries_in_the_trail(c
     assert sorted(found) == sorted(f"p{p}-{s}" for p in keys.partitions() for s in range(3))
     # An execution's entries are read from its partition's stream only.
     exec_id = keys.new_execution_id(keys.partition_count() - 1)
-    await trail.replayed(exec_id, records.completed(exec_id, "echo", b"{}", cacheable=False, duration_ms=3), via="mcp")
+    record = records.completed(exec_id, "echo", b"{}", cacheable=False, duration_ms=3)
+    await trail.replayed(exec_id, record, via="mcp")
     [own] = (await trail.page(AuditFilter(execution_id=exec_id), scan_at_most=1)).entries
     assert own.execution_id == exec_id and own.via == "mcp"
 
