@@ -9,7 +9,8 @@ execution's partition is a stable function of its id alone (``partition_of``: it
 which are random, modulo the count), so any process finds it from the id; a request's
 idempotency key is placed by the hash of (principal, session, request id), and the API draws the
 new execution's id into that same partition (``new_execution_id(partition)``), so that SUBMIT
-finds a replay in one script. The count is ``CARMY_REDIS_PARTITIONS``, set once per process
+finds a replay in one script; a principal with a quota has all its calls in its home partition
+instead (``home_partition``), where its quota's keys are. The count is ``CARMY_REDIS_PARTITIONS``, set once per process
 (``use_partitions``) before any key is named, and recorded in Redis (``PARTITIONS``: its own
 slot) so that processes configured with another count refuse to start (``store.partitions``).
 """
