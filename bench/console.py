@@ -114,7 +114,8 @@ class Heartbeats(threading.Thread):
 
 
 def fill_audit(client: redis.Redis, count: int) -> str:
-    """``count`` entries over the last hour, oldest first; the id of an execution among them."""
+    """``count`` entries over the last hour, oldest first, each in its execution's partition's
+    stream; the id of an execution among them."""
     now = int(time.time() * 1000)
     pipe = client.pipeline(transaction=False)
     some = ""
@@ -123,7 +124,7 @@ def fill_audit(client: redis.Redis, count: int) -> str:
         exec_id = keys.new_execution_id()
         some = some or exec_id
         status = STATUSES[i % len(STATUSES)]
-        pipe.xadd(keys.AUDIT, {
+        pipe.xadd(keys.audit(keys.partition_of(exec_id)), {
             "execution_id": exec_id, "request_id": f"req-{i}", "job_id": "", "principal": PRINCIPALS[i % 4],
             "tool": tool_name(i % GROUPS, i % TOOLS_PER_GROUP), "effect": "read", "status": status,
             "error_code": "" if status == "completed" else ("TIMEOUT" if status == "timed_out" else "UPSTREAM_ERROR"),

@@ -46,7 +46,7 @@ from collections.abc import Iterable
 
 from msgspec import Struct
 
-from carmy_worker.store.audit import decode
+from carmy_worker.store.audit import decode, stream_id
 from carmy_worker.wire import AuditEntry
 from chaos.facts import Facts
 from chaos.model import ARGUMENT_MARK, Event, Job, LedgerLine, RawEntry, RecordSeen, Request, Trail
@@ -86,6 +86,12 @@ class Origin(Struct, frozen=True):
 
     rid: str
     job_id: str | None = None
+
+
+def _decoded(raw: RawEntry) -> AuditEntry:
+    """An entry read by ``chaos.auditread`` (its id in the trail) as the wire shows it."""
+    partition, in_stream = stream_id(raw.id)
+    return decode(in_stream, raw.fields, partition)
 
 
 def id_key(entry_id: str) -> tuple[int, int]:
@@ -191,7 +197,7 @@ def loss_window(named: set[str], entries: list[AuditEntry], raw: list[RawEntry],
 def reconcile_audit(trail: Trail, requests: list[Request], events: list[Event], jobs: list[Job],
                     ledger: list[LedgerLine], facts: Facts) -> AuditTable:
     """The rows, from the trail and records read at the end and what the run saw."""
-    entries = [decode(raw.id, raw.fields) for raw in trail.entries]
+    entries = [_decoded(raw) for raw in trail.entries]
     records = {record.xid: record for record in trail.records}
     own: dict[str, list[AuditEntry]] = defaultdict(list)
     replays: Counter[tuple[str, str]] = Counter()

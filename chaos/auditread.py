@@ -1,5 +1,6 @@
-"""The end of a run's one read of the audit trail: every final record and every entry of the
-stream, as Redis holds them, for ``chaos.auditcheck`` to set against each other.
+"""The end of a run's one read of the audit trail: every final record and every entry of every
+partition's stream, as Redis holds them (ids in the trail: ``store.audit.trail_id``), for
+``chaos.auditcheck`` to set against each other.
 
 The schedule goes on firing while this reads, so executions still finish meanwhile. The order
 makes that harmless: the newest entry id first, then the records, then the whole stream. A
@@ -16,19 +17,31 @@ from typing import Any
 import redis
 
 from carmy_worker.store import keys
+from carmy_worker.store.audit import LAST_SEQ, trail_id
 from carmy_worker.wire import record_decoder
 from chaos.model import RawEntry, RecordSeen, Trail
 
-PAGE = 1000  # records per SCAN and MGET, entries per XRANGE
+PAGE = 1000  # records per SCAN and MGET, entries per XRANGE (of each partition's stream)
 
 
 def read_trail(client: redis.Redis) -> Trail:
     """Every record and every entry of the trail, read in the order the module's doc explains."""
-    newest: Any = client.xrevrange(keys.AUDIT, count=1)  # redis-py's sync client is typed as either
-    before = _text(newest[0][0]) if newest else None
+    before = _before(client)
     records = list(_records(client))
-    entries = list(_entries(client))
-    return Trail(records=records, entries=entries, before=before, added=_added(client, len(entries)))
+    entries = [entry for n in keys.partitions() for entry in _entries(client, n)]
+    added = sum(_added(client, n) for n in keys.partitions())
+    return Trail(records=records, entries=entries, before=before, added=added)
+
+
+def _before(client: redis.Redis) -> str | None:
+    """The newest entry id, with one partition. With several, each stream numbers its own within
+    a ms, so the id just below the newest ms of any: an entry written after this read has a ms
+    at least that (one Redis, one clock), and one of that very ms is checked as a later one."""
+    newest: list[Any] = [client.xrevrange(keys.audit(n), count=1) for n in keys.partitions()]
+    ids = [_text(found[0][0]) for found in newest if found]
+    if not ids or keys.partition_count() == 1:
+        return ids[0] if ids else None
+    return f"{max(int(i.partition('-')[0]) for i in ids) - 1}-{LAST_SEQ}"
 
 
 def _records(client: redis.Redis) -> Iterator[RecordSeen]:
@@ -46,25 +59,25 @@ def _records(client: redis.Redis) -> Iterator[RecordSeen]:
                              status=record.status, error_code=record.error_code)
 
 
-def _entries(client: redis.Redis) -> Iterator[RawEntry]:
+def _entries(client: redis.Redis, partition: int) -> Iterator[RawEntry]:
     low = "-"
     while True:
-        page: Any = client.xrange(keys.AUDIT, min=low, count=PAGE)
+        page: Any = client.xrange(keys.audit(partition), min=low, count=PAGE)
         for entry_id, fields in page:
-            yield RawEntry(id=_text(entry_id), fields={_text(k): _text(v) for k, v in fields.items()})
+            yield RawEntry(id=trail_id(entry_id, partition), fields={_text(k): _text(v) for k, v in fields.items()})
         if len(page) < PAGE:
             return
         low = "(" + _text(page[-1][0])
 
 
-def _added(client: redis.Redis, held: int) -> int:
-    """Entries ever added to the stream (Redis 7's ``entries-added``), or ``held`` without one."""
+def _added(client: redis.Redis, partition: int) -> int:
+    """Entries ever added to the partition's stream (Redis 7's ``entries-added``)."""
     try:
-        info: Any = client.xinfo_stream(keys.AUDIT)
+        info: Any = client.xinfo_stream(keys.audit(partition))
     except redis.ResponseError:  # no stream: nothing was ever added
-        return held
+        return 0
     added = info.get("entries-added", info.get(b"entries-added"))
-    return held if added is None else int(added)
+    return int(info.get("length", info.get(b"length", 0))) if added is None else int(added)
 
 
 def _text(value: bytes | str) -> str:

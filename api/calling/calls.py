@@ -75,8 +75,10 @@ class Calls:
         ``via``: the door it came in by (``http``, ``sse``, ``mcp``, ``webhook``), for the audit
         trail, where a retry answered with a finished execution's record has an entry too.
         """
-        # Where its request id's idempotency key lives, so that SUBMIT finds a replay in one slot.
-        exec_id = keys.new_execution_id(keys.request_partition(agent.principal, agent.session, request_id))
+        # Where its request id's idempotency key lives, so that SUBMIT finds a replay in one slot: for
+        # a principal with a quota, its home partition, where SUBMIT checks the quota (store/quota.py).
+        homed = self.executions.settings.quotas.of(agent.principal).bounded
+        exec_id = keys.new_execution_id(keys.request_partition(agent.principal, agent.session, request_id, homed=homed))
         with self._expect(exec_id, follow) as messages:
             sub = await self.executions.submit(
                 exec_id=exec_id, tool=tool, arguments=canonical_json_encoder.encode(arguments),

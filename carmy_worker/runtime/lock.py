@@ -5,7 +5,8 @@ holder renews while it runs: a holder that crashes loses the tool within ``LEASE
 A holder that was paused past its lease finds, on waking, that the tool went to another: its
 renewal says so (``on_lost``), and so does its worker's next heartbeat. Waiters poll with a
 short backoff; their wait counts against their own timeout. The scripts, and the replica
-``WAIT`` behind TAKE (it marks the execution begun), are ``store.locks``'.
+``WAIT``s behind taking it (the lock, in a slot of its own, then BEGIN, in the execution's: it
+marks the execution begun), are ``store.locks``'.
 """
 
 from __future__ import annotations

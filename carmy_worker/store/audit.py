@@ -1,22 +1,33 @@
 """The audit trail: one entry per finished execution, whichever door it came in by, in the
-stream ``keys.AUDIT``.
+stream of its partition (``keys.audit``); the trail is every partition's stream, merged.
 
 An entry is written by the script that writes the execution's record (SETTLE, and ``impose``
 for cancels, reaps and expiries), in the same step: no execution finishes without its entry, and
 none has two (the record is written once). A finished execution answered again to a retry of its
-request id gets an entry of its own, marked ``replayed`` (REPLAYED). The entry is made of what
-the execution's hash says (its request id, job, principal, effect, door, worker and times: SUBMIT
-and PROMOTE write them) and of its record's metrics label (tool, status, error code): never its
-arguments, output or any secret.
+request id gets an entry of its own, marked ``replayed`` (REPLAYED), in the same partition's
+stream. The entry is made of what the execution's hash says (its request id, job, principal,
+effect, door, worker and times: SUBMIT and PROMOTE write them) and of its record's metrics label
+(tool, status, error code): never its arguments, output or any secret.
 
-The scripts write without trimming; every janitor trims the stream about once a second to
-``CARMY_AUDIT_MAX_ENTRIES`` entries and ``CARMY_AUDIT_RETENTION`` seconds (TRIM), approximately
-(``~``), so that a trim costs Redis next to nothing. Entry ids are Redis's clock (ms), so a time
-range is an id range.
+The scripts write without trimming; every janitor trims each partition's stream about once a
+second to its share of ``CARMY_AUDIT_MAX_ENTRIES`` entries and to ``CARMY_AUDIT_RETENTION``
+seconds (TRIM), approximately (``~``), so that a trim costs Redis next to nothing. Entry ids are
+Redis's clock (ms), so a time range is an id range.
+
+**Ids over partitions.** Each partition's stream numbers its entries on its own, so two
+partitions may hold the same stream id (two entries in one ms). An entry's id in the trail
+(``trail_id``, what pages, cursors and the sink show) spreads the sequence number over the
+partitions, ``<ms>-<seq * N + partition>``: unique in the trail, in each stream's order, and the
+stream id itself with one partition. Reads merge the partitions' XREVRANGEs newest first by it
+(a k-way merge) and a cursor is the last trail id a page looked at: every partition goes on
+strictly below it. Across Redis Cluster primaries each stream's ms is its own primary's clock:
+the merged order is good to the clocks' skew (a few ms), not a total order of when things ended.
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
@@ -36,8 +47,8 @@ audit(KEYS[1], KEYS[2], ARGV[1], now, ARGV[2], ARGV[3], ARGV[4])
 return 1
 """)
 
-# Keeps the trail within its bounds, approximately: at most ARGV[1] entries, none older than
-# ARGV[2] ms by Redis's clock.
+# Keeps one partition's stream within its bounds, approximately: at most ARGV[1] entries (its
+# share of the trail's), none older than ARGV[2] ms by Redis's clock.
 # KEYS: audit stream; ARGV: max entries, retention ms
 TRIM = Script("AUDIT_TRIM", ACCEPTED_WORK + NOW + """
 local trimmed = redis.call('XTRIM', KEYS[1], 'MAXLEN', '~', tonumber(ARGV[1]))
@@ -47,7 +58,8 @@ return trimmed + redis.call('XTRIM', KEYS[1], 'MINID', '~', tostring(now - tonum
 # Entries one read looks at, at most, for entries that match its filters: a page of a rare
 # tool or principal may come back short, with the cursor to go on from.
 SCAN_AT_MOST = 10_000
-CHUNK = 500
+CHUNK = 500  # entries one XREVRANGE reads, over every partition's together
+MIN_CHUNK = 50  # of one partition, at least
 
 
 class AuditFilter(Struct, frozen=True, kw_only=True):
@@ -86,6 +98,52 @@ def is_cursor(value: str) -> bool:
     return bool(dash) and ms.isdigit() and seq.isdigit() and len(ms) <= 15 and len(seq) <= 15
 
 
+def trail_id(stream_id: bytes | str, partition: int) -> str:
+    """The id in the trail of the entry ``stream_id`` of ``partition``'s stream (see the module)."""
+    ms, _, seq = _text(stream_id).partition("-")
+    count = keys.partition_count()
+    return f"{ms}-{int(seq) * count + partition}" if count > 1 else f"{ms}-{seq}"
+
+
+def stream_id(entry_id: str) -> tuple[int, str]:
+    """The partition of the trail id ``entry_id`` and the entry's id in that partition's stream."""
+    ms, _, seq = entry_id.partition("-")
+    in_stream, partition = divmod(int(seq), keys.partition_count())
+    return partition, f"{ms}-{in_stream}"
+
+
+def _order(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq)
+
+
+def below(cursor: str, partition: int) -> str:
+    """The XREVRANGE ``max`` of ``partition``'s entries strictly older in the trail than the
+    trail id ``cursor``."""
+    ms, seq = _order(cursor)
+    spread = seq - partition  # its entries of that ms older than the cursor: seq * N < spread
+    return f"({ms}-0" if spread <= 0 else f"{ms}-{(spread - 1) // keys.partition_count()}"
+
+
+class _Stream:
+    """One partition's part of a read: entries read ahead, newest first, and where it goes on."""
+
+    __slots__ = ("ahead", "high", "low", "partition", "spent")
+
+    def __init__(self, partition: int, high: str, low: str) -> None:
+        self.partition = partition
+        self.high, self.low = high, low
+        self.ahead: deque[AuditEntry] = deque()
+        self.spent = False  # nothing older is left in range
+
+    async def read(self, redis: Redis, count: int) -> None:
+        raw = await redis.xrevrange(keys.audit(self.partition), max=self.high, min=self.low, count=count)
+        self.ahead.extend(decode(entry_id, fields, self.partition) for entry_id, fields in raw)
+        if raw:
+            self.high = f"({_text(raw[-1][0])}"
+        self.spent = len(raw) < count
+
+
 class AuditTrail:
     """Reads of the audit trail, replay entries, and its trim, on one client."""
 
@@ -96,47 +154,59 @@ class AuditTrail:
 
     async def replayed(self, exec_id: str, record: Record, *, via: str) -> None:
         """The entry of ``exec_id``'s ``record`` answered again to a retry that came by ``via``."""
-        await self._replayed(keys=[keys.AUDIT, keys.execution(exec_id)],
+        await self._replayed(keys=[keys.audit(keys.partition_of(exec_id)), keys.execution(exec_id)],
                              args=[exec_id, metrics.label(record),
                                    "" if record.duration_ms is None else record.duration_ms, via])
 
     async def trim(self, *, max_entries: int, retention_s: int) -> int:
-        """TRIM: the entries it took off (whole stream nodes only: ``~``)."""
-        return int(await self._trim(keys=[keys.AUDIT], args=[max_entries, retention_s * 1000]))
+        """TRIM of every partition's stream, each to its share of ``max_entries``: the entries
+        taken off (whole stream nodes only: ``~``)."""
+        share = keys.share(max_entries)
+        trimmed = await asyncio.gather(*(self._trim(keys=[keys.audit(partition)], args=[share, retention_s * 1000])
+                                         for partition in keys.partitions()))
+        return sum(int(n) for n in trimmed)
 
     async def page(self, wanted: AuditFilter = EVERY_ENTRY, *, limit: int = 50, cursor: str | None = None,
                    scan_at_most: int = SCAN_AT_MOST) -> AuditPage:
         """Up to ``limit`` entries that match ``wanted``, newest first, older than ``cursor``
-        (an id a page returned). At most ``scan_at_most`` entries are looked at: the page then
-        ends early, with a cursor to go on from."""
-        high = f"({cursor}" if cursor else "+" if wanted.until_ms is None else f"{wanted.until_ms}-{LAST_SEQ}"
-        low = "-" if wanted.since_ms is None else f"{wanted.since_ms}-0"
+        (an id a page returned). At most ``scan_at_most`` entries are looked at, over every
+        partition together: the page then ends early, with a cursor to go on from."""
+        streams = self._streams(wanted, cursor)
+        chunk = max(CHUNK // len(streams), MIN_CHUNK)
         found: list[AuditEntry] = []
-        scanned = 0
-        while scanned < scan_at_most:
-            count = min(CHUNK, scan_at_most - scanned) if len(found) < limit else 0
-            if count == 0:
-                break
-            raw = await self.redis.xrevrange(keys.AUDIT, max=high, min=low, count=count)
-            scanned += len(raw)
-            for entry_id, fields in raw:
-                entry = decode(entry_id, fields)
-                high = f"({entry.id}"
-                if wanted.matches(entry):
-                    found.append(entry)
-                    if len(found) == limit:
-                        return AuditPage(found, entry.id)
-            if len(raw) < count:
+        looked_at = cursor
+        for scanned in range(scan_at_most):
+            reads = [s.read(self.redis, min(chunk, scan_at_most - scanned))
+                     for s in streams if not s.ahead and not s.spent]
+            if reads:
+                await asyncio.gather(*reads)
+            newest = max((s for s in streams if s.ahead), key=lambda s: _order(s.ahead[0].id), default=None)
+            if newest is None:
                 return AuditPage(found, None)
-        return AuditPage(found, high[1:] if high.startswith("(") else None)
+            entry = newest.ahead.popleft()
+            looked_at = entry.id
+            if wanted.matches(entry):
+                found.append(entry)
+                if len(found) == limit:
+                    return AuditPage(found, entry.id)
+        return AuditPage(found, looked_at)
+
+    @staticmethod
+    def _streams(wanted: AuditFilter, cursor: str | None) -> list[_Stream]:
+        # An execution's entries (its own and its replays) are all in its partition's stream.
+        partitions = keys.partitions() if wanted.execution_id is None else [keys.partition_of(wanted.execution_id)]
+        low = "-" if wanted.since_ms is None else f"{wanted.since_ms}-0"
+        until = "+" if wanted.until_ms is None else f"{wanted.until_ms}-{LAST_SEQ}"
+        return [_Stream(p, until if cursor is None else below(cursor, p), low) for p in partitions]
 
     async def length(self) -> int:
         """How many entries the trail holds."""
-        return int(await self.redis.xlen(keys.AUDIT))
+        return sum(int(n) for n in await asyncio.gather(*(self.redis.xlen(keys.audit(p)) for p in keys.partitions())))
 
 
-def decode(entry_id: bytes | str, fields: dict[Any, Any]) -> AuditEntry:
-    """An entry as the stream holds it (ms times, '' for nothing) as the wire shows it."""
+def decode(entry_id: bytes | str, fields: dict[Any, Any], partition: int = 0) -> AuditEntry:
+    """An entry of ``partition``'s stream as the stream holds it (ms times, '' for nothing) as
+    the wire shows it, with its id in the trail (``trail_id``)."""
     f = {_text(k): _text(v) for k, v in fields.items()}
     queued_at, started_at, finished_at = (_ms(f.get(name, "")) for name in ("queued_at", "started_at", "finished_at"))
     finished = finished_at if finished_at is not None else 0
@@ -146,7 +216,8 @@ def decode(entry_id: bytes | str, fields: dict[Any, Any]) -> AuditEntry:
         duration = max(0, finished - started_at)
     replayed = f.get("replayed") == "1"
     return AuditEntry(
-        id=_text(entry_id), execution_id=f.get("execution_id", ""), request_id=f.get("request_id") or None,
+        id=trail_id(entry_id, partition), execution_id=f.get("execution_id", ""),
+        request_id=f.get("request_id") or None,
         job_id=f.get("job_id") or None, principal=f.get("principal") or None, tool=f.get("tool", ""),
         effect=f.get("effect") or None, status=f.get("status", ""), error_code=f.get("error_code") or None,
         duration_ms=duration,
@@ -156,9 +227,9 @@ def decode(entry_id: bytes | str, fields: dict[Any, Any]) -> AuditEntry:
     )
 
 
-def decode_all(raw: Iterable[tuple[Any, dict[Any, Any]]]) -> list[AuditEntry]:
-    """Entries as XRANGE, XREVRANGE or XREADGROUP return them."""
-    return [decode(entry_id, fields) for entry_id, fields in raw]
+def decode_all(raw: Iterable[tuple[Any, dict[Any, Any]]], partition: int = 0) -> list[AuditEntry]:
+    """Entries of ``partition``'s stream as XRANGE, XREVRANGE or XREADGROUP return them."""
+    return [decode(entry_id, fields, partition) for entry_id, fields in raw]
 
 
 def _text(value: bytes | str) -> str:

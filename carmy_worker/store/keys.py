@@ -9,7 +9,8 @@ execution's partition is a stable function of its id alone (``partition_of``: it
 which are random, modulo the count), so any process finds it from the id; a request's
 idempotency key is placed by the hash of (principal, session, request id), and the API draws the
 new execution's id into that same partition (``new_execution_id(partition)``), so that SUBMIT
-finds a replay in one script. The count is ``CARMY_REDIS_PARTITIONS``, set once per process
+finds a replay in one script; a principal with a quota has all its calls in its home partition
+instead (``home_partition``), where its quota's keys are. The count is ``CARMY_REDIS_PARTITIONS``, set once per process
 (``use_partitions``) before any key is named, and recorded in Redis (``PARTITIONS``: its own
 slot) so that processes configured with another count refuse to start (``store.partitions``).
 """
@@ -138,7 +139,15 @@ CATALOG_CHANNEL = PREFIX + "catalog"  # a worker came or went (classic pub/sub: 
 # The operator console's signing secret when CARMY_CONSOLE_SECRET is unset: the first API
 # replica to need one writes it, and every replica signs and checks sessions with it.
 CONSOLE_SECRET = PREFIX + "console:secret"
-# Stream of audit entries, one per finished execution (and per replay), oldest first (store/audit.py)
+
+
+def audit(partition: int) -> str:
+    """Stream of ``partition``'s audit entries, one per finished execution of it (and per
+    replay), oldest first (store/audit.py): the trail is every partition's, merged."""
+    return _layout.prefixes[partition] + "audit"
+
+
+# Partition 0's stream, for the writers that do not pass their execution's partition yet.
 AUDIT = _P0 + "audit"
 
 _JOB_ID = re.compile(r"job_[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}")
@@ -270,22 +279,31 @@ def leases(worker_id: str, partition: int = 0) -> str:
 
 
 def lock(tool: str) -> str:
-    return f"{_P0}lock:{tool}"
+    """A ``parallel_safe=False`` tool's lock: in a slot of its own (``{lock:<tool>}``), which no
+    partition's execution shares, so that taking it is a script of its own (store/locks.py)."""
+    return f"{PREFIX}{{lock:{tool}}}"
 
 
 def _digest(*parts: str | None) -> str:
     return hashlib.sha256(msgspec.msgpack.encode(parts)).hexdigest()
 
 
-def idempotency(principal: str | None, session: str | None, request_id: str) -> str:
-    """The key of an idempotency record: a hash of (principal, session, request_id)."""
+def idempotency(principal: str | None, session: str | None, request_id: str, partition: int | None = None) -> str:
+    """The key of an idempotency record: a hash of (principal, session, request_id), in
+    ``partition``, the one its execution was drawn into (``request_partition``); None: its
+    digest's (as for a principal without a quota)."""
     digest = _digest(principal, session, request_id)
-    return f"{_layout.prefixes[partition_of_digest(digest)]}idem:{digest}"
+    return f"{_layout.prefixes[partition_of_digest(digest) if partition is None else partition]}idem:{digest}"
 
 
-def request_partition(principal: str | None, session: str | None, request_id: str | None) -> int | None:
+def request_partition(principal: str | None, session: str | None, request_id: str | None, *,
+                      homed: bool = False) -> int | None:
     """The partition of a call's idempotency key (None without a request id: any partition),
-    which is where SUBMIT must create its execution (``new_execution_id``)."""
+    which is where SUBMIT must create its execution (``new_execution_id``). ``homed``: the
+    principal has a quota, so every call of it, with a request id or not, goes to its home
+    partition (``home_partition``), where its quota's keys are."""
+    if homed:
+        return home_partition(owner(principal))
     if request_id is None or _layout.count == 1:
         return None if request_id is None else 0
     return partition_of_digest(_digest(principal, session, request_id))
@@ -297,15 +315,23 @@ def owner(principal: str | None) -> str:
     return _digest(principal)[:32]
 
 
-def quota_pending(owner: str) -> str:
+def home_partition(owner: str) -> int:
+    """A principal's home partition, by its ``owner`` hash (its first 32 bits modulo the count):
+    where everything kept per principal is (its quota's keys, so every execution of a principal
+    with a quota; its jobs, their limit and their request ids)."""
+    return int(owner[:8], 16) % _layout.count
+
+
+def quota_pending(owner: str, partition: int) -> str:
     """Zset of one principal's pending executions (exec_id -> admission deadline, ms), by its
-    ``owner`` hash: the part of ``PENDING`` its quota counts (store/quota.py)."""
-    return f"{_P0}quota:pending:{owner}"
+    ``owner`` hash: the part of ``pending`` its quota counts (store/quota.py). Only its home
+    partition's is ever written (``home_partition``)."""
+    return f"{_layout.prefixes[partition]}quota:pending:{owner}"
 
 
 def quota_bucket(owner: str, partition: int) -> str:
-    """One principal's token bucket, by its ``owner`` hash: the µs instant it is full again (in
-    its ``home_partition``)."""
+    """One principal's token bucket, by its ``owner`` hash: the µs instant it is full again.
+    Only its home partition's is ever written (``home_partition``)."""
     return f"{_layout.prefixes[partition]}quota:bucket:{owner}"
 
 
@@ -325,13 +351,6 @@ def mcp_call(principal: str | None, session: str | None, mcp_session: str, reque
 # jobs are all drawn into its home partition (``home_partition``), so that CREATE counts its
 # unfinished jobs exactly and charges its rate in one script; a schedule's jobs are drawn into
 # its own partition (``schedule_partition``). An operator's lists merge every partition's.
-
-
-def home_partition(owner: str) -> int:
-    """The partition of everything kept per principal (its quota, its jobs), by its ``owner``
-    hash (32 hex): its first 32 bits modulo the count."""
-    count = _layout.count
-    return 0 if count == 1 else int(owner[:8], 16) % count
 
 
 def jobs_settled(partition: int) -> str:

@@ -60,7 +60,8 @@ local function emit(exe, exec_id, channel, event, final)
 end
 """
 
-# audit(stream, exe, exec_id, now, label, run_ms, replay_via) appends the entry of the
+# audit(stream, exe, exec_id, now, label, run_ms, replay_via) appends to `stream`, the audit
+# stream of the execution's partition (keys.audit: in the script's slot), the entry of the
 # execution `exe` describes, its tool, status and error code taken from the record's metrics
 # label (store.metrics.label), `run_ms` its tool's run time ('' if unknown). With `replay_via`
 # (the door of the retry), the entry is of a replay. A missing field is written ''.
@@ -83,8 +84,8 @@ end
 # attempt fences out a late writer of the old one. It frees the execution's admission slot, and
 # its principal's (the pending set its hash names in `quota`: store/quota.py), as SETTLE does,
 # and lists an execution of a job in `settled` (keys.JOBS_SETTLED) for the job loop, and appends
-# the execution's audit entry to `trail` (keys.AUDIT), as SETTLE does; `counts` is its
-# partition's count of records (metrics.executions).
+# the execution's audit entry to `trail` (its partition's stream, keys.audit), as SETTLE does;
+# `counts` is its partition's count of records (metrics.executions).
 IMPOSE = LUA_COUNT + EMIT + LUA_AUDIT + """
 local function impose(exe, rec, pending, exec_id, stored, retention, channel, final, label, settled, trail, counts)
   local t = redis.call('TIME')

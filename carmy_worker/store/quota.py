@@ -6,6 +6,12 @@ read the other way round): the instant, in µs of Redis's clock, at which the bu
 full again. A call is admitted while that instant is at most ``burst - 1`` intervals ahead of
 now, and pushes it one interval further. So a bucket costs one string key, which expires the
 moment it is full again (a missing key is a full bucket).
+
+**Exact over partitions.** A script sees one slot, so a principal's quota keys live in one
+partition, its home (``keys.home_partition``: its ``owner`` hash modulo the count), and every
+execution of a principal with a quota is drawn there (``keys.request_partition(homed=True)``),
+request id or not: SUBMIT checks and charges the quota in that slot, and SETTLE and ``impose``
+release it there. Principals without a quota spread over every partition.
 """
 
 from __future__ import annotations
@@ -21,6 +27,12 @@ class Quota(Struct, frozen=True, forbid_unknown_fields=True):
     pending: int = 0  # executions queued or running at once
     rate: float = 0.0  # new executions per second, on average
     burst: int = 0  # new executions at once after a quiet spell; 0: one second's worth (at least 1)
+
+    @property
+    def bounded(self) -> bool:
+        """Whether SUBMIT checks anything (a pending or a rate limit): then every execution of
+        its principal is in the principal's home partition (``keys.home_partition``)."""
+        return self.pending > 0 or self.rate > 0
 
     def interval_us(self) -> int:
         """µs between two executions at ``rate`` (0: no rate limit)."""

@@ -130,10 +130,12 @@ class Submit:
         exec_id, owner = job.execution_id, keys.owner(job.principal)
         partition = keys.partition_of(exec_id)
         # Admission is counted per partition (``keys.share`` of max_pending): a script sees one slot.
+        # A principal with a quota has every execution drawn into its home partition, where its
+        # quota's keys are (``keys.request_partition``); another's are named here and never written.
         redis_keys = [keys.execution(exec_id), keys.pending(partition), keys.queued(partition), jobs.job_key(exec_id),
-                      queue, keys.quota_pending(owner), keys.quota_bucket(owner, keys.home_partition(owner))]
+                      queue, keys.quota_pending(owner, partition), keys.quota_bucket(owner, partition)]
         if job.request_id is not None:
-            redis_keys.append(keys.idempotency(job.principal, job.session, job.request_id))
+            redis_keys.append(keys.idempotency(job.principal, job.session, job.request_id, partition))
         arq_job = jobs.encode_job(msgpack_encoder.encode(job), int(time.time() * 1000))
         memory = self.memory
         args = [

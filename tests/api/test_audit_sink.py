@@ -18,6 +18,7 @@ import redis.asyncio
 
 from api.events.sink import AppendFile, AuditSink, audit_sink
 from carmy_worker.store import keys
+from carmy_worker.store.audit import stream_id
 from carmy_worker.store.connect import RedisConnector
 from carmy_worker.store.shipment import CLAIM_IDLE_MS, GROUP, Shipment
 from tests.support import NO_REDIS, RedisServer, wait_until_async
@@ -48,7 +49,7 @@ def new_sink(url: str, path: Path) -> AuditSink:
 
 
 async def append(client: redis.asyncio.Redis, execution_id: str) -> None:
-    await client.xadd(keys.AUDIT, {"execution_id": execution_id, "tool": "echo", "status": "completed",
+    await client.xadd(keys.audit(0), {"execution_id": execution_id, "tool": "echo", "status": "completed",
                                    "finished_at": 1_700_000_000_000, "via": "http", "principal": "alice"})
 
 
@@ -59,7 +60,7 @@ def lines(path: Path) -> list[dict[str, Any]]:
 async def joined(client: redis.asyncio.Redis) -> None:
     """Once the group exists (a sink created it at the stream's end: entries before it are not shipped)."""
     async def there() -> bool:
-        return bool(await client.exists(keys.AUDIT)) and bool(await client.xinfo_groups(keys.AUDIT))
+        return bool(await client.exists(keys.audit(0))) and bool(await client.xinfo_groups(keys.audit(0)))
 
     for _ in range(500):
         if await there():
@@ -77,8 +78,9 @@ async def test_two_sinks_write_each_entry_once(client: redis.asyncio.Redis, redi
             await append(client, f"exec-{i}")
         await wait_until_async(lambda: len(lines(out)) >= 200, 10, "200 lines")
         await asyncio.sleep(0.3)  # time for a second copy of any of them to show up
-        assert await client.xpending(keys.AUDIT, GROUP) == {"pending": 0, "min": None, "max": None,
-                                                            "consumers": []}
+        for partition in keys.partitions():
+            assert await client.xpending(keys.audit(partition), GROUP) == {"pending": 0, "min": None, "max": None,
+                                                                           "consumers": []}
     written = lines(out)
     assert sorted(line["execution_id"] for line in written) == sorted(f"exec-{i}" for i in range(200))
     assert written[0]["principal"] == "alice" and written[0]["tool"] == "echo" and "id" in written[0]
@@ -90,7 +92,7 @@ async def test_a_dead_processs_pending_entries_are_written_by_a_live_one(
     await dead.join()
     await append(client, "left-pending")
     [entry] = (await dead.read(10, block_ms=100)).entries  # read, never written nor acknowledged
-    await client.xclaim(keys.AUDIT, GROUP, "dead-process", 0, [entry.id], idle=CLAIM_IDLE_MS + 1)
+    await client.xclaim(keys.audit(0), GROUP, "dead-process", 0, [stream_id(entry.id)[1]], idle=CLAIM_IDLE_MS + 1)
     out = tmp_path / "audit.jsonl"
     async with running(new_sink(redis_server.url, out)):
         await wait_until_async(lambda: lines(out), 10, "the line")

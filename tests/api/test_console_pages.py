@@ -23,6 +23,7 @@ from api.app import create_app
 from api.console.pages import executions, jobs
 from api.settings import ApiKey, ApiSettings
 from carmy_worker.store import keys
+from carmy_worker.store.audit import AuditTrail, trail_id
 from tests.api.test_console import InlineFinder, csrf_of
 from tests.conftest import asgi_client
 from tests.support import Proc, Stack, app_settings
@@ -247,7 +248,8 @@ async def test_an_expired_execution_is_shown_from_its_audit_entry(client: httpx.
     assert replay
     async with Redis.from_url(stack.redis_url) as redis:
         await redis.delete(keys.execution(first["execution_id"]), keys.record(first["execution_id"]))
-        newest = (await redis.xrevrange(keys.AUDIT, count=1))[0][0].decode()
+        partition = keys.partition_of(first["execution_id"])
+        newest = trail_id((await redis.xrevrange(keys.audit(partition), count=1))[0][0], partition)
     assert replay.group(1) == newest
     page = await operator.get(f"/console/executions/{first['execution_id']}?at={int(newest.split('-')[0]) + 1}-0",
                               headers=PAGE)
@@ -432,13 +434,13 @@ async def test_the_list_loads_fast_with_10000_entries(client: httpx.AsyncClient,
     async with Redis.from_url(stack.redis_url) as redis:
         async with redis.pipeline(transaction=False) as pipe:
             for i in range(10_000):
-                pipe.xadd(keys.AUDIT, {
+                pipe.xadd(keys.audit(i % keys.partition_count()), {
                     "execution_id": f"exec_{i:08d}-0000-4000-8000-000000000000", "request_id": "",
                     "job_id": "", "principal": f"p{i % 50}", "tool": "echo", "effect": "read",
                     "status": "completed", "error_code": "", "duration_ms": 3, "queued_at": now_ms,
                     "started_at": now_ms, "finished_at": now_ms, "replayed": "", "via": "http", "worker": "w"})
             await pipe.execute()
-        assert await redis.xlen(keys.AUDIT) > 10_000
+        assert await AuditTrail(redis).length() > 10_000
     for path in ("/console/executions", "/console/executions?tool=refuse", "/console/executions?principal=rare"):
         started = time.perf_counter()
         page = await operator.get(path, headers=PAGE)

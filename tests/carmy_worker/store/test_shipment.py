@@ -13,6 +13,7 @@ import redis.asyncio
 from redis.exceptions import ResponseError
 
 from carmy_worker.store import keys
+from carmy_worker.store.audit import stream_id, trail_id
 from carmy_worker.store.shipment import CLAIM_IDLE_MS, GROUP, Shipment, group_lost
 from tests.support import RedisServer
 
@@ -25,16 +26,27 @@ async def client(redis_server: RedisServer) -> AsyncIterator[redis.asyncio.Redis
     await c.aclose()
 
 
+def stream() -> str:
+    """The stream these tests write: partition 0's (tests/carmy_worker/store/test_audit.py
+    writes every partition's)."""
+    return keys.audit(0)
+
+
 async def append(client: redis.asyncio.Redis, execution_id: str) -> str:
-    """An entry as the scripts write one (store.lua's audit), with only what a test reads."""
-    entry_id = await client.xadd(keys.AUDIT, {"execution_id": execution_id, "tool": "echo", "status": "completed",
-                                              "finished_at": 1_700_000_000_000, "via": "http"})
-    return str(entry_id.decode())
+    """An entry as the scripts write one (store.lua's audit), with only what a test reads: its
+    id in the trail."""
+    entry_id = await client.xadd(stream(), {"execution_id": execution_id, "tool": "echo", "status": "completed",
+                                            "finished_at": 1_700_000_000_000, "via": "http"})
+    return trail_id(entry_id, 0)
+
+
+def in_stream(entry_id: str) -> str:
+    return stream_id(entry_id)[1]
 
 
 async def age(client: redis.asyncio.Redis, consumer: str, entry_id: str, idle_ms: int) -> None:
     """Make ``entry_id`` pending for ``consumer`` as if delivered ``idle_ms`` ago (XCLAIM's IDLE)."""
-    await client.xclaim(keys.AUDIT, GROUP, consumer, 0, [entry_id], idle=idle_ms)
+    await client.xclaim(stream(), GROUP, consumer, 0, [in_stream(entry_id)], idle=idle_ms)
 
 
 async def test_only_entries_after_the_group_are_shipped_each_to_one_consumer(client: redis.asyncio.Redis) -> None:
@@ -70,14 +82,14 @@ async def test_entries_trimmed_while_pending_are_dropped_not_shipped(client: red
     await shipment.join()
     gone, kept = await append(client, "gone"), await append(client, "kept")
     await shipment.read(10, block_ms=100)
-    await client.xdel(keys.AUDIT, gone)  # as a trim takes the oldest
+    await client.xdel(stream(), in_stream(gone))  # as a trim takes the oldest
     lot = await shipment.pending(10)
     assert ([e.execution_id for e in lot.entries], lot.gone) == (["kept"], [gone])
     await shipment.ack(lot.ids)
     assert (await shipment.pending(10)).ids == []
     trimmed = await append(client, "trimmed")
     await shipment.read(10, block_ms=100)
-    await client.xdel(keys.AUDIT, trimmed)
+    await client.xdel(stream(), in_stream(trimmed))
     await age(client, "one", trimmed, CLAIM_IDLE_MS + 1)
     assert (await Shipment(client, "other").claim_stale(10)).ids == []  # XAUTOCLAIM drops it
     assert (await shipment.pending(10)).ids == [] and kept
@@ -86,7 +98,7 @@ async def test_entries_trimmed_while_pending_are_dropped_not_shipped(client: red
 async def test_a_lost_group_is_told_apart(client: redis.asyncio.Redis) -> None:
     shipment = Shipment(client, "one")
     await shipment.join()
-    await client.delete(keys.AUDIT)
+    await client.delete(stream())
     with pytest.raises(ResponseError) as lost:
         await shipment.read(10, block_ms=10)
     assert group_lost(lost.value)
@@ -99,12 +111,14 @@ async def test_a_lost_group_is_told_apart(client: redis.asyncio.Redis) -> None:
 async def test_consumers_long_gone_with_nothing_pending_are_forgotten(client: redis.asyncio.Redis) -> None:
     me, gone, busy = Shipment(client, "me"), Shipment(client, "gone"), Shipment(client, "busy")
     await me.join()
-    await client.xgroup_createconsumer(keys.AUDIT, GROUP, me.consumer)
+    await client.xgroup_createconsumer(stream(), GROUP, me.consumer)
     await append(client, "held")
     await busy.read(10, block_ms=100)  # holds the entry, unacknowledged
-    await client.xgroup_createconsumer(keys.AUDIT, GROUP, gone.consumer)  # as a read that got nothing pending
+    await client.xgroup_createconsumer(stream(), GROUP, gone.consumer)  # as a read that got nothing pending
     assert await me.forget_gone_consumers() == 0  # the default bound: everyone was seen just now
     await asyncio.sleep(0.05)
-    assert await me.forget_gone_consumers(idle_ms=20) == 1  # "gone"; never "busy" (an entry pending), nor itself
-    names = {c["name"].decode() for c in await client.xinfo_consumers(keys.AUDIT, GROUP)}
+    # "gone"; "busy" only where it holds nothing (any other partition's group: its read named every
+    # stream); never itself.
+    assert await me.forget_gone_consumers(idle_ms=20) == keys.partition_count()
+    names = {c["name"].decode() for c in await client.xinfo_consumers(stream(), GROUP)}
     assert names == {"me", "busy"}
