@@ -206,7 +206,7 @@ class Attempts:
         pending, queued = _sets(partition)
         keys_ = [keys.execution(exec_id), keys.record(exec_id), pending, self._running, queued,
                  jobs.in_progress_key(exec_id), jobs.job_key(exec_id), jobs.retry_key(exec_id), self.queue,
-                 self._leases, keys.jobs_settled(partition), keys.AUDIT, *_counts(partition)]
+                 self._leases, keys.jobs_settled(partition), keys.audit(partition), *_counts(partition)]
         args = [exec_id, attempt, stored, self.retention, keys.events(exec_id), final, completed_event or b"",
                 metrics.label(record), record.tool, "" if run_ms is None else run_ms, self.worker_id if ran else "",
                 lease]

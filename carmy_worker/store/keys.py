@@ -147,9 +147,6 @@ def audit(partition: int) -> str:
     return _layout.prefixes[partition] + "audit"
 
 
-# Partition 0's stream, for the writers that do not pass their execution's partition yet.
-AUDIT = _P0 + "audit"
-
 _JOB_ID = re.compile(r"job_[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}")
 _EXECUTION_ID = re.compile(r"exec_[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}")
 

@@ -83,7 +83,7 @@ end
 # Writes a record in place of whoever holds the execution (the janitor, a cancel): bumping the
 # attempt fences out a late writer of the old one. It frees the execution's admission slot, and
 # its principal's (the pending set its hash names in `quota`: store/quota.py), as SETTLE does,
-# and lists an execution of a job in `settled` (keys.JOBS_SETTLED) for the job loop, and appends
+# and lists an execution of a job in `settled` (its partition's, keys.jobs_settled) for the job loop, and appends
 # the execution's audit entry to `trail` (its partition's stream, keys.audit), as SETTLE does;
 # `counts` is its partition's count of records (metrics.executions).
 IMPOSE = LUA_COUNT + EMIT + LUA_AUDIT + """

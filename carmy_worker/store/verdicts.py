@@ -96,12 +96,12 @@ class Verdicts:
     async def cancel(self, exec_id: str, tool: str) -> CancelOutcome:
         """Cancel for a caller that went away: at once if queued, else via its worker."""
         stored, final, label = _imposed(records.cancelled(exec_id, tool, started=False))
+        partition = keys.partition_of(exec_id)
         outcome = await self._cancel(
-            keys=[keys.execution(exec_id), keys.record(exec_id), *_sets(exec_id),
-                  keys.jobs_settled(keys.partition_of(exec_id)),
-                  keys.AUDIT, metrics.executions(keys.partition_of(exec_id))],
-            args=[exec_id, stored, self.retention, keys.events(exec_id), final,
-                  keys.cancel_channel(keys.partition_of(exec_id)), label],
+            keys=[keys.execution(exec_id), keys.record(exec_id), *_sets(exec_id), keys.jobs_settled(partition),
+                  keys.audit(partition), metrics.executions(partition)],
+            args=[exec_id, stored, self.retention, keys.events(exec_id), final, keys.cancel_channel(partition),
+                  label],
         )
         return cast("CancelOutcome", text(outcome))
 
@@ -110,12 +110,12 @@ class Verdicts:
         """Take ``exec_id`` from ``worker_id``, which stopped (``why``): re-queue it or settle it
         uncertain. With ``attempt``, only if that attempt is still the execution's current one."""
         stored, final, label = _imposed(records.uncertain(exec_id, tool, why))
+        partition = keys.partition_of(exec_id)
         outcome = await self._reap(
-            keys=[keys.execution(exec_id), keys.record(exec_id), keys.pending(keys.partition_of(exec_id)),
-                  keys.running(worker_id, keys.partition_of(exec_id)), jobs.in_progress_key(exec_id),
-                  keys.leases(worker_id, keys.partition_of(exec_id)), jobs.job_key(exec_id),
-                  keys.jobs_settled(keys.partition_of(exec_id)),
-                  keys.AUDIT, metrics.executions(keys.partition_of(exec_id))],
+            keys=[keys.execution(exec_id), keys.record(exec_id), keys.pending(partition),
+                  keys.running(worker_id, partition), jobs.in_progress_key(exec_id),
+                  keys.leases(worker_id, partition), jobs.job_key(exec_id), keys.jobs_settled(partition),
+                  keys.audit(partition), metrics.executions(partition)],
             args=[exec_id, worker_id, stored, self.retention, keys.events(exec_id), final, label,
                   "" if attempt is None else attempt],
         )
@@ -124,10 +124,10 @@ class Verdicts:
     async def expire_unstarted(self, exec_id: str, tool: str) -> bool:
         """Settle ``exec_id`` as never started if it is still queued past its start-by instant."""
         stored, final, label = _imposed(records.never_started(exec_id, tool))
+        partition = keys.partition_of(exec_id)
         return bool(await self._expire(
-            keys=[keys.execution(exec_id), keys.record(exec_id), *_sets(exec_id),
-                  keys.jobs_settled(keys.partition_of(exec_id)),
-                  keys.AUDIT, metrics.executions(keys.partition_of(exec_id))],
+            keys=[keys.execution(exec_id), keys.record(exec_id), *_sets(exec_id), keys.jobs_settled(partition),
+                  keys.audit(partition), metrics.executions(partition)],
             args=[exec_id, stored, self.retention, keys.events(exec_id), final, label],
         ))
 
