@@ -70,7 +70,7 @@ import redis.cluster
 from msgspec import Struct
 from redis.asyncio import Redis
 from redis.asyncio.cluster import ClusterNode, ClusterPipeline, NodesManager, PipelineCommand, RedisCluster
-from redis.asyncio.connection import AbstractConnection, Connection, SSLConnection, parse_url
+from redis.asyncio.connection import AbstractConnection, SSLConnection, parse_url
 from redis.exceptions import AskError, ClusterDownError, MovedError, RedisClusterException, SlotNotCoveredError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
@@ -204,6 +204,7 @@ class StoreCluster(RedisCluster):
         self.nodes_manager = StoreNodes(seeds, manager.require_full_coverage, manager.connection_kwargs,
                                         address_remap=manager.address_remap, event_dispatcher=self._event_dispatcher)
         self.patience = wait  # not ``wait``: that is the WAIT command's method
+        self.lines: set[AbstractConnection] = set()  # the batches' connections (``NodePool``)
         self._turns = asyncio.Semaphore(max_connections)
 
     @contextlib.asynccontextmanager
@@ -242,6 +243,9 @@ class StoreCluster(RedisCluster):
             return
         self._initialize = False  # redis-py closes nothing while a reload is due
         await super().aclose()
+        lines, self.lines = self.lines, set()
+        for conn in lines:
+            await conn.disconnect()
 
     async def close(self, close_connection_pool: bool | None = None) -> None:
         """``aclose``, under the name and signature arq's worker closes its pool with
@@ -308,23 +312,28 @@ async def held_connection(redis: Any, key: str) -> AsyncIterator[AbstractConnect
 
 class NodePool:
     """One node's connections, lent as a pool lends them (``get_connection``, ``release``): a
-    ``store.batch`` line to the node serving its calls' slot."""
+    ``store.batch`` line to the node serving its calls' slot. A line is held outside the
+    client's turns (its many calls in flight are no command's turn), so it is not one of the
+    node's ``max_connections``: each is a connection of its own, closed by the batch when it
+    gives the line up, or with the client (``StoreCluster.lines``)."""
 
-    def __init__(self, node: ClusterNode) -> None:
+    def __init__(self, cluster: StoreCluster, node: ClusterNode) -> None:
+        self.cluster = cluster
         self.node = node
 
     async def get_connection(self) -> AbstractConnection:
-        conn = self.node.acquire_connection()
+        conn = self.node.connection_class(**self.node.connection_kwargs)
+        self.cluster.lines.add(conn)
         try:
-            if not conn.is_connected:
-                await conn.connect()
+            await conn.connect()
         except BaseException:
-            self.node._free.append(conn)
+            self.cluster.lines.discard(conn)
             raise
         return conn
 
     async def release(self, conn: AbstractConnection) -> None:
-        self.node._free.append(cast(Connection, conn))
+        """Forget ``conn``, which the batch has closed."""
+        self.cluster.lines.discard(conn)
 
 
 def as_redis(cluster: StoreCluster) -> Redis:
