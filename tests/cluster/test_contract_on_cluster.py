@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -162,13 +164,27 @@ def test_a_full_store_answers_503_queue_full(base: str, cluster_stack: ClusterSt
         assert r.json()["error"]["code"] == "QUEUE_FULL" and r.headers["retry-after"] == "1"
 
 
-def test_no_live_worker_answers_503_no_workers(base: str, cluster_stack: ClusterStack) -> None:
-    """Last: it stops the module's only worker."""
-    cluster_stack.procs[0].kill()
-    with httpx.Client() as poller:
-        wait_until(lambda: poller.get(base + "/ready").json()["checks"]["workers"]["live"] == 0, 15,
-                   what="the killed worker counted dead")
+def live_workers(base: str) -> int:
+    return int(httpx.get(base + "/ready").json()["checks"]["workers"]["live"])
+
+
+def test_a_group_with_no_live_worker_answers_503_no_workers(base: str, cluster_stack: ClusterStack) -> None:
+    """A worker of another toolset (a group of its own) killed: its tools are refused at once."""
+    wait_until(lambda: live_workers(base) == 1, what="the module's worker alone")
+    other = cluster_stack.worker("tests.toolsets.extra")
+    wait_until(lambda: "ping" in httpx.get(base + "/agent/tools").text, what="the other group's tools listed")
+    assert execute(base, {"tool": "ping"}).status_code == 200
+    other.kill()
+    wait_until(lambda: live_workers(base) == 1, 15, what="the killed worker counted dead")
     started = time.monotonic()
-    r = execute(base, {"tool": "noop"})
+    r = execute(base, {"tool": "ping"})
     assert r.status_code == 503 and r.json()["error"]["code"] == "NO_WORKERS"
     assert time.monotonic() - started < 2  # at once, not after the queue timeout
+    assert execute(base, {"tool": "noop"}).status_code == 200  # the other group is served still
+
+
+def test_the_health_check_finds_the_worker_on_this_host(base: str, cluster_stack: ClusterStack) -> None:
+    """``python -m carmy_worker.health`` reads the roster with the synchronous cluster client."""
+    done = subprocess.run([sys.executable, "-m", "carmy_worker.health"], env=cluster_stack.env(),
+                          capture_output=True, text=True, timeout=30, check=False)
+    assert done.returncode == 0, done.stderr
