@@ -47,14 +47,18 @@ What redis-py 5.3's ``redis.asyncio.cluster.RedisCluster`` does, and what we cha
   only when a job's own try count is ahead of it (never: Carmy writes 1); once an hour
   ``record_health``'s ``ZCARD`` of the queue and ``PSETEX`` of its health-check key;
   at ``close``, ``DELETE`` of that key and ``close(close_connection_pool=True)``. The
-  single-key commands route by key on a ``StoreCluster``; only ``close`` needs an adapter
-  (``RedisCluster.close`` takes no argument): a ``StoreCluster`` subclass in ``queue.py``
-  with ``close(close_connection_pool=...)`` calling ``aclose`` is all arq's seam needs,
-  given to ``Worker(redis_pool=...)`` (typed ``ArqRedis`` by a cast). No cron jobs and no
-  aborts (``allow_abort_jobs`` off) means arq sends nothing else.
+  single-key commands route by key on a ``StoreCluster``; only ``close`` needed an adapter
+  (``RedisCluster.close`` takes no argument): ``StoreCluster.close`` takes arq's argument and
+  calls ``aclose``, and ``queue.connect`` gives the client to ``Worker(redis_pool=...)``
+  (typed ``ArqRedis`` by a cast). No cron jobs and no aborts (``allow_abort_jobs`` off) means
+  arq sends nothing else.
 * **Pub/sub**: the asyncio client has none (the synchronous one has ``ClusterPubSub``): see
-  ``store.shardpubsub`` for sharded pub/sub. ``BLPOP`` and other blocking commands work
-  (routed by key), but hold a connection of the node for their whole wait.
+  ``store.shardpubsub`` for sharded pub/sub; ``StoreCluster.publish`` sends a plain
+  ``PUBLISH`` (the catalog's) to any node, which the cluster delivers on every node.
+  ``BLPOP`` and other blocking commands work (routed by key), but hold a connection of the
+  node for their whole wait.
+* **Commands written by hand** on a connection (the batch's lines, ``BLPOP`` then LEASE, a
+  script then ``WAIT``) go to the node of their slot: ``NodePool`` and ``held_connection``.
 """
 
 from __future__ import annotations
