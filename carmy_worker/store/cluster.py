@@ -374,5 +374,37 @@ def sync_cluster(target: ClusterTarget, **options: Any) -> redis.cluster.RedisCl
         raise ClusterUnreachable(str(exc)) from exc
 
 
+class LazySyncCluster:
+    """``sync_cluster``'s client, made on its first command rather than at once: redis-py's
+    synchronous cluster client loads its slot table as it is made, where a one-server client
+    connects on first use; a caller that makes its client once and then reconnects on errors
+    (the heartbeat thread) would otherwise die of a cluster unreachable at that moment. Until
+    one is made, each command tries again, raising ``ClusterUnreachable`` (a
+    ``ConnectionError``) while no seed answers."""
+
+    def __init__(self, target: ClusterTarget, **options: Any) -> None:
+        self._target = target
+        self._options = options
+        self._client: redis.cluster.RedisCluster | None = None
+
+    def client(self) -> redis.cluster.RedisCluster:
+        if self._client is None:
+            self._client = sync_cluster(self._target, **self._options)
+        return self._client
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.client(), name)
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+
+    def __enter__(self) -> LazySyncCluster:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+
 class _SyncCluster(redis.cluster.RedisCluster):
     ERRORS_ALLOW_RETRY = REFUSALS  # type: ignore[assignment]  # fewer than redis-py's, on purpose
