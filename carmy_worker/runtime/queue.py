@@ -40,8 +40,8 @@ first pipeline, which is answered from the lease here, while the store keeps the
 execution's hash tag (``carmy:{c:N}:arq:job:<id>``), in the slot of the scripts that write and
 lease them; every other command of the seam is a store script (LEASE, FINISH, SETTLE) or the
 BLPOP on a wake list, whose keys are all in the queue's slot, so that each can go to that slot's
-primary (the connection held for BLPOP-then-LEASE must then be one of that primary's: not wired
-yet, issue 34). What arq itself still sends is its status line (``heart_beat``: one SET of
+primary (the connection held for BLPOP-then-LEASE is one of that primary's:
+``store.cluster.held_connection``). What arq itself still sends is its status line (``heart_beat``: one SET of
 ``<queue>:health-check``, in the queue's slot).
 
 The last two override arq internals. ``ARQ_PRIVATE_SURFACE`` names every private or
@@ -567,6 +567,10 @@ def build_worker(
 
 
 def connect(redis: RedisConnector | str, **options: Any) -> ArqRedis:
-    """A redis-py client for ``CARMY_REDIS_URL`` that arq's worker accepts as its pool."""
+    """A redis-py client for ``CARMY_REDIS_URL`` that arq's worker accepts as its pool; on a
+    cluster, a ``StoreCluster`` typed as one: arq only sends it single-key commands and closes it
+    (``store.cluster`` lists what)."""
     connector = redis if isinstance(redis, RedisConnector) else RedisConnector(redis)
+    if connector.is_cluster:
+        return cast("ArqRedis", connector.client(socket_connect_timeout=1.0, **options))
     return ArqRedis(connection_pool=connector.pool(socket_connect_timeout=1.0, **options))

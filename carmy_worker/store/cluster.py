@@ -47,14 +47,18 @@ What redis-py 5.3's ``redis.asyncio.cluster.RedisCluster`` does, and what we cha
   only when a job's own try count is ahead of it (never: Carmy writes 1); once an hour
   ``record_health``'s ``ZCARD`` of the queue and ``PSETEX`` of its health-check key;
   at ``close``, ``DELETE`` of that key and ``close(close_connection_pool=True)``. The
-  single-key commands route by key on a ``StoreCluster``; only ``close`` needs an adapter
-  (``RedisCluster.close`` takes no argument): a ``StoreCluster`` subclass in ``queue.py``
-  with ``close(close_connection_pool=...)`` calling ``aclose`` is all arq's seam needs,
-  given to ``Worker(redis_pool=...)`` (typed ``ArqRedis`` by a cast). No cron jobs and no
-  aborts (``allow_abort_jobs`` off) means arq sends nothing else.
+  single-key commands route by key on a ``StoreCluster``; only ``close`` needed an adapter
+  (``RedisCluster.close`` takes no argument): ``StoreCluster.close`` takes arq's argument and
+  calls ``aclose``, and ``queue.connect`` gives the client to ``Worker(redis_pool=...)``
+  (typed ``ArqRedis`` by a cast). No cron jobs and no aborts (``allow_abort_jobs`` off) means
+  arq sends nothing else.
 * **Pub/sub**: the asyncio client has none (the synchronous one has ``ClusterPubSub``): see
-  ``store.shardpubsub`` for sharded pub/sub. ``BLPOP`` and other blocking commands work
-  (routed by key), but hold a connection of the node for their whole wait.
+  ``store.shardpubsub`` for sharded pub/sub; ``StoreCluster.publish`` sends a plain
+  ``PUBLISH`` (the catalog's) to any node, which the cluster delivers on every node.
+  ``BLPOP`` and other blocking commands work (routed by key), but hold a connection of the
+  node for their whole wait.
+* **Commands written by hand** on a connection (the batch's lines, ``BLPOP`` then LEASE, a
+  script then ``WAIT``) go to the node of their slot: ``NodePool`` and ``held_connection``.
 """
 
 from __future__ import annotations
@@ -64,13 +68,14 @@ import contextlib
 import inspect
 from collections.abc import AsyncIterator
 from contextvars import ContextVar
-from typing import Any
+from typing import Any, cast
 
 import redis.cluster
 from msgspec import Struct
+from redis.asyncio import Redis
 from redis.asyncio.cluster import ClusterNode, ClusterPipeline, NodesManager, PipelineCommand, RedisCluster
-from redis.asyncio.connection import SSLConnection, parse_url
-from redis.exceptions import ClusterDownError, RedisClusterException, SlotNotCoveredError
+from redis.asyncio.connection import AbstractConnection, SSLConnection, parse_url
+from redis.exceptions import AskError, ClusterDownError, MovedError, RedisClusterException, SlotNotCoveredError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 # Where a failover or a migration sends a command again: the node refused it, nothing ran.
@@ -203,6 +208,7 @@ class StoreCluster(RedisCluster):
         self.nodes_manager = StoreNodes(seeds, manager.require_full_coverage, manager.connection_kwargs,
                                         address_remap=manager.address_remap, event_dispatcher=self._event_dispatcher)
         self.patience = wait  # not ``wait``: that is the WAIT command's method
+        self.lines: set[AbstractConnection] = set()  # the batches' connections (``NodePool``)
         self._turns = asyncio.Semaphore(max_connections)
 
     @contextlib.asynccontextmanager
@@ -231,13 +237,38 @@ class StoreCluster(RedisCluster):
             raise ClusterUnreachable(str(exc)) from exc
         return self
 
-    async def aclose(self) -> None:
+    async def aclose(self, close_connection_pool: bool | None = None) -> None:
         """Close every connection; but called by redis-py inside a command (after a connection
-        error or ``CLUSTERDOWN``), only rebuild the slot table before the next command."""
+        error or ``CLUSTERDOWN``), only rebuild the slot table before the next command.
+        ``close_connection_pool`` is ``Redis.aclose``'s, so that a caller closes either client
+        alike: a cluster client's connections are always its own."""
         if _holding.get():
             self._initialize = True
             return
+        self._initialize = False  # redis-py closes nothing while a reload is due
         await super().aclose()
+        lines, self.lines = self.lines, set()
+        for conn in lines:
+            await conn.disconnect()
+
+    async def close(self, close_connection_pool: bool | None = None) -> None:
+        """``aclose``, under the name and signature arq's worker closes its pool with
+        (``close(close_connection_pool=True)``; redis-py's own ``close`` takes nothing)."""
+        await self.aclose()
+
+    async def publish(self, channel: str, message: str | bytes) -> int:
+        """``PUBLISH`` (redis-py's asyncio cluster client has none) on a random node: a cluster
+        delivers a plain message to the subscribers of every node. Its count is that node's."""
+        return int(await self.execute_command("PUBLISH", channel, message, target_nodes=self.RANDOM))
+
+    def reload_slots(self) -> None:
+        """Load the slot table again before the next command (a node answered ``MOVED`` or
+        failed to a caller that talks to it directly: ``store.batch``, ``held_connection``)."""
+        self._initialize = True
+
+    def primary_for(self, key: str | bytes) -> ClusterNode:
+        """The node serving ``key``'s slot, per the slot table now (loaded: ``initialize``)."""
+        return self.nodes_manager.get_node_from_slot(self.keyslot(key))
 
     async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
         async with self.turn():
@@ -247,6 +278,74 @@ class StoreCluster(RedisCluster):
         if transaction or shard_hint:
             raise RedisClusterException("a cluster pipeline is not a transaction (MULTI/EXEC)")
         return StorePipeline(self)  # type: ignore[abstract]  # redis-py's stubs: connection_pool
+
+
+@contextlib.asynccontextmanager
+async def held_connection(redis: Any, key: str) -> AsyncIterator[AbstractConnection]:
+    """A connection serving ``key``'s slot, held by the caller for commands it writes and reads
+    itself (the worker's ``BLPOP`` then LEASE): one of the pool's on one Redis, one of the
+    slot's primary on a cluster. A connection whose use failed is closed before it goes back
+    (a reply may be left unread on it); on a cluster, such a failure or a redirection
+    (``MOVED``, ``ASK``: the slot is elsewhere, nothing ran) also reloads the slot table before
+    the next command, so that the caller's retry goes to the slot's new primary."""
+    if not isinstance(redis, StoreCluster):
+        pool = redis.connection_pool
+        conn = await pool.get_connection()
+        try:
+            yield conn
+        except BaseException:
+            await conn.disconnect()
+            raise
+        finally:
+            await pool.release(conn)
+        return
+    async with redis.turn():
+        await redis.initialize()
+        node = redis.primary_for(key)
+        conn = node.acquire_connection()
+        try:
+            yield conn
+        except BaseException as exc:
+            await conn.disconnect()
+            if isinstance(exc, (RedisConnectionError, TimeoutError, MovedError, AskError, *REFUSALS)):
+                redis.reload_slots()
+            raise
+        finally:
+            node._free.append(conn)
+
+
+class NodePool:
+    """One node's connections, lent as a pool lends them (``get_connection``, ``release``): a
+    ``store.batch`` line to the node serving its calls' slot. A line is held outside the
+    client's turns (its many calls in flight are no command's turn), so it is not one of the
+    node's ``max_connections``: each is a connection of its own, closed by the batch when it
+    gives the line up, or with the client (``StoreCluster.lines``)."""
+
+    def __init__(self, cluster: StoreCluster, node: ClusterNode) -> None:
+        self.cluster = cluster
+        self.node = node
+
+    async def get_connection(self) -> AbstractConnection:
+        conn = self.node.connection_class(**self.node.connection_kwargs)
+        self.cluster.lines.add(conn)
+        try:
+            await conn.connect()
+        except BaseException:
+            self.cluster.lines.discard(conn)
+            raise
+        return conn
+
+    async def release(self, conn: AbstractConnection) -> None:
+        """Forget ``conn``, which the batch has closed."""
+        self.cluster.lines.discard(conn)
+
+
+def as_redis(cluster: StoreCluster) -> Redis:
+    """A cluster client where the store takes a ``Redis``: it answers the same commands (routed
+    by key, refusals retried as ``store.cluster`` says). Where the two differ (a connection held
+    for commands written by hand, a pipeline, pub/sub), the store asks which it has
+    (``store.batch``, ``store.durable``, ``store.cluster.held_connection``, the listeners)."""
+    return cast(Redis, cluster)
 
 
 class StorePipeline(ClusterPipeline):
@@ -273,6 +372,38 @@ def sync_cluster(target: ClusterTarget, **options: Any) -> redis.cluster.RedisCl
         return _SyncCluster(startup_nodes=nodes, **{**target.options, **options})  # type: ignore[no-any-return]
     except RedisClusterException as exc:
         raise ClusterUnreachable(str(exc)) from exc
+
+
+class LazySyncCluster:
+    """``sync_cluster``'s client, made on its first command rather than at once: redis-py's
+    synchronous cluster client loads its slot table as it is made, where a one-server client
+    connects on first use; a caller that makes its client once and then reconnects on errors
+    (the heartbeat thread) would otherwise die of a cluster unreachable at that moment. Until
+    one is made, each command tries again, raising ``ClusterUnreachable`` (a
+    ``ConnectionError``) while no seed answers."""
+
+    def __init__(self, target: ClusterTarget, **options: Any) -> None:
+        self._target = target
+        self._options = options
+        self._client: redis.cluster.RedisCluster | None = None
+
+    def client(self) -> redis.cluster.RedisCluster:
+        if self._client is None:
+            self._client = sync_cluster(self._target, **self._options)
+        return self._client
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.client(), name)
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+
+    def __enter__(self) -> LazySyncCluster:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
 
 
 class _SyncCluster(redis.cluster.RedisCluster):
