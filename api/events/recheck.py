@@ -69,8 +69,9 @@ class Recheck:
             try:
                 await self.once()
             except RedisError as exc:
-                if self.down_since is None:
-                    log.warning("recheck of waiting executions failed: %s", exc)
+                log.debug("recheck of waiting executions failed: %s", exc)  # down_since tells the waiters
+            except Exception:  # a bug here must not end the safety net for the process's life
+                log.exception("recheck of waiting executions failed")
 
     async def once(self) -> None:
         """Ask about every watched execution; wake the waiters of those that ended. Raises
