@@ -117,7 +117,7 @@ def create_app(settings: ApiSettings | None = None) -> Starlette:
             pass
         await hub.start()
         tasks = [asyncio.create_task(catalog.run()), asyncio.create_task(janitor.run()),
-                 asyncio.create_task(memory.run())]
+                 asyncio.create_task(memory.run()), asyncio.create_task(executions.recheck.run())]
         if sink is not None:
             tasks.append(asyncio.create_task(sink.run()))
         if settings.console:

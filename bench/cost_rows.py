@@ -13,12 +13,11 @@ import time
 from typing import TYPE_CHECKING
 
 import httpx
-import redis.asyncio
 
-from api.calling.catalog import Catalog
 from bench import backlog, many_tools, wrk
 from bench.crowd import hold_streams, raise_fd_limit
 from bench.curves import Column, Curve, Point
+from bench.refresh import refresh_cost
 from bench.sizes import MIB, call, echo_arguments, sse_times
 from carmy_worker.store.keys import PENDING
 
@@ -97,48 +96,37 @@ def cost_progress(b: Bench) -> None:
 def cost_catalog(b: Bench) -> None:
     """A worker serving N tools: its start, the catalog's refresh, discovery and its revalidation."""
     s = b.config.curve_sizes
-    columns = [Column("worker start s"), Column("catalog refresh ms"), Column("/.well-known/agent p50 ms", work=0),
+    columns = [Column("worker start s"), Column("catalog refresh ms"), Column("refresh CPU ms"),
+               Column("refresh, a worker alike, CPU ms"), Column("/.well-known/agent p50 ms", work=0),
                Column("/agent/tools 200 p50 ms"), Column("/agent/tools 304 p50 ms", work=0),
                Column("/agent/tools KiB", fitted=False)]
     curve = Curve("cost_catalog", "Catalog size (one worker serving N tools, 1 client)", "tools", columns,
                   notes=["Catalog refresh: `Catalog.refresh()` in-process into an empty catalog (reads every "
                          "worker's info, builds the view and its ETag), the work each API process does when a "
-                         "worker comes or goes; the median of five. 304: `/agent/tools` with its ETag in "
-                         "`If-None-Match`."])
+                         "worker comes or goes; the median of five, and its CPU. A worker alike: the CPU of a "
+                         "refresh of a catalog that knows the worker once one more of the same tools registered "
+                         "(bench/refresh.py). 304: `/agent/tools` with its ETag in `If-None-Match`."])
     for n in s.catalog_tools:
         with b.processes(f"cost_catalog_{n}") as procs:
             started = time.monotonic()
             procs.carmy_worker("bench.many_tools", env={"BENCH_TOOLS": str(n)})
             start_s = time.monotonic() - started
             _, base = procs.carmy_api(tool=many_tools.name(n - 1))
-            refresh_ms = asyncio.run(time_refresh(b.redis.url, 5))
             listed = httpx.get(base + "/agent/tools", timeout=30)
             discovery = one_client(b, f"discovery, {n} tools", base, wrk.Request("/.well-known/agent"), procs)
             full = one_client(b, f"tools, {n} tools", base, wrk.Request("/agent/tools"), procs)
             cached = one_client(b, f"tools 304, {n} tools", base, wrk.Request(
                 "/agent/tools", headers=(("if-none-match", listed.headers["etag"]),), expect_status=304), procs)
+            # Last: the workers alike it registers are in the API's catalog too.
+            refresh = asyncio.run(refresh_cost(b.redis.url, 5))
         b.redis.flush()
-        curve.points.append(Point(n, {"worker start s": start_s, "catalog refresh ms": refresh_ms,
+        curve.points.append(Point(n, {"worker start s": start_s, "catalog refresh ms": refresh.wall_ms,
+                                      "refresh CPU ms": refresh.cpu_ms,
+                                      "refresh, a worker alike, CPU ms": refresh.alike_cpu_ms,
                                       "/.well-known/agent p50 ms": discovery.p50_ms,
                                       "/agent/tools 200 p50 ms": full.p50_ms, "/agent/tools 304 p50 ms": cached.p50_ms,
                                       "/agent/tools KiB": len(listed.content) / 1024}))
     b.report.curves.append(curve)
-
-
-async def time_refresh(url: str, times: int) -> float:
-    """The median ms of ``times`` refreshes of a new, empty catalog (what the API's does when the
-    workers change: every worker's info read and the whole view built again)."""
-    client = redis.asyncio.Redis.from_url(url)
-    took = []
-    try:
-        for _ in range(times):
-            catalog = Catalog(client, server_name="bench", dead_after=10.0, refresh_interval=60.0)
-            started = time.perf_counter()
-            await catalog.refresh()
-            took.append((time.perf_counter() - started) * 1000)
-    finally:
-        await client.aclose()
-    return sorted(took)[len(took) // 2]
 
 
 def cost_idle(b: Bench) -> None:

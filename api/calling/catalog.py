@@ -4,17 +4,25 @@ Workers publish a ``WorkerInfo`` each and heartbeat. This module keeps a ``Catal
 (documents serialized once per catalog version, compiled argument validators, and which
 workers' queues serve each tool) and swaps it atomically when anything changes: on a
 notification from a worker, and on a short timer that notices silent deaths.
+
+A worker may serve ten thousand tools, and every worker of a group publishes the same ones: each
+tool's entry is decoded once per process (``ToolEntries``, keyed by its bytes), not once per
+worker, and a burst of decoding and building is made with the cyclic collector paused
+(``uncollected``), since every object it makes is kept.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import hashlib
 import logging
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 from redis.asyncio import Redis
 
 from api.calling.schemas import InputSchema
@@ -29,7 +37,6 @@ from carmy_worker.wire import (
     WorkerInfo,
     WorkerTool,
     json_encoder,
-    worker_info_decoder,
 )
 
 log = logging.getLogger("carmy.api")
@@ -82,6 +89,62 @@ class CatalogView:
         be refused (``TOOL_NOT_FOUND`` or ``NO_WORKERS``)."""
         return {name: tool for name, tool in webhook_tools.items()
                 if (found := self.tools.get(tool)) is None or not found.groups}
+
+
+class _Published(WorkerInfo, kw_only=True):
+    """A ``WorkerInfo`` as read from Redis, its tools not decoded yet."""
+
+    tools: list[msgspec.Raw]  # type: ignore[assignment]  # WorkerTool's bytes, for ToolEntries
+
+
+_published_decoder = msgspec.msgpack.Decoder(_Published)
+_tool_decoder = msgspec.msgpack.Decoder(WorkerTool)
+
+
+class ToolEntries:
+    """Workers' infos decoded with each tool's entry decoded once, keyed by its bytes: the
+    workers of a group publish the same tools, and a worker that comes back or a new one of the
+    group costs a lookup per tool, not its schemas' thousands of dicts again. It holds the
+    entries of the infos last given to ``keep_only``, and their bytes (what they take in Redis)."""
+
+    def __init__(self) -> None:
+        self._known: dict[bytes, WorkerTool] = {}
+
+    def info(self, raw: bytes) -> WorkerInfo:
+        """A worker's info (``WorkerInfo`` as REGISTER wrote it), its tools shared with the
+        other infos' that are the same."""
+        published = _published_decoder.decode(raw)
+        fields = {name: getattr(published, name) for name in WorkerInfo.__struct_fields__}
+        fields["tools"] = [self._tool(bytes(tool)) for tool in published.tools]
+        return WorkerInfo(**fields)
+
+    def keep_only(self, infos: Iterable[WorkerInfo]) -> None:
+        """Forget the entries none of ``infos`` has (their workers are gone)."""
+        kept = {id(tool) for info in infos for tool in info.tools}
+        if len(kept) < len(self._known):
+            self._known = {raw: tool for raw, tool in self._known.items() if id(tool) in kept}
+
+    def _tool(self, raw: bytes) -> WorkerTool:
+        tool = self._known.get(raw)
+        if tool is None:
+            tool = self._known[raw] = _tool_decoder.decode(raw)
+        return tool
+
+
+@contextlib.contextmanager
+def uncollected() -> Iterator[None]:
+    """The cyclic garbage collector paused for a burst of allocation that is all kept (a
+    catalog's entries, its view): collections in the middle of it can free none of it, and each
+    older generation's walked the whole heap again, two thirds of a refresh at 10,000 tools. It
+    runs again after, once over what was made. Only around code that does not await."""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 def build_view(server_name: str, workers: list[tuple[WorkerInfo, bool]],
@@ -145,6 +208,7 @@ class Catalog:
     webhook_tools: dict[str, str] = field(default_factory=dict)
     view: CatalogView = field(init=False)
     _infos: dict[str, WorkerInfo] = field(default_factory=dict)
+    _entries: ToolEntries = field(default_factory=ToolEntries)
     _serving: dict[str, bool] | None = None  # what the current view was built from
     _validators: dict[bytes, InputSchema | None] = field(default_factory=dict)
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
@@ -190,15 +254,21 @@ class Catalog:
         scores = roster.last_seen
         missing = [w for w in scores if w not in self._infos]
         if missing:
-            for worker_id, raw in (await worker_infos(self.redis, missing)).items():
-                self._infos[worker_id] = worker_info_decoder.decode(raw)
-        for gone in [w for w in self._infos if w not in scores]:
-            del self._infos[gone]
+            raws = await worker_infos(self.redis, missing)
+            with uncollected():
+                for worker_id, raw in raws.items():
+                    self._infos[worker_id] = self._entries.info(raw)
+        gone = [w for w in self._infos if w not in scores]
+        for worker_id in gone:
+            del self._infos[worker_id]
+        if gone:
+            self._entries.keep_only(self._infos.values())
         serving = {w: roster.serving(w) for w in self._infos}
         if serving == self._serving:
             return  # same workers, same liveness: the view is still right (the common case)
-        view = build_view(self.server_name, [(self._infos[w], live) for w, live in serving.items()], self._validators,
-                          self._webhook_paths)
+        with uncollected():
+            view = build_view(self.server_name, [(self._infos[w], live) for w, live in serving.items()],
+                              self._validators, self._webhook_paths)
         if view.catalog.etag != self.view.catalog.etag:
             log.info("catalog changed: %d tools, version %s", len(view.tools), view.catalog.etag)
         self.view = view

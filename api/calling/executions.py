@@ -12,7 +12,9 @@ from redis.exceptions import RedisError
 
 from api.calling.catalog import CatalogTool
 from api.events.hub import RESYNC
-from api.events.mailbox import Mailbox
+from api.events.mailbox import ENDED, Mailbox
+from api.events.recheck import RECHECK_S as RECHECK_S  # a waiter's default tick, the recheck's period
+from api.events.recheck import Recheck
 from api.serving.departure import Departed
 from api.settings import ApiSettings
 from carmy_worker.loop import Signal, running_loop
@@ -30,8 +32,6 @@ from carmy_worker.wire import Event, ExecutionJob, Record, event_decoder, record
 
 log = logging.getLogger("carmy.api")
 
-# How often a waiter re-reads the record when no event came: a safety net, not the path.
-RECHECK_S = 5.0
 # Beyond the queue wait and the tool's timeout, how long an admission slot may stay held
 # before it is presumed leaked (a crashed API or worker) and pruned.
 ADMISSION_GRACE_S = 30.0
@@ -54,6 +54,8 @@ class Executions:
         self._verdicts = Verdicts(redis, retention=settings.retention, durability=durability)
         self._join = Join(redis)
         self._reads = Reads(redis)
+        # The process's one recheck of the executions it waits for; its run() is the app's task.
+        self.recheck = Recheck(self._reads)
         self._abandoning = asyncio.Semaphore(ABANDONING)
 
     async def submit(
@@ -135,46 +137,60 @@ class Executions:
         """Wait for the execution's record, passing each event before it to ``on_event``;
         ``Departed`` once ``until`` is set (the caller's ``Departure``: it has gone).
 
-        ``messages`` is its mailbox (``EventHub.expect``). The ``final`` event
-        carries the record, unless the record is large: then it is read from Redis. After ``tick``
-        seconds without a message it calls ``on_idle`` (for keep-alives) and re-reads the record,
-        as it does after each reconnection of the hub: a lost message costs a read, never an
-        answer. While Redis cannot be reached it keeps waiting, up to ``PATIENCE_S``, then
-        answers a (not stored) ``STORE_UNAVAILABLE`` result.
+        ``messages`` is its mailbox (``EventHub.expect``). The ``final`` event carries the
+        record, unless the record is large: then it is read from Redis. It is read too after
+        each reconnection of the hub (``RESYNC``) and when the process's recheck finds the
+        execution ended (``ENDED``: its final event was lost): a lost message costs a read, never
+        an answer. After ``tick`` seconds without a message it calls ``on_idle`` (for
+        keep-alives), with no Redis command. While Redis cannot be reached it keeps waiting, up
+        to ``PATIENCE_S``, then answers a (not stored) ``STORE_UNAVAILABLE`` result.
         """
-        unreachable_since: float | None = None
-        while True:
-            message = await messages.get(timeout=tick, until=until)  # None: tick seconds without one
-            if message is None and until is not None and until.is_set():
-                raise Departed
-            if message is not None and message != RESYNC:
-                event = event_decoder.decode(message)
-                if event.name != "final":
-                    if on_event is not None:
-                        await on_event(event)
-                    continue
-                if event.data:
-                    return record_decoder.decode(event.data)
-                # A large record is announced without itself (wire.MAX_EVENT_BYTES): read it.
-            try:
-                record = await self.settled(exec_id, tool)
-                unreachable_since = None
-            except RedisError:
-                record = None
-                now = running_loop().time()
-                unreachable_since = unreachable_since or now
-                if now - unreachable_since > PATIENCE_S:
-                    # Not stored: the execution goes on, and a retry with the same request_id joins it.
-                    return records.refused(exec_id, tool, store_unavailable(
-                        "The execution store cannot be reached; retry with the same request_id to get the result "
-                        "once it is back.", retry_after=5))
-            if record is not None:
+        began = running_loop().time()
+        with self.recheck.watch(exec_id, messages):
+            while True:
+                message = await messages.get(timeout=tick, until=until)  # None: tick seconds without one
                 if message is None:
-                    # Settled, and its final event never came, with no reconnection to explain it:
-                    # a worker that publishes only to the execution's own channel (older than this
-                    # API: upgrade workers first) or a follower it does not know of.
-                    log.warning("execution %s: settled without its final event reaching this process "
-                                "(workers older than the API?)", exec_id)
-                return record
-            if message is None and on_idle is not None:
-                await on_idle()
+                    if until is not None and until.is_set():
+                        raise Departed
+                    if self._out_of_patience(began):
+                        return _unavailable(exec_id, tool)
+                    if on_idle is not None:
+                        await on_idle()
+                    continue
+                if message not in (RESYNC, ENDED):
+                    event = event_decoder.decode(message)
+                    if event.name != "final":
+                        if on_event is not None:
+                            await on_event(event)
+                        continue
+                    if event.data:
+                        return record_decoder.decode(event.data)
+                    # A large record is announced without itself (wire.MAX_EVENT_BYTES): read it.
+                try:
+                    record = await self.settled(exec_id, tool)
+                    self.recheck.reached()
+                except RedisError:
+                    self.recheck.unreachable()  # the recheck wakes it once the record is there
+                    if self._out_of_patience(began):
+                        return _unavailable(exec_id, tool)
+                    continue
+                if record is not None:
+                    if message == ENDED:
+                        # Settled, and its final event never came, with no reconnection to explain
+                        # it: a worker that publishes only to the execution's own channel (older
+                        # than this API: upgrade workers first) or a follower it does not know of.
+                        log.warning("execution %s: settled without its final event reaching this process "
+                                    "(workers older than the API?)", exec_id)
+                    return record
+
+    def _out_of_patience(self, began: float) -> bool:
+        """Whether Redis has been out of reach for over ``PATIENCE_S`` of this wait."""
+        down = self.recheck.down_since
+        return down is not None and running_loop().time() - max(down, began) > PATIENCE_S
+
+
+def _unavailable(exec_id: str, tool: str) -> Record:
+    # Not stored: the execution goes on, and a retry with the same request_id joins it.
+    return records.refused(exec_id, tool, store_unavailable(
+        "The execution store cannot be reached; retry with the same request_id to get the result once it is back.",
+        retry_after=5))

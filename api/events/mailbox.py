@@ -4,7 +4,7 @@ API buffer without end.
 
 Only ``tool.progress`` events are ever dropped. Once more than ``MAX_PROGRESS`` of them, or
 ``MAX_PROGRESS_BYTES``, are waiting, the oldest waiting one goes: the newest progress is kept,
-in order. ``tool.started``, ``tool.completed``, ``final`` and ``RESYNC`` are always kept (an
+in order. ``tool.started``, ``tool.completed``, ``final``, ``RESYNC`` and ``ENDED`` are always kept (an
 execution has a handful). The relay reads ``take_dropped()`` to tell its client what it missed.
 """
 
@@ -22,6 +22,9 @@ from carmy_worker.wire import progress_event
 MAX_PROGRESS = 1000  # progress events one subscriber may have waiting
 MAX_PROGRESS_BYTES = 1 << 20  # and their size; the newest is kept whatever its size
 RESYNC = b""  # "re-read the record": put into every mailbox after the hub reconnects
+# "Its record is there": put by the process's recheck (api.events.recheck) into the mailbox of
+# an execution found ended without its final event. No event is one zero byte (msgpack of 0).
+ENDED = b"\x00"
 
 # How every tool.progress message starts (the event name, before its data).
 _PROGRESS = progress_event(b"")[: -len(msgspec.msgpack.encode(b""))]
@@ -45,8 +48,8 @@ class Mailbox:
         self._dropped = 0
 
     def put_nowait(self, message: bytes) -> None:
-        if message == RESYNC and self._items and self._items[-1] == RESYNC:
-            return  # one re-read is enough, however often the hub reconnected meanwhile
+        if message in (RESYNC, ENDED) and self._items and self._items[-1] == message:
+            return  # one re-read is enough, however often the hub reconnected or the recheck found it
         self._items.append(message)
         waiter = self._waiter
         if waiter is not None and not waiter.done():

@@ -3,11 +3,17 @@ looks it up. Only the API reads these; every write of them is a script's."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from msgspec import Struct
 from redis.asyncio import Redis
 
 from carmy_worker.store import keys, records
 from carmy_worker.wire import Record, record_decoder
+
+# How many executions one pipeline of ``Reads.ended`` asks about: a round trip of a few tens of
+# KiB, short enough not to hold a connection long.
+ENDED_CHUNK = 1000
 
 
 class Found(Struct):
@@ -58,3 +64,26 @@ class Reads:
         if state is None:
             return "done", records.uncertain(exec_id, tool, "the store lost track of it")
         return state.decode(), None
+
+    async def ended(self, exec_ids: Iterable[str], *, chunk: int = ENDED_CHUNK) -> list[str]:
+        """Those of ``exec_ids`` that have ended (their record is written: SETTLE and the scripts
+        that impose one set ``state`` to done in the same script) or that Redis lost: the ones
+        whose record is worth reading.
+
+        One ``HGET`` each, pipelined: a pipeline per ``chunk`` of one partition's executions, so
+        that on a cluster each is one slot's and goes to its node whole.
+        """
+        by_partition: dict[int, list[str]] = {}
+        for exec_id in exec_ids:
+            by_partition.setdefault(keys.partition_of(exec_id), []).append(exec_id)
+        ended: list[str] = []
+        for ids in by_partition.values():
+            for start in range(0, len(ids), chunk):
+                some = ids[start:start + chunk]
+                async with self.redis.pipeline(transaction=False) as pipe:
+                    for exec_id in some:
+                        pipe.hget(keys.execution(exec_id), "state")
+                    states = await pipe.execute()
+                ended.extend(exec_id for exec_id, state in zip(some, states, strict=True)
+                             if state is None or state == b"done")
+        return ended

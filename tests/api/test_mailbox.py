@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from api.events.mailbox import RESYNC, Mailbox, is_progress
+from api.events.mailbox import ENDED, RESYNC, Mailbox, is_progress
 from carmy_worker.loop import Signal
 from carmy_worker.wire import Record, completed_event, final_event, progress_event, started_event
 
@@ -64,6 +64,14 @@ async def test_resync_is_kept_and_not_repeated() -> None:
         box.put_nowait(message)
     assert await take_all(box, 3) == [RESYNC, progress(2), RESYNC]
     assert not is_progress(RESYNC) and not is_progress(FINAL) and is_progress(progress(1))
+
+
+async def test_an_ended_execution_is_told_once_and_never_dropped() -> None:
+    box = Mailbox(max_progress=1)
+    for message in (ENDED, ENDED, progress(1), progress(2), RESYNC, ENDED, ENDED):
+        box.put_nowait(message)
+    assert await take_all(box, 4) == [ENDED, progress(2), RESYNC, ENDED]
+    assert not is_progress(ENDED)
 
 
 async def test_a_cancelled_wait_takes_nothing() -> None:

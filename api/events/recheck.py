@@ -1,0 +1,117 @@
+"""The safety net for a lost final event: one recheck, per API process, of every execution it
+waits for.
+
+An execution's record reaches its waiters with its ``final`` event (``api.events.hub``); if the
+hub's connection drops, every waiter re-reads its record (``RESYNC``). An event lost with no
+reconnection to explain it (a worker older than this API publishing elsewhere, a follower it
+does not know of) would leave a waiter waiting for ever: so, every ``RECHECK_S`` (jittered, so
+that API processes do not fall into step), this process asks Redis about all the executions it
+waits for at once (``Reads.ended``: a pipeline per partition's chunk, a command each) and wakes
+only the waiters of the ones that ended or that Redis lost (``ENDED`` in their mailbox): they
+read their record as after any other wake-up. Ten thousand idle streams cost a few round trips
+per tick, not ten thousand pipelines.
+
+It also keeps the process's view of whether the store can be reached (``down_since``), which
+waiters read to know how long they have waited for an unreachable Redis.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+
+from redis.exceptions import RedisError
+
+from api.events.mailbox import ENDED, Mailbox
+from carmy_worker.loop import running_loop
+from carmy_worker.store.reads import Reads
+
+log = logging.getLogger("carmy.api")
+
+RECHECK_S = 5.0  # how often, on average, the waiting executions are asked about
+JITTER = 0.2  # each pause is RECHECK_S times 1 ± JITTER
+
+
+class Recheck:
+    """The executions this process waits for, each with its waiters' mailboxes, rechecked by
+    ``run`` (a task of the app's lifespan) or one pass at a time by ``once``."""
+
+    def __init__(self, reads: Reads, *, every: float = RECHECK_S) -> None:
+        self._reads = reads
+        self._every = every
+        self._waiting: dict[str, set[Mailbox]] = {}
+        # When the store was first found unreachable, by a recheck or a waiter's read, since it
+        # was last reached; None while it is reachable.
+        self.down_since: float | None = None
+
+    def watch(self, exec_id: str, mailbox: Mailbox) -> Watch:
+        """A context manager: ``exec_id``'s ending is told to ``mailbox`` (``ENDED``) while in it."""
+        return Watch(self, exec_id, mailbox)
+
+    @property
+    def waiting(self) -> int:
+        """How many executions are watched."""
+        return len(self._waiting)
+
+    def unreachable(self) -> None:
+        """The store could not be reached (a read failed)."""
+        if self.down_since is None:
+            self.down_since = running_loop().time()
+
+    def reached(self) -> None:
+        """The store answered."""
+        self.down_since = None
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self._every * random.uniform(1 - JITTER, 1 + JITTER))
+            try:
+                await self.once()
+            except RedisError as exc:
+                log.debug("recheck of waiting executions failed: %s", exc)  # down_since tells the waiters
+            except Exception:  # a bug here must not end the safety net for the process's life
+                log.exception("recheck of waiting executions failed")
+
+    async def once(self) -> None:
+        """Ask about every watched execution; wake the waiters of those that ended. Raises
+        ``RedisError`` (and notes the store unreachable) if Redis could not be asked."""
+        if not self._waiting:
+            return
+        try:
+            ended = await self._reads.ended(list(self._waiting))
+        except RedisError:
+            self.unreachable()
+            raise
+        self.reached()
+        for exec_id in ended:
+            for mailbox in self._waiting.get(exec_id, ()):
+                mailbox.put_nowait(ENDED)
+
+    def _add(self, exec_id: str, mailbox: Mailbox) -> None:
+        self._waiting.setdefault(exec_id, set()).add(mailbox)
+
+    def _remove(self, exec_id: str, mailbox: Mailbox) -> None:
+        mailboxes = self._waiting.get(exec_id)
+        if mailboxes is not None:
+            mailboxes.discard(mailbox)
+            if not mailboxes:
+                del self._waiting[exec_id]
+
+
+class Watch:
+    """``Recheck.watch``'s context manager: a class, as ``hub.Expectation``, since every call
+    that waits enters one."""
+
+    __slots__ = ("_exec_id", "_mailbox", "_recheck")
+
+    def __init__(self, recheck: Recheck, exec_id: str, mailbox: Mailbox) -> None:
+        self._recheck = recheck
+        self._exec_id = exec_id
+        self._mailbox = mailbox
+
+    def __enter__(self) -> None:
+        self._recheck._add(self._exec_id, self._mailbox)
+
+    def __exit__(self, *exc: object) -> None:
+        self._recheck._remove(self._exec_id, self._mailbox)

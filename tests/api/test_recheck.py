@@ -1,0 +1,167 @@
+"""The process's recheck of the executions it waits for (``api.events.recheck``): a waiter whose
+final event was lost still gets its record, a waiter of a running execution is left alone, and
+however many wait, a tick costs one command each in a few round trips, not a read apiece."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+import redis.asyncio
+
+from api.calling import executions as executions_module
+from api.calling.executions import Executions
+from api.events.mailbox import Mailbox
+from api.events.recheck import Recheck
+from carmy_worker.store import jobs, keys, records
+from carmy_worker.store.attempts import Attempts
+from carmy_worker.store.reads import Reads
+from carmy_worker.store.submit import Submit
+from carmy_worker.wire import ExecutionJob, Record
+from tests.support import RedisServer, app_settings
+
+RETENTION = 600
+NEVER = 3600.0  # a waiter's tick that never comes: only the recheck can wake it
+
+
+@pytest.fixture
+async def ar(own_redis_server: RedisServer) -> AsyncIterator[redis.asyncio.Redis]:
+    """A client of the module's own Redis, emptied before and after: the tests leave hundreds
+    of executions waiting, and count commands."""
+    client = redis.asyncio.Redis.from_url(own_redis_server.url)
+    await client.flushall()
+    yield client
+    await client.flushall()
+    await client.aclose()
+
+
+async def submitted(ar: redis.asyncio.Redis, partition: int | None = None) -> str:
+    """A new execution, queued; its events go to a channel nobody listens to."""
+    exec_id = keys.new_execution_id(partition)
+    job = ExecutionJob(execution_id=exec_id, tool="t", arguments=b"{}")
+    await Submit(ar, retention=RETENTION)(job, queue=jobs.queue_name("g"), idempotent=False, workers_alive=True,
+                                          max_pending=100_000, queue_wait_ms=60_000, admission_ms=60_000)
+    return exec_id
+
+
+async def settle(ar: redis.asyncio.Redis, exec_id: str) -> Record:
+    """Run ``exec_id`` to its end; its final event is published where no waiter hears it."""
+    attempts = Attempts(ar, worker_id="w1", retention=RETENTION)
+    assert (await attempts.claim(exec_id, max_attempts=3)).verdict == "run"
+    record = records.completed(exec_id, "t", b'{"n":1}', cacheable=False, duration_ms=1)
+    assert await attempts.settle(record, exec_id=exec_id, attempt=1)
+    return record
+
+
+async def command_calls(ar: redis.asyncio.Redis) -> dict[str, int]:
+    stats = await ar.info("commandstats")
+    return {name.removeprefix("cmdstat_"): value["calls"] for name, value in stats.items()}
+
+
+async def test_a_waiter_whose_final_event_was_lost_gets_its_record(ar: redis.asyncio.Redis) -> None:
+    executions = Executions(ar, app_settings(retention=RETENTION))
+    executions.recheck = Recheck(Reads(ar), every=0.05)
+    lost, running = await submitted(ar), await submitted(ar)
+    lost_box, running_box = Mailbox(), Mailbox()
+    waiting = asyncio.create_task(executions.outcome(running, "t", running_box, tick=NEVER))
+    rechecking = asyncio.create_task(executions.recheck.run())
+    try:
+        answer = asyncio.create_task(executions.outcome(lost, "t", lost_box, tick=NEVER))
+        record = await settle(ar, lost)  # its final event reaches no mailbox: dropped on purpose
+        assert await asyncio.wait_for(answer, 5) == record
+        assert not waiting.done() and executions.recheck.waiting == 1  # the running one waits on
+    finally:
+        waiting.cancel()
+        rechecking.cancel()
+        await asyncio.gather(waiting, rechecking, return_exceptions=True)
+    assert executions.recheck.waiting == 0  # a waiter that leaves is forgotten
+
+
+async def test_a_waiter_of_an_execution_redis_lost_is_answered_uncertain(ar: redis.asyncio.Redis) -> None:
+    executions = Executions(ar, app_settings(retention=RETENTION))
+    exec_id = await submitted(ar)
+    answer = asyncio.create_task(executions.outcome(exec_id, "t", Mailbox(), tick=NEVER))
+    await asyncio.sleep(0)  # it is watched
+    await ar.delete(keys.execution(exec_id))
+    await executions.recheck.once()
+    record = await asyncio.wait_for(answer, 5)
+    assert record.error_code == "EXECUTION_UNCERTAIN"
+
+
+@pytest.mark.parametrize("partitions", [1, 4])
+async def test_a_tick_costs_one_command_a_waiter_in_a_few_round_trips(
+        ar: redis.asyncio.Redis, partitions: int) -> None:
+    keys.use_partitions(partitions)
+    try:
+        executions = Executions(ar, app_settings(retention=RETENTION))
+        executions.recheck = Recheck(Reads(ar))
+        n = 400
+        ids = [await submitted(ar, partition=i % partitions) for i in range(n)]
+        waiters = [asyncio.create_task(executions.outcome(e, "t", Mailbox(), tick=NEVER)) for e in ids]
+        await asyncio.sleep(0)
+        assert executions.recheck.waiting == n
+        await ar.config_resetstat()
+        reads_before = (await ar.info("stats"))["total_reads_processed"]
+        for _ in range(3):
+            await executions.recheck.once()
+        reads = (await ar.info("stats"))["total_reads_processed"] - reads_before
+        calls = await command_calls(ar)
+        # One HGET a waiter a tick and nothing else (it used to be a pipeline of HGET and GET
+        # apiece). The socket reads Redis processed (its total_reads_processed) are a few per
+        # partition's pipeline a tick (each of up to 16 KiB), where a pipeline per waiter made
+        # at least one each: 1,200 here.
+        assert calls.pop("hget") == 3 * n
+        assert set(calls) <= {"config|resetstat", "info"}
+        assert reads <= 3 * 6 * partitions + 4, reads
+        assert not any(w.done() for w in waiters)
+        # One ends with its event lost: the next tick wakes that one only, and it reads its record.
+        record = await settle(ar, ids[0])
+        await executions.recheck.once()
+        assert await asyncio.wait_for(waiters[0], 5) == record
+        assert not any(w.done() for w in waiters[1:])
+        for w in waiters:
+            w.cancel()
+        await asyncio.gather(*waiters, return_exceptions=True)
+    finally:
+        keys.use_partitions(1)
+
+
+async def test_ended_asks_in_chunks_of_one_partition(ar: redis.asyncio.Redis) -> None:
+    keys.use_partitions(3)
+    try:
+        ids = [await submitted(ar, partition=i % 3) for i in range(20)]
+        await settle(ar, ids[3])  # (this test's scripts know partition 0 only)
+        await ar.delete(keys.execution(ids[7]), keys.execution(ids[11]))  # partitions 1 and 2
+        assert sorted(await Reads(ar).ended(ids, chunk=2)) == sorted([ids[3], ids[7], ids[11]])
+    finally:
+        keys.use_partitions(1)
+
+
+async def test_a_redis_out_of_reach_is_noted_and_its_return_too(ar: redis.asyncio.Redis) -> None:
+    gone = redis.asyncio.Redis(port=1, socket_connect_timeout=0.5)  # nothing listens there
+    recheck = Recheck(Reads(gone))
+    with recheck.watch(keys.new_execution_id(), Mailbox()):
+        with pytest.raises(redis.exceptions.ConnectionError):
+            await recheck.once()
+        assert recheck.down_since is not None
+    await gone.aclose()
+    recheck._reads = Reads(ar)  # Redis is back
+    with recheck.watch(await submitted(ar), Mailbox()):
+        await recheck.once()
+    assert recheck.down_since is None
+
+
+async def test_a_waiter_answers_store_unavailable_once_redis_was_out_of_reach_too_long(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(executions_module, "PATIENCE_S", 0.2)
+    gone = redis.asyncio.Redis(port=1, socket_connect_timeout=0.5)  # nothing listens there
+    executions = Executions(gone, app_settings(retention=RETENTION))
+    exec_id = keys.new_execution_id()
+    answer = asyncio.create_task(executions.outcome(exec_id, "t", Mailbox(), tick=0.05))
+    await asyncio.sleep(0)
+    with pytest.raises(redis.exceptions.ConnectionError):
+        await executions.recheck.once()
+    record = await asyncio.wait_for(answer, 5)  # its ticks, with no command of their own, see it
+    assert record.error_code == "STORE_UNAVAILABLE"
+    await gone.aclose()
