@@ -120,8 +120,8 @@ class Janitor:
         """JANITOR_SCAN: what is held by dead workers and what is late (forgetting long-departed workers)."""
         held, late, released = await self._scan(
             keys=[keys.WATCH, keys.WORKERS, keys.QUEUED, keys.DRAINING],
-            args=[self.dead_after_ms, DEPARTED_MEMORY_S * 1000, keys.running(""), keys.execution(""),
-                  keys.worker(""), keys.leases(""), jobs.IN_PROGRESS_KEY_PREFIX],
+            args=[self.dead_after_ms, DEPARTED_MEMORY_S * 1000, keys.running("", 0), keys.execution(""),
+                  keys.worker(""), keys.leases("", 0), jobs.in_progress_key_prefix(0)],
         )
         return Scan(
             held=[Held(*(v.decode() for v in held[i:i + 3])) for i in range(0, len(held), 3)],

@@ -125,6 +125,11 @@ CONSOLE_SECRET = PREFIX + "console:secret"
 # Stream of audit entries, one per finished execution (and per replay), oldest first (store/audit.py)
 AUDIT = _P0 + "audit"
 
+
+def audit(partition: int) -> str:
+    """``partition``'s stream of audit entries (its executions'), oldest first (store/audit.py)."""
+    return _layout.prefixes[partition] + "audit"
+
 _JOB_ID = re.compile(r"job_[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}")
 _EXECUTION_ID = re.compile(r"exec_[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}")
 
@@ -237,14 +242,14 @@ def worker(worker_id: str) -> str:
     return f"{_P0}worker:{worker_id}"
 
 
-def running(worker_id: str) -> str:
-    """Set of executions a worker has claimed and not settled."""
-    return f"{_P0}running:{worker_id}"
+def running(worker_id: str, partition: int) -> str:
+    """Set of ``partition``'s executions a worker has claimed and not settled."""
+    return f"{_layout.prefixes[partition]}running:{worker_id}"
 
 
-def leases(worker_id: str) -> str:
-    """Hash of the jobs a worker has leased (job id -> lease token), claimed or not yet."""
-    return f"{_P0}leases:{worker_id}"
+def leases(worker_id: str, partition: int) -> str:
+    """Hash of ``partition``'s jobs a worker has leased (job id -> lease token), claimed or not yet."""
+    return f"{_layout.prefixes[partition]}leases:{worker_id}"
 
 
 def lock(tool: str) -> str:
@@ -300,6 +305,12 @@ def mcp_call(principal: str | None, session: str | None, mcp_session: str, reque
 # --- jobs (store/jobstore.py) ----------------------------------------------------------------
 
 JOBS_SETTLED = _P0 + "jobs:settled"  # zset exec_id -> ms: an execution of a job has its record
+
+
+def jobs_settled(partition: int) -> str:
+    """Zset of ``partition``'s executions of jobs that have their record (exec_id -> ms)."""
+    return _layout.prefixes[partition] + "jobs:settled"
+
 JOBS_RUNNING = _P0 + "jobs:running"  # zset exec_id -> ms: executions of jobs, from promotion to conclusion
 JOBS_ALL = _P0 + "jobs:all"  # zset job_id -> created (µs): every job, for an operator's list
 JOBS_DEAD = _P0 + "jobs:dead"  # zset job_id -> dead-lettered (ms)

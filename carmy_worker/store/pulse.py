@@ -94,7 +94,7 @@ class PulseReader:
 
     async def read(self, *, known: Collection[str] = (), groups: Sequence[str] = ()) -> Pulse:
         """The pulse now: infos only of the workers not in ``known``, depths of ``groups``' queues."""
-        args = [self.dead_ms, keys.running(""), keys.worker(""), jobs.queue_name(""), len(known), *known, *groups]
+        args = [self.dead_ms, keys.running("", 0), keys.worker(""), jobs.queue_name("", 0), len(known), *known, *groups]
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.execute_command(*PULSE.command(_PULSE_KEYS, args))
             metrics.read_counts(pipe)

@@ -209,7 +209,7 @@ NOTHING = Claims()
 
 def _heartbeat_args(worker_id: str, offset_ms: int, dead_ms: int, claims: Claims) -> list[str | int]:
     args: list[str | int] = [worker_id, offset_ms, dead_ms, keys.execution(""), keys.record(""),
-                             jobs.IN_PROGRESS_KEY_PREFIX, len(claims.held)]
+                             jobs.in_progress_key_prefix(0), len(claims.held)]
     for h in claims.held:
         args += [h.execution_id, h.attempt, h.lock]
     args += [len(claims.jobs), *claims.jobs]
@@ -229,8 +229,8 @@ def _beat(reply: list[Any]) -> Beat:
 
 
 def _heartbeat_keys(worker_id: str) -> list[str]:
-    return [keys.WATCH, keys.WORKERS, keys.worker(worker_id), keys.running(worker_id), keys.QUEUED,
-            keys.leases(worker_id)]
+    return [keys.WATCH, keys.WORKERS, keys.worker(worker_id), keys.running(worker_id, 0), keys.QUEUED,
+            keys.leases(worker_id, 0)]
 
 
 _ROSTER_KEYS = [keys.WATCH, keys.WORKERS, keys.DRAINING]

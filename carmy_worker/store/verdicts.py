@@ -97,8 +97,8 @@ class Verdicts:
         """Cancel for a caller that went away: at once if queued, else via its worker."""
         stored, final, label = _imposed(records.cancelled(exec_id, tool, started=False))
         outcome = await self._cancel(
-            keys=[keys.execution(exec_id), keys.record(exec_id), *_sets(exec_id), keys.JOBS_SETTLED,
-                  keys.AUDIT, metrics.executions(keys.partition_of(exec_id))],
+            keys=[keys.execution(exec_id), keys.record(exec_id), *_sets(exec_id),
+                  metrics.executions(keys.partition_of(exec_id))],
             args=[exec_id, stored, self.retention, keys.events(exec_id), final,
                   keys.cancel_channel(keys.partition_of(exec_id)), label],
         )
@@ -109,11 +109,12 @@ class Verdicts:
         """Take ``exec_id`` from ``worker_id``, which stopped (``why``): re-queue it or settle it
         uncertain. With ``attempt``, only if that attempt is still the execution's current one."""
         stored, final, label = _imposed(records.uncertain(exec_id, tool, why))
+        partition = keys.partition_of(exec_id)
         outcome = await self._reap(
-            keys=[keys.execution(exec_id), keys.record(exec_id), keys.pending(keys.partition_of(exec_id)),
-                  keys.running(worker_id),
-                  jobs.in_progress_key(exec_id), keys.leases(worker_id), jobs.job_key(exec_id), keys.JOBS_SETTLED,
-                  keys.AUDIT, metrics.executions(keys.partition_of(exec_id))],
+            keys=[keys.execution(exec_id), keys.record(exec_id), keys.pending(partition),
+                  keys.running(worker_id, partition), jobs.in_progress_key(exec_id), keys.leases(worker_id, partition),
+                  jobs.job_key(exec_id), keys.jobs_settled(partition), keys.audit(partition),
+                  metrics.executions(partition)],
             args=[exec_id, worker_id, stored, self.retention, keys.events(exec_id), final, label,
                   "" if attempt is None else attempt],
         )
@@ -123,16 +124,17 @@ class Verdicts:
         """Settle ``exec_id`` as never started if it is still queued past its start-by instant."""
         stored, final, label = _imposed(records.never_started(exec_id, tool))
         return bool(await self._expire(
-            keys=[keys.execution(exec_id), keys.record(exec_id), *_sets(exec_id), keys.JOBS_SETTLED,
-                  keys.AUDIT, metrics.executions(keys.partition_of(exec_id))],
+            keys=[keys.execution(exec_id), keys.record(exec_id), *_sets(exec_id),
+                  metrics.executions(keys.partition_of(exec_id))],
             args=[exec_id, stored, self.retention, keys.events(exec_id), final, label],
         ))
 
 
-def _sets(exec_id: str) -> tuple[str, str]:
-    """The pending and queued sets of ``exec_id``'s partition."""
+def _sets(exec_id: str) -> tuple[str, str, str, str]:
+    """The pending and queued sets, the jobs' settled executions and the audit trail of
+    ``exec_id``'s partition."""
     partition = keys.partition_of(exec_id)
-    return keys.pending(partition), keys.queued(partition)
+    return keys.pending(partition), keys.queued(partition), keys.jobs_settled(partition), keys.audit(partition)
 
 
 def _imposed(record: Record) -> tuple[bytes, bytes, str]:

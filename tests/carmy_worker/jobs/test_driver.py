@@ -17,7 +17,7 @@ from carmy_worker.store.jobstore import JobStore, job_fields
 from carmy_worker.wire import ExecutionJob, RetryPolicy, ScheduleSpec, ToolSpec, WorkerTool, msgpack_encoder
 from tests.support import wait_until_async
 
-QUEUE = jobs.queue_name("g")
+QUEUE = jobs.queue_name("g", 0)  # the job loop promotes into partition 0's queue for now
 SCHEMA = {"type": "object", "properties": {}, "additionalProperties": False}
 
 

@@ -15,7 +15,7 @@ from carmy_worker.store.jobstore import JobState, JobStore, job_fields
 from carmy_worker.store.promotion import Look, Promotion, Promotions
 from carmy_worker.wire import ExecutionJob, RetryPolicy, job_decoder, msgpack_encoder
 
-QUEUE = jobs.queue_name("g")
+QUEUE = jobs.queue_name("g", 0)  # the job loop promotes into partition 0's queue for now
 OWNER = keys.owner("alice")
 
 
@@ -53,7 +53,7 @@ def msgspec_replace(job: ExecutionJob, exec_id: str) -> ExecutionJob:
 
 async def run_attempt(ar: redis.asyncio.Redis, exec_id: str, *, fail: ToolError | None = None) -> None:
     """A worker's claim and settle of one execution, as the runtime does them."""
-    attempts = Attempts(ar, worker_id="w1", retention=60, queue=QUEUE)
+    attempts = Attempts(ar, worker_id="w1", retention=60, group="g")
     claim = await attempts.claim(exec_id, max_attempts=3)
     assert claim.verdict == "run"
     record = (records.completed(exec_id, "t", b'{"ok":true}', cacheable=False, duration_ms=1) if fail is None
