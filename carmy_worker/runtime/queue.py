@@ -34,6 +34,12 @@ from arq's defaults:
   reply is read, in a task of its own that takes over the slot of arq's count
   (``WakeableWorker._take_over``), while arq's run_job still ends the job before it.
 
+**Over several partitions** (``CARMY_REDIS_PARTITIONS``) a group has a queue in each, and a
+worker serves them all: an idle one waits on every wake list at once (``store.wakeups``: no more
+claims than its free slots, the surplus handed back), and a freed slot's LEASE, like the one a
+SETTLE carries, goes to the partition after the last one served (round robin). arq's own
+``queue_name`` is partition 0's queue: arq names only its status line after it.
+
 **On a Redis Cluster** (issue 34) arq's pool, which is not cluster-aware, never reaches a job's
 keys: arq asks for them by its own names (``arq:job:<id>``, ``arq:retry:<id>``) only in run_job's
 first pipeline, which is answered from the lease here, while the store keeps them under the

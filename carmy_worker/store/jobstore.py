@@ -348,7 +348,7 @@ class JobStore:
         ``delay_ms`` from now (Redis's clock), unless ``idempotency`` (``keys.job_idempotency``)
         names one already, or a limit refuses it."""
         redis_keys = [keys.job(job_id), keys.job_due(tool), keys.jobs_of(owner), keys.jobs_open(owner),
-                      keys.quota_bucket(owner)]
+                      keys.quota_bucket(owner, 0)]
         if idempotency is not None:
             redis_keys.append(idempotency)
         args = [job_id, fingerprint, tool, "" if run_at_ms is None else run_at_ms, delay_ms, horizon_ms, max_open,

@@ -280,15 +280,17 @@ def owner(principal: str | None) -> str:
     return _digest(principal)[:32]
 
 
-def quota_pending(owner: str) -> str:
+def quota_pending(owner: str, partition: int) -> str:
     """Zset of one principal's pending executions (exec_id -> admission deadline, ms), by its
-    ``owner`` hash: the part of ``PENDING`` its quota counts (store/quota.py)."""
-    return f"{_P0}quota:pending:{owner}"
+    ``owner`` hash, in ``partition`` (its home partition, where its calls are drawn): the part
+    of ``pending`` its quota counts (store/quota.py)."""
+    return f"{_layout.prefixes[partition]}quota:pending:{owner}"
 
 
-def quota_bucket(owner: str) -> str:
-    """One principal's token bucket, by its ``owner`` hash: the µs instant it is full again."""
-    return f"{_P0}quota:bucket:{owner}"
+def quota_bucket(owner: str, partition: int) -> str:
+    """One principal's token bucket, by its ``owner`` hash, in ``partition`` (as
+    ``quota_pending``): the µs instant it is full again."""
+    return f"{_layout.prefixes[partition]}quota:bucket:{owner}"
 
 
 def fingerprint(tool: str, canonical_arguments: bytes) -> str:

@@ -132,8 +132,9 @@ class Submit:
         partition = keys.partition_of(exec_id)
         queue = jobs.queue_name(group, partition)
         # Admission is counted per partition (``keys.share`` of max_pending): a script sees one slot.
+        # So are a principal's quota keys: exact once its calls are all drawn in its home partition.
         redis_keys = [keys.execution(exec_id), keys.pending(partition), keys.queued(partition), jobs.job_key(exec_id),
-                      queue, keys.quota_pending(owner), keys.quota_bucket(owner)]
+                      queue, keys.quota_pending(owner, partition), keys.quota_bucket(owner, partition)]
         if job.request_id is not None:
             redis_keys.append(keys.idempotency(job.principal, job.session, job.request_id))
         arq_job = jobs.encode_job(msgpack_encoder.encode(job), int(time.time() * 1000))

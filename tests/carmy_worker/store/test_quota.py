@@ -27,8 +27,8 @@ from tests.carmy_worker.store.test_scripts import (
 )
 
 OWNER = keys.owner(PRINCIPAL)
-HELD = keys.quota_pending(OWNER)
-BUCKET = keys.quota_bucket(OWNER)
+HELD = keys.quota_pending(OWNER, PARTITION)
+BUCKET = keys.quota_bucket(OWNER, PARTITION)
 
 
 @pytest.fixture
