@@ -164,11 +164,12 @@ class Leases:
         # worker id, in tests, do not collide), not a random draw per call: a system call each.
         self._calls = itertools.count(secrets.randbits(48))
 
-    async def take(self, queue: str, *, most: int, lease_ms: int, look_ahead: int) -> list[Lease]:
+    async def take(self, queue: str, *, most: int, lease_ms: int, look_ahead: int,
+                   claims: int | None = None) -> list[Lease]:
         """Up to ``most`` due jobs of ``queue``, leased for ``lease_ms``, with their arq job read
-        and their execution claimed by this worker; the wake list then holds one token per job
-        still due."""
-        keys_, args, prefix = self._call(queue, most, lease_ms, look_ahead)
+        and their execution claimed by this worker (the first ``claims`` of them, if given); the
+        wake list then holds one token per job still due."""
+        keys_, args, prefix = self._call(queue, most, lease_ms, look_ahead, claims=claims)
         sent_at = time.monotonic()
         return self._leases(await self._lease(keys=keys_, args=args), queue, prefix, sent_at)
 
@@ -211,7 +212,7 @@ class Leases:
                 await conn.send_command("WAIT", durability.replicas, durability.timeout_ms)
                 durability.acknowledged(int(await conn.read_response()))
         if reply is None:
-            return await self.take(queue, most=most, lease_ms=lease_ms, look_ahead=look_ahead)
+            return await self.take(queue, most=most, lease_ms=lease_ms, look_ahead=look_ahead, claims=claims)
         return self._leases(reply, queue, prefix, sent_at)
 
     def hand_over(self, queue: str, *, lease_ms: int, look_ahead: int, wanted: Callable[[], bool],
