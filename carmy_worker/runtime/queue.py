@@ -261,8 +261,10 @@ class WakeableWorker(Worker):
     # the loop looks at these only, not at every running task each time it starts a job.
     _failed: list[str]
     leases: Leases
-    # The group's queue in each partition, and whose turn it is (round robin: the next LEASE of
-    # a freed slot, and the first share of a wait's claims, go to the partition after the last).
+    # The group's queue in each partition (by partition), and whose turn it is: the partition after
+    # the one whose job started last (``_served``), so that the next LEASE of a freed slot or of a
+    # SETTLE, and a wait's first share of claims, go there (round robin, whatever mechanism took
+    # the last job: a counter moved by each LEASE alone could keep landing on the same partition).
     queues: list[str]
     _turn: int = 0
     on_drain: Callable[[], None] | None = None
@@ -339,6 +341,11 @@ class WakeableWorker(Worker):
         self._turn = (turn + 1) % len(self.queues)
         return turn
 
+    def _served(self, lease: Lease) -> None:
+        """``lease``'s job starts here: the next LEASE looks first in the partition after its."""
+        if len(self.queues) > 1 and lease.queue in self.queues:
+            self._turn = (self.queues.index(lease.queue) + 1) % len(self.queues)
+
     def handle_sig_wait_for_completion(self, signum: Signals) -> None:
         if self.allow_pick_jobs and self.on_drain is not None:
             self.on_drain()
@@ -395,6 +402,7 @@ class WakeableWorker(Worker):
         Listed in ``tasks`` (what the heartbeat reports as leased) from now on; if this process
         still runs an earlier lease of the same job, that run stays listed until it has ended,
         and this one lists itself then."""
+        self._served(lease)
         running = _Running(lease)
         task = running.task = self.loop.create_task(self._run_leased(running, end))
         task.add_done_callback(functools.partial(self._run_done, running, end))
