@@ -49,7 +49,8 @@ async def runtime(redis_server: RedisServer) -> AsyncIterator[Runtime]:
 
 async def submitted(rt: Runtime, *, arguments: bytes = b"{}", request_id: str | None = "r-1",
                     principal: str | None = "alice", via: str = "mcp") -> tuple[str, bytes]:
-    exec_id = keys.new_execution_id()
+    # Drawn where its request id's idempotency key is, as the API draws it (api/calling/calls.py).
+    exec_id = keys.new_execution_id(keys.request_partition(principal, None, request_id))
     job = ExecutionJob(execution_id=exec_id, tool="lookup", arguments=arguments, request_id=request_id,
                        principal=principal)
     sub = await Submit(rt.redis, retention=600)(

@@ -20,7 +20,10 @@ from carmy_worker.store.verdicts import Verdicts
 from carmy_worker.wire import ExecutionJob, completed_event, event_decoder, json_encoder
 
 RETENTION = 600
-API_A, API_B = keys.api_channel("a"), keys.api_channel("b")
+# The executions' partition (the last: not 0 when there are several), and each API's channel there,
+# where an API hears of the executions of that partition (api/events/hub.py's channel_for).
+PARTITION = keys.partition_count() - 1
+API_A, API_B = keys.api_channel("a", PARTITION), keys.api_channel("b", PARTITION)
 
 
 @pytest.fixture
@@ -50,7 +53,7 @@ def heard(p: PubSub, wait: float = 0.2) -> list[tuple[str, str, str]]:
 
 
 async def submitted(ar: redis.asyncio.Redis, *, reply: str, stream: bool) -> str:
-    exec_id = keys.new_execution_id()
+    exec_id = keys.new_execution_id(PARTITION)
     job = ExecutionJob(execution_id=exec_id, tool="t", arguments=b"{}")
     sub = await Submit(ar, retention=RETENTION)(job, group="g", idempotent=True,
                                                 workers_alive=True, max_pending=10, queue_wait_ms=60_000,
