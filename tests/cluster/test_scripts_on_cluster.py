@@ -94,6 +94,6 @@ def test_with_sixteen_partitions_only_the_known_scripts_are_refused(cluster: red
     refused = refused_for_slots(cluster, recorded_calls(tmp_path, 16))
     # Those whose declared keys mix an id's partition with partition 0's sets: the rest of issue
     # 34 (architecture.md, section 3). The scripts that name keys inside Lua from partition 0's
-    # prefixes (LEASE's claims, HEARTBEAT, JANITOR_SCAN, PULSE) stay in one slot, the wrong one
+    # prefixes (HEARTBEAT, JANITOR_SCAN, PULSE) stay in one slot, the wrong one
     # for another partition's execution: their own tests fail over 16 partitions instead.
     assert set(refused) == SPANNING, refused
