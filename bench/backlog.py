@@ -23,7 +23,8 @@ from carmy_worker.store.leases import Leases
 from carmy_worker.store.submit import Submit
 from carmy_worker.wire import ExecutionJob
 
-QUEUE = jobs.queue_name("bench-backlog")
+GROUP = "bench-backlog"
+QUEUE = jobs.queue_name(GROUP, 0)  # every execution drawn into partition 0: one queue to lease from
 FILLERS = 32  # SUBMITs in flight while filling
 
 
@@ -36,11 +37,11 @@ class Waiting:
 
 
 def new_job() -> ExecutionJob:
-    return ExecutionJob(execution_id=keys.new_execution_id(), tool="noop", arguments=b"{}")
+    return ExecutionJob(execution_id=keys.new_execution_id(0), tool="noop", arguments=b"{}")
 
 
 async def submit(store: Submit) -> None:
-    done = await store(new_job(), queue=QUEUE, idempotent=True, workers_alive=True, max_pending=10**9,
+    done = await store(new_job(), group=GROUP, idempotent=True, workers_alive=True, max_pending=10**9,
                        queue_wait_ms=3_600_000, admission_ms=3_600_000)
     if done.kind != "new":
         raise RuntimeError(f"SUBMIT refused an execution: {done.kind}")

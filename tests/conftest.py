@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import shutil
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -13,11 +14,20 @@ from starlette.applications import Starlette
 
 from api.app import create_app
 from api.settings import ApiSettings
+from carmy_worker.store import keys
 from tests.support import RedisServer, Stack, new_tmp, private_redis
 
 # Folders whose every test is marked ``e2e`` (pyproject.toml's markers): whole processes and
 # outside clients, left out of the quick loop.
 E2E_FOLDERS = tuple(Path(__file__).parent / name for name in ("e2e", "interop", "conformance"))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The test process names its keys over ``CARMY_REDIS_PARTITIONS`` partitions when it is set
+    (as the processes it starts do: ``Stack.env`` passes it on), before any test module names one."""
+    count = os.environ.get("CARMY_REDIS_PARTITIONS")
+    if count:
+        keys.use_partitions(int(count))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

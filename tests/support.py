@@ -24,6 +24,7 @@ from api.settings import ApiSettings
 # Starting processes and waiting for them is shared with the benchmark; tests may import bench/,
 # never the other way round.
 from bench.processes import ROOT, Proc, RedisServer, StartError, free_port, on_free_port, try_check, wait_until
+from carmy_worker.store import keys
 
 __all__ = ["ROOT", "Call", "Load", "Proc", "RedisServer", "Sample", "Stack", "StartError", "app_settings", "free_port",
            "marked", "new_tmp", "private_redis", "serving", "turns_until", "wait_until", "wait_until_async"]
@@ -64,8 +65,8 @@ NO_REDIS = "redis://127.0.0.1:1/0"
 
 def app_settings(redis_url: str = NO_REDIS, **overrides: Any) -> ApiSettings:
     """The ``ApiSettings`` of an API under test: the defaults against ``redis_url``, but for
-    ``overrides``."""
-    return ApiSettings(redis_url=redis_url, **overrides)
+    ``overrides``; over as many partitions as the test process (``CARMY_REDIS_PARTITIONS``)."""
+    return ApiSettings(redis_url=redis_url, **{"redis_partitions": keys.partition_count(), **overrides})
 
 
 class Stack:
@@ -78,7 +79,8 @@ class Stack:
         self._count = 0
 
     def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("CARMY_")}
+        # CARMY_REDIS_PARTITIONS goes through: every process of a run names its keys alike.
+        env = {k: v for k, v in os.environ.items() if not k.startswith("CARMY_") or k == "CARMY_REDIS_PARTITIONS"}
         env.update({"CARMY_REDIS_URL": self.redis_url, "CARMY_TEST_DIR": str(self.tmp), "PYTHONPATH": str(ROOT),
                     "PYTHONUNBUFFERED": "1"})
         env.update(extra or {})

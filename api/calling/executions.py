@@ -20,7 +20,7 @@ from api.settings import ApiSettings
 from carmy_worker.loop import Signal, running_loop
 from carmy_worker.sdk.context import AgentContext
 from carmy_worker.sdk.errors import store_unavailable
-from carmy_worker.store import jobs, records
+from carmy_worker.store import records
 from carmy_worker.store.audit import AuditTrail
 from carmy_worker.store.durable import Durability
 from carmy_worker.store.follow import Join, Joined
@@ -74,7 +74,7 @@ class Executions:
         )
         queue_wait_ms = int(self.settings.queue_timeout * 1000)
         return await self._submit(
-            job, queue=jobs.queue_name(tool.groups[0] if tool.groups else ""), idempotent=tool.spec.idempotent,
+            job, group=tool.groups[0] if tool.groups else "", idempotent=tool.spec.idempotent,
             workers_alive=bool(tool.groups), max_pending=self.settings.max_pending, queue_wait_ms=queue_wait_ms,
             admission_ms=queue_wait_ms + int((tool.timeout + ADMISSION_GRACE_S) * 1000), reply=reply, stream=stream,
             quota=self.settings.quotas.of(agent.principal), via=via, effect=tool.spec.effect,

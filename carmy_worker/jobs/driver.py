@@ -4,7 +4,7 @@ queue, concludes the attempts whose execution has a record, and fires the schedu
 Every worker runs one; the scripts (``store.promotion``) make any number of them safe together:
 a job is promoted once per attempt, an attempt concluded once, an occurrence fired once. The
 loop never promotes more than its queue has room for (``room``, shared out over the partitions:
-each has its copy of the queue), so that a burst of due jobs waits in Redis as jobs, not as
+its group has a queue in each), so that a burst of due jobs waits in Redis as jobs, not as
 executions whose start deadline runs out. Each pass looks in every partition (one LOOK each,
 sent together), so a due job in any of them is promoted in the same pass.
 """
@@ -63,12 +63,13 @@ class _Schedule:
 
 
 class JobLoop:
-    """The job loop of one worker, serving ``tools`` (as it publishes them) on ``queue``."""
+    """The job loop of one worker, serving ``tools`` (as it publishes them) for its ``group``:
+    an execution of a job goes on the group's queue in its job's partition."""
 
-    def __init__(self, redis: Redis, *, tools: list[WorkerTool], queue: str, settings: WorkerSettings,
+    def __init__(self, redis: Redis, *, tools: list[WorkerTool], group: str, settings: WorkerSettings,
                  schedules: Sequence[ScheduleSpec] = (), durability: Durability | None = None,
                  room: int | None = None) -> None:
-        self.queue = queue
+        self.group = group
         self.settings = settings
         self.tools = {t.spec.name: t for t in tools}
         self._names = sorted(self.tools)
@@ -98,7 +99,7 @@ class JobLoop:
         """One pass over every partition; how long to wait before the next (0: there is more to
         do now)."""
         room = keys.share(self.room)
-        looks = await asyncio.gather(*(self._promotions.look(self._names, self.queue, p, room=room)
+        looks = await asyncio.gather(*(self._promotions.look(self._names, self.group, p, room=room)
                                        for p in keys.partitions()))
         for partition, look in enumerate(looks):
             if look.due:
@@ -153,7 +154,7 @@ class JobLoop:
             served = self.tools[tool]
             for i in range(0, len(promotions), PROMOTE_AT_ONCE):
                 done = await self._promotions.promote(
-                    tool, promotions[i:i + PROMOTE_AT_ONCE], partition, queue=self.queue,
+                    tool, promotions[i:i + PROMOTE_AT_ONCE], partition, group=self.group,
                     start_window_ms=START_WINDOW_S * 1000,
                     admission_ms=int((served.timeout + ADMISSION_GRACE_S) * 1000), retention=self.settings.retention,
                     effect=served.spec.effect)

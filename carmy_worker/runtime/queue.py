@@ -34,6 +34,12 @@ from arq's defaults:
   reply is read, in a task of its own that takes over the slot of arq's count
   (``WakeableWorker._take_over``), while arq's run_job still ends the job before it.
 
+**Over several partitions** (``CARMY_REDIS_PARTITIONS``) a group has a queue in each, and a
+worker serves them all: an idle one waits on every wake list at once (``store.wakeups``: no more
+claims than its free slots, the surplus handed back), and a freed slot's LEASE, like the one a
+SETTLE carries, goes to the partition after the last one served (round robin). arq's own
+``queue_name`` is partition 0's queue: arq names only its status line after it.
+
 **On a Redis Cluster** (issue 34) arq's pool, which is not cluster-aware, never reaches a job's
 keys: arq asks for them by its own names (``arq:job:<id>``, ``arq:retry:<id>``) only in run_job's
 first pipeline, which is answered from the lease here, while the store keeps them under the
@@ -68,12 +74,13 @@ from arq.worker import Retry, Worker, func
 from redis.exceptions import RedisError
 
 from carmy_worker.loop import first_done
-from carmy_worker.store import jobs
+from carmy_worker.store import jobs, keys
 from carmy_worker.store.attempts import Claim
 from carmy_worker.store.batch import FollowUp
 from carmy_worker.store.connect import RedisConnector
 from carmy_worker.store.durable import Durability
 from carmy_worker.store.leases import Handoff, Lease, Leases
+from carmy_worker.store.wakeups import wait_on_every_partition
 
 if TYPE_CHECKING:
     from arq.typing import StartupShutdown
@@ -254,6 +261,12 @@ class WakeableWorker(Worker):
     # the loop looks at these only, not at every running task each time it starts a job.
     _failed: list[str]
     leases: Leases
+    # The group's queue in each partition (by partition), and whose turn it is: the partition after
+    # the one whose job started last (``_served``), so that the next LEASE of a freed slot or of a
+    # SETTLE, and a wait's first share of claims, go there (round robin, whatever mechanism took
+    # the last job: a counter moved by each LEASE alone could keep landing on the same partition).
+    queues: list[str]
+    _turn: int = 0
     on_drain: Callable[[], None] | None = None
     admit: Admit | None = None  # told of each claim LEASE made, before run_job runs its job
     forget: Callable[[str], None] | None = None  # told of each lease whose run_job has returned
@@ -313,9 +326,25 @@ class WakeableWorker(Worker):
                     await self._slot_freed.wait()
             return None
         # A drain that begins meanwhile does not stop this LEASE: what it took is run and drained.
-        return await self.leases.wait_and_take(
-            cast("ArqRedis", self._pool), self.queue_name or "", timeout=self.poll_delay_s, most=free,
-            lease_ms=int(self.in_progress_timeout_s * 1000), look_ahead=self.queue_read_limit)
+        pool, lease_ms = cast("ArqRedis", self._pool), int(self.in_progress_timeout_s * 1000)
+        if len(self.queues) == 1:
+            return await self.leases.wait_and_take(pool, self.queues[0], timeout=self.poll_delay_s, most=free,
+                                                   lease_ms=lease_ms, look_ahead=self.queue_read_limit)
+        turn = self._next_turn()
+        return await wait_on_every_partition(
+            self.leases, pool, self.queues[turn:] + self.queues[:turn], timeout=self.poll_delay_s, free=free,
+            lease_ms=lease_ms, look_ahead=self.queue_read_limit)
+
+    def _next_turn(self) -> int:
+        """The partition whose turn it is (an index in ``queues``), and the turn moved on."""
+        turn = self._turn
+        self._turn = (turn + 1) % len(self.queues)
+        return turn
+
+    def _served(self, lease: Lease) -> None:
+        """``lease``'s job starts here: the next LEASE looks first in the partition after its."""
+        if len(self.queues) > 1 and lease.queue in self.queues:
+            self._turn = (self.queues.index(lease.queue) + 1) % len(self.queues)
 
     def handle_sig_wait_for_completion(self, signum: Signals) -> None:
         if self.allow_pick_jobs and self.on_drain is not None:
@@ -330,7 +359,7 @@ class WakeableWorker(Worker):
         leased = taken or []
         if taken is None and self.allow_pick_jobs and free > 0:
             lease_ms = int(self.in_progress_timeout_s * 1000)
-            leased = await self.leases.take(self.queue_name or "", most=free, lease_ms=lease_ms,
+            leased = await self.leases.take(self.queues[self._next_turn()], most=free, lease_ms=lease_ms,
                                             look_ahead=self.queue_read_limit)
         if leased:
             # Before anything else runs: from now on the heartbeat reports these executions held.
@@ -373,6 +402,7 @@ class WakeableWorker(Worker):
         Listed in ``tasks`` (what the heartbeat reports as leased) from now on; if this process
         still runs an earlier lease of the same job, that run stays listed until it has ended,
         and this one lists itself then."""
+        self._served(lease)
         running = _Running(lease)
         task = running.task = self.loop.create_task(self._run_leased(running, end))
         task.add_done_callback(functools.partial(self._run_done, running, end))
@@ -398,7 +428,7 @@ class WakeableWorker(Worker):
             await self.run_job(lease.job_id, lease.score)
         except (RedisError, OSError) as exc:  # before the job ran (arq's own reads): give it back
             log.warning("job %s could not start (%s); giving it back", lease.job_id, exc)
-            await self.leases.finish(self.queue_name or "", lease, finished=False, delay_ms=None)
+            await self.leases.finish(lease, finished=False, delay_ms=None)
         finally:
             running.closed = True
             self._ended(lease, end)
@@ -436,8 +466,9 @@ class WakeableWorker(Worker):
         with a free slot already waits on the wake list (with LEASE behind its BLPOP), and one
         that drains takes nothing."""
         return self.leases.hand_over(
-            self.queue_name or "", lease_ms=int(self.in_progress_timeout_s * 1000), look_ahead=self.queue_read_limit,
-            wanted=self._wants_next, on_taken=functools.partial(self._take_over, running=running))
+            self.queues[self._next_turn()], lease_ms=int(self.in_progress_timeout_s * 1000),
+            look_ahead=self.queue_read_limit, wanted=self._wants_next,
+            on_taken=functools.partial(self._take_over, running=running))
 
     def leased(self) -> list[str]:
         """The ids of the jobs this worker runs: arq's tasks, by job id. One C-level copy of the
@@ -481,12 +512,12 @@ class WakeableWorker(Worker):
             done = self.loop.create_future()
             done.set_result(None)
             return done
-        return self.leases.finish(self.queue_name or "", running.lease, finished=finish, delay_ms=incr_score)
+        return self.leases.finish(running.lease, finished=finish, delay_ms=incr_score)
 
     async def finish_failed_job(self, job_id: str, result_data: bytes | None) -> None:
         running = _running.get()
         if running is not None:
-            await self.leases.finish(self.queue_name or "", running.lease, finished=True, delay_ms=None)
+            await self.leases.finish(running.lease, finished=True, delay_ms=None)
 
     def _release_sem_dec_counter_on_complete(self) -> None:
         # A worker that was full popped no tokens: jobs may have come due that nobody took
@@ -550,7 +581,8 @@ def build_worker(
                         # Our runtime enforces each tool's timeout; arq's only backs it up.
                         timeout=max_timeout + 15)],
         redis_pool=pool,
-        queue_name=jobs.queue_name(group),
+        # arq names its status line after it (the only key arq itself writes): partition 0's.
+        queue_name=jobs.queue_name(group, 0),
         max_jobs=concurrency,
         keep_result=0,  # results are our records, not arq's
         job_serializer=serialize,
@@ -563,6 +595,7 @@ def build_worker(
     worker.on_drain = on_drain
     worker.admit, worker.forget = admit, forget
     worker.leases = Leases(pool, worker_id, durability=durability)
+    worker.queues = [jobs.queue_name(group, partition) for partition in keys.partitions()]
     return worker
 
 

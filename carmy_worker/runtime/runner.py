@@ -89,7 +89,8 @@ class Runtime:
     """Runs the jobs of one worker process. Built once, shared by all its jobs."""
 
     def __init__(self, *, redis: Redis, tools: dict[str, Tool], settings: WorkerSettings, worker_id: str,
-                 durability: Durability | None = None, queue: str = "", tracing: Tracing | None = None) -> None:
+                 durability: Durability | None = None, group: str | None = None,
+                 tracing: Tracing | None = None) -> None:
         self.redis = redis
         self.tracing = tracing  # None: tracing is off, and no span is made
         self.tools = tools
@@ -107,9 +108,9 @@ class Runtime:
         # is registered in _runs, and must not be lost.
         self._early_cancels: OrderedDict[str, float] = OrderedDict()
         self._releases: set[asyncio.Task[None]] = set()  # lock releases still in flight
-        # With its queue known, SETTLE also ends the lease of the job it settles (no FINISH after it).
+        # With its queues' group known, SETTLE also ends the lease of the job it settles (no FINISH after it).
         self._attempts = Attempts(redis, worker_id=worker_id, retention=settings.retention, durability=durability,
-                                  queue=queue)
+                                  group=group)
         self._verdicts = Verdicts(redis, retention=settings.retention, durability=durability)
         self._locks = ToolLocks(redis, worker_id=worker_id, durability=durability)
         self._progress = Progress(redis)
@@ -225,7 +226,8 @@ class Runtime:
     def _claimed(self, job: ExecutionJob, claim: Claim, lease: str, sent_at: float) -> Run:
         """The attempt ``claim`` gave this worker, held from now on if it may run."""
         run = Run(job=job, attempt=claim.attempt, queue_wait_ms=claim.queue_wait_ms,
-                  lease=lease if self._attempts.queue else "", ran=claim.verdict == "run", claimed_at=sent_at)
+                  lease=lease if self._attempts.group is not None else "", ran=claim.verdict == "run",
+                  claimed_at=sent_at)
         if run.ran:
             self._hold(run)
         return run

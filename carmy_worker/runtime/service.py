@@ -66,7 +66,7 @@ async def serve(tools: list[Tool], settings: WorkerSettings, connector: RedisCon
     durability = Durability(settings.wait_replicas, settings.wait_timeout)
     tracing = start_tracing(settings.tracing, service="carmy-worker")
     runtime = Runtime(redis=redis, tools={t.name: t for t in tools}, settings=settings, worker_id=info.worker_id,
-                      durability=durability, queue=jobs.queue_name(info.group), tracing=tracing)
+                      durability=durability, group=info.group, tracing=tracing)
     presence = Presence(redis=redis, settings=settings, info=info, runtime=runtime, connector=connector)
     janitor = Janitor(redis, retention=settings.retention, dead_after=settings.dead_after, durability=durability,
                       audit=settings.audit)
@@ -74,7 +74,7 @@ async def serve(tools: list[Tool], settings: WorkerSettings, connector: RedisCon
     await version.require(redis)  # before anything runs a script it could not compile
     await partitions.agree(redis, settings.redis_partitions)  # nor looks for executions where they are not
     await presence.register()
-    jobs_loop = JobLoop(redis, tools=described, queue=jobs.queue_name(info.group), settings=settings,
+    jobs_loop = JobLoop(redis, tools=described, group=info.group, settings=settings,
                         schedules=info.schedules, durability=durability)
     job_loop = asyncio.create_task(jobs_loop.run())
     background = [asyncio.create_task(listen_for_cancels(redis, runtime)), asyncio.create_task(janitor.run()),
@@ -105,8 +105,8 @@ async def serve(tools: list[Tool], settings: WorkerSettings, connector: RedisCon
     )
     presence.leased = worker.leased
     collector.freeze_start_up()
-    log.info("worker %s serving %d tools (%s) on queue %s", info.worker_id, len(tools),
-             ", ".join(t.name for t in tools), jobs.queue_name(info.group))
+    log.info("worker %s serving %d tools (%s) on queue %s (%d partitions)", info.worker_id, len(tools),
+             ", ".join(t.name for t in tools), jobs.queue_name(info.group, 0), keys.partition_count())
     try:
         with contextlib.suppress(asyncio.CancelledError):
             await worker.async_run()

@@ -39,10 +39,10 @@ end
 # stopped), and its executions must then go to another worker, not end uncertain. What begins a
 # non-idempotent tool is BEGIN, just before it; for a parallel_safe=False one, taking its lock.
 # LEASE (runtime.queue) claims each job it leases with it, in the same round trip; CLAIM claims
-# one.
+# one. `exe` is the execution's hash: every key it names is of the execution's partition (LEASE
+# builds it from its partition's prefix, which it is given: a queue holds its partition's only).
 CLAIM_ONE = NOW + LUA_OBSERVE + EMIT + STARTED + f"""
-local function claim(exec_id, worker_id, running, max_attempts, queue_wait, queued)
-  local exe = '{keys.execution("")}' .. exec_id
+local function claim(exe, exec_id, worker_id, running, max_attempts, queue_wait, queued)
   -- Read before the attempt is counted, with `state` (no EXISTS of the hash or of the record):
   -- SUBMIT writes it and nothing removes it, so a hash without it is not there, or is what a
   -- late write left after the hash expired (a progress message): gone either way. Whatever
@@ -70,11 +70,11 @@ end
 # CLAIM_ONE for a worker that leased the job itself: only if the lease (ARGV[4], the token in
 # arq's in-progress key) is still current. A lease the janitor took away (the worker was paused
 # after LEASE) claims nothing: another worker has the job now.
-# KEYS: running set, arq in-progress key, the partition's queue-wait histogram and queued set
+# KEYS: running set, arq in-progress key, the partition's queue-wait histogram and queued set, exe
 # ARGV: exec_id, worker_id, max attempts, lease token or ''
 CLAIM = Script("CLAIM", ACCEPTED_WORK + CLAIM_ONE + """
 if ARGV[4] ~= '' and redis.call('GET', KEYS[2]) ~= ARGV[4] then return {'moved', 0, 0} end
-local verdict, attempt, waited = claim(ARGV[1], ARGV[2], KEYS[1], tonumber(ARGV[3]), KEYS[3], KEYS[4])
+local verdict, attempt, waited = claim(KEYS[5], ARGV[1], ARGV[2], KEYS[1], tonumber(ARGV[3]), KEYS[3], KEYS[4])
 return {verdict, attempt, waited}
 """)
 
@@ -90,7 +90,7 @@ return {verdict, attempt, waited}
 # execution's audit entry is appended (store.audit), so that none finishes without one.
 # KEYS: exe, record, pending, running set, queued, arq in-progress key, arq job, arq retry key,
 #       arq queue, leases hash, jobs' settled executions, audit trail, the partition's counts and
-#       run-time histogram
+#       run-time histogram: every one of the execution's partition
 # ARGV: exec_id, attempt, record, retention s, events channel, final event, tool.completed event or '',
 #       metrics label, tool, run ms or '', worker_id if this attempt ran (CLAIM said run) or '',
 #       lease token or ''
@@ -149,16 +149,17 @@ def _counts(partition: int) -> tuple[str, str]:
 
 
 @functools.lru_cache(maxsize=256)
-def _sets(partition: int) -> tuple[str, str]:
-    """The partition's admitted (pending) and not-yet-started (queued) executions."""
-    return keys.pending(partition), keys.queued(partition)
+def _sets(partition: int) -> tuple[str, str, str, str]:
+    """The partition's admitted (pending) and not-yet-started (queued) executions, its jobs'
+    settled executions and its audit trail."""
+    return keys.pending(partition), keys.queued(partition), keys.jobs_settled(partition), keys.audit(partition)
 
 
 class Attempts:
     """CLAIM and SETTLE for the executions of one worker."""
 
     def __init__(self, redis: Redis, *, worker_id: str, retention: int, durability: Durability | None = None,
-                 queue: str = "") -> None:
+                 group: str | None = None) -> None:
         # On a connection kept for them; written at once while Redis has little else of this
         # worker's to run, since a slot of the worker waits on each SETTLE (store.batch, eager);
         # and answered after the final events they publish, which callers wait for (reply_last).
@@ -170,19 +171,21 @@ class Attempts:
         self._begin = bind(redis, HOLDS, durability=durability)
         self.worker_id = worker_id
         self.retention = retention
-        self._running = keys.running(worker_id)
-        self._leases = keys.leases(worker_id)
-        # The worker's arq queue: SETTLE ends a job's lease there. Without one (no lease is ever
-        # given), a queue name in partition 0's slot still, never written: a cluster refuses a
-        # script whose keys span slots, an empty name's included.
-        self.queue = queue or jobs.queue_name("")
+        # The group of the worker's arq queues (one per partition): SETTLE ends a job's lease in
+        # its execution's. None: no lease is ever given (SETTLE still names a queue of the
+        # execution's slot, never written: a cluster refuses an empty key name, in slot 0).
+        self.group = group
+        # Per partition: this worker's running set and leases hash there, and its queue there.
+        self._keys = [(keys.running(worker_id, p), keys.leases(worker_id, p), jobs.queue_name(group or "", p))
+                      for p in keys.partitions()]
 
     async def claim(self, exec_id: str, *, max_attempts: int, lease: str = "") -> Claim:
         """Take the next attempt, if ``lease`` (the token of the job's lease) is still current;
         on ``run`` the execution is this worker's and ``tool.started`` is out."""
+        partition = keys.partition_of(exec_id)
         verdict, attempt, waited = await self._claim(
-            keys=[self._running, jobs.in_progress_key(exec_id),
-                  metrics.histogram("queue_wait", keys.partition_of(exec_id)), keys.queued(keys.partition_of(exec_id))],
+            keys=[self._keys[partition][0], jobs.in_progress_key(exec_id),
+                  metrics.histogram("queue_wait", partition), keys.queued(partition), keys.execution(exec_id)],
             args=[exec_id, self.worker_id, max_attempts, lease],
         )
         return Claim(cast("ClaimVerdict", text(verdict)), int(attempt), int(waited))
@@ -203,10 +206,11 @@ class Attempts:
         """
         stored, final = final_event(record)
         partition = keys.partition_of(exec_id)
-        pending, queued = _sets(partition)
-        keys_ = [keys.execution(exec_id), keys.record(exec_id), pending, self._running, queued,
-                 jobs.in_progress_key(exec_id), jobs.job_key(exec_id), jobs.retry_key(exec_id), self.queue,
-                 self._leases, keys.jobs_settled(partition), keys.audit(partition), *_counts(partition)]
+        pending, queued, settled, audit = _sets(partition)
+        running, leases, queue = self._keys[partition]
+        keys_ = [keys.execution(exec_id), keys.record(exec_id), pending, running, queued,
+                 jobs.in_progress_key(exec_id), jobs.job_key(exec_id), jobs.retry_key(exec_id), queue,
+                 leases, settled, audit, *_counts(partition)]
         args = [exec_id, attempt, stored, self.retention, keys.events(exec_id), final, completed_event or b"",
                 metrics.label(record), record.tool, "" if run_ms is None else run_ms, self.worker_id if ran else "",
                 lease]

@@ -18,7 +18,7 @@ from carmy_worker.store.durable import Durability
 from carmy_worker.store.fanout import Call, run_each
 from carmy_worker.store.lua import ACCEPTED_WORK, NOW
 from carmy_worker.store.pubsub import raise_if_cancelled, stop_if_cancelled
-from carmy_worker.store.roster import CUTOFF, in_progress_prefix
+from carmy_worker.store.roster import CUTOFF
 from carmy_worker.store.scripts import Script
 from carmy_worker.store.verdicts import Verdicts
 
@@ -137,7 +137,7 @@ class Janitor:
         return ([keys.watch(partition), keys.workers(partition), keys.queued(partition), keys.draining(partition)],
                 [self.dead_after_ms, DEPARTED_MEMORY_S * 1000, keys.running("", partition),
                  keys.execution_prefix(partition), keys.worker("") if partition == 0 else "",
-                 keys.leases("", partition), in_progress_prefix(partition)])
+                 keys.leases("", partition), jobs.in_progress_key_prefix(partition)])
 
     async def sweep(self) -> int:
         """One pass; returns how many executions it settled or re-queued."""

@@ -21,15 +21,25 @@ ARQ_IN_PROGRESS_KEY_PREFIX = "arq:in-progress:"
 ARQ_RETRY_KEY_PREFIX = "arq:retry:"
 # Where the store keeps them: under the execution's partition (its hash tag), so that the
 # scripts that write a job and its execution touch one slot.
-JOB_KEY_PREFIX = keys.partition_prefix(0) + ARQ_JOB_KEY_PREFIX  # partition 0's (job_key: any)
-IN_PROGRESS_KEY_PREFIX = keys.partition_prefix(0) + ARQ_IN_PROGRESS_KEY_PREFIX
-RETRY_KEY_PREFIX = keys.partition_prefix(0) + ARQ_RETRY_KEY_PREFIX
+
+
+def job_key_prefix(partition: int) -> str:
+    """What ``partition``'s arq jobs are named by: the prefix, then the execution id."""
+    return keys.partition_prefix(partition) + ARQ_JOB_KEY_PREFIX
+
+
+def in_progress_key_prefix(partition: int) -> str:
+    """What ``partition``'s leases (arq's in-progress keys) are named by, before the job id."""
+    return keys.partition_prefix(partition) + ARQ_IN_PROGRESS_KEY_PREFIX
+
 
 _encoder = msgspec.msgpack.Encoder()
 
 
-def queue_name(group: str, partition: int = 0) -> str:
-    """The queue (a sorted set of job ids) of a group of workers serving the same catalog."""
+def queue_name(group: str, partition: int) -> str:
+    """The queue (a sorted set of job ids) of a group of workers serving the same catalog, for
+    the executions of ``partition``: a group has one queue per partition, and its workers serve
+    them all (``runtime.queue``)."""
     return f"{keys.partition_prefix(partition)}queue:{group}"
 
 
@@ -107,12 +117,12 @@ end
 
 
 def job_key(exec_id: str) -> str:
-    return f"{keys.partition_prefix(keys.partition_of(exec_id))}{ARQ_JOB_KEY_PREFIX}{exec_id}"
+    return job_key_prefix(keys.partition_of(exec_id)) + exec_id
 
 
 def in_progress_key(exec_id: str) -> str:
     """A worker's lease on a job (arq's in-progress key)."""
-    return f"{keys.partition_prefix(keys.partition_of(exec_id))}{ARQ_IN_PROGRESS_KEY_PREFIX}{exec_id}"
+    return in_progress_key_prefix(keys.partition_of(exec_id)) + exec_id
 
 
 def retry_key(exec_id: str) -> str:

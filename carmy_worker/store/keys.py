@@ -265,12 +265,12 @@ def worker(worker_id: str) -> str:
     return f"{_P0}worker:{worker_id}"
 
 
-def running(worker_id: str, partition: int = 0) -> str:
+def running(worker_id: str, partition: int) -> str:
     """Set of ``partition``'s executions a worker has claimed and not settled."""
     return f"{_layout.prefixes[partition]}running:{worker_id}"
 
 
-def leases(worker_id: str, partition: int = 0) -> str:
+def leases(worker_id: str, partition: int) -> str:
     """Hash of ``partition``'s jobs a worker has leased (job id -> lease token), claimed or not yet."""
     return f"{_layout.prefixes[partition]}leases:{worker_id}"
 

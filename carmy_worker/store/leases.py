@@ -52,15 +52,23 @@ log = logging.getLogger("carmy.queue")
 # (jobs.WAKE_FOR), unless ARGV[9] is '1': a LEASE sent with a SETTLE (Leases.hand_over) looks
 # only a few jobs down the queue, and leaves the tokens as they are (one too many, at most, for
 # the job it took: an idle worker woken for nothing looks further, and sets them right).
+# Only the first ARGV[11] jobs leased are claimed: the others are leased alone (a worker waiting on
+# several partitions at once bounds its claims by its free slots over all of them: see
+# store.wakeups), and CLAIM claims them once the worker runs them.
+# Every key is of the queue's partition: the in-progress, job and execution keys of the jobs it
+# pops are named from that partition's prefixes (ARGV[1], ARGV[6], ARGV[10]): a partition's queue
+# only ever holds its own executions.
 # Returns {id, score before, job, verdict ('' if not claimed), attempt, ms waited, id, ...}.
 # KEYS: queue, leases hash, wake list, running set, the queue's partition's queue-wait histogram and
 #       queued set
 # ARGV: in-progress key prefix, how many, lease ms, how far down the queue to look, token prefix,
-#       job key prefix, worker_id, max attempts, '1' to leave the wake list alone
+#       job key prefix, worker_id, max attempts, '1' to leave the wake list alone, execution key
+#       prefix, how many to claim
 LEASE = Script("LEASE", ACCEPTED_WORK + CLAIM_ONE + jobs.WAKE_FOR + """
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[4]))
 local leased, want, lease_end, waiting = {}, tonumber(ARGV[2]) * 6, now + tonumber(ARGV[3]), 0
 local wake = ARGV[9] ~= '1'
+local claims = tonumber(ARGV[11]) * 6
 for i = 1, #due, 2 do
   local job = due[i]
   local token = ARGV[5] .. job
@@ -74,8 +82,8 @@ for i = 1, #due, 2 do
     redis.call('ZADD', KEYS[1], lease_end, job)
     local bytes = redis.call('GET', ARGV[6] .. job) or ''
     local verdict, attempt, waited = '', 0, 0
-    if bytes ~= '' then
-      verdict, attempt, waited = claim(job, ARGV[7], KEYS[4], tonumber(ARGV[8]), KEYS[5], KEYS[6])
+    if bytes ~= '' and #leased < claims then
+      verdict, attempt, waited = claim(ARGV[10] .. job, job, ARGV[7], KEYS[4], tonumber(ARGV[8]), KEYS[5], KEYS[6])
     end
     for _, v in ipairs({job, due[i + 1], bytes, verdict, attempt, waited}) do table.insert(leased, v) end
   end
@@ -111,12 +119,25 @@ FINISH_RETRY_S = 60.0
 HANDOFF_LOOK_AHEAD = 4
 
 
+class _Cell(Struct, frozen=True):
+    """What LEASE names in a queue's partition besides the queue: where its claims observe their
+    wait and unlist the executions, and the prefixes of the keys of the jobs it pops."""
+
+    partition: int
+    queue_wait: str
+    queued: str
+    in_progress_prefix: str
+    job_prefix: str
+    execution_prefix: str
+
+
 @functools.lru_cache(maxsize=256)  # a worker's queues are few, and LEASE names them on every call
-def _partition_of_queue(queue: str) -> tuple[str, str]:
-    """Where LEASE's claims of ``queue``'s jobs observe their wait and unlist them: its
-    partition's queue-wait histogram and queued set."""
+def _cell(queue: str) -> _Cell:
     partition = keys.partition_of_key(queue)
-    return metrics.histogram("queue_wait", partition), keys.queued(partition)
+    return _Cell(partition, metrics.histogram("queue_wait", partition), keys.queued(partition),
+                 jobs.in_progress_key_prefix(partition), jobs.job_key_prefix(partition),
+                 keys.partition_prefix(partition) + "exe:")
+
 
 class Lease(Struct, frozen=True):
     job_id: str
@@ -126,6 +147,7 @@ class Lease(Struct, frozen=True):
     runs: int = 1  # what arq's run_job is told of the job's runs: the attempt claimed, at least 1
     claim: Claim | None = None  # its execution's claim, made with the lease (None: job gone)
     sent_at: float = 0.0  # when LEASE was sent (time.monotonic); it may run later, its worker stopped
+    queue: str = ""  # the queue it was leased from (its execution's partition's)
 
 
 class Leases:
@@ -136,37 +158,45 @@ class Leases:
         self._lease = bind(redis, LEASE, durability=durability)
         self._finish = bind(redis, FINISH)
         self.worker_id = worker_id
-        self._hash = keys.leases(worker_id)
-        self._running = keys.running(worker_id)
+        # Per partition: the worker's leases hash and running set there.
+        self._held = [(keys.leases(worker_id, p), keys.running(worker_id, p)) for p in keys.partitions()]
         # Each call's tokens get a prefix of their own: a late end of an earlier lease of the same
         # job never matches a later one. A counter, from a random start (two objects of one
         # worker id, in tests, do not collide), not a random draw per call: a system call each.
         self._calls = itertools.count(secrets.randbits(48))
 
-    async def take(self, queue: str, *, most: int, lease_ms: int, look_ahead: int) -> list[Lease]:
+    async def take(self, queue: str, *, most: int, lease_ms: int, look_ahead: int,
+                   claims: int | None = None) -> list[Lease]:
         """Up to ``most`` due jobs of ``queue``, leased for ``lease_ms``, with their arq job read
-        and their execution claimed by this worker; the wake list then holds one token per job
-        still due."""
-        keys_, args, prefix = self._call(queue, most, lease_ms, look_ahead)
+        and their execution claimed by this worker (the first ``claims`` of them, if given); the
+        wake list then holds one token per job still due."""
+        keys_, args, prefix = self._call(queue, most, lease_ms, look_ahead, claims=claims)
         sent_at = time.monotonic()
-        return self._leases(await self._lease(keys=keys_, args=args), prefix, sent_at)
+        return self._leases(await self._lease(keys=keys_, args=args), queue, prefix, sent_at)
 
     async def wait_and_take(self, redis: Redis, queue: str, *, timeout: float, most: int, lease_ms: int,
-                            look_ahead: int) -> list[Lease]:
+                            look_ahead: int, claims: int | None = None,
+                            blocked: Callable[[int], None] | None = None) -> list[Lease]:
         """Wait up to ``timeout`` s for a token on ``queue``'s wake list, then ``take``, in one
-        round trip on a connection of ``redis``'s pool held meanwhile: ``BLPOP`` and LEASE go
-        out together, and Redis runs LEASE as soon as ``BLPOP`` returns (a token popped, or the
+        round trip on a connection held meanwhile (``held_connection``): ``BLPOP`` and LEASE
+        go out together, and Redis runs LEASE as soon as ``BLPOP`` returns (a token popped, or the
         timeout: the fallback poll), so the job that woke the worker comes with the wake-up.
         With replicas to wait for, ``WAIT`` follows on the same connection only if LEASE claimed
-        something: an idle poll has nothing to protect, and must not wait for absent replicas."""
-        keys_, args, prefix = self._call(queue, most, lease_ms, look_ahead)
+        something: an idle poll has nothing to protect, and must not wait for absent replicas.
+
+        ``claims``: how many of the jobs leased are claimed (all by default; the others come with
+        ``claim`` None). ``blocked``: told the connection's client id before the wait, so that
+        a ``CLIENT UNBLOCK`` may end it early (LEASE then runs at once: ``store.wakeups``)."""
+        keys_, args, prefix = self._call(queue, most, lease_ms, look_ahead, claims=claims)
         sent_at = time.monotonic()
         reply: list[Any] | None = None
         async with held_connection(redis, queue) as conn:  # the queue's slot's: BLPOP's and LEASE's keys
-            await conn.send_packed_command(conn.pack_commands([
-                ("BLPOP", jobs.wake_list(queue), timeout),
-                LEASE.command(keys_, args),
-            ]))
+            commands: list[tuple[Any, ...]] = [("BLPOP", jobs.wake_list(queue), timeout), LEASE.command(keys_, args)]
+            if blocked is not None:
+                commands.insert(0, ("CLIENT", "ID"))
+            await conn.send_packed_command(conn.pack_commands(commands))
+            if blocked is not None:
+                blocked(int(await conn.read_response()))
             await conn.read_response()  # a token, or none after the timeout: LEASE ran either way
             # (a NOSCRIPT reply: it did not run, and ``take`` below runs it, loading it first)
             got: Any = buffered_reply(conn)  # it came with the BLPOP's, as a rule
@@ -183,42 +213,48 @@ class Leases:
                 await conn.send_command("WAIT", durability.replicas, durability.timeout_ms)
                 durability.acknowledged(int(await conn.read_response()))
         if reply is None:
-            return await self.take(queue, most=most, lease_ms=lease_ms, look_ahead=look_ahead)
-        return self._leases(reply, prefix, sent_at)
+            return await self.take(queue, most=most, lease_ms=lease_ms, look_ahead=look_ahead, claims=claims)
+        return self._leases(reply, queue, prefix, sent_at)
 
     def hand_over(self, queue: str, *, lease_ms: int, look_ahead: int, wanted: Callable[[], bool],
                   on_taken: Callable[[list[Lease]], None]) -> Handoff:
-        """A LEASE of one due job, to go out right behind the SETTLE of the job a slot just ran
-        (``Runtime.handle``'s ``then``), if ``wanted()`` then; ``on_taken`` gets what it took."""
+        """A LEASE of one due job of ``queue``, to go out right behind the SETTLE of the job a
+        slot just ran (``Runtime.handle``'s ``then``), if ``wanted()`` then; ``on_taken`` gets
+        what it took."""
         return Handoff(self, queue, lease_ms, min(look_ahead, HANDOFF_LOOK_AHEAD), wanted, on_taken)
 
-    def _call(self, queue: str, most: int, lease_ms: int, look_ahead: int,
-              wake: bool = True) -> tuple[list[str], list[Any], str]:
+    def _call(self, queue: str, most: int, lease_ms: int, look_ahead: int, wake: bool = True,
+              claims: int | None = None) -> tuple[list[str], list[Any], str]:
         """LEASE's keys and arguments, and the prefix of this call's lease tokens (new each call);
         ``wake``: it sets the wake list's tokens right."""
         prefix = f"{self.worker_id}/{next(self._calls):x}/"
-        return ([queue, self._hash, jobs.wake_list(queue), self._running,
-                 *_partition_of_queue(queue)],
-                [jobs.IN_PROGRESS_KEY_PREFIX, most, lease_ms, look_ahead, prefix, jobs.JOB_KEY_PREFIX,
-                 self.worker_id, MAX_ATTEMPTS, "" if wake else "1"],
+        cell = _cell(queue)
+        leases, running = self._held[cell.partition]
+        return ([queue, leases, jobs.wake_list(queue), running, cell.queue_wait, cell.queued],
+                [cell.in_progress_prefix, most, lease_ms, look_ahead, prefix, cell.job_prefix,
+                 self.worker_id, MAX_ATTEMPTS, "" if wake else "1", cell.execution_prefix,
+                 most if claims is None else claims],
                 prefix)
 
     @staticmethod
-    def _leases(reply: list[Any], prefix: str, sent_at: float) -> list[Lease]:
+    def _leases(reply: list[Any], queue: str, prefix: str, sent_at: float) -> list[Lease]:
         leases = []
         for i in range(0, len(reply), 6):
             job_id, score, job, verdict, attempt, waited = reply[i:i + 6]
             job_id = job_id.decode()
             claim = Claim(cast("ClaimVerdict", verdict.decode()), int(attempt), int(waited)) if verdict else None
-            leases.append(Lease(job_id, int(float(score)), prefix + job_id, job, max(1, int(attempt)), claim, sent_at))
+            leases.append(Lease(job_id, int(float(score)), prefix + job_id, job, max(1, int(attempt)), claim,
+                                sent_at, queue))
         return leases
 
-    async def finish(self, queue: str, lease: Lease, *, finished: bool, delay_ms: int | None) -> bool:
+    async def finish(self, lease: Lease, *, finished: bool, delay_ms: int | None) -> bool:
         """End ``lease``, retried through an outage; False if it was not ours any more. Not
         finished: the job is due again ``delay_ms`` after its score (at once without one)."""
-        job_id = lease.job_id
-        keys_ = [jobs.in_progress_key(job_id), jobs.job_key(job_id), jobs.retry_key(job_id), queue, self._hash,
-                 jobs.wake_list(queue)]
+        job_id, queue = lease.job_id, lease.queue
+        cell = _cell(queue)  # its keys are its queue's partition's (a queue holds its partition's jobs)
+        keys_ = [cell.in_progress_prefix + job_id, cell.job_prefix + job_id,
+                 keys.partition_prefix(cell.partition) + jobs.ARQ_RETRY_KEY_PREFIX + job_id, queue,
+                 self._held[cell.partition][0], jobs.wake_list(queue)]
         args = [job_id, lease.token, "1" if finished else "", lease.score + (delay_ms or 0),
                 "1" if delay_ms is None else ""]
         deadline = time.monotonic() + FINISH_RETRY_S
@@ -232,6 +268,16 @@ class Leases:
                 log.warning("cannot finish the lease of job %s yet (%s); retrying", job_id, exc)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)
+
+
+async def unblock(redis: Redis, queue: str, client_id: int) -> None:
+    """End the blocking wait of connection ``client_id`` on ``queue``'s wake list, as its timeout
+    would (``CLIENT UNBLOCK``). A client id is a node's own: the command goes where the wait was
+    sent, to the node serving ``queue``'s slot (``held_connection``; on one Redis, any
+    connection of ``redis``'s pool)."""
+    async with held_connection(redis, queue) as conn:
+        await conn.send_command("CLIENT", "UNBLOCK", client_id)
+        await conn.read_response()
 
 
 class Handoff(FollowUp):
@@ -269,6 +315,6 @@ class Handoff(FollowUp):
             # LEASE whose reply was lost, and hands them back.
             log.warning("the LEASE sent with a SETTLE failed (%s); the next job waits for the next look", exc)
             return
-        self._on_taken(self._leases._leases(reply.result(), self._prefix, self._sent_at))
+        self._on_taken(self._leases._leases(reply.result(), self._lease[0], self._prefix, self._sent_at))
 
 

@@ -3,7 +3,7 @@ concluding an attempt once its execution has a record, and firing schedules. Eac
 safe to run from any number of workers at once: every write checks the state it expects first.
 
 Each runs inside one partition (docs/architecture.md, section 3): LOOK on a partition's indexes
-and its copy of the worker's queue (``queue_in``), PROMOTE of that partition's due jobs into
+and the worker's group's queue there (``jobs.queue_name``), PROMOTE of that partition's due jobs into
 executions drawn into it, CONCLUDE in the job's, FIRE in the schedule's. A job loop runs them
 for every partition in turn.
 """
@@ -180,12 +180,6 @@ return fired
 """)
 
 
-def queue_in(queue: str, partition: int) -> str:
-    """A worker's queue in ``partition``: each partition holds a copy of every group's queue (its
-    name under the partition's prefix), and an execution is queued in its own partition's."""
-    return keys.partition_prefix(partition) + queue.removeprefix(keys.partition_prefix(keys.partition_of_key(queue)))
-
-
 # How long what LOOK hands a loop stays out of the other loops' sight: a loop that died with it
 # leased (killed between LOOK and CONCLUDE or PROMOTE) delays it this long, no more.
 SETTLED_LEASE_MS = 30_000
@@ -253,13 +247,13 @@ class Promotions:
         self._ensure = bind(redis, ENSURE_SCHEDULE)
         self._fire = bind(redis, FIRE, durability=durability)
 
-    async def look(self, tools: list[str], queue: str, partition: int, *, room: int, settled_at_most: int = 200,
+    async def look(self, tools: list[str], group: str, partition: int, *, room: int, settled_at_most: int = 200,
                    settled_lease_ms: int = SETTLED_LEASE_MS, due_lease_ms: int = DUE_LEASE_MS) -> Look:
         """LOOK in ``partition``: what this loop has to do there now, leased to it (see the
-        script); ``queue``: the worker's, ``room`` how many executions its copy in the partition
+        script); ``group``: the worker's, ``room`` how many executions its queue in the partition
         may hold."""
         settled, due, next_due, now = await self._look(
-            keys=[keys.jobs_settled(partition), queue_in(queue, partition),
+            keys=[keys.jobs_settled(partition), jobs.queue_name(group, partition),
                   *(keys.job_due(tool, partition) for tool in tools)],
             args=[room, settled_at_most, settled_lease_ms, due_lease_ms])
         pairs = [(tools[int(due[i]) - 1], due[i + 1].decode()) for i in range(0, len(due), 2)]
@@ -291,12 +285,12 @@ class Promotions:
                 int(started_at) if started_at else None))
         return ended
 
-    async def promote(self, tool: str, promotions: list[Promotion], partition: int, *, queue: str,
+    async def promote(self, tool: str, promotions: list[Promotion], partition: int, *, group: str,
                       start_window_ms: int, admission_ms: int, retention: int, effect: str = "") -> list[str]:
         """PROMOTE in ``partition`` (its jobs' and their executions', ``new_execution_id``): the ids
-        of the jobs that became executions, queued on the partition's copy of ``queue``
-        (``effect``: the tool's)."""
-        queue = queue_in(queue, partition)
+        of the jobs that became executions, queued on ``group``'s queue in the partition (an
+        execution is queued in its own partition: ``effect``: the tool's)."""
+        queue = jobs.queue_name(group, partition)
         redis_keys: list[Any] = [keys.job_due(tool, partition), queue, keys.pending(partition), keys.queued(partition),
                                  keys.jobs_running(partition)]
         args: list[Any] = [jobs.wake_list(queue), tool, start_window_ms, admission_ms, retention, effect]

@@ -218,18 +218,13 @@ class Claims(Struct, frozen=True):
 NOTHING = Claims()
 
 
-def in_progress_prefix(partition: int) -> str:
-    """What the store names a job's arq in-progress key by in ``partition`` (``jobs.in_progress_key``)."""
-    return keys.partition_prefix(partition) + jobs.ARQ_IN_PROGRESS_KEY_PREFIX
-
-
 def _heartbeat_call(worker_id: str, offset_ms: int, dead_ms: int, claims: Claims, partition: int) -> Call:
     """HEARTBEAT in ``partition``, given only the claims of that partition's executions and jobs."""
     mine = keys.partition_of
     held = [h for h in claims.held if mine(h.execution_id) == partition]
     has = [job for job in claims.jobs if mine(job) == partition]
     args: list[str | int] = [worker_id, offset_ms, dead_ms, keys.execution_prefix(partition),
-                             keys.record_prefix(partition), in_progress_prefix(partition), len(held)]
+                             keys.record_prefix(partition), jobs.in_progress_key_prefix(partition), len(held)]
     for h in held:
         args += [h.execution_id, h.attempt]
     args += [len(has), *has]

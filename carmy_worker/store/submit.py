@@ -20,7 +20,7 @@ from carmy_worker.store.scripts import Script, bind
 from carmy_worker.wire import ExecutionJob, Record, msgpack_encoder, record_decoder
 
 # KEYS: exe, pending, queued, arq job, arq queue, principal's pending set, principal's bucket,
-#       [idempotency]
+#       [idempotency]: all of the execution's partition (its queue and wake list: the group's there)
 # ARGV: exec_id, fingerprint, arq job bytes, retention s, max pending, admission deadline ms,
 #       queue wait ms, workers alive (1/0), tool, owner, idempotent (1/0), record prefix, wake list,
 #       reply channel ('' for the execution's own channel: lua.EMIT), '1' if the caller streams,
@@ -113,11 +113,12 @@ class Submit:
         self.memory = memory
 
     async def __call__(
-        self, job: ExecutionJob, *, queue: str, idempotent: bool, workers_alive: bool, max_pending: int,
+        self, job: ExecutionJob, *, group: str, idempotent: bool, workers_alive: bool, max_pending: int,
         queue_wait_ms: int, admission_ms: int, reply: str = "", stream: bool = True, quota: Quota = NO_QUOTA,
         via: str = "http", effect: str = "",
     ) -> Submission:
-        """Queue ``job`` on ``queue`` unless its request id was seen or admission refuses it.
+        """Queue ``job`` for the workers of ``group`` (on their queue in its execution's
+        partition) unless its request id was seen or admission refuses it.
 
         ``job.arguments`` is the canonical JSON its fingerprint is taken from. It may wait for a
         worker ``queue_wait_ms``; its admission slot is held at most ``admission_ms``. Its events
@@ -129,6 +130,7 @@ class Submit:
         """
         exec_id, owner = job.execution_id, keys.owner(job.principal)
         partition = keys.partition_of(exec_id)
+        queue = jobs.queue_name(group, partition)
         # Admission is counted per partition (``keys.share`` of max_pending): a script sees one slot.
         # A principal with a quota has every execution drawn into its home partition, where its
         # quota's keys are (``keys.request_partition``); another's are named here and never written.

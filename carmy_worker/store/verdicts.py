@@ -98,8 +98,7 @@ class Verdicts:
         stored, final, label = _imposed(records.cancelled(exec_id, tool, started=False))
         partition = keys.partition_of(exec_id)
         outcome = await self._cancel(
-            keys=[keys.execution(exec_id), keys.record(exec_id), *_sets(exec_id), keys.jobs_settled(partition),
-                  keys.audit(partition), metrics.executions(partition)],
+            keys=[keys.execution(exec_id), keys.record(exec_id), *_sets(exec_id), metrics.executions(partition)],
             args=[exec_id, stored, self.retention, keys.events(exec_id), final, keys.cancel_channel(partition),
                   label],
         )
@@ -126,16 +125,16 @@ class Verdicts:
         stored, final, label = _imposed(records.never_started(exec_id, tool))
         partition = keys.partition_of(exec_id)
         return bool(await self._expire(
-            keys=[keys.execution(exec_id), keys.record(exec_id), *_sets(exec_id), keys.jobs_settled(partition),
-                  keys.audit(partition), metrics.executions(partition)],
+            keys=[keys.execution(exec_id), keys.record(exec_id), *_sets(exec_id), metrics.executions(partition)],
             args=[exec_id, stored, self.retention, keys.events(exec_id), final, label],
         ))
 
 
-def _sets(exec_id: str) -> tuple[str, str]:
-    """The pending and queued sets of ``exec_id``'s partition."""
+def _sets(exec_id: str) -> tuple[str, str, str, str]:
+    """The pending and queued sets, the jobs' settled executions and the audit trail of
+    ``exec_id``'s partition."""
     partition = keys.partition_of(exec_id)
-    return keys.pending(partition), keys.queued(partition)
+    return keys.pending(partition), keys.queued(partition), keys.jobs_settled(partition), keys.audit(partition)
 
 
 def _imposed(record: Record) -> tuple[bytes, bytes, str]:

@@ -174,7 +174,7 @@ async def test_a_group_queue_backing_up_is_in_the_frame(ar: redis.asyncio.Redis)
     submit = Submit(ar, retention=600)
     for _ in range(3):
         job = ExecutionJob(execution_id=keys.new_execution_id(), tool="nobody_runs_it", arguments=b"{}")
-        await submit(job, queue=jobs.queue_name("g-backlog"), idempotent=True, workers_alive=True, max_pending=100,
+        await submit(job, group="g-backlog", idempotent=True, workers_alive=True, max_pending=100,
                      queue_wait_ms=3_600_000, admission_ms=3_600_000)
     frame = await sampler.tick()
     assert frame.point is not None and before.point is not None

@@ -11,7 +11,7 @@ import redis.asyncio
 
 from api.calling.executions import Executions
 from api.events.mailbox import Mailbox
-from carmy_worker.store import jobs, keys, records
+from carmy_worker.store import keys, records
 from carmy_worker.store.attempts import Attempts
 from carmy_worker.store.submit import Submit
 from carmy_worker.wire import MAX_EVENT_BYTES, ExecutionJob, Record, event_decoder, json_encoder
@@ -33,7 +33,7 @@ async def settled_with(ar: redis.asyncio.Redis, data_json: bytes) -> tuple[str, 
     the messages its channel carried (up to the ``final`` event)."""
     exec_id = keys.new_execution_id()
     job = ExecutionJob(execution_id=exec_id, tool="t", arguments=b"{}")
-    await Submit(ar, retention=RETENTION)(job, queue=jobs.queue_name("g"), idempotent=False, workers_alive=True,
+    await Submit(ar, retention=RETENTION)(job, group="g", idempotent=False, workers_alive=True,
                                           max_pending=10, queue_wait_ms=60_000, admission_ms=60_000)
     attempts = Attempts(ar, worker_id="w1", retention=RETENTION)
     assert (await attempts.claim(exec_id, max_attempts=3)).verdict == "run"

@@ -13,7 +13,7 @@ import pytest
 import redis
 import redis.asyncio
 
-from carmy_worker.store import jobs, keys
+from carmy_worker.store import keys
 from carmy_worker.store.roster import Liveness
 from carmy_worker.store.submit import Submit
 from carmy_worker.store.verdicts import Verdicts
@@ -104,7 +104,7 @@ async def test_metrics_count_the_executions_of_every_partition(own_redis_server:
                 ids = [keys.new_execution_id(partition) for _ in range(2)]
                 for exec_id in ids:
                     await Submit(ar, retention=600)(
-                        ExecutionJob(execution_id=exec_id, tool="tally", arguments=b"{}"), queue=jobs.queue_name("g"),
+                        ExecutionJob(execution_id=exec_id, tool="tally", arguments=b"{}"), group="g",
                         idempotent=True, workers_alive=True, max_pending=100, queue_wait_ms=60_000,
                         admission_ms=60_000)
                 assert await Verdicts(ar, retention=600).cancel(ids[0], "tally") == "cancelled"

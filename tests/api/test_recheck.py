@@ -14,7 +14,7 @@ from api.calling import executions as executions_module
 from api.calling.executions import Executions
 from api.events.mailbox import Mailbox
 from api.events.recheck import Recheck
-from carmy_worker.store import jobs, keys, records
+from carmy_worker.store import keys, records
 from carmy_worker.store.attempts import Attempts
 from carmy_worker.store.reads import Reads
 from carmy_worker.store.submit import Submit
@@ -40,7 +40,7 @@ async def submitted(ar: redis.asyncio.Redis, partition: int | None = None) -> st
     """A new execution, queued; its events go to a channel nobody listens to."""
     exec_id = keys.new_execution_id(partition)
     job = ExecutionJob(execution_id=exec_id, tool="t", arguments=b"{}")
-    await Submit(ar, retention=RETENTION)(job, queue=jobs.queue_name("g"), idempotent=False, workers_alive=True,
+    await Submit(ar, retention=RETENTION)(job, group="g", idempotent=False, workers_alive=True,
                                           max_pending=100_000, queue_wait_ms=60_000, admission_ms=60_000)
     return exec_id
 

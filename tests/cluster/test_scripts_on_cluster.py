@@ -89,11 +89,8 @@ def test_every_script_runs_on_a_cluster_with_one_partition(cluster: redis.cluste
     assert refused_for_slots(cluster, calls) == {}
 
 
-def test_with_sixteen_partitions_only_the_known_scripts_are_refused(cluster: redis.cluster.RedisCluster,
-                                                                    tmp_path: Path) -> None:
+def test_with_sixteen_partitions_no_script_is_refused(cluster: redis.cluster.RedisCluster, tmp_path: Path) -> None:
     refused = refused_for_slots(cluster, recorded_calls(tmp_path, 16))
-    # Those whose declared keys mix an id's partition with partition 0's sets: the rest of issue
-    # 34 (architecture.md, section 3). The scripts that name keys inside Lua from partition 0's
-    # prefixes (LEASE's claims) stay in one slot, the wrong one for another partition's
-    # execution: their own tests fail over 16 partitions instead.
+    # Every script runs in one partition, the keys it names inside Lua built from that
+    # partition's prefixes (architecture.md, section 3): SPANNING is empty, and so is this.
     assert set(refused) == SPANNING, refused

@@ -109,7 +109,8 @@ def test_abandoned_queued_execution_never_starts(base: str, stack: Stack, sync_r
         marked(stack.tmp / "linger-start-busy")
         with calling(base, queued):
             # Accepted: it waits in the queue of executions not yet started.
-            [exec_id] = wait_until(lambda: sync_redis.zrange(keys.QUEUED, 0, -1))
+            [exec_id] = wait_until(
+                lambda: [e for p in keys.partitions() for e in sync_redis.zrange(keys.queued(p), 0, -1)])
         wait_until(lambda: sync_redis.exists(keys.record(exec_id.decode())))  # settled, since its caller left
         assert_cancelled_record(base, queued, started=False)
     # Its caller gone too, the busy execution is cancelled: the worker is free again. It takes

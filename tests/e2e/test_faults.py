@@ -166,10 +166,10 @@ def test_an_execution_listed_on_a_live_worker_that_does_not_hold_it_is_settled(
     exec_id = keys.new_execution_id()
     sync_redis.hset(keys.execution(exec_id), mapping={
         "tool": "tally", "state": "running", "attempt": 1, "worker": worker_id, "idem": 0, "owner": "x"})
-    sync_redis.sadd(keys.running(worker_id), exec_id)
+    sync_redis.sadd(keys.running(worker_id, keys.partition_of(exec_id)), exec_id)
     raw = wait_until(lambda: sync_redis.get(keys.record(exec_id)), DEAD_AFTER + 10)
     assert b"EXECUTION_UNCERTAIN" in bytes(raw)
-    assert not sync_redis.sismember(keys.running(worker_id), exec_id)
+    assert not sync_redis.sismember(keys.running(worker_id, keys.partition_of(exec_id)), exec_id)
 
 
 def test_a_call_whose_worker_died_while_it_waited_for_the_tool_lock_runs_elsewhere(fresh_stack: Stack) -> None:
@@ -184,7 +184,8 @@ def test_a_call_whose_worker_died_while_it_waited_for_the_tool_lock_runs_elsewhe
     client = redis.Redis.from_url(stack.redis_url)
     try:
         # The waiter is claimed by the second worker (it is running there, the tool not begun).
-        wait_until(lambda: client.scard(keys.running(worker_id(client, waiter_worker))) == 1)
+        waiter_id = worker_id(client, waiter_worker)
+        wait_until(lambda: sum(client.scard(keys.running(waiter_id, p)) for p in keys.partitions()) == 1)
     finally:
         client.close()
     waiter_worker.kill()

@@ -18,14 +18,13 @@ from carmy_worker.settings import WorkerSettings
 from carmy_worker.store import jobs, keys, records
 from carmy_worker.store.attempts import Attempts
 from carmy_worker.store.jobstore import JobStore, job_fields
-from carmy_worker.store.promotion import queue_in
 from carmy_worker.wire import ExecutionJob, Record, RetryPolicy, ScheduleSpec, ToolSpec, WorkerTool, msgpack_encoder
 from tests.cells import cells  # noqa: F401 (a fixture)
 from tests.support import wait_until_async
 
 pytestmark = pytest.mark.usefixtures("cells")
 
-QUEUE = jobs.queue_name("g")
+GROUP = "g"
 SCHEMA = {"type": "object", "properties": {}, "additionalProperties": False}
 
 
@@ -39,7 +38,7 @@ TOOLS = [tool("tick", idempotent=False), tool("mirror", idempotent=True)]
 
 
 def loop(ar: redis.asyncio.Redis, schedules: Sequence[ScheduleSpec] = ()) -> JobLoop:
-    return JobLoop(ar, tools=TOOLS, queue=QUEUE, settings=WorkerSettings(), schedules=schedules)
+    return JobLoop(ar, tools=TOOLS, group=GROUP, settings=WorkerSettings(), schedules=schedules)
 
 
 async def scheduled_jobs(ar: redis.asyncio.Redis) -> list[str]:
@@ -126,13 +125,13 @@ class Settler:
 
     async def settle_queued(self) -> None:
         for partition in keys.partitions():
-            queue = queue_in(QUEUE, partition)
+            queue = jobs.queue_name(GROUP, partition)
             for raw in await self.ar.zrange(queue, 0, -1):
                 exec_id = raw.decode()
                 if exec_id in self.settled:
                     continue
                 assert keys.partition_of(exec_id) == partition  # an execution is queued in its own partition
-                attempts = Attempts(self.ar, worker_id="w1", retention=60, queue=queue)
+                attempts = Attempts(self.ar, worker_id="w1", retention=60, group=GROUP)
                 assert await attempts.settle(self.outcome(exec_id), exec_id=exec_id, attempt=0, ran=False)
                 await self.ar.zrem(queue, exec_id)
                 self.settled.append(exec_id)

@@ -55,7 +55,7 @@ async def test_every_attribute_we_touch_exists_on_a_worker() -> None:
     # The ones whose meaning the lease loop relies on.
     assert (worker.max_jobs, worker.job_counter, worker.tasks, worker.allow_pick_jobs) == (3, 0, {}, True)
     assert worker.allow_abort_jobs is False  # else run_job's first pipeline has one more command
-    assert worker.queue_name == jobs.queue_name("g")
+    assert worker.queue_name == jobs.queue_name("g", 0)
     await pool.aclose(close_connection_pool=True)
 
 

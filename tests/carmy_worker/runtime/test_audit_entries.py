@@ -14,7 +14,7 @@ import redis.asyncio
 from carmy_worker import Context, Toolbox, ToolError
 from carmy_worker.runtime.runner import Runtime
 from carmy_worker.settings import WorkerSettings
-from carmy_worker.store import jobs, keys, records
+from carmy_worker.store import keys, records
 from carmy_worker.store.audit import AuditFilter, AuditTrail, is_cursor
 from carmy_worker.store.submit import Submit
 from carmy_worker.store.verdicts import Verdicts
@@ -49,11 +49,12 @@ async def runtime(redis_server: RedisServer) -> AsyncIterator[Runtime]:
 
 async def submitted(rt: Runtime, *, arguments: bytes = b"{}", request_id: str | None = "r-1",
                     principal: str | None = "alice", via: str = "mcp") -> tuple[str, bytes]:
-    exec_id = keys.new_execution_id()
+    # Drawn where its request id's idempotency key is, as the API draws it (api/calling/calls.py).
+    exec_id = keys.new_execution_id(keys.request_partition(principal, None, request_id))
     job = ExecutionJob(execution_id=exec_id, tool="lookup", arguments=arguments, request_id=request_id,
                        principal=principal)
     sub = await Submit(rt.redis, retention=600)(
-        job, queue=jobs.queue_name("g"), idempotent=True, workers_alive=True, max_pending=10,
+        job, group="g", idempotent=True, workers_alive=True, max_pending=10,
         queue_wait_ms=60_000, admission_ms=60_000, via=via, effect="read")
     assert sub.kind == "new"
     return exec_id, msgpack_encoder.encode(job)

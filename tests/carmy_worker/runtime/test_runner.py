@@ -67,7 +67,7 @@ async def runtime(redis_server: RedisServer) -> AsyncIterator[Runtime]:
 async def queued(rt: Runtime, exec_id: str, tool: str, group: str = "g") -> bytes:
     """Submit an execution of ``tool``: the payload of its job."""
     job = ExecutionJob(execution_id=exec_id, tool=tool, arguments=b"{}")
-    await Submit(rt.redis, retention=600)(job, queue=jobs.queue_name(group), idempotent=False, workers_alive=True,
+    await Submit(rt.redis, retention=600)(job, group=group, idempotent=False, workers_alive=True,
                                           max_pending=10, queue_wait_ms=60_000, admission_ms=60_000)
     return msgpack_encoder.encode(job)
 
@@ -136,8 +136,8 @@ async def leased(rt: Runtime, exec_id: str, tool: str) -> tuple[bytes, Lease]:
     """Submit an execution of ``tool`` and lease its job as a worker's LEASE would: its payload
     and the lease, with the claim LEASE made."""
     payload = await queued(rt, exec_id, tool, group=exec_id)  # a queue of its own
-    [lease] = await Leases(rt.redis, rt.worker_id).take(jobs.queue_name(exec_id), most=1, lease_ms=60_000,
-                                                          look_ahead=10)
+    queue = jobs.queue_name(exec_id, keys.partition_of(exec_id))
+    [lease] = await Leases(rt.redis, rt.worker_id).take(queue, most=1, lease_ms=60_000, look_ahead=10)
     return payload, lease
 
 

@@ -28,8 +28,14 @@ from carmy_worker.store.verdicts import Verdicts
 from carmy_worker.wire import ExecutionJob, job_decoder
 from tests.support import RedisServer, turns_until
 
+# These tests pin one partition's path: its commands, its round trips, its looks (LEASE calls).
+# Over several partitions a worker waits on each at once (store/wakeups.py): test_served.py.
+pytestmark = pytest.mark.skipif(keys.partition_count() > 1, reason="pins one partition's commands and round trips")
+
 GROUP = "wake-test"
-QUEUE = jobs.queue_name(GROUP)
+# The partition these tests' executions are drawn into (the last: not 0 when there are several).
+PARTITION = keys.partition_count() - 1
+QUEUE = jobs.queue_name(GROUP, PARTITION)
 WAKE = jobs.wake_list(QUEUE)
 # So long that only a token (or a freed slot) makes a worker look: a fallback poll would blur
 # what the tests count, and a worker that waited it out before stopping would fail them.
@@ -103,7 +109,7 @@ async def pool_of(url: str, n: int, handler: Callable[[str, bytes, str, FollowUp
 async def submit(url: str, exec_id: str) -> None:
     client = redis.asyncio.Redis.from_url(url)
     job = ExecutionJob(execution_id=exec_id, tool="noop", arguments=b"{}")
-    got = await Submit(client, retention=600)(job, queue=QUEUE, idempotent=True, workers_alive=True,
+    got = await Submit(client, retention=600)(job, group=GROUP, idempotent=True, workers_alive=True,
                                               max_pending=100, queue_wait_ms=60_000, admission_ms=60_000)
     assert got.kind == "new"
     await client.aclose()
@@ -123,7 +129,7 @@ async def test_one_job_wakes_exactly_one_worker(r: redis.Redis, redis_server: Re
         await until(lambda: blocked(r) == 3, "three idle workers blocked on the wake list")
         for worker_id in pool.leases:  # each looked once as it started
             pool.leases[worker_id] = 0
-        exec_id = keys.new_execution_id()
+        exec_id = keys.new_execution_id(PARTITION)
         await submit(redis_server.url, exec_id)
         await until(lambda: len(pool.runs) == 1 and not r.exists(jobs.job_key(exec_id)), "the job to run and end")
         await until(lambda: blocked(r) == 3, "all three waiting again")
@@ -149,7 +155,7 @@ async def test_a_settle_that_ended_the_lease_leaves_arq_nothing_to_finish(
 
     async def handler(worker_id: str, payload: bytes, lease: str, then: FollowUp | None) -> bool:
         exec_id = job_decoder.decode(payload).execution_id
-        attempts = Attempts(client, worker_id=worker_id, retention=600, queue=QUEUE)
+        attempts = Attempts(client, worker_id=worker_id, retention=600, group=GROUP)
         claim = claims.pop(lease)  # admitted before arq's run_job handed the job over
         assert (claim.verdict, claim.attempt) == ("run", 1)
         record = records.completed(exec_id, "noop", b"{}", cacheable=False, duration_ms=1)
@@ -157,7 +163,7 @@ async def test_a_settle_that_ended_the_lease_leaves_arq_nothing_to_finish(
 
     async with pool_of(redis_server.url, 1, handler, admit=admit) as pool:
         await until(lambda: blocked(r) == 1, "the worker blocked on the wake list")
-        exec_id = keys.new_execution_id()
+        exec_id = keys.new_execution_id(PARTITION)
         r.config_resetstat()
         await submit(redis_server.url, exec_id)
         await until(lambda: r.exists(keys.record(exec_id)) == 1 and blocked(r) == 1
@@ -168,7 +174,7 @@ async def test_a_settle_that_ended_the_lease_leaves_arq_nothing_to_finish(
         # (A script's first call fails with NOSCRIPT and is loaded: those failures are not calls.)
         assert stats["cmdstat_evalsha"]["calls"] - stats["cmdstat_evalsha"]["failed_calls"] == 3
         assert "cmdstat_multi" not in stats and "cmdstat_exec" not in stats
-        assert r.zcard(QUEUE) == 0 and r.hlen(keys.leases("w0")) == 0
+        assert r.zcard(QUEUE) == 0 and r.hlen(keys.leases("w0", PARTITION)) == 0
         assert not r.exists(jobs.job_key(exec_id), jobs.in_progress_key(exec_id), jobs.retry_key(exec_id))
     await client.aclose()
 
@@ -201,7 +207,7 @@ async def test_a_quick_jobs_settle_goes_out_before_its_worker_waits_again(
     def admit(payload: bytes, claim: Claim, lease: str, sent_at: float) -> None:
         claims[lease] = claim
 
-    attempts = Attempts(client, worker_id="w0", retention=600, queue=QUEUE)  # one, as a worker's runtime has
+    attempts = Attempts(client, worker_id="w0", retention=600, group=GROUP)  # one, as a worker's runtime has
 
     async def handler(worker_id: str, payload: bytes, lease: str, then: FollowUp | None) -> bool:
         exec_id = job_decoder.decode(payload).execution_id
@@ -219,7 +225,7 @@ async def test_a_quick_jobs_settle_goes_out_before_its_worker_waits_again(
     lease_sha, settle_sha = LEASE.sha, SETTLE.sha
     async with pool_of(redis_server.url, 1, handler, admit=admit) as pool:
         await until(lambda: blocked(r) == 1, "the worker blocked on the wake list")
-        exec_id = keys.new_execution_id()
+        exec_id = keys.new_execution_id(PARTITION)
         # Its batch's connection open, as after a worker's first job: settling nothing writes nothing.
         nothing = records.completed(exec_id, "noop", b"{}", cacheable=False, duration_ms=1)
         assert not await attempts.settle(nothing, exec_id=exec_id, attempt=1)
@@ -248,7 +254,7 @@ def settling(client: redis.asyncio.Redis, claims: dict[str, Claim],
         if gate is not None:
             await gate.wait()
         exec_id = job_decoder.decode(payload).execution_id
-        mine = attempts.setdefault(worker_id, Attempts(client, worker_id=worker_id, retention=600, queue=QUEUE))
+        mine = attempts.setdefault(worker_id, Attempts(client, worker_id=worker_id, retention=600, group=GROUP))
         record = records.completed(exec_id, "noop", b"{}", cacheable=False, duration_ms=1)
         return await mine.settle(record, exec_id=exec_id, attempt=claims.pop(lease).attempt, lease=lease, then=then)
 
@@ -272,7 +278,7 @@ async def test_a_full_workers_next_job_comes_back_with_the_settle_of_its_last(
     async with pool_of(redis_server.url, 1, settling(client, claims, gate), concurrency=1, admit=admit) as pool:
         await until(lambda: blocked(r) == 1, "the worker blocked on the wake list")
         worker = pool.workers[0]
-        exec_ids = [keys.new_execution_id() for _ in range(5)]
+        exec_ids = [keys.new_execution_id(PARTITION) for _ in range(5)]
         await submit(redis_server.url, exec_ids[0])
         await until(lambda: len(pool.runs) == 1, "the first job to start (and wait at the gate)")
         for exec_id in exec_ids[1:]:  # a backlog behind the one slot, busy
@@ -286,7 +292,8 @@ async def test_a_full_workers_next_job_comes_back_with_the_settle_of_its_last(
         assert pool.leases["w0"] <= 2, pool.leases
         ran = [job_decoder.decode(p).execution_id for _, p in pool.runs]
         assert sorted(ran) == sorted(exec_ids)  # once each (jobs queued in one millisecond go by id)
-        assert r.zcard(QUEUE) == 0 and r.hlen(keys.leases("w0")) == 0 and r.scard(keys.running("w0")) == 0
+        assert r.zcard(QUEUE) == 0 and r.hlen(keys.leases("w0", PARTITION)) == 0
+        assert r.scard(keys.running("w0", PARTITION)) == 0
         assert not any(r.exists(jobs.in_progress_key(e), jobs.job_key(e)) for e in exec_ids)
         assert worker.job_counter == 0 and not claims
         # Freed as each job ended: no cycle (a slot's task and its context, a handoff and its
@@ -315,7 +322,7 @@ async def test_a_draining_worker_takes_no_next_job_with_its_settle(
 
     async with pool_of(redis_server.url, 1, settling(client, claims, gate), concurrency=1, admit=admit) as pool:
         await until(lambda: blocked(r) == 1, "the worker blocked on the wake list")
-        first, queued = keys.new_execution_id(), keys.new_execution_id()
+        first, queued = keys.new_execution_id(PARTITION), keys.new_execution_id(PARTITION)
         await submit(redis_server.url, first)
         await until(lambda: len(pool.runs) == 1, "the first job to start (and wait at the gate)")
         await submit(redis_server.url, queued)
@@ -338,7 +345,7 @@ async def test_a_job_handed_back_to_its_own_slot_stays_listed_while_it_runs_agai
     the heartbeat would release its lease, and another worker could run it meanwhile."""
     client = redis.asyncio.Redis.from_url(redis_server.url)
     claims: dict[str, Claim] = {}
-    attempts = Attempts(client, worker_id="w0", retention=600, queue=QUEUE)
+    attempts = Attempts(client, worker_id="w0", retention=600, group=GROUP)
     listed: list[bool] = []
 
     def admit(payload: bytes, claim: Claim, lease: str, sent_at: float) -> None:
@@ -359,7 +366,7 @@ async def test_a_job_handed_back_to_its_own_slot_stays_listed_while_it_runs_agai
 
     async with pool_of(redis_server.url, 1, handler, concurrency=1, admit=admit) as pool:
         await until(lambda: blocked(r) == 1, "the worker blocked on the wake list")
-        exec_id = keys.new_execution_id()
+        exec_id = keys.new_execution_id(PARTITION)
         await submit(redis_server.url, exec_id)
         await until(lambda: r.exists(keys.record(exec_id)) == 1, "the second attempt to settle it")
         assert [job_decoder.decode(p).execution_id for _, p in pool.runs] == [exec_id, exec_id]
@@ -376,9 +383,9 @@ async def test_a_slot_stopped_as_its_settle_goes_out_does_not_run_the_job_it_was
     brought back."""
     client = redis.asyncio.Redis.from_url(redis_server.url)
     claims: dict[str, Claim] = {}
-    attempts = Attempts(client, worker_id="w0", retention=600, queue=QUEUE)
+    attempts = Attempts(client, worker_id="w0", retention=600, group=GROUP)
     gate = asyncio.Event()
-    first, queued = keys.new_execution_id(), keys.new_execution_id()
+    first, queued = keys.new_execution_id(PARTITION), keys.new_execution_id(PARTITION)
     settled: list[asyncio.Future[bool]] = []
 
     def admit(payload: bytes, claim: Claim, lease: str, sent_at: float) -> None:
@@ -428,9 +435,9 @@ async def test_a_slots_next_job_starts_while_the_job_before_it_still_ends(
     finish_job), which here waits for it."""
     client = redis.asyncio.Redis.from_url(redis_server.url)
     claims: dict[str, Claim] = {}
-    attempts = Attempts(client, worker_id="w0", retention=600, queue=QUEUE)
+    attempts = Attempts(client, worker_id="w0", retention=600, group=GROUP)
     gate, second_started = asyncio.Event(), asyncio.Event()
-    first, second = keys.new_execution_id(), keys.new_execution_id()
+    first, second = keys.new_execution_id(PARTITION), keys.new_execution_id(PARTITION)
     looks: list[int] = []  # the worker loop's own looks for jobs before the second job started
 
     def admit(payload: bytes, claim: Claim, lease: str, sent_at: float) -> None:
@@ -462,7 +469,7 @@ async def test_a_slots_next_job_starts_while_the_job_before_it_still_ends(
         assert looks == [0]  # the second came with the first's SETTLE, not from a look of the loop
         worker = pool.workers[0]
         await until(lambda: not worker.tasks and worker.job_counter == 0, "the slot freed, the tasks tidied")
-        assert r.hlen(keys.leases("w0")) == 0 and r.scard(keys.running("w0")) == 0 and not claims
+        assert r.hlen(keys.leases("w0", PARTITION)) == 0 and r.scard(keys.running("w0", PARTITION)) == 0 and not claims
     await client.aclose()
 
 
@@ -471,7 +478,7 @@ async def test_a_lease_sent_with_a_settle_leaves_the_wake_tokens_alone(
 ) -> None:
     """It looks a few jobs down the queue only, so it cannot count what is due: it leaves the
     tokens as they are, where a worker's own LEASE sets them to the jobs still due."""
-    exec_ids = [keys.new_execution_id() for _ in range(3)]
+    exec_ids = [keys.new_execution_id(PARTITION) for _ in range(3)]
     for exec_id in exec_ids:
         await submit(redis_server.url, exec_id)  # a token each
     client = queue.connect(redis_server.url)

@@ -12,7 +12,7 @@ import redis
 import redis.asyncio
 from redis.client import PubSub
 
-from carmy_worker.store import jobs, keys, records
+from carmy_worker.store import keys, records
 from carmy_worker.store.attempts import Attempts
 from carmy_worker.store.follow import Join
 from carmy_worker.store.submit import Submit
@@ -20,7 +20,10 @@ from carmy_worker.store.verdicts import Verdicts
 from carmy_worker.wire import ExecutionJob, completed_event, event_decoder, json_encoder
 
 RETENTION = 600
-API_A, API_B = keys.api_channel("a"), keys.api_channel("b")
+# The executions' partition (the last: not 0 when there are several), and each API's channel there,
+# where an API hears of the executions of that partition (api/events/hub.py's channel_for).
+PARTITION = keys.partition_count() - 1
+API_A, API_B = keys.api_channel("a", PARTITION), keys.api_channel("b", PARTITION)
 
 
 @pytest.fixture
@@ -50,9 +53,9 @@ def heard(p: PubSub, wait: float = 0.2) -> list[tuple[str, str, str]]:
 
 
 async def submitted(ar: redis.asyncio.Redis, *, reply: str, stream: bool) -> str:
-    exec_id = keys.new_execution_id()
+    exec_id = keys.new_execution_id(PARTITION)
     job = ExecutionJob(execution_id=exec_id, tool="t", arguments=b"{}")
-    sub = await Submit(ar, retention=RETENTION)(job, queue=jobs.queue_name("g"), idempotent=True,
+    sub = await Submit(ar, retention=RETENTION)(job, group="g", idempotent=True,
                                                 workers_alive=True, max_pending=10, queue_wait_ms=60_000,
                                                 admission_ms=60_000, reply=reply, stream=stream)
     assert sub.kind == "new"

@@ -14,13 +14,13 @@ from carmy_worker.store import jobs, keys, records
 from carmy_worker.store.attempts import Attempts
 from carmy_worker.store.joblists import Cursor
 from carmy_worker.store.jobstore import JobState, JobStore, job_fields
-from carmy_worker.store.promotion import Look, Promotion, Promotions, queue_in
+from carmy_worker.store.promotion import Look, Promotion, Promotions
 from carmy_worker.wire import ExecutionJob, RetryPolicy, job_decoder, msgpack_encoder
 from tests.cells import cells  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.usefixtures("cells")
 
-QUEUE = jobs.queue_name("g")
+GROUP = "g"
 OWNER = keys.owner("alice")
 
 
@@ -44,14 +44,14 @@ async def create(store: JobStore, *, tool: str = "t", delay_ms: int = 0, request
 
 
 async def promote_due(p: Promotions, ar: redis.asyncio.Redis, tool: str = "t") -> list[str]:
-    look = await p.look([tool], QUEUE, home(), room=100)
+    look = await p.look([tool], GROUP, home(), room=100)
     made = []
     for _, job_id in look.due:
         attempts, payload = await ar.hmget(keys.job(job_id), ["attempts", "payload"])
         exec_id = keys.new_execution_id(home())
         job = msgspec_replace(job_decoder.decode(payload), exec_id)
         made.append(Promotion(job_id, int(attempts), exec_id, jobs.encode_job(msgpack_encoder.encode(job), 0)))
-    done = await p.promote(tool, made, home(), queue=QUEUE, start_window_ms=60_000, admission_ms=60_000, retention=60)
+    done = await p.promote(tool, made, home(), group=GROUP, start_window_ms=60_000, admission_ms=60_000, retention=60)
     return [m.execution_id for m in made if m.job_id in done]
 
 
@@ -64,7 +64,7 @@ def msgspec_replace(job: ExecutionJob, exec_id: str) -> ExecutionJob:
 async def run_attempt(ar: redis.asyncio.Redis, exec_id: str, *, fail: ToolError | None = None) -> None:
     """An execution's record, written by SETTLE as for a verdict (no claim: the scripts that claim
     an execution are another part's, and the record is all a job's conclusion reads)."""
-    attempts = Attempts(ar, worker_id="w1", retention=60, queue=queue_in(QUEUE, home()))
+    attempts = Attempts(ar, worker_id="w1", retention=60, group=GROUP)
     record = (records.completed(exec_id, "t", b'{"ok":true}', cacheable=False, duration_ms=1) if fail is None
               else records.failed(exec_id, "t", fail.to_wire()))
     assert await attempts.settle(record, exec_id=exec_id, attempt=0, ran=False)
@@ -93,11 +93,11 @@ async def test_a_job_is_promoted_once_settled_listed_and_concluded(ar: redis.asy
     exec_id = (first + second)[0]
     job = await state(store, job_id)
     assert (job.status, job.attempts, job.executions) == ("running", 1, [exec_id])
-    assert await ar.zscore(queue_in(QUEUE, home()), exec_id) is not None
+    assert await ar.zscore(jobs.queue_name(GROUP, home()), exec_id) is not None
     assert await ar.hget(keys.execution(exec_id), "owner") == OWNER.encode()
 
     await run_attempt(ar, exec_id)
-    look = await p.look(["t"], QUEUE, home(), room=100)
+    look = await p.look(["t"], GROUP, home(), room=100)
     assert look.settled == [exec_id]
     assert await conclude(p, store, exec_id, "succeeded") == "succeeded"
     assert await conclude(p, store, exec_id, "succeeded") == ""  # a second loop changes nothing
@@ -207,19 +207,19 @@ async def test_a_finished_job_leaves_its_lists_once_its_retention_is_over(ar: re
 async def test_what_one_loop_looked_at_is_leased_to_it_until_its_lease_ends(ar: redis.asyncio.Redis) -> None:
     store, p = JobStore(ar), Promotions(ar)
     job_ids = {await create(store) for _ in range(4)}
-    first = await p.look(["t"], QUEUE, home(), room=100)
+    first = await p.look(["t"], GROUP, home(), room=100)
     assert {job_id for _, job_id in first.due} == job_ids
-    assert (await p.look(["t"], QUEUE, home(), room=100)).due == []  # another loop: nothing for it
+    assert (await p.look(["t"], GROUP, home(), room=100)).due == []  # another loop: nothing for it
     await ar.zadd(keys.jobs_settled(home()), {"exec_a": 0, "exec_b": 0})
-    mine = await p.look([], QUEUE, home(), room=0, settled_at_most=1)
-    theirs = await p.look([], QUEUE, home(), room=0, settled_at_most=5)
+    mine = await p.look([], GROUP, home(), room=0, settled_at_most=1)
+    theirs = await p.look([], GROUP, home(), room=0, settled_at_most=5)
     assert len(mine.settled) == len(theirs.settled) == 1 and mine.settled != theirs.settled
 
     # A loop that died with them leased: once the lease is over, another loop sees them.
     await ar.zadd(keys.job_due("t", home()), dict.fromkeys(job_ids, 0), xx=True)
-    leased = await p.look(["t"], QUEUE, home(), room=100, due_lease_ms=1)
+    leased = await p.look(["t"], GROUP, home(), room=100, due_lease_ms=1)
     assert {job_id for _, job_id in leased.due} == job_ids
-    again = await turns_until_async(lambda: p.look(["t"], QUEUE, home(), room=100), lambda look: look.due)
+    again = await turns_until_async(lambda: p.look(["t"], GROUP, home(), room=100), lambda look: look.due)
     assert {job_id for _, job_id in again.due} == job_ids
 
 

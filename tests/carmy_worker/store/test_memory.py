@@ -29,10 +29,14 @@ from carmy_worker.store.scripts import SCRIPTS
 from carmy_worker.store.submit import Submission, Submit
 from carmy_worker.store.verdicts import Verdicts
 from carmy_worker.wire import ExecutionJob
+from tests.carmy_worker.store.test_scripts import request_id_in
 from tests.support import RedisServer, wait_until_async
 
 RETENTION = 600
-QUEUE = jobs.queue_name("g1")
+GROUP = "g1"
+PARTITION = keys.partition_count() - 1  # the executions' (as in test_scripts)
+QUEUE = jobs.queue_name(GROUP, PARTITION)
+RID, OTHER_RID = request_id_in(PARTITION), request_id_in(PARTITION, "other")
 MINUTE_MS = 60_000
 
 
@@ -60,10 +64,10 @@ def snapshot(r: redis.Redis) -> dict[bytes, bytes | None]:
 
 async def submit(ar: redis.asyncio.Redis, *, request_id: str | None = None, memory: StoreMemory | None = None,
                  tool: str = "noop") -> Submission:
-    job = ExecutionJob(execution_id=keys.new_execution_id(), tool=tool, arguments=b"{}", request_id=request_id,
+    job = ExecutionJob(execution_id=keys.new_execution_id(PARTITION), tool=tool, arguments=b"{}", request_id=request_id,
                        principal="alice")
     return await Submit(ar, retention=RETENTION, memory=memory)(
-        job, queue=QUEUE, idempotent=True, workers_alive=True, max_pending=10, queue_wait_ms=MINUTE_MS,
+        job, group=GROUP, idempotent=True, workers_alive=True, max_pending=10, queue_wait_ms=MINUTE_MS,
         admission_ms=MINUTE_MS)
 
 
@@ -96,7 +100,7 @@ async def test_at_its_limit_redis_refuses_submit_whole_and_nothing_is_written(
         # Its first write prunes the admission set (a delete, allowed at the limit): without its
         # flags, SUBMIT went on to write the execution past it.
         assert await submit(ar, memory=memory) == Submission("store_full")
-        assert await submit(ar, request_id="rid", memory=memory) == Submission("store_full")
+        assert await submit(ar, request_id=RID, memory=memory) == Submission("store_full")
     assert snapshot(own_redis) == before
     assert memory.refusals == 2 and not memory.room  # until the next reading
     assert (await memory.read()).full is False
@@ -105,28 +109,28 @@ async def test_at_its_limit_redis_refuses_submit_whole_and_nothing_is_written(
 
 async def test_without_room_new_calls_are_refused_and_retries_still_answered(
         own_redis: redis.Redis, ar: redis.asyncio.Redis) -> None:
-    accepted = await submit(ar, request_id="rid")
+    accepted = await submit(ar, request_id=RID)
     assert accepted.kind == "new"
     memory = StoreMemory(ar, headroom=0.1)
     memory.reading = MemoryReading(used=95, limit=100, admit_below=90)
     before = snapshot(own_redis)
-    assert await submit(ar, request_id="other", memory=memory) == Submission("store_full")
+    assert await submit(ar, request_id=OTHER_RID, memory=memory) == Submission("store_full")
     assert snapshot(own_redis) == before
     # A retry of the call accepted before is still answered: it joins, and later replays.
-    assert await submit(ar, request_id="rid", memory=memory) == Submission("join", accepted.execution_id)
+    assert await submit(ar, request_id=RID, memory=memory) == Submission("join", accepted.execution_id)
     verdict = await Attempts(ar, worker_id="w1", retention=RETENTION).claim(accepted.execution_id,
                                                                            max_attempts=MAX_ATTEMPTS)
     record = records.completed(accepted.execution_id, "noop", b"{}", cacheable=True, duration_ms=1)
     await Attempts(ar, worker_id="w1", retention=RETENTION).settle(record, exec_id=accepted.execution_id,
                                                                   attempt=verdict.attempt)
-    assert (await submit(ar, request_id="rid", memory=memory)).kind == "replay"
+    assert (await submit(ar, request_id=RID, memory=memory)).kind == "replay"
     assert memory.refusals == 1
 
 
 async def test_accepted_work_carries_on_to_its_record_over_the_limit(
         own_redis: redis.Redis, ar: redis.asyncio.Redis) -> None:
     submitted = {(await submit(ar)).execution_id for _ in range(3)}
-    attempts = Attempts(ar, worker_id="w1", retention=RETENTION, queue=QUEUE)
+    attempts = Attempts(ar, worker_id="w1", retention=RETENTION, group=GROUP)
     liveness = Liveness(ar, dead_after=3)
     await liveness.heartbeat("w1")
     with full(own_redis):

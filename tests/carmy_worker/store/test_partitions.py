@@ -21,11 +21,12 @@ from tests.support import RedisServer, app_settings
 
 @pytest.fixture
 def sixteen() -> Iterator[None]:
+    before = keys.partition_count()
     keys.use_partitions(16)
     try:
         yield
     finally:
-        keys.use_partitions(1)
+        keys.use_partitions(before)
 
 
 def slot(key: str) -> int:
@@ -68,6 +69,17 @@ def test_a_request_ids_key_and_its_execution_share_a_slot() -> None:
     assert len(slots) == 16  # sixteen slots, not one
 
 
+@pytest.fixture
+def one() -> Iterator[None]:
+    before = keys.partition_count()
+    keys.use_partitions(1)
+    try:
+        yield
+    finally:
+        keys.use_partitions(before)
+
+
+@pytest.mark.usefixtures("one")
 def test_one_partition_names_every_key_in_partition_zero() -> None:
     exec_id = keys.new_execution_id(0)
     assert keys.execution(exec_id) == f"carmy:{{c:0}}:exe:{exec_id}"
@@ -78,7 +90,7 @@ def test_one_partition_names_every_key_in_partition_zero() -> None:
 def test_the_setting_is_one_partition_until_every_script_takes_its_own() -> None:
     assert WorkerSettings.from_env({}).redis_partitions == ApiSettings.from_env({}).redis_partitions == 1
     assert ApiSettings.from_env({"CARMY_REDIS_PARTITIONS": "1"}).redis_partitions == 1
-    for bad in ("0", "16", "x"):
+    for bad in ("0", "17", "x"):
         with pytest.raises(SettingsError, match="CARMY_REDIS_PARTITIONS"):
             WorkerSettings.from_env({"CARMY_REDIS_PARTITIONS": bad})
 
@@ -102,8 +114,9 @@ async def test_the_first_process_records_the_count_and_another_count_is_refused(
 
 async def test_an_api_configured_with_another_count_does_not_start(ar: redis.asyncio.Redis,
                                                                    redis_server: RedisServer) -> None:
-    await partitions.agree(ar, 4)  # as a deployment of four partitions would have recorded it
+    here = keys.partition_count()  # CARMY_REDIS_PARTITIONS of this run (app_settings follows it)
+    await partitions.agree(ar, here + 3)  # as a deployment of another count would have recorded it
     app = create_app(app_settings(redis_server.url))
-    with pytest.raises(partitions.PartitionsDisagree, match="is 1 here but 4 in Redis"):
+    with pytest.raises(partitions.PartitionsDisagree, match=f"is {here} here but {here + 3} in Redis"):
         async with app.router.lifespan_context(app):
             pass

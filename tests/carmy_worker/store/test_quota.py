@@ -19,9 +19,9 @@ from carmy_worker.store.quota import Quota
 from carmy_worker.store.submit import Submission, Submit
 from carmy_worker.store.verdicts import Verdicts
 from tests.carmy_worker.store.test_scripts import (
+    GROUP,
     MINUTE_MS,
     PRINCIPAL,
-    QUEUE,
     RETENTION,
     claim,
     done_record,
@@ -61,7 +61,7 @@ async def submit(ar: redis.asyncio.Redis, exec_id: str, quota: Quota, *, request
     job = execution_job(exec_id, request_id=request_id)
     job.principal = principal
     return await Submit(ar, retention=RETENTION)(
-        job, queue=QUEUE, idempotent=False, workers_alive=True, max_pending=max_pending,
+        job, group=GROUP, idempotent=False, workers_alive=True, max_pending=max_pending * keys.partition_count(),
         queue_wait_ms=MINUTE_MS, admission_ms=admission_ms, quota=quota,
     )
 

@@ -26,7 +26,7 @@ from tests.support import RedisServer
 PARTITIONS = 4
 RETENTION = 600
 DEAD_AFTER = 3.0
-QUEUE = jobs.queue_name("g-cells")
+GROUP = "g-cells"
 MINUTE_MS = 60_000
 
 
@@ -62,7 +62,7 @@ async def accepted(ar: redis.asyncio.Redis, partition: int, *, idempotent: bool)
     """A new execution of ``partition``, accepted and queued."""
     exec_id = keys.new_execution_id(partition)
     job = ExecutionJob(execution_id=exec_id, tool="tally", arguments=b"{}")
-    await Submit(ar, retention=RETENTION)(job, queue=QUEUE, idempotent=idempotent, workers_alive=True, max_pending=100,
+    await Submit(ar, retention=RETENTION)(job, group=GROUP, idempotent=idempotent, workers_alive=True, max_pending=100,
                                           queue_wait_ms=MINUTE_MS, admission_ms=MINUTE_MS)
     return exec_id
 

@@ -9,6 +9,7 @@ call it; the blocking client ``r`` only observes what they left in Redis.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -47,7 +48,10 @@ from tests.support import RedisServer
 
 RETENTION = 600
 GROUP = "g1"
-QUEUE = jobs.queue_name(GROUP)
+# The partition these tests' executions are drawn into: the last, so that with several (the
+# slot recorder's, CARMY_REDIS_PARTITIONS) a script that names partition 0's keys for them fails.
+PARTITION = keys.partition_count() - 1
+QUEUE = jobs.queue_name(GROUP, PARTITION)
 WAKE = jobs.wake_list(QUEUE)
 MINUTE_MS = 60_000
 PRINCIPAL = "alice"
@@ -74,7 +78,17 @@ def redis_now_ms(r: redis.Redis) -> int:
 
 
 def new_id() -> str:
-    return keys.new_execution_id()
+    return keys.new_execution_id(PARTITION)
+
+
+def request_id_in(partition: int, name: str = "rid", principal: str = PRINCIPAL) -> str:
+    """A request id (``name``, numbered) whose idempotency key is in ``partition``: SUBMIT keeps
+    a call's idempotency record in its execution's partition (the API draws the id there)."""
+    return next(f"{name}-{n}" for n in itertools.count()
+                if keys.request_partition(principal, None, f"{name}-{n}") == partition)
+
+
+RID = request_id_in(PARTITION)
 
 
 def execution_job(exec_id: str, *, tool: str = "tally", arguments: bytes = b"{}",
@@ -89,8 +103,10 @@ async def submit(
     admission_ms: int = MINUTE_MS, queue_wait_ms: int = MINUTE_MS,
 ) -> Submission:
     job = execution_job(exec_id, tool=tool, arguments=arguments, request_id=request_id)
+    # max_pending is the partition's share: SUBMIT admits ceil(M/N) in each.
     return await Submit(ar, retention=RETENTION)(
-        job, queue=QUEUE, idempotent=idempotent, workers_alive=workers_alive, max_pending=max_pending,
+        job, group=GROUP, idempotent=idempotent, workers_alive=workers_alive,
+        max_pending=max_pending * keys.partition_count(),
         queue_wait_ms=queue_wait_ms, admission_ms=admission_ms,
     )
 
@@ -204,7 +220,7 @@ async def test_submit_new_writes_execution_job_admission_and_idempotency(
 ) -> None:
     exec_id = new_id()
     before, wall_before = redis_now_ms(r), int(time.time() * 1000)
-    assert await submit(ar, exec_id, request_id="rid", admission_ms=90_000, queue_wait_ms=30_000) == Submission(
+    assert await submit(ar, exec_id, request_id=RID, admission_ms=90_000, queue_wait_ms=30_000) == Submission(
         "new", exec_id)
     after, wall_after = redis_now_ms(r), int(time.time() * 1000)
 
@@ -213,16 +229,16 @@ async def test_submit_new_writes_execution_job_admission_and_idempotency(
         "queued", "0", "tally", keys.owner(PRINCIPAL), "0", WAKE)
     assert before + 30_000 <= int(h["start_by"]) <= after + 30_000
     assert RETENTION - 1 <= r.ttl(keys.execution(exec_id)) <= RETENTION
-    assert before + 90_000 <= r.zscore(keys.PENDING, exec_id) <= after + 90_000
-    assert r.zscore(keys.QUEUED, exec_id) == int(h["start_by"])
+    assert before + 90_000 <= r.zscore(keys.pending(PARTITION), exec_id) <= after + 90_000
+    assert r.zscore(keys.queued(PARTITION), exec_id) == int(h["start_by"])
     # The job is the ExecutionJob, in the arq layout, enqueued now.
     job = r.get(jobs.job_key(exec_id))
     enqueued_ms = msgspec.msgpack.decode(job)["et"]
     assert wall_before <= enqueued_ms <= wall_after
-    assert job == jobs.encode_job(msgpack_encoder.encode(execution_job(exec_id, request_id="rid")), enqueued_ms)
+    assert job == jobs.encode_job(msgpack_encoder.encode(execution_job(exec_id, request_id=RID)), enqueued_ms)
     assert RETENTION - 1 <= r.ttl(jobs.job_key(exec_id)) <= RETENTION
     assert in_zset(r, QUEUE, exec_id)
-    idem = keys.idempotency(PRINCIPAL, None, "rid")
+    idem = keys.idempotency(PRINCIPAL, None, RID)
     assert r.get(idem) == f"{exec_id} {keys.fingerprint('tally', b'{}')}".encode()
     assert RETENTION - 1 <= r.ttl(idem) <= RETENTION
     assert r.llen(WAKE) == 1  # one token: one idle worker looks at the queue at once
@@ -230,32 +246,32 @@ async def test_submit_new_writes_execution_job_admission_and_idempotency(
 
 async def test_submit_same_request_while_running_joins_the_original(r: redis.Redis, ar: redis.asyncio.Redis) -> None:
     first = new_id()
-    await submit(ar, first, request_id="rid")
+    await submit(ar, first, request_id=RID)
     second = new_id()
-    assert await submit(ar, second, request_id="rid") == Submission("join", first)
+    assert await submit(ar, second, request_id=RID) == Submission("join", first)
     assert not r.exists(keys.execution(second), jobs.job_key(second))
-    assert r.zcard(keys.PENDING) == 1 and r.zcard(QUEUE) == 1
+    assert r.zcard(keys.pending(PARTITION)) == 1 and r.zcard(QUEUE) == 1
 
 
 async def test_submit_same_request_after_the_record_replays_it(r: redis.Redis, ar: redis.asyncio.Redis) -> None:
-    first = await running(ar, request_id="rid")
+    first = await running(ar, request_id=RID)
     assert await settle(ar, first, 1, done_record(first)) is True
     record = record_decoder.decode(r.get(keys.record(first)))
     second = new_id()
-    assert await submit(ar, second, request_id="rid") == Submission("replay", first, record)
+    assert await submit(ar, second, request_id=RID) == Submission("replay", first, record)
     assert not r.exists(keys.execution(second), jobs.job_key(second))
 
 
 async def test_submit_same_request_with_other_arguments_conflicts(r: redis.Redis, ar: redis.asyncio.Redis) -> None:
     first = new_id()
-    await submit(ar, first, request_id="rid", arguments=b'{"n":1}')
+    await submit(ar, first, request_id=RID, arguments=b'{"n":1}')
     second = new_id()
-    assert await submit(ar, second, request_id="rid", arguments=b'{"n":2}') == Submission("conflict", first)
+    assert await submit(ar, second, request_id=RID, arguments=b'{"n":2}') == Submission("conflict", first)
     assert not r.exists(keys.execution(second), jobs.job_key(second))
     # Still a conflict once the first has finished: a finished call is not replayed for other arguments.
     assert await claim(ar, first) == ("run", 1)
     assert await settle(ar, first, 1, done_record(first)) is True
-    assert await submit(ar, second, request_id="rid", arguments=b'{"n":2}') == Submission("conflict", first)
+    assert await submit(ar, second, request_id=RID, arguments=b'{"n":2}') == Submission("conflict", first)
 
 
 async def test_submit_over_max_pending_is_full_and_writes_nothing(r: redis.Redis, ar: redis.asyncio.Redis) -> None:
@@ -263,18 +279,18 @@ async def test_submit_over_max_pending_is_full_and_writes_nothing(r: redis.Redis
         assert (await submit(ar, new_id(), max_pending=2)).kind == "new"
     before = sorted(r.keys())
     third = new_id()
-    assert await submit(ar, third, request_id="rid", max_pending=2) == Submission("full", pending=2)
+    assert await submit(ar, third, request_id=RID, max_pending=2) == Submission("full", pending=2)
     assert sorted(r.keys()) == before
-    assert not r.exists(keys.idempotency(PRINCIPAL, None, "rid"), keys.execution(third), jobs.job_key(third))
-    assert r.zcard(keys.PENDING) == 2 and r.zcard(keys.QUEUED) == 2 and r.zcard(QUEUE) == 2
+    assert not r.exists(keys.idempotency(PRINCIPAL, None, RID), keys.execution(third), jobs.job_key(third))
+    assert r.zcard(keys.pending(PARTITION)) == 2 and r.zcard(keys.queued(PARTITION)) == 2 and r.zcard(QUEUE) == 2
     assert r.llen(WAKE) == 2  # the two queued ones' tokens, and no more
     # Nothing was recorded, so the same request_id is accepted once there is room.
-    r.zpopmin(keys.PENDING)
-    assert await submit(ar, third, request_id="rid", max_pending=2) == Submission("new", third)
+    r.zpopmin(keys.pending(PARTITION))
+    assert await submit(ar, third, request_id=RID, max_pending=2) == Submission("new", third)
 
 
 async def test_submit_without_live_workers_writes_nothing(r: redis.Redis, ar: redis.asyncio.Redis) -> None:
-    assert await submit(ar, new_id(), request_id="rid", workers_alive=False) == Submission("no_workers")
+    assert await submit(ar, new_id(), request_id=RID, workers_alive=False) == Submission("no_workers")
     assert r.dbsize() == 0  # no wake token either
 
 
@@ -282,11 +298,11 @@ async def test_submit_prunes_expired_admission_entries_before_counting(
     r: redis.Redis, ar: redis.asyncio.Redis,
 ) -> None:
     now = redis_now_ms(r)
-    r.zadd(keys.PENDING, {"exec_crashed": now - 1, "exec_alive": now + MINUTE_MS})
+    r.zadd(keys.pending(PARTITION), {"exec_crashed": now - 1, "exec_alive": now + MINUTE_MS})
     fresh = new_id()
     # The crashed execution's slot is given back; the live one still counts.
     assert await submit(ar, fresh, max_pending=2) == Submission("new", fresh)
-    assert sorted(r.zrange(keys.PENDING, 0, -1)) == sorted([b"exec_alive", fresh.encode()])
+    assert sorted(r.zrange(keys.pending(PARTITION), 0, -1)) == sorted([b"exec_alive", fresh.encode()])
     assert await submit(ar, new_id(), max_pending=2) == Submission("full", pending=2)
 
 
@@ -300,14 +316,14 @@ async def test_claim_runs_a_queued_execution(r: redis.Redis, ar: redis.asyncio.R
     assert await claim(ar, exec_id, "w1") == ("run", 1)
     h = state(r, exec_id)
     assert (h["state"], h["attempt"], h["worker"]) == ("running", "1", "w1")
-    assert r.sismember(keys.running("w1"), exec_id)
-    assert not in_zset(r, keys.QUEUED, exec_id)  # started: the start deadline no longer applies
-    assert in_zset(r, keys.PENDING, exec_id)  # still holds its admission slot
+    assert r.sismember(keys.running("w1", PARTITION), exec_id)
+    assert not in_zset(r, keys.queued(PARTITION), exec_id)  # started: the start deadline no longer applies
+    assert in_zset(r, keys.pending(PARTITION), exec_id)  # still holds its admission slot
     [(_, data)] = received(events)
     event = event_decoder.decode(data)
     assert event.name == "tool.started"
     assert event.data == json_encoder.encode(StartedData(exec_id, "tally"))
-    waits = r.hgetall(metrics.HISTOGRAMS["queue_wait"])
+    waits = r.hgetall(metrics.histogram("queue_wait", PARTITION))
     buckets = [int(v) for k, v in waits.items() if k.split(metrics.SEP.encode())[1].isdigit()]
     assert buckets == [1] and f"tally{metrics.SEP}sum".encode() in waits  # one observation, no count field
 
@@ -317,7 +333,7 @@ async def test_claim_of_a_settled_execution_does_not_run(r: redis.Redis, ar: red
     assert await settle(ar, exec_id, 1, done_record(exec_id)) is True
     assert await claim(ar, exec_id, "w2") == ("settled", 0)
     assert state(r, exec_id)["attempt"] == "1"
-    assert not r.sismember(keys.running("w2"), exec_id)
+    assert not r.sismember(keys.running("w2", PARTITION), exec_id)
 
 
 async def test_claim_of_an_unknown_execution_is_gone_and_creates_nothing(
@@ -346,7 +362,7 @@ async def test_claim_of_a_cancelled_execution_does_not_run(
     assert (await reap(ar, exec_id, "w1"))[0] == "requeued"
     events = listen(keys.events(exec_id))
     assert await claim(ar, exec_id, "w2") == ("cancelled", 2)
-    assert not r.sismember(keys.running("w2"), exec_id)
+    assert not r.sismember(keys.running("w2", PARTITION), exec_id)
     assert state(r, exec_id)["state"] == "queued"
     assert received(events) == []  # no tool.started
 
@@ -354,7 +370,7 @@ async def test_claim_of_a_cancelled_execution_does_not_run(
 async def test_claim_never_runs_a_non_idempotent_execution_twice(r: redis.Redis, ar: redis.asyncio.Redis) -> None:
     exec_id = await running(ar)
     assert await claim(ar, exec_id, "w2") == ("uncertain", 2)  # arq re-delivered it
-    assert not r.sismember(keys.running("w2"), exec_id)
+    assert not r.sismember(keys.running("w2", PARTITION), exec_id)
     assert state(r, exec_id)["worker"] == "w1"
 
 
@@ -367,7 +383,7 @@ async def test_claim_reruns_an_idempotent_execution_up_to_max_attempts(
     assert await claim(ar, exec_id, "w3") == ("run", 3)
     assert await claim(ar, exec_id, "w4") == ("uncertain", 4)
     assert state(r, exec_id)["worker"] == "w3"
-    assert not r.sismember(keys.running("w4"), exec_id)
+    assert not r.sismember(keys.running("w4", PARTITION), exec_id)
 
 
 async def test_claim_after_the_start_deadline_expires_on_the_first_attempt_only(
@@ -377,7 +393,7 @@ async def test_claim_after_the_start_deadline_expires_on_the_first_attempt_only(
     await submit(ar, late, queue_wait_ms=-1)  # its start-by instant has passed
     assert await claim(ar, late) == ("expired", 1)
     assert state(r, late)["state"] == "queued"
-    assert not r.sismember(keys.running("w1"), late)
+    assert not r.sismember(keys.running("w1", PARTITION), late)
 
     # Once started in time, a re-run after a crash is not "never started".
     rerun = await running(ar, idempotent=True)
@@ -399,14 +415,14 @@ async def test_settle_writes_the_record_once_and_announces_it(
     assert r.get(keys.record(exec_id)) == stored(record)
     assert RETENTION - 1 <= r.ttl(keys.record(exec_id)) <= RETENTION
     assert state(r, exec_id)["state"] == "done"
-    assert not in_zset(r, keys.PENDING, exec_id)
-    assert not in_zset(r, keys.QUEUED, exec_id)
-    assert not r.sismember(keys.running("w1"), exec_id)
+    assert not in_zset(r, keys.pending(PARTITION), exec_id)
+    assert not in_zset(r, keys.queued(PARTITION), exec_id)
+    assert not r.sismember(keys.running("w1", PARTITION), exec_id)
     got = [event_decoder.decode(data) for _, data in received(events)]
     assert [e.name for e in got] == ["tool.completed", "final"]
     assert got[1].data == stored(record)
-    assert r.hget(metrics.EXECUTIONS, metrics.label(record)) == b"1"
-    run = metrics.HISTOGRAMS["run"]
+    assert r.hget(metrics.executions(PARTITION), metrics.label(record)) == b"1"
+    run = metrics.histogram("run", PARTITION)
     bucket = metrics.BUCKETS_MS.index(50)  # 25 < 42 <= 50
     assert r.hget(run, f"tally{metrics.SEP}{bucket}") == b"1"
     assert r.hget(run, f"tally{metrics.SEP}sum") == b"42"
@@ -415,7 +431,7 @@ async def test_settle_writes_the_record_once_and_announces_it(
     # Never overwritten, not even by the same attempt.
     assert await settle(ar, exec_id, 1, done_record(exec_id, n=2)) is False
     assert r.get(keys.record(exec_id)) == stored(record)
-    assert r.hget(metrics.EXECUTIONS, metrics.label(record)) == b"1"
+    assert r.hget(metrics.executions(PARTITION), metrics.label(record)) == b"1"
     assert received(events) == []
 
 
@@ -428,8 +444,8 @@ async def test_settle_without_a_run_publishes_only_the_final_event(
     record = records.uncertain(exec_id, "tally", "its worker stopped")
     assert await settle(ar, exec_id, 2, record, worker_id="w2", run_ms=None, completed=False, ran=False) is True
     assert event_names(events) == ["final"]
-    assert r.hget(metrics.EXECUTIONS, metrics.label(record)) == b"1"
-    assert not r.exists(metrics.HISTOGRAMS["run"])
+    assert r.hget(metrics.executions(PARTITION), metrics.label(record)) == b"1"
+    assert not r.exists(metrics.histogram("run", PARTITION))
 
 
 async def test_settle_of_a_stale_attempt_writes_nothing(r: redis.Redis, ar: redis.asyncio.Redis, listen: Any) -> None:
@@ -440,9 +456,9 @@ async def test_settle_of_a_stale_attempt_writes_nothing(r: redis.Redis, ar: redi
     assert await settle(ar, exec_id, 1, done_record(exec_id, n=1)) is False
     assert not r.exists(keys.record(exec_id))
     assert state(r, exec_id)["state"] == "running"
-    assert in_zset(r, keys.PENDING, exec_id)
+    assert in_zset(r, keys.pending(PARTITION), exec_id)
     assert received(events) == []
-    assert not r.exists(metrics.EXECUTIONS)
+    assert not r.exists(metrics.executions(PARTITION))
 
     record = done_record(exec_id, n=2)
     assert await settle(ar, exec_id, 2, record, worker_id="w2") is True
@@ -484,12 +500,12 @@ async def test_cancel_of_a_queued_execution_settles_it_at_once(
     assert RETENTION - 1 <= r.ttl(keys.record(exec_id)) <= RETENTION
     h = state(r, exec_id)
     assert (h["state"], h["attempt"], h["cancel"]) == ("done", "1", "1")
-    assert not in_zset(r, keys.PENDING, exec_id)
-    assert not in_zset(r, keys.QUEUED, exec_id)
+    assert not in_zset(r, keys.pending(PARTITION), exec_id)
+    assert not in_zset(r, keys.queued(PARTITION), exec_id)
     got = received(events)
     assert [event_decoder.decode(d).name for _, d in got] == ["final"]
     assert event_decoder.decode(got[0][1]).data == written
-    assert r.hget(metrics.EXECUTIONS, metrics.label(record)) == b"1"
+    assert r.hget(metrics.executions(PARTITION), metrics.label(record)) == b"1"
     # When a worker picks the job up, it never runs.
     assert await claim(ar, exec_id) == ("settled", 0)
 
@@ -498,14 +514,14 @@ async def test_cancel_of_a_running_execution_signals_its_worker(
     r: redis.Redis, ar: redis.asyncio.Redis, listen: Any,
 ) -> None:
     exec_id = await running(ar)
-    channels = listen(keys.cancel_channel(0), keys.events(exec_id))
+    channels = listen(keys.cancel_channel(PARTITION), keys.events(exec_id))
     assert (await cancel(ar, exec_id))[0] == "signalled"
-    assert received(channels) == [(keys.cancel_channel(0), exec_id.encode())]
+    assert received(channels) == [(keys.cancel_channel(PARTITION), exec_id.encode())]
     assert not r.exists(keys.record(exec_id))
     h = state(r, exec_id)
     assert (h["state"], h["attempt"], h["cancel"]) == ("running", "1", "1")
-    assert in_zset(r, keys.PENDING, exec_id)
-    assert r.sismember(keys.running("w1"), exec_id)
+    assert in_zset(r, keys.pending(PARTITION), exec_id)
+    assert r.sismember(keys.running("w1", PARTITION), exec_id)
     # The worker answers with the record of the cancelled run: it still owns the attempt.
     assert await settle(ar, exec_id, 1, records.cancelled(exec_id, "tally", started=True)) is True
 
@@ -539,9 +555,9 @@ async def test_reap_requeues_an_idempotent_execution_of_a_dead_worker(
     assert (await reap(ar, exec_id, "w1"))[0] == "requeued"
     assert state(r, exec_id)["state"] == "queued"
     assert not r.exists(jobs.in_progress_key(exec_id))  # another worker may take the job now
-    assert not r.sismember(keys.running("w1"), exec_id)
+    assert not r.sismember(keys.running("w1", PARTITION), exec_id)
     assert not r.exists(keys.record(exec_id))
-    assert in_zset(r, keys.PENDING, exec_id)
+    assert in_zset(r, keys.pending(PARTITION), exec_id)
     assert r.zscore(QUEUE, exec_id) <= redis_now_ms(r)  # due again now, not when the lease would end
     assert r.llen(WAKE) == 1 and received(channels) == []
     assert await claim(ar, exec_id, "w2") == ("run", 2)
@@ -562,8 +578,8 @@ async def test_reap_settles_a_non_idempotent_execution_uncertain(
     h = state(r, exec_id)
     assert (h["state"], h["attempt"]) == ("done", "2")
     assert not r.exists(jobs.in_progress_key(exec_id))
-    assert not in_zset(r, keys.PENDING, exec_id)
-    assert not r.sismember(keys.running("w1"), exec_id)
+    assert not in_zset(r, keys.pending(PARTITION), exec_id)
+    assert not r.sismember(keys.running("w1", PARTITION), exec_id)
     assert event_names(events) == ["final"]
     assert r.llen(WAKE) == 1  # the job is redelivered (and finds the record) rather than left waiting
     # The dead worker's late outcome is fenced out, and the re-delivered job never runs.
@@ -581,8 +597,8 @@ async def test_reap_of_an_execution_that_moved_on_writes_nothing(r: redis.Redis,
     assert state(r, exec_id) == before
     assert r.exists(jobs.in_progress_key(exec_id))
     assert not r.exists(keys.record(exec_id))
-    assert r.sismember(keys.running("w2"), exec_id)
-    assert not r.sismember(keys.running("w1"), exec_id)  # the stale entry is dropped
+    assert r.sismember(keys.running("w2", PARTITION), exec_id)
+    assert not r.sismember(keys.running("w1", PARTITION), exec_id)  # the stale entry is dropped
 
 
 async def test_reap_of_a_settled_execution_only_drops_the_stale_entry(
@@ -591,10 +607,10 @@ async def test_reap_of_a_settled_execution_only_drops_the_stale_entry(
     exec_id = await running(ar)
     record = done_record(exec_id)
     assert await settle(ar, exec_id, 1, record) is True
-    r.sadd(keys.running("w1"), exec_id)  # an entry left behind (a write Redis lost, say)
+    r.sadd(keys.running("w1", PARTITION), exec_id)  # an entry left behind (a write Redis lost, say)
     assert (await reap(ar, exec_id, "w1"))[0] == "settled"
     assert r.get(keys.record(exec_id)) == stored(record)
-    assert not r.sismember(keys.running("w1"), exec_id)
+    assert not r.sismember(keys.running("w1", PARTITION), exec_id)
 
 
 # --- EXPIRE_UNSTARTED ------------------------------------------------------------------------
@@ -614,8 +630,8 @@ async def test_expire_unstarted_settles_an_execution_past_its_start_deadline(
     assert "never ran" in record.body.decode()
     h = state(r, exec_id)
     assert (h["state"], h["attempt"]) == ("done", "1")
-    assert not in_zset(r, keys.QUEUED, exec_id)
-    assert not in_zset(r, keys.PENDING, exec_id)
+    assert not in_zset(r, keys.queued(PARTITION), exec_id)
+    assert not in_zset(r, keys.pending(PARTITION), exec_id)
     assert event_names(events) == ["final"]
     assert await claim(ar, exec_id) == ("settled", 0)
 
@@ -624,8 +640,8 @@ async def test_expire_unstarted_leaves_an_execution_not_yet_due(r: redis.Redis, 
     exec_id = new_id()
     await submit(ar, exec_id)
     assert (await expire(ar, exec_id))[0] is False
-    assert in_zset(r, keys.QUEUED, exec_id)
-    assert in_zset(r, keys.PENDING, exec_id)
+    assert in_zset(r, keys.queued(PARTITION), exec_id)
+    assert in_zset(r, keys.pending(PARTITION), exec_id)
     assert not r.exists(keys.record(exec_id))
     assert state(r, exec_id)["state"] == "queued"
     assert await claim(ar, exec_id) == ("run", 1)
@@ -633,9 +649,9 @@ async def test_expire_unstarted_leaves_an_execution_not_yet_due(r: redis.Redis, 
 
 async def test_expire_unstarted_only_unlists_a_running_execution(r: redis.Redis, ar: redis.asyncio.Redis) -> None:
     exec_id = await running(ar)
-    r.zadd(keys.QUEUED, {exec_id: 0})  # a stale entry, read before the claim removed it
+    r.zadd(keys.queued(PARTITION), {exec_id: 0})  # a stale entry, read before the claim removed it
     assert (await expire(ar, exec_id))[0] is False
-    assert not in_zset(r, keys.QUEUED, exec_id)
+    assert not in_zset(r, keys.queued(PARTITION), exec_id)
     assert not r.exists(keys.record(exec_id))
     assert state(r, exec_id)["state"] == "running"
 
@@ -705,18 +721,18 @@ async def test_lease_takes_only_due_unleased_jobs_at_most_n_by_redis_clock(
 ) -> None:
     leases = Leases(ar, "w1")  # any asyncio client runs it; the workers pass their ArqRedis
     now = redis_now_ms(r)
-    r.zadd(QUEUE, {"due1": now - 300, "due2": now - 200, "due3": now - 100, "later": now + MINUTE_MS,
-                   "taken": now - 400})
-    r.set(jobs.in_progress_key("taken"), b"other", px=MINUTE_MS)
+    due1, due2, due3, later, taken = (new_id() for _ in range(5))
+    r.zadd(QUEUE, {due1: now - 300, due2: now - 200, due3: now - 100, later: now + MINUTE_MS, taken: now - 400})
+    r.set(jobs.in_progress_key(taken), b"other", px=MINUTE_MS)
 
-    r.set(jobs.job_key("due1"), b"job one")
+    r.set(jobs.job_key(due1), b"job one")
 
     async def take(n: int) -> list[tuple[str, int]]:
         got = await leases.take(QUEUE, most=n, lease_ms=5000, look_ahead=100)
         for lease in got:  # each lease's token is in arq's in-progress key and in the worker's hash
             assert lease.token.startswith("w1/") and lease.token.endswith(lease.job_id)
             assert r.get(jobs.in_progress_key(lease.job_id)) == lease.token.encode()
-            assert r.hget(keys.leases("w1"), lease.job_id) == lease.token.encode()
+            assert r.hget(keys.leases("w1", PARTITION), lease.job_id) == lease.token.encode()
             # Its score is the lease's end now: the next scans for due jobs do not walk over it.
             assert redis_now_ms(r) + 4000 < r.zscore(QUEUE, lease.job_id) <= redis_now_ms(r) + 5000
             # arq's run counter is not kept: arq's run_job is told the attempt (none here: 1).
@@ -724,14 +740,14 @@ async def test_lease_takes_only_due_unleased_jobs_at_most_n_by_redis_clock(
         return [(lease.job_id, lease.score, lease.job) for lease in got]
 
     # Each with its arq job ('' when gone).
-    assert await take(2) == [("due1", now - 300, b"job one"), ("due2", now - 200, b"")]
-    for job_id in ("due1", "due2"):
+    assert await take(2) == [(due1, now - 300, b"job one"), (due2, now - 200, b"")]
+    for job_id in (due1, due2):
         assert 4000 < r.pttl(jobs.in_progress_key(job_id)) <= 5000
-    assert not r.exists(jobs.in_progress_key("due3"), jobs.in_progress_key("later"))
-    assert r.get(jobs.in_progress_key("taken")) == b"other"
-    assert r.pttl(jobs.in_progress_key("taken")) > 5000
+    assert not r.exists(jobs.in_progress_key(due3), jobs.in_progress_key(later))
+    assert r.get(jobs.in_progress_key(taken)) == b"other"
+    assert r.pttl(jobs.in_progress_key(taken)) > 5000
     # The next call takes what is left and due, and nothing twice.
-    assert await take(5) == [("due3", now - 100, b"")]
+    assert await take(5) == [(due3, now - 100, b"")]
     assert await take(5) == []
 
 
@@ -755,7 +771,7 @@ async def test_lease_claims_each_job_it_leases(r: redis.Redis, ar: redis.asyncio
            await Leases(ar, "w1").take(QUEUE, most=3, lease_ms=MINUTE_MS, look_ahead=10)}
     assert {e: (c.verdict, c.attempt) for e, c in got.items() if c} == {
         plain: ("run", 1), other: ("run", 1), cancelled: ("cancelled", 1)}
-    assert r.smembers(keys.running("w1")) == {plain.encode(), other.encode()}
+    assert r.smembers(keys.running("w1", PARTITION)) == {plain.encode(), other.encode()}
     assert all(state(r, e)["worker"] == "w1" and "began" not in state(r, e) for e in (plain, other))
     [(_, data)] = received(events)
     assert data == started_event(plain, "tally")
@@ -861,7 +877,7 @@ async def test_a_lease_leaves_one_wake_token_per_job_still_due(r: redis.Redis, a
     await submit(ar, retried)
     [lease] = await Leases(ar, "w4").take(QUEUE, most=1, lease_ms=MINUTE_MS, look_ahead=10)
     r.lpop(WAKE)
-    assert await Leases(ar, "w4").finish(QUEUE, lease, finished=False, delay_ms=0)
+    assert await Leases(ar, "w4").finish(lease, finished=False, delay_ms=0)
     assert r.llen(WAKE) == 0
     await submit(ar, new_id())
     await submit(ar, new_id())
@@ -879,22 +895,22 @@ async def test_finish_ends_only_its_own_lease(r: redis.Redis, ar: redis.asyncio.
     assert set(got) == {done, retried, taken_away}
     r.delete(WAKE)
     # Finished: the job is gone for good.
-    assert await leases.finish(QUEUE, got[done], finished=True, delay_ms=None) is True
+    assert await leases.finish(got[done], finished=True, delay_ms=None) is True
     assert not r.exists(jobs.job_key(done), jobs.in_progress_key(done), jobs.retry_key(done))
     assert not in_zset(r, QUEUE, done)
     assert r.llen(WAKE) == 0
     # A retry: the job stays queued, later (from its score before the lease), and anyone may lease it.
-    assert await leases.finish(QUEUE, got[retried], finished=False, delay_ms=1000) is True
+    assert await leases.finish(got[retried], finished=False, delay_ms=1000) is True
     assert r.exists(jobs.job_key(retried)) and not r.exists(jobs.in_progress_key(retried))
     assert r.zscore(QUEUE, retried) == got[retried].score + 1000
     assert r.llen(WAKE) == 0  # due later: the fallback poll finds it
     # The janitor gave this lease away and another worker leased the job: a late finish of the
     # old lease touches nothing.
     r.set(jobs.in_progress_key(taken_away), b"w2/new")
-    assert await leases.finish(QUEUE, got[taken_away], finished=True, delay_ms=None) is False
+    assert await leases.finish(got[taken_away], finished=True, delay_ms=None) is False
     assert r.exists(jobs.job_key(taken_away)) and in_zset(r, QUEUE, taken_away)
     assert r.get(jobs.in_progress_key(taken_away)) == b"w2/new"
-    assert r.hlen(keys.leases("w1")) == 0
+    assert r.hlen(keys.leases("w1", PARTITION)) == 0
 
 
 async def test_settle_with_the_lease_finishes_the_job_as_finish_would(r: redis.Redis, ar: redis.asyncio.Redis) -> None:
@@ -905,21 +921,21 @@ async def test_settle_with_the_lease_finishes_the_job_as_finish_would(r: redis.R
         await submit(ar, exec_id)
     got = {lease.job_id: lease for lease in
            await Leases(ar, "w1").take(QUEUE, most=2, lease_ms=MINUTE_MS, look_ahead=10)}
-    attempts = Attempts(ar, worker_id="w1", retention=RETENTION, queue=QUEUE)
+    attempts = Attempts(ar, worker_id="w1", retention=RETENTION, group=GROUP)
     for exec_id in (mine, taken_away):  # LEASE claimed them for w1
         assert got[exec_id].claim == Claim("run", 1, got[exec_id].claim.queue_wait_ms)
     assert await attempts.settle(done_record(mine), exec_id=mine, attempt=1, lease=got[mine].token) is True
     assert not r.exists(jobs.job_key(mine), jobs.in_progress_key(mine), jobs.retry_key(mine))
-    assert not in_zset(r, QUEUE, mine) and not r.hexists(keys.leases("w1"), mine)
+    assert not in_zset(r, QUEUE, mine) and not r.hexists(keys.leases("w1", PARTITION), mine)
     # FINISH after it, as arq would call it, finds nothing left of the lease.
-    assert await Leases(ar, "w1").finish(QUEUE, got[mine], finished=True, delay_ms=None) is False
+    assert await Leases(ar, "w1").finish(got[mine], finished=True, delay_ms=None) is False
     # Its lease ran out while it ran (a pause) and another worker leased the job since.
     r.set(jobs.in_progress_key(taken_away), b"w2/new")
     assert await attempts.settle(done_record(taken_away), exec_id=taken_away, attempt=1,
                                  lease=got[taken_away].token) is True
     assert r.get(jobs.in_progress_key(taken_away)) == b"w2/new"
     assert r.exists(jobs.job_key(taken_away)) and in_zset(r, QUEUE, taken_away)
-    assert not r.hexists(keys.leases("w1"), taken_away)
+    assert not r.hexists(keys.leases("w1", PARTITION), taken_away)
 
 
 async def test_janitor_puts_back_jobs_a_dead_worker_leased_and_never_claimed(
@@ -956,15 +972,15 @@ async def test_reap_keeps_a_lease_another_worker_took_and_honours_the_attempt(
     r: redis.Redis, ar: redis.asyncio.Redis,
 ) -> None:
     exec_id = await running(ar, idempotent=True)
-    r.hset(keys.leases("w1"), exec_id, b"w1/old")
+    r.hset(keys.leases("w1", PARTITION), exec_id, b"w1/old")
     r.set(jobs.in_progress_key(exec_id), b"w2/new")  # w1's lease ran out, and w2 leased the job
     # A reap for another attempt than the current one does nothing.
     outcome = await Verdicts(ar, retention=RETENTION).reap(exec_id, "tally", worker_id="w1", why="x", attempt=2)
     assert outcome == "moved"
-    assert r.sismember(keys.running("w1"), exec_id)
+    assert r.sismember(keys.running("w1", PARTITION), exec_id)
     assert (await reap(ar, exec_id, "w1"))[0] == "requeued"
     assert r.get(jobs.in_progress_key(exec_id)) == b"w2/new"
-    assert not r.hexists(keys.leases("w1"), exec_id)
+    assert not r.hexists(keys.leases("w1", PARTITION), exec_id)
 
 
 async def test_a_reaped_attempt_can_neither_settle_nor_hold(r: redis.Redis, ar: redis.asyncio.Redis) -> None:

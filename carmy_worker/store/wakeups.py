@@ -1,0 +1,76 @@
+"""A worker's wait for work in every partition at once (``CARMY_REDIS_PARTITIONS`` > 1).
+
+A group of workers has one queue per partition, each with its wake list, and a cluster refuses a
+``BLPOP`` over keys of several slots: an idle worker waits on each partition's wake list, on a
+connection each (``Leases.wait_and_take``: ``BLPOP`` then LEASE, as with one partition), so that
+a job in any partition wakes it within milliseconds. As soon as one wait returns, the others are
+ended early (``CLIENT UNBLOCK``: their LEASE runs at once, taking what is due there), so that a
+round looks at every partition and ends together; the next round starts its claims one
+partition further (round robin), so that a busy partition does not starve another.
+
+**Never more than its free slots.** Every partition's LEASE may lease up to the worker's free
+slots, but only the worker's free slots, shared out over the partitions starting with the one
+whose turn it is, are claimed in Lua (``claim_shares``): the claims of a round never exceed
+them, whichever waits return. What the round leased beyond its free slots is leased only, not
+claimed, and handed back at once (FINISH: due again at its old score, and one idle worker
+woken), so that another worker takes it; the jobs kept unclaimed are claimed as they run
+(``Runtime.handle``'s CLAIM, one round trip more). A hand-back therefore costs no attempt and
+sends no event: the execution never left its queue as far as anyone else can tell.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from redis.asyncio import Redis
+
+from carmy_worker.store.leases import Lease, Leases, unblock
+
+
+def claim_shares(free: int, count: int) -> list[int]:
+    """How many of ``free`` slots each of ``count`` partitions may claim in one round, the first
+    (the one whose turn it is) first: as even as can be, summing to ``free``."""
+    return [free // count + (1 if i < free % count else 0) for i in range(count)]
+
+
+def kept_and_surplus(taken: Sequence[Lease], free: int) -> tuple[list[Lease], list[Lease]]:
+    """What a round keeps of ``taken`` (in the round's order): every claimed lease (there are no
+    more than ``free``), then unclaimed ones while slots are left; and what it hands back."""
+    kept = [lease for lease in taken if lease.claim is not None]
+    surplus: list[Lease] = []
+    for lease in taken:
+        if lease.claim is None:
+            (kept if len(kept) < free else surplus).append(lease)
+    return kept, surplus
+
+
+async def wait_on_every_partition(leases: Leases, redis: Redis, queues: Sequence[str], *, timeout: float,
+                                  free: int, lease_ms: int, look_ahead: int) -> list[Lease]:
+    """One round: wait up to ``timeout`` s on each of ``queues``' wake lists (the first is the
+    one whose turn it is), and lease what is due in each once one of them wakes; returns at most
+    ``free`` leases, the surplus handed back."""
+    loop = asyncio.get_running_loop()
+    clients: list[asyncio.Future[int]] = [loop.create_future() for _ in queues]
+    try:
+        async with asyncio.TaskGroup() as group:
+            waits = [group.create_task(leases.wait_and_take(
+                redis, queue, timeout=timeout, most=free, lease_ms=lease_ms, look_ahead=look_ahead, claims=claims,
+                blocked=client.set_result)) for queue, claims, client in zip(queues, claim_shares(free, len(queues)),
+                                                                             clients, strict=True)]
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            for wait, queue, client in zip(waits, queues, clients, strict=True):
+                if not wait.done():
+                    group.create_task(_end_early(redis, queue, client))
+    except ExceptionGroup as failed:  # the caller handles a Redis error as it would one wait's
+        raise failed.exceptions[0] from None
+    kept, surplus = kept_and_surplus([lease for wait in waits for lease in wait.result()], free)
+    if surplus:
+        await asyncio.gather(*(leases.finish(lease, finished=False, delay_ms=None) for lease in surplus))
+    return kept
+
+
+async def _end_early(redis: Redis, queue: str, client: asyncio.Future[int]) -> None:
+    """End the wait of ``client`` (once its id is known) on ``queue``'s wake list: its LEASE runs
+    now. A wait that has returned meanwhile is not blocked: nothing happens to it."""
+    await unblock(redis, queue, await client)
