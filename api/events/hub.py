@@ -2,8 +2,12 @@
 
 The process subscribes once, at start, to channels of its own (``keys.api_channel``), one per
 partition of the store, sharded (``SSUBSCRIBE``): a script publishes in its own slot, so on a
-cluster a message stays on its shard. A request registers the execution it waits for
-(``expect``) before it submits it, naming its partition's channel (``channel_for``) as where
+cluster a message stays on its shard, and the hub keeps a connection to each shard owning one of
+its channels (``store.shardpubsub``); the broadcast channels (catalog changes) are plain ones,
+which a cluster delivers on every node: subscribed on one of those connections.
+
+A request registers the execution it waits for (``expect``) before it submits it, naming its
+partition's channel (``channel_for``) as where
 the execution's events go (SUBMIT's ``reply``, or JOIN's for a call that follows an
 execution already running): every message there carries its execution's id, and the hub hands
 it to the mailboxes expecting that id. No per-execution SUBSCRIBE, no round trip to wait for.
@@ -22,12 +26,13 @@ import uuid
 from collections.abc import Callable
 
 from redis.asyncio import Redis
-from redis.asyncio.client import PubSub
 
 from api.events.mailbox import RESYNC as RESYNC
 from api.events.mailbox import Mailbox
 from carmy_worker.store import keys
+from carmy_worker.store.cluster import StoreCluster
 from carmy_worker.store.pubsub import Message, listen_forever
+from carmy_worker.store.shardpubsub import listen_sharded_forever
 
 # How long the app's start waits for the process's channel to be subscribed.
 READY_WAIT = 2.0
@@ -96,10 +101,16 @@ class EventHub:
                 del self._expected[exec_id]
 
     async def _read_forever(self) -> None:
+        if isinstance(self._redis, StoreCluster):  # a connection per shard, the broadcasts on one of them
+            await listen_sharded_forever(self._redis, lambda: self.channels, self._dispatch, name="event hub",
+                                         on_connect=self._connected, on_drop=self._dropped,
+                                         broadcast=lambda: list(self._broadcast))
+            return
         await listen_forever(self._redis, lambda: list(self._broadcast), self._dispatch, name="event hub",
-                             on_connect=self._connected, on_drop=self._dropped, sharded=lambda: self.channels)
+                             on_connect=lambda _pubsub, after_drop: self._connected(after_drop),
+                             on_drop=self._dropped, sharded=lambda: self.channels)
 
-    def _connected(self, _pubsub: PubSub, after_drop: bool) -> None:
+    def _connected(self, after_drop: bool) -> None:
         # Subscribed, not yet confirmed: the waiters re-read once Redis confirms (_dispatch),
         # since events published until then are lost too.
         self._resync_due = after_drop

@@ -567,6 +567,10 @@ def build_worker(
 
 
 def connect(redis: RedisConnector | str, **options: Any) -> ArqRedis:
-    """A redis-py client for ``CARMY_REDIS_URL`` that arq's worker accepts as its pool."""
+    """A redis-py client for ``CARMY_REDIS_URL`` that arq's worker accepts as its pool; on a
+    cluster, a ``StoreCluster`` typed as one: arq only sends it single-key commands and closes it
+    (``store.cluster`` lists what)."""
     connector = redis if isinstance(redis, RedisConnector) else RedisConnector(redis)
+    if connector.is_cluster:
+        return cast("ArqRedis", connector.client(socket_connect_timeout=1.0, **options))
     return ArqRedis(connection_pool=connector.pool(socket_connect_timeout=1.0, **options))

@@ -29,6 +29,14 @@ written at once".
 
 Only for scripts whose writes do not wait for replicas (``store.durable``): those keep their
 own call and ``WAIT``.
+
+**On a Redis Cluster** (a ``StoreCluster`` client) a batch keeps a line per node: each call is
+written to the primary of its keys' slot, with the other calls of its turn for that node (one
+write per node). A call a node refused (``MOVED``, ``ASK``, ``TRYAGAIN``, ``CLUSTERDOWN``:
+nothing ran) is sent again on its own through the cluster client, which follows the redirection,
+as one Redis's ``NOSCRIPT`` is; a line that fails fails its calls in flight (they may have run:
+never sent again) and has the slot table reloaded, and until it is, calls go out one by one
+through the cluster client (which reloads it first), as they do before the table's first load.
 """
 
 from __future__ import annotations
@@ -38,15 +46,25 @@ import contextlib
 import functools
 from collections import deque
 from collections.abc import Coroutine
-from typing import Any
+from typing import Any, cast
 
 from redis._parsers.hiredis import NOT_ENOUGH_DATA
 from redis.asyncio import Redis
 from redis.asyncio.connection import AbstractConnection
-from redis.exceptions import ConnectionError, NoScriptError, ReadOnlyError, ResponseError
+from redis.exceptions import (
+    AskError,
+    ClusterDownError,
+    ConnectionError,
+    MovedError,
+    NoScriptError,
+    ReadOnlyError,
+    ResponseError,
+    TryAgainError,
+)
 
 from carmy_worker.loop import running_loop
 from carmy_worker.store.checkout import buffered_reply, is_broken, is_stale
+from carmy_worker.store.cluster import NodePool, StoreCluster, as_redis
 from carmy_worker.store.scripts import Runs, Script, bind, run
 
 # An eager batch writes a call with its follow-up at once while at most this many of its calls
@@ -59,6 +77,10 @@ EAGER_BEHIND = 1
 # every later call too, where a client without a reply timeout (the workers') waits for TCP to
 # give up. The calls already on it wait there, as they would on any connection.
 STALL_S = 5.0
+
+# Replies saying a call did not run and may be sent again as it is (through ``scripts.run``, which
+# loads a script Redis lacks and, on a cluster, follows a node's redirection).
+NOT_RUN = (NoScriptError, MovedError, AskError, TryAgainError, ClusterDownError)
 
 
 class _Call:
@@ -110,9 +132,13 @@ class Batch:
     ``eager`` one writes a call at once while Redis has little else of it to run (see the
     module)."""
 
-    def __init__(self, redis: Redis, *, eager: bool = False, reply_last: bool = False) -> None:
+    def __init__(self, redis: Redis, *, eager: bool = False, reply_last: bool = False,
+                 node: NodePool | None = None) -> None:
         self._redis = redis
-        self._pool = redis.connection_pool
+        # On a cluster: a batch per node (``_nodes``, by name), each on that node's connections.
+        self._cluster = redis if isinstance(redis, StoreCluster) and node is None else None
+        self._nodes: dict[str, Batch] = {}
+        self._pool: Any = node if node is not None else None if self._cluster else redis.connection_pool
         self.eager = eager
         # Redis writes its replies after a command in the reverse order of the clients they go
         # to: the caller's own reply, added last, goes out first, and a PUBLISH of its scripts
@@ -136,6 +162,8 @@ class Batch:
         """Queue one call; it goes out with the others of this turn of the loop, or at once if
         the batch is eager, none of its calls is in flight or waiting, and it is not told to
         ``hold`` it (for a call to follow it in the same write: ``flush_if_quiet``)."""
+        if self._cluster is not None:
+            return self._routed(self._cluster, script, keys, args, hold, follows)
         loop = running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         self._waiting.append(_Call(script, keys, args, future, follows))
@@ -146,13 +174,37 @@ class Batch:
                 loop.call_soon(self._send)
         return future
 
+    def _routed(self, cluster: StoreCluster, script: Script, keys: list[Any], args: list[Any], hold: bool,
+                follows: FollowUp | None) -> asyncio.Future[Any]:
+        """A call on a cluster: in the batch of its slot's primary, or, while the slot table is
+        not loaded (or is to be reloaded), alone through the cluster client."""
+        if cluster._initialize or not keys:
+            future: asyncio.Future[Any] = running_loop().create_future()
+            self._spawn(_one(as_redis(cluster), _Call(script, keys, args, future, follows)))
+            return future
+        node = cluster.primary_for(keys[0])
+        batch = self._nodes.get(node.name)
+        if batch is None or cast(NodePool, batch._pool).node is not node:
+            batch = self._nodes[node.name] = Batch(as_redis(cluster), eager=self.eager, reply_last=self.reply_last,
+                                                   node=NodePool(node))
+        return batch.call(script, keys, args, hold=hold, follows=follows)
+
     def flush_if_quiet(self) -> None:
         """Send what waits for the end of this turn now, if this batch is eager and at most
         ``EAGER_BEHIND`` of its calls are still at Redis (see the module)."""
+        for batch in self._nodes.values():
+            batch.flush_if_quiet()
         if self.eager and self._in_flight() <= EAGER_BEHIND:
             self._send()
 
+    def _lost(self) -> None:
+        """A line to a node failed: the slot table is reloaded before the next call."""
+        if isinstance(self._redis, StoreCluster):
+            self._redis.reload_slots()
+
     def _in_flight(self) -> int:
+        if self._nodes:
+            return sum(batch._in_flight() for batch in self._nodes.values())
         line = self._line
         return len(line.in_flight) - line.pings if line is not None else 0
 
@@ -218,6 +270,7 @@ class Batch:
         try:
             conn = await self._pool.get_connection()
         except BaseException as exc:
+            self._lost()
             calls, self._unsent = self._unsent, []
             for call in calls:
                 _fail(call.future, exc)
@@ -254,7 +307,7 @@ class Batch:
                 if isinstance(call, _Ping):
                     line.pings -= 1
                     continue
-                if isinstance(reply, NoScriptError):  # a restarted Redis lost the script: that call did not run
+                if isinstance(reply, NOT_RUN):  # a restarted Redis lost the script, a node redirected: not run
                     self._spawn(_one(self._redis, call))
                 elif isinstance(reply, Exception):
                     _fail(call.future, reply)
@@ -269,6 +322,7 @@ class Batch:
                     _answer(held[0].future, held[1])
                     held = None
         except BaseException as exc:  # the connection failed (redis-py closed it): every call on it did, or may have
+            self._lost()
             if held is not None:
                 _answer(held[0].future, held[1])
             line.broken = True

@@ -64,13 +64,14 @@ import contextlib
 import inspect
 from collections.abc import AsyncIterator
 from contextvars import ContextVar
-from typing import Any
+from typing import Any, cast
 
 import redis.cluster
 from msgspec import Struct
+from redis.asyncio import Redis
 from redis.asyncio.cluster import ClusterNode, ClusterPipeline, NodesManager, PipelineCommand, RedisCluster
-from redis.asyncio.connection import SSLConnection, parse_url
-from redis.exceptions import ClusterDownError, RedisClusterException, SlotNotCoveredError
+from redis.asyncio.connection import AbstractConnection, Connection, SSLConnection, parse_url
+from redis.exceptions import AskError, ClusterDownError, MovedError, RedisClusterException, SlotNotCoveredError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 # Where a failover or a migration sends a command again: the node refused it, nothing ran.
@@ -231,13 +232,35 @@ class StoreCluster(RedisCluster):
             raise ClusterUnreachable(str(exc)) from exc
         return self
 
-    async def aclose(self) -> None:
+    async def aclose(self, close_connection_pool: bool | None = None) -> None:
         """Close every connection; but called by redis-py inside a command (after a connection
-        error or ``CLUSTERDOWN``), only rebuild the slot table before the next command."""
+        error or ``CLUSTERDOWN``), only rebuild the slot table before the next command.
+        ``close_connection_pool`` is ``Redis.aclose``'s, so that a caller closes either client
+        alike: a cluster client's connections are always its own."""
         if _holding.get():
             self._initialize = True
             return
+        self._initialize = False  # redis-py closes nothing while a reload is due
         await super().aclose()
+
+    async def close(self, close_connection_pool: bool | None = None) -> None:
+        """``aclose``, under the name and signature arq's worker closes its pool with
+        (``close(close_connection_pool=True)``; redis-py's own ``close`` takes nothing)."""
+        await self.aclose()
+
+    async def publish(self, channel: str, message: str | bytes) -> int:
+        """``PUBLISH`` (redis-py's asyncio cluster client has none) on a random node: a cluster
+        delivers a plain message to the subscribers of every node. Its count is that node's."""
+        return int(await self.execute_command("PUBLISH", channel, message, target_nodes=self.RANDOM))
+
+    def reload_slots(self) -> None:
+        """Load the slot table again before the next command (a node answered ``MOVED`` or
+        failed to a caller that talks to it directly: ``store.batch``, ``held_connection``)."""
+        self._initialize = True
+
+    def primary_for(self, key: str | bytes) -> ClusterNode:
+        """The node serving ``key``'s slot, per the slot table now (loaded: ``initialize``)."""
+        return self.nodes_manager.get_node_from_slot(self.keyslot(key))
 
     async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
         async with self.turn():
@@ -247,6 +270,69 @@ class StoreCluster(RedisCluster):
         if transaction or shard_hint:
             raise RedisClusterException("a cluster pipeline is not a transaction (MULTI/EXEC)")
         return StorePipeline(self)  # type: ignore[abstract]  # redis-py's stubs: connection_pool
+
+
+@contextlib.asynccontextmanager
+async def held_connection(redis: Any, key: str) -> AsyncIterator[AbstractConnection]:
+    """A connection serving ``key``'s slot, held by the caller for commands it writes and reads
+    itself (the worker's ``BLPOP`` then LEASE): one of the pool's on one Redis, one of the
+    slot's primary on a cluster. A connection whose use failed is closed before it goes back
+    (a reply may be left unread on it); on a cluster, such a failure or a redirection
+    (``MOVED``, ``ASK``: the slot is elsewhere, nothing ran) also reloads the slot table before
+    the next command, so that the caller's retry goes to the slot's new primary."""
+    if not isinstance(redis, StoreCluster):
+        pool = redis.connection_pool
+        conn = await pool.get_connection()
+        try:
+            yield conn
+        except BaseException:
+            await conn.disconnect()
+            raise
+        finally:
+            await pool.release(conn)
+        return
+    async with redis.turn():
+        await redis.initialize()
+        node = redis.primary_for(key)
+        conn = node.acquire_connection()
+        try:
+            yield conn
+        except BaseException as exc:
+            await conn.disconnect()
+            if isinstance(exc, (RedisConnectionError, TimeoutError, MovedError, AskError, *REFUSALS)):
+                redis.reload_slots()
+            raise
+        finally:
+            node._free.append(conn)
+
+
+class NodePool:
+    """One node's connections, lent as a pool lends them (``get_connection``, ``release``): a
+    ``store.batch`` line to the node serving its calls' slot."""
+
+    def __init__(self, node: ClusterNode) -> None:
+        self.node = node
+
+    async def get_connection(self) -> AbstractConnection:
+        conn = self.node.acquire_connection()
+        try:
+            if not conn.is_connected:
+                await conn.connect()
+        except BaseException:
+            self.node._free.append(conn)
+            raise
+        return conn
+
+    async def release(self, conn: AbstractConnection) -> None:
+        self.node._free.append(cast(Connection, conn))
+
+
+def as_redis(cluster: StoreCluster) -> Redis:
+    """A cluster client where the store takes a ``Redis``: it answers the same commands (routed
+    by key, refusals retried as ``store.cluster`` says). Where the two differ (a connection held
+    for commands written by hand, a pipeline, pub/sub), the store asks which it has
+    (``store.batch``, ``store.durable``, ``store.cluster.held_connection``, the listeners)."""
+    return cast(Redis, cluster)
 
 
 class StorePipeline(ClusterPipeline):

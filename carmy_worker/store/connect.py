@@ -19,8 +19,10 @@ A Redis Cluster is named by ``CARMY_REDIS_CLUSTER_NODES`` (seeds, ``host:port,ho
 user), TLS with ``rediss://`` and the ``ssl_*`` options of its query; its host and port are
 not used, its database must be 0, and ``unix://`` and ``redis+sentinel://`` are refused. One
 password for every node, as a cluster has. The cluster's clients are ``cluster_client`` and
-``sync_cluster_client`` (``store.cluster``); the single-server methods refuse to make a client
-of one node of a cluster.
+``sync_cluster_client`` (``store.cluster``), and ``client``, ``store_client`` and ``sync_client``
+make them when the setting names a cluster: the API, the workers and the health check ask for
+their clients the same way on one Redis and on a cluster. Only ``pool`` (one server's pool) has
+no cluster form.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 
 from carmy_worker.settings import SettingsError
 from carmy_worker.store.checkout import QuickCheckout
-from carmy_worker.store.cluster import ClusterTarget, StoreCluster, cluster_target, sync_cluster
+from carmy_worker.store.cluster import ClusterTarget, StoreCluster, as_redis, cluster_target, sync_cluster
 from carmy_worker.store.packing import packed_by_hiredis
 from carmy_worker.store.pool import StorePool
 
@@ -48,6 +50,9 @@ SENTINEL_PORT = 26379
 # Asking a Sentinel for the primary is bounded even for connections that have no read timeout
 # (pub/sub): a Sentinel that does not answer must not hold up a reconnection.
 SENTINEL_TIMEOUTS = {"socket_connect_timeout": 0.5, "socket_timeout": 1.0}
+# Commands under way at once on a cluster client that has no bound of its own (``client``): a
+# one-server pool opens a connection per command under way, without limit.
+UNBOUNDED = 2**31
 
 
 class SentinelTarget(Struct, frozen=True):
@@ -168,29 +173,30 @@ class RedisConnector:
             raise RuntimeError("no Redis Cluster: CARMY_REDIS_CLUSTER_NODES is not set")
         return self.cluster
 
-    def _single(self) -> None:
-        """Refuse a single-server client when the setting names a cluster: one node's client
-        would answer MOVED for most keys."""
-        if self.cluster is not None:
-            raise SettingsError("CARMY_REDIS_CLUSTER_NODES is set: this part of Carmy does not run on "
-                                "a Redis Cluster yet (issue 34)")
-
     def pool(self, **options: Any) -> ConnectionPool:
-        """An unbounded asyncio pool (workers, pub/sub listeners)."""
-        self._single()
+        """An unbounded asyncio pool of one server (a cluster has none: its client keeps one per
+        node, ``client``)."""
+        if self.cluster is not None:
+            raise SettingsError("CARMY_REDIS_CLUSTER_NODES is set: a Redis Cluster has no single connection pool")
         target = self.sentinel
         if target is None:
             return packed_by_hiredis(Pool.from_url(self.url, **options))
         return packed_by_hiredis(SentinelManagedPool(target.service, _manager(target), **_node(target, options)))
 
     def client(self, **options: Any) -> Redis:
-        """An asyncio client on its own unbounded pool (closed with the client)."""
+        """An asyncio client with as many connections as its callers use (workers, pub/sub
+        listeners): on its own unbounded pool, closed with the client; on a cluster, a
+        ``StoreCluster`` of ``UNBOUNDED`` commands at once."""
+        if self.cluster is not None:
+            return as_redis(self.cluster_client(max_connections=UNBOUNDED, **options))
         return Redis.from_pool(self.pool(**options))
 
     def store_client(self, *, max_connections: int, wait: float, **options: Any) -> Redis:
         """An asyncio client on a ``StorePool`` of ``max_connections``, where a caller waits up to
-        ``wait`` seconds for a free connection while Redis is reachable."""
-        self._single()
+        ``wait`` seconds for a free connection while Redis is reachable; on a cluster, a
+        ``StoreCluster`` with the same bound and wait."""
+        if self.cluster is not None:
+            return as_redis(self.cluster_client(max_connections=max_connections, wait=wait, **options))
         target = self.sentinel
         if target is None:
             pool: ConnectionPool = StorePool.from_url(self.url, max_connections=max_connections, timeout=wait,
@@ -201,8 +207,12 @@ class RedisConnector:
         return Redis.from_pool(packed_by_hiredis(pool))
 
     def sync_client(self, **options: Any) -> redis.Redis:
-        """A synchronous client (the heartbeat thread, the health check)."""
-        self._single()
+        """A synchronous client (the heartbeat thread, the health check); on a cluster, a
+        synchronous cluster client (``sync_cluster_client``), which loads its slot table as it
+        is made: an unreachable cluster raises ``ClusterUnreachable`` (a ``ConnectionError``)
+        here."""
+        if self.cluster is not None:
+            return self.sync_cluster_client(**options)  # type: ignore[return-value]  # the same commands, routed
         target = self.sentinel
         if target is None:
             return redis.Redis.from_url(self.url, **options)

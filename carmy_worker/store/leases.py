@@ -29,6 +29,7 @@ from carmy_worker.store import jobs, keys, metrics
 from carmy_worker.store.attempts import CLAIM_ONE, MAX_ATTEMPTS, Claim, ClaimVerdict
 from carmy_worker.store.batch import FollowUp
 from carmy_worker.store.checkout import buffered_reply
+from carmy_worker.store.cluster import held_connection
 from carmy_worker.store.durable import Durability
 from carmy_worker.store.lua import ACCEPTED_WORK
 from carmy_worker.store.scripts import Script, bind
@@ -159,11 +160,9 @@ class Leases:
         With replicas to wait for, ``WAIT`` follows on the same connection only if LEASE claimed
         something: an idle poll has nothing to protect, and must not wait for absent replicas."""
         keys_, args, prefix = self._call(queue, most, lease_ms, look_ahead)
-        pool = redis.connection_pool
         sent_at = time.monotonic()
-        conn = await pool.get_connection()
         reply: list[Any] | None = None
-        try:
+        async with held_connection(redis, queue) as conn:  # the queue's slot's: BLPOP's and LEASE's keys
             await conn.send_packed_command(conn.pack_commands([
                 ("BLPOP", jobs.wake_list(queue), timeout),
                 LEASE.command(keys_, args),
@@ -183,11 +182,6 @@ class Leases:
             if reply and durability is not None:  # it claimed: the claims must reach the replicas
                 await conn.send_command("WAIT", durability.replicas, durability.timeout_ms)
                 durability.acknowledged(int(await conn.read_response()))
-        except BaseException:
-            await conn.disconnect()  # a reply may be left unread on it
-            raise
-        finally:
-            await pool.release(conn)
         if reply is None:
             return await self.take(queue, most=most, lease_ms=lease_ms, look_ahead=look_ahead)
         return self._leases(reply, prefix, sent_at)

@@ -11,7 +11,7 @@ How a call goes out is said once, when it is bound, and nowhere else:
 
 * alone: ``EVALSHA`` on a connection of the client's pool;
 * with ``durability`` (``CARMY_REDIS_WAIT_REPLICAS`` > 0): ``EVALSHA`` then ``WAIT`` in one round
-  trip on one connection (``store.durable``);
+  trip on one connection (``store.durable``), on a cluster one of the slot's primary;
 * in a ``batch``: written with the other calls of its turn of the event loop (``store.batch``).
 
 Whichever way, a ``NOSCRIPT`` reply (a new primary after a failover, a restarted Redis, a flushed
@@ -30,6 +30,9 @@ from typing import TYPE_CHECKING, Any
 import redis as sync_redis
 from redis.asyncio import Redis
 from redis.exceptions import NoScriptError
+
+from carmy_worker.store.cluster import StoreCluster
+from carmy_worker.store.durable import run_durable_on_node
 
 if TYPE_CHECKING:
     from carmy_worker.store.batch import Batch, FollowUp
@@ -70,6 +73,8 @@ async def run(redis: Redis, script: Script, keys: list[Any], args: list[Any],
               durability: Durability | None = None) -> Any:
     """Run ``script`` once: ``EVALSHA``, loading it first if Redis does not know it; with
     ``durability``, ``WAIT`` for its replicas in the same round trip (``store.durable``)."""
+    if durability is not None and durability.replicas and isinstance(redis, StoreCluster):
+        return await run_durable_on_node(redis, script, keys, args, durability)
     for _ in range(2):
         if durability is not None and durability.replicas:
             async with redis.pipeline(transaction=False) as pipe:

@@ -6,7 +6,8 @@ redis-py 5.3 has no pub/sub on its asyncio ``RedisCluster`` (only the synchronou
 (hash tags apply, as for keys): ``SPUBLISH`` goes to the primary of that slot and reaches the
 connections subscribed there (and on its replicas), never the other shards. So a listener keeps
 one connection per primary that owns one of its channels, and ``SSUBSCRIBE`` there, one command
-per slot (a command's channels must share one).
+per slot (a command's channels must share one). Plain channels (``SUBSCRIBE``) are delivered by
+every node of a cluster: they ride on one of those connections.
 
 When the cluster changes under it, it subscribes again, everywhere, to what ``channels()`` says
 then: a connection lost (the node died or was killed), a ``MOVED`` reply (the slot is
@@ -37,7 +38,8 @@ log = logging.getLogger("carmy.pubsub")
 
 # The kinds of a sharded subscription's replies, as ``listen_forever`` names the plain ones (so
 # that one ``on_message`` serves both).
-KINDS = {b"smessage": "message", b"ssubscribe": "subscribe", b"sunsubscribe": "unsubscribe"}
+KINDS = {b"smessage": "message", b"ssubscribe": "subscribe", b"sunsubscribe": "unsubscribe",
+         b"message": "message", b"subscribe": "subscribe", b"unsubscribe": "unsubscribe"}
 
 
 class ShardMoved(RedisConnectionError):
@@ -56,8 +58,10 @@ class ShardSet:
         self.cluster = cluster
         self.connections: dict[str, AbstractConnection] = {}  # by node name (host:port)
 
-    async def subscribe(self, channels: Collection[str]) -> None:
-        """``SSUBSCRIBE`` to every channel on the primary of its slot, per the slot table now.
+    async def subscribe(self, channels: Collection[str], broadcast: Collection[str] = ()) -> None:
+        """``SSUBSCRIBE`` to every channel on the primary of its slot, per the slot table now,
+        and ``SUBSCRIBE`` to the ``broadcast`` ones on one of those connections (or on a random
+        primary's when there are none): a plain ``PUBLISH`` reaches every node of a cluster.
         The confirmations come to ``run``'s ``on_message`` (or a ``MOVED`` to its failure)."""
         async with self.cluster.turn():  # the slot table's first load takes a node's connection
             await self.cluster.initialize()
@@ -66,12 +70,18 @@ class ShardSet:
             slot = self.cluster.keyslot(channel)
             node = self.cluster.nodes_manager.get_node_from_slot(slot)
             by_node.setdefault(node.name, (node, {}))[1].setdefault(slot, []).append(channel)
+        if broadcast and not by_node:
+            node = self.cluster.get_random_node()
+            by_node[node.name] = (node, {})
         for name, (node, slots) in by_node.items():
             connection = node.connection_class(**{**node.connection_kwargs, "socket_timeout": None})
             self.connections[name] = connection
             await connection.connect()
             for names in slots.values():
                 await connection.send_command("SSUBSCRIBE", *names)
+            if broadcast:
+                await connection.send_command("SUBSCRIBE", *broadcast)
+                broadcast = ()
 
     async def run(self, on_message: Callable[[Message], None]) -> None:
         """Hand every reply of every connection to ``on_message`` until one fails: that error is
@@ -133,19 +143,20 @@ async def listen_sharded_forever(
     on_connect: Callable[[bool], None] | None = None,
     on_drop: Callable[[], None] | None = None,
     max_backoff: float = 1.0,
+    broadcast: Callable[[], Collection[str]] = tuple,
 ) -> None:
-    """``SSUBSCRIBE`` to ``channels()``, each on its shard, and hand every message (subscribe
-    confirmations included, typed as ``listen_forever`` types them) to ``on_message``, until
-    cancelled. ``on_connect(after_drop)`` runs once the subscriptions are sent; ``on_drop``
-    whenever they end. ``cluster`` is used for its slot table (rebuilt here after each
-    failure) and its connection options; it may be shared (``StoreCluster`` keeps the
-    connections of its nodes when its table is rebuilt)."""
+    """``SSUBSCRIBE`` to ``channels()``, each on its shard, and ``SUBSCRIBE`` to ``broadcast()``
+    on one node, and hand every message (subscribe confirmations included, typed as
+    ``listen_forever`` types them) to ``on_message``, until cancelled. ``on_connect(after_drop)``
+    runs once the subscriptions are sent; ``on_drop`` whenever they end. ``cluster`` is used for
+    its slot table (rebuilt here after each failure) and its connection options; it may be
+    shared (``StoreCluster`` keeps the connections of its nodes when its table is rebuilt)."""
     delay, lost = 0.1, False
     while True:
         stop_if_cancelled()  # a refresh below may have swallowed it
         shards = ShardSet(cluster)
         try:
-            await shards.subscribe(channels())
+            await shards.subscribe(channels(), broadcast())
             if lost:
                 log.info("%s: subscriptions restored", name)
             if on_connect is not None:

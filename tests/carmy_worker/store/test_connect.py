@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from carmy_worker.settings import SettingsError
+from carmy_worker.store.cluster import StoreCluster
 from carmy_worker.store.connect import RedisConnector, SentinelTarget
 from carmy_worker.store.pool import StorePool
 
@@ -60,11 +62,16 @@ def test_cluster_nodes_take_the_urls_password_and_tls_not_its_host() -> None:
     assert [n.port for n in client.nodes_manager.startup_nodes.values()] == [7000, 7001, 7002]
 
 
-def test_a_cluster_has_no_single_server_client() -> None:
-    connector = RedisConnector("redis://localhost:6379/0", ("127.0.0.1:7000",))
-    for make in (connector.pool, connector.client, connector.sync_client):
-        with pytest.raises(SettingsError, match="CARMY_REDIS_CLUSTER_NODES"):
-            make()
+async def test_on_a_cluster_every_client_is_a_cluster_client_and_there_is_no_single_pool() -> None:
+    """The API and the workers ask for their clients alike on one Redis and on a cluster."""
+    connector = RedisConnector("redis://localhost:6379/0", ("127.0.0.1:1",))
+    with pytest.raises(SettingsError, match="CARMY_REDIS_CLUSTER_NODES"):
+        connector.pool()
+    for client in (connector.client(), connector.store_client(max_connections=2, wait=1.0)):
+        assert isinstance(client, StoreCluster)
+        await client.aclose(close_connection_pool=True)  # as the API closes its clients
+    with pytest.raises(RedisConnectionError):  # the synchronous one loads its slot table as it is made
+        connector.sync_client(socket_connect_timeout=0.5)
     with pytest.raises(RuntimeError, match="not set"):
         RedisConnector("redis://localhost:6379/0").cluster_client(max_connections=2)
 
