@@ -104,12 +104,14 @@ class Cluster:
 
     def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
         env = {k: v for k, v in self._env.items() if not k.startswith("CARMY_")}
-        env.update({"CARMY_REDIS_URL": self.redis_url, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1",
-                    "CHAOS_LEDGER_DIR": str(self.ledger_dir), "CARMY_REDIS_PARTITIONS": str(self.partitions)})
+        env.update({"PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", "CHAOS_LEDGER_DIR": str(self.ledger_dir)})
+        env.update({k: v for k, v in self._env.items() if k.startswith("CARMY_")})
+        # Over any caller's: the run's own Redis, named as the check reads it, and every entry kept.
+        env.update({"CARMY_REDIS_URL": self.redis_url, "CARMY_REDIS_PARTITIONS": str(self.partitions),
+                    "CARMY_AUDIT_MAX_ENTRIES": str(AUDIT_MAX_ENTRIES)})
+        env.pop("CARMY_REDIS_CLUSTER_NODES", None)
         if self.local:
             env["CARMY_REDIS_CLUSTER_NODES"] = self.local.nodes
-        env.update({k: v for k, v in self._env.items() if k.startswith("CARMY_")})
-        env["CARMY_AUDIT_MAX_ENTRIES"] = str(AUDIT_MAX_ENTRIES)  # over any caller's: the check needs it
         env.update(extra or {})
         return env
 

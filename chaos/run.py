@@ -203,7 +203,7 @@ def play(args: argparse.Namespace, cluster: Cluster, receiver: Receiver, secrets
              f"{args.workers} workers, {args.apis} APIs, appendfsync {args.fsync}"
              + (f", Sentinel with {REPLICAS} replicas, WAIT {args.wait_replicas}" if args.sentinel else "")
              + (f", Redis Cluster (3 primaries, 3 replicas), WAIT {args.wait_replicas}" if args.cluster else "")
-             + (f", {args.partitions} partitions" if args.partitions > 1 or args.cluster else ""))
+             + (f", CARMY_REDIS_PARTITIONS {args.partitions}" if args.partitions > 1 or args.cluster else ""))
     print(report.text(table, title, log_errors))
     if args.out:
         run: dict[str, Any] = {"commit": at, "seed": args.seed, "duration": args.duration,
