@@ -228,6 +228,12 @@ class Report:
             shares = " / ".join(f"{share:.0%}" for share in p.shares.values()) or "-"
             lines.append(f"| {p.partitions} | {rps:,.0f} | {times(rps / single.rps)} | {p.row.p50_ms:.3f} "
                          f"| {p.row.p99_ms:.3f} | {per_call_us:,.0f} | {shares} |")
+        # Where a cluster's calls cost more: its clients (API, workers) or Redis.
+        spent = [(f"{p.partitions} partition{'s' if p.partitions > 1 else ''}", p.row.cpu_us_per_call)
+                 for p in self.cluster]
+        lines += ["", "CPU per call (µs, all processes of a kind together): "
+                  + "; ".join(f"{name}: " + ", ".join(f"{kind} {us:,.0f}" for kind, us in cpu.items())
+                              for name, cpu in [("one Redis", single.cpu_us_per_call), *spent] if cpu)]
         return "\n".join(lines)
 
     def targets(self) -> str:
