@@ -7,10 +7,10 @@ its channels (``store.shardpubsub``); the broadcast channels (catalog changes) a
 which a cluster delivers on every node: subscribed on one of those connections.
 
 A request registers the execution it waits for (``expect``) before it submits it, naming its
-partition's channel (``channel_for``) as where
-the execution's events go (SUBMIT's ``reply``, or JOIN's for a call that follows an
-execution already running): every message there carries its execution's id, and the hub hands
-it to the mailboxes expecting that id. No per-execution SUBSCRIBE, no round trip to wait for.
+partition's channel (``channel_for``) as where the execution's events go (SUBMIT's ``reply``, or
+JOIN's for a call that follows an execution already running): every message there carries its
+execution's id, and the hub hands it to the mailboxes expecting that id. No per-execution
+SUBSCRIBE, no round trip to wait for.
 
 If the connection drops, every waiting request is told (``RESYNC``) so it re-reads the stored
 record: a lost message costs a read, never an answer. Each request's messages wait in a bounded

@@ -40,8 +40,8 @@ first pipeline, which is answered from the lease here, while the store keeps the
 execution's hash tag (``carmy:{c:N}:arq:job:<id>``), in the slot of the scripts that write and
 lease them; every other command of the seam is a store script (LEASE, FINISH, SETTLE) or the
 BLPOP on a wake list, whose keys are all in the queue's slot, so that each can go to that slot's
-primary (the connection held for BLPOP-then-LEASE must then be one of that primary's: not wired
-yet, issue 34). What arq itself still sends is its status line (``heart_beat``: one SET of
+primary (the connection held for BLPOP-then-LEASE is one of that primary's:
+``store.cluster.held_connection``). What arq itself still sends is its status line (``heart_beat``: one SET of
 ``<queue>:health-check``, in the queue's slot).
 
 The last two override arq internals. ``ARQ_PRIVATE_SURFACE`` names every private or

@@ -186,7 +186,7 @@ class Batch:
         batch = self._nodes.get(node.name)
         if batch is None or cast(NodePool, batch._pool).node is not node:
             batch = self._nodes[node.name] = Batch(as_redis(cluster), eager=self.eager, reply_last=self.reply_last,
-                                                   node=NodePool(node))
+                                                   node=NodePool(cluster, node))
         return batch.call(script, keys, args, hold=hold, follows=follows)
 
     def flush_if_quiet(self) -> None:

@@ -47,14 +47,18 @@ What redis-py 5.3's ``redis.asyncio.cluster.RedisCluster`` does, and what we cha
   only when a job's own try count is ahead of it (never: Carmy writes 1); once an hour
   ``record_health``'s ``ZCARD`` of the queue and ``PSETEX`` of its health-check key;
   at ``close``, ``DELETE`` of that key and ``close(close_connection_pool=True)``. The
-  single-key commands route by key on a ``StoreCluster``; only ``close`` needs an adapter
-  (``RedisCluster.close`` takes no argument): a ``StoreCluster`` subclass in ``queue.py``
-  with ``close(close_connection_pool=...)`` calling ``aclose`` is all arq's seam needs,
-  given to ``Worker(redis_pool=...)`` (typed ``ArqRedis`` by a cast). No cron jobs and no
-  aborts (``allow_abort_jobs`` off) means arq sends nothing else.
+  single-key commands route by key on a ``StoreCluster``; only ``close`` needed an adapter
+  (``RedisCluster.close`` takes no argument): ``StoreCluster.close`` takes arq's argument and
+  calls ``aclose``, and ``queue.connect`` gives the client to ``Worker(redis_pool=...)``
+  (typed ``ArqRedis`` by a cast). No cron jobs and no aborts (``allow_abort_jobs`` off) means
+  arq sends nothing else.
 * **Pub/sub**: the asyncio client has none (the synchronous one has ``ClusterPubSub``): see
-  ``store.shardpubsub`` for sharded pub/sub. ``BLPOP`` and other blocking commands work
-  (routed by key), but hold a connection of the node for their whole wait.
+  ``store.shardpubsub`` for sharded pub/sub; ``StoreCluster.publish`` sends a plain
+  ``PUBLISH`` (the catalog's) to any node, which the cluster delivers on every node.
+  ``BLPOP`` and other blocking commands work (routed by key), but hold a connection of the
+  node for their whole wait.
+* **Commands written by hand** on a connection (the batch's lines, ``BLPOP`` then LEASE, a
+  script then ``WAIT``) go to the node of their slot: ``NodePool`` and ``held_connection``.
 """
 
 from __future__ import annotations
@@ -70,7 +74,7 @@ import redis.cluster
 from msgspec import Struct
 from redis.asyncio import Redis
 from redis.asyncio.cluster import ClusterNode, ClusterPipeline, NodesManager, PipelineCommand, RedisCluster
-from redis.asyncio.connection import AbstractConnection, Connection, SSLConnection, parse_url
+from redis.asyncio.connection import AbstractConnection, SSLConnection, parse_url
 from redis.exceptions import AskError, ClusterDownError, MovedError, RedisClusterException, SlotNotCoveredError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
@@ -204,6 +208,7 @@ class StoreCluster(RedisCluster):
         self.nodes_manager = StoreNodes(seeds, manager.require_full_coverage, manager.connection_kwargs,
                                         address_remap=manager.address_remap, event_dispatcher=self._event_dispatcher)
         self.patience = wait  # not ``wait``: that is the WAIT command's method
+        self.lines: set[AbstractConnection] = set()  # the batches' connections (``NodePool``)
         self._turns = asyncio.Semaphore(max_connections)
 
     @contextlib.asynccontextmanager
@@ -242,6 +247,9 @@ class StoreCluster(RedisCluster):
             return
         self._initialize = False  # redis-py closes nothing while a reload is due
         await super().aclose()
+        lines, self.lines = self.lines, set()
+        for conn in lines:
+            await conn.disconnect()
 
     async def close(self, close_connection_pool: bool | None = None) -> None:
         """``aclose``, under the name and signature arq's worker closes its pool with
@@ -308,23 +316,28 @@ async def held_connection(redis: Any, key: str) -> AsyncIterator[AbstractConnect
 
 class NodePool:
     """One node's connections, lent as a pool lends them (``get_connection``, ``release``): a
-    ``store.batch`` line to the node serving its calls' slot."""
+    ``store.batch`` line to the node serving its calls' slot. A line is held outside the
+    client's turns (its many calls in flight are no command's turn), so it is not one of the
+    node's ``max_connections``: each is a connection of its own, closed by the batch when it
+    gives the line up, or with the client (``StoreCluster.lines``)."""
 
-    def __init__(self, node: ClusterNode) -> None:
+    def __init__(self, cluster: StoreCluster, node: ClusterNode) -> None:
+        self.cluster = cluster
         self.node = node
 
     async def get_connection(self) -> AbstractConnection:
-        conn = self.node.acquire_connection()
+        conn = self.node.connection_class(**self.node.connection_kwargs)
+        self.cluster.lines.add(conn)
         try:
-            if not conn.is_connected:
-                await conn.connect()
+            await conn.connect()
         except BaseException:
-            self.node._free.append(conn)
+            self.cluster.lines.discard(conn)
             raise
         return conn
 
     async def release(self, conn: AbstractConnection) -> None:
-        self.node._free.append(cast(Connection, conn))
+        """Forget ``conn``, which the batch has closed."""
+        self.cluster.lines.discard(conn)
 
 
 def as_redis(cluster: StoreCluster) -> Redis:
@@ -359,6 +372,38 @@ def sync_cluster(target: ClusterTarget, **options: Any) -> redis.cluster.RedisCl
         return _SyncCluster(startup_nodes=nodes, **{**target.options, **options})  # type: ignore[no-any-return]
     except RedisClusterException as exc:
         raise ClusterUnreachable(str(exc)) from exc
+
+
+class LazySyncCluster:
+    """``sync_cluster``'s client, made on its first command rather than at once: redis-py's
+    synchronous cluster client loads its slot table as it is made, where a one-server client
+    connects on first use; a caller that makes its client once and then reconnects on errors
+    (the heartbeat thread) would otherwise die of a cluster unreachable at that moment. Until
+    one is made, each command tries again, raising ``ClusterUnreachable`` (a
+    ``ConnectionError``) while no seed answers."""
+
+    def __init__(self, target: ClusterTarget, **options: Any) -> None:
+        self._target = target
+        self._options = options
+        self._client: redis.cluster.RedisCluster | None = None
+
+    def client(self) -> redis.cluster.RedisCluster:
+        if self._client is None:
+            self._client = sync_cluster(self._target, **self._options)
+        return self._client
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.client(), name)
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+
+    def __enter__(self) -> LazySyncCluster:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
 
 
 class _SyncCluster(redis.cluster.RedisCluster):

@@ -27,7 +27,7 @@ no cluster form.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import redis
@@ -41,7 +41,14 @@ from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 
 from carmy_worker.settings import SettingsError
 from carmy_worker.store.checkout import QuickCheckout
-from carmy_worker.store.cluster import ClusterTarget, StoreCluster, as_redis, cluster_target, sync_cluster
+from carmy_worker.store.cluster import (
+    ClusterTarget,
+    LazySyncCluster,
+    StoreCluster,
+    as_redis,
+    cluster_target,
+    sync_cluster,
+)
 from carmy_worker.store.packing import packed_by_hiredis
 from carmy_worker.store.pool import StorePool
 
@@ -207,12 +214,11 @@ class RedisConnector:
         return Redis.from_pool(packed_by_hiredis(pool))
 
     def sync_client(self, **options: Any) -> redis.Redis:
-        """A synchronous client (the heartbeat thread, the health check); on a cluster, a
-        synchronous cluster client (``sync_cluster_client``), which loads its slot table as it
-        is made: an unreachable cluster raises ``ClusterUnreachable`` (a ``ConnectionError``)
-        here."""
-        if self.cluster is not None:
-            return self.sync_cluster_client(**options)  # type: ignore[return-value]  # the same commands, routed
+        """A synchronous client (the heartbeat thread, the health check), which connects on
+        first use; on a cluster, a synchronous cluster client made on its first command
+        (``store.cluster.LazySyncCluster``)."""
+        if self.cluster is not None:  # the same commands, routed by key
+            return cast(redis.Redis, LazySyncCluster(self.cluster, **options))
         target = self.sentinel
         if target is None:
             return redis.Redis.from_url(self.url, **options)

@@ -1,9 +1,15 @@
 """The ``redis_cluster`` fixture: one local Redis Cluster (three primaries, three replicas) for
 the whole session, started on first use. A test that kills or reshards leaves it whole again
-(``LocalCluster.kill_primary`` then ``restart``), since the next test shares it."""
+(``LocalCluster.kill_primary`` then ``restart``), since the next test shares it.
+
+``cluster_stack`` starts the real API and worker processes against it (``ClusterStack``), with
+``CARMY_REDIS_PARTITIONS`` taken from this run's environment (1 without it): the same tests then
+run at any partition count."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,9 +17,12 @@ from pathlib import Path
 import pytest
 
 from bench.localcluster import LocalCluster
-from tests.support import new_tmp
+from tests.support import Stack, new_tmp
 
 HERE = Path(__file__).parent
+
+# The partition count the processes started here use (the environment's, as the lead's matrix sets it).
+PARTITIONS = int(os.environ.get("CARMY_REDIS_PARTITIONS", "1"))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -35,3 +44,51 @@ def redis_cluster() -> Iterator[LocalCluster]:
     finally:
         cluster.stop()
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+class ClusterStack(Stack):
+    """A ``Stack`` whose processes use the cluster (``CARMY_REDIS_CLUSTER_NODES``) with
+    ``partitions`` partitions."""
+
+    def __init__(self, cluster: LocalCluster, tmp: Path, partitions: int = PARTITIONS) -> None:
+        super().__init__(cluster.url, tmp)
+        self.cluster = cluster
+        self.partitions = partitions
+
+    def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
+        return super().env({"CARMY_REDIS_CLUSTER_NODES": self.cluster.nodes,
+                            "CARMY_REDIS_PARTITIONS": str(self.partitions), **(extra or {})})
+
+
+def flush(cluster: LocalCluster) -> None:
+    """Every primary emptied: the stack starts on a store of its own (the partition count, the
+    roster of an earlier module's workers are gone)."""
+    for server in cluster.primaries():
+        with server.check_client() as client:
+            client.flushall()
+
+
+@contextlib.contextmanager
+def cluster_stack_on(cluster: LocalCluster) -> Iterator[ClusterStack]:
+    flush(cluster)
+    tmp = new_tmp()
+    stack = ClusterStack(cluster, tmp)
+    try:
+        yield stack
+    finally:
+        stack.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def cluster_stack(redis_cluster: LocalCluster) -> Iterator[ClusterStack]:
+    """A ``ClusterStack`` for a module's tests, on the emptied cluster; none started yet."""
+    with cluster_stack_on(redis_cluster) as stack:
+        yield stack
+
+
+@pytest.fixture
+def fresh_cluster_stack(redis_cluster: LocalCluster) -> Iterator[ClusterStack]:
+    """The same for one test (one that kills processes or nodes)."""
+    with cluster_stack_on(redis_cluster) as stack:
+        yield stack

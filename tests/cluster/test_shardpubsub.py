@@ -99,3 +99,36 @@ async def test_a_channel_is_heard_again_after_its_primary_is_killed(ear: Ear, re
     for other in CHANNELS:
         await ear.hears(other, b"everywhere")
     await asyncio.to_thread(redis_cluster.restart, victim)
+
+
+async def test_a_plain_channel_rides_on_one_shard_and_hears_a_publish_sent_to_any_node(
+        redis_cluster: LocalCluster) -> None:
+    """The catalog's channel: ``SUBSCRIBE`` on one of the listener's connections, and
+    ``StoreCluster.publish`` on a random node (primary or replica); the cluster delivers each
+    message on every node, the listener's included."""
+    connector = RedisConnector("redis://localhost/0", tuple(redis_cluster.nodes.split(",")))
+    cluster = connector.cluster_client(max_connections=4, wait=10.0, socket_connect_timeout=1.0, socket_timeout=5.0)
+    heard: list[tuple[str, bytes]] = []
+    confirmed: list[bytes] = []
+
+    def on_message(message: Message) -> None:
+        if message["type"] == "message":
+            heard.append((message["channel"].decode(), message["data"]))
+        elif message["type"] == "subscribe":
+            confirmed.append(message["channel"])
+
+    task = asyncio.create_task(listen_sharded_forever(cluster, lambda: CHANNELS[:1], on_message, name="test",
+                                                      broadcast=lambda: ["catalog"]))
+    try:
+        await wait_until_async(lambda: sorted(confirmed) == sorted([CHANNELS[0].encode(), b"catalog"]))
+        sent = [str(i).encode() for i in range(20)]
+        for data in sent:
+            await cluster.publish("catalog", data)
+        await wait_until_async(lambda: len(heard) >= len(sent))
+        # In any order: sent to different nodes, they cross the cluster bus by different paths.
+        assert sorted(heard) == sorted(("catalog", data) for data in sent)
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await cluster.aclose()

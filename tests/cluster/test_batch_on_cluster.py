@@ -1,0 +1,95 @@
+"""The store's ways of sending a script on a real cluster: a batch writes each call to the
+primary of its slot (a line per node), a call a node refuses because its slot moved is sent
+again where the slot is and runs once, and a durable call's ``WAIT`` goes to the node that ran
+the script (its replicas are the ones that count)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import cast
+
+import pytest
+
+from bench.localcluster import LocalCluster
+from carmy_worker.store.batch import Batch
+from carmy_worker.store.cluster import StoreCluster, as_redis
+from carmy_worker.store.connect import RedisConnector
+from carmy_worker.store.durable import Durability
+from carmy_worker.store.scripts import Script, run
+
+COUNT = Script("TEST_CLUSTER_COUNT", "return redis.call('INCR', KEYS[1])")
+
+
+@pytest.fixture
+async def cluster(redis_cluster: LocalCluster) -> AsyncIterator[StoreCluster]:
+    connector = RedisConnector("redis://localhost/0", tuple(redis_cluster.nodes.split(",")))
+    client = connector.cluster_client(max_connections=8, wait=10.0, socket_connect_timeout=1.0, socket_timeout=5.0)
+    await client.initialize()
+    for server in redis_cluster.primaries():
+        with server.check_client() as node:
+            node.flushall()
+    yield client
+    await client.aclose()
+
+
+def waits_on(redis_cluster: LocalCluster) -> dict[int, int]:
+    """How many WAITs each primary has run (``INFO commandstats``), by port."""
+    counts = {}
+    for server in redis_cluster.primaries():
+        stats = server.info("commandstats").get("cmdstat_wait", {})
+        counts[server.port] = int(cast(dict[str, int], stats).get("calls", 0))
+    return counts
+
+
+async def test_a_batch_writes_each_call_to_its_slots_primary(cluster: StoreCluster,
+                                                             redis_cluster: LocalCluster) -> None:
+    batch = Batch(as_redis(cluster))
+    names = [f"{{t{i}}}n" for i in range(30)]
+    replies = await asyncio.gather(*(batch.call(COUNT, [name], []) for name in names))  # one turn
+    assert replies == [1] * 30  # each ran once
+    owners = {redis_cluster.owner(cluster.keyslot(name)).address for name in names}
+    assert set(batch._nodes) == owners and len(owners) == 3  # a line per node, none elsewhere
+    assert await asyncio.gather(*(batch.call(COUNT, [name], []) for name in names)) == [2] * 30
+
+
+async def test_a_batched_call_whose_slot_moved_runs_once_where_the_slot_is(cluster: StoreCluster,
+                                                                           redis_cluster: LocalCluster) -> None:
+    batch = Batch(as_redis(cluster))
+    key = "{moving}n"
+    assert await batch.call(COUNT, [key], []) == 1  # the batch now has a line to the slot's primary
+    slot = cluster.keyslot(key)
+    source = redis_cluster.owner(slot)
+    target = next(p for p in redis_cluster.primaries() if p is not source)
+    await asyncio.to_thread(redis_cluster.move_slot, slot, target)
+    # Written to the old primary, which answers MOVED without running it; sent again, it runs there.
+    assert await batch.call(COUNT, [key], []) == 2
+    with target.check_client() as node:
+        assert node.get(key) == b"2"
+
+
+async def test_a_durable_call_waits_on_the_node_that_ran_it(cluster: StoreCluster,
+                                                            redis_cluster: LocalCluster) -> None:
+    durability = Durability(replicas=1, timeout_ms=2000)
+    key = "{durable}n"
+    owner = redis_cluster.owner(cluster.keyslot(key)).port
+    before = waits_on(redis_cluster)
+    assert await run(as_redis(cluster), COUNT, [key], [], durability) == 1
+    after = waits_on(redis_cluster)
+    assert {port: after[port] - before[port] for port in after} == {
+        port: int(port == owner) for port in after}
+    assert not durability._short  # its own replica acknowledged
+
+
+async def test_a_durable_call_whose_slot_moved_runs_once_and_waits_where_it_ran(
+        cluster: StoreCluster, redis_cluster: LocalCluster) -> None:
+    durability = Durability(replicas=1, timeout_ms=2000)
+    key = "{durable-moving}n"
+    assert await run(as_redis(cluster), COUNT, [key], [], durability) == 1
+    slot = cluster.keyslot(key)
+    target = next(p for p in redis_cluster.primaries() if p is not redis_cluster.owner(slot))
+    await asyncio.to_thread(redis_cluster.move_slot, slot, target)
+    before = waits_on(redis_cluster)
+    assert await run(as_redis(cluster), COUNT, [key], [], durability) == 2
+    after = waits_on(redis_cluster)
+    assert after[target.port] > before[target.port]

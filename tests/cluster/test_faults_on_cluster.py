@@ -1,0 +1,124 @@
+"""Faults of a Redis Cluster under calls, through the real API and worker processes: the primary
+of the store's slot killed (a replica promoted in its place), and that slot migrated to another
+primary. Callers get their results or a documented retryable error meanwhile, calls are
+answered again afterwards without restarting anyone, and every call retried with its request id
+stands for one execution at most (exactly one when answered): counted in the tool's own file,
+outside Redis."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from redis.crc import key_slot
+
+from bench.localcluster import LocalCluster
+from tests.cluster.conftest import ClusterStack
+from tests.support import Load, marked, wait_until
+
+pytestmark = pytest.mark.slow
+
+# The store's slot (partition 0's hash tag): every key of an execution with one partition.
+STORE_SLOT = key_slot(b"{c:0}")
+# After the cluster is ok again: the listeners' resubscription backoff (1 s at most), a heartbeat
+# (1 s) and a catalog refresh (1 s) bring everything back; a margin for a busy machine.
+SETTLED_AFTER_S = 4.0
+# Answers a caller may get while its slot's primary is gone or moving: all retryable, or (a call
+# whose submit the dead primary took with it, or whose run it interrupted) to be reconciled.
+DOCUMENTED = {(200, None), (503, "STORE_UNAVAILABLE"), (409, "EXECUTION_UNCERTAIN")}
+
+
+def body(i: int) -> dict[str, object]:
+    return {"tool": "tally", "arguments": {"name": f"fault-{i}"}, "request_id": f"fault-{i}"}
+
+
+@pytest.fixture
+def base(fresh_cluster_stack: ClusterStack) -> Iterator[str]:
+    fresh_cluster_stack.worker()
+    _, url = fresh_cluster_stack.api()
+    wait_until(lambda: httpx.get(url + "/ready").status_code == 200, what="API ready")
+    yield url
+
+
+def answered_after(load: Load, moment: float, count: int = 10) -> None:
+    wait_until(lambda: sum(s.status == 200 and s.sent > moment for s in load.samples) >= count, timeout=60,
+               what=f"{count} calls answered after the fault")
+
+
+def check_calls(load: Load, stack: ClusterStack, base: str, settled: float) -> None:
+    """What callers saw, and each call retried with its request id: one execution at most."""
+    assert not load.failures
+    outcomes = {(s.status, s.code) for s in load.samples}
+    assert outcomes <= DOCUMENTED, outcomes
+    late = {(s.status, s.code) for s in load.samples if s.sent > settled}
+    assert late == {(200, None)}
+    with httpx.Client(base_url=base, timeout=30) as client:
+        for i in range(len(load.calls)):
+            again = client.post("/agent/execute", json=body(i))
+            assert (again.status_code, again.json().get("error", {}).get("code")) in DOCUMENTED - {
+                (503, "STORE_UNAVAILABLE")}, again.text
+            path = stack.tmp / f"tally-fault-{i}"
+            runs = path.read_text().splitlines() if path.exists() else []
+            if again.status_code == 200:
+                assert runs == [again.json()["execution_id"]], f"call {i} ran {len(runs)} times"
+            else:
+                assert len(runs) <= 1, f"call {i} ran {len(runs)} times"
+    assert all(proc.alive() for proc in stack.procs)  # nobody was restarted
+
+
+def listeners_follow(stack: ClusterStack, base: str) -> None:
+    """The API's hub and the worker's cancel listener subscribe where the slot is now: a streamed
+    call gets its progress, and a running call is cancelled."""
+    r = httpx.post(base + "/agent/execute", json={"tool": "progress", "arguments": {"n": 2}},
+                   headers={"accept": "text/event-stream"}, timeout=30)
+    assert r.text.count("event: tool.progress") == 3 and "event: execution.completed" in r.text
+    tag = uuid.uuid4().hex[:8]
+    r = httpx.post(base + "/agent/execute", json={"tool": "linger", "arguments": {"seconds": 20, "tag": tag}},
+                   headers={"prefer": "respond-async"}, timeout=30)
+    marked(stack.tmp / f"linger-start-{tag}")
+    assert httpx.delete(f"{base}/agent/executions/{r.json()['execution_id']}", timeout=30).json()[
+        "status"] == "cancelled"
+    marked(stack.tmp / f"linger-cancelled-{tag}", timeout=5)
+
+
+def test_calls_are_answered_through_the_failover_of_the_stores_primary(
+        redis_cluster: LocalCluster, fresh_cluster_stack: ClusterStack, base: str) -> None:
+    load = Load(base, body)
+    victim = None
+    try:
+        answered_after(load, 0.0, 5)
+        index = redis_cluster.primaries().index(redis_cluster.owner(STORE_SLOT))
+        victim = redis_cluster.kill_primary(index)  # returns once a replica is promoted and the cluster ok
+        settled = time.monotonic() + SETTLED_AFTER_S
+        answered_after(load, settled)
+    finally:
+        load.finish()
+        if victim is not None:
+            redis_cluster.restart(victim)  # back, as the new primary's replica: the next test's cluster is whole
+    check_calls(load, fresh_cluster_stack, base, settled)
+    listeners_follow(fresh_cluster_stack, base)
+    ready = httpx.get(base + "/ready").json()
+    assert ready["ready"] and ready["checks"]["workers"]["live"] == 1  # its heartbeat reached the new primary
+
+
+def test_calls_are_answered_while_the_stores_slot_migrates(
+        redis_cluster: LocalCluster, fresh_cluster_stack: ClusterStack, base: str) -> None:
+    load = Load(base, body)
+    try:
+        answered_after(load, 0.0, 20)  # keys in the slot for the migration to move
+        source = redis_cluster.owner(STORE_SLOT)
+        target = next(p for p in redis_cluster.primaries() if p is not source)
+        moving = threading.Thread(target=redis_cluster.move_slot, args=(STORE_SLOT, target))
+        moving.start()
+        moving.join(60)
+        assert redis_cluster.owner(STORE_SLOT).port == target.port
+        settled = time.monotonic() + SETTLED_AFTER_S
+        answered_after(load, settled)
+    finally:
+        load.finish()
+    check_calls(load, fresh_cluster_stack, base, settled)
+    listeners_follow(fresh_cluster_stack, base)
