@@ -21,6 +21,9 @@ TARGET_VS_BARE_RPS = 0.20  # no-op, 64 clients: of bare Starlette's throughput
 TARGET_VS_BARE_P50 = 6.0  # no-op and SSE's first event, 1 client: times bare Starlette's p50
 TARGET_SLOT_SHARE = 0.90  # scale-out: of what the worker slots allow
 TARGET_CONSOLE_MS = 1000  # every console page, at the issue's size (bench/console.py)
+# Issue 34: with more than one partition, no primary of the cluster does more than this share of
+# the primaries' Redis CPU (16 partitions fall 7/5/4 on three primaries: 44 % at most).
+TARGET_BUSIEST_PRIMARY = 0.50
 
 
 def times(ratio: float) -> str:
@@ -47,6 +50,22 @@ class ScalePoint:
     ideal_rps: float  # what the worker slots allow: min(clients, workers × concurrency) / tool time
 
 
+@dataclass(frozen=True)
+class ClusterPoint:
+    """A no-op row on a Redis Cluster (bench/cluster.py): its partition count, the measurement,
+    and each primary's share of the primaries' Redis CPU while measured, by port."""
+
+    partitions: int
+    row: Row
+    shares: dict[int, float] = field(default_factory=dict)
+    redis_cpu_s: float = 0.0  # the primaries' Redis CPU during the measurement, together
+    calls: int = 0  # answered during the measurement
+
+    @property
+    def busiest(self) -> float:
+        return max(self.shares.values(), default=1.0)
+
+
 @dataclass
 class Report:
     header: list[str]
@@ -57,6 +76,8 @@ class Report:
     jobs_memory: MemoryResult | None = None
     console: ConsoleResult | None = None
     curves: list[cost_curves.Curve] = field(default_factory=list)  # issue 35's cost curves
+    cluster_single: Row | None = None  # issue 34: the no-op row on one Redis, beside ``cluster``
+    cluster: list[ClusterPoint] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     log_errors: list[str] = field(default_factory=list)  # reported, but not a failure of the run
 
@@ -66,7 +87,7 @@ class Report:
     def render(self) -> str:
         parts = [self.header_lines(), self.table(), self.ratios(), self.cpu_per_call(), self.scale_table(),
                  self.inflight_lines(), self.jobs_due_lines(), self.jobs_memory_lines(), self.console_lines(),
-                 cost_curves.render_all(self.curves), self.targets(),
+                 self.cluster_lines(), cost_curves.render_all(self.curves), self.targets(),
                  self.log_error_lines(), self.problem_lines()]
         return "\n\n".join(part for part in parts if part) + "\n"
 
@@ -191,6 +212,30 @@ class Report:
         lines += [f"| {p.name} (`{p.route}`) | {p.p50_ms:,.1f} | {p.max_ms:,.1f} |" for p in r.pages]
         return "\n".join(lines)
 
+    def cluster_lines(self) -> str:
+        """The no-op rows on the cluster against one Redis in the same run, and how the Redis work
+        spread over the primaries."""
+        single = self.cluster_single
+        if not self.cluster or single is None or not single.rps:
+            return ""
+        lines = [f"Redis Cluster (3 primaries + 3 replicas on this machine; no-op over HTTP, 1 API + 2 workers, "
+                 f"{single.clients} clients) against one Redis ({single.rps:,.0f} req/s, p50 {single.p50_ms:.3f} ms):",
+                 "", "| partitions | req/s | vs one Redis | p50 ms | p99 ms | primaries' Redis CPU per call, µs "
+                 "| each primary's share of it |", "|--:|--:|--:|--:|--:|--:|---|"]
+        for p in self.cluster:
+            rps = p.row.rps or 0.0
+            per_call_us = p.redis_cpu_s / p.calls * 1e6 if p.calls else 0.0
+            shares = " / ".join(f"{share:.0%}" for share in p.shares.values()) or "-"
+            lines.append(f"| {p.partitions} | {rps:,.0f} | {times(rps / single.rps)} | {p.row.p50_ms:.3f} "
+                         f"| {p.row.p99_ms:.3f} | {per_call_us:,.0f} | {shares} |")
+        # Where a cluster's calls cost more: its clients (API, workers) or Redis.
+        spent = [(f"{p.partitions} partition{'s' if p.partitions > 1 else ''}", p.row.cpu_us_per_call)
+                 for p in self.cluster]
+        lines += ["", "CPU per call (µs, all processes of a kind together): "
+                  + "; ".join(f"{name}: " + ", ".join(f"{kind} {us:,.0f}" for kind, us in cpu.items())
+                              for name, cpu in [("one Redis", single.cpu_us_per_call), *spent] if cpu)]
+        return "\n".join(lines)
+
     def targets(self) -> str:
         checks: list[tuple[str, str, bool]] = []
         if (ours_1 := self.get("ours_1")) is not None:
@@ -232,6 +277,11 @@ class Report:
             checks.append((f"console pages, {c.entries:,} audit entries and {c.workers} workers: p50 ≤ "
                            f"{TARGET_CONSOLE_MS:,} ms", f"{slowest.p50_ms:,.0f} ms ({slowest.name})",
                            slowest.p50_ms <= TARGET_CONSOLE_MS and all(p.ok for p in pages)))
+        for point in self.cluster:
+            if point.partitions > 1:
+                checks.append((f"Redis Cluster, {point.partitions} partitions: no primary over "
+                               f"{TARGET_BUSIEST_PRIMARY:.0%} of the Redis CPU", f"{point.busiest:.0%}",
+                               point.busiest <= TARGET_BUSIEST_PRIMARY))
         if not checks:
             return ""
         lines = ["| target | measured | met |", "|---|--:|:-:|"]

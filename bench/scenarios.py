@@ -9,7 +9,7 @@ from pathlib import Path
 
 import httpx
 
-from bench import console, cost_rows, inflight, jobs, latency, redis_floor, sizes, wrk
+from bench import cluster, console, cost_rows, inflight, jobs, latency, redis_floor, sizes, wrk
 from bench.processes import RedisServer
 from bench.procs import CpuMeter, Processes
 from bench.report import Report, Row, ScalePoint
@@ -268,4 +268,4 @@ def console_pages(b: Bench) -> None:
 
 ALL = (carmy, traced, bare, arq_textbook, floor, scale_out, in_flight, jobs_due, jobs_memory, console_pages,
        cost_rows.cost_payload, cost_rows.cost_progress, cost_rows.cost_catalog, cost_rows.cost_idle,
-       cost_rows.cost_waiting)
+       cost_rows.cost_waiting, cluster.cluster_noop)

@@ -7,6 +7,9 @@ makes that harmless: the newest entry id first, then the records, then the whole
 script writes a record and its entry together, so every record read has its entry in the stream
 read after it, and every entry up to the id noted first had its record before the records were
 read (``chaos.model.Trail.before``); a later entry's record may or may not have been seen.
+
+The client is a single server's or a Redis Cluster's (``--cluster``): the records are read one
+partition at a time, each partition's in its own slot, so that every ``MGET`` stays in one.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import redis
+import redis.cluster
 
 from carmy_worker.store import keys
 from carmy_worker.store.audit import LAST_SEQ, trail_id
@@ -22,9 +26,10 @@ from carmy_worker.wire import record_decoder
 from chaos.model import RawEntry, RecordSeen, Trail
 
 PAGE = 1000  # records per SCAN and MGET, entries per XRANGE (of each partition's stream)
+Client = redis.Redis | redis.cluster.RedisCluster
 
 
-def read_trail(client: redis.Redis) -> Trail:
+def read_trail(client: Client) -> Trail:
     """Every record and every entry of the trail, read in the order the module's doc explains."""
     before = _before(client)
     records = list(_records(client))
@@ -33,10 +38,11 @@ def read_trail(client: redis.Redis) -> Trail:
     return Trail(records=records, entries=entries, before=before, added=added)
 
 
-def _before(client: redis.Redis) -> str | None:
+def _before(client: Client) -> str | None:
     """The newest entry id, with one partition. With several, each stream numbers its own within
     a ms, so the id just below the newest ms of any: an entry written after this read has a ms
-    at least that (one Redis, one clock), and one of that very ms is checked as a later one."""
+    at least that (one Redis, one clock; on a cluster, the nodes of one machine's, as the chaos
+    run's), and one of that very ms is checked as a later one."""
     newest: list[Any] = [client.xrevrange(keys.audit(n), count=1) for n in keys.partitions()]
     ids = [_text(found[0][0]) for found in newest if found]
     if not ids or keys.partition_count() == 1:
@@ -44,10 +50,13 @@ def _before(client: redis.Redis) -> str | None:
     return f"{max(int(i.partition('-')[0]) for i in ids) - 1}-{LAST_SEQ}"
 
 
-def _records(client: redis.Redis) -> Iterator[RecordSeen]:
-    # Every partition's records (one partition on the single Redis or Sentinel group a run has).
-    names = [name for n in keys.partitions()
-             for name in client.scan_iter(match=keys.record_prefix(n) + "*", count=PAGE)]
+def _records(client: Client) -> Iterator[RecordSeen]:
+    for partition in keys.partitions():
+        yield from _records_of(client, partition)
+
+
+def _records_of(client: Client, partition: int) -> Iterator[RecordSeen]:
+    names = list(client.scan_iter(match=keys.record_prefix(partition) + "*", count=PAGE))
     for i in range(0, len(names), PAGE):
         chunk = names[i:i + PAGE]
         values: Any = client.mget(chunk)
@@ -59,7 +68,7 @@ def _records(client: redis.Redis) -> Iterator[RecordSeen]:
                              status=record.status, error_code=record.error_code)
 
 
-def _entries(client: redis.Redis, partition: int) -> Iterator[RawEntry]:
+def _entries(client: Client, partition: int) -> Iterator[RawEntry]:
     low = "-"
     while True:
         page: Any = client.xrange(keys.audit(partition), min=low, count=PAGE)
@@ -70,7 +79,7 @@ def _entries(client: redis.Redis, partition: int) -> Iterator[RawEntry]:
         low = "(" + _text(page[-1][0])
 
 
-def _added(client: redis.Redis, partition: int) -> int:
+def _added(client: Client, partition: int) -> int:
     """Entries ever added to the partition's stream (Redis 7's ``entries-added``)."""
     try:
         info: Any = client.xinfo_stream(keys.audit(partition))

@@ -1,7 +1,8 @@
-"""The processes of a chaos run: a private durable redis-server (or, with ``sentinel``, a
-primary, replicas and three Sentinels, each server with its AOF), API replicas on fixed ports
-and workers serving ``chaos.tools``, each of which the faults may kill, pause or stop, and
-which ``heal`` brings back to the configured numbers.
+"""The processes of a chaos run: a private durable redis-server (or, with ``replicas``, a
+primary, replicas and three Sentinels; with ``clustered``, a Redis Cluster of three primaries
+and three replicas; each server with its AOF), API replicas on fixed ports and workers serving
+``chaos.tools``, each of which the faults may kill, pause or stop, and which ``heal`` brings back
+to the configured numbers.
 
 Starting and signalling processes is ``bench/processes.py``'s; this module only knows which
 processes the run has. Its methods must be called from the main thread: the kernel's
@@ -19,7 +20,10 @@ from pathlib import Path
 from typing import cast
 
 import httpx
+import redis
+import redis.cluster
 
+from bench.localcluster import ClusterServer, LocalCluster
 from bench.processes import ROOT, Proc, RedisServer, ReplicatedRedis, free_port, wait_until
 from bench.procs import log_message
 from chaos.tools import tools
@@ -34,13 +38,17 @@ TOOLS_MODULE = "chaos.tools"
 # 100,000), so that the janitors' trim never takes one and the end can count every execution's.
 AUDIT_MAX_ENTRIES = 10_000_000
 EXECUTION_ID = re.compile(r"exec_[0-9a-f-]{36}")
+# A cluster node silent this long is failed over. LocalCluster's 2 s is for idle tests: under the
+# chaos load on two cores a primary may miss that, and a failover nobody asked for is the
+# cluster's double failover (a deposed primary's last writes wiped), as the Sentinels' 1 s was.
+CLUSTER_NODE_TIMEOUT_MS = 3000
 
 
 class Cluster:
     """Redis, ``apis`` API processes and ``workers`` worker processes, on this machine."""
 
     def __init__(self, workdir: Path, *, apis: int, workers: int, fsync: str, env: dict[str, str],
-                 replicas: int = 0) -> None:
+                 replicas: int = 0, clustered: bool = False, partitions: int = 1) -> None:
         self.workdir = workdir
         self.ledger_dir = workdir / "ledger"
         self.ledger_dir.mkdir(parents=True, exist_ok=True)
@@ -53,7 +61,13 @@ class Cluster:
         # promoted on this busy machine was taken for down in turn, and failed over again.
         self.group = ReplicatedRedis(workdir, replicas=replicas, durable=True, fsync=fsync,
                                      min_replicas=1 if replicas > 1 else 0, down_after_ms=3000) if replicas else None
-        self.redis = self.group.primary if self.group else RedisServer(workdir, durable=True, fsync=fsync)
+        # A Redis Cluster instead: APIs and workers get its nodes (CARMY_REDIS_CLUSTER_NODES).
+        self.local = LocalCluster(workdir / "cluster", durable=True, fsync=fsync,
+                                  node_timeout_ms=CLUSTER_NODE_TIMEOUT_MS) if clustered else None
+        # The single server (redis-term, redis-kill), the group's first primary, or the cluster's first node.
+        self.redis = (self.group.primary if self.group else self.local.servers[0] if self.local
+                      else RedisServer(workdir, durable=True, fsync=fsync))
+        self.partitions = partitions
         self.ports = [free_port() for _ in range(apis)]
         self.api_procs: dict[int, Proc] = {}  # by port
         self.workers: list[Proc] = []  # serving or paused; a draining one is moved to ``retired``
@@ -68,24 +82,44 @@ class Cluster:
 
     @property
     def redis_url(self) -> str:
-        return self.group.url if self.group else self.redis.url
+        return self.group.url if self.group else self.local.url if self.local else self.redis.url
 
-    def primary(self) -> RedisServer:
-        """The server that takes writes now: the one the Sentinels name, if there are any."""
-        return self.group.server_on(self.group.primary_port()) if self.group else self.redis
+    def servers(self) -> list[RedisServer]:
+        """Every data server of the run (not the Sentinels)."""
+        if self.group:
+            return self.group.servers()
+        return list(self.local.servers) if self.local else [self.redis]
+
+    def reader(self) -> redis.Redis | redis.cluster.RedisCluster:
+        """A synchronous client of the store as it is now, for the end's reads: the server that
+        takes writes (the one the Sentinels name), or the whole cluster."""
+        if self.local:
+            nodes = [redis.cluster.ClusterNode("127.0.0.1", s.port) for s in self.local.live()]
+            whole: redis.cluster.RedisCluster = redis.cluster.RedisCluster(startup_nodes=nodes,
+                                                                           password=self.local.password)
+            return whole
+        server = self.group.server_on(self.group.primary_port()) if self.group else self.redis
+        client: redis.Redis = server.client()
+        return client
 
     def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
         env = {k: v for k, v in self._env.items() if not k.startswith("CARMY_")}
-        env.update({"CARMY_REDIS_URL": self.redis_url, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1",
-                    "CHAOS_LEDGER_DIR": str(self.ledger_dir)})
+        env.update({"PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", "CHAOS_LEDGER_DIR": str(self.ledger_dir)})
         env.update({k: v for k, v in self._env.items() if k.startswith("CARMY_")})
-        env["CARMY_AUDIT_MAX_ENTRIES"] = str(AUDIT_MAX_ENTRIES)  # over any caller's: the check needs it
+        # Over any caller's: the run's own Redis, named as the check reads it, and every entry kept.
+        env.update({"CARMY_REDIS_URL": self.redis_url, "CARMY_REDIS_PARTITIONS": str(self.partitions),
+                    "CARMY_AUDIT_MAX_ENTRIES": str(AUDIT_MAX_ENTRIES)})
+        env.pop("CARMY_REDIS_CLUSTER_NODES", None)
+        if self.local:
+            env["CARMY_REDIS_CLUSTER_NODES"] = self.local.nodes
         env.update(extra or {})
         return env
 
     def start(self) -> None:
         if self.group:
             self.group.start(START_TIMEOUT)
+        elif self.local:
+            self.local.start(2 * START_TIMEOUT)
         else:
             self.redis.start()
         for _ in range(self.n_workers):
@@ -156,15 +190,46 @@ class Cluster:
         primary = wait_until(group.settled, SETTLE_TIMEOUT, "the group whole again", interval=0.1)
         return old, pid, promoted, cast(int, primary), time.time()
 
+    def fail_over_primary(self, victim: ClusterServer) -> tuple[int, float, float]:
+        """``kill -9`` of the cluster's primary ``victim``; once its replica has been promoted and
+        every slot is served again, ``victim`` started again on its port and files, where it
+        finds its slots taken and becomes the new primary's replica. (Its pid, when the replica
+        was promoted, when the cluster was whole again.)"""
+        local = self.redis_cluster()
+        pid = victim.proc.pid
+        local.kill_primary(local.primaries().index(victim), SETTLE_TIMEOUT)
+        promoted = time.time()
+        local.restart(victim, SETTLE_TIMEOUT)
+        return pid, promoted, time.time()
+
+    def migrate_slot(self, slot: int, target: ClusterServer) -> int:
+        """Moves ``slot``, keys and all, to the primary ``target`` (MIGRATE in batches, as
+        ``redis-cli --cluster reshard`` does) while the load goes on; returns how many keys it
+        held as the move began."""
+        local = self.redis_cluster()
+        with local.owner(slot).check_client() as client:
+            held = int(client.execute_command("CLUSTER", "COUNTKEYSINSLOT", slot))
+        local.move_slot(slot, target, SETTLE_TIMEOUT)
+        return held
+
+    def redis_cluster(self) -> LocalCluster:
+        """The run's Redis Cluster (a cluster fault against another Redis is a mistake)."""
+        if self.local is None:
+            raise RuntimeError("this fault needs the Redis Cluster (--cluster)")
+        return self.local
+
     # Back to whole -----------------------------------------------------------------------------
 
     def heal(self) -> None:
         """Every paused worker continued, and every process that is missing started again."""
         for proc in self.workers:
             proc.signal(signal.SIGCONT)
-        for server in self.group.servers() if self.group else [self.redis]:
+        for server in self.servers():
             if not server.proc.alive():
-                server.start()
+                if self.local and isinstance(server, ClusterServer):
+                    self.local.restart(server, SETTLE_TIMEOUT)
+                else:
+                    server.start()
         for port, proc in list(self.api_procs.items()):
             if not proc.alive():
                 self.start_api(port)
@@ -193,5 +258,7 @@ class Cluster:
             proc.close()
         if self.group:
             self.group.stop()
+        elif self.local:
+            self.local.stop()
         else:
             self.redis.stop()

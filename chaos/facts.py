@@ -28,10 +28,11 @@ class Facts:
         self.pauses = [(f.pid, f.t, f.t_end) for f in faults if f.kind == "worker-stop"]
         self.redis_down = [(f.t, f.t_end + REDIS_GRACE_S) for f in faults if f.kind in ("redis-term", "redis-kill")]
         # A failover is an outage from the kill until a replica is promoted; the old primary's
-        # return as a replica later is no outage (nobody writes to it).
+        # return as a replica later is no outage (nobody writes to it). A cluster's is an outage
+        # of one primary's slots only, counted as the whole store's (the rows it excuses are info).
         self.redis_down += [(f.t, (f.promoted or f.t_end) + REDIS_GRACE_S) for f in faults
-                            if f.kind == "redis-failover"]
-        self.crashes = [f.t for f in faults if f.kind in ("redis-kill", "redis-failover")]
+                            if f.kind in ("redis-failover", "cluster-failover")]
+        self.crashes = [f.t for f in faults if f.kind in ("redis-kill", "redis-failover", "cluster-failover")]
         self.workers_out = [(f.t, f.t_end) for f in faults if f.kind.startswith("worker-")]
 
     def lines(self, rid: str, ev: str) -> list[LedgerLine]:

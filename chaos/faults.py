@@ -9,8 +9,11 @@ single Redis on its files; ``redis-failover`` kills the primary of a Sentinel gr
 (``--sentinel``), waits for the promotion of a replica and brings the old primary back as a
 replica. Against a Sentinel group, the first two are refused rather than aimed at the current
 primary: killing a primary there *is* a failover (the Sentinels promote a replica after 1 s of
-silence), and restarting it 1–4 s later would race that promotion. ``redis-full`` plays against
-either: every server's ``maxmemory`` is set below what it holds for 1–4 s, then lifted.
+silence), and restarting it 1–4 s later would race that promotion. Against a Redis Cluster
+(``--cluster``), ``cluster-failover`` kills the primary that serves a partition's slot, waits for
+its replica's promotion and restarts it as that one's replica; ``slot-migrate`` moves a
+partition's slot, keys and all, to another primary while the load goes on. ``redis-full`` plays
+against any: every server's ``maxmemory`` is set below what it holds for 1–4 s, then lifted.
 """
 
 from __future__ import annotations
@@ -20,35 +23,48 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
+from typing import cast
 
+from redis.crc import key_slot
+
+from carmy_worker.store import keys
 from chaos.cluster import Cluster
-from chaos.model import FAULT_KINDS, Fault, FaultKind
+from chaos.model import FAULT_KINDS, Fault, FaultKind, RedisKind
 
 PAUSE_S = (3.0, 8.0)  # how long a worker stays stopped (SIGSTOP, then SIGCONT)
 REDIS_DOWN_S = (1.0, 4.0)  # how long Redis stays down: around the ~2.3 s the issue found to matter
 GAP_S = (2.0, 5.0)  # quiet time between two faults
 BURST = 256  # concurrent calls of an overload burst
-SINGLE_REDIS_ONLY: tuple[FaultKind, ...] = ("redis-term", "redis-kill")
-SENTINEL_ONLY: tuple[FaultKind, ...] = ("redis-failover",)
+# The kinds that need one Redis of the three; every other kind plays against any.
+ONLY: dict[FaultKind, RedisKind] = {"redis-term": "single", "redis-kill": "single", "redis-failover": "sentinel",
+                                    "cluster-failover": "cluster", "slot-migrate": "cluster"}
+# What each Redis's own crash is, for the refusal's way out.
+CRASH: dict[RedisKind, str] = {"single": "redis-kill", "sentinel": "redis-failover", "cluster": "cluster-failover"}
+OPTION: dict[RedisKind, str] = {"single": "no --sentinel nor --cluster", "sentinel": "--sentinel",
+                                "cluster": "--cluster"}
 
 
-def default_kinds(sentinel: bool) -> list[FaultKind]:
+def default_kinds(redis: RedisKind) -> list[FaultKind]:
     """Every kind the run's Redis allows: ``--faults``'s default."""
-    barred = SINGLE_REDIS_ONLY if sentinel else SENTINEL_ONLY
-    return [kind for kind in FAULT_KINDS if kind not in barred]
+    return [kind for kind in FAULT_KINDS if ONLY.get(kind, redis) == redis]
 
 
-def refusal(kinds: list[str], sentinel: bool) -> str | None:
+def refusal(kinds: list[str], redis: RedisKind) -> str | None:
     """Why ``kinds`` cannot be played against the run's Redis, or None if they can."""
     unknown = sorted(set(kinds) - set(FAULT_KINDS))
     if unknown:
         return f"unknown faults: {', '.join(unknown)}"
-    if sentinel and (barred := [k for k in SINGLE_REDIS_ONLY if k in kinds]):
-        return (f"{', '.join(barred)} restart the single Redis; with --sentinel, kill the primary with "
-                "redis-failover")
-    if not sentinel and "redis-failover" in kinds:
-        return "redis-failover needs a Sentinel group: add --sentinel"
+    for kind in kinds:
+        needs = ONLY.get(cast(FaultKind, kind), redis)  # a known kind: checked above
+        if needs != redis:
+            return (f"{kind} needs {OPTION[needs]}; against this run's Redis ({OPTION[redis]}), its crash is "
+                    f"{CRASH[redis]}")
     return None
+
+
+def partition_slot(partition: int) -> int:
+    """The hash slot of every key of ``partition`` (its ``{c:N}`` tag)."""
+    return key_slot(keys.partition_prefix(partition).encode())
 
 
 def schedule(kinds: list[FaultKind], seed: int) -> Iterator[tuple[FaultKind, float]]:
@@ -93,6 +109,7 @@ class Injector:
             "worker-kill": self.worker_kill, "worker-stop": self.worker_stop, "worker-term": self.worker_term,
             "api-kill": self.api_kill, "redis-term": lambda: self.redis_down("redis-term"),
             "redis-kill": lambda: self.redis_down("redis-kill"), "redis-failover": self.redis_failover,
+            "cluster-failover": self.cluster_failover, "slot-migrate": self.slot_migrate,
             "redis-full": self.redis_full, "overload": self.overload,
         }
         return method[kind]()
@@ -153,12 +170,35 @@ class Injector:
                      replacement=old.proc.pid, promoted=promoted,
                      note=f"port {old.port}; a replica promoted after {promoted - t:.1f} s, primary now :{primary}")
 
+    def cluster_failover(self) -> Fault:
+        """``kill -9`` of the primary serving a partition drawn at random (with one partition,
+        the primary that holds the store), then its return as a replica."""
+        local = self.cluster.redis_cluster()
+        partition = self.rng.randrange(keys.partition_count())
+        victim = local.owner(partition_slot(partition))
+        t = time.time()
+        pid, promoted, whole = self.cluster.fail_over_primary(victim)
+        return Fault(kind="cluster-failover", t=t, t_end=whole, target=f"redis {pid}", pid=pid,
+                     replacement=victim.proc.pid, promoted=promoted,
+                     note=f"port {victim.port} (partition {partition}); a replica promoted after {promoted - t:.1f} s")
+
+    def slot_migrate(self) -> Fault:
+        """A partition drawn at random moved, keys and all, to another primary drawn at random."""
+        local = self.cluster.redis_cluster()
+        partition = self.rng.randrange(keys.partition_count())
+        slot = partition_slot(partition)
+        source = local.owner(slot)
+        target = self.rng.choice([p for p in local.primaries() if p is not source])
+        t = time.time()
+        held = self.cluster.migrate_slot(slot, target)
+        return Fault(kind="slot-migrate", t=t, t_end=time.time(), target=f"slot {slot}",
+                     note=f"partition {partition}, {held} keys, :{source.port} to :{target.port}")
+
     def redis_full(self) -> Fault:
         """Redis out of memory (``noeviction``): every server's maxmemory half of what it holds,
         so that it refuses every write that may grow memory, until it is lifted again."""
         full = self.rng.uniform(*REDIS_DOWN_S)
-        group = self.cluster.group
-        servers = group.servers() if group else [self.cluster.redis]
+        servers = self.cluster.servers()
         t = time.time()
         try:
             for server in servers:

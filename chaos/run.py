@@ -1,7 +1,8 @@
 """``bin/chaos``: the chaos check, start to end.
 
 Starts a private Redis (append-only file; with --sentinel a primary, two replicas and three
-Sentinels), API replicas and workers serving ``chaos.tools``;
+Sentinels; with --cluster a Redis Cluster of three primaries and three replicas), API replicas
+and workers serving ``chaos.tools``;
 runs the load (calls, and jobs) while the injector plays faults; heals the cluster, lets the calls
 in flight finish, asks once more for every request with its request id, reads every job until it
 has finished and twice more, reads the audit trail and every record from Redis; then reconciles
@@ -25,6 +26,8 @@ from typing import Any, cast
 import msgspec
 
 from bench.processes import ROOT, StartError
+from carmy_worker.settings import SUPPORTED_PARTITIONS
+from carmy_worker.store import keys
 from chaos import hookload, jobload, ledger, report
 from chaos.auditcheck import reconcile_audit
 from chaos.auditread import read_trail
@@ -36,7 +39,7 @@ from chaos.hookload import HookLoad, Secrets
 from chaos.jobcheck import FINISHED, reconcile_jobs
 from chaos.jobload import JobLoad
 from chaos.load import Load, final_retries
-from chaos.model import FAULT_KINDS, FaultKind
+from chaos.model import FAULT_KINDS, FaultKind, RedisKind
 from chaos.receiver import Receiver
 from chaos.reconcile import Bounds, reconcile
 from chaos.tools import EXCLUSIVE, HOOK_TOOLS, IDEMPOTENT, JOB_RETRY, JOB_TOOLS, TICK_GRACE_S
@@ -48,6 +51,8 @@ REPLICAS = 2  # with --sentinel: a failover leaves one, so WAIT still has a repl
 # ones may not have run yet.
 TICK_MARGIN_S = 2.0
 CALLBACKS_S = 30.0  # the most the end waits for every callback to be delivered and shown so
+# A cluster's partitions: enough to spread over its three primaries, once the store takes more than one.
+CLUSTER_PARTITIONS = 16 if SUPPORTED_PARTITIONS >= 16 else 1
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -62,8 +67,14 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--sentinel", action="store_true",
                    help=f"Redis as production runs it: a primary, {REPLICAS} replicas (each with its AOF) and three "
                    "Sentinels; APIs and workers on its redis+sentinel:// URL")
-    p.add_argument("--wait-replicas", type=int, default=0, metavar="N",
-                   help="CARMY_REDIS_WAIT_REPLICAS for APIs and workers (default 0; with --sentinel)")
+    p.add_argument("--cluster", action="store_true",
+                   help="a Redis Cluster: 3 primaries and 3 replicas (each with its AOF); APIs and workers on "
+                   "CARMY_REDIS_CLUSTER_NODES")
+    p.add_argument("--partitions", type=int, default=None, metavar="N",
+                   help=f"CARMY_REDIS_PARTITIONS for APIs and workers (default 1; {CLUSTER_PARTITIONS} with --cluster)")
+    p.add_argument("--wait-replicas", type=int, default=None, metavar="N",
+                   help="CARMY_REDIS_WAIT_REPLICAS for APIs and workers (default 0; 1 with --cluster, so that a "
+                   "write a primary acknowledged has reached its replica before a kill -9 can take it)")
     p.add_argument("--workers", type=int, default=3, help="worker processes (default 3)")
     p.add_argument("--apis", type=int, default=2, help="API processes (default 2)")
     p.add_argument("--clients", type=int, default=16, help="concurrent clients (default 16)")
@@ -87,16 +98,24 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         args.duration = SHORT_S
     if args.seed is None:
         args.seed = int.from_bytes(os.urandom(2), "big")
+    if args.sentinel and args.cluster:
+        p.error("--sentinel or --cluster: one Redis per run")
+    redis: RedisKind = "cluster" if args.cluster else "sentinel" if args.sentinel else "single"
+    args.redis = redis
+    if args.partitions is None:
+        args.partitions = CLUSTER_PARTITIONS if args.cluster else 1
+    if args.wait_replicas is None:
+        args.wait_replicas = 1 if args.cluster else 0
     if args.faults is None:
-        kinds: list[str] = list(default_kinds(args.sentinel))
+        kinds: list[str] = list(default_kinds(redis))
     else:
         kinds = [] if args.faults == "none" else [k.strip() for k in args.faults.split(",") if k.strip()]
-    if (why := refusal(kinds, args.sentinel)) is not None:
+    if (why := refusal(kinds, redis)) is not None:
         p.error(why)
     if not 0 <= args.jobs <= 1 or not 0 <= args.hooks <= 1 - args.jobs:
         p.error("--jobs and --hooks are shares of the clients' turns: 0 to 1 together")
-    if args.wait_replicas and not args.sentinel:
-        p.error("--wait-replicas needs replicas: add --sentinel")
+    if args.wait_replicas and redis == "single":
+        p.error("--wait-replicas needs replicas: add --sentinel or --cluster")
     if args.workers < 2 and {"worker-kill", "worker-term", "worker-stop"} & set(kinds):
         p.error("worker faults need --workers 2 or more: one is always out while a fault lasts")
     args.kinds = kinds
@@ -116,6 +135,7 @@ def commit() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
+    keys.use_partitions(args.partitions)  # the end reads every partition's records
     workdir = Path(tempfile.mkdtemp(prefix="carmy-chaos-"))
     print(f"chaos: seed {args.seed}, {args.duration:g} s, faults {','.join(args.kinds) or 'none'}; "
           f"logs and ledger in {workdir}", file=sys.stderr, flush=True)
@@ -125,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.wait_replicas:
         env["CARMY_REDIS_WAIT_REPLICAS"] = str(args.wait_replicas)
     cluster = Cluster(workdir, apis=args.apis, workers=args.workers, fsync=args.fsync, env=env,
-                      replicas=REPLICAS if args.sentinel else 0)
+                      replicas=REPLICAS if args.sentinel else 0, clustered=args.cluster, partitions=args.partitions)
     try:
         try:
             cluster.start()
@@ -166,7 +186,7 @@ def play(args: argparse.Namespace, cluster: Cluster, receiver: Receiver, secrets
     jobs.finish(each=min(args.patience, 20.0))
     settle_callbacks(jobs, receiver, time.time() + CALLBACKS_S)
     time.sleep(QUIET_S)
-    with cluster.primary().client() as client:  # every call and job has finished: their records are all in
+    with cluster.reader() as client:  # every call and job has finished: their records are all in
         trail = read_trail(client)
     bounds = Bounds(patience=args.patience, slow=args.slow, after_verdict=args.after_verdict)
     requests, lines = list(load.requests), ledger.read(cluster.ledger_dir)
@@ -181,13 +201,16 @@ def play(args: argparse.Namespace, cluster: Cluster, receiver: Receiver, secrets
     title = (f"chaos check at {at}: seed {args.seed}, {args.duration:g} s of load, {args.clients} clients "
              f"({args.jobs:.0%} of turns jobs, {args.hooks:.0%} webhooks), "
              f"{args.workers} workers, {args.apis} APIs, appendfsync {args.fsync}"
-             + (f", Sentinel with {REPLICAS} replicas, WAIT {args.wait_replicas}" if args.sentinel else ""))
+             + (f", Sentinel with {REPLICAS} replicas, WAIT {args.wait_replicas}" if args.sentinel else "")
+             + (f", Redis Cluster (3 primaries, 3 replicas), WAIT {args.wait_replicas}" if args.cluster else "")
+             + (f", CARMY_REDIS_PARTITIONS {args.partitions}" if args.partitions > 1 or args.cluster else ""))
     print(report.text(table, title, log_errors))
     if args.out:
         run: dict[str, Any] = {"commit": at, "seed": args.seed, "duration": args.duration,
                                "clients": args.clients, "jobs": args.jobs, "hooks": args.hooks, "workers": args.workers,
                                "apis": args.apis,
                                "fsync": args.fsync, "faults": args.kinds, "sentinel": args.sentinel,
+                               "cluster": args.cluster, "partitions": args.partitions,
                                "wait_replicas": args.wait_replicas,
                                "injected": msgspec.to_builtins(injector.faults)}
         proof = report.evidence(table, requests, lines, jobs.jobs, hooks.events, trail)

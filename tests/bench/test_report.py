@@ -4,7 +4,7 @@ execution and its jobs sections: what a run says was met is what its rows measur
 from __future__ import annotations
 
 from bench.jobs import DueResult, MemoryResult
-from bench.report import Report, Row, ScalePoint
+from bench.report import ClusterPoint, Report, Row, ScalePoint
 
 
 def row(key: str, p50_ms: float, rps: float | None, *, clients: int = 1, errors: int = 0,
@@ -106,3 +106,28 @@ def test_console_pages_are_held_to_a_second_each_at_the_issues_size() -> None:
     broken = Report(header=[], console=ConsoleResult(10_000, 100, 1000, [PageTime(
         "jobs", "/console/jobs", "/console/jobs", 5.0, 6.0, False)]))
     assert "**no**" in broken.targets()
+
+
+def test_the_cluster_rows_are_compared_with_one_redis_and_the_busiest_primary_is_held_to_its_target() -> None:
+    single = row("cluster_single_64", 30.0, 2000, clients=64, cpu_us={"worker": 200.0, "api": 210.0, "redis": 120.0})
+    baseline = ClusterPoint(1, row("cluster_p1_64", 32.0, 1800, clients=64, cpu_us={"api": 300.0, "redis": 100.0}),
+                            {7001: 0.01, 7002: 0.98, 7003: 0.01},
+                            redis_cpu_s=0.9, calls=9000)
+    spread = ClusterPoint(16, row("cluster_p16_64", 28.0, 2200, clients=64), {7001: 0.44, 7002: 0.31, 7003: 0.25},
+                          redis_cpu_s=1.1, calls=11000)
+    lopsided = ClusterPoint(16, row("cluster_p16_64", 28.0, 2200, clients=64), {7001: 0.6, 7002: 0.2, 7003: 0.2})
+    report = Report(header=[], cluster_single=single, cluster=[baseline, spread])
+    table = report.cluster_lines().splitlines()
+    assert table[-4] == "| 1 | 1,800 | 0.90× | 32.000 | 64.000 | 100 | 1% / 98% / 1% |"
+    assert table[-3] == "| 16 | 2,200 | 1.1× | 28.000 | 56.000 | 100 | 44% / 31% / 25% |"
+    assert table[-1] == ("CPU per call (µs, all processes of a kind together): one Redis: worker 200, api 210, "
+                         "redis 120; 1 partition: api 300, redis 100")
+    # One partition puts everything on one primary: the baseline, not held to the target.
+    assert verdicts(report) == {"Redis Cluster, 16 partitions: no primary over 50% of the Redis CPU": "44% yes"}
+    assert verdicts(Report(header=[], cluster_single=single, cluster=[lopsided]))[
+        "Redis Cluster, 16 partitions: no primary over 50% of the Redis CPU"] == "60% **no**"
+
+
+def test_without_the_single_redis_row_there_is_no_cluster_section() -> None:
+    point = ClusterPoint(1, row("cluster_p1_64", 32.0, 1800, clients=64))
+    assert Report(header=[], cluster=[point]).cluster_lines() == ""
