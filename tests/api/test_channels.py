@@ -33,11 +33,13 @@ def subscriptions(sync_redis: redis.Redis) -> tuple[int, int]:
 @pytest.fixture
 async def api_messages(stack: Stack) -> AsyncIterator[list[tuple[str, str]]]:
     """(execution id, event name) of every message on the channels of the API processes running
-    now, as they come (sharded channels have no patterns: each is subscribed by name)."""
+    now, as they come (sharded channels have no patterns: each is subscribed by name), in every
+    partition: an API process has a channel in each, and hears of an execution on its partition's."""
     client = redis.asyncio.Redis.from_url(stack.redis_url)
     pubsub = client.pubsub()
-    channels = await client.execute_command("PUBSUB", "SHARDCHANNELS", keys.api_channel("*", 0))
-    assert channels
+    channels = [channel for p in keys.partitions()
+                for channel in await client.execute_command("PUBSUB", "SHARDCHANNELS", keys.api_channel("*", p))]
+    assert len(channels) % keys.partition_count() == 0 and channels
     for channel in channels:
         await pubsub.execute_command("SSUBSCRIBE", channel)
     connection = pubsub.connection

@@ -9,6 +9,7 @@ import pytest
 import redis.asyncio
 
 from api.events.hub import RESYNC, EventHub, HubUnavailable
+from carmy_worker.store import keys
 from tests.support import RedisServer, new_tmp, wait_until_async
 
 
@@ -18,24 +19,26 @@ async def test_a_dropped_connection_resyncs_waiters_and_refuses_new_calls_until_
     server.start()
     listener = redis.asyncio.Redis.from_url(server.url)
     hub = EventHub(listener)
+    # Real ids: the channel an execution's events reach is its partition's (``keys.partition_of``).
+    waiting_id, other_id, new_id = (keys.new_execution_id() for _ in range(3))
     try:
         await hub.start()
-        with hub.expect("exec_waiting") as waiting:
+        with hub.expect(waiting_id) as waiting:
             with server.client() as control:
-                control.spublish(hub.channel_for("exec_waiting"), b"exec_waiting first")
-                control.spublish(hub.channel_for("exec_other"), b"exec_other not-mine")
+                control.spublish(hub.channel_for(waiting_id), waiting_id.encode() + b" first")
+                control.spublish(hub.channel_for(other_id), other_id.encode() + b" not-mine")
             assert await waiting.get() == b"first"
             server.kill()
             # The request that waits is told to re-read its record, without waiting for a timeout.
             assert await waiting.get() == RESYNC
-            with pytest.raises(HubUnavailable), hub.expect("exec_new"):
+            with pytest.raises(HubUnavailable), hub.expect(new_id):
                 pass
             server.start()
             await wait_until_async(lambda: hub._confirmed.is_set(), what="the process channel subscribed again")
             # Events published while the channel was not subscribed were lost: told again.
             assert await waiting.get() == RESYNC
-        with hub.expect("exec_new") as fresh, server.client() as control:
-            control.spublish(hub.channel_for("exec_new"), b"exec_new hello")
+        with hub.expect(new_id) as fresh, server.client() as control:
+            control.spublish(hub.channel_for(new_id), new_id.encode() + b" hello")
             assert await fresh.get() == b"hello"
     finally:
         await hub.close()
