@@ -19,11 +19,12 @@ PARTITIONS = 16
 
 @pytest.fixture
 def sixteen() -> Iterator[None]:
+    before = keys.partition_count()
     keys.use_partitions(PARTITIONS)
     try:
         yield
     finally:
-        keys.use_partitions(1)
+        keys.use_partitions(before)
 
 
 @pytest.fixture

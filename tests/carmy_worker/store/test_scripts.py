@@ -202,10 +202,10 @@ def in_zset(r: redis.Redis, zset: str, member: str) -> bool:
 
 
 async def running(ar: redis.asyncio.Redis, *, idempotent: bool = False, request_id: str | None = None,
-                  worker_id: str = "w1") -> str:
-    """A new execution, claimed by ``worker_id`` (attempt 1), its tool begun (BEGIN, as the
-    runtime marks a non-idempotent one)."""
-    exec_id = new_id()
+                  worker_id: str = "w1", partition: int = PARTITION) -> str:
+    """A new execution of ``partition``, claimed by ``worker_id`` (attempt 1), its tool begun
+    (BEGIN, as the runtime marks a non-idempotent one)."""
+    exec_id = keys.new_execution_id(partition)
     await submit(ar, exec_id, idempotent=idempotent, request_id=request_id)
     assert await claim(ar, exec_id, worker_id) == ("run", 1)
     assert await Attempts(ar, worker_id=worker_id, retention=RETENTION).begin(exec_id, 1) is True
@@ -687,7 +687,9 @@ async def test_janitor_forgets_long_departed_workers_once_they_hold_nothing(
         r.set(keys.worker(worker_id), b"info")
         r.sadd(keys.draining(0), worker_id)
         await heartbeat(ar, worker_id, offset)
-    held = await running(ar, worker_id="busy")
+    # Held in partition 0, whose scan is the one that forgets a worker's info (partition 0's): each
+    # partition forgets a worker that holds nothing there, whatever it holds elsewhere.
+    held = await running(ar, worker_id="busy", partition=0)
 
     def remembered(worker_id: str) -> tuple[bool, bool, bool]:
         return (bool(r.exists(keys.worker(worker_id))), in_zset(r, keys.workers(0), worker_id),
