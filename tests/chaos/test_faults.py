@@ -42,4 +42,5 @@ def test_every_kind_comes_once_before_any_comes_again() -> None:
 
 
 def test_a_partitions_slot_is_the_slot_of_every_key_it_names() -> None:
-    assert partition_slot(0) == key_slot(keys.pending(0).encode()) == key_slot(keys.record("exec_x").encode())
+    record = keys.record(keys.new_execution_id(0))
+    assert partition_slot(0) == key_slot(keys.pending(0).encode()) == key_slot(record.encode())

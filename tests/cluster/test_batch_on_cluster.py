@@ -1,7 +1,9 @@
 """The store's ways of sending a script on a real cluster: a batch writes each call to the
-primary of its slot (a line per node), a call a node refuses because its slot moved is sent
-again where the slot is and runs once, and a durable call's ``WAIT`` goes to the node that ran
-the script (its replicas are the ones that count)."""
+primary of its slot (a line per node), a call sent with a follow-up in another slot (a worker's
+SETTLE with the LEASE of its next job, in another partition) has each go to its own slot's
+primary, a call a node refuses because its slot moved is sent again where the slot is and runs
+once, and a durable call's ``WAIT`` goes to the node that ran the script (its replicas are the
+ones that count)."""
 
 from __future__ import annotations
 
@@ -12,11 +14,11 @@ from typing import cast
 import pytest
 
 from bench.localcluster import LocalCluster
-from carmy_worker.store.batch import Batch
+from carmy_worker.store.batch import Batch, FollowUp
 from carmy_worker.store.cluster import StoreCluster, as_redis
 from carmy_worker.store.connect import RedisConnector
 from carmy_worker.store.durable import Durability
-from carmy_worker.store.scripts import Script, run
+from carmy_worker.store.scripts import Script, bind, run
 
 COUNT = Script("TEST_CLUSTER_COUNT", "return redis.call('INCR', KEYS[1])")
 
@@ -51,6 +53,39 @@ async def test_a_batch_writes_each_call_to_its_slots_primary(cluster: StoreClust
     owners = {redis_cluster.owner(cluster.keyslot(name)).address for name in names}
     assert set(batch._nodes) == owners and len(owners) == 3  # a line per node, none elsewhere
     assert await asyncio.gather(*(batch.call(COUNT, [name], []) for name in names)) == [2] * 30
+
+
+class _Count(FollowUp):
+    """A COUNT of ``key`` to follow another call; what it answered, once it has."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__()
+        self.key = key
+        self.got: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+    def make(self) -> tuple[Script, list[str], list[str]]:
+        return COUNT, [self.key], []
+
+    def answered(self, reply: asyncio.Future[int]) -> None:
+        if not self.got.done():
+            self.got.set_result(reply.result())
+
+
+async def test_a_follow_up_in_another_slot_goes_to_its_own_primary(cluster: StoreCluster,
+                                                                   redis_cluster: LocalCluster) -> None:
+    first, then_key = "{c:0}n", "{c:1}n"  # two partitions' slots, on two primaries
+    owner, other = (redis_cluster.owner(cluster.keyslot(k)) for k in (first, then_key))
+    assert owner.port != other.port
+    runs = bind(as_redis(cluster), COUNT, batch=Batch(as_redis(cluster), eager=True))
+    for n in (1, 2):  # a cluster refuses a script whose key is in another node's slot: each ran where it is
+        then = _Count(then_key)
+        assert await runs.send([first], [], then) == n
+        assert await asyncio.wait_for(then.got, 5) == n
+        assert then.reply is not None and await then.reply == n
+    with owner.check_client() as node:
+        assert node.get(first) == b"2"
+    with other.check_client() as node:
+        assert node.get(then_key) == b"2"
 
 
 async def test_a_batched_call_whose_slot_moved_runs_once_where_the_slot_is(cluster: StoreCluster,
