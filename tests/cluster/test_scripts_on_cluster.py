@@ -37,6 +37,10 @@ SLOT_ERRORS = ("same slot", "non local key", "crossslot", "all keys must map", "
 
 Calls = dict[str, list[tuple[list[Any], list[Any]]]]
 
+# Each test reruns three test folders in a child process (40-75 s on a loaded machine): over the
+# per-test default of 60 s.
+pytestmark = pytest.mark.timeout(300)
+
 
 def recorded_calls(tmp: Path, partitions: int) -> Calls:
     calls = tmp / f"calls-{partitions}.msgpack"

@@ -6,7 +6,6 @@ takes nothing and marks nothing; a holder whose lease went to another cannot ren
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 
 import pytest
 import redis
@@ -17,18 +16,9 @@ from carmy_worker.runtime.lock import ToolLock
 from carmy_worker.store import keys
 from carmy_worker.store.locks import ToolLocks
 from carmy_worker.store.roster import lock_holder
+from tests.cells import cells  # noqa: F401 (a fixture)
 
 WORKERS = ("w0", "w1", "w2")
-
-
-@pytest.fixture(params=[1, 4], ids=["one-partition", "four-partitions"])
-def partitions(request: pytest.FixtureRequest) -> Iterator[int]:
-    before = keys.partition_count()
-    keys.use_partitions(request.param)
-    try:
-        yield request.param
-    finally:
-        keys.use_partitions(before)
 
 
 async def claimed(ar: redis.asyncio.Redis, exec_id: str, worker_id: str, attempt: int = 1) -> None:
@@ -38,7 +28,7 @@ async def claimed(ar: redis.asyncio.Redis, exec_id: str, worker_id: str, attempt
                                                     "worker": worker_id})
 
 
-@pytest.mark.usefixtures("partitions")
+@pytest.mark.usefixtures("cells")
 async def test_a_tool_that_is_not_parallel_safe_never_runs_twice_at_once(
         sync_redis: redis.Redis, ar: redis.asyncio.Redis) -> None:
     executions = [keys.new_execution_id(i % keys.partition_count()) for i in range(12)]
@@ -69,7 +59,7 @@ async def test_a_tool_that_is_not_parallel_safe_never_runs_twice_at_once(
                                                          for p in keys.partitions()}
 
 
-@pytest.mark.usefixtures("partitions")
+@pytest.mark.usefixtures("cells")
 async def test_an_attempt_given_away_takes_nothing_and_marks_nothing(
         sync_redis: redis.Redis, ar: redis.asyncio.Redis) -> None:
     never = asyncio.Event()
@@ -84,7 +74,7 @@ async def test_an_attempt_given_away_takes_nothing_and_marks_nothing(
         await locks.release("tally", exec_id, 2)
 
 
-@pytest.mark.usefixtures("partitions")
+@pytest.mark.usefixtures("cells")
 async def test_a_holder_whose_lease_went_to_another_cannot_renew(
         sync_redis: redis.Redis, ar: redis.asyncio.Redis) -> None:
     stale, current = keys.new_execution_id(0), keys.new_execution_id(keys.partition_count() - 1)

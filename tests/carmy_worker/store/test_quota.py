@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Iterator
 
 import pytest
 import redis
@@ -29,6 +28,7 @@ from tests.carmy_worker.store.test_scripts import (
     redis_now_ms,
     settle,
 )
+from tests.cells import cells  # noqa: F401 (a fixture)
 
 OWNER = keys.owner(PRINCIPAL)
 
@@ -161,23 +161,13 @@ async def test_the_quota_set_is_named_in_the_execution_hash(r: redis.Redis, ar: 
     assert r.hget(keys.execution(exec_id), "quota") == held().encode()
 
 
-@pytest.fixture(params=[1, 4], ids=["one-partition", "four-partitions"])
-def partitions(request: pytest.FixtureRequest) -> Iterator[int]:
-    before = keys.partition_count()
-    keys.use_partitions(request.param)
-    try:
-        yield request.param
-    finally:
-        keys.use_partitions(before)
-
-
 async def call(ar: redis.asyncio.Redis, quota: Quota, request_id: str | None, principal: str = PRINCIPAL) -> Submission:
     """A call placed as ``api.calling.calls`` places it: in the home partition with a quota."""
     exec_id = keys.new_execution_id(keys.request_partition(principal, None, request_id, homed=quota.bounded))
     return await submit(ar, exec_id, quota, request_id=request_id, principal=principal)
 
 
-@pytest.mark.usefixtures("partitions")
+@pytest.mark.usefixtures("cells")
 async def test_a_principals_pending_limit_admits_exactly_its_limit_over_partitions(
         r: redis.Redis, ar: redis.asyncio.Redis) -> None:
     quota = Quota(pending=5)
@@ -191,7 +181,7 @@ async def test_a_principals_pending_limit_admits_exactly_its_limit_over_partitio
     assert (await call(ar, quota, retried)).kind == "join"
 
 
-@pytest.mark.usefixtures("partitions")
+@pytest.mark.usefixtures("cells")
 async def test_a_principals_bucket_admits_exactly_its_burst_over_partitions(
         r: redis.Redis, ar: redis.asyncio.Redis) -> None:
     quota = Quota(rate=0.001, burst=3)
@@ -200,7 +190,7 @@ async def test_a_principals_bucket_admits_exactly_its_burst_over_partitions(
     assert r.exists(bucket())
 
 
-@pytest.mark.usefixtures("partitions")
+@pytest.mark.usefixtures("cells")
 def test_a_principal_with_a_quota_has_every_key_of_its_calls_in_its_home_slot() -> None:
     home = keys.home_partition(OWNER)
     for n in range(50):
