@@ -66,9 +66,15 @@ def test_a_job_leased_by_a_worker_that_died_before_claiming_it_runs_within_secon
     busy = Call(base, {"tool": "tally_idem", "arguments": {"name": "busy", "seconds": 6}})
     busy_id = marked(fresh_stack.tmp / "tally-idem-busy").strip()  # the real worker's only slot is taken
     target = Call(base, {"tool": "tally_idem", "arguments": {"name": "target", "seconds": 0}})
-    queue = sync_redis.hget(keys.execution(busy_id), "wake").decode().removesuffix(":wake")
+    busy_queue = sync_redis.hget(keys.execution(busy_id), "wake").decode().removesuffix(":wake")
+    # The group's queue in every partition: the target is queued in its own execution's.
+    group = busy_queue.removeprefix(keys.partition_prefix(keys.partition_of_key(busy_queue)))
+    queues = [keys.partition_prefix(p) + group for p in keys.partitions()]
 
-    async def lease_and_die() -> str:
+    def target_queue() -> str | None:
+        return next((q for q in queues if {m.decode() for m in sync_redis.zrange(q, 0, -1)} - {busy_id}), None)
+
+    async def lease_and_die(queue: str) -> str:
         client = redis.asyncio.Redis.from_url(fresh_stack.redis_url)
         try:
             await Liveness(client, dead_after=DEAD_AFTER).heartbeat("doomed")
@@ -77,7 +83,7 @@ def test_a_job_leased_by_a_worker_that_died_before_claiming_it_runs_within_secon
         finally:
             await client.aclose()
 
-    exec_id = wait_until(lambda: sync_redis.zcard(queue) == 2 and asyncio.run(lease_and_die()))
+    exec_id = wait_until(lambda: (queue := target_queue()) is not None and asyncio.run(lease_and_die(queue)))
     died_at = time.monotonic()
     assert sync_redis.pttl(jobs.in_progress_key(str(exec_id))) > 100_000
     r = target.result(30)
