@@ -110,9 +110,11 @@ class Jobs:
                          "horizon_s": self.settings.jobs_horizon}))
         if created.kind == "limited":
             if created.limit == "jobs":
+                # Without a quota, each partition holds a share of the limit: the one this job fell in is full.
+                shared = "" if quota.bounded or keys.partition_count() == 1 else " (a share of it in each partition)"
                 raise Rejected(error(
-                    "RATE_LIMITED", f"This caller is at its limit of {self.settings.jobs_max_open} unfinished jobs "
-                    "(over partitions, a share of it in each); try again once some have finished.",
+                    "RATE_LIMITED", f"This caller is at its limit of {self.settings.jobs_max_open} unfinished jobs"
+                    f"{shared}; try again once some have finished.",
                     retry_after=max(1, created.retry_after_ms // 1000),
                     details={"limit": "jobs"}))
             raise Rejected(rate_limited(Submission("limited", limit=created.limit,
