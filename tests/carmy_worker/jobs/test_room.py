@@ -3,6 +3,7 @@ executions of jobs, wherever the due jobs are, so that jobs run as promptly at 1
 one. A room shared out as a fixed ``room / N`` per partition held the jobs of one partition (a
 principal's with a quota, all in its home partition) to a sixteenth of the pace: in the chaos
 check on a 16-partition cluster, jobs ran more than a minute late and were still queued at the end.
+The callback loop's batch likewise is ``AT_ONCE`` over every partition, not a fixed share of it.
 """
 
 from __future__ import annotations
@@ -15,11 +16,13 @@ import pytest
 import redis
 import redis.asyncio
 
+from carmy_worker.jobs.callbacks import AT_ONCE, CallbackLoop
 from carmy_worker.jobs.driver import JobLoop
-from carmy_worker.settings import WorkerSettings
+from carmy_worker.settings import NotifySettings, WorkerSettings
 from carmy_worker.store import jobs, keys, records
 from carmy_worker.store.attempts import Attempts
 from carmy_worker.store.jobstore import JobStore
+from tests.carmy_worker.jobs.test_callbacks import SECRET, pending
 from tests.carmy_worker.jobs.test_driver import GROUP, PRINCIPALS, TOOLS, make_job
 
 ROOM = 8
@@ -93,3 +96,15 @@ async def test_jobs_run_as_promptly_at_sixteen_partitions_as_at_one(ar: redis.as
     # At a fixed share of ROOM / 16 per partition the jobs of the busy partition went one per
     # round: over ten times as long. Generous for a shared machine, far short of that.
     assert at_sixteen < 2 * at_one + 1.0, (at_one, at_sixteen)
+
+
+@pytest.mark.usefixtures("partition_count")
+async def test_a_callback_loops_pass_takes_its_whole_batch_from_one_partition(ar: redis.asyncio.Redis) -> None:
+    keys.use_partitions(16)
+    job_ids = [keys.new_job_id(5) for _ in range(AT_ONCE + AT_ONCE // 2)]
+    for job_id in job_ids:
+        await pending(ar, job_id)  # to http://x/, a host not allowed: each attempt ends it at once
+    loop = CallbackLoop(ar, NotifySettings(secret=SECRET, hosts=("allowed.example",)))
+    assert await loop.tick() == AT_ONCE  # a share of AT_ONCE / 16 each took 2
+    assert await loop.tick() == AT_ONCE // 2
+    assert await ar.zcard(keys.callbacks_due(5)) == 0
