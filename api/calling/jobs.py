@@ -77,19 +77,22 @@ class Jobs:
             session=agent.session, permissions=sorted(agent.permissions), metadata=agent.metadata,
         )
         owner = keys.owner(agent.principal)
-        job_id = JobStore.new_job_id(owner)  # in its home partition: its limits and request ids are there
+        # A principal with a quota has its jobs in its home partition, where its bucket is and its
+        # limit on unfinished jobs is exact; any other's spread, as its calls do (store.jobstore).
+        quota = self.settings.quotas.of(agent.principal)
+        idempotency = None if admitted.request_id is None else keys.job_idempotency(
+            agent.principal, agent.session, admitted.request_id, homed=quota.bounded)
+        job_id = JobStore.new_job_id(owner, quota, idempotency)
         fields = job_fields(
             tool=tool.spec.name, owner=owner, payload=msgpack_encoder.encode(template), policy=tool.retry,
             max_attempts=max_attempts, idempotent=tool.spec.idempotent, retention=self.settings.jobs_retention,
             dead_retention=self.settings.dead_letter_retention, request_id=admitted.request_id, notify=notify,
         )
-        idempotency = None if admitted.request_id is None else keys.job_idempotency(
-            agent.principal, agent.session, admitted.request_id)
         created = await self.store.create(
             job_id=job_id, tool=tool.spec.name, owner=owner, fields=fields, idempotency=idempotency,
             fingerprint=_fingerprint(request, arguments, notify), run_at_ms=run_at_ms, delay_ms=request.delay_ms or 0,
             horizon_ms=self.settings.jobs_horizon * 1000, max_open=self.settings.jobs_max_open,
-            quota=self.settings.quotas.of(agent.principal), room=self.memory is None or self.memory.room,
+            quota=quota, room=self.memory is None or self.memory.room,
         )
         if created.kind == "conflict":
             raise Rejected(error(
@@ -107,9 +110,12 @@ class Jobs:
                          "horizon_s": self.settings.jobs_horizon}))
         if created.kind == "limited":
             if created.limit == "jobs":
+                # Without a quota, each partition holds a share of the limit: the one this job fell in is full.
+                shared = "" if quota.bounded or keys.partition_count() == 1 else " (a share of it in each partition)"
                 raise Rejected(error(
-                    "RATE_LIMITED", f"This caller already has {created.count} unfinished jobs, its limit; try again "
-                    "once some have finished.", retry_after=max(1, created.retry_after_ms // 1000),
+                    "RATE_LIMITED", f"This caller is at its limit of {self.settings.jobs_max_open} unfinished jobs"
+                    f"{shared}; try again once some have finished.",
+                    retry_after=max(1, created.retry_after_ms // 1000),
                     details={"limit": "jobs"}))
             raise Rejected(rate_limited(Submission("limited", limit=created.limit,
                                                    retry_after_ms=created.retry_after_ms)))

@@ -3,10 +3,11 @@ queue, concludes the attempts whose execution has a record, and fires the schedu
 
 Every worker runs one; the scripts (``store.promotion``) make any number of them safe together:
 a job is promoted once per attempt, an attempt concluded once, an occurrence fired once. The
-loop never promotes more than its queue has room for (``room``, shared out over the partitions:
-its group has a queue in each), so that a burst of due jobs waits in Redis as jobs, not as
-executions whose start deadline runs out. Each pass looks in every partition (one LOOK each,
-sent together), so a due job in any of them is promoted in the same pass.
+loop never promotes more than its group's queues have room for (``room``, over all the
+partitions: its group has a queue in each, and the room goes where the due jobs are), so that a
+burst of due jobs waits in Redis as jobs, not as executions whose start deadline runs out. Each
+pass looks in every partition (one LOOK each), so a due job in any of them is promoted in the
+same pass.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from carmy_worker.settings import WorkerSettings
 from carmy_worker.store import jobs, keys, records
 from carmy_worker.store.durable import Durability
 from carmy_worker.store.jobstore import JobState, JobStore, job_fields, rfc3339
-from carmy_worker.store.promotion import Promotion, Promotions
+from carmy_worker.store.promotion import Look, Promotion, Promotions
 from carmy_worker.store.pubsub import raise_if_cancelled, stop_if_cancelled
 from carmy_worker.wire import (
     ExecutionJob,
@@ -79,6 +80,7 @@ class JobLoop:
         self._schedules = [_Schedule(s, Cron.parse(s.cron, s.timezone), _digest(s)) for s in schedules]
         self._lost_at = 0.0
         self._wake = asyncio.Event()
+        self._turn = 0  # the partition a pass offers the room to first (``_look``)
 
     async def run(self) -> None:
         """Until cancelled; Redis errors are logged and retried."""
@@ -98,9 +100,7 @@ class JobLoop:
     async def tick(self) -> float:
         """One pass over every partition; how long to wait before the next (0: there is more to
         do now)."""
-        room = keys.share(self.room)
-        looks = await asyncio.gather(*(self._promotions.look(self._names, self.group, p, room=room)
-                                       for p in keys.partitions()))
+        looks = await self._look()
         for partition, look in enumerate(looks):
             if look.due:
                 await self._promote(look.due, look.now_ms, partition)
@@ -119,6 +119,36 @@ class JobLoop:
             if at is not None:
                 wait = min(wait, max(0.0, (at - now) / 1000))
         return max(wait, 0.005)
+
+    async def _look(self) -> list[Look]:
+        """LOOK in every partition (in partition order), the group's room shared out by demand.
+
+        The room is the group's over all its queues, not a fixed share of it per partition: a
+        share of ``room / N`` each would hold every partition to a sixteenth of it at 16
+        partitions, and the due jobs of one partition (a principal's with a quota, all in its
+        home partition) would be promoted at a sixteenth of the pace of one partition. So the
+        partitions are looked in one after another while room is left, each offered all of it
+        (less what its queue holds: LOOK counts that), starting one partition further each pass
+        so that a flooded partition does not take the room of the others every time; once none
+        is left, the rest are looked in together for what is settled and when they are next due.
+        """
+        held = await self._promotions.queued(self.group)
+        free = self.room - sum(held)
+        count = len(held)
+        first, self._turn = self._turn % count, self._turn + 1
+        order = [(first + i) % count for i in range(count)]
+        found: dict[int, Look] = {}
+        for partition in order:
+            if free <= 0:
+                break
+            look = await self._promotions.look(self._names, self.group, partition, room=held[partition] + free)
+            found[partition] = look
+            free -= len(look.due)
+        rest = [p for p in order if p not in found]
+        for partition, look in zip(rest, await asyncio.gather(*(
+                self._promotions.look(self._names, self.group, p, room=0) for p in rest)), strict=True):
+            found[partition] = look
+        return [found[p] for p in keys.partitions()]
 
     async def _sweep(self) -> None:
         """Conclude the attempts Redis lost, and forget expired jobs, in every partition."""

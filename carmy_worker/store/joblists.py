@@ -1,6 +1,6 @@
-"""Lists of jobs over partitions (store.jobstore): a principal's jobs are all in its home
-partition, but everyone's jobs and the dead letters are listed per partition, so an operator's
-list merges them, newest first, as one list would be.
+"""Lists of jobs over partitions (store.jobstore): every listing is per partition (everyone's
+jobs, the dead letters, and a principal's, which spread unless it has a quota), so a list
+merges them, newest first, as one list would be.
 
 A page ends with a ``Cursor``: the score and id of the last job it looked at. The next page
 starts strictly after it in every partition at once (scores descending, then ids descending, as

@@ -11,10 +11,13 @@ PROMOTE draws the execution's id there); a worker's job loop then concludes the 
 job is finished (``succeeded``, ``failed``, ``dead_lettered``, ``cancelled``) or due again
 after a backoff.
 
-Every key of a job is in its id's partition, and so is every index that lists it; a principal's
-jobs are all drawn into its home partition (``JobStore.new_job_id``), where its limit, its rate
-and its request ids are, so that each script here runs in one partition (docs/architecture.md,
-section 3, "Jobs across partitions"). Lists over partitions are ``store.joblists``'.
+Every key of a job is in its id's partition, and so is every index that lists it, so that each
+script here runs in one partition (docs/architecture.md, section 3, "Jobs across partitions").
+Where a job is drawn (``JobStore.new_job_id``): a principal with a quota has all its jobs in its
+home partition, where its rate's bucket is, and its limit on unfinished jobs is exact; any other
+principal's jobs spread over the partitions (by their request id's digest, or at random), each
+partition holding at most its ``keys.share`` of the limit. Lists over partitions are
+``store.joblists``'.
 
 This module is the API's side, and what both sides share: CREATE (also run by a schedule's
 FIRE), reads, lists, CANCEL and an operator's RETRY.
@@ -70,10 +73,11 @@ end
 
 # A request id seen before answers with its job (`existing`, the same body) or `conflict`, before
 # any limit. Then: Redis out of room for new work, a due time past the horizon, the principal's
-# limit on unfinished jobs, its rate (the quota's bucket, charged as a call would be).
-# Every key is in the principal's home partition (keys.home_partition), the job's id drawn there.
+# limit on unfinished jobs (those of this partition: all of them for a principal with a quota),
+# its rate (the quota's bucket, charged as a call would be: only in its home partition).
+# Every key is in the job's partition (JobStore.new_job_id).
 # KEYS: job, due set, owner's jobs, owner's open jobs, owner's bucket, every job, job counts, [idempotency]
-# ARGV: job_id, fingerprint, tool, run_at ms or '', delay ms, horizon ms, max open (0: none),
+# ARGV: job_id, fingerprint, tool, run_at ms or '', delay ms, horizon ms, max open here (0: none),
 #       rate interval µs (0: none), tolerance µs, '1' if Redis has room, then the job's fields
 CREATE = Script("CREATE_JOB", NEW_WORK + NOW + QUOTA + CREATE_JOB + """
 if #KEYS == 8 then
@@ -215,7 +219,8 @@ CreatedKind = Literal["new", "existing", "conflict", "limited", "too_far", "stor
 class Created(Struct):
     """What CREATE decided. ``new``/``existing`` (the request id's job, the same body) or
     ``conflict`` (another body): ``job_id``. Refused with nothing written: ``limited``
-    (``limit`` is ``jobs``, the principal's unfinished jobs, ``count`` of them, or ``rate``;
+    (``limit`` is ``jobs``, the principal's unfinished jobs in the job's partition, ``count`` of
+    them, or ``rate``;
     again after ``retry_after_ms``), ``too_far`` (due ``count`` ms ahead, past the horizon),
     ``store_full``."""
 
@@ -361,17 +366,21 @@ class JobStore:
                      quota: Quota = NO_QUOTA, room: bool = True) -> Created:
         """Queue a new job (``fields``: ``job_fields``) due at ``run_at_ms`` (unix ms) or
         ``delay_ms`` from now (Redis's clock), unless ``idempotency`` (``keys.job_idempotency``)
-        names one already, or a limit refuses it. ``job_id`` is drawn into the owner's home
-        partition (``new_job_id``), where its limit, its bucket and its request ids are."""
+        names one already, or a limit refuses it. ``job_id`` is drawn by ``new_job_id`` (with the
+        same ``quota`` and ``idempotency``). ``max_open`` is the owner's limit on unfinished jobs:
+        exact if its quota is bounded (all its jobs are in its home partition), else each partition
+        admits its ``keys.share`` of it, so that at most ``max_open + count - 1`` are open."""
         partition = keys.partition_of(job_id)
-        if partition != keys.home_partition(owner):
-            raise ValueError(f"job {job_id} is not in its owner's home partition (JobStore.new_job_id)")
+        drawn = self.job_partition(owner, quota, idempotency)
+        if drawn is not None and partition != drawn:
+            raise ValueError(f"job {job_id} is not in the partition JobStore.new_job_id draws it into")
         redis_keys = [keys.job(job_id), keys.job_due(tool, partition), keys.jobs_of(owner, partition),
                       keys.jobs_open(owner, partition), keys.quota_bucket(owner, partition), keys.jobs_all(partition),
                       metrics.jobs(partition)]
         if idempotency is not None:
             redis_keys.append(idempotency)
-        args = [job_id, fingerprint, tool, "" if run_at_ms is None else run_at_ms, delay_ms, horizon_ms, max_open,
+        here = max_open if quota.bounded else keys.share(max_open)
+        args = [job_id, fingerprint, tool, "" if run_at_ms is None else run_at_ms, delay_ms, horizon_ms, here,
                 quota.interval_us(), quota.tolerance_us(), "1" if room else "", *fields]
         try:
             answer = await self._create(keys=redis_keys, args=args)
@@ -385,9 +394,25 @@ class JobStore:
         return Created(cast("CreatedKind", kind), text(answer[1]) if len(answer) > 1 else "")
 
     @staticmethod
-    def new_job_id(owner: str) -> str:
-        """A new job id for ``owner``'s job: in its home partition (``keys.home_partition``)."""
-        return keys.new_job_id(keys.home_partition(owner))
+    def new_job_id(owner: str, quota: Quota = NO_QUOTA, idempotency: str | None = None) -> str:
+        """A new job id for ``owner``'s job (``idempotency``: its request id's key, made with
+        ``homed=quota.bounded``), in ``job_partition``'s partition."""
+        return keys.new_job_id(JobStore.job_partition(owner, quota, idempotency))
+
+    @staticmethod
+    def job_partition(owner: str, quota: Quota, idempotency: str | None) -> int | None:
+        """Where ``owner``'s new job goes (None: any partition, drawn at random): its request id
+        key's partition (so that a repeat finds its job in the same script; the home partition if
+        the quota is bounded), else the home partition if the quota is bounded (its rate's bucket
+        and its exact limit are there), else any."""
+        home = keys.home_partition(owner)
+        if idempotency is not None:
+            partition = keys.partition_of_key(idempotency)
+            if quota.bounded and partition != home:
+                raise ValueError("a job request id of a principal with a quota is in its home partition "
+                                 "(keys.job_idempotency(homed=True))")
+            return partition
+        return home if quota.bounded else None
 
     async def read(self, job_id: str) -> JobState | None:
         return (await self.read_many([job_id]))[0]
@@ -401,16 +426,16 @@ class JobStore:
 
     async def list(self, *, owner: str | None, status: str | None, limit: int,
                    after: Cursor | None = None) -> Page:
-        """Jobs newest first, after ``after``: ``owner``'s (in its home partition), or everyone's
-        (None: every partition's, merged); only ``status`` if given (dead letters from their own
-        sets). Looks at most a few pages past ``limit`` for a status that is rare, and forgets
-        listed jobs whose hash expired."""
+        """Jobs newest first, after ``after``: ``owner``'s, or everyone's (None), every partition's
+        merged (a principal's jobs spread unless it has a quota, and may have before it had one);
+        only ``status`` if given (dead letters from their own sets). Looks at most a few pages
+        past ``limit`` for a status that is rare, and forgets listed jobs whose hash expired."""
         if status == "dead_lettered":
             listings = [keys.jobs_dead(p) for p in keys.partitions()]
         elif owner is None:
             listings = [keys.jobs_all(p) for p in keys.partitions()]
         else:
-            listings = [keys.jobs_of(owner, keys.home_partition(owner))]
+            listings = [keys.jobs_of(owner, p) for p in keys.partitions()]
         return await listed(self.redis, self.read_many, listings, owner=owner, status=status, limit=limit,
                             after=after)
 

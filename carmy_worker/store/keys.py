@@ -314,8 +314,8 @@ def owner(principal: str | None) -> str:
 
 def home_partition(owner: str) -> int:
     """A principal's home partition, by its ``owner`` hash (its first 32 bits modulo the count):
-    where everything kept per principal is (its quota's keys, so every execution of a principal
-    with a quota; its jobs, their limit and their request ids)."""
+    where everything kept per principal is (its quota's keys, so every execution and every job
+    of a principal with a quota, with the job limit and request ids of those jobs)."""
     return int(owner[:8], 16) % _layout.count
 
 
@@ -344,10 +344,12 @@ def mcp_call(principal: str | None, session: str | None, mcp_session: str, reque
 
 
 # --- jobs (store/jobstore.py) ----------------------------------------------------------------
-# Every job index is per partition, and a job's keys are in its id's partition. A principal's
-# jobs are all drawn into its home partition (``home_partition``), so that CREATE counts its
-# unfinished jobs exactly and charges its rate in one script; a schedule's jobs are drawn into
-# its own partition (``schedule_partition``). An operator's lists merge every partition's.
+# Every job index is per partition, and a job's keys are in its id's partition. A principal with
+# a quota has all its jobs drawn into its home partition (``home_partition``), so that CREATE
+# counts its unfinished jobs exactly and charges its rate in one script; any other principal's
+# jobs spread as its calls do (a job request id's key placed by its digest, the job drawn there;
+# without one, any partition), each partition counting its ``share`` of the limit. A schedule's
+# jobs are drawn into its own partition (``schedule_partition``). Lists merge every partition's.
 
 
 def jobs_settled(partition: int) -> str:
@@ -392,22 +394,26 @@ def job_due(tool: str, partition: int) -> str:
 
 
 def jobs_of(owner: str, partition: int) -> str:
-    """Zset of one principal's jobs (job_id -> created, µs), by its ``owner`` hash: its list (in
-    its ``home_partition``; a schedule's jobs, owned by ``SCHEDULES_OWNER``, in the schedule's)."""
+    """Zset of one principal's jobs of ``partition`` (job_id -> created, µs), by its ``owner``
+    hash: its list is every partition's, merged (a schedule's jobs, owned by ``SCHEDULES_OWNER``,
+    are in the schedule's partition)."""
     return f"{_layout.prefixes[partition]}jobs:by:{owner}"
 
 
 def jobs_open(owner: str, partition: int) -> str:
-    """Zset of one principal's unfinished jobs (job_id -> created, µs): its limit counts them."""
+    """Zset of one principal's unfinished jobs of ``partition`` (job_id -> created, µs): its limit
+    counts them there (all of them, in its home partition, for a principal with a quota)."""
     return f"{_layout.prefixes[partition]}jobs:open:{owner}"
 
 
-def job_idempotency(principal: str | None, session: str | None, request_id: str) -> str:
+def job_idempotency(principal: str | None, session: str | None, request_id: str, *, homed: bool = False) -> str:
     """Which job a request id created: a hash of (principal, session, request_id), apart from
-    the executions' (the same id may name a call and a job). In the principal's home partition,
-    where its job is created (a job is placed by its owner, not by its request id)."""
+    the executions' (the same id may name a call and a job), where its job is drawn (``job_id``
+    in ``partition_of_key`` of this key): by the digest, so that a principal's jobs spread; in
+    the principal's home partition if ``homed`` (it has a quota: its limit is counted there)."""
     digest = _digest(principal, session, request_id)
-    return f"{_layout.prefixes[home_partition(owner(principal))]}jobidem:{digest}"
+    partition = home_partition(owner(principal)) if homed else partition_of_digest(digest)
+    return f"{_layout.prefixes[partition]}jobidem:{digest}"
 
 
 # Who a schedule's jobs belong to: no principal's ``owner`` (a 32-hex digest) can be this, so no

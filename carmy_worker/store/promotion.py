@@ -251,13 +251,21 @@ class Promotions:
                    settled_lease_ms: int = SETTLED_LEASE_MS, due_lease_ms: int = DUE_LEASE_MS) -> Look:
         """LOOK in ``partition``: what this loop has to do there now, leased to it (see the
         script); ``group``: the worker's, ``room`` how many executions its queue in the partition
-        may hold."""
+        may hold (what it holds already counts against it)."""
         settled, due, next_due, now = await self._look(
             keys=[keys.jobs_settled(partition), jobs.queue_name(group, partition),
                   *(keys.job_due(tool, partition) for tool in tools)],
             args=[room, settled_at_most, settled_lease_ms, due_lease_ms])
         pairs = [(tools[int(due[i]) - 1], due[i + 1].decode()) for i in range(0, len(due), 2)]
         return Look([e.decode() for e in settled], pairs, int(next_due) if next_due else None, int(now))
+
+    async def queued(self, group: str) -> list[int]:
+        """How many executions ``group``'s queue holds in each partition (queued or running: an
+        entry leaves its queue as its execution ends), in one round trip."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for partition in keys.partitions():
+                pipe.zcard(jobs.queue_name(group, partition))
+            return [int(n) for n in await pipe.execute()]
 
     async def due(self, job_ids: list[str]) -> list[Due]:
         """What promoting ``job_ids`` needs to know of each, in one round trip."""

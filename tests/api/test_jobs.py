@@ -21,8 +21,10 @@ import redis
 
 from api.app import create_app
 from api.settings import ApiKey, ApiSettings
+from api.settings.quotas import Quotas
 from carmy_worker.store import keys
 from carmy_worker.store.jobstore import rfc3339
+from carmy_worker.store.quota import Quota
 from carmy_worker.store.roster import SyncLiveness
 from carmy_worker.wire import RetryPolicy, ScheduleSpec, WorkerInfo, WorkerTool, msgpack_encoder
 from tests.conftest import asgi_client
@@ -317,8 +319,10 @@ async def test_a_queued_job_cancelled_never_becomes_due(client: httpx.AsyncClien
 
 
 async def test_the_limit_on_unfinished_jobs(stack: Stack, worker: None) -> None:
+    # With a quota, carol's jobs are all in her home partition, where the limit is exact (without
+    # one they spread, a share of it in each partition: test_jobstore's tests of the spread).
     settings = app_settings(stack.redis_url, api_keys={"carol-token-0123456789": ApiKey(principal="carol")},
-                            dead_after=3600.0, jobs_max_open=2)
+                            dead_after=3600.0, jobs_max_open=2, quotas=Quotas(overrides={"carol": Quota(pending=100)}))
     as_carol = {"authorization": "Bearer carol-token-0123456789"}
     async with asgi_client(create_app(settings)) as client:
         first = await create(client, echo("1", request_id="c1"), as_carol)

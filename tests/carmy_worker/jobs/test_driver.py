@@ -18,6 +18,7 @@ from carmy_worker.settings import WorkerSettings
 from carmy_worker.store import jobs, keys, records
 from carmy_worker.store.attempts import Attempts
 from carmy_worker.store.jobstore import JobStore, job_fields
+from carmy_worker.store.quota import Quota
 from carmy_worker.wire import ExecutionJob, Record, RetryPolicy, ScheduleSpec, ToolSpec, WorkerTool, msgpack_encoder
 from tests.cells import cells  # noqa: F401 (a fixture)
 from tests.support import wait_until_async
@@ -80,6 +81,11 @@ async def test_occurrences_missed_past_their_grace_are_skipped_and_counted(ar: r
     assert int(state[b"fired"]) <= 3
 
 
+# A quota keeps each principal's jobs in its home partition (without one they spread at random):
+# PRINCIPALS' jobs are then in every partition, whatever the draw.
+HOMED = Quota(pending=1_000)
+
+
 async def make_job(ar: redis.asyncio.Redis, name: str, *, idempotent: bool, principal: str | None = None,
                    delay_ms: int = 0) -> str:
     owner = keys.owner(principal)
@@ -87,9 +93,9 @@ async def make_job(ar: redis.asyncio.Redis, name: str, *, idempotent: bool, prin
     fields = job_fields(tool=name, owner=owner, payload=msgpack_encoder.encode(template),
                         policy=RetryPolicy(backoff=0.05), max_attempts=3, idempotent=idempotent, retention=60,
                         dead_retention=60, request_id=None)
-    created = await JobStore(ar).create(job_id=JobStore.new_job_id(owner), tool=name, owner=owner, fields=fields,
-                                        idempotency=None, fingerprint="", run_at_ms=None, delay_ms=delay_ms,
-                                        horizon_ms=10_000, max_open=0)
+    created = await JobStore(ar).create(job_id=JobStore.new_job_id(owner, HOMED), tool=name, owner=owner,
+                                        fields=fields, idempotency=None, fingerprint="", run_at_ms=None,
+                                        delay_ms=delay_ms, horizon_ms=10_000, max_open=0, quota=HOMED)
     assert created.kind == "new"
     return created.job_id
 

@@ -4,6 +4,7 @@ RETRY, driven by hand the way the API and a worker's job loop drive them."""
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import Awaitable, Callable
 
 import pytest
@@ -15,6 +16,7 @@ from carmy_worker.store.attempts import Attempts
 from carmy_worker.store.joblists import Cursor
 from carmy_worker.store.jobstore import JobState, JobStore, job_fields
 from carmy_worker.store.promotion import Look, Promotion, Promotions
+from carmy_worker.store.quota import NO_QUOTA, Quota
 from carmy_worker.wire import ExecutionJob, RetryPolicy, job_decoder, msgpack_encoder
 from tests.cells import cells  # noqa: F401 (a fixture)
 
@@ -22,6 +24,7 @@ pytestmark = pytest.mark.usefixtures("cells")
 
 GROUP = "g"
 OWNER = keys.owner("alice")
+QUOTA = Quota(pending=100)  # alice's: a quota keeps her jobs in her home partition (the spread's tests below)
 
 
 def home() -> int:
@@ -35,10 +38,11 @@ async def create(store: JobStore, *, tool: str = "t", delay_ms: int = 0, request
     fields = job_fields(tool=tool, owner=OWNER, payload=msgpack_encoder.encode(template),
                         policy=RetryPolicy(max_attempts=2, backoff=0.01, max_backoff=0.01), max_attempts=2,
                         idempotent=idempotent, retention=60, dead_retention=120, request_id=request_id)
+    idempotency = None if request_id is None else keys.job_idempotency("alice", None, request_id, homed=True)
     created = await store.create(
-        job_id=JobStore.new_job_id(OWNER), tool=tool, owner=OWNER, fields=fields,
-        idempotency=None if request_id is None else keys.job_idempotency("alice", None, request_id),
-        fingerprint=body, run_at_ms=None, delay_ms=delay_ms, horizon_ms=3_600_000, max_open=max_open)
+        job_id=JobStore.new_job_id(OWNER, QUOTA, idempotency), tool=tool, owner=OWNER, fields=fields,
+        idempotency=idempotency, fingerprint=body, run_at_ms=None, delay_ms=delay_ms, horizon_ms=3_600_000,
+        max_open=max_open, quota=QUOTA)
     assert created.kind in ("new", "existing"), created
     return created.job_id
 
@@ -129,9 +133,10 @@ async def test_a_request_id_makes_one_job_and_another_body_conflicts(ar: redis.a
     template = ExecutionJob(execution_id="", tool="t", arguments=b"{}")
     fields = job_fields(tool="t", owner=OWNER, payload=msgpack_encoder.encode(template), policy=RetryPolicy(),
                         max_attempts=1, idempotent=True, retention=60, dead_retention=60, request_id="r1")
-    other = await store.create(job_id=JobStore.new_job_id(OWNER), tool="t", owner=OWNER, fields=fields,
-                               idempotency=keys.job_idempotency("alice", None, "r1"), fingerprint="b",
-                               run_at_ms=None, delay_ms=0, horizon_ms=1000, max_open=0)
+    idempotency = keys.job_idempotency("alice", None, "r1", homed=True)
+    other = await store.create(job_id=JobStore.new_job_id(OWNER, QUOTA, idempotency), tool="t", owner=OWNER,
+                               fields=fields, idempotency=idempotency, fingerprint="b", run_at_ms=None, delay_ms=0,
+                               horizon_ms=1000, max_open=0, quota=QUOTA)
     assert (other.kind, other.job_id) == ("conflict", one)
 
 
@@ -142,9 +147,9 @@ async def test_limits_refuse_with_nothing_written(ar: redis.asyncio.Redis) -> No
     fields = job_fields(tool="t", owner=OWNER, payload=msgpack_encoder.encode(template), policy=RetryPolicy(),
                         max_attempts=1, idempotent=True, retention=60, dead_retention=60, request_id=None)
     for kwargs, kind in (({"max_open": 1}, "limited"), ({"max_open": 0, "delay_ms": 10_000}, "too_far")):
-        job_id = JobStore.new_job_id(OWNER)
+        job_id = JobStore.new_job_id(OWNER, QUOTA)
         created = await store.create(job_id=job_id, tool="t", owner=OWNER, fields=fields, idempotency=None,
-                                     fingerprint="", run_at_ms=None, horizon_ms=1000,
+                                     fingerprint="", run_at_ms=None, horizon_ms=1000, quota=QUOTA,
                                      **{"delay_ms": 0, **kwargs})  # type: ignore[arg-type]
         assert created.kind == kind
         assert not await ar.exists(keys.job(job_id))
@@ -181,7 +186,7 @@ async def test_an_operator_retry_requeues_a_dead_letter(ar: redis.asyncio.Redis)
     job = await state(store, job_id)
     assert (job.status, job.attempts_left) == ("queued", 2)
     assert await ar.ttl(keys.job(job_id)) == -1 and await ar.zscore(keys.jobs_dead(home()), job_id) is None
-    assert await ar.ttl(keys.job_idempotency("alice", None, "dl")) == -1
+    assert await ar.ttl(keys.job_idempotency("alice", None, "dl", homed=True)) == -1
     assert await store.retry(job) == "queued"  # not failed or dead: refused, saying why
     [again] = await promote_due(p, ar)
     assert (await state(store, job_id)).executions == [exec_id, again]
@@ -284,3 +289,127 @@ def test_a_cursor_is_read_back_only_from_what_a_page_wrote() -> None:
     assert Cursor.parse(cursor.text()) == cursor
     for text in ("", "12", f"x:{cursor.job_id}", "12:job_nope", f"-1:{cursor.job_id}", f"{'9' * 21}:{cursor.job_id}"):
         assert Cursor.parse(text) is None, text
+
+
+# --- where a principal's jobs are: spread without a quota, home with one ---------------------
+ANONYMOUS = keys.owner(None)  # the principal of an API without keys: every job of a single tenant
+
+
+async def create_as(store: JobStore, principal: str | None, *, request_id: str | None = None,
+                    quota: Quota = NO_QUOTA, max_open: int = 0, job_id: str | None = None) -> tuple[str, str]:
+    """Create a job as the API does for ``principal`` with ``quota``: (CREATE's answer, the job id)."""
+    owner = keys.owner(principal)
+    fields = job_fields(tool="t", owner=owner, payload=b"", policy=RetryPolicy(), max_attempts=1, idempotent=True,
+                        retention=60, dead_retention=60, request_id=request_id)
+    idempotency = None if request_id is None else keys.job_idempotency(principal, None, request_id,
+                                                                       homed=quota.bounded)
+    created = await store.create(job_id=job_id or JobStore.new_job_id(owner, quota, idempotency), tool="t",
+                                 owner=owner, fields=fields, idempotency=idempotency, fingerprint="", run_at_ms=None,
+                                 delay_ms=0, horizon_ms=1000, max_open=max_open, quota=quota)
+    return created.kind, created.job_id
+
+
+async def test_an_anonymous_principals_jobs_land_in_every_partition(ar: redis.asyncio.Redis) -> None:
+    store = JobStore(ar)
+    made = [await create_as(store, None, request_id=None if n % 2 else f"r{n}") for n in range(200)]
+    assert {kind for kind, _ in made} == {"new"}
+    job_ids = [job_id for _, job_id in made]
+    assert {keys.partition_of(job_id) for job_id in job_ids} == set(keys.partitions())
+    for n, job_id in enumerate(job_ids):
+        p = keys.partition_of(job_id)
+        assert await ar.zscore(keys.jobs_of(ANONYMOUS, p), job_id) is not None
+        assert await ar.zscore(keys.jobs_open(ANONYMOUS, p), job_id) is not None
+        assert await ar.zscore(keys.job_due("t", p), job_id) is not None
+        if n % 2 == 0:  # its request id's key is in the job's partition, placed by its digest
+            idempotency = keys.job_idempotency(None, None, f"r{n}")
+            assert keys.partition_of_key(idempotency) == p
+            assert (await ar.get(idempotency) or b"").split()[0].decode() == job_id
+    assert {keys.partition_of_key(keys.job_idempotency(None, None, f"r{n}")) for n in range(0, 200, 2)} == set(
+        keys.partitions())
+
+
+async def test_a_retried_job_request_id_finds_its_job(ar: redis.asyncio.Redis) -> None:
+    store = JobStore(ar)
+    firsts = await asyncio.gather(*(create_as(store, None, request_id=f"again-{n}") for n in range(40)))
+    # The same request ids again, twice at once each: each finds its job in its partition.
+    again = await asyncio.gather(*(create_as(store, None, request_id=f"again-{n}") for n in range(40) for _ in "ab"))
+    assert {kind for kind, _ in firsts} == {"new"} and {kind for kind, _ in again} == {"existing"}
+    assert [job_id for _, job_id in again] == [job_id for _, job_id in firsts for _ in "ab"]
+    assert len({keys.partition_of(job_id) for _, job_id in firsts}) == min(keys.partition_count(), 4)
+    assert sum([await ar.zcard(keys.jobs_of(ANONYMOUS, p)) for p in keys.partitions()]) == 40
+
+
+@pytest.mark.parametrize("limit", [10, 3])
+async def test_the_open_jobs_limit_is_a_share_in_each_partition(ar: redis.asyncio.Redis, limit: int) -> None:
+    """Concurrent CREATEs of one principal without a quota: each partition admits exactly its share,
+    ceil(limit / N), so at most limit + N - 1 are open; once each partition had its share's worth of
+    tries, at least limit are; and one partition can refuse once it holds its share alone."""
+    store, count, share = JobStore(ar), keys.partition_count(), keys.share(limit)
+    assert share == -(-limit // count)
+    tries = [keys.new_job_id(p) for p in keys.partitions() for _ in range(share + 3)]
+    random.shuffle(tries)
+    made = await asyncio.gather(*(create_as(store, None, max_open=limit, job_id=job_id) for job_id in tries))
+    admitted = [job_id for kind, job_id in made if kind == "new"]
+    assert {kind for kind, _ in made} == {"new", "limited"}
+    for p in keys.partitions():
+        assert sum(keys.partition_of(job_id) == p for job_id in admitted) == share
+        assert await ar.zcard(keys.jobs_open(ANONYMOUS, p)) == share
+    assert limit <= len(admitted) == count * share <= limit + count - 1
+    # Refused early: every try in one partition, which holds its share while the others hold none.
+    await ar.delete(*(keys.jobs_open(ANONYMOUS, p) for p in keys.partitions()))
+    last = keys.partition_count() - 1
+    made = await asyncio.gather(*(create_as(store, None, max_open=limit, job_id=keys.new_job_id(last))
+                                  for _ in range(limit + 2)))
+    assert sum(kind == "new" for kind, _ in made) == share
+    refused = await create_as(store, None, max_open=limit, job_id=keys.new_job_id(last))
+    assert refused[0] == "limited"
+
+
+async def test_a_principal_with_a_quota_keeps_its_jobs_home_and_its_limit_exact(ar: redis.asyncio.Redis) -> None:
+    store, quota, owner = JobStore(ar), Quota(pending=5), keys.owner("bob")
+    home = keys.home_partition(owner)
+    made = await asyncio.gather(*(create_as(store, "bob", quota=quota, max_open=10,
+                                            request_id=f"b{n}" if n % 2 else None) for n in range(30)))
+    admitted = [job_id for kind, job_id in made if kind == "new"]
+    assert len(admitted) == 10 and {kind for kind, _ in made} == {"new", "limited"}
+    assert {keys.partition_of(job_id) for job_id in admitted} == {home}
+    assert await ar.zcard(keys.jobs_open(owner, home)) == 10
+    assert {keys.partition_of_key(keys.job_idempotency("bob", None, f"b{n}", homed=True)) for n in range(30)} == {home}
+    assert sorted(job.job_id for job in (await store.list(owner=owner, status=None, limit=50)).jobs) == sorted(admitted)
+    if keys.partition_count() > 1:  # a job drawn elsewhere would be counted apart from the others
+        elsewhere = keys.new_job_id((home + 1) % keys.partition_count())
+        with pytest.raises(ValueError, match="partition"):
+            await create_as(store, "bob", quota=quota, job_id=elsewhere)
+        with pytest.raises(ValueError, match="home partition"):  # a request id's key placed by its digest
+            await store.create(job_id=keys.new_job_id(home), tool="t", owner=owner, fields=[], fingerprint="",
+                               idempotency=next(key for n in range(100) if keys.partition_of_key(
+                                   key := keys.job_idempotency("bob", None, f"d{n}")) != home),
+                               run_at_ms=None, delay_ms=0, horizon_ms=1000, max_open=0, quota=quota)
+
+
+async def test_a_principals_list_pages_across_partitions_without_duplicates_or_gaps(
+        ar: redis.asyncio.Redis) -> None:
+    store = JobStore(ar)
+    mine = {(await create_as(store, None, request_id=None if n % 3 else f"l{n}"))[1] for n in range(45)}
+    for n in range(15):  # others' jobs, in the same partitions: not in the list
+        await create_as(store, f"other-{n}")
+    listed = {p: await ar.zrange(keys.jobs_of(ANONYMOUS, p), 0, -1, withscores=True) for p in keys.partitions()}
+    assert sum(len(rows) > 0 for rows in listed.values()) == keys.partition_count()  # merged from every one
+    # Ties over partitions (jobs created in the same µs): each partition's newest moves to one score.
+    tied = [rows[-1][0] for rows in listed.values()]
+    for p, rows in listed.items():
+        await ar.zadd(keys.jobs_of(ANONYMOUS, p), {rows[-1][0]: 1})
+    expected = sorted(((1 if raw in tied else int(score), raw.decode()) for rows in listed.values()
+                       for raw, score in rows), reverse=True)
+    assert {job_id for _, job_id in expected} == mine
+
+    pages, after = [], None
+    while True:
+        page = await store.list(owner=ANONYMOUS, status=None, limit=7, after=after)
+        pages.append([job.job_id for job in page.jobs])
+        if page.after is None:
+            break
+        after = Cursor.parse(page.after.text())  # as a client sends it back
+        await create_as(store, None)  # created between two pages: newer than the cursor, in no later page
+    assert [job_id for ids in pages for job_id in ids] == [job_id for _, job_id in expected]
+    assert all(len(ids) == 7 for ids in pages[:6])
