@@ -35,9 +35,11 @@ from arq's defaults:
   (``WakeableWorker._take_over``), while arq's run_job still ends the job before it.
 
 **Over several partitions** (``CARMY_REDIS_PARTITIONS``) a group has a queue in each, and a
-worker serves them all: an idle one waits on every wake list at once (``store.wakeups``: no more
-claims than its free slots, the surplus handed back), and a freed slot's LEASE, like the one a
-SETTLE carries, goes to the partition after the last one served (round robin). arq's own
+worker serves them all: an idle one waits on every wake list at once (``store.wakeups``: each
+partition leases only its share of the free slots), unless a LEASE reply showed work due
+somewhere (``store.hints``): then one LEASE takes it there. A freed slot's LEASE, like the one a
+SETTLE carries, goes to the next partition in turn (round robin, after the last one served) not
+known to be empty, and none goes out when all are. arq's own
 ``queue_name`` is partition 0's queue: arq names only its status line after it.
 
 **On a Redis Cluster** (issue 34) arq's pool, which is not cluster-aware, never reaches a job's
