@@ -480,20 +480,16 @@ class WakeableWorker(Worker):
         if self._ends.get(lease.job_id) is end.done:
             del self._ends[lease.job_id]
 
-    def _hand_over(self, running: _Running) -> Handoff | None:
+    def _hand_over(self, running: _Running) -> Handoff:
         """The LEASE that takes the next job of a slot whose job is ending, sent with that job's
         SETTLE: the job starts as soon as the reply is read, without waiting for this loop's
-        next look, a round trip later. Only if the worker is full as the SETTLE goes out: one
-        with a free slot already waits on the wake list (with LEASE behind its BLPOP), and one
-        that drains takes nothing. None when every partition is known to be empty: the freed
-        slot waits for work instead (``_next_with_work``)."""
-        index = self._next_with_work()
-        if index is None:
-            return None
+        next look, a round trip later. Only if the worker is full as the SETTLE goes out (one
+        with a free slot already waits on the wake list, with LEASE behind its BLPOP, and one
+        that drains takes nothing), and not when every partition is known to be empty: the
+        freed slot then waits for work (``_next_with_work``)."""
         return self.leases.hand_over(
-            self.queues[index], lease_ms=int(self.in_progress_timeout_s * 1000),
-            look_ahead=self.queue_read_limit, wanted=self._wants_next,
-            on_taken=functools.partial(self._take_over, running=running))
+            lease_ms=int(self.in_progress_timeout_s * 1000), look_ahead=self.queue_read_limit,
+            wanted=self._wants_next, on_taken=functools.partial(self._take_over, running=running))
 
     def leased(self) -> list[str]:
         """The ids of the jobs this worker runs: arq's tasks, by job id. One C-level copy of the
@@ -505,8 +501,12 @@ class WakeableWorker(Worker):
         main = self.main_task
         return main is not None and (main.done() or _cancelling(main))
 
-    def _wants_next(self) -> bool:
-        return self.allow_pick_jobs and self.job_counter >= self.max_jobs
+    def _wants_next(self) -> str | None:
+        """The queue a SETTLE's LEASE takes the slot's next job from, if any (``_hand_over``)."""
+        if not (self.allow_pick_jobs and self.job_counter >= self.max_jobs):
+            return None
+        index = self._next_with_work()
+        return None if index is None else self.queues[index]
 
     def _take_over(self, leases: list[Lease], running: _Running) -> None:
         """Run what a handoff's LEASE took (one job at most) in the slot of ``running``'s job, at

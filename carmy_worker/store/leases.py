@@ -222,12 +222,12 @@ class Leases:
             return await self.take(queue, most=most, lease_ms=lease_ms, look_ahead=look_ahead, claims=claims)
         return self.read(reply, queue, prefix, sent_at)
 
-    def hand_over(self, queue: str, *, lease_ms: int, look_ahead: int, wanted: Callable[[], bool],
+    def hand_over(self, *, lease_ms: int, look_ahead: int, wanted: Callable[[], str | None],
                   on_taken: Callable[[list[Lease]], None]) -> Handoff:
-        """A LEASE of one due job of ``queue``, to go out right behind the SETTLE of the job a
-        slot just ran (``Runtime.handle``'s ``then``), if ``wanted()`` then; ``on_taken`` gets
-        what it took."""
-        return Handoff(self, queue, lease_ms, min(look_ahead, HANDOFF_LOOK_AHEAD), wanted, on_taken)
+        """A LEASE of one due job, to go out right behind the SETTLE of the job a slot just ran
+        (``Runtime.handle``'s ``then``), of the queue ``wanted()`` names then (None: no LEASE);
+        ``on_taken`` gets what it took."""
+        return Handoff(self, lease_ms, min(look_ahead, HANDOFF_LOOK_AHEAD), wanted, on_taken)
 
     def _call(self, queue: str, most: int, lease_ms: int, look_ahead: int, wake: bool = True,
               claims: int | None = None) -> tuple[list[str], list[Any], str]:
@@ -293,11 +293,12 @@ class Handoff(FollowUp):
     handed to ``on_taken`` as soon as its reply is read, before anything else runs: from then on
     the worker holds those jobs (its heartbeat reports them)."""
 
-    def __init__(self, leases: Leases, queue: str, lease_ms: int, look_ahead: int,
-                 wanted: Callable[[], bool], on_taken: Callable[[list[Lease]], None]) -> None:
+    def __init__(self, leases: Leases, lease_ms: int, look_ahead: int,
+                 wanted: Callable[[], str | None], on_taken: Callable[[list[Lease]], None]) -> None:
         super().__init__()
         self._leases = leases
-        self._lease = (queue, 1, lease_ms, look_ahead)
+        self._queue = ""  # the one it leases from, once made
+        self._lease = (1, lease_ms, look_ahead)
         self._wanted = wanted
         self._on_taken = on_taken
         self._prefix = ""  # of its lease tokens, once made
@@ -305,9 +306,11 @@ class Handoff(FollowUp):
         self._read = False
 
     def make(self) -> tuple[Script, list[Any], list[Any]] | None:
-        if not self._wanted():
+        queue = self._wanted()
+        if queue is None:
             return None
-        keys_, args, self._prefix = self._leases._call(*self._lease, wake=False)
+        self._queue = queue
+        keys_, args, self._prefix = self._leases._call(queue, *self._lease, wake=False)
         self._sent_at = time.monotonic()
         return LEASE, keys_, args
 
@@ -323,6 +326,6 @@ class Handoff(FollowUp):
             # LEASE whose reply was lost, and hands them back.
             log.warning("the LEASE sent with a SETTLE failed (%s); the next job waits for the next look", exc)
             return
-        self._on_taken(self._leases.read(reply.result(), self._lease[0], self._prefix, self._sent_at))
+        self._on_taken(self._leases.read(reply.result(), self._queue, self._prefix, self._sent_at))
 
 
