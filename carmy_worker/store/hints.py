@@ -30,10 +30,6 @@ class DueHints:
         """A LEASE of ``queue`` replied that ``due`` jobs there are still due and unleased."""
         self._due[queue] = due
 
-    def known(self, queue: str) -> int:
-        """How many jobs ``queue`` was last seen to have due (0 if none, or not known)."""
-        return self._due.get(queue, 0)
-
     def with_work(self, queues: Sequence[str], start: int) -> int | None:
         """The first of ``queues`` from index ``start`` on (round robin) known to have due work."""
         for step in range(len(queues)):
