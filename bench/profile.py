@@ -1,5 +1,5 @@
-"""``python -m bench.profile [--seconds 20] [--clients 64] [--workers 2] [--tool noop] [--out DIR]``: where an
-execution's time goes, under the benchmark's load (bench/README.md, "Where the time goes").
+"""``python -m bench.profile [--seconds 20] [--clients 64] [--workers 2] [--tool noop] [--partitions 1]
+[--out DIR]``: where an execution's time goes, under the benchmark's load (bench/README.md, "Where the time goes").
 
 Starts a private redis-server, ``--workers`` workers of ``bench.tools`` and one API, drives
 ``POST /agent/execute`` (no-op) with wrk, and meanwhile samples the API and the first worker with
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import hashlib
 import importlib
 import shutil
 import subprocess
@@ -27,6 +26,7 @@ from bench import wrk
 from bench.processes import RedisServer
 from bench.procs import Processes, cpu_seconds
 from bench.scenarios import WORKER_CONCURRENCY, execute
+from carmy_worker.store.scripts import Script
 
 
 def commandstats(client: redis.Redis) -> dict[str, tuple[int, int]]:
@@ -45,20 +45,20 @@ def per_execution(before: dict[str, tuple[int, int]], after: dict[str, tuple[int
     return sorted(rows, key=lambda r: -r[2])
 
 
-SCRIPT_MODULES = ("carmy_worker.runtime.queue", "carmy_worker.runtime.lock", "carmy_worker.store.attempts",
-                  "carmy_worker.store.submit", "carmy_worker.store.verdicts", "carmy_worker.store.roster",
-                  "carmy_worker.store.progress", "carmy_worker.store.janitor",
-                  "carmy_worker.store.follow")
+SCRIPT_MODULES = ("carmy_worker.store.attempts", "carmy_worker.store.audit", "carmy_worker.store.callbacks",
+                  "carmy_worker.store.follow", "carmy_worker.store.janitor", "carmy_worker.store.jobstore",
+                  "carmy_worker.store.leases", "carmy_worker.store.locks", "carmy_worker.store.mcpcalls",
+                  "carmy_worker.store.progress", "carmy_worker.store.promotion", "carmy_worker.store.pulse",
+                  "carmy_worker.store.roster", "carmy_worker.store.submit", "carmy_worker.store.verdicts")
 
 
 def script_names() -> dict[str, str]:
-    """SHA1 of every Lua script the code base registers (a module-level string) → its name."""
+    """SHA1 of every Lua script the code base registers (a module-level ``Script``) → its name."""
     names = {}
     for module_name in SCRIPT_MODULES:
-        module = importlib.import_module(module_name)
-        for name, value in vars(module).items():
-            if isinstance(value, str) and "redis.call" in value:
-                names[hashlib.sha1(value.encode()).hexdigest()] = f"EVALSHA {name}"
+        for value in vars(importlib.import_module(module_name)).values():
+            if isinstance(value, Script):
+                names[value.sha] = f"EVALSHA {value.name}"
     return names
 
 
@@ -116,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=64)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--tool", default="noop", help="a tool of bench.tools, e.g. sleep50 (the scale-out rows')")
+    parser.add_argument("--partitions", type=int, default=1,
+                        help="CARMY_REDIS_PARTITIONS of every process (all on the one redis-server)")
     parser.add_argument("--rate", type=int, default=100, help="py-spy samples per second")
     parser.add_argument("--top", type=int, default=60)
     parser.add_argument("--no-spy", action="store_true", help="only the Redis and CPU figures")
@@ -128,9 +130,10 @@ def main(argv: list[str] | None = None) -> int:
     server.start()
     try:
         with Processes(workdir, server.url, "profile") as procs:
-            workers = [procs.carmy_worker(env={"CARMY_CONCURRENCY": str(WORKER_CONCURRENCY)})
+            partitions = {"CARMY_REDIS_PARTITIONS": str(args.partitions)}
+            workers = [procs.carmy_worker(env={"CARMY_CONCURRENCY": str(WORKER_CONCURRENCY), **partitions})
                        for _ in range(args.workers)]
-            api, base = procs.carmy_api(tool=args.tool)
+            api, base = procs.carmy_api(env=partitions, tool=args.tool)
             request = execute(args.tool)
             wrk.run(base, request, clients=args.clients, seconds=2, workdir=workdir)  # warm-up
             targets = {"api": api, "worker": workers[0]}

@@ -35,9 +35,11 @@ from arq's defaults:
   (``WakeableWorker._take_over``), while arq's run_job still ends the job before it.
 
 **Over several partitions** (``CARMY_REDIS_PARTITIONS``) a group has a queue in each, and a
-worker serves them all: an idle one waits on every wake list at once (``store.wakeups``: no more
-claims than its free slots, the surplus handed back), and a freed slot's LEASE, like the one a
-SETTLE carries, goes to the partition after the last one served (round robin). arq's own
+worker serves them all: an idle one waits on every wake list at once (``store.wakeups``: each
+partition leases only its share of the free slots), unless a LEASE reply showed work due
+somewhere (``store.hints``): then one LEASE takes it there. A freed slot's LEASE, like the one a
+SETTLE carries, goes to the next partition in turn (round robin, after the last one served) not
+known to be empty, and none goes out when all are. arq's own
 ``queue_name`` is partition 0's queue: arq names only its status line after it.
 
 **On a Redis Cluster** (issue 34) arq's pool, which is not cluster-aware, never reaches a job's
@@ -330,6 +332,14 @@ class WakeableWorker(Worker):
         if len(self.queues) == 1:
             return await self.leases.wait_and_take(pool, self.queues[0], timeout=self.poll_delay_s, most=free,
                                                    lease_ms=lease_ms, look_ahead=self.queue_read_limit)
+        known = self.leases.hints.with_work(self.queues, self._turn)
+        if known is not None:  # work seen due (a round's LEASE that claimed less than it found): take it
+            self._turn = (known + 1) % len(self.queues)
+            taken = await self.leases.take(self.queues[known], most=free, lease_ms=lease_ms,
+                                           look_ahead=self.queue_read_limit)
+            if not taken:  # gone, or held by leases its count saw as due: not known any more
+                self.leases.hints.seen(self.queues[known], 0)
+            return taken
         turn = self._next_turn()
         return await wait_on_every_partition(
             self.leases, pool, self.queues[turn:] + self.queues[:turn], timeout=self.poll_delay_s, free=free,
@@ -340,6 +350,17 @@ class WakeableWorker(Worker):
         turn = self._turn
         self._turn = (turn + 1) % len(self.queues)
         return turn
+
+    def _next_with_work(self) -> int | None:
+        """The partition a freed slot's LEASE goes to: the next in turn not known to be empty
+        (``DueHints.maybe_work``), the turn moved past it; None when every one was (the slot
+        then waits on every partition). With one partition, always it."""
+        if len(self.queues) == 1:
+            return 0
+        index = self.leases.hints.maybe_work(self.queues, self._turn)
+        if index is not None:
+            self._turn = (index + 1) % len(self.queues)
+        return index
 
     def _served(self, lease: Lease) -> None:
         """``lease``'s job starts here: the next LEASE looks first in the partition after its."""
@@ -357,9 +378,9 @@ class WakeableWorker(Worker):
         started."""
         free = self.max_jobs - self.job_counter
         leased = taken or []
-        if taken is None and self.allow_pick_jobs and free > 0:
+        if taken is None and self.allow_pick_jobs and free > 0 and (index := self._next_with_work()) is not None:
             lease_ms = int(self.in_progress_timeout_s * 1000)
-            leased = await self.leases.take(self.queues[self._next_turn()], most=free, lease_ms=lease_ms,
+            leased = await self.leases.take(self.queues[index], most=free, lease_ms=lease_ms,
                                             look_ahead=self.queue_read_limit)
         if leased:
             # Before anything else runs: from now on the heartbeat reports these executions held.
@@ -462,13 +483,13 @@ class WakeableWorker(Worker):
     def _hand_over(self, running: _Running) -> Handoff:
         """The LEASE that takes the next job of a slot whose job is ending, sent with that job's
         SETTLE: the job starts as soon as the reply is read, without waiting for this loop's
-        next look, a round trip later. Only if the worker is full as the SETTLE goes out: one
-        with a free slot already waits on the wake list (with LEASE behind its BLPOP), and one
-        that drains takes nothing."""
+        next look, a round trip later. Only if the worker is full as the SETTLE goes out (one
+        with a free slot already waits on the wake list, with LEASE behind its BLPOP, and one
+        that drains takes nothing), and not when every partition is known to be empty: the
+        freed slot then waits for work (``_next_with_work``)."""
         return self.leases.hand_over(
-            self.queues[self._next_turn()], lease_ms=int(self.in_progress_timeout_s * 1000),
-            look_ahead=self.queue_read_limit, wanted=self._wants_next,
-            on_taken=functools.partial(self._take_over, running=running))
+            lease_ms=int(self.in_progress_timeout_s * 1000), look_ahead=self.queue_read_limit,
+            wanted=self._wants_next, on_taken=functools.partial(self._take_over, running=running))
 
     def leased(self) -> list[str]:
         """The ids of the jobs this worker runs: arq's tasks, by job id. One C-level copy of the
@@ -480,8 +501,12 @@ class WakeableWorker(Worker):
         main = self.main_task
         return main is not None and (main.done() or _cancelling(main))
 
-    def _wants_next(self) -> bool:
-        return self.allow_pick_jobs and self.job_counter >= self.max_jobs
+    def _wants_next(self) -> str | None:
+        """The queue a SETTLE's LEASE takes the slot's next job from, if any (``_hand_over``)."""
+        if not (self.allow_pick_jobs and self.job_counter >= self.max_jobs):
+            return None
+        index = self._next_with_work()
+        return None if index is None else self.queues[index]
 
     def _take_over(self, leases: list[Lease], running: _Running) -> None:
         """Run what a handoff's LEASE took (one job at most) in the slot of ``running``'s job, at

@@ -31,6 +31,7 @@ from carmy_worker.store.batch import FollowUp
 from carmy_worker.store.checkout import buffered_reply
 from carmy_worker.store.cluster import held_connection
 from carmy_worker.store.durable import Durability
+from carmy_worker.store.hints import DueHints
 from carmy_worker.store.lua import ACCEPTED_WORK
 from carmy_worker.store.scripts import Script, bind
 
@@ -58,7 +59,9 @@ log = logging.getLogger("carmy.queue")
 # Every key is of the queue's partition: the in-progress, job and execution keys of the jobs it
 # pops are named from that partition's prefixes (ARGV[1], ARGV[6], ARGV[10]): a partition's queue
 # only ever holds its own executions.
-# Returns {id, score before, job, verdict ('' if not claimed), attempt, ms waited, id, ...}.
+# Then it counts the jobs of the queue still due and unleased (ZCOUNT: leased ones were moved to
+# their lease's end), for the worker's hints of where work is (store.hints.DueHints).
+# Returns {id, score before, job, verdict ('' if not claimed), attempt, ms waited, id, ..., still due}.
 # KEYS: queue, leases hash, wake list, running set, the queue's partition's queue-wait histogram and
 #       queued set
 # ARGV: in-progress key prefix, how many, lease ms, how far down the queue to look, token prefix,
@@ -89,6 +92,7 @@ for i = 1, #due, 2 do
   end
 end
 if wake then wake_for(KEYS[3], waiting) end
+table.insert(leased, redis.call('ZCOUNT', KEYS[1], '-inf', now))
 return leased
 """)
 
@@ -164,6 +168,8 @@ class Leases:
         # job never matches a later one. A counter, from a random start (two objects of one
         # worker id, in tests, do not collide), not a random draw per call: a system call each.
         self._calls = itertools.count(secrets.randbits(48))
+        # Where work was last seen due, from every LEASE's reply: where the next LEASE goes.
+        self.hints = DueHints()
 
     async def take(self, queue: str, *, most: int, lease_ms: int, look_ahead: int,
                    claims: int | None = None) -> list[Lease]:
@@ -172,7 +178,7 @@ class Leases:
         wake list then holds one token per job still due."""
         keys_, args, prefix = self._call(queue, most, lease_ms, look_ahead, claims=claims)
         sent_at = time.monotonic()
-        return self._leases(await self._lease(keys=keys_, args=args), queue, prefix, sent_at)
+        return self.read(await self._lease(keys=keys_, args=args), queue, prefix, sent_at)
 
     async def wait_and_take(self, redis: Redis, queue: str, *, timeout: float, most: int, lease_ms: int,
                             look_ahead: int, claims: int | None = None,
@@ -209,19 +215,19 @@ class Leases:
             else:
                 reply = got
             durability = self._lease.durability  # None when no replica is asked for
-            if reply and durability is not None:  # it claimed: the claims must reach the replicas
+            if reply and len(reply) > 1 and durability is not None:  # it claimed: the claims must reach replicas
                 await conn.send_command("WAIT", durability.replicas, durability.timeout_ms)
                 durability.acknowledged(int(await conn.read_response()))
         if reply is None:
             return await self.take(queue, most=most, lease_ms=lease_ms, look_ahead=look_ahead, claims=claims)
-        return self._leases(reply, queue, prefix, sent_at)
+        return self.read(reply, queue, prefix, sent_at)
 
-    def hand_over(self, queue: str, *, lease_ms: int, look_ahead: int, wanted: Callable[[], bool],
+    def hand_over(self, *, lease_ms: int, look_ahead: int, wanted: Callable[[], str | None],
                   on_taken: Callable[[list[Lease]], None]) -> Handoff:
-        """A LEASE of one due job of ``queue``, to go out right behind the SETTLE of the job a
-        slot just ran (``Runtime.handle``'s ``then``), if ``wanted()`` then; ``on_taken`` gets
-        what it took."""
-        return Handoff(self, queue, lease_ms, min(look_ahead, HANDOFF_LOOK_AHEAD), wanted, on_taken)
+        """A LEASE of one due job, to go out right behind the SETTLE of the job a slot just ran
+        (``Runtime.handle``'s ``then``), of the queue ``wanted()`` names then (None: no LEASE);
+        ``on_taken`` gets what it took."""
+        return Handoff(self, lease_ms, min(look_ahead, HANDOFF_LOOK_AHEAD), wanted, on_taken)
 
     def _call(self, queue: str, most: int, lease_ms: int, look_ahead: int, wake: bool = True,
               claims: int | None = None) -> tuple[list[str], list[Any], str]:
@@ -236,10 +242,12 @@ class Leases:
                  most if claims is None else claims],
                 prefix)
 
-    @staticmethod
-    def _leases(reply: list[Any], queue: str, prefix: str, sent_at: float) -> list[Lease]:
+    def read(self, reply: list[Any], queue: str, prefix: str, sent_at: float) -> list[Lease]:
+        """The leases of a LEASE's ``reply``; what it says is still due in ``queue`` goes to ``hints``."""
+        if len(reply) % 6:  # the count it ends with (a LEASE of before the count has none)
+            self.hints.seen(queue, int(reply[-1]))
         leases = []
-        for i in range(0, len(reply), 6):
+        for i in range(0, len(reply) - len(reply) % 6, 6):
             job_id, score, job, verdict, attempt, waited = reply[i:i + 6]
             job_id = job_id.decode()
             claim = Claim(cast("ClaimVerdict", verdict.decode()), int(attempt), int(waited)) if verdict else None
@@ -285,11 +293,12 @@ class Handoff(FollowUp):
     handed to ``on_taken`` as soon as its reply is read, before anything else runs: from then on
     the worker holds those jobs (its heartbeat reports them)."""
 
-    def __init__(self, leases: Leases, queue: str, lease_ms: int, look_ahead: int,
-                 wanted: Callable[[], bool], on_taken: Callable[[list[Lease]], None]) -> None:
+    def __init__(self, leases: Leases, lease_ms: int, look_ahead: int,
+                 wanted: Callable[[], str | None], on_taken: Callable[[list[Lease]], None]) -> None:
         super().__init__()
         self._leases = leases
-        self._lease = (queue, 1, lease_ms, look_ahead)
+        self._queue = ""  # the one it leases from, once made
+        self._lease = (1, lease_ms, look_ahead)
         self._wanted = wanted
         self._on_taken = on_taken
         self._prefix = ""  # of its lease tokens, once made
@@ -297,9 +306,11 @@ class Handoff(FollowUp):
         self._read = False
 
     def make(self) -> tuple[Script, list[Any], list[Any]] | None:
-        if not self._wanted():
+        queue = self._wanted()
+        if queue is None:
             return None
-        keys_, args, self._prefix = self._leases._call(*self._lease, wake=False)
+        self._queue = queue
+        keys_, args, self._prefix = self._leases._call(queue, *self._lease, wake=False)
         self._sent_at = time.monotonic()
         return LEASE, keys_, args
 
@@ -315,6 +326,6 @@ class Handoff(FollowUp):
             # LEASE whose reply was lost, and hands them back.
             log.warning("the LEASE sent with a SETTLE failed (%s); the next job waits for the next look", exc)
             return
-        self._on_taken(self._leases._leases(reply.result(), self._lease[0], self._prefix, self._sent_at))
+        self._on_taken(self._leases.read(reply.result(), self._queue, self._prefix, self._sent_at))
 
 

@@ -484,7 +484,7 @@ async def test_a_lease_sent_with_a_settle_leaves_the_wake_tokens_alone(
     client = queue.connect(redis_server.url)
     leases = Leases(client, "w0")
     taken: list[Lease] = []
-    handoff = leases.hand_over(QUEUE, lease_ms=60_000, look_ahead=100, wanted=lambda: True, on_taken=taken.extend)
+    handoff = leases.hand_over(lease_ms=60_000, look_ahead=100, wanted=lambda: QUEUE, on_taken=taken.extend)
     call = handoff.make()
     assert call is not None
     script, keys_, args = call
