@@ -80,18 +80,18 @@ def env_cluster_nodes(env: Mapping[str, str]) -> tuple[str, ...]:
     return nodes
 
 
-# How many partitions this release's scripts run over (store/partitions.py). Lifted on the branch
-# that spreads the queues (issue 34, part B), so that the tests run over several: the lead sets
-# the release's bound at merge.
+# The most partitions a deployment may use (each worker keeps a blocking connection per partition).
 SUPPORTED_PARTITIONS = 16
 
 
 def env_partitions(env: Mapping[str, str]) -> int:
-    """``CARMY_REDIS_PARTITIONS``: how many partitions the store's keys are spread over (1)."""
-    count = env_int(env, "CARMY_REDIS_PARTITIONS", 1)
+    """``CARMY_REDIS_PARTITIONS``: how many partitions the store's keys are spread over: 16 on a
+    Redis Cluster (``CARMY_REDIS_CLUSTER_NODES``), so that the work spreads over its primaries;
+    1 on a single Redis or Sentinel, where one core runs every script anyway."""
+    default = 16 if (env.get("CARMY_REDIS_CLUSTER_NODES") or "").strip() else 1
+    count = env_int(env, "CARMY_REDIS_PARTITIONS", default)
     if count > SUPPORTED_PARTITIONS:
-        raise SettingsError(f"CARMY_REDIS_PARTITIONS must be at most {SUPPORTED_PARTITIONS} in this release, "
-                            f"got {count}: every script still keeps its keys in partition 0's slot")
+        raise SettingsError(f"CARMY_REDIS_PARTITIONS must be at most {SUPPORTED_PARTITIONS}, got {count}")
     return count
 
 
