@@ -87,8 +87,11 @@ def test_one_partition_names_every_key_in_partition_zero() -> None:
     assert keys.partition_of(exec_id) == 0
 
 
-def test_the_setting_is_one_partition_until_every_script_takes_its_own() -> None:
+def test_the_setting_is_one_partition_on_one_redis_and_sixteen_on_a_cluster() -> None:
     assert WorkerSettings.from_env({}).redis_partitions == ApiSettings.from_env({}).redis_partitions == 1
+    cluster = {"CARMY_REDIS_CLUSTER_NODES": "127.0.0.1:7000"}
+    assert WorkerSettings.from_env(cluster).redis_partitions == ApiSettings.from_env(cluster).redis_partitions == 16
+    assert WorkerSettings.from_env({**cluster, "CARMY_REDIS_PARTITIONS": "4"}).redis_partitions == 4
     assert ApiSettings.from_env({"CARMY_REDIS_PARTITIONS": "1"}).redis_partitions == 1
     for bad in ("0", "17", "x"):
         with pytest.raises(SettingsError, match="CARMY_REDIS_PARTITIONS"):
