@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Iterable
 from typing import Any
 
 from msgspec import Struct
@@ -204,7 +203,7 @@ class AuditTrail:
         return sum(int(n) for n in await asyncio.gather(*(self.redis.xlen(keys.audit(p)) for p in keys.partitions())))
 
 
-def decode(entry_id: bytes | str, fields: dict[Any, Any], partition: int = 0) -> AuditEntry:
+def decode(entry_id: bytes | str, fields: dict[Any, Any], partition: int) -> AuditEntry:
     """An entry of ``partition``'s stream as the stream holds it (ms times, '' for nothing) as
     the wire shows it, with its id in the trail (``trail_id``)."""
     f = {_text(k): _text(v) for k, v in fields.items()}
@@ -225,11 +224,6 @@ def decode(entry_id: bytes | str, fields: dict[Any, Any], partition: int = 0) ->
         started_at=None if started_at is None else rfc3339(started_at), finished_at=rfc3339(finished),
         replayed=replayed, via=f.get("via") or None, worker=f.get("worker") or None,
     )
-
-
-def decode_all(raw: Iterable[tuple[Any, dict[Any, Any]]], partition: int = 0) -> list[AuditEntry]:
-    """Entries of ``partition``'s stream as XRANGE, XREVRANGE or XREADGROUP return them."""
-    return [decode(entry_id, fields, partition) for entry_id, fields in raw]
 
 
 def _text(value: bytes | str) -> str:
