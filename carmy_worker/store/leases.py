@@ -140,7 +140,7 @@ def _cell(queue: str) -> _Cell:
     partition = keys.partition_of_key(queue)
     return _Cell(partition, metrics.histogram("queue_wait", partition), keys.queued(partition),
                  jobs.in_progress_key_prefix(partition), jobs.job_key_prefix(partition),
-                 keys.partition_prefix(partition) + "exe:")
+                 keys.execution_prefix(partition))
 
 
 class Lease(Struct, frozen=True):
@@ -244,11 +244,11 @@ class Leases:
 
     def read(self, reply: list[Any], queue: str, prefix: str, sent_at: float) -> list[Lease]:
         """The leases of a LEASE's ``reply``; what it says is still due in ``queue`` goes to ``hints``."""
-        if len(reply) % 6:  # the count it ends with (a LEASE of before the count has none)
-            self.hints.seen(queue, int(reply[-1]))
+        *rows, due = reply
+        self.hints.seen(queue, int(due))
         leases = []
-        for i in range(0, len(reply) - len(reply) % 6, 6):
-            job_id, score, job, verdict, attempt, waited = reply[i:i + 6]
+        for i in range(0, len(rows), 6):
+            job_id, score, job, verdict, attempt, waited = rows[i:i + 6]
             job_id = job_id.decode()
             claim = Claim(cast("ClaimVerdict", verdict.decode()), int(attempt), int(waited)) if verdict else None
             leases.append(Lease(job_id, int(float(score)), prefix + job_id, job, max(1, int(attempt)), claim,
@@ -259,10 +259,9 @@ class Leases:
         """End ``lease``, retried through an outage; False if it was not ours any more. Not
         finished: the job is due again ``delay_ms`` after its score (at once without one)."""
         job_id, queue = lease.job_id, lease.queue
-        cell = _cell(queue)  # its keys are its queue's partition's (a queue holds its partition's jobs)
-        keys_ = [cell.in_progress_prefix + job_id, cell.job_prefix + job_id,
-                 keys.partition_prefix(cell.partition) + jobs.ARQ_RETRY_KEY_PREFIX + job_id, queue,
-                 self._held[cell.partition][0], jobs.wake_list(queue)]
+        partition = _cell(queue).partition  # its job's too: a queue holds its own partition's jobs
+        keys_ = [jobs.in_progress_key(job_id), jobs.job_key(job_id), jobs.retry_key(job_id), queue,
+                 self._held[partition][0], jobs.wake_list(queue)]
         args = [job_id, lease.token, "1" if finished else "", lease.score + (delay_ms or 0),
                 "1" if delay_ms is None else ""]
         deadline = time.monotonic() + FINISH_RETRY_S
