@@ -132,6 +132,8 @@ class JobLoop:
         so that a flooded partition does not take the room of the others every time; once none
         is left, the rest are looked in together for what is settled and when they are next due.
         """
+        if keys.partition_count() == 1:  # one queue: its LOOK counts what it holds against the room itself
+            return [await self._promotions.look(self._names, self.group, 0, room=self.room)]
         held = await self._promotions.queued(self.group)
         free = self.room - sum(held)
         count = len(held)

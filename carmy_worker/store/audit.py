@@ -28,13 +28,13 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Iterable
 from typing import Any
 
 from msgspec import Struct
 from redis.asyncio import Redis
 
 from carmy_worker.store import keys, metrics
+from carmy_worker.store.fanout import run_each
 from carmy_worker.store.jobstore import rfc3339
 from carmy_worker.store.lua import ACCEPTED_WORK, LUA_AUDIT, NOW
 from carmy_worker.store.scripts import Script, bind
@@ -150,7 +150,6 @@ class AuditTrail:
     def __init__(self, redis: Redis) -> None:
         self.redis = redis
         self._replayed = bind(redis, REPLAYED)
-        self._trim = bind(redis, TRIM)
 
     async def replayed(self, exec_id: str, record: Record, *, via: str) -> None:
         """The entry of ``exec_id``'s ``record`` answered again to a retry that came by ``via``."""
@@ -159,11 +158,10 @@ class AuditTrail:
                                    "" if record.duration_ms is None else record.duration_ms, via])
 
     async def trim(self, *, max_entries: int, retention_s: int) -> int:
-        """TRIM of every partition's stream, each to its share of ``max_entries``: the entries
-        taken off (whole stream nodes only: ``~``)."""
-        share = keys.share(max_entries)
-        trimmed = await asyncio.gather(*(self._trim(keys=[keys.audit(partition)], args=[share, retention_s * 1000])
-                                         for partition in keys.partitions()))
+        """TRIM of every partition's stream, each to its share of ``max_entries``, in one pipeline
+        (``store.fanout``): the entries taken off (whole stream nodes only: ``~``)."""
+        args = [keys.share(max_entries), retention_s * 1000]
+        trimmed, _ = await run_each(self.redis, TRIM, [([keys.audit(p)], args) for p in keys.partitions()])
         return sum(int(n) for n in trimmed)
 
     async def page(self, wanted: AuditFilter = EVERY_ENTRY, *, limit: int = 50, cursor: str | None = None,
@@ -201,10 +199,13 @@ class AuditTrail:
 
     async def length(self) -> int:
         """How many entries the trail holds."""
-        return sum(int(n) for n in await asyncio.gather(*(self.redis.xlen(keys.audit(p)) for p in keys.partitions())))
+        async with self.redis.pipeline(transaction=False) as pipe:  # one round trip
+            for partition in keys.partitions():
+                pipe.xlen(keys.audit(partition))
+            return sum(int(n) for n in await pipe.execute())
 
 
-def decode(entry_id: bytes | str, fields: dict[Any, Any], partition: int = 0) -> AuditEntry:
+def decode(entry_id: bytes | str, fields: dict[Any, Any], partition: int) -> AuditEntry:
     """An entry of ``partition``'s stream as the stream holds it (ms times, '' for nothing) as
     the wire shows it, with its id in the trail (``trail_id``)."""
     f = {_text(k): _text(v) for k, v in fields.items()}
@@ -225,11 +226,6 @@ def decode(entry_id: bytes | str, fields: dict[Any, Any], partition: int = 0) ->
         started_at=None if started_at is None else rfc3339(started_at), finished_at=rfc3339(finished),
         replayed=replayed, via=f.get("via") or None, worker=f.get("worker") or None,
     )
-
-
-def decode_all(raw: Iterable[tuple[Any, dict[Any, Any]]], partition: int = 0) -> list[AuditEntry]:
-    """Entries of ``partition``'s stream as XRANGE, XREVRANGE or XREADGROUP return them."""
-    return [decode(entry_id, fields, partition) for entry_id, fields in raw]
 
 
 def _text(value: bytes | str) -> str:

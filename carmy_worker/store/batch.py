@@ -51,20 +51,11 @@ from typing import Any, cast
 from redis._parsers.hiredis import NOT_ENOUGH_DATA
 from redis.asyncio import Redis
 from redis.asyncio.connection import AbstractConnection
-from redis.exceptions import (
-    AskError,
-    ClusterDownError,
-    ConnectionError,
-    MovedError,
-    NoScriptError,
-    ReadOnlyError,
-    ResponseError,
-    TryAgainError,
-)
+from redis.exceptions import ConnectionError, NoScriptError, ReadOnlyError, ResponseError
 
 from carmy_worker.loop import running_loop
 from carmy_worker.store.checkout import buffered_reply, is_broken, is_stale
-from carmy_worker.store.cluster import NodePool, StoreCluster, as_redis
+from carmy_worker.store.cluster import REDIRECTED, NodePool, StoreCluster, as_redis
 from carmy_worker.store.scripts import Runs, Script, bind, run
 
 # An eager batch writes a call with its follow-up at once while at most this many of its calls
@@ -80,7 +71,7 @@ STALL_S = 5.0
 
 # Replies saying a call did not run and may be sent again as it is (through ``scripts.run``, which
 # loads a script Redis lacks and, on a cluster, follows a node's redirection).
-NOT_RUN = (NoScriptError, MovedError, AskError, TryAgainError, ClusterDownError)
+NOT_RUN = (NoScriptError, *REDIRECTED)
 
 
 class _Call:

@@ -75,7 +75,14 @@ from msgspec import Struct
 from redis.asyncio import Redis
 from redis.asyncio.cluster import ClusterNode, ClusterPipeline, NodesManager, PipelineCommand, RedisCluster
 from redis.asyncio.connection import AbstractConnection, SSLConnection, parse_url
-from redis.exceptions import AskError, ClusterDownError, MovedError, RedisClusterException, SlotNotCoveredError
+from redis.exceptions import (
+    AskError,
+    ClusterDownError,
+    MovedError,
+    RedisClusterException,
+    SlotNotCoveredError,
+    TryAgainError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 # Where a failover or a migration sends a command again: the node refused it, nothing ran.
@@ -84,6 +91,10 @@ REFUSALS = (ClusterDownError, SlotNotCoveredError)
 CLUSTER_RETRIES = 8
 # Tries at connecting to a node (connecting only: nothing was sent yet).
 CONNECT_RETRIES = 2
+# What a node answers a command written to it by hand (``held_connection``, a batch's line) when
+# the slot is elsewhere or moving: nothing ran, and it may be sent again (through the client, which
+# follows the redirection, or after reloading the slot table).
+REDIRECTED = (MovedError, AskError, TryAgainError, ClusterDownError)
 
 # Options of a redis-py URL that the cluster client takes (its constructor has no **kwargs).
 _CLUSTER_OPTIONS = set(inspect.signature(RedisCluster.__init__).parameters) - {"self", "host", "port", "db", "path"}

@@ -20,9 +20,9 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
 
-from redis.exceptions import AskError, ClusterDownError, MovedError, NoScriptError, ResponseError, TryAgainError
+from redis.exceptions import ClusterDownError, NoScriptError, ResponseError
 
-from carmy_worker.store.cluster import CLUSTER_RETRIES, StoreCluster, held_connection
+from carmy_worker.store.cluster import CLUSTER_RETRIES, REDIRECTED, StoreCluster, held_connection
 
 if TYPE_CHECKING:
     from carmy_worker.store.scripts import Script
@@ -69,7 +69,7 @@ async def run_durable_on_node(cluster: StoreCluster, script: Script, keys: list[
             acked = await conn.read_response()
         if isinstance(reply, NoScriptError):
             await cluster.script_load(script.source)
-        elif isinstance(reply, (MovedError, AskError, TryAgainError, ClusterDownError)):
+        elif isinstance(reply, REDIRECTED):
             cluster.reload_slots()
             await asyncio.sleep(REFUSED_PAUSE_S)
         elif isinstance(reply, Exception):

@@ -90,12 +90,6 @@ def partitions() -> range:
     return range(_layout.count)
 
 
-# The keys below that are not functions of an id live in partition 0's slot, with the executions
-# of partition 0, so that each script's keys share one slot: every process runs one partition
-# (CARMY_REDIS_PARTITIONS=1) until the scripts that read them take a partition.
-_P0 = PREFIX + "{c:0}:"
-
-
 def pending(partition: int) -> str:
     """Zset of ``partition``'s admitted executions (exec_id -> admission deadline, ms): queued or
     running. SUBMIT admits up to its share of ``CARMY_MAX_PENDING`` (``share``)."""
@@ -111,11 +105,6 @@ def share(total: int) -> int:
     """A partition's part of a limit over every partition: ``ceil(total / count)``, so that the
     partitions together never admit more than ``total + count - 1``."""
     return -(-total // _layout.count)
-
-
-# Partition 0's, for the readers that do not take a partition yet (PROMOTE).
-PENDING = _P0 + "pending"
-QUEUED = _P0 + "queued"
 
 
 # The roster, one copy per partition (docs/architecture.md, section 3): a worker heartbeats in
@@ -224,9 +213,6 @@ def execution(exec_id: str) -> str:
     return f"{_prefix_of(exec_id)}exe:{exec_id}"
 
 
-RECORD_PREFIX = _P0 + "rec:"  # the records of partition 0 (record_prefix: any)
-
-
 def record_prefix(partition: int) -> str:
     """What a record's key is named by in ``partition``: the prefix, then the execution id."""
     return _layout.prefixes[partition] + "rec:"
@@ -247,7 +233,7 @@ def events(exec_id: str) -> str:
     return f"{PREFIX}ev:{exec_id}"
 
 
-def api_channel(process_id: str, partition: int = 0) -> str:
+def api_channel(process_id: str, partition: int) -> str:
     """The sharded channel (``SPUBLISH``, in the partition's slot) of one API process for the
     executions of ``partition``: the events of every one it follows, each message the execution
     id, a space, and the event (``lua.EMIT``). A process subscribes to every partition's."""
@@ -262,7 +248,7 @@ def cancel_channel(partition: int) -> str:
 
 def worker(worker_id: str) -> str:
     """A worker's ``WorkerInfo`` (msgpack): partition 0's alone, where the catalog reads it."""
-    return f"{_P0}worker:{worker_id}"
+    return f"{_layout.prefixes[0]}worker:{worker_id}"
 
 
 def running(worker_id: str, partition: int) -> str:

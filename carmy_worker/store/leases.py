@@ -53,9 +53,6 @@ log = logging.getLogger("carmy.queue")
 # (jobs.WAKE_FOR), unless ARGV[9] is '1': a LEASE sent with a SETTLE (Leases.hand_over) looks
 # only a few jobs down the queue, and leaves the tokens as they are (one too many, at most, for
 # the job it took: an idle worker woken for nothing looks further, and sets them right).
-# Only the first ARGV[11] jobs leased are claimed: the others are leased alone (a worker waiting on
-# several partitions at once bounds its claims by its free slots over all of them: see
-# store.wakeups), and CLAIM claims them once the worker runs them.
 # Every key is of the queue's partition: the in-progress, job and execution keys of the jobs it
 # pops are named from that partition's prefixes (ARGV[1], ARGV[6], ARGV[10]): a partition's queue
 # only ever holds its own executions.
@@ -66,12 +63,11 @@ log = logging.getLogger("carmy.queue")
 #       queued set
 # ARGV: in-progress key prefix, how many, lease ms, how far down the queue to look, token prefix,
 #       job key prefix, worker_id, max attempts, '1' to leave the wake list alone, execution key
-#       prefix, how many to claim
+#       prefix
 LEASE = Script("LEASE", ACCEPTED_WORK + CLAIM_ONE + jobs.WAKE_FOR + """
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[4]))
 local leased, want, lease_end, waiting = {}, tonumber(ARGV[2]) * 6, now + tonumber(ARGV[3]), 0
 local wake = ARGV[9] ~= '1'
-local claims = tonumber(ARGV[11]) * 6
 for i = 1, #due, 2 do
   local job = due[i]
   local token = ARGV[5] .. job
@@ -85,7 +81,7 @@ for i = 1, #due, 2 do
     redis.call('ZADD', KEYS[1], lease_end, job)
     local bytes = redis.call('GET', ARGV[6] .. job) or ''
     local verdict, attempt, waited = '', 0, 0
-    if bytes ~= '' and #leased < claims then
+    if bytes ~= '' then
       verdict, attempt, waited = claim(ARGV[10] .. job, job, ARGV[7], KEYS[4], tonumber(ARGV[8]), KEYS[5], KEYS[6])
     end
     for _, v in ipairs({job, due[i + 1], bytes, verdict, attempt, waited}) do table.insert(leased, v) end
@@ -140,7 +136,7 @@ def _cell(queue: str) -> _Cell:
     partition = keys.partition_of_key(queue)
     return _Cell(partition, metrics.histogram("queue_wait", partition), keys.queued(partition),
                  jobs.in_progress_key_prefix(partition), jobs.job_key_prefix(partition),
-                 keys.partition_prefix(partition) + "exe:")
+                 keys.execution_prefix(partition))
 
 
 class Lease(Struct, frozen=True):
@@ -171,18 +167,16 @@ class Leases:
         # Where work was last seen due, from every LEASE's reply: where the next LEASE goes.
         self.hints = DueHints()
 
-    async def take(self, queue: str, *, most: int, lease_ms: int, look_ahead: int,
-                   claims: int | None = None) -> list[Lease]:
+    async def take(self, queue: str, *, most: int, lease_ms: int, look_ahead: int) -> list[Lease]:
         """Up to ``most`` due jobs of ``queue``, leased for ``lease_ms``, with their arq job read
-        and their execution claimed by this worker (the first ``claims`` of them, if given); the
-        wake list then holds one token per job still due."""
-        keys_, args, prefix = self._call(queue, most, lease_ms, look_ahead, claims=claims)
+        and their execution claimed by this worker; the wake list then holds one token per job
+        still due."""
+        keys_, args, prefix = self._call(queue, most, lease_ms, look_ahead)
         sent_at = time.monotonic()
         return self.read(await self._lease(keys=keys_, args=args), queue, prefix, sent_at)
 
     async def wait_and_take(self, redis: Redis, queue: str, *, timeout: float, most: int, lease_ms: int,
-                            look_ahead: int, claims: int | None = None,
-                            blocked: Callable[[int], None] | None = None) -> list[Lease]:
+                            look_ahead: int, blocked: Callable[[int], None] | None = None) -> list[Lease]:
         """Wait up to ``timeout`` s for a token on ``queue``'s wake list, then ``take``, in one
         round trip on a connection held meanwhile (``held_connection``): ``BLPOP`` and LEASE
         go out together, and Redis runs LEASE as soon as ``BLPOP`` returns (a token popped, or the
@@ -190,10 +184,9 @@ class Leases:
         With replicas to wait for, ``WAIT`` follows on the same connection only if LEASE claimed
         something: an idle poll has nothing to protect, and must not wait for absent replicas.
 
-        ``claims``: how many of the jobs leased are claimed (all by default; the others come with
-        ``claim`` None). ``blocked``: told the connection's client id before the wait, so that
-        a ``CLIENT UNBLOCK`` may end it early (LEASE then runs at once: ``store.wakeups``)."""
-        keys_, args, prefix = self._call(queue, most, lease_ms, look_ahead, claims=claims)
+        ``blocked``: told the connection's client id before the wait, so that a ``CLIENT UNBLOCK``
+        may end it early (LEASE then runs at once: ``store.wakeups``)."""
+        keys_, args, prefix = self._call(queue, most, lease_ms, look_ahead)
         sent_at = time.monotonic()
         reply: list[Any] | None = None
         async with held_connection(redis, queue) as conn:  # the queue's slot's: BLPOP's and LEASE's keys
@@ -219,7 +212,7 @@ class Leases:
                 await conn.send_command("WAIT", durability.replicas, durability.timeout_ms)
                 durability.acknowledged(int(await conn.read_response()))
         if reply is None:
-            return await self.take(queue, most=most, lease_ms=lease_ms, look_ahead=look_ahead, claims=claims)
+            return await self.take(queue, most=most, lease_ms=lease_ms, look_ahead=look_ahead)
         return self.read(reply, queue, prefix, sent_at)
 
     def hand_over(self, *, lease_ms: int, look_ahead: int, wanted: Callable[[], str | None],
@@ -229,8 +222,8 @@ class Leases:
         ``on_taken`` gets what it took."""
         return Handoff(self, lease_ms, min(look_ahead, HANDOFF_LOOK_AHEAD), wanted, on_taken)
 
-    def _call(self, queue: str, most: int, lease_ms: int, look_ahead: int, wake: bool = True,
-              claims: int | None = None) -> tuple[list[str], list[Any], str]:
+    def _call(self, queue: str, most: int, lease_ms: int, look_ahead: int,
+              wake: bool = True) -> tuple[list[str], list[Any], str]:
         """LEASE's keys and arguments, and the prefix of this call's lease tokens (new each call);
         ``wake``: it sets the wake list's tokens right."""
         prefix = f"{self.worker_id}/{next(self._calls):x}/"
@@ -238,17 +231,16 @@ class Leases:
         leases, running = self._held[cell.partition]
         return ([queue, leases, jobs.wake_list(queue), running, cell.queue_wait, cell.queued],
                 [cell.in_progress_prefix, most, lease_ms, look_ahead, prefix, cell.job_prefix,
-                 self.worker_id, MAX_ATTEMPTS, "" if wake else "1", cell.execution_prefix,
-                 most if claims is None else claims],
+                 self.worker_id, MAX_ATTEMPTS, "" if wake else "1", cell.execution_prefix],
                 prefix)
 
     def read(self, reply: list[Any], queue: str, prefix: str, sent_at: float) -> list[Lease]:
         """The leases of a LEASE's ``reply``; what it says is still due in ``queue`` goes to ``hints``."""
-        if len(reply) % 6:  # the count it ends with (a LEASE of before the count has none)
-            self.hints.seen(queue, int(reply[-1]))
+        *rows, due = reply
+        self.hints.seen(queue, int(due))
         leases = []
-        for i in range(0, len(reply) - len(reply) % 6, 6):
-            job_id, score, job, verdict, attempt, waited = reply[i:i + 6]
+        for i in range(0, len(rows), 6):
+            job_id, score, job, verdict, attempt, waited = rows[i:i + 6]
             job_id = job_id.decode()
             claim = Claim(cast("ClaimVerdict", verdict.decode()), int(attempt), int(waited)) if verdict else None
             leases.append(Lease(job_id, int(float(score)), prefix + job_id, job, max(1, int(attempt)), claim,
@@ -259,10 +251,9 @@ class Leases:
         """End ``lease``, retried through an outage; False if it was not ours any more. Not
         finished: the job is due again ``delay_ms`` after its score (at once without one)."""
         job_id, queue = lease.job_id, lease.queue
-        cell = _cell(queue)  # its keys are its queue's partition's (a queue holds its partition's jobs)
-        keys_ = [cell.in_progress_prefix + job_id, cell.job_prefix + job_id,
-                 keys.partition_prefix(cell.partition) + jobs.ARQ_RETRY_KEY_PREFIX + job_id, queue,
-                 self._held[cell.partition][0], jobs.wake_list(queue)]
+        partition = _cell(queue).partition  # its job's too: a queue holds its own partition's jobs
+        keys_ = [jobs.in_progress_key(job_id), jobs.job_key(job_id), jobs.retry_key(job_id), queue,
+                 self._held[partition][0], jobs.wake_list(queue)]
         args = [job_id, lease.token, "1" if finished else "", lease.score + (delay_ms or 0),
                 "1" if delay_ms is None else ""]
         deadline = time.monotonic() + FINISH_RETRY_S

@@ -12,6 +12,10 @@ the refusal is the same.
 
 Each API process takes the reading every ``READ_EVERY_S`` (``INFO memory``: microseconds of
 Redis's time), not each call: ``INFO`` inside SUBMIT would cost Redis a millisecond a call.
+
+On a Redis Cluster each primary holds some partitions and has its own ``maxmemory``, and any of
+them may fill first (a partition's SUBMIT is refused by its own primary): the reading is every
+primary's ``INFO``, sent at once, and admission goes by the fullest (``MemoryReading.fullest``).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from carmy_worker.store import version
+from carmy_worker.store.cluster import StoreCluster
 from carmy_worker.store.pubsub import raise_if_cancelled, stop_if_cancelled
 
 log = logging.getLogger("carmy.store")
@@ -53,6 +58,12 @@ class MemoryReading(Struct, frozen=True):
         """New work is refused."""
         return self.limit > 0 and self.used >= self.admit_below
 
+    @staticmethod
+    def fullest(readings: list[MemoryReading]) -> MemoryReading:
+        """Of several primaries' readings, the one admission goes by: a full one if any, else
+        the one using the largest share of its limit (one without a limit last)."""
+        return max(readings, key=lambda r: (r.full, r.used / r.limit if r.limit else -1.0))
+
 
 class StoreMemory:
     """The latest reading of one API process, and what it has refused for memory."""
@@ -72,20 +83,30 @@ class StoreMemory:
 
     async def read(self) -> MemoryReading:
         """A new reading, kept as the latest."""
-        return self._keep(await self.redis.info("memory"))
+        return self._keep(await self._infos("memory"))
 
     async def read_with_version(self) -> tuple[tuple[int, ...] | None, MemoryReading | None]:
         """For ``/ready``: Redis's version and a new reading, from one ``INFO`` (its default
         sections hold both; several named sections would be a syntax error to the Redis 6 the
         version check is for). Redis refusing INFO (an ACL): no version, and the last reading."""
         try:
-            info = await self.redis.info()
+            infos = await self._infos()
         except ResponseError:
             return None, self.reading
-        return version.version_of(info), self._keep(info)
+        found = [v for v in map(version.version_of, infos) if v is not None]
+        return min(found, default=None), self._keep(infos)  # the oldest primary's: the one that fails
 
-    def _keep(self, info: dict[str, Any]) -> MemoryReading:
-        reading = MemoryReading.of(info, self.headroom)
+    async def _infos(self, section: str | None = None) -> list[dict[str, Any]]:
+        """``INFO`` of the one Redis, or of every primary of a cluster (at once; the slot table
+        loaded first, as ``cluster.held_connection`` does, so that every primary is known)."""
+        if not isinstance(self.redis, StoreCluster):
+            return [await self.redis.info(section)]
+        await self.redis.initialize()
+        primaries = self.redis.get_primaries()
+        return list(await asyncio.gather(*(self.redis.info(section, target_nodes=node) for node in primaries)))
+
+    def _keep(self, infos: list[dict[str, Any]]) -> MemoryReading:
+        reading = MemoryReading.fullest([MemoryReading.of(info, self.headroom) for info in infos])
         if self.reading is None or reading.full != self.reading.full:
             _log_change(reading)
         self.reading, self._overflowed = reading, False

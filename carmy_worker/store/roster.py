@@ -319,7 +319,7 @@ class Liveness:
         await run_each(self.redis, HEARTBEAT, _heartbeat_calls(worker_id, -self.dead_ms - 1, self.dead_ms, NOTHING),
                        then=_departed(worker_id))
 
-    async def roster(self, partition: int = 0) -> Roster:
+    async def roster(self, partition: int) -> Roster:
         """Who heartbeats, as ``partition`` knows it (partition 0's: the catalog's)."""
         return Roster.parse(await self._workers(*_roster_call(self.dead_ms, partition)))
 
@@ -334,7 +334,6 @@ class SyncLiveness:
 
     def __init__(self, redis: sync_redis.Redis, *, dead_after: float) -> None:
         self.redis = redis
-        self._workers = bind_sync(redis, WORKERS)
         self._register = bind_sync(redis, REGISTER)
         self.dead_ms = int(dead_after * 1000)
 
@@ -346,9 +345,6 @@ class SyncLiveness:
                                        _heartbeat_calls(worker_id, offset_ms, self.dead_ms, claims),
                                        then=_read_locks(claims))
         return _beat(claims, replies, locks)
-
-    def roster(self, partition: int = 0) -> Roster:
-        return Roster.parse(self._workers(*_roster_call(self.dead_ms, partition)))
 
     def rosters(self) -> list[Roster]:
         replies, _ = run_each_sync(self.redis, WORKERS, [_roster_call(self.dead_ms, p) for p in keys.partitions()])

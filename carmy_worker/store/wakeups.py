@@ -58,7 +58,7 @@ async def wait_on_every_partition(leases: Leases, redis: Redis, queues: Sequence
     try:
         async with asyncio.TaskGroup() as group:
             waits = [group.create_task(leases.wait_and_take(
-                redis, queue, timeout=timeout, most=claims, lease_ms=lease_ms, look_ahead=look_ahead, claims=claims,
+                redis, queue, timeout=timeout, most=claims, lease_ms=lease_ms, look_ahead=look_ahead,
                 blocked=client.set_result)) for queue, claims, client in zip(queues, claim_shares(free, len(queues)),
                                                                              clients, strict=True)]
             await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)

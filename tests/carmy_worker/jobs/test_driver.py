@@ -7,6 +7,7 @@ import asyncio
 import collections
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 import redis
@@ -192,3 +193,29 @@ async def test_retries_then_dead_letters_in_every_partition(ar: redis.asyncio.Re
         assert job is not None and job.attempts == 3 and len(set(job.executions)) == 3  # max_attempts, each once
     dead = [job_id for p in keys.partitions() for job_id in await ar.zrange(keys.jobs_dead(p), 0, -1)]
     assert sorted(raw.decode() for raw in dead) == sorted(job_ids)
+
+
+async def test_an_idle_pass_costs_one_look_per_partition(ar: redis.asyncio.Redis,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pass with nothing due sends one LOOK per partition; over several partitions, one
+    pipeline of queue sizes before them (the room is shared over them); with one partition
+    nothing else, one round trip: its LOOK counts what its queue holds itself."""
+    one = loop(ar)
+    await one.tick()  # the first pass also sweeps what Redis lost (every LOST_EVERY_S)
+    connection = ar.connection_pool.connection_class
+    send, sent = connection.send_packed_command, 0
+
+    def counted(self: Any, command: Any, check_health: bool = True) -> Any:
+        nonlocal sent
+        sent += 1
+        return send(self, command, check_health)
+
+    monkeypatch.setattr(connection, "send_packed_command", counted)
+    await ar.config_resetstat()
+    sent = 0
+    await one.tick()
+    round_trips = sent
+    monkeypatch.undo()
+    scripts = (await ar.info("commandstats"))["cmdstat_evalsha"]["calls"]
+    count = keys.partition_count()
+    assert (round_trips, scripts) == ((1, 1) if count == 1 else (1 + count, count))

@@ -1027,7 +1027,7 @@ async def test_liveness_after_a_gap_counts_only_what_could_be_observed(r: redis.
         r.zadd(keys.workers(p), {"cut_off": now - 6000, "dead_before": now - 9000})
     cut_off = await running(ar, worker_id="cut_off")
     dead_before = await running(ar, worker_id="dead_before")
-    roster = await Liveness(ar, dead_after=3.0).roster()
+    roster = await Liveness(ar, dead_after=3.0).roster(0)
     assert (roster.alive("cut_off"), roster.alive("dead_before")) == (True, False)
     # Only the worker that was already dead when the gap began is judged now.
     assert await sweep(ar) == [1]
@@ -1035,7 +1035,7 @@ async def test_liveness_after_a_gap_counts_only_what_could_be_observed(r: redis.
     # A worker that does not reassert itself within one dead-after period of the gap's end is dead.
     for p in keys.partitions():
         r.hset(keys.watch(p), mapping={"seen": redis_now_ms(r), "since": redis_now_ms(r) - 3001})
-    assert (await Liveness(ar, dead_after=3.0).roster()).alive("cut_off") is False
+    assert (await Liveness(ar, dead_after=3.0).roster(0)).alive("cut_off") is False
     assert await sweep(ar) == [1]
     assert record_decoder.decode(r.get(keys.record(cut_off))).error_code == "EXECUTION_UNCERTAIN"
 
