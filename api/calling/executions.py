@@ -13,8 +13,7 @@ from redis.exceptions import RedisError
 from api.calling.catalog import CatalogTool
 from api.events.hub import RESYNC
 from api.events.mailbox import ENDED, Mailbox
-from api.events.recheck import RECHECK_S as RECHECK_S  # a waiter's default tick, the recheck's period
-from api.events.recheck import Recheck
+from api.events.recheck import RECHECK_S, Recheck
 from api.serving.departure import Departed
 from api.settings import ApiSettings
 from carmy_worker.loop import Signal, running_loop
@@ -142,13 +141,17 @@ class Executions:
         each reconnection of the hub (``RESYNC``) and when the process's recheck finds the
         execution ended (``ENDED``: its final event was lost): a lost message costs a read, never
         an answer. After ``tick`` seconds without a message it calls ``on_idle`` (for
-        keep-alives), with no Redis command. While Redis cannot be reached it keeps waiting, up
-        to ``PATIENCE_S``, then answers a (not stored) ``STORE_UNAVAILABLE`` result.
+        keep-alives: a stream passes its keep-alive period), with no Redis command: the recheck
+        for lost events is the process's (``api.events.recheck``), not a waiter's. While Redis
+        cannot be reached it keeps waiting, up to ``PATIENCE_S``, then answers a (not stored)
+        ``STORE_UNAVAILABLE`` result: once it knows the store is down (a read failed: its own,
+        after the hub's reconnection, or the recheck's) it wakes when its patience ends, however
+        long ``tick`` is.
         """
         began = running_loop().time()
         with self.recheck.watch(exec_id, messages):
             while True:
-                message = await messages.get(timeout=tick, until=until)  # None: tick seconds without one
+                message = await messages.get(timeout=self._pause(tick, began), until=until)  # None: none came
                 if message is None:
                     if until is not None and until.is_set():
                         raise Departed
@@ -187,6 +190,14 @@ class Executions:
         """Whether Redis has been out of reach for over ``PATIENCE_S`` of this wait."""
         down = self.recheck.down_since
         return down is not None and running_loop().time() - max(down, began) > PATIENCE_S
+
+    def _pause(self, tick: float, began: float) -> float:
+        """How long a wait may go without a message: ``tick``, or less while Redis is out of
+        reach, so that the wait ends when its patience does."""
+        down = self.recheck.down_since
+        if down is None:
+            return tick
+        return min(tick, max(0.0, max(down, began) + PATIENCE_S - running_loop().time()))
 
 
 def _unavailable(exec_id: str, tool: str) -> Record:

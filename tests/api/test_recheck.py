@@ -12,7 +12,7 @@ import redis.asyncio
 
 from api.calling import executions as executions_module
 from api.calling.executions import Executions
-from api.events.mailbox import Mailbox
+from api.events.mailbox import RESYNC, Mailbox
 from api.events.recheck import Recheck
 from carmy_worker.store import keys, records
 from carmy_worker.store.attempts import Attempts
@@ -165,5 +165,20 @@ async def test_a_waiter_answers_store_unavailable_once_redis_was_out_of_reach_to
     with pytest.raises(redis.exceptions.ConnectionError):
         await executions.recheck.once()
     record = await asyncio.wait_for(answer, 5)  # its ticks, with no command of their own, see it
+    assert record.error_code == "STORE_UNAVAILABLE"
+    await gone.aclose()
+
+
+async def test_a_waiter_with_a_long_tick_answers_store_unavailable_when_its_patience_ends(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stream's tick is its keep-alive period, longer than the patience may be: once its read
+    after the hub's reconnection fails, the waiter wakes when its patience ends, not at its tick."""
+    monkeypatch.setattr(executions_module, "PATIENCE_S", 0.2)
+    gone = redis.asyncio.Redis(port=1, socket_connect_timeout=0.5)  # nothing listens there
+    executions = Executions(gone, app_settings(retention=RETENTION))
+    mailbox = Mailbox()
+    answer = asyncio.create_task(executions.outcome(keys.new_execution_id(), "t", mailbox, tick=NEVER))
+    mailbox.put_nowait(RESYNC)  # what the hub tells every waiter when its connection drops
+    record = await asyncio.wait_for(answer, 5)
     assert record.error_code == "STORE_UNAVAILABLE"
     await gone.aclose()
