@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection, Mapping
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
@@ -44,7 +44,9 @@ ABANDONING = 8
 
 class Executions:
     def __init__(self, redis: Redis, settings: ApiSettings, durability: Durability | None = None,
-                 memory: StoreMemory | None = None) -> None:
+                 memory: StoreMemory | None = None, *, waiting: Mapping[str, Collection[Mailbox]]) -> None:
+        """``waiting``: the executions this process's requests wait for (``EventHub.waiting``),
+        which its recheck asks about."""
         self.redis = redis
         self.settings = settings
         # New calls are refused while Redis is out of memory for them (store/memory.py).
@@ -54,7 +56,7 @@ class Executions:
         self._join = Join(redis)
         self._reads = Reads(redis)
         # The process's one recheck of the executions it waits for; its run() is the app's task.
-        self.recheck = Recheck(self._reads)
+        self.recheck = Recheck(self._reads, waiting)
         self._abandoning = asyncio.Semaphore(ABANDONING)
 
     async def submit(
@@ -136,11 +138,11 @@ class Executions:
         """Wait for the execution's record, passing each event before it to ``on_event``;
         ``Departed`` once ``until`` is set (the caller's ``Departure``: it has gone).
 
-        ``messages`` is its mailbox (``EventHub.expect``). The ``final`` event carries the
-        record, unless the record is large: then it is read from Redis. It is read too after
-        each reconnection of the hub (``RESYNC``) and when the process's recheck finds the
-        execution ended (``ENDED``: its final event was lost): a lost message costs a read, never
-        an answer. After ``tick`` seconds without a message it calls ``on_idle`` (for
+        ``messages`` is its mailbox (``EventHub.expect``: in ``waiting``, where the recheck finds
+        it). The ``final`` event carries the record, unless the record is large: then it is read
+        from Redis. It is read too after each reconnection of the hub (``RESYNC``) and when the
+        process's recheck finds the execution ended (``ENDED``: its final event was lost): a lost
+        message costs a read, never an answer. After ``tick`` seconds without a message it calls ``on_idle`` (for
         keep-alives: a stream passes its keep-alive period), with no Redis command: the recheck
         for lost events is the process's (``api.events.recheck``), not a waiter's. While Redis
         cannot be reached it keeps waiting, up to ``PATIENCE_S``, then answers a (not stored)
@@ -149,42 +151,41 @@ class Executions:
         long ``tick`` is.
         """
         began = running_loop().time()
-        with self.recheck.watch(exec_id, messages):
-            while True:
-                message = await messages.get(timeout=self._pause(tick, began), until=until)  # None: none came
-                if message is None:
-                    if until is not None and until.is_set():
-                        raise Departed
-                    if self._out_of_patience(began):
-                        return _unavailable(exec_id, tool)
-                    if on_idle is not None:
-                        await on_idle()
+        while True:
+            message = await messages.get(timeout=self._pause(tick, began), until=until)  # None: none came
+            if message is None:
+                if until is not None and until.is_set():
+                    raise Departed
+                if self._out_of_patience(began):
+                    return _unavailable(exec_id, tool)
+                if on_idle is not None:
+                    await on_idle()
+                continue
+            if message not in (RESYNC, ENDED):
+                event = event_decoder.decode(message)
+                if event.name != "final":
+                    if on_event is not None:
+                        await on_event(event)
                     continue
-                if message not in (RESYNC, ENDED):
-                    event = event_decoder.decode(message)
-                    if event.name != "final":
-                        if on_event is not None:
-                            await on_event(event)
-                        continue
-                    if event.data:
-                        return record_decoder.decode(event.data)
-                    # A large record is announced without itself (wire.MAX_EVENT_BYTES): read it.
-                try:
-                    record = await self.settled(exec_id, tool)
-                    self.recheck.reached()
-                except RedisError:
-                    self.recheck.unreachable()  # the recheck wakes it once the record is there
-                    if self._out_of_patience(began):
-                        return _unavailable(exec_id, tool)
-                    continue
-                if record is not None:
-                    if message == ENDED:
-                        # Settled, and its final event never came, with no reconnection to explain
-                        # it: a worker that publishes only to the execution's own channel (older
-                        # than this API: upgrade workers first) or a follower it does not know of.
-                        log.warning("execution %s: settled without its final event reaching this process "
-                                    "(workers older than the API?)", exec_id)
-                    return record
+                if event.data:
+                    return record_decoder.decode(event.data)
+                # A large record is announced without itself (wire.MAX_EVENT_BYTES): read it.
+            try:
+                record = await self.settled(exec_id, tool)
+                self.recheck.reached()
+            except RedisError:
+                self.recheck.unreachable()  # the recheck wakes it once the record is there
+                if self._out_of_patience(began):
+                    return _unavailable(exec_id, tool)
+                continue
+            if record is not None:
+                if message == ENDED:
+                    # Settled, and its final event never came, with no reconnection to explain
+                    # it: a worker that publishes only to the execution's own channel (older
+                    # than this API: upgrade workers first) or a follower it does not know of.
+                    log.warning("execution %s: settled without its final event reaching this process "
+                                "(workers older than the API?)", exec_id)
+                return record
 
     def _out_of_patience(self, began: float) -> bool:
         """Whether Redis has been out of reach for over ``PATIENCE_S`` of this wait."""

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 
 from redis.asyncio import Redis
 
@@ -81,6 +81,12 @@ class EventHub:
         Entering raises ``HubUnavailable`` while the process's subscription is not confirmed.
         """
         return Expectation(self, exec_id)
+
+    @property
+    def waiting(self) -> Mapping[str, Collection[Mailbox]]:
+        """The executions expected now, each with its mailboxes (live: the process's recheck,
+        ``api.events.recheck``, reads it as it goes)."""
+        return self._expected
 
     def channel_for(self, exec_id: str) -> str:
         """Where ``exec_id``'s events reach this process: the channel of its partition."""
