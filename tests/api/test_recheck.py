@@ -89,14 +89,16 @@ async def test_a_waiter_whose_final_event_was_lost_gets_its_record(
     lost, running = await submitted(ar), await submitted(ar)
     rechecking = asyncio.create_task(executions.recheck.run())
     try:
-        with hub.expect(running) as running_box, hub.expect(lost) as lost_box:
+        with hub.expect(running) as running_box:
             waiting = asyncio.create_task(executions.outcome(running, "t", running_box, tick=NEVER))
-            answer = asyncio.create_task(executions.outcome(lost, "t", lost_box, tick=NEVER))
-            record = await settle(ar, lost)  # its final event reaches no mailbox: dropped on purpose
-            assert await asyncio.wait_for(answer, 5) == record
-            assert not waiting.done()  # the running one waits on
+            with hub.expect(lost) as lost_box:
+                answer = asyncio.create_task(executions.outcome(lost, "t", lost_box, tick=NEVER))
+                record = await settle(ar, lost)  # its final event reaches no mailbox: dropped on purpose
+                assert await asyncio.wait_for(answer, 5) == record
+            assert not waiting.done() and list(hub.waiting) == [running]  # the running one waits on
             waiting.cancel()
             await asyncio.gather(waiting, return_exceptions=True)
+        assert not hub.waiting  # a waiter that leaves is forgotten
     finally:
         rechecking.cancel()
         await asyncio.gather(rechecking, return_exceptions=True)
