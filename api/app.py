@@ -82,7 +82,7 @@ def create_app(settings: ApiSettings | None = None) -> Starlette:
     hub = EventHub(listener, on_broadcast={keys.CATALOG_CHANNEL: catalog.notify})
     durability = Durability(settings.wait_replicas, settings.wait_timeout)
     memory = StoreMemory(redis, headroom=settings.redis_memory_headroom)
-    executions = Executions(redis, settings, durability, memory)
+    executions = Executions(redis, settings, durability, memory, waiting=hub.waiting)
     janitor = Janitor(redis, retention=settings.retention, dead_after=settings.dead_after, durability=durability,
                       audit=settings.audit)
     api_metrics = ApiMetrics()

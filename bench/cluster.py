@@ -6,8 +6,7 @@ here rather than taken from ``carmy``'s row, so that both sides run back to back
 processes' settings), then on a ``LocalCluster`` (three primaries, three replicas, no
 persistence, like the run's Redis) with each partition count of ``PARTITIONS``: 1, every key
 in one slot and so on one primary (the honest baseline: a cluster that spreads nothing), and
-16 once the store takes more than one (``CARMY_REDIS_PARTITIONS``), when the partitions'
-slots fall on every primary.
+16, a cluster's default (``CARMY_REDIS_PARTITIONS``), whose slots fall on every primary.
 
 Each cluster row says what share of the primaries' Redis CPU each primary used while measured
 (``INFO cpu`` before and after): the partitions spread the work when no primary does most of it.
@@ -17,22 +16,19 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import redis.cluster
-
 from bench import wrk
 from bench.localcluster import LocalCluster
 from bench.processes import wait_until
 from bench.procs import CpuMeter, Processes
 from bench.report import ClusterPoint, Row
 from bench.sizes import call
-from carmy_worker.settings import SUPPORTED_PARTITIONS
 from carmy_worker.store import keys
 
 if TYPE_CHECKING:
     from bench.scenarios import Bench
 
-# The partition counts measured on the cluster: 16 as soon as the store accepts it.
-PARTITIONS: tuple[int, ...] = (1, 16) if SUPPORTED_PARTITIONS >= 16 else (1,)
+# The partition counts measured on the cluster: none spread, and a cluster's default.
+PARTITIONS = (1, 16)
 # The carmy scenario's 64-client row: its clients, workers and their concurrency.
 CLIENTS = 64
 WORKERS = 2
@@ -90,12 +86,6 @@ def measure(b: Bench, local: LocalCluster, partitions: int) -> ClusterPoint:
     return ClusterPoint(partitions, row, shares, total, result.requests)
 
 
-def client(local: LocalCluster) -> redis.cluster.RedisCluster:
-    nodes = [redis.cluster.ClusterNode("127.0.0.1", server.port) for server in local.primaries()]
-    whole: redis.cluster.RedisCluster = redis.cluster.RedisCluster(startup_nodes=nodes, password=local.password)
-    return whole
-
-
 def settle(local: LocalCluster, partitions: int) -> None:
     """Until no partition has an execution pending (Carmy's admission sets, on the cluster)."""
     mine = keys.partition_count()
@@ -104,7 +94,7 @@ def settle(local: LocalCluster, partitions: int) -> None:
         names = [keys.pending(n) for n in keys.partitions()]
     finally:
         keys.use_partitions(mine)
-    with client(local) as cluster:
+    with local.client() as cluster:
         wait_until(lambda: not any(cluster.zcard(name) for name in names), SETTLE_TIMEOUT,
                    "every partition's pending set empty", interval=0.01)
 

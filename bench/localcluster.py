@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import cast
 
 import redis
+import redis.cluster
 
 from bench.processes import RedisServer, StartError, free_port, wait_until
 
@@ -158,6 +159,12 @@ class LocalCluster:
 
     def live(self) -> list[ClusterServer]:
         return [server for server in self.servers if server._proc is not None and server.proc.alive()]
+
+    def client(self) -> redis.cluster.RedisCluster:
+        """A synchronous client of the whole cluster, found through its live nodes."""
+        nodes = [redis.cluster.ClusterNode("127.0.0.1", server.port) for server in self.live()]
+        whole: redis.cluster.RedisCluster = redis.cluster.RedisCluster(startup_nodes=nodes, password=self.password)
+        return whole
 
     def topology(self) -> list[NodeLine]:
         """``CLUSTER NODES`` as the first live node that answers sees it."""

@@ -94,10 +94,7 @@ class Cluster:
         """A synchronous client of the store as it is now, for the end's reads: the server that
         takes writes (the one the Sentinels name), or the whole cluster."""
         if self.local:
-            nodes = [redis.cluster.ClusterNode("127.0.0.1", s.port) for s in self.local.live()]
-            whole: redis.cluster.RedisCluster = redis.cluster.RedisCluster(startup_nodes=nodes,
-                                                                           password=self.local.password)
-            return whole
+            return self.local.client()
         server = self.group.server_on(self.group.primary_port()) if self.group else self.redis
         client: redis.Redis = server.client()
         return client

@@ -26,7 +26,6 @@ from typing import Any, cast
 import msgspec
 
 from bench.processes import ROOT, StartError
-from carmy_worker.settings import SUPPORTED_PARTITIONS
 from carmy_worker.store import keys
 from chaos import hookload, jobload, ledger, report
 from chaos.auditcheck import reconcile_audit
@@ -51,8 +50,8 @@ REPLICAS = 2  # with --sentinel: a failover leaves one, so WAIT still has a repl
 # ones may not have run yet.
 TICK_MARGIN_S = 2.0
 CALLBACKS_S = 30.0  # the most the end waits for every callback to be delivered and shown so
-# A cluster's partitions: enough to spread over its three primaries, once the store takes more than one.
-CLUSTER_PARTITIONS = 16 if SUPPORTED_PARTITIONS >= 16 else 1
+# A cluster's partitions, its default (carmy_worker.settings.env_partitions): spread over its three primaries.
+CLUSTER_PARTITIONS = 16
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection, Mapping
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
@@ -13,8 +13,7 @@ from redis.exceptions import RedisError
 from api.calling.catalog import CatalogTool
 from api.events.hub import RESYNC
 from api.events.mailbox import ENDED, Mailbox
-from api.events.recheck import RECHECK_S as RECHECK_S  # a waiter's default tick, the recheck's period
-from api.events.recheck import Recheck
+from api.events.recheck import RECHECK_S, Recheck
 from api.serving.departure import Departed
 from api.settings import ApiSettings
 from carmy_worker.loop import Signal, running_loop
@@ -45,7 +44,9 @@ ABANDONING = 8
 
 class Executions:
     def __init__(self, redis: Redis, settings: ApiSettings, durability: Durability | None = None,
-                 memory: StoreMemory | None = None) -> None:
+                 memory: StoreMemory | None = None, *, waiting: Mapping[str, Collection[Mailbox]]) -> None:
+        """``waiting``: the executions this process's requests wait for (``EventHub.waiting``),
+        which its recheck asks about."""
         self.redis = redis
         self.settings = settings
         # New calls are refused while Redis is out of memory for them (store/memory.py).
@@ -55,7 +56,7 @@ class Executions:
         self._join = Join(redis)
         self._reads = Reads(redis)
         # The process's one recheck of the executions it waits for; its run() is the app's task.
-        self.recheck = Recheck(self._reads)
+        self.recheck = Recheck(self._reads, waiting)
         self._abandoning = asyncio.Semaphore(ABANDONING)
 
     async def submit(
@@ -137,56 +138,67 @@ class Executions:
         """Wait for the execution's record, passing each event before it to ``on_event``;
         ``Departed`` once ``until`` is set (the caller's ``Departure``: it has gone).
 
-        ``messages`` is its mailbox (``EventHub.expect``). The ``final`` event carries the
-        record, unless the record is large: then it is read from Redis. It is read too after
-        each reconnection of the hub (``RESYNC``) and when the process's recheck finds the
-        execution ended (``ENDED``: its final event was lost): a lost message costs a read, never
-        an answer. After ``tick`` seconds without a message it calls ``on_idle`` (for
-        keep-alives), with no Redis command. While Redis cannot be reached it keeps waiting, up
-        to ``PATIENCE_S``, then answers a (not stored) ``STORE_UNAVAILABLE`` result.
+        ``messages`` is its mailbox (``EventHub.expect``: in ``waiting``, where the recheck finds
+        it). The ``final`` event carries the record, unless the record is large: then it is read
+        from Redis. It is read too after each reconnection of the hub (``RESYNC``) and when the
+        process's recheck finds the execution ended (``ENDED``: its final event was lost): a lost
+        message costs a read, never an answer. After ``tick`` seconds without a message it calls ``on_idle`` (for
+        keep-alives: a stream passes its keep-alive period), with no Redis command: the recheck
+        for lost events is the process's (``api.events.recheck``), not a waiter's. While Redis
+        cannot be reached it keeps waiting, up to ``PATIENCE_S``, then answers a (not stored)
+        ``STORE_UNAVAILABLE`` result: once it knows the store is down (a read failed: its own,
+        after the hub's reconnection, or the recheck's) it wakes when its patience ends, however
+        long ``tick`` is.
         """
         began = running_loop().time()
-        with self.recheck.watch(exec_id, messages):
-            while True:
-                message = await messages.get(timeout=tick, until=until)  # None: tick seconds without one
-                if message is None:
-                    if until is not None and until.is_set():
-                        raise Departed
-                    if self._out_of_patience(began):
-                        return _unavailable(exec_id, tool)
-                    if on_idle is not None:
-                        await on_idle()
+        while True:
+            message = await messages.get(timeout=self._pause(tick, began), until=until)  # None: none came
+            if message is None:
+                if until is not None and until.is_set():
+                    raise Departed
+                if self._out_of_patience(began):
+                    return _unavailable(exec_id, tool)
+                if on_idle is not None:
+                    await on_idle()
+                continue
+            if message not in (RESYNC, ENDED):
+                event = event_decoder.decode(message)
+                if event.name != "final":
+                    if on_event is not None:
+                        await on_event(event)
                     continue
-                if message not in (RESYNC, ENDED):
-                    event = event_decoder.decode(message)
-                    if event.name != "final":
-                        if on_event is not None:
-                            await on_event(event)
-                        continue
-                    if event.data:
-                        return record_decoder.decode(event.data)
-                    # A large record is announced without itself (wire.MAX_EVENT_BYTES): read it.
-                try:
-                    record = await self.settled(exec_id, tool)
-                    self.recheck.reached()
-                except RedisError:
-                    self.recheck.unreachable()  # the recheck wakes it once the record is there
-                    if self._out_of_patience(began):
-                        return _unavailable(exec_id, tool)
-                    continue
-                if record is not None:
-                    if message == ENDED:
-                        # Settled, and its final event never came, with no reconnection to explain
-                        # it: a worker that publishes only to the execution's own channel (older
-                        # than this API: upgrade workers first) or a follower it does not know of.
-                        log.warning("execution %s: settled without its final event reaching this process "
-                                    "(workers older than the API?)", exec_id)
-                    return record
+                if event.data:
+                    return record_decoder.decode(event.data)
+                # A large record is announced without itself (wire.MAX_EVENT_BYTES): read it.
+            try:
+                record = await self.settled(exec_id, tool)
+                self.recheck.reached()
+            except RedisError:
+                self.recheck.unreachable()  # the recheck wakes it once the record is there
+                if self._out_of_patience(began):
+                    return _unavailable(exec_id, tool)
+                continue
+            if record is not None:
+                if message == ENDED:
+                    # Settled, and its final event never came, with no reconnection to explain
+                    # it: a worker that publishes only to the execution's own channel (older
+                    # than this API: upgrade workers first) or a follower it does not know of.
+                    log.warning("execution %s: settled without its final event reaching this process "
+                                "(workers older than the API?)", exec_id)
+                return record
 
     def _out_of_patience(self, began: float) -> bool:
         """Whether Redis has been out of reach for over ``PATIENCE_S`` of this wait."""
         down = self.recheck.down_since
         return down is not None and running_loop().time() - max(down, began) > PATIENCE_S
+
+    def _pause(self, tick: float, began: float) -> float:
+        """How long a wait may go without a message: ``tick``, or less while Redis is out of
+        reach, so that the wait ends when its patience does."""
+        down = self.recheck.down_since
+        if down is None:
+            return tick
+        return min(tick, max(0.0, max(down, began) + PATIENCE_S - running_loop().time()))
 
 
 def _unavailable(exec_id: str, tool: str) -> Record:

@@ -18,7 +18,6 @@ from starlette.types import Message, Receive, Scope, Send
 from api.calling.calls import Calls, Started
 from api.calling.catalog import CatalogTool
 from api.calling.checks import Rejected
-from api.calling.executions import RECHECK_S
 from api.endpoints import relay
 from api.endpoints.lookup import accepted
 from api.endpoints.ops import ApiMetrics
@@ -196,13 +195,12 @@ class ExecuteEndpoint:
             raise RuntimeError("a followed call without its subscription")
         # Only the request that started an execution cancels it by going away.
         on_disconnect = None if joined else functools.partial(self.executions.abandon, exec_id, name)
-        tick = min(self.settings.sse_keepalive, RECHECK_S)
         gone = departure.of(scope)
         if not sse and gone is not None:  # served by api/serving/server.py: no task watches receive()
             record = await relay.answer_json_unless_gone(send, self.executions, exec_id, name, messages, gone,
-                                                         on_disconnect, tick=tick)
+                                                         on_disconnect)
         elif not sse:
-            work = relay.answer_json(send, self.executions, exec_id, name, messages, tick=tick)
+            work = relay.answer_json(send, self.executions, exec_id, name, messages)
             record = await relay.race_disconnect(work, receive, on_disconnect)
         else:
             self.metrics.sse_streams.inc()

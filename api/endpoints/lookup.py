@@ -102,7 +102,7 @@ class ExecutionRoutes:
     async def _wait(self, found: Found, messages: Mailbox) -> Record | None:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(CANCEL_WAIT_S):
-                return await self.executions.outcome(found.execution_id, found.tool, messages, tick=1.0)
+                return await self.executions.outcome(found.execution_id, found.tool, messages)
         return None
 
     async def events(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from api.calling.executions import RECHECK_S, Executions
+from api.calling.executions import Executions
 from api.events.mailbox import Mailbox
 from api.serving.departure import Departed, Departure
 from carmy_worker.loop import first_done, running_loop
@@ -110,23 +110,22 @@ class RecordResponse(Response):
         await send_json(send, self.record)
 
 
-async def answer_json(send: Send, executions: Executions, exec_id: str, tool: str,
-                      messages: Mailbox, *, tick: float) -> Record:
+async def answer_json(send: Send, executions: Executions, exec_id: str, tool: str, messages: Mailbox) -> Record:
     """Wait for the record, then send it as the JSON response."""
-    record = await executions.outcome(exec_id, tool, messages, tick=tick)
+    record = await executions.outcome(exec_id, tool, messages)
     await send_json(send, record)
     return record
 
 
 async def answer_json_unless_gone(send: Send, executions: Executions, exec_id: str, tool: str, messages: Mailbox,
-                                  departure: Departure, on_disconnect: Callable[[], Awaitable[None]] | None, *,
-                                  tick: float) -> Record | None:
+                                  departure: Departure, on_disconnect: Callable[[], Awaitable[None]] | None,
+                                  ) -> Record | None:
     """``race_disconnect(answer_json(...))`` for a request whose server sets its ``Departure``
     (``api/serving/departure.py``): the record and the client's departure are waited for on one future,
     in this task. Returns the record it answered with, or None if the client left first (then
     ``on_disconnect`` runs, to its end even if this call is cancelled meanwhile)."""
     try:
-        record = await executions.outcome(exec_id, tool, messages, tick=tick, until=departure)
+        record = await executions.outcome(exec_id, tool, messages, until=departure)
     except Departed:
         if on_disconnect is not None:
             await _to_its_end(on_disconnect())
@@ -178,8 +177,8 @@ async def stream_sse(send: Send, executions: Executions, exec_id: str, tool: str
     """Relay the execution's events as they come, ending with ``execution.completed``."""
     stream = SseStream(send, messages, keepalive=keepalive)
     await stream.start(exec_id, tool)
-    record = await executions.outcome(exec_id, tool, messages, tick=min(keepalive, RECHECK_S),
-                                      on_event=stream.event, on_idle=stream.idle)
+    record = await executions.outcome(exec_id, tool, messages, tick=keepalive, on_event=stream.event,
+                                      on_idle=stream.idle)
     await stream.finish(record, replayed=replayed)
     return record
 

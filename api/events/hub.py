@@ -23,16 +23,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 
 from redis.asyncio import Redis
 
 from api.events.mailbox import RESYNC as RESYNC
 from api.events.mailbox import Mailbox
 from carmy_worker.store import keys
-from carmy_worker.store.cluster import StoreCluster
-from carmy_worker.store.pubsub import Message, listen_forever
-from carmy_worker.store.shardpubsub import listen_sharded_forever
+from carmy_worker.store.pubsub import Message
+from carmy_worker.store.shardpubsub import listen
 
 # How long the app's start waits for the process's channel to be subscribed.
 READY_WAIT = 2.0
@@ -82,6 +81,12 @@ class EventHub:
         """
         return Expectation(self, exec_id)
 
+    @property
+    def waiting(self) -> Mapping[str, Collection[Mailbox]]:
+        """The executions expected now, each with its mailboxes (live: the process's recheck,
+        ``api.events.recheck``, reads it as it goes)."""
+        return self._expected
+
     def channel_for(self, exec_id: str) -> str:
         """Where ``exec_id``'s events reach this process: the channel of its partition."""
         return self.channels[keys.partition_of(exec_id)]
@@ -101,14 +106,9 @@ class EventHub:
                 del self._expected[exec_id]
 
     async def _read_forever(self) -> None:
-        if isinstance(self._redis, StoreCluster):  # a connection per shard, the broadcasts on one of them
-            await listen_sharded_forever(self._redis, lambda: self.channels, self._dispatch, name="event hub",
-                                         on_connect=self._connected, on_drop=self._dropped,
-                                         broadcast=lambda: list(self._broadcast))
-            return
-        await listen_forever(self._redis, lambda: list(self._broadcast), self._dispatch, name="event hub",
-                             on_connect=lambda _pubsub, after_drop: self._connected(after_drop),
-                             on_drop=self._dropped, sharded=lambda: self.channels)
+        # On a cluster, a connection per shard, the broadcasts on one of them (store.shardpubsub).
+        await listen(self._redis, lambda: self.channels, self._dispatch, name="event hub",
+                     broadcast=lambda: list(self._broadcast), on_connect=self._connected, on_drop=self._dropped)
 
     def _connected(self, after_drop: bool) -> None:
         # Subscribed, not yet confirmed: the waiters re-read once Redis confirms (_dispatch),

@@ -11,6 +11,9 @@ only the waiters of the ones that ended or that Redis lost (``ENDED`` in their m
 read their record as after any other wake-up. Ten thousand idle streams cost a few round trips
 per tick, not ten thousand pipelines.
 
+The executions are the hub's (``EventHub.waiting``): every waiter registers there before its
+execution can publish, so the recheck keeps no registry of its own.
+
 It also keeps the process's view of whether the store can be reached (``down_since``), which
 waiters read to know how long they have waited for an unreachable Redis.
 """
@@ -20,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+from collections.abc import Collection, Mapping
 
 from redis.exceptions import RedisError
 
@@ -34,25 +38,17 @@ JITTER = 0.2  # each pause is RECHECK_S times 1 ± JITTER
 
 
 class Recheck:
-    """The executions this process waits for, each with its waiters' mailboxes, rechecked by
-    ``run`` (a task of the app's lifespan) or one pass at a time by ``once``."""
+    """The executions this process waits for (``waiting``: each with its waiters' mailboxes, as
+    the hub keeps them), rechecked by ``run`` (a task of the app's lifespan) or one pass at a
+    time by ``once``."""
 
-    def __init__(self, reads: Reads, *, every: float = RECHECK_S) -> None:
+    def __init__(self, reads: Reads, waiting: Mapping[str, Collection[Mailbox]], *, every: float = RECHECK_S) -> None:
         self._reads = reads
+        self._waiting = waiting
         self._every = every
-        self._waiting: dict[str, set[Mailbox]] = {}
         # When the store was first found unreachable, by a recheck or a waiter's read, since it
         # was last reached; None while it is reachable.
         self.down_since: float | None = None
-
-    def watch(self, exec_id: str, mailbox: Mailbox) -> Watch:
-        """A context manager: ``exec_id``'s ending is told to ``mailbox`` (``ENDED``) while in it."""
-        return Watch(self, exec_id, mailbox)
-
-    @property
-    def waiting(self) -> int:
-        """How many executions are watched."""
-        return len(self._waiting)
 
     def unreachable(self) -> None:
         """The store could not be reached (a read failed)."""
@@ -74,7 +70,7 @@ class Recheck:
                 log.exception("recheck of waiting executions failed")
 
     async def once(self) -> None:
-        """Ask about every watched execution; wake the waiters of those that ended. Raises
+        """Ask about every execution waited for; wake the waiters of those that ended. Raises
         ``RedisError`` (and notes the store unreachable) if Redis could not be asked."""
         if not self._waiting:
             return
@@ -87,31 +83,3 @@ class Recheck:
         for exec_id in ended:
             for mailbox in self._waiting.get(exec_id, ()):
                 mailbox.put_nowait(ENDED)
-
-    def _add(self, exec_id: str, mailbox: Mailbox) -> None:
-        self._waiting.setdefault(exec_id, set()).add(mailbox)
-
-    def _remove(self, exec_id: str, mailbox: Mailbox) -> None:
-        mailboxes = self._waiting.get(exec_id)
-        if mailboxes is not None:
-            mailboxes.discard(mailbox)
-            if not mailboxes:
-                del self._waiting[exec_id]
-
-
-class Watch:
-    """``Recheck.watch``'s context manager: a class, as ``hub.Expectation``, since every call
-    that waits enters one."""
-
-    __slots__ = ("_exec_id", "_mailbox", "_recheck")
-
-    def __init__(self, recheck: Recheck, exec_id: str, mailbox: Mailbox) -> None:
-        self._recheck = recheck
-        self._exec_id = exec_id
-        self._mailbox = mailbox
-
-    def __enter__(self) -> None:
-        self._recheck._add(self._exec_id, self._mailbox)
-
-    def __exit__(self, *exc: object) -> None:
-        self._recheck._remove(self._exec_id, self._mailbox)

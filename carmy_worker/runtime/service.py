@@ -22,12 +22,11 @@ from carmy_worker.sdk import lifecycle
 from carmy_worker.sdk.toolbox import Tool
 from carmy_worker.settings import WorkerSettings
 from carmy_worker.store import jobs, keys, partitions, version
-from carmy_worker.store.cluster import StoreCluster
 from carmy_worker.store.connect import RedisConnector
 from carmy_worker.store.durable import Durability
 from carmy_worker.store.janitor import Janitor
-from carmy_worker.store.pubsub import Message, listen_forever
-from carmy_worker.store.shardpubsub import listen_sharded_forever
+from carmy_worker.store.pubsub import Message
+from carmy_worker.store.shardpubsub import listen
 from carmy_worker.tracing import start as start_tracing
 from carmy_worker.wire import ScheduleSpec, WorkerInfo
 
@@ -42,11 +41,8 @@ async def listen_for_cancels(redis: Redis, runtime: Runtime) -> None:
         if message["type"] == "message":
             runtime.cancel(message["data"].decode())
 
-    channels = [keys.cancel_channel(p) for p in keys.partitions()]
-    if isinstance(redis, StoreCluster):  # each partition's channel on its shard's primary
-        await listen_sharded_forever(redis, lambda: channels, on_message, name="cancel channel", max_backoff=0.5)
-        return
-    await listen_forever(redis, tuple, on_message, name="cancel channel", max_backoff=0.5, sharded=lambda: channels)
+    channels = [keys.cancel_channel(p) for p in keys.partitions()]  # on a cluster, each on its shard's primary
+    await listen(redis, lambda: channels, on_message, name="cancel channel", max_backoff=0.5)
 
 
 async def serve(tools: list[Tool], settings: WorkerSettings, connector: RedisConnector | None = None,

@@ -27,6 +27,7 @@ the merged order is good to the clocks' skew (a few ms), not a total order of wh
 from __future__ import annotations
 
 import asyncio
+import heapq
 from collections import deque
 from typing import Any
 
@@ -125,20 +126,28 @@ def below(cursor: str, partition: int) -> str:
     return f"({ms}-0" if spread <= 0 else f"{ms}-{(spread - 1) // keys.partition_count()}"
 
 
+def _newest_first(entry: AuditEntry) -> tuple[int, int]:
+    """The merge's key of ``entry``: the newest in the trail has the smallest (for ``heapq``)."""
+    ms, seq = _order(entry.id)
+    return -ms, -seq
+
+
 class _Stream:
-    """One partition's part of a read: entries read ahead, newest first, and where it goes on."""
+    """One partition's part of a read: entries read ahead, newest first (each with its merge
+    key, ``_newest_first``), and where it goes on."""
 
     __slots__ = ("ahead", "high", "low", "partition", "spent")
 
     def __init__(self, partition: int, high: str, low: str) -> None:
         self.partition = partition
         self.high, self.low = high, low
-        self.ahead: deque[AuditEntry] = deque()
+        self.ahead: deque[tuple[tuple[int, int], AuditEntry]] = deque()
         self.spent = False  # nothing older is left in range
 
     async def read(self, redis: Redis, count: int) -> None:
         raw = await redis.xrevrange(keys.audit(self.partition), max=self.high, min=self.low, count=count)
-        self.ahead.extend(decode(entry_id, fields, self.partition) for entry_id, fields in raw)
+        entries = (decode(entry_id, fields, self.partition) for entry_id, fields in raw)
+        self.ahead.extend((_newest_first(entry), entry) for entry in entries)
         if raw:
             self.high = f"({_text(raw[-1][0])}"
         self.spent = len(raw) < count
@@ -173,15 +182,22 @@ class AuditTrail:
         chunk = max(CHUNK // len(streams), MIN_CHUNK)
         found: list[AuditEntry] = []
         looked_at = cursor
+        # The streams' next entries, by merge key: a k-way merge whose key is parsed once an entry.
+        heads: list[tuple[tuple[int, int], int]] = []
+        behind: Iterable[int] = range(len(streams))  # the streams whose next entry is not in heads
         for scanned in range(scan_at_most):
-            reads = [s.read(self.redis, min(chunk, scan_at_most - scanned))
-                     for s in streams if not s.ahead and not s.spent]
+            reads = [streams[i].read(self.redis, min(chunk, scan_at_most - scanned)) for i in behind
+                     if not streams[i].ahead and not streams[i].spent]
             if reads:
                 await asyncio.gather(*reads)
-            newest = max((s for s in streams if s.ahead), key=lambda s: _order(s.ahead[0].id), default=None)
-            if newest is None:
+            for i in behind:
+                if streams[i].ahead:
+                    heapq.heappush(heads, (streams[i].ahead[0][0], i))
+            if not heads:
                 return AuditPage(found, None)
-            entry = newest.ahead.popleft()
+            _, newest = heapq.heappop(heads)
+            entry = streams[newest].ahead.popleft()[1]
+            behind = (newest,)
             looked_at = entry.id
             if wanted.matches(entry):
                 found.append(entry)

@@ -10,6 +10,7 @@ partition each is in and however the other partitions grew in between.
 
 from __future__ import annotations
 
+import asyncio
 import heapq
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -101,10 +102,10 @@ class _Merged:
 
     async def take(self, n: int) -> list[tuple[int, str, str]]:
         """The next ``n`` (fewer at the end)."""
-        if not self._started:
+        if not self._started:  # every listing's first page at once: one round trip, not one a partition
             self._started = True
-            for i in range(len(self._walks)):
-                await self._advance(i)
+            for i, entry in enumerate(await asyncio.gather(*(walk.next() for walk in self._walks))):
+                self._push(i, entry)
         taken: list[tuple[int, str, str]] = []
         while self._heads and len(taken) < n:
             negative, inverted, i = heapq.heappop(self._heads)
@@ -113,7 +114,9 @@ class _Merged:
         return taken
 
     async def _advance(self, i: int) -> None:
-        entry = await self._walks[i].next()
+        self._push(i, await self._walks[i].next())
+
+    def _push(self, i: int, entry: tuple[int, str] | None) -> None:
         if entry is not None:
             heapq.heappush(self._heads, (-entry[0], _inverted(entry[1]), i))
 

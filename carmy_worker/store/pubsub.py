@@ -13,7 +13,6 @@ from typing import Any
 
 from redis._parsers.hiredis import NOT_ENOUGH_DATA
 from redis.asyncio import Redis
-from redis.asyncio.client import PubSub
 
 from carmy_worker.store.checkout import buffered_reply
 
@@ -63,7 +62,7 @@ async def listen_forever(
     on_message: Callable[[Message], None],
     *,
     name: str,
-    on_connect: Callable[[PubSub, bool], None] | None = None,
+    on_connect: Callable[[bool], None] | None = None,
     on_drop: Callable[[], None] | None = None,
     max_backoff: float = 1.0,
     sharded: Callable[[], Collection[str]] = tuple,
@@ -73,8 +72,8 @@ async def listen_forever(
     until cancelled.
 
     When the connection drops, it reconnects with a backoff (0.1 s doubling up to
-    ``max_backoff``) and subscribes again to what ``channels()`` says then. ``on_connect(pubsub,
-    after_drop)`` runs once subscribed (``after_drop``: this is a reconnection); ``on_drop``
+    ``max_backoff``) and subscribes again to what ``channels()`` says then. ``on_connect(after_drop)``
+    runs once subscribed (``after_drop``: this is a reconnection); ``on_drop``
     runs whenever a connection ends, since messages published meanwhile are lost.
     """
     delay, lost = 0.1, False
@@ -89,7 +88,7 @@ async def listen_forever(
             if lost:
                 log.info("%s: connection restored", name)
             if on_connect is not None:
-                on_connect(pubsub, lost)
+                on_connect(lost)
             delay, lost = 0.1, False
             connection = pubsub.connection
             assert connection is not None  # subscribed

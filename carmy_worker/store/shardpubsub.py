@@ -1,5 +1,6 @@
 """Sharded pub/sub on a Redis Cluster (``SSUBSCRIBE``, Redis 7): ``listen_sharded_forever``, the
-cluster's twin of ``store.pubsub.listen_forever``.
+cluster's twin of ``store.pubsub.listen_forever``, and ``listen``, which picks the one that fits
+the client (what the API's hub and a worker's cancel listener call).
 
 redis-py 5.3 has no pub/sub on its asyncio ``RedisCluster`` (only the synchronous client's
 ``ClusterPubSub.ssubscribe``, which polls). A sharded channel lives in the slot of its name
@@ -27,12 +28,13 @@ import logging
 from collections.abc import Callable, Collection
 from typing import Any
 
+from redis.asyncio import Redis
 from redis.asyncio.cluster import ClusterNode
 from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from carmy_worker.store.cluster import StoreCluster
-from carmy_worker.store.pubsub import Message, raise_if_cancelled, stop_if_cancelled
+from carmy_worker.store.pubsub import Message, listen_forever, raise_if_cancelled, stop_if_cancelled
 
 log = logging.getLogger("carmy.pubsub")
 
@@ -132,6 +134,29 @@ async def refresh(cluster: StoreCluster) -> None:
     async with cluster.turn():
         await cluster.initialize()
         await cluster.nodes_manager.initialize()
+
+
+async def listen(
+    redis: Redis,
+    sharded: Callable[[], Collection[str]],
+    on_message: Callable[[Message], None],
+    *,
+    name: str,
+    broadcast: Callable[[], Collection[str]] = tuple,
+    on_connect: Callable[[bool], None] | None = None,
+    on_drop: Callable[[], None] | None = None,
+    max_backoff: float = 1.0,
+) -> None:
+    """Subscribe to the sharded channels ``sharded()`` and the plain ones ``broadcast()`` of
+    ``redis``, whichever Redis it is: on a Redis Cluster (``StoreCluster``) a connection per
+    shard (``listen_sharded_forever``), else one connection (``listen_forever``). Every message
+    goes to ``on_message``, until cancelled; ``on_connect(after_drop)`` and ``on_drop`` as both say."""
+    if isinstance(redis, StoreCluster):
+        await listen_sharded_forever(redis, sharded, on_message, name=name, on_connect=on_connect, on_drop=on_drop,
+                                     max_backoff=max_backoff, broadcast=broadcast)
+    else:
+        await listen_forever(redis, broadcast, on_message, name=name, on_connect=on_connect, on_drop=on_drop,
+                             max_backoff=max_backoff, sharded=sharded)
 
 
 async def listen_sharded_forever(

@@ -53,7 +53,7 @@ async def settled_with(ar: redis.asyncio.Redis, data_json: bytes) -> tuple[str, 
 
 async def outcome(ar: redis.asyncio.Redis, exec_id: str, messages: list[bytes]) -> Record:
     """What a waiter of ``exec_id`` answers, given ``messages`` from its subscription."""
-    executions = Executions(ar, app_settings(retention=RETENTION))
+    executions = Executions(ar, app_settings(retention=RETENTION), waiting={})
     queue = Mailbox()
     for message in messages:
         queue.put_nowait(message)

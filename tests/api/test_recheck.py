@@ -1,18 +1,23 @@
 """The process's recheck of the executions it waits for (``api.events.recheck``): a waiter whose
 final event was lost still gets its record, a waiter of a running execution is left alone, and
-however many wait, a tick costs one command each in a few round trips, not a read apiece."""
+however many wait, a tick costs one command each in a few round trips, not a read apiece.
+
+The executions waited for are the hub's (``EventHub.waiting``): the first test registers its
+waiters through a real hub; the others through ``Expected``, a registry kept as the hub keeps it."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 
 import pytest
 import redis.asyncio
 
 from api.calling import executions as executions_module
 from api.calling.executions import Executions
-from api.events.mailbox import Mailbox
+from api.events.hub import EventHub
+from api.events.mailbox import RESYNC, Mailbox
 from api.events.recheck import Recheck
 from carmy_worker.store import keys, records
 from carmy_worker.store.attempts import Attempts
@@ -34,6 +39,21 @@ async def ar(own_redis_server: RedisServer) -> AsyncIterator[redis.asyncio.Redis
     yield client
     await client.flushall()
     await client.aclose()
+
+
+class Expected(dict[str, set[Mailbox]]):
+    """Executions waited for and their mailboxes, registered as ``EventHub.expect`` does."""
+
+    @contextmanager
+    def expect(self, exec_id: str) -> Iterator[Mailbox]:
+        mailbox = Mailbox()
+        self.setdefault(exec_id, set()).add(mailbox)
+        try:
+            yield mailbox
+        finally:
+            self[exec_id].discard(mailbox)
+            if not self[exec_id]:
+                del self[exec_id]
 
 
 async def submitted(ar: redis.asyncio.Redis, partition: int | None = None) -> str:
@@ -59,33 +79,42 @@ async def command_calls(ar: redis.asyncio.Redis) -> dict[str, int]:
     return {name.removeprefix("cmdstat_"): value["calls"] for name, value in stats.items()}
 
 
-async def test_a_waiter_whose_final_event_was_lost_gets_its_record(ar: redis.asyncio.Redis) -> None:
-    executions = Executions(ar, app_settings(retention=RETENTION))
-    executions.recheck = Recheck(Reads(ar), every=0.05)
+async def test_a_waiter_whose_final_event_was_lost_gets_its_record(
+        ar: redis.asyncio.Redis, own_redis_server: RedisServer) -> None:
+    listener = redis.asyncio.Redis.from_url(own_redis_server.url)
+    hub = EventHub(listener)
+    await hub.start()
+    executions = Executions(ar, app_settings(retention=RETENTION), waiting=hub.waiting)
+    executions.recheck = Recheck(Reads(ar), hub.waiting, every=0.05)
     lost, running = await submitted(ar), await submitted(ar)
-    lost_box, running_box = Mailbox(), Mailbox()
-    waiting = asyncio.create_task(executions.outcome(running, "t", running_box, tick=NEVER))
     rechecking = asyncio.create_task(executions.recheck.run())
     try:
-        answer = asyncio.create_task(executions.outcome(lost, "t", lost_box, tick=NEVER))
-        record = await settle(ar, lost)  # its final event reaches no mailbox: dropped on purpose
-        assert await asyncio.wait_for(answer, 5) == record
-        assert not waiting.done() and executions.recheck.waiting == 1  # the running one waits on
+        with hub.expect(running) as running_box:
+            waiting = asyncio.create_task(executions.outcome(running, "t", running_box, tick=NEVER))
+            with hub.expect(lost) as lost_box:
+                answer = asyncio.create_task(executions.outcome(lost, "t", lost_box, tick=NEVER))
+                record = await settle(ar, lost)  # its final event reaches no mailbox: dropped on purpose
+                assert await asyncio.wait_for(answer, 5) == record
+            assert not waiting.done() and list(hub.waiting) == [running]  # the running one waits on
+            waiting.cancel()
+            await asyncio.gather(waiting, return_exceptions=True)
+        assert not hub.waiting  # a waiter that leaves is forgotten
     finally:
-        waiting.cancel()
         rechecking.cancel()
-        await asyncio.gather(waiting, rechecking, return_exceptions=True)
-    assert executions.recheck.waiting == 0  # a waiter that leaves is forgotten
+        await asyncio.gather(rechecking, return_exceptions=True)
+        await hub.close()
+        await listener.aclose()
 
 
 async def test_a_waiter_of_an_execution_redis_lost_is_answered_uncertain(ar: redis.asyncio.Redis) -> None:
-    executions = Executions(ar, app_settings(retention=RETENTION))
+    expected = Expected()
+    executions = Executions(ar, app_settings(retention=RETENTION), waiting=expected)
     exec_id = await submitted(ar)
-    answer = asyncio.create_task(executions.outcome(exec_id, "t", Mailbox(), tick=NEVER))
-    await asyncio.sleep(0)  # it is watched
-    await ar.delete(keys.execution(exec_id))
-    await executions.recheck.once()
-    record = await asyncio.wait_for(answer, 5)
+    with expected.expect(exec_id) as mailbox:
+        answer = asyncio.create_task(executions.outcome(exec_id, "t", mailbox, tick=NEVER))
+        await ar.delete(keys.execution(exec_id))
+        await executions.recheck.once()
+        record = await asyncio.wait_for(answer, 5)
     assert record.error_code == "EXECUTION_UNCERTAIN"
 
 
@@ -95,13 +124,16 @@ async def test_a_tick_costs_one_command_a_waiter_in_a_few_round_trips(
     before = keys.partition_count()
     keys.use_partitions(partitions)
     try:
-        executions = Executions(ar, app_settings(retention=RETENTION))
-        executions.recheck = Recheck(Reads(ar))
+        expected = Expected()
+        executions = Executions(ar, app_settings(retention=RETENTION), waiting=expected)
         n = 400
         ids = [await submitted(ar, partition=i % partitions) for i in range(n)]
-        waiters = [asyncio.create_task(executions.outcome(e, "t", Mailbox(), tick=NEVER)) for e in ids]
+        boxes = [Mailbox() for _ in ids]
+        expected.update({e: {box} for e, box in zip(ids, boxes, strict=True)})  # as n expect()s would
+        waiters = [asyncio.create_task(executions.outcome(e, "t", box, tick=NEVER))
+                   for e, box in zip(ids, boxes, strict=True)]
         await asyncio.sleep(0)
-        assert executions.recheck.waiting == n
+        assert len(expected) == n
         await ar.config_resetstat()
         reads_before = (await ar.info("stats"))["total_reads_processed"]
         for _ in range(3):
@@ -142,14 +174,15 @@ async def test_ended_asks_in_chunks_of_one_partition(ar: redis.asyncio.Redis) ->
 
 async def test_a_redis_out_of_reach_is_noted_and_its_return_too(ar: redis.asyncio.Redis) -> None:
     gone = redis.asyncio.Redis(port=1, socket_connect_timeout=0.5)  # nothing listens there
-    recheck = Recheck(Reads(gone))
-    with recheck.watch(keys.new_execution_id(), Mailbox()):
+    expected = Expected()
+    recheck = Recheck(Reads(gone), expected)
+    with expected.expect(keys.new_execution_id()):
         with pytest.raises(redis.exceptions.ConnectionError):
             await recheck.once()
         assert recheck.down_since is not None
     await gone.aclose()
     recheck._reads = Reads(ar)  # Redis is back
-    with recheck.watch(await submitted(ar), Mailbox()):
+    with expected.expect(await submitted(ar)):
         await recheck.once()
     assert recheck.down_since is None
 
@@ -158,12 +191,28 @@ async def test_a_waiter_answers_store_unavailable_once_redis_was_out_of_reach_to
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(executions_module, "PATIENCE_S", 0.2)
     gone = redis.asyncio.Redis(port=1, socket_connect_timeout=0.5)  # nothing listens there
-    executions = Executions(gone, app_settings(retention=RETENTION))
+    expected = Expected()
+    executions = Executions(gone, app_settings(retention=RETENTION), waiting=expected)
     exec_id = keys.new_execution_id()
-    answer = asyncio.create_task(executions.outcome(exec_id, "t", Mailbox(), tick=0.05))
-    await asyncio.sleep(0)
-    with pytest.raises(redis.exceptions.ConnectionError):
-        await executions.recheck.once()
-    record = await asyncio.wait_for(answer, 5)  # its ticks, with no command of their own, see it
+    with expected.expect(exec_id) as mailbox:
+        answer = asyncio.create_task(executions.outcome(exec_id, "t", mailbox, tick=0.05))
+        with pytest.raises(redis.exceptions.ConnectionError):
+            await executions.recheck.once()
+        record = await asyncio.wait_for(answer, 5)  # its ticks, with no command of their own, see it
+    assert record.error_code == "STORE_UNAVAILABLE"
+    await gone.aclose()
+
+
+async def test_a_waiter_with_a_long_tick_answers_store_unavailable_when_its_patience_ends(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stream's tick is its keep-alive period, longer than the patience may be: once its read
+    after the hub's reconnection fails, the waiter wakes when its patience ends, not at its tick."""
+    monkeypatch.setattr(executions_module, "PATIENCE_S", 0.2)
+    gone = redis.asyncio.Redis(port=1, socket_connect_timeout=0.5)  # nothing listens there
+    executions = Executions(gone, app_settings(retention=RETENTION), waiting={})
+    mailbox = Mailbox()
+    answer = asyncio.create_task(executions.outcome(keys.new_execution_id(), "t", mailbox, tick=NEVER))
+    mailbox.put_nowait(RESYNC)  # what the hub tells every waiter when its connection drops
+    record = await asyncio.wait_for(answer, 5)
     assert record.error_code == "STORE_UNAVAILABLE"
     await gone.aclose()
