@@ -15,6 +15,7 @@ from starlette.applications import Starlette
 from api.app import create_app
 from api.settings import ApiSettings
 from carmy_worker.store import keys
+from tests.cells import four_partitions  # noqa: F401 (a fixture for every test)
 from tests.support import RedisServer, Stack, new_tmp, private_redis
 
 # Folders whose every test is marked ``e2e`` (pyproject.toml's markers): whole processes and

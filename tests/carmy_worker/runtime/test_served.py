@@ -25,6 +25,7 @@ from carmy_worker.settings import WorkerSettings
 from carmy_worker.store import jobs, keys
 from carmy_worker.store.submit import Submit
 from carmy_worker.wire import ExecutionJob, record_decoder
+from tests.cells import partitions
 from tests.support import RedisServer
 
 COUNT = 4
@@ -65,13 +66,9 @@ def r(sync_redis: redis.Redis) -> Iterator[redis.Redis]:
     """An empty Redis, and every key of this process named over four partitions meanwhile."""
     global STAGE
     STAGE = Stage()
-    before = keys.partition_count()
-    keys.use_partitions(COUNT)
-    sync_redis.flushall()
-    try:
+    with partitions(COUNT):  # (scripts_per_call names them over other counts in the meantime)
+        sync_redis.flushall()
         yield sync_redis
-    finally:
-        keys.use_partitions(before)
 
 
 @asynccontextmanager
