@@ -128,7 +128,7 @@ async def test_a_tick_costs_one_command_a_waiter_in_a_few_round_trips(
 async def test_ended_asks_in_chunks_of_one_partition(ar: redis.asyncio.Redis) -> None:
     with cells.partitions(3):
         ids = [await submitted(ar, partition=i % 3) for i in range(20)]
-        await settle(ar, ids[3])  # (this test's scripts know partition 0 only)
+        await settle(ar, ids[3])
         await ar.delete(keys.execution(ids[7]), keys.execution(ids[11]))  # partitions 1 and 2
         assert sorted(await Reads(ar).ended(ids, chunk=2)) == sorted([ids[3], ids[7], ids[11]])
 
