@@ -37,6 +37,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.e2e)
 
 
+@pytest.fixture(autouse=True)
+def partition_count_kept() -> Iterator[None]:
+    """Every test gives back the partition count it found (``tests.cells.partitions``): one left
+    over would have the next tests, in this process, name their keys where its processes and
+    apps do not look."""
+    count = keys.partition_count()
+    yield
+    assert keys.partition_count() == count, f"the test left {keys.partition_count()} partitions, not {count}"
+
+
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[RedisServer]:
     with private_redis() as server:
