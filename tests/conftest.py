@@ -15,6 +15,7 @@ from starlette.applications import Starlette
 from api.app import create_app
 from api.settings import ApiSettings
 from carmy_worker.store import keys
+from tests.cells import four_partitions  # noqa: F401 (a fixture for every test)
 from tests.support import RedisServer, Stack, new_tmp, private_redis
 
 # Folders whose every test is marked ``e2e`` (pyproject.toml's markers): whole processes and
@@ -34,6 +35,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if any(item.path.is_relative_to(folder) for folder in E2E_FOLDERS):
             item.add_marker(pytest.mark.e2e)
+
+
+@pytest.fixture(autouse=True)
+def partition_count_kept() -> Iterator[None]:
+    """Every test gives back the partition count it found (``tests.cells.partitions``): one left
+    over would have the next tests, in this process, name their keys where its processes and
+    apps do not look."""
+    count = keys.partition_count()
+    yield
+    assert keys.partition_count() == count, f"the test left {keys.partition_count()} partitions, not {count}"
 
 
 @pytest.fixture(scope="session")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import shutil
 import sys
@@ -61,6 +62,16 @@ async def turns_until(check: Callable[[], object], what: str = "condition", turn
 # Where the API of a test that must not reach Redis looks for it: nothing listens on port 1, so a
 # stray call fails at once instead of reaching a developer's own Redis on the default port.
 NO_REDIS = "redis://127.0.0.1:1/0"
+
+
+def mcp_message(r: httpx.Response) -> dict[str, Any]:
+    """The JSON-RPC message answering a POST to ``/mcp``: the body, or the last event of the SSE
+    stream the server may answer with instead."""
+    if r.headers["content-type"].startswith("text/event-stream"):
+        message: dict[str, Any] = json.loads([line[5:] for line in r.text.splitlines() if line.startswith("data:")][-1])
+        return message
+    answer: dict[str, Any] = r.json()
+    return answer
 
 
 def app_settings(redis_url: str = NO_REDIS, **overrides: Any) -> ApiSettings:

@@ -182,16 +182,6 @@ async def test_a_group_queue_backing_up_is_in_the_frame(ar: redis.asyncio.Redis)
     assert frame.point.queued == before.point.queued + 3 and frame.point.pending == before.point.pending + 3
 
 
-@pytest.fixture
-def four_partitions() -> Iterator[None]:
-    before = keys.partition_count()
-    keys.use_partitions(4)
-    try:
-        yield
-    finally:
-        keys.use_partitions(before)
-
-
 @pytest.mark.usefixtures("four_partitions")
 async def test_the_frame_adds_up_every_partition(ar: redis.asyncio.Redis) -> None:
     """With four partitions, a worker's busy count is its running executions in each, a queue's

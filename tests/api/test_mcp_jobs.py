@@ -232,7 +232,9 @@ async def test_a_workers_reserved_name_loses_to_the_system_tool(app: Starlette, 
         await redis.aclose()
     async with connect(app, ALICE) as client:
         deadline = time.monotonic() + 30  # as wait_until: a busy machine refreshes the catalog late
-        while "foreign_echo" not in (listed := tools_of((await client.list_tools()).tools)):
+        # Each poll asks the server: the client keeps a listing for its ttlMs (CATALOG_MAX_AGE_S,
+        # 60 s), so a first one taken before the catalog's refresh would be all it ever saw.
+        while "foreign_echo" not in (listed := tools_of((await client.list_tools(cache_mode="bypass")).tools)):
             assert time.monotonic() < deadline, "the foreign worker's tools never reached the catalog"
             await anyio.sleep(0.05)
         unknown = await client.call_tool("carmy_job", {"job_id": "job_00000000-0000-4000-8000-000000000000"})

@@ -24,6 +24,7 @@ from carmy_worker.store.attempts import Attempts
 from carmy_worker.store.reads import Reads
 from carmy_worker.store.submit import Submit
 from carmy_worker.wire import ExecutionJob, Record
+from tests import cells
 from tests.support import RedisServer, app_settings
 
 RETENTION = 600
@@ -121,9 +122,7 @@ async def test_a_waiter_of_an_execution_redis_lost_is_answered_uncertain(ar: red
 @pytest.mark.parametrize("partitions", [1, 4])
 async def test_a_tick_costs_one_command_a_waiter_in_a_few_round_trips(
         ar: redis.asyncio.Redis, partitions: int) -> None:
-    before = keys.partition_count()
-    keys.use_partitions(partitions)
-    try:
+    with cells.partitions(partitions):
         expected = Expected()
         executions = Executions(ar, app_settings(retention=RETENTION), waiting=expected)
         n = 400
@@ -156,20 +155,14 @@ async def test_a_tick_costs_one_command_a_waiter_in_a_few_round_trips(
         for w in waiters:
             w.cancel()
         await asyncio.gather(*waiters, return_exceptions=True)
-    finally:
-        keys.use_partitions(before)
 
 
 async def test_ended_asks_in_chunks_of_one_partition(ar: redis.asyncio.Redis) -> None:
-    before = keys.partition_count()
-    keys.use_partitions(3)
-    try:
+    with cells.partitions(3):
         ids = [await submitted(ar, partition=i % 3) for i in range(20)]
-        await settle(ar, ids[3])  # (this test's scripts know partition 0 only)
+        await settle(ar, ids[3])
         await ar.delete(keys.execution(ids[7]), keys.execution(ids[11]))  # partitions 1 and 2
         assert sorted(await Reads(ar).ended(ids, chunk=2)) == sorted([ids[3], ids[7], ids[11]])
-    finally:
-        keys.use_partitions(before)
 
 
 async def test_a_redis_out_of_reach_is_noted_and_its_return_too(ar: redis.asyncio.Redis) -> None:

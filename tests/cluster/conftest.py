@@ -2,6 +2,9 @@
 the whole session, started on first use. A test that kills or reshards leaves it whole again
 (``LocalCluster.kill_primary`` then ``restart``), since the next test shares it.
 
+``cluster`` is an asyncio client of it as the API's and the workers' (``cluster_client`` makes
+one with other bounds).
+
 ``cluster_stack`` starts the real API and worker processes against it (``ClusterStack``), with
 ``CARMY_REDIS_PARTITIONS`` taken from this run's environment (1 without it): the same tests then
 run at any partition count."""
@@ -11,12 +14,14 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
 from bench.localcluster import LocalCluster
+from carmy_worker.store.cluster import StoreCluster
+from carmy_worker.store.connect import RedisConnector
 from tests.support import Stack, new_tmp
 
 HERE = Path(__file__).parent
@@ -44,6 +49,23 @@ def redis_cluster() -> Iterator[LocalCluster]:
     finally:
         cluster.stop()
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def cluster_client(cluster: LocalCluster, *, max_connections: int = 8,
+                   socket_timeout: float | None = 5.0) -> StoreCluster:
+    """An asyncio client of ``cluster`` (``RedisConnector.cluster_client``): at most
+    ``max_connections`` commands under way at once, a caller waiting up to 10 s for its turn."""
+    connector = RedisConnector("redis://localhost/0", tuple(cluster.nodes.split(",")))
+    return connector.cluster_client(max_connections=max_connections, wait=10.0, socket_connect_timeout=1.0,
+                                    socket_timeout=socket_timeout)
+
+
+@pytest.fixture
+async def cluster(redis_cluster: LocalCluster) -> AsyncIterator[StoreCluster]:
+    """A ``cluster_client`` of the session's cluster for one test."""
+    client = cluster_client(redis_cluster)
+    yield client
+    await client.aclose()
 
 
 class ClusterStack(Stack):

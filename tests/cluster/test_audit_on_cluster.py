@@ -6,39 +6,23 @@ lets one attempt at a time begin."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
-from bench.localcluster import LocalCluster
 from carmy_worker.runtime.lock import ToolLock
 from carmy_worker.store import keys, records
 from carmy_worker.store.audit import AuditTrail
 from carmy_worker.store.cluster import StoreCluster
-from carmy_worker.store.connect import RedisConnector
 from carmy_worker.store.locks import ToolLocks
 from carmy_worker.store.shipment import GROUP, Shipment
 
 
-@pytest.fixture
-def four() -> Iterator[None]:
-    before = keys.partition_count()
-    keys.use_partitions(4)
-    try:
-        yield
-    finally:
-        keys.use_partitions(before)
-
-
-@pytest.fixture
-async def cluster(redis_cluster: LocalCluster, four: None) -> AsyncIterator[StoreCluster]:
-    connector = RedisConnector("redis://localhost/0", tuple(redis_cluster.nodes.split(",")))
-    client = connector.cluster_client(max_connections=8, wait=10.0, socket_connect_timeout=1.0, socket_timeout=5.0)
+@pytest.fixture(autouse=True)
+async def emptied(cluster: StoreCluster, four_partitions: int) -> None:
+    """Every key named over four partitions, and the four audit streams and the lock empty."""
     for partition in keys.partitions():
-        await client.delete(keys.audit(partition))
-    await client.delete(keys.lock("tally"))
-    yield client
-    await client.aclose()
+        await cluster.delete(keys.audit(partition))
+    await cluster.delete(keys.lock("tally"))
 
 
 async def test_the_trail_of_four_partitions_is_written_paged_and_shipped_on_a_cluster(cluster: StoreCluster) -> None:

@@ -8,7 +8,6 @@ ones that count)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import cast
 
 import pytest
@@ -16,23 +15,18 @@ import pytest
 from bench.localcluster import LocalCluster
 from carmy_worker.store.batch import Batch, FollowUp
 from carmy_worker.store.cluster import StoreCluster, as_redis
-from carmy_worker.store.connect import RedisConnector
 from carmy_worker.store.durable import Durability
 from carmy_worker.store.scripts import Script, bind, run
+from tests.cluster.conftest import flush
 
 COUNT = Script("TEST_CLUSTER_COUNT", "return redis.call('INCR', KEYS[1])")
 
 
-@pytest.fixture
-async def cluster(redis_cluster: LocalCluster) -> AsyncIterator[StoreCluster]:
-    connector = RedisConnector("redis://localhost/0", tuple(redis_cluster.nodes.split(",")))
-    client = connector.cluster_client(max_connections=8, wait=10.0, socket_connect_timeout=1.0, socket_timeout=5.0)
-    await client.initialize()
-    for server in redis_cluster.primaries():
-        with server.check_client() as node:
-            node.flushall()
-    yield client
-    await client.aclose()
+@pytest.fixture(autouse=True)
+async def emptied(cluster: StoreCluster, redis_cluster: LocalCluster) -> None:
+    """The client knows the slots' owners, and every primary is empty."""
+    await cluster.initialize()
+    flush(redis_cluster)
 
 
 def waits_on(redis_cluster: LocalCluster) -> dict[int, int]:

@@ -19,6 +19,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from bench.localcluster import LocalCluster
 from carmy_worker.store.cluster import ClusterUnreachable, StoreCluster
 from carmy_worker.store.connect import RedisConnector
+from tests.cluster.conftest import cluster_client
 from tests.support import new_tmp
 
 INCR_BOTH = "redis.call('INCR', KEYS[1]); return redis.call('INCR', KEYS[2])"
@@ -26,8 +27,7 @@ INCR_BOTH = "redis.call('INCR', KEYS[1]); return redis.call('INCR', KEYS[2])"
 
 @pytest.fixture
 async def cluster(redis_cluster: LocalCluster) -> AsyncIterator[StoreCluster]:
-    connector = RedisConnector("redis://localhost/0", tuple(redis_cluster.nodes.split(",")))
-    client = connector.cluster_client(max_connections=2, wait=10.0, socket_connect_timeout=1.0, socket_timeout=5.0)
+    client = cluster_client(redis_cluster, max_connections=2)  # a burst below goes past this bound
     yield client
     await client.aclose()
 

@@ -8,7 +8,6 @@ executions, MCP's ``tools/call`` and a job. The partition count is the environme
 from __future__ import annotations
 
 import asyncio
-import json
 import subprocess
 import sys
 import time
@@ -22,7 +21,7 @@ import pytest
 from carmy_worker.store.jobstore import FINISHED
 from tests.cluster.conftest import PARTITIONS, ClusterStack
 from tests.sse import parse
-from tests.support import marked, wait_until
+from tests.support import marked, mcp_message, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -124,10 +123,7 @@ def test_mcp_tools_call_runs_the_tool(base: str) -> None:
         "params": {"name": "echo", "arguments": {"text": "mcp"}, "_meta": {"carmy/request_id": rid()}}},
         headers={"accept": "application/json, text/event-stream", "mcp-protocol-version": "2025-11-25"})
     assert r.status_code == 200, r.text
-    if r.headers["content-type"].startswith("text/event-stream"):
-        message = json.loads([line[5:] for line in r.text.splitlines() if line.startswith("data:")][-1])
-    else:
-        message = r.json()
+    message = mcp_message(r)
     assert message["result"]["isError"] is False, message
     assert message["result"]["structuredContent"] == {"text": "mcp"}
 

@@ -12,9 +12,9 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from bench.localcluster import LocalCluster
 from carmy_worker.store.cluster import StoreCluster
-from carmy_worker.store.connect import RedisConnector
 from carmy_worker.store.pubsub import Message
 from carmy_worker.store.shardpubsub import listen_sharded_forever
+from tests.cluster.conftest import cluster_client
 from tests.support import wait_until_async
 
 CHANNELS = ["{c:0}events", "{c:1}events", "{c:2}events", "{c:3}events"]
@@ -57,8 +57,7 @@ class Ear:
 
 @pytest.fixture
 async def ear(redis_cluster: LocalCluster) -> AsyncIterator[Ear]:
-    connector = RedisConnector("redis://localhost/0", tuple(redis_cluster.nodes.split(",")))
-    cluster = connector.cluster_client(max_connections=4, wait=10.0, socket_connect_timeout=1.0, socket_timeout=5.0)
+    cluster = cluster_client(redis_cluster, max_connections=4)
     ear = Ear(cluster)
     yield ear
     ear.task.cancel()
@@ -106,8 +105,7 @@ async def test_a_plain_channel_rides_on_one_shard_and_hears_a_publish_sent_to_an
     """The catalog's channel: ``SUBSCRIBE`` on one of the listener's connections, and
     ``StoreCluster.publish`` on a random node (primary or replica); the cluster delivers each
     message on every node, the listener's included."""
-    connector = RedisConnector("redis://localhost/0", tuple(redis_cluster.nodes.split(",")))
-    cluster = connector.cluster_client(max_connections=4, wait=10.0, socket_connect_timeout=1.0, socket_timeout=5.0)
+    cluster = cluster_client(redis_cluster, max_connections=4)
     heard: list[tuple[str, bytes]] = []
     confirmed: list[bytes] = []
 

@@ -7,18 +7,18 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import pytest
 
 from bench.localcluster import LocalCluster
 from carmy_worker.store import jobs, keys
 from carmy_worker.store.cluster import StoreCluster, as_redis
-from carmy_worker.store.connect import RedisConnector
 from carmy_worker.store.leases import Leases
 from carmy_worker.store.submit import Submit
 from carmy_worker.store.wakeups import wait_on_every_partition
 from carmy_worker.wire import ExecutionJob
+from tests.cluster.conftest import cluster_client
 from tests.support import wait_until_async
 
 GROUP = "g-wakeups"
@@ -26,19 +26,9 @@ WAIT_S = 30.0  # each partition's wait: far longer than the round may take
 
 
 @pytest.fixture
-def four() -> Iterator[None]:
-    before = keys.partition_count()
-    keys.use_partitions(4)
-    try:
-        yield
-    finally:
-        keys.use_partitions(before)
-
-
-@pytest.fixture
-async def cluster(redis_cluster: LocalCluster, four: None) -> AsyncIterator[StoreCluster]:
-    connector = RedisConnector("redis://localhost/0", tuple(redis_cluster.nodes.split(",")))
-    client = connector.cluster_client(max_connections=64, wait=10.0, socket_connect_timeout=1.0, socket_timeout=None)
+async def cluster(redis_cluster: LocalCluster, four_partitions: int) -> AsyncIterator[StoreCluster]:
+    """A client of the cluster (with no read timeout: a BLPOP waits WAIT_S) and GROUP's four queues empty."""
+    client = cluster_client(redis_cluster, max_connections=64, socket_timeout=None)
     await client.initialize()
     queues = [jobs.queue_name(GROUP, p) for p in keys.partitions()]
     for queue in queues:

@@ -60,16 +60,6 @@ def test_a_live_worker_on_another_host_does_not_count(stack: Stack, sync_redis: 
     assert "1 live elsewhere" in result.stderr
 
 
-@pytest.fixture
-def four_partitions() -> Iterator[None]:
-    before = keys.partition_count()
-    keys.use_partitions(4)
-    try:
-        yield
-    finally:
-        keys.use_partitions(before)
-
-
 @pytest.mark.usefixtures("four_partitions")
 def test_a_worker_is_healthy_only_while_alive_in_every_partition(sync_redis: redis.Redis,
                                                                  redis_server: RedisServer) -> None:

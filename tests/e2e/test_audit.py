@@ -23,7 +23,7 @@ from carmy_worker.store.jobstore import FINISHED
 from carmy_worker.store.shipment import GROUP
 from tests.api.test_webhooks import ENV, WEBHOOKS, github
 from tests.sse import parse
-from tests.support import Stack, wait_until
+from tests.support import Stack, mcp_message, wait_until
 
 ALICE, OPS = "alice-token-0123456789", "ops-token-0123456789ab"
 KEYS = json.dumps({ALICE: {"principal": "alice"}, OPS: {"principal": "ops", "permissions": ["carmy:operator"]}})
@@ -99,10 +99,7 @@ def by_mcp(apis: Apis) -> str:
         "jsonrpc": "2.0", "id": 1, "method": "tools/call",
         "params": {"name": "stamp", "arguments": work("mcp"), "_meta": {"carmy/request_id": "audit-mcp"}}})
     assert r.status_code == 200, r.text
-    if r.headers["content-type"].startswith("text/event-stream"):
-        message = json.loads([line[5:] for line in r.text.splitlines() if line.startswith("data:")][-1])
-    else:
-        message = r.json()
+    message = mcp_message(r)
     assert message["result"]["isError"] is False, message
     exec_id: str = message["result"]["_meta"]["carmy/execution_id"]
     return exec_id

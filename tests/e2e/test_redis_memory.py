@@ -5,7 +5,6 @@ HTTP and MCP alike, the calls already accepted still get their results, ``/ready
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,7 +13,7 @@ import pytest
 import redis
 
 from tests.conftest import private_stack
-from tests.support import Call, RedisServer, Stack, marked, wait_until
+from tests.support import Call, RedisServer, Stack, marked, mcp_message, wait_until
 
 MIB = 1_048_576
 # However busy the machine, an answer takes seconds; a call that hangs takes for ever.
@@ -74,9 +73,8 @@ def mcp_call(base: str, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
         "jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": name, "arguments": arguments}},
         headers={"accept": "application/json, text/event-stream", "mcp-protocol-version": "2025-11-25"})
     assert r.status_code == 200, r.text
-    if r.headers["content-type"].startswith("text/event-stream"):
-        return json.loads([line[5:] for line in r.text.splitlines() if line.startswith("data:")][-1])["result"]  # type: ignore[no-any-return]
-    return r.json()["result"]  # type: ignore[no-any-return]
+    result: dict[str, Any] = mcp_message(r)["result"]
+    return result
 
 
 def all_settled(client: redis.Redis) -> bool:

@@ -21,7 +21,7 @@ import pytest
 
 from tests import sse
 from tests.conftest import private_stack
-from tests.support import Stack, wait_until
+from tests.support import Stack, mcp_message, wait_until
 
 CALLER_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 CALLER_SPAN = "00f067aa0ba902b7"
@@ -118,10 +118,7 @@ def test_mcp_meta_traceparent_is_honoured(traced: Traced) -> None:
         headers={"accept": "application/json, text/event-stream", "mcp-protocol-version": "2026-07-28",
                  "mcp-method": "tools/call", "mcp-name": "echo"})
     assert r.status_code == 200, r.text
-    if r.headers["content-type"].startswith("text/event-stream"):
-        message = json.loads([line[5:] for line in r.text.splitlines() if line.startswith("data:")][-1])
-    else:
-        message = r.json()
+    message = mcp_message(r)
     result = message["result"]
     assert result["isError"] is False
     assert result["_meta"]["carmy/trace_id"] == trace_id

@@ -25,8 +25,10 @@ from carmy_worker.settings import WorkerSettings
 from carmy_worker.store import jobs, keys
 from carmy_worker.store.submit import Submit
 from carmy_worker.wire import ExecutionJob, record_decoder
-from tests.support import RedisServer
+from tests.cells import partitions
+from tests.support import RedisServer, wait_until_async
 
+WAIT_S = 20.0  # at most, for each state a test waits for
 COUNT = 4
 GROUP = "served"
 # So long that only a wake-up makes an idle worker look: the fallback poll would hide a missed one.
@@ -65,13 +67,9 @@ def r(sync_redis: redis.Redis) -> Iterator[redis.Redis]:
     """An empty Redis, and every key of this process named over four partitions meanwhile."""
     global STAGE
     STAGE = Stage()
-    before = keys.partition_count()
-    keys.use_partitions(COUNT)
-    sync_redis.flushall()
-    try:
+    with partitions(COUNT):  # (scripts_per_call names them over other counts in the meantime)
+        sync_redis.flushall()
         yield sync_redis
-    finally:
-        keys.use_partitions(before)
 
 
 @asynccontextmanager
@@ -108,17 +106,6 @@ async def submit(url: str, partition: int) -> str:
     return exec_id
 
 
-async def until(condition: object, what: str, timeout: float = 20.0) -> float:
-    """Seconds until ``condition()`` held (checked every few milliseconds)."""
-    loop = asyncio.get_running_loop()
-    start = loop.time()
-    while not condition():  # type: ignore[operator]
-        if loop.time() - start > timeout:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.002)
-    return loop.time() - start
-
-
 def waiting(r: redis.Redis) -> int:
     """Connections blocked on a wake list of GROUP right now."""
     return sum(1 for c in r.client_list() if c["cmd"] == "blpop" and "b" in c["flags"])
@@ -140,7 +127,7 @@ async def test_one_worker_runs_the_jobs_of_every_partition_once_each(
     STAGE.gate.set()
     async with worker(redis_server.url, "w0", concurrency=4):
         made = [await submit(redis_server.url, p) for p in range(COUNT) for _ in range(3)]
-        await until(lambda: all(completed(r, e) for e in made), "every job completed")
+        await wait_until_async(lambda: all(completed(r, e) for e in made), WAIT_S, "every job completed")
         assert sorted(STAGE.started) == sorted(made)  # each once
         assert {keys.partition_of(e) for e in made} == set(range(COUNT))
         assert all(r.zcard(jobs.queue_name(GROUP, p)) == 0 for p in range(COUNT))
@@ -153,10 +140,12 @@ async def test_an_idle_worker_wakes_at_once_for_a_job_in_any_partition(
     STAGE.gate.set()
     async with worker(redis_server.url, "w0", concurrency=concurrency):
         for p in [3, 0, 2, 1]:
-            await until(lambda: waiting(r) == COUNT, "the worker waiting on every partition's wake list")
+            await wait_until_async(lambda: waiting(r) == COUNT, WAIT_S,
+                                   "the worker waiting on every partition's wake list")
             sent = time.monotonic()
             exec_id = await submit(redis_server.url, p)
-            await until(lambda: completed(r, exec_id), f"the job of partition {p} completed")  # noqa: B023
+            await wait_until_async(lambda: completed(r, exec_id), WAIT_S,  # noqa: B023
+                                   f"the job of partition {p} completed")
             # No poll could have found it (NEVER_S): the wake-up did, at once. Generous on a
             # shared machine; a missed wake-up waits ten minutes.
             assert time.monotonic() - sent < 2.0
@@ -166,10 +155,10 @@ async def test_a_flood_in_one_partition_does_not_hold_back_another_partitions_jo
         r: redis.Redis, redis_server: RedisServer) -> None:
     async with worker(redis_server.url, "w0", concurrency=2):
         flood = [await submit(redis_server.url, 0) for _ in range(40)]
-        await until(lambda: STAGE.running == 2, "both slots busy with the flood")
+        await wait_until_async(lambda: STAGE.running == 2, WAIT_S, "both slots busy with the flood")
         lone = await submit(redis_server.url, 1)
         STAGE.gate.set()
-        await until(lambda: all(completed(r, e) for e in [*flood, lone]), "every job completed")
+        await wait_until_async(lambda: all(completed(r, e) for e in [*flood, lone]), WAIT_S, "every job completed")
     # Freed slots take their next job round robin over the partitions: the lone job comes within
     # a round or two, not after the 38 jobs of the flood still queued when it came.
     assert STAGE.started.index(lone) <= 2 + 2 * COUNT, STAGE.started.index(lone)
@@ -178,19 +167,19 @@ async def test_a_flood_in_one_partition_does_not_hold_back_another_partitions_jo
 async def test_a_worker_never_holds_more_jobs_than_its_slots_and_hands_the_rest_on(
         r: redis.Redis, redis_server: RedisServer) -> None:
     async with worker(redis_server.url, "w0", concurrency=2):
-        await until(lambda: waiting(r) == COUNT, "the worker waiting on every partition's wake list")
+        await wait_until_async(lambda: waiting(r) == COUNT, WAIT_S, "the worker waiting on every partition's wake list")
         # Jobs in every partition at once: several of its waits wake together, each able to lease
         # up to its two free slots.
         made = await asyncio.gather(*(submit(redis_server.url, p) for p in range(COUNT) for _ in range(3)))
-        await until(lambda: STAGE.running == 2, "both slots busy")
+        await wait_until_async(lambda: STAGE.running == 2, WAIT_S, "both slots busy")
         assert held_by(r, "w0") == (2, 2)  # what it leased beyond its slots went back at once
         assert sum(r.exists(jobs.in_progress_key(e)) for e in made) == 2
         async with worker(redis_server.url, "w1", concurrency=2):
             # The rest waited unleased, for the next worker to take as it starts.
-            await until(lambda: STAGE.running == 4, "the second worker's slots busy too")
+            await wait_until_async(lambda: STAGE.running == 4, WAIT_S, "the second worker's slots busy too")
             assert held_by(r, "w1") == (2, 2) and held_by(r, "w0") == (2, 2)
             STAGE.gate.set()
-            await until(lambda: all(completed(r, e) for e in made), "every job completed")
+            await wait_until_async(lambda: all(completed(r, e) for e in made), WAIT_S, "every job completed")
     assert STAGE.peak == 4 and sorted(STAGE.started) == sorted(made)
 
 
@@ -220,7 +209,8 @@ async def scripts_per_call(r: redis.Redis, url: str, partitions: int) -> float:
         return sum(int(stats.get(f"cmdstat_{name}", {}).get("calls", 0)) for name in ("evalsha", "eval"))
 
     async with worker(url, "w0", concurrency=4):
-        await until(lambda: waiting(r) == partitions, "the worker waiting on every partition's wake list")
+        await wait_until_async(lambda: waiting(r) == partitions, WAIT_S,
+                               "the worker waiting on every partition's wake list")
         before = scripts()
         await asyncio.gather(*(client() for _ in range(clients)))
         ran = scripts() - before

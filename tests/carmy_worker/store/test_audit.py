@@ -15,6 +15,7 @@ import redis.asyncio
 from carmy_worker.store import keys, records
 from carmy_worker.store.audit import AuditFilter, AuditTrail, stream_id, trail_id
 from carmy_worker.store.shipment import GROUP, Shipment
+from tests import cells
 from tests.support import RedisServer
 
 ENTRIES = 240
@@ -22,12 +23,8 @@ ENTRIES = 240
 
 @pytest.fixture(params=[1, 4], ids=["one-partition", "four-partitions"])
 def partitions(request: pytest.FixtureRequest) -> Iterator[int]:
-    before = keys.partition_count()
-    keys.use_partitions(request.param)
-    try:
-        yield request.param
-    finally:
-        keys.use_partitions(before)
+    with cells.partitions(request.param) as count:
+        yield count
 
 
 @pytest.fixture

@@ -238,6 +238,21 @@ async def turns_until_async(look: Callable[[], Awaitable[Look]], done: Callable[
     raise AssertionError("the lease never ended")
 
 
+async def pages_of(store: JobStore, owner: str | None, *, limit: int,
+                   between: Callable[[], Awaitable[object]] | None = None) -> list[list[str]]:
+    """The job ids of each page of ``owner``'s list (None: every job), each page after the first
+    asked for with the cursor as a client sends it back; ``between`` runs between two pages."""
+    pages, after = [], None
+    while True:
+        page = await store.list(owner=owner, status=None, limit=limit, after=after)
+        pages.append([job.job_id for job in page.jobs])
+        if page.after is None:
+            return pages
+        after = Cursor.parse(page.after.text())
+        if between is not None:
+            await between()
+
+
 async def test_the_operators_list_pages_across_partitions_without_duplicates_or_gaps(
         ar: redis.asyncio.Redis) -> None:
     store = JobStore(ar)
@@ -259,13 +274,7 @@ async def test_the_operators_list_pages_across_partitions_without_duplicates_or_
     expected = sorted(((1 if raw in tied else int(score), raw.decode()) for rows in listed.values()
                        for raw, score in rows), reverse=True)
 
-    pages, after = [], None
-    while True:
-        page = await store.list(owner=None, status=None, limit=5, after=after)
-        pages.append([job.job_id for job in page.jobs])
-        if page.after is None:
-            break
-        after = Cursor.parse(page.after.text())  # as a client sends it back
+    pages = await pages_of(store, None, limit=5)
     assert [job_id for ids in pages for job_id in ids] == [job_id for _, job_id in expected]
     assert all(len(ids) == 5 for ids in pages[:4])
 
@@ -403,13 +412,7 @@ async def test_a_principals_list_pages_across_partitions_without_duplicates_or_g
                        for raw, score in rows), reverse=True)
     assert {job_id for _, job_id in expected} == mine
 
-    pages, after = [], None
-    while True:
-        page = await store.list(owner=ANONYMOUS, status=None, limit=7, after=after)
-        pages.append([job.job_id for job in page.jobs])
-        if page.after is None:
-            break
-        after = Cursor.parse(page.after.text())  # as a client sends it back
-        await create_as(store, None)  # created between two pages: newer than the cursor, in no later page
+    # A job created between two pages is newer than the cursor: in no later page.
+    pages = await pages_of(store, ANONYMOUS, limit=7, between=lambda: create_as(store, None))
     assert [job_id for ids in pages for job_id in ids] == [job_id for _, job_id in expected]
     assert all(len(ids) == 7 for ids in pages[:6])

@@ -16,17 +16,14 @@ from api.app import create_app
 from api.settings import ApiSettings
 from carmy_worker.settings import SettingsError, WorkerSettings
 from carmy_worker.store import jobs, keys, partitions
+from tests import cells
 from tests.support import RedisServer, app_settings
 
 
 @pytest.fixture
-def sixteen() -> Iterator[None]:
-    before = keys.partition_count()
-    keys.use_partitions(16)
-    try:
-        yield
-    finally:
-        keys.use_partitions(before)
+def sixteen() -> Iterator[int]:
+    with cells.partitions(16) as count:
+        yield count
 
 
 def slot(key: str) -> int:
@@ -70,13 +67,9 @@ def test_a_request_ids_key_and_its_execution_share_a_slot() -> None:
 
 
 @pytest.fixture
-def one() -> Iterator[None]:
-    before = keys.partition_count()
-    keys.use_partitions(1)
-    try:
-        yield
-    finally:
-        keys.use_partitions(before)
+def one() -> Iterator[int]:
+    with cells.partitions(1) as count:
+        yield count
 
 
 @pytest.mark.usefixtures("one")

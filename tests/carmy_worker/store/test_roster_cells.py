@@ -21,6 +21,7 @@ from carmy_worker.store.janitor import Janitor
 from carmy_worker.store.roster import Claims, Holding, Liveness, Orphan, Stray, SyncLiveness, lock_holder
 from carmy_worker.store.submit import Submit
 from carmy_worker.wire import ExecutionJob, record_decoder
+from tests.cells import partitions
 from tests.support import RedisServer
 
 PARTITIONS = 4
@@ -37,12 +38,8 @@ def cells() -> Iterator[None]:
         # tests/slotrecorder.py keeps these calls to replay them as one partition's on a cluster
         # (tests/cluster/test_scripts_on_cluster.py): calls made over four are not.
         pytest.skip("the calls of one partition are being recorded")
-    before = keys.partition_count()
-    keys.use_partitions(PARTITIONS)
-    try:
+    with partitions(PARTITIONS):
         yield
-    finally:
-        keys.use_partitions(before)
 
 
 @pytest.fixture

@@ -44,6 +44,7 @@ from carmy_worker.wire import (
     record_decoder,
     started_event,
 )
+from tests.cells import cells  # noqa: F401 (a fixture)
 from tests.support import RedisServer
 
 RETENTION = 600
@@ -287,6 +288,27 @@ async def test_submit_over_max_pending_is_full_and_writes_nothing(r: redis.Redis
     # Nothing was recorded, so the same request_id is accepted once there is room.
     r.zpopmin(keys.pending(PARTITION))
     assert await submit(ar, third, request_id=RID, max_pending=2) == Submission("new", third)
+
+
+@pytest.mark.usefixtures("cells")
+async def test_each_partition_admits_its_share_of_max_pending_rounded_up(ar: redis.asyncio.Redis) -> None:
+    """CARMY_MAX_PENDING over N partitions: SUBMIT sees its own partition only, which admits
+    ceil(M/N) (docs/architecture.md, "Admission across partitions"): a full partition refuses
+    while another still admits."""
+    count = keys.partition_count()
+    total = 2 * count - 1  # a share of 2 from two partitions on (of 1 with one)
+    share = 2 if count > 1 else 1
+
+    async def admit(exec_id: str) -> Submission:
+        return await Submit(ar, retention=RETENTION)(
+            execution_job(exec_id), group=GROUP, idempotent=False, workers_alive=True, max_pending=total,
+            queue_wait_ms=MINUTE_MS, admission_ms=MINUTE_MS)
+
+    for _ in range(share):
+        assert (await admit(keys.new_execution_id(0))).kind == "new"
+    assert await admit(keys.new_execution_id(0)) == Submission("full", pending=share)
+    elsewhere = keys.new_execution_id(count - 1)
+    assert await admit(elsewhere) == (Submission("new", elsewhere) if count > 1 else Submission("full", pending=1))
 
 
 async def test_submit_without_live_workers_writes_nothing(r: redis.Redis, ar: redis.asyncio.Redis) -> None:
