@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 from collections import deque
+from collections.abc import Iterable
 from typing import Any
 
 from msgspec import Struct
