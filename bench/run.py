@@ -94,7 +94,7 @@ def run(config: scenarios.Config, quick: bool, only: list[str]) -> Report:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="a tiny smoke run (< 30 s): checks everything answers")
+    parser.add_argument("--quick", action="store_true", help="a smoke run (about 100 s): checks everything answers")
     parser.add_argument("--json", type=Path, help="also write the numbers to this file")
     parser.add_argument("--only", action="append", default=[], choices=[s.__name__ for s in scenarios.ALL],
                         help="run only this scenario (repeatable)")
