@@ -19,7 +19,7 @@ from bench.crowd import hold_streams, raise_fd_limit
 from bench.curves import Column, Curve, Point
 from bench.refresh import refresh_cost
 from bench.sizes import MIB, call, echo_arguments, sse_times
-from carmy_worker.store.keys import PENDING
+from carmy_worker.store.keys import pending
 
 if TYPE_CHECKING:
     from bench.procs import Processes
@@ -158,7 +158,7 @@ def cost_idle(b: Bench) -> None:
                                           "worker KiB/stream": held.worker_kib_per_stream,
                                           "other calls p50 ms": rows[0].p50_ms, "other calls p99 ms": rows[0].p99_ms,
                                           **per_call(rows[0].cpu_us_per_call, "")}))
-            b.redis.wait_settled(PENDING, timeout=120)  # the streams' executions cancelled, as their callers left
+            b.redis.wait_settled(pending(0), timeout=120)  # the streams' executions cancelled, as their callers left
     b.redis.flush()
     b.report.curves.append(curve)
 

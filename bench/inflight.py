@@ -68,7 +68,8 @@ def tcp_connections(pid: int) -> list[tuple[int, int]]:
 def sample(pid: int, api_port: int, redis_port: int, redis_client: redis.Redis, peak: Peak) -> None:
     conns = tcp_connections(pid)
     to_redis = {local for local, remote in conns if remote == redis_port}
-    clients = sum(1 for c in redis_client.client_list() if int(c["addr"].rsplit(":", 1)[1]) in to_redis)
+    listed: list[dict[str, str]] = redis_client.client_list()  # type: ignore[assignment]  # sync client
+    clients = sum(1 for c in listed if int(c["addr"].rsplit(":", 1)[1]) in to_redis)
     peak.rss_mib = max(peak.rss_mib, status_kib(pid, "VmRSS") / 1024)
     peak.redis_connections = max(peak.redis_connections, len(to_redis))
     peak.redis_clients = max(peak.redis_clients, clients)

@@ -47,7 +47,7 @@ def percentile(ordered: list[int], q: float) -> int:
 
 def redis_ms(client: redis.Redis) -> int:
     """Redis's clock, unix ms: the clock of every time a job or an execution holds."""
-    seconds, micros = client.time()
+    seconds, micros = client.time()  # type: ignore[misc]  # sync client
     return int(seconds) * 1000 + int(micros) // 1000
 
 
@@ -144,7 +144,7 @@ class DueResult:
 def wait_finished(client: redis.Redis, owner: str, timeout: float) -> None:
     """Until ``owner`` has no unfinished job (its open set is empty)."""
     deadline = time.monotonic() + timeout
-    while (left := client.zcard(keys.jobs_open(owner, keys.home_partition(owner)))) > 0:
+    while (left := int(client.zcard(keys.jobs_open(owner, keys.home_partition(owner))))) > 0:  # type: ignore[arg-type]  # sync client
         if time.monotonic() > deadline:
             raise TimeoutError(f"{left} jobs still unfinished after {timeout:g} s")
         time.sleep(0.01)
@@ -253,7 +253,7 @@ async def create_queued(url: str, tool: str, count: int, *, delay_ms: int = HOUR
 
 
 def used_memory(client: redis.Redis) -> int:
-    return int(client.info("memory")["used_memory"])
+    return int(client.info("memory")["used_memory"])  # type: ignore[index]  # sync client
 
 
 def queued_memory(url: str, count: int, tool: str = MEMORY_TOOL) -> MemoryResult:

@@ -69,7 +69,7 @@ def slowlog_per_execution(client: redis.Redis, executions: int) -> list[tuple[st
     names = script_names()
     calls: collections.Counter[str] = collections.Counter()
     usec: collections.Counter[str] = collections.Counter()
-    for entry in client.slowlog_get(1_000_000):
+    for entry in client.slowlog_get(1_000_000):  # type: ignore[union-attr]  # sync client
         command = entry["command"]
         args = (command.decode(errors="replace") if isinstance(command, bytes) else str(command)).split()[:2]
         name = args[0].upper() if args else "?"

@@ -34,7 +34,7 @@ def serve(url: str) -> None:
     """Process B: pop each message and publish it back, until told to stop."""
     client = redis.Redis.from_url(url)
     while True:
-        _, message = client.blpop([REQUESTS], timeout=0)
+        _, message = client.blpop([REQUESTS], timeout=0)  # type: ignore[misc]  # sync client
         if message == STOP:
             return
         client.publish(REPLIES, message)

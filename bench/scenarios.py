@@ -13,7 +13,7 @@ from bench import cluster, console, cost_rows, inflight, jobs, latency, redis_fl
 from bench.processes import RedisServer
 from bench.procs import CpuMeter, Processes
 from bench.report import Report, Row, ScalePoint
-from carmy_worker.store.keys import PENDING
+from carmy_worker.store.keys import pending
 
 JSON = (("content-type", "application/json"),)
 COMPLETED = '"status":"completed"'
@@ -86,7 +86,7 @@ class Bench:
             # cancelled for their departed callers. Measured from the start, the first tenth of a
             # second or more of a 50 ms tool at 256 clients would be those cancellations.
             if settle:
-                self.redis.wait_settled(PENDING)
+                self.redis.wait_settled(pending(0))
         with CpuMeter([*procs.procs, self.redis.proc]) as cpu:
             result = wrk.run(base, request, clients=clients, seconds=self.config.seconds, workdir=self.workdir)
         per_call = {kind: used / result.requests * 1e6 for kind, used in cpu.seconds.items()} if result.requests else {}
@@ -212,7 +212,7 @@ def jobs_due(b: Bench) -> None:
         _, base = procs.carmy_api(env=JOBS_API)
         plain = b.load("jobs_plain_64", "Carmy, no-op over HTTP (jobs' processes)", base, execute("noop"), CLIENTS,
                        procs, in_table=False)
-        b.redis.wait_settled(PENDING)
+        b.redis.wait_settled(pending(0))
         result = jobs.due_burst(base, b.redis.url, [*procs.procs, b.redis.proc], tool="noop", count=b.config.due_jobs)
     result.plain_rps, result.plain_cpu_us = plain.rps, plain.cpu_us_per_call
     b.report.jobs_due = result
