@@ -19,19 +19,21 @@ def verdicts(report: Report) -> dict[str, str]:
     return {name: f"{measured} {met}" for name, measured, met in cells}
 
 
-def test_issue_14s_targets_are_checked_as_ratios_to_the_baselines_of_the_same_run() -> None:
+def test_issue_35s_targets_are_checked_as_ratios_to_the_baselines_of_the_same_run() -> None:
     report = Report(header=[], rows=[
-        row("ours_1", 1.0, 900), row("sse_first", 1.3, None), row("bare_1", 0.2, 5000),
-        row("ours_64", 20.0, 2000, clients=64), row("bare_64", 5.0, 10000, clients=64),
+        row("ours_1", 0.8, 900), row("sse_first", 0.65, None), row("bare_1", 0.2, 5000),
+        row("ours_64", 20.0, 3000, clients=64, cpu_us={"worker": 100.0, "api": 110.0, "redis": 121.0}),
+        row("bare_64", 5.0, 10000, clients=64),
     ], scale=[
         ScalePoint(1, row("scale_1", 800, 288, clients=256), 320),  # 90 %
         ScalePoint(2, row("scale_2", 400, 569, clients=256), 640),  # 88.9 %
         ScalePoint(4, row("scale_4", 200, 1240, clients=256, errors=3), 1280),  # 96.9 %, with errors
     ])
     got = verdicts(report)
-    assert got["same, ≥ 0.2× bare Starlette's throughput"] == "0.20× yes"
-    assert got["no-op, 1 client: p50 ≤ 6× bare Starlette's p50"] == "5.0× yes"
-    assert got["no-op, 1 client: SSE time to first event ≤ 6× bare Starlette's p50"] == "6.5× **no**"
+    assert got["same, ≥ 0.3× bare Starlette's throughput"] == "0.30× yes"
+    assert got["same, Redis CPU per execution ≤ 120 µs"] == "121 µs **no**"
+    assert got["no-op, 1 client: p50 ≤ 4× bare Starlette's p50"] == "4.0× yes"
+    assert got["no-op, 1 client: SSE time to first event ≤ 3× bare Starlette's p50"] == "3.2× **no**"
     assert got["scale-out, 1 worker: ≥ 90% of what the slots allow, no errors"] == "90.0%, 0 errors yes"
     assert got["scale-out, 2 workers: ≥ 90% of what the slots allow, no errors"] == "88.9%, 0 errors **no**"
     assert got["scale-out, 4 workers: ≥ 90% of what the slots allow, no errors"] == "96.9%, 3 errors **no**"
