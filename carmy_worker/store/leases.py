@@ -56,8 +56,10 @@ log = logging.getLogger("carmy.queue")
 # Every key is of the queue's partition: the in-progress, job and execution keys of the jobs it
 # pops are named from that partition's prefixes (ARGV[1], ARGV[6], ARGV[10]): a partition's queue
 # only ever holds its own executions.
-# Then it counts the jobs of the queue still due and unleased (ZCOUNT: leased ones were moved to
-# their lease's end), for the worker's hints of where work is (store.hints.DueHints).
+# Then it counts the jobs of the queue still due and unleased (leased ones were moved to their
+# lease's end), for the worker's hints of where work is (store.hints.DueHints): the due jobs it
+# read less those it leased, when the read was not cut short by its limit (it saw every due job);
+# otherwise with ZCOUNT.
 # Returns {id, score before, job, verdict ('' if not claimed), attempt, ms waited, id, ..., still due}.
 # KEYS: queue, leases hash, wake list, running set, the queue's partition's queue-wait histogram and
 #       queued set
@@ -65,7 +67,8 @@ log = logging.getLogger("carmy.queue")
 #       job key prefix, worker_id, max attempts, '1' to leave the wake list alone, execution key
 #       prefix
 LEASE = Script("LEASE", ACCEPTED_WORK + CLAIM_ONE + jobs.WAKE_FOR + """
-local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[4]))
+local look = tonumber(ARGV[4])
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'WITHSCORES', 'LIMIT', 0, look)
 local leased, want, lease_end, waiting = {}, tonumber(ARGV[2]) * 6, now + tonumber(ARGV[3]), 0
 local wake = ARGV[9] ~= '1'
 for i = 1, #due, 2 do
@@ -88,7 +91,11 @@ for i = 1, #due, 2 do
   end
 end
 if wake then wake_for(KEYS[3], waiting) end
-table.insert(leased, redis.call('ZCOUNT', KEYS[1], '-inf', now))
+if #due < 2 * look and lease_end > now then
+  table.insert(leased, #due / 2 - #leased / 6)
+else
+  table.insert(leased, redis.call('ZCOUNT', KEYS[1], '-inf', now))
+end
 return leased
 """)
 
