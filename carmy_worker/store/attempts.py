@@ -67,7 +67,7 @@ local function claim(exe, exec_id, worker_id, running, max_attempts, queue_wait,
     return verdict, attempt, waited
   end
   local tool = h[6] or ''
-  redis.call('HSET', exe, 'attempt', attempt, 'state', 'running', 'worker', worker_id, 'started_at', now)
+  redis.call('HSET', exe, 'attempt', attempt, 'state', 'running', 'worker', worker_id, 'started_at', int(now))
   redis.call('SADD', running, exec_id)
   local f = {{h[7], h[8], h[9]}}
   if emits(f, false) then emit_to(f, exec_id, '{keys.events("")}' .. exec_id, started_event(exec_id, tool), false) end
@@ -113,18 +113,19 @@ local h = redis.call('HMGET', KEYS[1], {AUDITED}, 'attempt', 'reaped', 'quota', 
 -- A record exists once the state is done: whatever writes one sets it in the same script.
 if h[15] == 'done' or h[9] ~= ARGV[2] or h[10] == ARGV[2] then return 0 end
 if ARGV[11] ~= '' and h[6] ~= ARGV[11] then return 0 end
-redis.call('SET', KEYS[2], ARGV[3], 'EX', tonumber(ARGV[4]))
-redis.call('HSET', KEYS[1], 'state', 'done', 'ended_at', now)
+local now_s = int(now)
+redis.call('SET', KEYS[2], ARGV[3], 'EX', ARGV[4])
+redis.call('HSET', KEYS[1], 'state', 'done', 'ended_at', now_s)
 redis.call('ZREM', KEYS[3], ARGV[1])
 if h[11] then redis.call('ZREM', h[11], ARGV[1]) end
 redis.call('SREM', KEYS[4], ARGV[1])
-if h[2] then redis.call('ZADD', KEYS[10], now, ARGV[1]) end
+if h[2] then redis.call('ZADD', KEYS[10], now_s, ARGV[1]) end
 local f = {{h[12], h[13], h[14]}}
 if ARGV[7] ~= '' then emit_to(f, ARGV[1], ARGV[5], ARGV[7], false) end
 emit_to(f, ARGV[1], ARGV[5], ARGV[6], true)
 count(KEYS[12], ARGV[8])
-if ARGV[10] ~= '' then observe(KEYS[13], ARGV[9], tonumber(ARGV[10])) end
-audit_from(KEYS[11], h, ARGV[1], now, ARGV[8], ARGV[10], '')
+if ARGV[10] ~= '' then observe(KEYS[13], ARGV[9], ARGV[10]) end
+audit_from(KEYS[11], h, ARGV[1], now_s, ARGV[8], ARGV[10], '')
 if ARGV[12] ~= '' then end_lease(KEYS[9], KEYS[5], KEYS[6], KEYS[7], KEYS[8], ARGV[1], ARGV[12], true) end
 return 1
 """)

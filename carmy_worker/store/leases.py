@@ -67,9 +67,10 @@ log = logging.getLogger("carmy.queue")
 #       job key prefix, worker_id, max attempts, '1' to leave the wake list alone, execution key
 #       prefix
 LEASE = Script("LEASE", ACCEPTED_WORK + CLAIM_ONE + jobs.WAKE_FOR + """
-local look = tonumber(ARGV[4])
-local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'WITHSCORES', 'LIMIT', 0, look)
+local look, now_s = tonumber(ARGV[4]), int(now)
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now_s, 'WITHSCORES', 'LIMIT', '0', ARGV[4])
 local leased, want, lease_end, waiting = {}, tonumber(ARGV[2]) * 6, now + tonumber(ARGV[3]), 0
+local lease_end_s = int(lease_end)
 local wake = ARGV[9] ~= '1'
 for i = 1, #due, 2 do
   local job = due[i]
@@ -81,7 +82,7 @@ for i = 1, #due, 2 do
     if redis.call('EXISTS', ARGV[1] .. job) == 0 then waiting = waiting + 1 end
   elseif redis.call('SET', ARGV[1] .. job, token, 'NX', 'PX', ARGV[3]) then
     redis.call('HSET', KEYS[2], job, token)
-    redis.call('ZADD', KEYS[1], lease_end, job)
+    redis.call('ZADD', KEYS[1], lease_end_s, job)
     local bytes = redis.call('GET', ARGV[6] .. job) or ''
     local verdict, attempt, waited = '', 0, 0
     if bytes ~= '' then
@@ -94,7 +95,7 @@ if wake then wake_for(KEYS[3], waiting) end
 if #due < 2 * look and lease_end > now then
   table.insert(leased, #due / 2 - #leased / 6)
 else
-  table.insert(leased, redis.call('ZCOUNT', KEYS[1], '-inf', now))
+  table.insert(leased, redis.call('ZCOUNT', KEYS[1], '-inf', now_s))
 end
 return leased
 """)
