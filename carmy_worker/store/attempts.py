@@ -12,7 +12,7 @@ from redis.asyncio import Redis
 from carmy_worker.store import jobs, keys, metrics
 from carmy_worker.store.batch import Batch, FollowUp
 from carmy_worker.store.durable import Durability
-from carmy_worker.store.lua import ACCEPTED_WORK, EMIT, FOLLOWERS, LUA_AUDIT, NOW, text
+from carmy_worker.store.lua import ACCEPTED_WORK, AUDITED, EMIT, FOLLOWERS, LUA_AUDIT, NOW, text
 from carmy_worker.store.metrics import LUA_COUNT, LUA_OBSERVE
 from carmy_worker.store.scripts import Script, bind
 from carmy_worker.wire import Record, final_event
@@ -47,18 +47,27 @@ local function claim(exe, exec_id, worker_id, running, max_attempts, queue_wait,
   -- SUBMIT writes it and nothing removes it, so a hash without it is not there, or is what a
   -- late write left after the hash expired (a progress message): gone either way. Whatever
   -- writes the record (SETTLE, IMPOSE) sets it to `done` in the same script.
-  local h = redis.call('HMGET', exe, 'cancel', 'idem', 'start_by', 'queued_at', 'began', 'tool', {FOLLOWERS}, 'state')
+  -- The attempt is counted with the HSET that starts it, from the `attempt` read here (one
+  -- write, not an HINCRBY then an HSET): a verdict other than run writes the count alone.
+  local h = redis.call('HMGET', exe, 'cancel', 'idem', 'start_by', 'queued_at', 'began', 'tool', {FOLLOWERS}, 'state',
+                       'attempt')
   if not h[10] then return 'gone', 0, 0 end
   if h[10] == 'done' then return 'settled', 0, 0 end
   redis.call('ZREM', queued, exec_id)
-  local attempt = redis.call('HINCRBY', exe, 'attempt', 1)
+  local attempt = tonumber(h[11] or 0) + 1
   local waited = now - tonumber(h[4] or now)
-  if h[1] == '1' then return 'cancelled', attempt, waited end
-  if attempt > 1 and h[2] ~= '1' and h[5] then return 'uncertain', attempt, waited end
-  if attempt > max_attempts then return 'uncertain', attempt, waited end
-  if attempt == 1 and tonumber(h[3]) < now then return 'expired', attempt, waited end
+  local verdict
+  if h[1] == '1' then verdict = 'cancelled'
+  elseif attempt > 1 and h[2] ~= '1' and h[5] then verdict = 'uncertain'
+  elseif attempt > max_attempts then verdict = 'uncertain'
+  elseif attempt == 1 and tonumber(h[3]) < now then verdict = 'expired'
+  end
+  if verdict then
+    redis.call('HSET', exe, 'attempt', attempt)
+    return verdict, attempt, waited
+  end
   local tool = h[6] or ''
-  redis.call('HSET', exe, 'state', 'running', 'worker', worker_id, 'started_at', now)
+  redis.call('HSET', exe, 'attempt', attempt, 'state', 'running', 'worker', worker_id, 'started_at', int(now))
   redis.call('SADD', running, exec_id)
   local f = {{h[7], h[8], h[9]}}
   if emits(f, false) then emit_to(f, exec_id, '{keys.events("")}' .. exec_id, started_event(exec_id, tool), false) end
@@ -88,31 +97,36 @@ return {verdict, attempt, waited}
 # An execution of a job (the hash names it in `job`) is listed for the job loop to conclude
 # (store.jobstore), in the same script, so that no job waits on a record nobody reads; and the
 # execution's audit entry is appended (store.audit), so that none finishes without one.
-# KEYS: exe, record, pending, running set, queued, arq in-progress key, arq job, arq retry key,
-#       arq queue, leases hash, jobs' settled executions, audit trail, the partition's counts and
-#       run-time histogram: every one of the execution's partition
+# The queued set is not touched: the attempt it presents was claimed, and every claim (CLAIM_ONE,
+# HEARTBEAT's claim again) took the execution out of it in the same script, and nothing puts an
+# execution back (REAP's requeue leaves it out: the janitor's late scan is for never-claimed ones).
+# One HMGET reads what it decides on and what its audit entry tells (lua.AUDITED, first: `h` is
+# what `audit_from` takes; the entry's `job` and `worker`, h[2] and h[6], are SETTLE's too).
+# KEYS: exe, record, pending, running set, arq in-progress key, arq job, arq retry key, arq queue,
+#       leases hash, jobs' settled executions, audit trail, the partition's counts and run-time
+#       histogram: every one of the execution's partition
 # ARGV: exec_id, attempt, record, retention s, events channel, final event, tool.completed event or '',
 #       metrics label, tool, run ms or '', worker_id if this attempt ran (CLAIM said run) or '',
 #       lease token or ''
-SETTLE = Script("SETTLE", ACCEPTED_WORK + NOW + LUA_COUNT + LUA_OBSERVE + EMIT + LUA_AUDIT + jobs.END_LEASE + """
-local h = redis.call('HMGET', KEYS[1], 'attempt', 'reaped', 'worker', 'quota', """ + FOLLOWERS + """, 'state', 'job')
+SETTLE = Script("SETTLE", ACCEPTED_WORK + NOW + LUA_COUNT + LUA_OBSERVE + EMIT + LUA_AUDIT + jobs.END_LEASE + f"""
+local h = redis.call('HMGET', KEYS[1], {AUDITED}, 'attempt', 'reaped', 'quota', {FOLLOWERS}, 'state')
 -- A record exists once the state is done: whatever writes one sets it in the same script.
-if h[8] == 'done' or h[1] ~= ARGV[2] or h[2] == ARGV[2] then return 0 end
-if ARGV[11] ~= '' and h[3] ~= ARGV[11] then return 0 end
-redis.call('SET', KEYS[2], ARGV[3], 'EX', tonumber(ARGV[4]))
-redis.call('HSET', KEYS[1], 'state', 'done', 'ended_at', now)
+if h[15] == 'done' or h[9] ~= ARGV[2] or h[10] == ARGV[2] then return 0 end
+if ARGV[11] ~= '' and h[6] ~= ARGV[11] then return 0 end
+local now_s = int(now)
+redis.call('SET', KEYS[2], ARGV[3], 'EX', ARGV[4])
+redis.call('HSET', KEYS[1], 'state', 'done', 'ended_at', now_s)
 redis.call('ZREM', KEYS[3], ARGV[1])
-if h[4] then redis.call('ZREM', h[4], ARGV[1]) end
+if h[11] then redis.call('ZREM', h[11], ARGV[1]) end
 redis.call('SREM', KEYS[4], ARGV[1])
-redis.call('ZREM', KEYS[5], ARGV[1])
-if h[9] then redis.call('ZADD', KEYS[11], now, ARGV[1]) end
-local f = {h[5], h[6], h[7]}
+if h[2] then redis.call('ZADD', KEYS[10], now_s, ARGV[1]) end
+local f = {{h[12], h[13], h[14]}}
 if ARGV[7] ~= '' then emit_to(f, ARGV[1], ARGV[5], ARGV[7], false) end
 emit_to(f, ARGV[1], ARGV[5], ARGV[6], true)
-count(KEYS[13], ARGV[8])
-if ARGV[10] ~= '' then observe(KEYS[14], ARGV[9], tonumber(ARGV[10])) end
-audit(KEYS[12], KEYS[1], ARGV[1], now, ARGV[8], ARGV[10], '')
-if ARGV[12] ~= '' then end_lease(KEYS[10], KEYS[6], KEYS[7], KEYS[8], KEYS[9], ARGV[1], ARGV[12], true) end
+count(KEYS[12], ARGV[8])
+if ARGV[10] ~= '' then observe(KEYS[13], ARGV[9], ARGV[10]) end
+audit_from(KEYS[11], h, ARGV[1], now_s, ARGV[8], ARGV[10], '')
+if ARGV[12] ~= '' then end_lease(KEYS[9], KEYS[5], KEYS[6], KEYS[7], KEYS[8], ARGV[1], ARGV[12], true) end
 return 1
 """)
 
@@ -149,10 +163,9 @@ def _counts(partition: int) -> tuple[str, str]:
 
 
 @functools.lru_cache(maxsize=256)
-def _sets(partition: int) -> tuple[str, str, str, str]:
-    """The partition's admitted (pending) and not-yet-started (queued) executions, its jobs'
-    settled executions and its audit trail."""
-    return keys.pending(partition), keys.queued(partition), keys.jobs_settled(partition), keys.audit(partition)
+def _sets(partition: int) -> tuple[str, str, str]:
+    """The partition's admitted (pending) executions, its jobs' settled executions and its audit trail."""
+    return keys.pending(partition), keys.jobs_settled(partition), keys.audit(partition)
 
 
 class Attempts:
@@ -206,9 +219,9 @@ class Attempts:
         """
         stored, final = final_event(record)
         partition = keys.partition_of(exec_id)
-        pending, queued, settled, audit = _sets(partition)
+        pending, settled, audit = _sets(partition)
         running, leases, queue = self._keys[partition]
-        keys_ = [keys.execution(exec_id), keys.record(exec_id), pending, running, queued,
+        keys_ = [keys.execution(exec_id), keys.record(exec_id), pending, running,
                  jobs.in_progress_key(exec_id), jobs.job_key(exec_id), jobs.retry_key(exec_id), queue,
                  leases, settled, audit, *_counts(partition)]
         args = [exec_id, attempt, stored, self.retention, keys.events(exec_id), final, completed_event or b"",

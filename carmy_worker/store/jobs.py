@@ -90,13 +90,16 @@ end
 # Lua: the wake list holds one token per job `due` (due and unleased), up to WAKE_LIMIT. After a
 # LEASE: tokens left for jobs already taken would wake workers for nothing, and a due job that
 # never pushed one (put back after a Retry, its lease expired) gets one, so an idle worker comes.
+# (None due, the common case of a worker woken for the one job it took: the list goes, unread.)
 WAKE_FOR = f"""
 local function wake_for(wake, due)
   due = math.min(due, {WAKE_LIMIT})
-  local have = redis.call('LLEN', wake)
   if due == 0 then
     redis.call('DEL', wake)
-  elseif have > due then
+    return
+  end
+  local have = redis.call('LLEN', wake)
+  if have > due then
     redis.call('LTRIM', wake, -due, -1)
   end
   for _ = have + 1, due do redis.call('RPUSH', wake, '1') end

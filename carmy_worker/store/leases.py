@@ -56,8 +56,10 @@ log = logging.getLogger("carmy.queue")
 # Every key is of the queue's partition: the in-progress, job and execution keys of the jobs it
 # pops are named from that partition's prefixes (ARGV[1], ARGV[6], ARGV[10]): a partition's queue
 # only ever holds its own executions.
-# Then it counts the jobs of the queue still due and unleased (ZCOUNT: leased ones were moved to
-# their lease's end), for the worker's hints of where work is (store.hints.DueHints).
+# Then it counts the jobs of the queue still due and unleased (leased ones were moved to their
+# lease's end), for the worker's hints of where work is (store.hints.DueHints): the due jobs it
+# read less those it leased, when the read was not cut short by its limit (it saw every due job);
+# otherwise with ZCOUNT.
 # Returns {id, score before, job, verdict ('' if not claimed), attempt, ms waited, id, ..., still due}.
 # KEYS: queue, leases hash, wake list, running set, the queue's partition's queue-wait histogram and
 #       queued set
@@ -65,8 +67,10 @@ log = logging.getLogger("carmy.queue")
 #       job key prefix, worker_id, max attempts, '1' to leave the wake list alone, execution key
 #       prefix
 LEASE = Script("LEASE", ACCEPTED_WORK + CLAIM_ONE + jobs.WAKE_FOR + """
-local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[4]))
+local look, now_s = tonumber(ARGV[4]), int(now)
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now_s, 'WITHSCORES', 'LIMIT', '0', ARGV[4])
 local leased, want, lease_end, waiting = {}, tonumber(ARGV[2]) * 6, now + tonumber(ARGV[3]), 0
+local lease_end_s = int(lease_end)
 local wake = ARGV[9] ~= '1'
 for i = 1, #due, 2 do
   local job = due[i]
@@ -78,7 +82,7 @@ for i = 1, #due, 2 do
     if redis.call('EXISTS', ARGV[1] .. job) == 0 then waiting = waiting + 1 end
   elseif redis.call('SET', ARGV[1] .. job, token, 'NX', 'PX', ARGV[3]) then
     redis.call('HSET', KEYS[2], job, token)
-    redis.call('ZADD', KEYS[1], lease_end, job)
+    redis.call('ZADD', KEYS[1], lease_end_s, job)
     local bytes = redis.call('GET', ARGV[6] .. job) or ''
     local verdict, attempt, waited = '', 0, 0
     if bytes ~= '' then
@@ -88,7 +92,11 @@ for i = 1, #due, 2 do
   end
 end
 if wake then wake_for(KEYS[3], waiting) end
-table.insert(leased, redis.call('ZCOUNT', KEYS[1], '-inf', now))
+if #due < 2 * look and lease_end > now then
+  table.insert(leased, #due / 2 - #leased / 6)
+else
+  table.insert(leased, redis.call('ZCOUNT', KEYS[1], '-inf', now_s))
+end
 return leased
 """)
 

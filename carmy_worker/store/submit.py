@@ -50,16 +50,17 @@ if limit > 0 or interval > 0 then
   local refused = quota_refusal(KEYS[6], KEYS[7], limit, interval, tonumber(ARGV[18]), now, now_us)
   if refused then return refused end
 end
-redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+local now_s = int(now)
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now_s)
 local pending = redis.call('ZCARD', KEYS[2])
 if pending >= tonumber(ARGV[5]) then return {'full', tostring(pending)} end
-local retention = tonumber(ARGV[4])
+local retention = ARGV[4]
 if #KEYS == 8 then
   redis.call('SET', KEYS[8], ARGV[1] .. ' ' .. ARGV[2], 'EX', retention)
 end
-local start_by = now + tonumber(ARGV[7])
-local fields = {'tool', ARGV[9], 'owner', ARGV[10], 'idem', ARGV[11], 'state', 'queued', 'attempt', 0,
-                'start_by', start_by, 'wake', ARGV[13], 'queued_at', now,
+local start_by = int(now + tonumber(ARGV[7]))
+local fields = {'tool', ARGV[9], 'owner', ARGV[10], 'idem', ARGV[11], 'state', 'queued', 'attempt', '0',
+                'start_by', start_by, 'wake', ARGV[13], 'queued_at', now_s,
                 'rid', ARGV[20], 'principal', ARGV[21], 'via', ARGV[22], 'effect', ARGV[23]}
 if ARGV[14] ~= '' then
   table.insert(fields, 'reply') table.insert(fields, ARGV[14])
@@ -67,13 +68,14 @@ if ARGV[14] ~= '' then
 end
 redis.call('HSET', KEYS[1], unpack(fields))
 redis.call('EXPIRE', KEYS[1], retention)
-redis.call('ZADD', KEYS[2], now + tonumber(ARGV[6]), ARGV[1])
+local deadline = int(now + tonumber(ARGV[6]))
+redis.call('ZADD', KEYS[2], deadline, ARGV[1])
 if limit > 0 or interval > 0 then
-  quota_charge(KEYS[1], ARGV[1], KEYS[6], KEYS[7], limit, interval, now_us, now + tonumber(ARGV[6]), tonumber(ARGV[6]))
+  quota_charge(KEYS[1], ARGV[1], KEYS[6], KEYS[7], limit, interval, now_us, deadline, tonumber(ARGV[6]))
 end
 redis.call('ZADD', KEYS[3], start_by, ARGV[1])
 redis.call('SET', KEYS[4], ARGV[3], 'EX', retention)
-redis.call('ZADD', KEYS[5], now, ARGV[1])
+redis.call('ZADD', KEYS[5], now_s, ARGV[1])
 wake_one(ARGV[13])
 return {'new', ARGV[1]}
 """)
