@@ -319,9 +319,10 @@ class WakeableWorker(Worker):
                 if await self._start_due(leased):
                     # The jobs just started take their first steps before this loop's next wait
                     # goes out: a quick job's SETTLE is then written first, and the wait's work
-                    # is not on its path (bench/README.md, "Issue 14, one client").
+                    # (arq's heartbeat too) is not on its path (bench/README.md, "Issue 14, one client").
                     for _ in range(START_TURNS):
                         await asyncio.sleep(0)
+                await self.heart_beat()
                 if backoff:
                     log.info("queue reachable again")
                 backoff = 0.0
@@ -392,9 +393,10 @@ class WakeableWorker(Worker):
         super().handle_sig_wait_for_completion(signum)
 
     async def _start_due(self, taken: list[Lease] | None) -> int:
-        """arq's ``_poll_iteration``, which this replaces: run what the last wait took, or else
-        take what is due (one script call), then tidy finished tasks. Returns how many jobs it
-        started."""
+        """arq's ``_poll_iteration``, which this replaces (but for its ``heart_beat``, which the
+        loop sends after the jobs started took their first steps): run what the last wait took,
+        or else take what is due (one script call), then tidy finished tasks. Returns how many
+        jobs it started."""
         free = self.max_jobs - self.job_counter
         leased = taken or []
         if taken is None and self.allow_pick_jobs and free > 0 and (index := self._next_with_work()) is not None:
@@ -414,7 +416,6 @@ class WakeableWorker(Worker):
             if task is not None and task.done():
                 del self.tasks[job_id]
                 task.result()  # arq's way of surfacing an error of run_job itself
-        await self.heart_beat()
         return len(leased)
 
     def _admit(self, lease: Lease) -> dict[str, Any] | None:
