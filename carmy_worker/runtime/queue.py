@@ -186,8 +186,10 @@ Handler = Callable[[bytes, str, FollowUp | None], Awaitable[bool | None]]
 Admit = Callable[[bytes, Claim, str, float], None]
 
 # Turns of the event loop the jobs a worker just started get before it waits for more: enough
-# for arq's run_job, its task for the job, the tool's task and the batch that writes SETTLE.
-START_TURNS = 6
+# for arq's run_job, its task for the job, the tool's task (which wakes the job's as it ends:
+# invoke) and the batch that writes SETTLE, and one to spare. Each turn more is a turn of the
+# loop for nothing (an epoll_wait) once a quick job's SETTLE is out.
+START_TURNS = 5
 
 
 @dataclass
