@@ -86,12 +86,17 @@ class Signal(asyncio.Event):
 
 
 async def first_done(*futures: asyncio.Future[Any], timeout: float | None = None,
-                     signal: Signal | None = None) -> None:
+                     signal: Signal | None = None, woken: asyncio.Future[None] | None = None) -> None:
     """Until one of ``futures`` is done, ``signal`` is set or ``timeout`` seconds have passed: one
     future that the first of them completes. This is how every call waits for its tool or its
-    client, and ``asyncio.wait``, or a task waiting for an event, cost more than a quick call."""
+    client, and ``asyncio.wait``, or a task waiting for an event, cost more than a quick call.
+
+    ``woken``: that future, given by the caller so that it may complete it too, from where the
+    end is known first (the last step of the task waited for: one turn of the loop sooner than
+    that task's done callback, which only runs in the next turn)."""
     loop = running_loop()
-    woken: asyncio.Future[None] = loop.create_future()
+    if woken is None:
+        woken = loop.create_future()
 
     def wake(_: object = None) -> None:
         if not woken.done():

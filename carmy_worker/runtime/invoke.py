@@ -78,7 +78,7 @@ class _Stepwise:
 
 
 async def _contained(fn: Callable[..., Coroutine[Any, Any, Any]], args: tuple[Any, ...],
-                     may_step: Callable[[], bool] | None) -> Any:
+                     may_step: Callable[[], bool] | None, ended: asyncio.Future[None]) -> Any:
     # The tool's coroutine is made here, in its task's first step: a call cancelled before that
     # step leaves no coroutine behind that was never awaited.
     try:
@@ -88,6 +88,11 @@ async def _contained(fn: Callable[..., Coroutine[Any, Any, Any]], args: tuple[An
         raise
     except BaseException as exc:
         raise Escaped(type(exc).__name__) from exc
+    finally:
+        # The task ends with this step: whoever waits for it (``invoke``) is woken now, a turn
+        # of the loop before the task's own done callbacks would run.
+        if not ended.done():
+            ended.set_result(None)
 
 
 def _contained_sync(fn: Callable[..., Any], *args: Any) -> Any:
@@ -132,15 +137,18 @@ async def invoke(
         if on_end is not None:
             on_end()
         return Outcome(timed_out=True)
+    loop = running_loop()
+    ended: asyncio.Future[None] | None = None  # set by an async tool's task as it ends
     if tool.is_async:
-        call: asyncio.Future[Any] = running_loop().create_task(_contained(tool.fn, args, may_step))
-    else:
-        call = running_loop().run_in_executor(executor, _contained_sync, tool.fn, *args)
+        ended = loop.create_future()
+        call: asyncio.Future[Any] = loop.create_task(_contained(tool.fn, args, may_step, ended))
+    else:  # a thread's end reaches the loop as a callback of its own, in no set order: not ``ended``
+        call = loop.run_in_executor(executor, _contained_sync, tool.fn, *args)
     ctx._start(call)
     if on_end is not None:
         call.add_done_callback(lambda _: on_end())
     try:
-        await first_done(call, timeout=timeout, signal=cancelled)
+        await first_done(call, timeout=timeout, signal=cancelled, woken=ended)
     except asyncio.CancelledError:  # the worker itself is stopping: let arq know
         ctx._cancel()
         raise

@@ -56,7 +56,8 @@ class ProgressPublisher:
         self._woken = False  # a wake-up is scheduled or the drain is running
         self._closed = False
         self._dropped = {"progress": 0, "partial": 0}
-        self._ready = asyncio.Event()
+        # Made with the drain's task, at the first event: most tools report none.
+        self._ready: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
 
     def emit(self, data: bytes, partial: bool) -> None:
@@ -94,8 +95,13 @@ class ProgressPublisher:
 
     def _wake(self) -> None:
         if self._task is None and not self._closed:
-            self._task = self._loop.create_task(self._drain())
-        self._ready.set()
+            self._start()
+        if self._ready is not None:
+            self._ready.set()
+
+    def _start(self) -> None:
+        self._ready = asyncio.Event()
+        self._task = self._loop.create_task(self._drain(self._ready))
 
     def _next(self) -> bytes | None:
         with self._lock:
@@ -106,10 +112,10 @@ class ProgressPublisher:
             self._bytes -= len(message)
             return message
 
-    async def _drain(self) -> None:
+    async def _drain(self, ready: asyncio.Event) -> None:
         while True:
-            await self._ready.wait()
-            self._ready.clear()
+            await ready.wait()
+            ready.clear()
             while (message := self._next()) is not None:
                 try:
                     await self._progress(self._exec_id, message, _message_of(message))
@@ -124,8 +130,8 @@ class ProgressPublisher:
             self._closed = True
             waiting = bool(self._waiting)
         if self._task is None and waiting:  # emitted from a thread; its wake-up has not run yet
-            self._task = self._loop.create_task(self._drain())
-        if self._task is not None:
+            self._start()
+        if self._task is not None and self._ready is not None:
             self._ready.set()
             await self._task
         progress, partial = self._dropped["progress"], self._dropped["partial"]

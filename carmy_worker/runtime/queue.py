@@ -75,7 +75,7 @@ from arq.constants import in_progress_key_prefix, job_key_prefix, retry_key_pref
 from arq.worker import Retry, Worker, func
 from redis.exceptions import RedisError
 
-from carmy_worker.loop import first_done
+from carmy_worker.loop import first_done, running_loop
 from carmy_worker.store import jobs, keys
 from carmy_worker.store.attempts import Claim
 from carmy_worker.store.batch import FollowUp
@@ -93,6 +93,10 @@ log = logging.getLogger("carmy.queue")
 # interruptions there, so arq's own limit only has to be out of the way.
 _ARQ_MAX_TRIES = 1000
 
+# How much longer than the longest tool timeout arq's timeout of a job is: it only backs up the
+# runtime's own (a handler stuck past it, say on Redis, is cancelled and the job failed, as arq does).
+ARQ_TIMEOUT_MARGIN_S = 15
+
 # How long arq's run_job keeps its count of a job's runs (its pipeline's EXPIRE, answered from
 # the lease: the count is not kept, see _AnsweredPipeline).
 _ARQ_RETRY_TTL_S = 88400
@@ -108,7 +112,7 @@ ARQ_PRIVATE_SURFACE: dict[str, tuple[str, ...]] = {
     "arq.worker.Worker attributes": (
         "_pool", "pool", "ctx", "on_startup", "allow_pick_jobs", "max_jobs", "job_counter", "sem", "tasks",
         "loop", "queue_name", "in_progress_timeout_s", "queue_read_limit", "poll_delay_s", "allow_abort_jobs",
-        "main_task",
+        "main_task", "job_timeout_s",
     ),
     # The property WakeableWorker overrides so that run_job's first pipeline, these statements of
     # its source (allow_abort_jobs off), is answered from what LEASE read.
@@ -121,6 +125,10 @@ ARQ_PRIVATE_SURFACE: dict[str, tuple[str, ...]] = {
         "v, job_try, _ = await pipe.execute()",
         # finish_job's result is shielded, not awaited itself: a done future goes through as it is.
         "await asyncio.shield(\n            self.finish_job(",
+        # Its timeout: none when neither the function nor the worker has one, and wait_for then
+        # awaits the job's task as it is (the backstop is the job's own: _Backstop).
+        "timeout_s = self.job_timeout_s if function.timeout_s is None else function.timeout_s",
+        "result = await asyncio.wait_for(task, timeout_s)",
     ),
     # The job layout store.jobs writes without arq: key prefixes, and the job dict's fields.
     "arq.constants": ("job_key_prefix", "in_progress_key_prefix", "retry_key_prefix"),
@@ -152,6 +160,16 @@ class Payload(bytes):
 
 
 def deserialize(data: bytes) -> dict[str, Any]:
+    """A job as arq reads it; for the job of a lease this worker runs, the one its admission
+    read already (run_job hands back the bytes it was given: ``_AnsweredPipeline``)."""
+    running = _running.get()
+    if running is not None and running.job is not None and data is running.lease.job:
+        job, running.job = running.job, None
+        return job
+    return _decode(data)
+
+
+def _decode(data: bytes) -> dict[str, Any]:
     job: dict[str, Any] = _decoder.decode(data)
     args = job.get("a")
     if isinstance(args, list) and args and type(args[0]) is bytes:
@@ -168,8 +186,10 @@ Handler = Callable[[bytes, str, FollowUp | None], Awaitable[bool | None]]
 Admit = Callable[[bytes, Claim, str, float], None]
 
 # Turns of the event loop the jobs a worker just started get before it waits for more: enough
-# for arq's run_job, its task for the job, the tool's task and the batch that writes SETTLE.
-START_TURNS = 6
+# for arq's run_job, its task for the job, the tool's task (which wakes the job's as it ends:
+# invoke) and the batch that writes SETTLE, and one to spare. Each turn more is a turn of the
+# loop for nothing (an epoll_wait) once a quick job's SETTLE is out.
+START_TURNS = 5
 
 
 @dataclass
@@ -177,6 +197,7 @@ class _Running:
     """A lease while arq's run_job runs it (shared by the task that runs it and the job's own)."""
 
     lease: Lease
+    job: dict[str, Any] | None = None  # its arq job, as admitting the lease read it, until run_job reads it
     task: asyncio.Task[Any] | None = None  # the task that runs it (set once made)
     began: bool = False  # that task took its first step (a task cancelled before it never does)
     read: bool = False  # run_job's first pipeline was answered from the lease
@@ -300,9 +321,10 @@ class WakeableWorker(Worker):
                 if await self._start_due(leased):
                     # The jobs just started take their first steps before this loop's next wait
                     # goes out: a quick job's SETTLE is then written first, and the wait's work
-                    # is not on its path (bench/README.md, "Issue 14, one client").
+                    # (arq's heartbeat too) is not on its path (bench/README.md, "Issue 14, one client").
                     for _ in range(START_TURNS):
                         await asyncio.sleep(0)
+                await self.heart_beat()
                 if backoff:
                     log.info("queue reachable again")
                 backoff = 0.0
@@ -373,9 +395,10 @@ class WakeableWorker(Worker):
         super().handle_sig_wait_for_completion(signum)
 
     async def _start_due(self, taken: list[Lease] | None) -> int:
-        """arq's ``_poll_iteration``, which this replaces: run what the last wait took, or else
-        take what is due (one script call), then tidy finished tasks. Returns how many jobs it
-        started."""
+        """arq's ``_poll_iteration``, which this replaces (but for its ``heart_beat``, which the
+        loop sends after the jobs started took their first steps): run what the last wait took,
+        or else take what is due (one script call), then tidy finished tasks. Returns how many
+        jobs it started."""
         free = self.max_jobs - self.job_counter
         leased = taken or []
         if taken is None and self.allow_pick_jobs and free > 0 and (index := self._next_with_work()) is not None:
@@ -384,30 +407,32 @@ class WakeableWorker(Worker):
                                             look_ahead=self.queue_read_limit)
         if leased:
             # Before anything else runs: from now on the heartbeat reports these executions held.
-            for lease in leased:
-                self._admit(lease)
-            for lease in leased:
+            read = [self._admit(lease) for lease in leased]
+            for lease, job in zip(leased, read, strict=True):
                 await self.sem.acquire()
                 self.job_counter += 1
-                self._run(lease, self._run_end(lease.job_id))
+                self._run(lease, self._run_end(lease.job_id), job)
         failed, self._failed = self._failed, []
         for job_id in failed:
             task = self.tasks.get(job_id)
             if task is not None and task.done():
                 del self.tasks[job_id]
                 task.result()  # arq's way of surfacing an error of run_job itself
-        await self.heart_beat()
         return len(leased)
 
-    def _admit(self, lease: Lease) -> None:
-        if lease.claim is None or self.admit is None:
-            return
+    def _admit(self, lease: Lease) -> dict[str, Any] | None:
+        """Tell ``admit`` of the claim ``lease`` made; its arq job, read (None: unreadable)."""
+        if lease.claim is None:
+            return None
         try:
-            payload = deserialize(lease.job)["a"][0]
+            job = _decode(lease.job)
+            payload = job["a"][0]
         except Exception as exc:  # not arq's job: run_job says so; the heartbeat settles the claim
             log.error("job %s cannot be read (%s)", lease.job_id, exc)
-            return
-        self.admit(payload, lease.claim, lease.token, lease.sent_at)
+            return None
+        if self.admit is not None:
+            self.admit(payload, lease.claim, lease.token, lease.sent_at)
+        return job
 
     def _run_end(self, job_id: str) -> _RunEnd:
         """The end of the run of ``job_id`` about to be started here, and of the one before it."""
@@ -416,7 +441,7 @@ class WakeableWorker(Worker):
         self._ends[job_id] = end.done
         return end
 
-    def _run(self, lease: Lease, end: _RunEnd) -> None:
+    def _run(self, lease: Lease, end: _RunEnd, job: dict[str, Any] | None) -> None:
         """Run ``lease``'s job in a task of its own, which holds one slot of arq's count (taken
         by the caller) until it ends, or hands it to the job its SETTLE leased (``_take_over``).
 
@@ -424,7 +449,7 @@ class WakeableWorker(Worker):
         still runs an earlier lease of the same job, that run stays listed until it has ended,
         and this one lists itself then."""
         self._served(lease)
-        running = _Running(lease)
+        running = _Running(lease, job)
         task = running.task = self.loop.create_task(self._run_leased(running, end))
         task.add_done_callback(functools.partial(self._run_done, running, end))
         listed = self.tasks.get(lease.job_id)
@@ -519,9 +544,9 @@ class WakeableWorker(Worker):
                 log.warning("job %s was leased as its slot stopped; the heartbeat hands it back", lease.job_id)
                 continue
             end = self._run_end(lease.job_id)
-            self._admit(lease)
+            job = self._admit(lease)
             running.handed = True
-            self._run(lease, end)
+            self._run(lease, end, job)
 
     def finish_job(  # type: ignore[override]  # an awaitable, not a coroutine: see below
             self, job_id: str, finish: bool, result_data: bytes | None, result_timeout_s: float | None,
@@ -553,6 +578,35 @@ class WakeableWorker(Worker):
             self._slot_freed.set()
 
 
+class _Backstop:
+    """arq's job timeout, kept by the job's own task: past ``seconds`` it is cancelled, and ends
+    in ``TimeoutError`` (as ``asyncio.timeout`` would have it) unless something else cancelled it
+    too. arq's own, a ``wait_for`` around the job's task, cost every job a future, a timer, a
+    callback and a turn of the loop more as it ended; arq is given none (``job_timeout_s``)."""
+
+    __slots__ = ("_fired", "_task", "_timer")
+
+    def __init__(self, seconds: float) -> None:
+        loop = running_loop()
+        task = asyncio.current_task(loop)
+        if task is None:  # pragma: no cover - arq runs every job in a task
+            raise RuntimeError("a job runs in a task")
+        self._task = task
+        self._fired = False
+        self._timer = loop.call_later(seconds, self._fire)
+
+    def _fire(self) -> None:
+        self._fired = True
+        self._task.cancel()
+
+    def expired(self) -> bool:
+        """Whether the job's cancellation was this backstop's alone."""
+        return self._fired and self._task.uncancel() == 0
+
+    def stop(self) -> None:
+        self._timer.cancel()
+
+
 def _cancelling(task: asyncio.Task[Any]) -> bool:
     """Whether ``task`` is being cancelled, though what it awaited swallowed the cancellation."""
     return task.cancelling() > 0
@@ -582,6 +636,17 @@ def build_worker(
     ``durability``: the replicas each LEASE waits for (it claims)."""
 
     async def carmy_execute(ctx: dict[str, Any], payload: bytes) -> None:
+        backstop = _Backstop(backstop_s)
+        try:
+            await execute(ctx, payload)
+        except asyncio.CancelledError:
+            if backstop.expired():
+                raise TimeoutError(f"the job ran past arq's timeout ({backstop_s} s)") from None
+            raise
+        finally:
+            backstop.stop()
+
+    async def execute(ctx: dict[str, Any], payload: bytes) -> None:
         running = _running.get()
         handoff = worker._hand_over(running) if running is not None else None
         try:
@@ -601,10 +666,10 @@ def build_worker(
                 await first_done(handoff.reply)
             handoff.answered(handoff.reply)  # unless its done callback did already
 
+    # Our runtime enforces each tool's timeout; arq's only backs it up (kept by _Backstop).
+    backstop_s = max_timeout + ARQ_TIMEOUT_MARGIN_S
     worker = WakeableWorker(
-        functions=[func(carmy_execute, name=jobs.FUNCTION, max_tries=_ARQ_MAX_TRIES,
-                        # Our runtime enforces each tool's timeout; arq's only backs it up.
-                        timeout=max_timeout + 15)],
+        functions=[func(carmy_execute, name=jobs.FUNCTION, max_tries=_ARQ_MAX_TRIES)],
         redis_pool=pool,
         # arq names its status line after it (the only key arq itself writes): partition 0's.
         queue_name=jobs.queue_name(group, 0),
@@ -616,7 +681,9 @@ def build_worker(
         on_shutdown=cast("StartupShutdown | None", on_shutdown),
         log_results=False,
         health_check_interval=3600,
+        job_timeout=backstop_s,  # what arq's leases are sized from (in_progress_timeout_s)
     )
+    worker.job_timeout_s = None  # type: ignore[assignment]  # run_job then awaits the job's task as it is: _Backstop times it
     worker.on_drain = on_drain
     worker.admit, worker.forget = admit, forget
     worker.leases = Leases(pool, worker_id, durability=durability)

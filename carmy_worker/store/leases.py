@@ -23,13 +23,14 @@ from typing import Any, cast
 from msgspec import Struct
 from redis._parsers.hiredis import NOT_ENOUGH_DATA
 from redis.asyncio import Redis
+from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import NoScriptError, RedisError
 
 from carmy_worker.store import jobs, keys, metrics
 from carmy_worker.store.attempts import CLAIM_ONE, MAX_ATTEMPTS, Claim, ClaimVerdict
 from carmy_worker.store.batch import FollowUp
 from carmy_worker.store.checkout import buffered_reply
-from carmy_worker.store.cluster import held_connection
+from carmy_worker.store.cluster import StoreCluster, held_connection
 from carmy_worker.store.durable import Durability
 from carmy_worker.store.hints import DueHints
 from carmy_worker.store.lua import ACCEPTED_WORK
@@ -174,6 +175,8 @@ class Leases:
         self._calls = itertools.count(secrets.randbits(48))
         # Where work was last seen due, from every LEASE's reply: where the next LEASE goes.
         self.hints = DueHints()
+        # On one Redis (not a cluster), per queue: the connection its waits go out on, and its pool.
+        self._waits: dict[str, tuple[Any, AbstractConnection]] = {}
 
     async def take(self, queue: str, *, most: int, lease_ms: int, look_ahead: int) -> list[Lease]:
         """Up to ``most`` due jobs of ``queue``, leased for ``lease_ms``, with their arq job read
@@ -186,7 +189,9 @@ class Leases:
     async def wait_and_take(self, redis: Redis, queue: str, *, timeout: float, most: int, lease_ms: int,
                             look_ahead: int, blocked: Callable[[int], None] | None = None) -> list[Lease]:
         """Wait up to ``timeout`` s for a token on ``queue``'s wake list, then ``take``, in one
-        round trip on a connection held meanwhile (``held_connection``): ``BLPOP`` and LEASE
+        round trip on a connection held meanwhile (on one Redis, the queue's own, kept from one wait
+        to the next: ``_waiting_connection``; on a cluster, one of the slot's primary:
+        ``held_connection``): ``BLPOP`` and LEASE
         go out together, and Redis runs LEASE as soon as ``BLPOP`` returns (a token popped, or the
         timeout: the fallback poll), so the job that woke the worker comes with the wake-up.
         With replicas to wait for, ``WAIT`` follows on the same connection only if LEASE claimed
@@ -196,32 +201,61 @@ class Leases:
         may end it early (LEASE then runs at once: ``store.wakeups``)."""
         keys_, args, prefix = self._call(queue, most, lease_ms, look_ahead)
         sent_at = time.monotonic()
-        reply: list[Any] | None = None
-        async with held_connection(redis, queue) as conn:  # the queue's slot's: BLPOP's and LEASE's keys
-            commands: list[tuple[Any, ...]] = [("BLPOP", jobs.wake_list(queue), timeout), LEASE.command(keys_, args)]
-            if blocked is not None:
-                commands.insert(0, ("CLIENT", "ID"))
-            await conn.send_packed_command(conn.pack_commands(commands))
-            if blocked is not None:
-                blocked(int(await conn.read_response()))
-            await conn.read_response()  # a token, or none after the timeout: LEASE ran either way
-            # (a NOSCRIPT reply: it did not run, and ``take`` below runs it, loading it first)
-            got: Any = buffered_reply(conn)  # it came with the BLPOP's, as a rule
-            if got is NOT_ENOUGH_DATA:
-                with contextlib.suppress(NoScriptError):  # a new primary, or a flushed cache: it did not run
-                    reply = await conn.read_response()
-            elif isinstance(got, Exception):
-                if not isinstance(got, NoScriptError):
-                    raise got
-            else:
-                reply = got
-            durability = self._lease.durability  # None when no replica is asked for
-            if reply and len(reply) > 1 and durability is not None:  # it claimed: the claims must reach replicas
-                await conn.send_command("WAIT", durability.replicas, durability.timeout_ms)
-                durability.acknowledged(int(await conn.read_response()))
+        commands: list[tuple[Any, ...]] = [("BLPOP", jobs.wake_list(queue), timeout), LEASE.command(keys_, args)]
+        if blocked is not None:
+            commands.insert(0, ("CLIENT", "ID"))
+        if isinstance(redis, StoreCluster):
+            async with held_connection(redis, queue) as conn:  # the queue's slot's: BLPOP's and LEASE's keys
+                reply = await self._blpop_then_lease(conn, commands, blocked)
+        else:
+            conn = await self._waiting_connection(redis, queue)
+            try:
+                reply = await self._blpop_then_lease(conn, commands, blocked)
+            except BaseException:
+                await conn.disconnect()  # a reply may be left unread: the next wait connects again
+                raise
         if reply is None:
             return await self.take(queue, most=most, lease_ms=lease_ms, look_ahead=look_ahead)
         return self.read(reply, queue, prefix, sent_at)
+
+    async def _waiting_connection(self, redis: Redis, queue: str) -> AbstractConnection:
+        """The connection this worker waits on ``queue``'s wake list with, kept from one wait to
+        the next (a pool's checkout and release, each wait, were most of the wait's own CPU):
+        connected again, as the pool would, if it was closed or holds anything unread."""
+        pool = redis.connection_pool
+        kept = self._waits.get(queue)
+        if kept is not None and kept[0] is pool:
+            await pool.ensure_connection(kept[1])
+            return kept[1]
+        if kept is not None:  # another client's (tests): back to its pool
+            await kept[0].release(kept[1])
+        conn: AbstractConnection = await pool.get_connection()
+        self._waits[queue] = (pool, conn)
+        return conn
+
+    async def _blpop_then_lease(self, conn: AbstractConnection, commands: list[tuple[Any, ...]],
+                                blocked: Callable[[int], None] | None) -> list[Any] | None:
+        """Write ``commands`` (``CLIENT ID`` if ``blocked``, ``BLPOP``, LEASE) on ``conn``, read
+        their replies: LEASE's, or None if Redis did not know the script (it did not run)."""
+        await conn.send_packed_command(conn.pack_commands(commands))
+        if blocked is not None:
+            blocked(int(await conn.read_response()))
+        await conn.read_response()  # a token, or none after the timeout: LEASE ran either way
+        reply: list[Any] | None = None
+        got: Any = buffered_reply(conn)  # it came with the BLPOP's, as a rule
+        if got is NOT_ENOUGH_DATA:
+            with contextlib.suppress(NoScriptError):  # a new primary, or a flushed cache: it did not run
+                reply = await conn.read_response()
+        elif isinstance(got, Exception):
+            if not isinstance(got, NoScriptError):
+                raise got
+        else:
+            reply = got
+        durability = self._lease.durability  # None when no replica is asked for
+        if reply and len(reply) > 1 and durability is not None:  # it claimed: the claims must reach replicas
+            await conn.send_command("WAIT", durability.replicas, durability.timeout_ms)
+            durability.acknowledged(int(await conn.read_response()))
+        return reply
 
     def hand_over(self, *, lease_ms: int, look_ahead: int, wanted: Callable[[], str | None],
                   on_taken: Callable[[list[Lease]], None]) -> Handoff:

@@ -70,3 +70,52 @@ async def test_a_run_that_failed_is_surfaced_and_one_that_ended_well_is_unlisted
         await worker._start_due([])
     assert worker.tasks == {} and worker._failed == []
     await pool.aclose(close_connection_pool=True)
+
+
+async def test_a_handler_stuck_past_arqs_timeout_is_cancelled_and_the_job_fails_as_arq_would(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # arq's run_job fails (and finishes) a job whose function raised TimeoutError, as its own
+    # wait_for did; the backstop is the job's task's own now, and arq waits without a timeout.
+    import asyncio
+
+    monkeypatch.setattr(queue, "ARQ_TIMEOUT_MARGIN_S", 0.05)
+    stopped: list[str] = []
+
+    async def handler(payload: bytes, lease: str, then: object = None) -> None:
+        try:
+            await asyncio.Event().wait()  # stuck (a Redis that never answers)
+        except asyncio.CancelledError:
+            stopped.append("cancelled")
+            raise
+
+    pool = queue.connect("redis://127.0.0.1:1/0")
+    worker = queue.build_worker(handler, pool=pool, worker_id="w", group="g", concurrency=1, max_timeout=0,
+                                drain_seconds=1)
+    assert worker.job_timeout_s is None and worker.functions[jobs.FUNCTION].timeout_s is None
+    assert worker.in_progress_timeout_s == 0.05 + 10  # arq's leases are sized as before: timeout + 10 s
+    job = asyncio.ensure_future(worker.functions[jobs.FUNCTION].coroutine({"job_id": "exec_x"}, b"payload"))
+    with pytest.raises(TimeoutError):
+        await job
+    assert stopped == ["cancelled"]
+    await pool.aclose(close_connection_pool=True)
+
+
+async def test_a_job_cancelled_from_outside_stays_cancelled_whatever_its_backstop() -> None:
+    # A shutdown cancels a job's run: that is a cancellation (arq puts the job back), not a timeout.
+    import asyncio
+
+    started = asyncio.Event()
+
+    async def handler(payload: bytes, lease: str, then: object = None) -> None:
+        started.set()
+        await asyncio.Event().wait()
+
+    pool = queue.connect("redis://127.0.0.1:1/0")
+    worker = queue.build_worker(handler, pool=pool, worker_id="w", group="g", concurrency=1, max_timeout=60,
+                                drain_seconds=1)
+    job = asyncio.ensure_future(worker.functions[jobs.FUNCTION].coroutine({"job_id": "exec_x"}, b"payload"))
+    await started.wait()
+    job.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await job
+    await pool.aclose(close_connection_pool=True)

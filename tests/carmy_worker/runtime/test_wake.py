@@ -17,7 +17,10 @@ from typing import Any
 import pytest
 import redis
 
+from carmy_worker import Context, Toolbox
 from carmy_worker.runtime import queue
+from carmy_worker.runtime.runner import Runtime
+from carmy_worker.settings import WorkerSettings
 from carmy_worker.store import jobs, keys, records
 from carmy_worker.store.attempts import SETTLE, Attempts, Claim
 from carmy_worker.store.batch import FollowUp
@@ -214,6 +217,41 @@ async def test_a_quick_jobs_settle_goes_out_before_its_worker_waits_again(
         record = records.completed(exec_id, "noop", b"{}", cacheable=False, duration_ms=1)
         return await attempts.settle(record, exec_id=exec_id, attempt=claims.pop(lease).attempt, lease=lease)
 
+    assert await commands_of_one_job(r, redis_server, client, attempts, handler, admit) == ["LEASE", "SETTLE", "BLPOP"]
+    await client.aclose()
+
+
+async def test_a_quick_tools_settle_goes_out_before_its_worker_waits_again(
+    r: redis.Redis, redis_server: RedisServer,
+) -> None:
+    """The same through the runtime, with an async tool that returns at once: its task, the
+    job's task and arq's run_job take their turns, and START_TURNS is enough for all of them."""
+    client = redis.asyncio.Redis.from_url(redis_server.url)
+    box = Toolbox()
+
+    @box.tool(effect="none", idempotent=True, parallel_safe=True)
+    async def noop(ctx: Context) -> None:
+        """Does nothing."""
+
+    runtime = Runtime(redis=client, tools={t.name: t for t in box}, settings=WorkerSettings(), worker_id="w0",
+                      group=GROUP)
+
+    async def handler(worker_id: str, payload: bytes, lease: str, then: FollowUp | None) -> bool:
+        return await runtime.handle(payload, lease, then)
+
+    attempts = runtime._attempts  # the one batch of SETTLEs the runtime writes on
+    order = await commands_of_one_job(r, redis_server, client, attempts, handler, runtime.admit)
+    runtime.close()
+    await client.aclose()
+    assert order == ["LEASE", "SETTLE", "BLPOP"]
+
+
+async def commands_of_one_job(
+    r: redis.Redis, redis_server: RedisServer, client: redis.asyncio.Redis, attempts: Attempts,
+    handler: Callable[[str, bytes, str, FollowUp | None], Awaitable[bool]], admit: queue.Admit,
+) -> list[str]:
+    """LEASE, SETTLE and BLPOP as MONITOR sees them arrive, for one job run by one idle worker
+    whose SETTLEs go out on ``attempts``."""
     seen: list[str] = []
 
     async def watch(monitor: Any) -> None:
@@ -222,7 +260,6 @@ async def test_a_quick_jobs_settle_goes_out_before_its_worker_waits_again(
             if command["client_type"] != "lua":  # not the commands the scripts run
                 seen.append(command["command"])
 
-    lease_sha, settle_sha = LEASE.sha, SETTLE.sha
     async with pool_of(redis_server.url, 1, handler, admit=admit) as pool:
         await until(lambda: blocked(r) == 1, "the worker blocked on the wake list")
         exec_id = keys.new_execution_id(PARTITION)
@@ -237,11 +274,9 @@ async def test_a_quick_jobs_settle_goes_out_before_its_worker_waits_again(
                         "the job to be settled and the worker waiting again")
             await until(lambda: any(c.startswith("BLPOP") for c in seen), "MONITOR to show the BLPOP")
             watching.cancel()
-    await client.aclose()
     order = [c.split()[0] if not c.startswith("EVALSHA") else
-             {lease_sha: "LEASE", settle_sha: "SETTLE"}.get(c.split()[1], "other script") for c in seen]
-    order = [c for c in order if c in ("LEASE", "SETTLE", "BLPOP")]
-    assert order == ["LEASE", "SETTLE", "BLPOP"], seen
+             {LEASE.sha: "LEASE", SETTLE.sha: "SETTLE"}.get(c.split()[1], "other script") for c in seen]
+    return [c for c in order if c in ("LEASE", "SETTLE", "BLPOP")]
 
 
 def settling(client: redis.asyncio.Redis, claims: dict[str, Claim],
