@@ -127,11 +127,16 @@ async def answer_json_unless_gone(send: Send, executions: Executions, exec_id: s
     try:
         record = await executions.outcome(exec_id, tool, messages, until=departure)
     except Departed:
-        if on_disconnect is not None:
-            await _to_its_end(on_disconnect())
+        await _left(on_disconnect)
         return None
     await send_json(send, record)
     return record
+
+
+async def _left(on_disconnect: Callable[[], Awaitable[None]] | None) -> None:
+    """The client left: ``on_disconnect`` runs to its end, even if this call is cancelled meanwhile."""
+    if on_disconnect is not None:
+        await _to_its_end(on_disconnect())
 
 
 class SseStream:
@@ -173,14 +178,31 @@ class SseStream:
 
 
 async def stream_sse(send: Send, executions: Executions, exec_id: str, tool: str, messages: Mailbox,
-                     *, replayed: bool, keepalive: float) -> Record:
-    """Relay the execution's events as they come, ending with ``execution.completed``."""
+                     *, replayed: bool, keepalive: float, until: Departure | None = None) -> Record:
+    """Relay the execution's events as they come, ending with ``execution.completed``;
+    ``Departed`` once ``until`` is set (see ``stream_sse_unless_gone``)."""
     stream = SseStream(send, messages, keepalive=keepalive)
     await stream.start(exec_id, tool)
     record = await executions.outcome(exec_id, tool, messages, tick=keepalive, on_event=stream.event,
-                                      on_idle=stream.idle)
+                                      on_idle=stream.idle, until=until)
     await stream.finish(record, replayed=replayed)
     return record
+
+
+async def stream_sse_unless_gone(send: Send, executions: Executions, exec_id: str, tool: str, messages: Mailbox,
+                                 departure: Departure, on_disconnect: Callable[[], Awaitable[None]] | None,
+                                 *, replayed: bool, keepalive: float) -> Record | None:
+    """``race_disconnect(stream_sse(...))`` for a request whose server sets its ``Departure``, as
+    ``answer_json_unless_gone`` is for JSON: the stream is written from this task, so its first
+    frame goes out as soon as the call is accepted (no task to start first), and its events and
+    the client's departure are waited for on one future. Returns the record it ended with, or
+    None if the client left first (then ``on_disconnect`` runs, to its end)."""
+    try:
+        return await stream_sse(send, executions, exec_id, tool, messages, replayed=replayed, keepalive=keepalive,
+                                until=departure)
+    except Departed:
+        await _left(on_disconnect)
+        return None
 
 
 async def send_sse_record(send: Send, exec_id: str, tool: str, record: Record, *, replayed: bool) -> None:
