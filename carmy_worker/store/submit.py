@@ -108,7 +108,9 @@ class Submit:
     def __init__(self, redis: Redis, *, retention: int, durability: Durability | None = None,
                  memory: StoreMemory | None = None) -> None:
         # An API process under load submits many clients' calls at once: one write for them all.
-        self._script = bind(redis, SUBMIT, durability=durability, batch=Batch(redis))
+        # Eager: a lone call (none of the batch's at Redis) goes out at once, not at the end of
+        # its turn of the loop, which a call at one client waited for (store/batch.py).
+        self._script = bind(redis, SUBMIT, durability=durability, batch=Batch(redis, eager=True))
         self.retention = retention
         self.memory = memory
 
