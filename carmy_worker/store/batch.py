@@ -17,11 +17,10 @@ one reader hands each caller its reply. A connection that fails fails the calls 
 does a call that finds the connection closed or reset while idle (it is replaced first), or
 stalled (``STALL_S``).
 
-An ``eager`` batch (a worker's SETTLEs, an API's SUBMITs) writes a call at once instead of at the
-end of its turn while Redis has little else of the batch's to run: a lone call when none is in
-flight (one client: the SETTLE, or the SUBMIT, goes out before the rest of the turn runs), and a
-call sent with its follow-up (a full worker's SETTLE with the LEASE of its slot's next job, in
-one write) when at most
+An ``eager`` batch (a worker's SETTLEs) writes a call at once instead of at the end of its turn
+while Redis has little else of the batch's to run: a lone call when none is in flight (one
+client: the SETTLE goes out before the rest of the turn runs), and a call sent with its follow-up
+(a full worker's SETTLE with the LEASE of its slot's next job, in one write) when at most
 ``EAGER_BEHIND`` calls are. Redis then runs them while the worker goes on with the rest of its
 turn: jobs that end together (a full worker's) reach their next jobs sooner. Not under load: a
 write per call then costs both sides more CPU than the overlap saves (the no-op at 64 clients

@@ -108,9 +108,7 @@ class Submit:
     def __init__(self, redis: Redis, *, retention: int, durability: Durability | None = None,
                  memory: StoreMemory | None = None) -> None:
         # An API process under load submits many clients' calls at once: one write for them all.
-        # Eager: a lone call (none of the batch's at Redis) goes out at once, not at the end of
-        # its turn of the loop, which a call at one client waited for (store/batch.py).
-        self._script = bind(redis, SUBMIT, durability=durability, batch=Batch(redis, eager=True))
+        self._script = bind(redis, SUBMIT, durability=durability, batch=Batch(redis))
         self.retention = retention
         self.memory = memory
 
