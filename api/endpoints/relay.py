@@ -145,6 +145,12 @@ class SseStream:
     A client that reads more slowly than its tool reports progress has old progress events
     dropped from its mailbox (``api.events.mailbox``): the next frame it gets is preceded by the
     comment ``: dropped <n> tool.progress events``.
+
+    Frames go out together when their events came together: a frame is held while the mailbox
+    already has the next event waiting (relayed in the same turn of the loop, with no wait in
+    between), and written with the frames after it, ``execution.completed`` included. One write
+    per burst instead of one per frame: the ``tool.started`` that reaches the API before SUBMIT's
+    reply goes out with ``execution.started``, ``tool.completed`` with ``execution.completed``.
     """
 
     def __init__(self, send: Send, messages: Mailbox, *, keepalive: float) -> None:
@@ -152,27 +158,36 @@ class SseStream:
         self._messages = messages
         self._keepalive = keepalive
         self._last_write = time.monotonic()
+        self._held = b""  # frames to go out with the next one
 
     async def start(self, exec_id: str, tool: str) -> None:
         await self._send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
-        await self._write(sse_started(exec_id, tool))
+        await self._write_or_hold(sse_started(exec_id, tool))
 
     async def event(self, event: Event) -> None:
-        await self._write(self._dropped() + sse_frame(event.name, event.data))
+        await self._write_or_hold(self._dropped() + sse_frame(event.name, event.data))
 
     async def idle(self) -> None:
         if time.monotonic() - self._last_write >= self._keepalive:
             await self._write(SSE_KEEPALIVE)
 
     async def finish(self, record: Record, *, replayed: bool) -> None:
-        body = self._dropped() + sse_completed(record, replayed=replayed)
+        body = self._held + self._dropped() + sse_completed(record, replayed=replayed)
+        self._held = b""
         await self._send({"type": "http.response.body", "body": body})
 
     def _dropped(self) -> bytes:
         dropped = self._messages.take_dropped()
         return b": dropped %d tool.progress events\n\n" % dropped if dropped else b""
 
+    async def _write_or_hold(self, chunk: bytes) -> None:
+        if self._messages.has_event_waiting():
+            self._held += chunk
+        else:
+            await self._write(chunk)
+
     async def _write(self, chunk: bytes) -> None:
+        chunk, self._held = self._held + chunk, b""
         await self._send({"type": "http.response.body", "body": chunk, "more_body": True})
         self._last_write = time.monotonic()
 
