@@ -164,6 +164,10 @@ class Executions:
             if message not in (RESYNC, ENDED):
                 event = event_decoder.decode(message)
                 if event.name != "final":
+                    # Events queued for a caller already gone are not relayed to nobody first:
+                    # it leaves (and cancels) now, however many came meanwhile.
+                    if until is not None and until.is_set():
+                        raise Departed
                     if on_event is not None:
                         await on_event(event)
                     continue

@@ -204,10 +204,15 @@ class ExecuteEndpoint:
             record = await relay.race_disconnect(work, receive, on_disconnect)
         else:
             self.metrics.sse_streams.inc()
+            keepalive = self.settings.sse_keepalive
             try:
-                work = relay.stream_sse(send, self.executions, exec_id, name, messages, replayed=joined,
-                                        keepalive=self.settings.sse_keepalive)
-                record = await relay.race_disconnect(work, receive, on_disconnect)
+                if gone is not None:
+                    record = await relay.stream_sse_unless_gone(send, self.executions, exec_id, name, messages, gone,
+                                                                on_disconnect, replayed=joined, keepalive=keepalive)
+                else:
+                    work = relay.stream_sse(send, self.executions, exec_id, name, messages, replayed=joined,
+                                            keepalive=keepalive)
+                    record = await relay.race_disconnect(work, receive, on_disconnect)
             finally:
                 self.metrics.sse_streams.dec()
         if record is None:

@@ -127,11 +127,16 @@ async def answer_json_unless_gone(send: Send, executions: Executions, exec_id: s
     try:
         record = await executions.outcome(exec_id, tool, messages, until=departure)
     except Departed:
-        if on_disconnect is not None:
-            await _to_its_end(on_disconnect())
+        await _left(on_disconnect)
         return None
     await send_json(send, record)
     return record
+
+
+async def _left(on_disconnect: Callable[[], Awaitable[None]] | None) -> None:
+    """The client left: ``on_disconnect`` runs to its end, even if this call is cancelled meanwhile."""
+    if on_disconnect is not None:
+        await _to_its_end(on_disconnect())
 
 
 class SseStream:
@@ -140,6 +145,12 @@ class SseStream:
     A client that reads more slowly than its tool reports progress has old progress events
     dropped from its mailbox (``api.events.mailbox``): the next frame it gets is preceded by the
     comment ``: dropped <n> tool.progress events``.
+
+    Frames go out together when their events came together: a frame is held while the mailbox
+    already has the next event waiting (relayed in the same turn of the loop, with no wait in
+    between), and written with the frames after it, ``execution.completed`` included. One write
+    per burst instead of one per frame: the ``tool.started`` that reaches the API before SUBMIT's
+    reply goes out with ``execution.started``, ``tool.completed`` with ``execution.completed``.
     """
 
     def __init__(self, send: Send, messages: Mailbox, *, keepalive: float) -> None:
@@ -147,40 +158,66 @@ class SseStream:
         self._messages = messages
         self._keepalive = keepalive
         self._last_write = time.monotonic()
+        self._held = b""  # frames to go out with the next one
 
     async def start(self, exec_id: str, tool: str) -> None:
         await self._send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
-        await self._write(sse_started(exec_id, tool))
+        await self._write_or_hold(sse_started(exec_id, tool))
 
     async def event(self, event: Event) -> None:
-        await self._write(self._dropped() + sse_frame(event.name, event.data))
+        await self._write_or_hold(self._dropped() + sse_frame(event.name, event.data))
 
     async def idle(self) -> None:
         if time.monotonic() - self._last_write >= self._keepalive:
             await self._write(SSE_KEEPALIVE)
 
     async def finish(self, record: Record, *, replayed: bool) -> None:
-        body = self._dropped() + sse_completed(record, replayed=replayed)
+        body = self._held + self._dropped() + sse_completed(record, replayed=replayed)
+        self._held = b""
         await self._send({"type": "http.response.body", "body": body})
 
     def _dropped(self) -> bytes:
         dropped = self._messages.take_dropped()
         return b": dropped %d tool.progress events\n\n" % dropped if dropped else b""
 
+    async def _write_or_hold(self, chunk: bytes) -> None:
+        if self._messages.has_event_waiting():
+            self._held += chunk
+        else:
+            await self._write(chunk)
+
     async def _write(self, chunk: bytes) -> None:
+        chunk, self._held = self._held + chunk, b""
         await self._send({"type": "http.response.body", "body": chunk, "more_body": True})
         self._last_write = time.monotonic()
 
 
 async def stream_sse(send: Send, executions: Executions, exec_id: str, tool: str, messages: Mailbox,
-                     *, replayed: bool, keepalive: float) -> Record:
-    """Relay the execution's events as they come, ending with ``execution.completed``."""
+                     *, replayed: bool, keepalive: float, until: Departure | None = None) -> Record:
+    """Relay the execution's events as they come, ending with ``execution.completed``;
+    ``Departed`` once ``until`` is set (see ``stream_sse_unless_gone``)."""
     stream = SseStream(send, messages, keepalive=keepalive)
     await stream.start(exec_id, tool)
     record = await executions.outcome(exec_id, tool, messages, tick=keepalive, on_event=stream.event,
-                                      on_idle=stream.idle)
+                                      on_idle=stream.idle, until=until)
     await stream.finish(record, replayed=replayed)
     return record
+
+
+async def stream_sse_unless_gone(send: Send, executions: Executions, exec_id: str, tool: str, messages: Mailbox,
+                                 departure: Departure, on_disconnect: Callable[[], Awaitable[None]] | None,
+                                 *, replayed: bool, keepalive: float) -> Record | None:
+    """``race_disconnect(stream_sse(...))`` for a request whose server sets its ``Departure``, as
+    ``answer_json_unless_gone`` is for JSON: the stream is written from this task, so its first
+    frame goes out as soon as the call is accepted (no task to start first), and its events and
+    the client's departure are waited for on one future. Returns the record it ended with, or
+    None if the client left first (then ``on_disconnect`` runs, to its end)."""
+    try:
+        return await stream_sse(send, executions, exec_id, tool, messages, replayed=replayed, keepalive=keepalive,
+                                until=departure)
+    except Departed:
+        await _left(on_disconnect)
+        return None
 
 
 async def send_sse_record(send: Send, exec_id: str, tool: str, record: Record, *, replayed: bool) -> None:

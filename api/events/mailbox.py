@@ -17,7 +17,7 @@ from collections import deque
 import msgspec
 
 from carmy_worker.loop import Signal, running_loop
-from carmy_worker.wire import progress_event
+from carmy_worker.wire import Event, msgpack_encoder, progress_event
 
 MAX_PROGRESS = 1000  # progress events one subscriber may have waiting
 MAX_PROGRESS_BYTES = 1 << 20  # and their size; the newest is kept whatever its size
@@ -25,6 +25,10 @@ RESYNC = b""  # "re-read the record": put into every mailbox after the hub recon
 # "Its record is there": put by the process's recheck (api.events.recheck) into the mailbox of
 # an execution found ended without its final event. No event is one zero byte (msgpack of 0).
 ENDED = b"\x00"
+
+# The final event of a record too large to carry (wire.final_event): its reader GETs the record.
+_FINAL_WITHOUT_RECORD = msgpack_encoder.encode(Event("final", b""))
+_ASK_REDIS = (RESYNC, ENDED, _FINAL_WITHOUT_RECORD)
 
 # How every tool.progress message starts (the event name, before its data).
 _PROGRESS = progress_event(b"")[: -len(msgspec.msgpack.encode(b""))]
@@ -90,6 +94,11 @@ class Mailbox:
             self._progress -= 1
             self._progress_bytes -= len(message)
         return message
+
+    def has_event_waiting(self) -> bool:
+        """Whether the next ``get`` returns, at once, an event that carries all it says: not a
+        ``RESYNC``, an ``ENDED`` or a ``final`` without its record, after which the reader asks Redis."""
+        return bool(self._items) and self._items[0] not in _ASK_REDIS
 
     def take_dropped(self) -> int:
         """How many progress events were dropped since the last call."""

@@ -2,8 +2,9 @@
 
 ``python -m api`` serves with its own HTTP protocol (``api/serving/server.py``), which sets a request's
 ``Departure`` as its connection is lost, whatever ended it (a close, a reset, a half-close whose
-probe found the client gone, a body too slow). A JSON call then waits for its record and for
-its client's departure on one future (``relay.answer_json``), where racing a task that reads
+probe found the client gone, a body too slow). A JSON call then waits for its record, and an SSE
+stream for its events, and each for its client's departure, on one future
+(``relay.answer_json_unless_gone``, ``relay.stream_sse_unless_gone``), where racing a task that reads
 ``receive()`` against another that waits for the record cost two tasks and their cancellation
 per call (bench/README.md, "Issue 14, the API's JSON answer"). Served by anything else, a
 request has no ``Departure``, and the race runs as before.

@@ -4,13 +4,15 @@ uvicorn writes a response's head (status line and headers) as soon as the app se
 ``http.response.start``, and its body with the next message: two ``send()`` calls, and on
 loopback two packets delivered, for every JSON answer. Under load that second write was a tenth
 of the API's CPU (bench/README.md, "API hot path"). ``OneWriteCycle`` holds the head of a
-response that announces its ``Content-Length`` until the first body message, and writes both at
-once. A streamed response (SSE: no length) keeps its head written at once, so a client sees the
-stream open before the first event.
+response until its first body message, and writes both at once. A response that announces its
+``Content-Length`` sends its body right after its head (Starlette's responses, and ours); a
+streamed one (SSE, no length) may not, so its head is held at most to the end of the loop's
+turn, then written alone: a stream whose first frame follows its head at once (every SSE answer
+of ``api.endpoints.relay``: ``execution.started``) goes out in one write, and a client still sees
+any other stream open without waiting for its first chunk.
 
-Nothing is held across a turn of the event loop in practice: Starlette's responses, and ours,
-send the body right after the head. A held head is written before the transport is closed, so an
-app that fails between the two messages still sends the head, then closes, as before.
+A held head is written before the transport is closed, so an app that fails between the two
+messages still sends the head, then closes, as before.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import asyncio
 from typing import TYPE_CHECKING
 
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
+
+from carmy_worker.loop import running_loop
 
 if TYPE_CHECKING:  # the type of the method overridden: uvicorn's own, only for the type checker
     from uvicorn._types import ASGISendEvent
@@ -76,8 +80,11 @@ class OneWriteCycle(RequestResponseCycle):
             if self.response_complete:
                 self.transport.flush()  # a HEAD answer's body is never written
             return
-        self.transport.hold = any(name.lower() == b"content-length" for name, _ in message.get("headers", ()))
+        transport = self.transport
+        transport.hold = True
         try:
             await super().send(message)
         finally:
-            self.transport.hold = False  # the head was refused (an invalid header): hold nothing else
+            transport.hold = False  # the head was refused (an invalid header): hold nothing else
+        if not any(name.lower() == b"content-length" for name, _ in message.get("headers", ())):
+            running_loop().call_soon(transport.flush)  # a stream: its head waits for this turn's chunk only

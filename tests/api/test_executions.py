@@ -1,5 +1,5 @@
 """``Executions.outcome``: the record comes from the ``final`` event, or from Redis when the event
-announces a record too large to carry (``wire.MAX_EVENT_BYTES``)."""
+announces a record too large to carry (``wire.MAX_EVENT_BYTES``); a caller gone is told so first."""
 
 from __future__ import annotations
 
@@ -11,10 +11,11 @@ import redis.asyncio
 
 from api.calling.executions import Executions
 from api.events.mailbox import Mailbox
+from api.serving.departure import Departed, Departure
 from carmy_worker.store import keys, records
 from carmy_worker.store.attempts import Attempts
 from carmy_worker.store.submit import Submit
-from carmy_worker.wire import MAX_EVENT_BYTES, ExecutionJob, Record, event_decoder, json_encoder
+from carmy_worker.wire import MAX_EVENT_BYTES, ExecutionJob, Record, event_decoder, json_encoder, progress_event
 from tests.support import RedisServer, app_settings
 
 RETENTION = 600
@@ -70,3 +71,20 @@ async def test_a_small_record_comes_with_its_event(ar: redis.asyncio.Redis) -> N
     exec_id, record, messages = await settled_with(ar, b'{"n":1}')
     await ar.delete(keys.record(exec_id))
     assert await outcome(ar, exec_id, messages) == record  # not read from Redis: it is gone there
+
+
+async def test_a_caller_gone_is_told_so_before_the_events_queued_for_it(ar: redis.asyncio.Redis) -> None:
+    executions = Executions(ar, app_settings(retention=RETENTION), waiting={})
+    queue = Mailbox()
+    for n in range(3):
+        queue.put_nowait(progress_event(b'{"n":%d}' % n))
+    relayed: list[object] = []
+
+    async def relay(event: object) -> None:
+        relayed.append(event)
+
+    gone = Departure()
+    gone.set()
+    with pytest.raises(Departed):
+        await asyncio.wait_for(executions.outcome("exec_x", "t", queue, tick=NEVER, on_event=relay, until=gone), 5)
+    assert relayed == []

@@ -7,7 +7,7 @@ import asyncio
 
 from api.events.mailbox import ENDED, RESYNC, Mailbox, is_progress
 from carmy_worker.loop import Signal
-from carmy_worker.wire import Record, completed_event, final_event, progress_event, started_event
+from carmy_worker.wire import MAX_EVENT_BYTES, Record, completed_event, final_event, progress_event, started_event
 
 
 def progress(i: int, size: int = 0) -> bytes:
@@ -112,3 +112,20 @@ async def test_a_wait_until_a_signal_ends_empty_handed_once_it_is_set_and_forget
     waiting = asyncio.ensure_future(box.get(timeout=0.01, until=other))
     assert await waiting is None
     assert other._callbacks == []
+
+
+async def test_an_event_is_waiting_only_if_the_next_get_needs_no_read_of_redis() -> None:
+    box = Mailbox()
+    assert not box.has_event_waiting()
+    large = final_event(Record(status_code=200, body=b'"' + b"x" * (MAX_EVENT_BYTES + 1) + b'"', tool="t",
+                               status="completed"))[1]
+    for first in (RESYNC, ENDED, large):
+        box.put_nowait(first)
+        box.put_nowait(FINAL)
+        assert not box.has_event_waiting()
+        await take_all(box, 2)
+    for message in (started_event("e", "t"), progress(1), FINAL):
+        box.put_nowait(message)
+        assert box.has_event_waiting()
+        await box.get()
+    assert not box.has_event_waiting()

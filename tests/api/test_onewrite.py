@@ -1,6 +1,6 @@
-"""One socket write per answer of known length: uvicorn's own request-response cycle, with
-``OneWriteCycle`` installed as ``HardenedHttpToolsProtocol`` installs it, writing to a transport
-that records what reaches it."""
+"""One socket write per answer of known length, and for a stream's head and first event:
+uvicorn's own request-response cycle, with ``OneWriteCycle`` installed as
+``HardenedHttpToolsProtocol`` installs it, writing to a transport that records what reaches it."""
 
 from __future__ import annotations
 
@@ -59,11 +59,27 @@ async def test_a_json_answer_is_one_write() -> None:
     assert written.startswith(b"HTTP/1.1 200 OK\r\n") and written.endswith(b'\r\n\r\n{"ok": true}')
 
 
-async def test_a_stream_has_its_head_written_before_its_first_event() -> None:
+async def test_a_stream_whose_first_event_follows_its_head_at_once_is_one_write() -> None:
+    async def stream(scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
+        await send({"type": "http.response.body", "body": b"event: started\n\n", "more_body": True})
+        await send({"type": "http.response.body", "body": b"event: done\n\n"})
+
+    transport = await run(stream)
+    first, last = transport.writes
+    assert first.startswith(b"HTTP/1.1 200 OK\r\n") and b"transfer-encoding: chunked" in first
+    assert first.endswith(b"\r\n\r\n10\r\nevent: started\n\n\r\n") and last == b"d\r\nevent: done\n\n\r\n0\r\n\r\n"
+
+
+async def test_a_stream_has_its_head_written_before_a_first_event_that_comes_later() -> None:
     heads: list[list[bytes]] = []
     transport = Recorded()
 
     async def events() -> object:
+        for _ in range(100):  # the first event waits for the loop to turn (a tool's progress, say)
+            if transport.writes:
+                break
+            await asyncio.sleep(0)
         heads.append(transport.writes[:])  # what the client had before the first event
         yield b"data: 1\n\n"
 
