@@ -13,6 +13,7 @@ Exits 1 if a promise was broken, 2 if the run could not be made.
 from __future__ import annotations
 
 import argparse
+import datetime
 import os
 import shutil
 import subprocess
@@ -41,7 +42,8 @@ from chaos.load import Load, final_retries
 from chaos.model import FAULT_KINDS, FaultKind, RedisKind
 from chaos.receiver import Receiver
 from chaos.reconcile import Bounds, reconcile
-from chaos.tools import EXCLUSIVE, HOOK_TOOLS, IDEMPOTENT, JOB_RETRY, JOB_TOOLS, TICK_GRACE_S
+from chaos.scheduleread import ScheduleSeen, read_missed, summary
+from chaos.tools import EXCLUSIVE, HOOK_TOOLS, IDEMPOTENT, JOB_RETRY, JOB_TOOLS, TICK, TICK_GRACE_S
 
 SHORT_S = 55.0  # seconds of load in --short: about two minutes in all, with startup and the end
 QUIET_S = 2.0  # after the load, before the final retries: let late effects reach the ledger
@@ -194,6 +196,7 @@ def play(args: argparse.Namespace, cluster: Cluster, receiver: Receiver, secrets
     table.jobs = reconcile_jobs(jobs.jobs, lines, facts, IDEMPOTENT, JOB_TOOLS,
                                 cutoff=jobs.read_at - TICK_MARGIN_S, grace=TICK_GRACE_S,
                                 backoff=(round(JOB_RETRY.backoff * 1000), round(JOB_RETRY.max_backoff * 1000)))
+    missed = missed_trail(cluster, table.jobs.missed)
     table.hooks = reconcile_hooks(hooks.events, lines, HOOK_TOOLS, jobs.jobs, list(receiver.callbacks))
     table.audit = reconcile_audit(trail, requests, hooks.events, jobs.jobs, lines, facts)
     log_errors = cluster.log_errors()
@@ -204,6 +207,9 @@ def play(args: argparse.Namespace, cluster: Cluster, receiver: Receiver, secrets
              + (f", Redis Cluster (3 primaries, 3 replicas), WAIT {args.wait_replicas}" if args.cluster else "")
              + (f", CARMY_REDIS_PARTITIONS {args.partitions}" if args.partitions > 1 or args.cluster else ""))
     print(report.text(table, title, log_errors))
+    if missed is not None:
+        print("\nschedule occurrences missed, as the store holds them:")
+        print("\n".join(f"- {summary(o)}" for o in missed.occurrences))
     if args.out:
         run: dict[str, Any] = {"commit": at, "seed": args.seed, "duration": args.duration,
                                "clients": args.clients, "jobs": args.jobs, "hooks": args.hooks, "workers": args.workers,
@@ -213,8 +219,20 @@ def play(args: argparse.Namespace, cluster: Cluster, receiver: Receiver, secrets
                                "wait_replicas": args.wait_replicas,
                                "injected": msgspec.to_builtins(injector.faults)}
         proof = report.evidence(table, requests, lines, jobs.jobs, hooks.events, trail)
+        if missed is not None:
+            proof["schedule"] = msgspec.to_builtins(missed)
         args.out.write_bytes(report.as_json(table, run, proof, log_errors))
     return 1 if table.violations() else 0
+
+
+def missed_trail(cluster: Cluster, missed: list[str]) -> ScheduleSeen | None:
+    """What the store holds for each occurrence the check found missed (``chaos.scheduleread``),
+    read now, while the cluster still runs; None if none was."""
+    if not missed:
+        return None
+    at_ms = [round(datetime.datetime.fromisoformat(at).timestamp() * 1000) for at in missed]
+    with cluster.reader() as client:
+        return read_missed(client, TICK, at_ms)
 
 
 def settle_callbacks(jobs: JobLoad, receiver: Receiver, deadline: float) -> None:

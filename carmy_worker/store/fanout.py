@@ -6,6 +6,12 @@ The calls go out in one pipeline, with any plain reads the caller adds behind th
 trip on one Redis; on a Redis Cluster the client's pipeline sends each command to its slot's
 primary (one round trip per primary). A ``NOSCRIPT`` reply (a restarted Redis, a new primary:
 nothing ran) loads the script and runs that call again alone, as ``scripts.run`` does.
+
+On a Redis Cluster such a pipeline is all or nothing when a node cannot be reached: redis-py
+takes a connection of every node the pipeline names before it sends anything, so a primary that
+was killed (until its replica is promoted) fails the calls bound for every other primary too.
+``run_each_alone_sync`` sends each call on its own instead, for a caller whose calls must land
+wherever they can (the roster's beats).
 """
 
 from __future__ import annotations
@@ -15,8 +21,10 @@ from typing import Any
 
 import redis as sync_redis
 from redis.asyncio import Redis
+from redis.cluster import RedisCluster as SyncCluster
 from redis.exceptions import NoScriptError
 
+from carmy_worker.store.cluster import LazySyncCluster
 from carmy_worker.store.scripts import Script, bind_sync, run
 
 Call = tuple[list[Any], list[Any]]  # one call's keys and arguments
@@ -60,3 +68,21 @@ def run_each_sync(redis: sync_redis.Redis, script: Script, calls: Sequence[Call]
         if isinstance(replies[i], NoScriptError):
             replies[i] = alone(call_keys, args)
     return _raised(replies[:len(calls)]), _raised(replies[len(calls):])
+
+
+def several_nodes(redis: sync_redis.Redis) -> bool:
+    """Whether ``redis`` is a cluster client, whose calls may go to several nodes."""
+    return isinstance(redis, LazySyncCluster | SyncCluster)
+
+
+def run_each_alone_sync(redis: sync_redis.Redis, script: Script, calls: Sequence[Call]) -> list[Any]:
+    """``script`` once per call, each in a round trip of its own: every call whose node answers
+    runs, whatever becomes of the others. The reply of each, or the ``RedisError`` it got."""
+    alone = bind_sync(redis, script)
+    replies: list[Any] = []
+    for call_keys, args in calls:
+        try:
+            replies.append(alone(call_keys, args))
+        except sync_redis.RedisError as exc:
+            replies.append(exc)
+    return replies

@@ -26,7 +26,7 @@ from msgspec import Struct
 from redis.asyncio import Redis
 
 from carmy_worker.store import jobs, keys
-from carmy_worker.store.fanout import Call, run_each, run_each_sync
+from carmy_worker.store.fanout import Call, run_each, run_each_alone_sync, run_each_sync, several_nodes
 from carmy_worker.store.lua import ACCEPTED_WORK, NOW
 from carmy_worker.store.scripts import Script, bind, bind_sync
 
@@ -341,9 +341,21 @@ class SyncLiveness:
         self._register(keys=[keys.worker(worker_id)], args=[info])
 
     def heartbeat(self, worker_id: str, *, offset_ms: int = 0, claims: Claims = NOTHING) -> Beat:
-        replies, locks = run_each_sync(self.redis, HEARTBEAT,
-                                       _heartbeat_calls(worker_id, offset_ms, self.dead_ms, claims),
-                                       then=_read_locks(claims))
+        """Mark ``worker_id`` seen now in every partition, and check its ``claims``. On a cluster
+        with a node unreachable (a primary killed, its replica not yet promoted) the beat still
+        lands in every partition whose primary answers, and then raises the node's error: else a
+        failover of one primary would leave every worker unseen for seconds in the partitions
+        of the others, which watch all along, and their janitors would reap the executions those
+        live workers run (``EXECUTION_UNCERTAIN`` for a non-idempotent tool that began)."""
+        calls = _heartbeat_calls(worker_id, offset_ms, self.dead_ms, claims)
+        try:
+            replies, locks = run_each_sync(self.redis, HEARTBEAT, calls, then=_read_locks(claims))
+        except sync_redis.ConnectionError:
+            # Refused or reset: that node is down and the others answer at once. (A timeout is
+            # not: beating partition by partition would wait it out on every call.)
+            if several_nodes(self.redis):
+                run_each_alone_sync(self.redis, HEARTBEAT, calls)
+            raise
         return _beat(claims, replies, locks)
 
     def rosters(self) -> list[Roster]:

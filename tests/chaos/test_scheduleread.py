@@ -1,0 +1,58 @@
+"""The end's reading of missed occurrences (``chaos.scheduleread``) against a real Redis and a real
+job loop: an occurrence fired and promoted is found down to its execution, and one never fired
+is said to have no job."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+import redis
+import redis.asyncio
+
+from carmy_worker.jobs.driver import JobLoop
+from carmy_worker.settings import WorkerSettings
+from carmy_worker.store import keys
+from carmy_worker.wire import RetryPolicy, ScheduleSpec, ToolSpec, WorkerTool
+from chaos.scheduleread import read_missed, summary
+from tests.support import RedisServer
+
+SCHEMA = {"type": "object", "properties": {}, "additionalProperties": False}
+TICK = WorkerTool(spec=ToolSpec(name="tick", description="d", input_schema=SCHEMA, output_schema={}, effect="write",
+                                idempotent=False, parallel_safe=True, confirmation="none"),
+                  timeout=5.0, retry=RetryPolicy(max_attempts=3))
+
+
+@pytest.fixture
+async def ar(sync_redis: redis.Redis, redis_server: RedisServer) -> AsyncIterator[redis.asyncio.Redis]:
+    sync_redis.flushall()
+    client = redis.asyncio.Redis.from_url(redis_server.url)
+    yield client
+    await client.aclose()
+
+
+async def test_a_fired_occurrence_is_traced_to_its_execution_and_an_unfired_one_has_no_job(
+        ar: redis.asyncio.Redis, sync_redis: redis.Redis) -> None:
+    loop = JobLoop(ar, tools=[TICK], group="g", settings=WorkerSettings(),
+                   schedules=[ScheduleSpec(name="s", cron="* * * * * *", tool="tick", grace=30)])
+    await loop.tick()  # the schedule now waits for its next occurrence
+    waited = int(await ar.hget(keys.schedule("s"), "next"))
+    # As if the loops had been away two seconds: the next pass fires those two occurrences.
+    await ar.hset(keys.schedule("s"), "next", waited - 2000)
+    loop._schedules[0].next_ms = waited - 2000
+    await loop.tick()  # fired
+    await loop.tick()  # promoted: no worker runs them
+
+    seen = read_missed(sync_redis, "s", [waited - 2000, waited + 3_600_000])
+
+    assert seen.state["fired"] == "2"
+    fired, never = seen.occurrences
+    assert fired.job is not None and fired.job["status"] == "running"
+    assert fired.rid == f"schedule:s@{fired.at}" and "payload" not in fired.job
+    (execution,) = fired.executions
+    assert execution.fields is not None and execution.fields["state"] == "queued"
+    assert execution.record_status is None
+    assert summary(fired) == (f"{fired.at}: job {fired.job_id} running after 1 attempt(s); "
+                              f"{execution.xid}: state queued, attempt 0; no record")
+    assert never.job_id is None and never.executions == []
+    assert "no job" in summary(never)

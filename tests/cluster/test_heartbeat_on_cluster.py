@@ -1,0 +1,65 @@
+"""A worker's heartbeat while one primary of a real Redis Cluster is dead and not yet replaced: it
+still lands in every partition whose primary is up. Otherwise every live worker would look dead
+there after ``dead_after`` (a failover takes longer), and those partitions' janitors, which kept
+watching all along, would reap what the workers run (a non-idempotent tool that began ends
+``EXECUTION_UNCERTAIN``, a job's attempt with it: a schedule's occurrence dead-lettered unrun).
+
+The cluster is the test's own, with a node timeout far longer than the test: the dead primary
+is never failed over meanwhile, so the beat meets it dead every time."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+from redis.crc import key_slot
+
+from bench.localcluster import LocalCluster
+from carmy_worker.store import keys
+from carmy_worker.store.connect import RedisConnector
+from carmy_worker.store.roster import SyncLiveness
+from tests.cells import partitions
+from tests.support import new_tmp
+
+pytestmark = pytest.mark.slow
+
+NODE_TIMEOUT_MS = 60_000  # no failover within the test
+
+
+@pytest.fixture
+def slow_to_fail_over() -> Iterator[LocalCluster]:
+    workdir = new_tmp()
+    cluster = LocalCluster(workdir, node_timeout_ms=NODE_TIMEOUT_MS)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def test_a_beat_lands_in_the_partitions_of_the_primaries_still_up(slow_to_fail_over: LocalCluster) -> None:
+    cluster = slow_to_fail_over
+    with partitions(16):
+        owners = {p: cluster.owner(key_slot(keys.partition_prefix(p).encode())) for p in keys.partitions()}
+        victim = owners[0]
+        up = [p for p in keys.partitions() if owners[p] is not victim]
+        assert up and len(up) < 16  # 16 partitions are spread over the three primaries
+        client = RedisConnector("redis://localhost/0", tuple(cluster.nodes.split(","))).sync_client(
+            socket_timeout=2, socket_connect_timeout=2)
+        liveness = SyncLiveness(client, dead_after=3.0)
+        liveness.heartbeat("before")  # the client knows the slots
+        victim.kill()
+        sent = time.time() * 1000
+
+        with pytest.raises(redis.ConnectionError):  # the worker knows its beat fell short
+            liveness.heartbeat("w")
+
+        for p in up:
+            with owners[p].check_client() as node:
+                seen = node.zscore(keys.workers(p), "w")
+            assert seen is not None and seen >= sent - 1000, f"partition {p} did not see the beat"
+        client.close()
