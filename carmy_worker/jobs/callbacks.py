@@ -14,6 +14,7 @@ recorded on the job, where its view shows it. A worker without a secret delivers
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 
@@ -28,6 +29,7 @@ from carmy_worker.store import keys
 from carmy_worker.store.callbacks import Callbacks
 from carmy_worker.store.jobstore import JobState, JobStore, rfc3339
 from carmy_worker.store.pubsub import raise_if_cancelled, stop_if_cancelled
+from carmy_worker.store.reach import Reach
 from carmy_worker.wire import NotifyAttempt, json_encoder
 
 log = logging.getLogger("carmy.jobs")
@@ -57,6 +59,7 @@ class CallbackLoop:
         self._callbacks = Callbacks(redis)
         self._jobs = JobStore(redis)
         self._turn = 0  # the partition a pass looks in first
+        self._reach = Reach("callback loop", log)
 
     async def run(self) -> None:
         while True:
@@ -86,7 +89,11 @@ class CallbackLoop:
         for partition in ((first + i) % count for i in range(count)):
             if len(job_ids) >= AT_ONCE:
                 break
-            job_ids += (await self._callbacks.look(partition, at_most=AT_ONCE - len(job_ids))).job_ids
+            # A partition whose primary is down is left for a while (``store.reach``), not the pass.
+            due = await self._reach.run(partition, functools.partial(self._callbacks.look, partition,
+                                                                     at_most=AT_ONCE - len(job_ids)))
+            if due is not None:
+                job_ids += due.job_ids
         if not job_ids:
             return 0
         jobs = await self._jobs.read_many(job_ids)

@@ -13,6 +13,7 @@ same pass.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import logging
 import time
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 
 import msgspec
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 
 from carmy_worker.jobs.cron import Cron, due
 from carmy_worker.jobs.policy import Decision, decide
@@ -32,6 +34,7 @@ from carmy_worker.store.durable import Durability
 from carmy_worker.store.jobstore import JobState, JobStore, job_fields, rfc3339
 from carmy_worker.store.promotion import Look, Promotion, Promotions
 from carmy_worker.store.pubsub import raise_if_cancelled, stop_if_cancelled
+from carmy_worker.store.reach import Reach
 from carmy_worker.wire import (
     ExecutionJob,
     Record,
@@ -81,6 +84,7 @@ class JobLoop:
         self._lost_at = 0.0
         self._wake = asyncio.Event()
         self._turn = 0  # the partition a pass offers the room to first (``_look``)
+        self._reach = Reach("job loop", log)
 
     async def run(self) -> None:
         """Until cancelled; Redis errors are logged and retried."""
@@ -98,30 +102,37 @@ class JobLoop:
                 await asyncio.sleep(pause)
 
     async def tick(self) -> float:
-        """One pass over every partition; how long to wait before the next (0: there is more to
-        do now)."""
+        """One pass over every partition it can reach (``store.reach``: on a Redis Cluster, one
+        primary down delays only its own partitions); how long to wait before the next (0: there
+        is more to do now)."""
         looks = await self._look()
-        for partition, look in enumerate(looks):
+        for partition, look in looks.items():
             if look.due:
-                await self._promote(look.due, look.now_ms, partition)
-        settled = [exec_id for look in looks for exec_id in look.settled]
-        if settled:  # every partition's at once: one round trip of reads, one write of CONCLUDEs
-            await self._settled(settled)
+                await self._reach.run(partition, functools.partial(self._promote, look.due, look.now_ms, partition))
+        settled: dict[int, list[str]] = defaultdict(list)
+        for partition, look in looks.items():
+            settled[partition] += look.settled
+        # Every partition's at once: a round trip of reads and a write of CONCLUDEs per primary.
+        await asyncio.gather(*(self._reach.run(p, functools.partial(self._settled, ids))
+                               for p, ids in settled.items() if ids))
         if time.monotonic() - self._lost_at > LOST_EVERY_S:
             self._lost_at = time.monotonic()
             await self._sweep()
-        now_ms = looks[0].now_ms
+        if not looks:  # no partition reached (their pauses not over yet)
+            return self._reach.retry_after_s / 4
+        now_ms = next(iter(looks.values())).now_ms
         soonest = await self._fire(now_ms)
-        if any(look.due or look.settled for look in looks):
+        if any(look.due or look.settled for look in looks.values()):
             return 0.0
         wait = POLL_S
-        for at, now in [(look.next_due_ms, look.now_ms) for look in looks] + [(soonest, now_ms)]:
+        for at, now in [(look.next_due_ms, look.now_ms) for look in looks.values()] + [(soonest, now_ms)]:
             if at is not None:
                 wait = min(wait, max(0.0, (at - now) / 1000))
         return max(wait, 0.005)
 
-    async def _look(self) -> list[Look]:
-        """LOOK in every partition (in partition order), the group's room shared out by demand.
+    async def _look(self) -> dict[int, Look]:
+        """LOOK in every partition it can reach (in partition order), the group's room shared
+        out by demand.
 
         The room is the group's over all its queues, not a fixed share of it per partition: a
         share of ``room / N`` each would hold every partition to a sixteenth of it at 16
@@ -133,31 +144,52 @@ class JobLoop:
         is left, the rest are looked in together for what is settled and when they are next due.
         """
         if keys.partition_count() == 1:  # one queue: its LOOK counts what it holds against the room itself
-            return [await self._promotions.look(self._names, self.group, 0, room=self.room)]
-        held = await self._promotions.queued(self.group)
-        free = self.room - sum(held)
-        count = len(held)
-        first, self._turn = self._turn % count, self._turn + 1
-        order = [(first + i) % count for i in range(count)]
+            return {0: await self._promotions.look(self._names, self.group, 0, room=self.room)}
+        held = await self._held()
+        free = self.room - sum(held.values())
+        first, self._turn = self._turn % keys.partition_count(), self._turn + 1
+        order = sorted(held, key=lambda p: (p - first) % keys.partition_count())
         found: dict[int, Look] = {}
+        rest: list[int] = []
         for partition in order:
             if free <= 0:
-                break
-            look = await self._promotions.look(self._names, self.group, partition, room=held[partition] + free)
-            found[partition] = look
-            free -= len(look.due)
-        rest = [p for p in order if p not in found]
+                rest.append(partition)
+                continue
+            look = await self._reach.run(partition, functools.partial(
+                self._promotions.look, self._names, self.group, partition, room=held[partition] + free))
+            if look is not None:
+                found[partition] = look
+                free -= len(look.due)
         for partition, look in zip(rest, await asyncio.gather(*(
-                self._promotions.look(self._names, self.group, p, room=0) for p in rest)), strict=True):
-            found[partition] = look
-        return [found[p] for p in keys.partitions()]
+                self._reach.run(p, functools.partial(self._promotions.look, self._names, self.group, p, room=0))
+                for p in rest)), strict=True):
+            if look is not None:
+                found[partition] = look
+        return {p: found[p] for p in sorted(found)}
+
+    async def _held(self) -> dict[int, int]:
+        """How many executions the group's queue holds in each partition it can reach: in one
+        round trip while every partition answers; one call per partition once one did not (a
+        cluster's pipeline fails as a whole when one of its primaries is down)."""
+        if not self._reach.any_down:
+            try:
+                return dict(enumerate(await self._promotions.queued(self.group)))
+            except (RedisError, OSError):
+                pass  # which partition? ask each
+        tried = self._reach.partitions()
+        counts = await asyncio.gather(*(self._reach.run(p, functools.partial(self._promotions.queued_in, self.group, p))
+                                        for p in tried))
+        return {p: n for p, n in zip(tried, counts, strict=True) if n is not None}
 
     async def _sweep(self) -> None:
-        """Conclude the attempts Redis lost, and forget expired jobs, in every partition."""
+        """Conclude the attempts Redis lost, and forget expired jobs, in every partition it can reach."""
         for partition in keys.partitions():
-            for exec_id, job_id in await self._promotions.lost(partition, older_than_ms=LOST_AFTER_MS):
-                await self._conclude(await self._jobs.read(job_id), exec_id, None, began=True)
-            await self._jobs.forget_expired(partition)
+            await self._reach.run(partition, functools.partial(self._sweep_one, partition))
+
+    async def _sweep_one(self, partition: int) -> None:
+        for exec_id, job_id in await self._promotions.lost(partition, older_than_ms=LOST_AFTER_MS):
+            await self._conclude(await self._jobs.read(job_id), exec_id, None, began=True)
+        await self._jobs.forget_expired(partition)
 
     # --- promotion ---------------------------------------------------------------------------
 
@@ -226,16 +258,20 @@ class JobLoop:
     # --- schedules ---------------------------------------------------------------------------
 
     async def _fire(self, now_ms: int) -> int | None:
-        """Fire the schedules whose occurrence has come; the soonest one they wait for."""
+        """Fire the schedules whose occurrence has come (each in its partition, if it can reach
+        it); the soonest one they wait for."""
         soonest: int | None = None
         for s in self._schedules:
-            if s.next_ms is None:
-                s.next_ms = await self._promotions.ensure_schedule(s.spec.name, s.digest, s.cron.next_after(now_ms))
-            if now_ms >= s.next_ms:
-                await self._fire_one(s, now_ms)
+            await self._reach.run(keys.schedule_partition(s.spec.name), functools.partial(self._fire_if_due, s, now_ms))
             if s.next_ms is not None and (soonest is None or s.next_ms < soonest):
                 soonest = s.next_ms
         return soonest
+
+    async def _fire_if_due(self, s: _Schedule, now_ms: int) -> None:
+        if s.next_ms is None:
+            s.next_ms = await self._promotions.ensure_schedule(s.spec.name, s.digest, s.cron.next_after(now_ms))
+        if now_ms >= s.next_ms:
+            await self._fire_one(s, now_ms)
 
     async def _fire_one(self, s: _Schedule, now_ms: int) -> None:
         assert s.next_ms is not None

@@ -36,7 +36,7 @@ from msgspec import Struct
 from redis.asyncio import Redis
 
 from carmy_worker.store import keys, metrics
-from carmy_worker.store.fanout import run_each
+from carmy_worker.store.fanout import run_each_reaching
 from carmy_worker.store.jobstore import rfc3339
 from carmy_worker.store.lua import ACCEPTED_WORK, LUA_AUDIT, NOW
 from carmy_worker.store.scripts import Script, bind
@@ -169,10 +169,11 @@ class AuditTrail:
 
     async def trim(self, *, max_entries: int, retention_s: int) -> int:
         """TRIM of every partition's stream, each to its share of ``max_entries``, in one pipeline
-        (``store.fanout``): the entries taken off (whole stream nodes only: ``~``)."""
+        (``store.fanout``; each partition alone when a cluster's primary is down, so that the
+        others are trimmed): the entries taken off (whole stream nodes only: ``~``)."""
         args = [keys.share(max_entries), retention_s * 1000]
-        trimmed, _ = await run_each(self.redis, TRIM, [([keys.audit(p)], args) for p in keys.partitions()])
-        return sum(int(n) for n in trimmed)
+        trimmed = await run_each_reaching(self.redis, TRIM, [([keys.audit(p)], args) for p in keys.partitions()])
+        return sum(int(n) for n in trimmed if not isinstance(n, Exception))
 
     async def page(self, wanted: AuditFilter = EVERY_ENTRY, *, limit: int = 50, cursor: str | None = None,
                    scan_at_most: int = SCAN_AT_MOST) -> AuditPage:

@@ -10,22 +10,24 @@ nothing ran) loads the script and runs that call again alone, as ``scripts.run``
 On a Redis Cluster such a pipeline is all or nothing when a node cannot be reached: redis-py
 takes a connection of every node the pipeline names before it sends anything, so a primary that
 was killed (until its replica is promoted) fails the calls bound for every other primary too.
-``run_each_alone_sync`` sends each call on its own instead, for a caller whose calls must land
-wherever they can (the roster's beats).
+``run_each_alone`` and ``run_each_alone_sync`` send each call on its own instead, for a caller
+whose calls must land wherever they can (the roster's beats, the janitor's scans).
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import redis as sync_redis
 from redis.asyncio import Redis
-from redis.cluster import RedisCluster as SyncCluster
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, RedisError
 
-from carmy_worker.store.cluster import LazySyncCluster
-from carmy_worker.store.scripts import Script, bind_sync, run
+from carmy_worker.store.scripts import Script, bind_sync, run, several_nodes
+
+__all__ = ["Call", "run_each", "run_each_alone", "run_each_alone_sync", "run_each_reaching", "run_each_sync",
+           "several_nodes"]
 
 Call = tuple[list[Any], list[Any]]  # one call's keys and arguments
 
@@ -57,6 +59,32 @@ async def run_each(redis: Redis, script: Script, calls: Sequence[Call],
     return _raised(replies[:len(calls)]), _raised(replies[len(calls):])
 
 
+async def run_each_alone(redis: Redis, script: Script, calls: Sequence[Call]) -> list[Any]:
+    """``script`` once per call, each in a round trip of its own and all at once: every call
+    whose node answers runs, whatever becomes of the others. The reply of each, or the
+    ``RedisError`` (or ``OSError``) it got."""
+    replies = await asyncio.gather(*(run(redis, script, call_keys, args) for call_keys, args in calls),
+                                   return_exceptions=True)
+    for reply in replies:
+        if isinstance(reply, BaseException) and not isinstance(reply, RedisError | OSError):
+            raise reply
+    return list(replies)
+
+
+async def run_each_reaching(redis: Redis, script: Script, calls: Sequence[Call]) -> list[Any]:
+    """``run_each`` (its calls' replies) while every node answers; when its pipeline fails (on
+    a cluster, as a whole, one primary being down), each call alone (``run_each_alone``): then
+    the reply of each call is its reply or its error. For sweeps whose every partition's part
+    stands alone (the janitor's scans, the audit trail's trims)."""
+    try:
+        replies, _ = await run_each(redis, script, calls)
+    except (RedisError, OSError):
+        if len(calls) < 2:
+            raise
+        return await run_each_alone(redis, script, calls)
+    return replies
+
+
 def run_each_sync(redis: sync_redis.Redis, script: Script, calls: Sequence[Call],
                   then: Callable[[Any], None] | None = None) -> tuple[list[Any], list[Any]]:
     """``run_each`` on a blocking client (the heartbeat thread's, the health check's)."""
@@ -68,11 +96,6 @@ def run_each_sync(redis: sync_redis.Redis, script: Script, calls: Sequence[Call]
         if isinstance(replies[i], NoScriptError):
             replies[i] = alone(call_keys, args)
     return _raised(replies[:len(calls)]), _raised(replies[len(calls):])
-
-
-def several_nodes(redis: sync_redis.Redis) -> bool:
-    """Whether ``redis`` is a cluster client, whose calls may go to several nodes."""
-    return isinstance(redis, LazySyncCluster | SyncCluster)
 
 
 def run_each_alone_sync(redis: sync_redis.Redis, script: Script, calls: Sequence[Call]) -> list[Any]:

@@ -15,7 +15,7 @@ from carmy_worker.settings import AuditSettings
 from carmy_worker.store import jobs, keys
 from carmy_worker.store.audit import AuditTrail
 from carmy_worker.store.durable import Durability
-from carmy_worker.store.fanout import Call, run_each
+from carmy_worker.store.fanout import Call, run_each_reaching
 from carmy_worker.store.lua import ACCEPTED_WORK, NOW
 from carmy_worker.store.pubsub import raise_if_cancelled, stop_if_cancelled
 from carmy_worker.store.roster import CUTOFF
@@ -122,9 +122,13 @@ class Janitor:
             await asyncio.sleep(interval)
 
     async def scan(self) -> Scan:
-        """JANITOR_SCAN in every partition (one pipeline): what is held by workers dead by that
+        """JANITOR_SCAN in every partition (one pipeline; one call each, in every partition that
+        answers, when a cluster's primary is down): what is held by workers dead by that
         partition's roster and what is late there (forgetting long-departed workers)."""
-        replies, _ = await run_each(self._redis, JANITOR_SCAN, [self._scan_call(p) for p in keys.partitions()])
+        # A cluster's pipeline fails as a whole when one of its primaries is down: then each
+        # partition alone, so that those of the primaries that are up are still swept.
+        calls = [self._scan_call(p) for p in keys.partitions()]
+        replies = [r for r in await run_each_reaching(self._redis, JANITOR_SCAN, calls) if not isinstance(r, Exception)]
         held = [v.decode() for reply in replies for v in reply[0]]
         late = [v.decode() for reply in replies for v in reply[1]]
         return Scan(

@@ -267,6 +267,10 @@ class Promotions:
                 pipe.zcard(jobs.queue_name(group, partition))
             return [int(n) for n in await pipe.execute()]
 
+    async def queued_in(self, group: str, partition: int) -> int:
+        """How many executions ``group``'s queue holds in ``partition`` (``queued``, for one)."""
+        return int(await self.redis.zcard(jobs.queue_name(group, partition)))
+
     async def due(self, job_ids: list[str]) -> list[Due]:
         """What promoting ``job_ids`` needs to know of each, in one round trip."""
         async with self.redis.pipeline(transaction=False) as pipe:

@@ -30,9 +30,10 @@ from typing import TYPE_CHECKING, Any
 
 import redis as sync_redis
 from redis.asyncio import Redis
+from redis.cluster import RedisCluster as SyncCluster
 from redis.exceptions import NoScriptError
 
-from carmy_worker.store.cluster import StoreCluster
+from carmy_worker.store.cluster import LazySyncCluster, StoreCluster
 from carmy_worker.store.durable import run_durable_on_node
 
 if TYPE_CHECKING:
@@ -83,7 +84,7 @@ async def run(redis: Redis, script: Script, keys: list[Any], args: list[Any],
                 pipe.wait(durability.replicas, durability.timeout_ms)
                 reply, acked = await pipe.execute(raise_on_error=False)
             if isinstance(reply, NoScriptError):
-                await redis.script_load(script.source)
+                await load(redis, script, keys)
                 continue
             if isinstance(reply, Exception):
                 raise reply
@@ -94,8 +95,34 @@ async def run(redis: Redis, script: Script, keys: list[Any], args: list[Any],
         try:
             return await redis.execute_command(*script.command(keys, args))
         except NoScriptError:  # nothing ran
-            await redis.script_load(script.source)
+            await load(redis, script, keys)
     raise NoScriptError(f"script {script.name} ({script.sha}) is not loaded")
+
+
+async def load(redis: Redis, script: Script, keys: list[Any]) -> None:
+    """Load ``script`` where a call with ``keys`` runs it (its ``EVALSHA`` was answered
+    ``NOSCRIPT``): on one Redis, there; on a cluster, on the primary of the keys' slot alone.
+    redis-py's ``SCRIPT LOAD`` goes to every primary, so a primary that is down (until its
+    replica is promoted) would keep the script from every other one: a worker's first PROMOTE on
+    a node then failed in every partition of the cluster, not only in the dead primary's."""
+    if isinstance(redis, StoreCluster) and keys:
+        await redis.execute_command("SCRIPT LOAD", script.source, target_nodes=redis.primary_for(keys[0]))
+    else:
+        await redis.script_load(script.source)
+
+
+def several_nodes(redis: sync_redis.Redis) -> bool:
+    """Whether ``redis`` is a blocking cluster client, whose calls may go to several nodes."""
+    return isinstance(redis, LazySyncCluster | SyncCluster)
+
+
+def load_sync(redis: sync_redis.Redis, script: Script, keys: list[Any]) -> None:
+    """``load`` on a blocking client."""
+    if several_nodes(redis) and keys:
+        cluster: Any = redis  # a LazySyncCluster or redis-py's RedisCluster
+        cluster.execute_command("SCRIPT LOAD", script.source, target_nodes=cluster.get_node_from_key(keys[0]))
+    else:
+        redis.script_load(script.source)
 
 
 class Runs:
@@ -155,7 +182,7 @@ class SyncRuns:
         try:
             return self.redis.execute_command(*self.script.command(keys, args))
         except NoScriptError:  # nothing ran
-            self.redis.script_load(self.script.source)
+            load_sync(self.redis, self.script, keys)
             return self.redis.execute_command(*self.script.command(keys, args))
 
 

@@ -1,0 +1,131 @@
+"""The job loop and the janitor while one primary of a real Redis Cluster is dead and not yet replaced: the due
+jobs of the partitions whose primaries are up are still promoted at once, and the dead primary's
+wait for it. Its passes used to fail as a whole on the first refusal (every LOOK of a pass, and
+the pipeline that counts the queues, go to every primary), so one primary's failover held every
+partition's jobs, conclusions and schedules back until its replica was promoted. And a script
+run for the first time on a live primary (PROMOTE here) is loaded there alone: redis-py's
+``SCRIPT LOAD`` goes to every primary, and failed on the dead one for all of them.
+
+The cluster is the test's own, with a node timeout far longer than the test: the dead primary is
+never failed over meanwhile."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from collections.abc import Iterator
+
+import pytest
+from redis.crc import key_slot
+
+from bench.localcluster import LocalCluster
+from carmy_worker.jobs.driver import JobLoop
+from carmy_worker.settings import WorkerSettings
+from carmy_worker.store import keys
+from carmy_worker.store.connect import RedisConnector
+from carmy_worker.store.janitor import Janitor
+from carmy_worker.store.jobstore import JobStore, job_fields
+from carmy_worker.store.quota import Quota
+from carmy_worker.store.roster import Liveness
+from carmy_worker.wire import ExecutionJob, RetryPolicy, msgpack_encoder
+from tests.carmy_worker.jobs.test_driver import GROUP, TOOLS
+from tests.carmy_worker.store.test_roster_cells import (
+    DEAD_AFTER,
+    RETENTION,
+    accepted,
+    claimed,
+    error_code,
+    watched_since_a_minute,
+)
+from tests.cells import partitions
+from tests.support import new_tmp
+
+pytestmark = pytest.mark.slow
+
+NODE_TIMEOUT_MS = 60_000  # no failover within the test
+
+
+@pytest.fixture
+def slow_to_fail_over() -> Iterator[LocalCluster]:
+    workdir = new_tmp()
+    cluster = LocalCluster(workdir, node_timeout_ms=NODE_TIMEOUT_MS)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+async def make_job(store: JobStore, partition: int) -> str:
+    """A job of the no-op ``mirror`` tool, due now, in ``partition``."""
+    template = ExecutionJob(execution_id="", tool="mirror", arguments=b"{}")
+    owner = keys.owner(None)
+    fields = job_fields(tool="mirror", owner=owner, payload=msgpack_encoder.encode(template),
+                        policy=RetryPolicy(backoff=0.05), max_attempts=3, idempotent=True, retention=60,
+                        dead_retention=60, request_id=None)
+    created = await store.create(job_id=keys.new_job_id(partition), tool="mirror", owner=owner, fields=fields,
+                                 idempotency=None, fingerprint="", run_at_ms=None, delay_ms=0, horizon_ms=10_000,
+                                 max_open=0, quota=Quota())
+    assert created.kind == "new"
+    return created.job_id
+
+
+def test_a_dead_primary_holds_back_only_its_own_partitions_jobs(slow_to_fail_over: LocalCluster) -> None:
+    cluster = slow_to_fail_over
+    with partitions(16):
+        owners = {p: cluster.owner(key_slot(keys.partition_prefix(p).encode())) for p in keys.partitions()}
+        victim = owners[0]
+        up = [p for p in keys.partitions() if owners[p] is not victim]
+        down = [p for p in keys.partitions() if owners[p] is victim]
+        assert up and down  # 16 partitions are spread over the three primaries
+
+        async def scenario() -> dict[str, bytes | None]:
+            client = RedisConnector("redis://localhost/0", tuple(cluster.nodes.split(","))).client(
+                socket_timeout=2, socket_connect_timeout=2)
+            store = JobStore(client)
+            loop = JobLoop(client, tools=TOOLS, group=GROUP, settings=WorkerSettings())
+            try:
+                await loop.tick()  # the client knows the slots
+                made = {await make_job(store, p): p for p in keys.partitions()}
+                victim.kill()
+                await loop.tick()  # one pass: the partitions of the dead primary fail, the others go on
+                return {job_id: await client.hget(keys.job(job_id), "status") if made[job_id] in up else None
+                        for job_id in made}
+            finally:
+                await client.aclose()
+
+        statuses = asyncio.run(scenario())
+    promoted = [job_id for job_id, status in statuses.items() if status is not None]
+    assert len(promoted) == len(up)
+    assert {statuses[job_id] for job_id in promoted} == {b"running"}, statuses
+
+
+def test_the_janitor_reaps_in_the_partitions_of_the_primaries_still_up(slow_to_fail_over: LocalCluster) -> None:
+    """A dead worker's executions are reaped where their primary is up, while another primary
+    is down: the janitor's scan of every partition is one pipeline, which a cluster fails as a
+    whole when one primary is down, and it is then made one partition at a time."""
+    cluster = slow_to_fail_over
+    with partitions(16):
+        owners = {p: cluster.owner(key_slot(keys.partition_prefix(p).encode())) for p in keys.partitions()}
+        victim = owners[0]
+        up = [p for p in keys.partitions() if owners[p] is not victim]
+        connector = RedisConnector("redis://localhost/0", tuple(cluster.nodes.split(",")))
+        r = connector.sync_client(socket_timeout=2, socket_connect_timeout=2)
+
+        async def scenario() -> tuple[dict[int, str], int]:
+            client = connector.client(socket_timeout=2, socket_connect_timeout=2)
+            try:
+                held = {p: claimed(r, await accepted(client, p, idempotent=False), "dead").execution_id
+                        for p in keys.partitions()}
+                await Liveness(client, dead_after=DEAD_AFTER).heartbeat("dead", offset_ms=-10_000)
+                watched_since_a_minute(r)
+                victim.kill()
+                return held, await Janitor(client, retention=RETENTION, dead_after=DEAD_AFTER).sweep()
+            finally:
+                await client.aclose()
+
+        held, reaped = asyncio.run(scenario())
+        assert reaped == len(up)
+        assert [error_code(r, held[p]) for p in up] == ["EXECUTION_UNCERTAIN"] * len(up)
+        r.close()
