@@ -34,6 +34,7 @@ from carmy_worker.store.cluster import StoreCluster, held_connection
 from carmy_worker.store.durable import Durability
 from carmy_worker.store.hints import DueHints
 from carmy_worker.store.lua import ACCEPTED_WORK
+from carmy_worker.store.reach import Reach
 from carmy_worker.store.scripts import Script, bind
 
 log = logging.getLogger("carmy.queue")
@@ -175,6 +176,9 @@ class Leases:
         self._calls = itertools.count(secrets.randbits(48))
         # Where work was last seen due, from every LEASE's reply: where the next LEASE goes.
         self.hints = DueHints()
+        # The partitions whose waits failed lately (a cluster's primary down): an idle worker's
+        # wait on every partition leaves them out for a while (``store.wakeups``).
+        self.reach = Reach("worker", log)
         # On one Redis (not a cluster), per queue: the connection its waits go out on, and its pool.
         self._waits: dict[str, tuple[Any, AbstractConnection]] = {}
 

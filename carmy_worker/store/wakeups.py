@@ -27,7 +27,9 @@ import asyncio
 from collections.abc import Sequence
 
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 
+from carmy_worker.store import keys
 from carmy_worker.store.leases import Lease, Leases, unblock
 
 
@@ -52,25 +54,62 @@ async def wait_on_every_partition(leases: Leases, redis: Redis, queues: Sequence
                                   free: int, lease_ms: int, look_ahead: int) -> list[Lease]:
     """One round: wait up to ``timeout`` s on each of ``queues``' wake lists (the first is the
     one whose turn it is), and lease each one's share of ``free`` once one of them wakes; returns
-    at most ``free`` leases."""
+    at most ``free`` leases.
+
+    A wait that fails (on a cluster, its primary down until its replica is promoted) does not
+    end the others: its partition is left out of the next rounds for a while (``leases.reach``)
+    and the round goes on with the rest, so that one primary's failover holds up only its own
+    partitions' calls. Only when every wait of the round failed is the first error raised."""
+    reach = leases.reach
+    tried = [q for q in queues if reach.reachable(keys.partition_of_key(q))] or list(queues)
     loop = asyncio.get_running_loop()
-    clients: list[asyncio.Future[int]] = [loop.create_future() for _ in queues]
+    clients: list[asyncio.Future[int]] = [loop.create_future() for _ in tried]
+    waits = [asyncio.create_task(leases.wait_and_take(
+        redis, queue, timeout=timeout, most=claims, lease_ms=lease_ms, look_ahead=look_ahead,
+        blocked=client.set_result)) for queue, claims, client in zip(tried, claim_shares(free, len(tried)),
+                                                                     clients, strict=True)]
+    ends: list[asyncio.Task[None]] = []
     try:
-        async with asyncio.TaskGroup() as group:
-            waits = [group.create_task(leases.wait_and_take(
-                redis, queue, timeout=timeout, most=claims, lease_ms=lease_ms, look_ahead=look_ahead,
-                blocked=client.set_result)) for queue, claims, client in zip(queues, claim_shares(free, len(queues)),
-                                                                             clients, strict=True)]
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-            for wait, queue, client in zip(waits, queues, clients, strict=True):
-                if not wait.done():
-                    group.create_task(_end_early(redis, queue, client))
-    except ExceptionGroup as failed:  # the caller handles a Redis error as it would one wait's
-        raise failed.exceptions[0] from None
-    kept, surplus = kept_and_surplus([lease for wait in waits for lease in wait.result()], free)
+        await _one_answered(waits)
+        ending = [(asyncio.create_task(_end_early(redis, queue, client)), client)
+                  for wait, queue, client in zip(waits, tried, clients, strict=True) if not wait.done()]
+        ends = [end for end, _ in ending]
+        await asyncio.wait(waits)  # every wait ends: woken, ended early (its LEASE ran), or failed
+        for end, client in ending:
+            if not client.done():  # its wait failed before it blocked: nothing to end
+                end.cancel()
+        await asyncio.gather(*ends, return_exceptions=True)
+    finally:  # cancelled: no wait or end is left behind
+        for task in (*waits, *ends):
+            task.cancel()
+        await asyncio.gather(*waits, *ends, return_exceptions=True)
+    taken: list[Lease] = []
+    failures: list[BaseException] = []
+    for wait, queue in zip(waits, tried, strict=True):
+        partition, failure = keys.partition_of_key(queue), wait.exception()
+        if failure is None:
+            reach.answered(partition)
+            taken += wait.result()
+        elif isinstance(failure, RedisError | OSError):
+            reach.failed(partition, failure)
+            failures.append(failure)
+        else:
+            raise failure
+    if len(failures) == len(waits):  # nothing answered: the caller handles it as one wait's error
+        raise failures[0]
+    kept, surplus = kept_and_surplus(taken, free)
     if surplus:
         await asyncio.gather(*(leases.finish(lease, finished=False, delay_ms=None) for lease in surplus))
     return kept
+
+
+async def _one_answered(waits: Sequence[asyncio.Task[list[Lease]]]) -> None:
+    """Until one of ``waits`` has returned, or every one has failed."""
+    pending: set[asyncio.Task[list[Lease]]] = set(waits)
+    while pending:
+        done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+        if any(task.exception() is None for task in done):
+            return
 
 
 async def _end_early(redis: Redis, queue: str, client: asyncio.Future[int]) -> None:

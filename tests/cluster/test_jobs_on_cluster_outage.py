@@ -1,10 +1,11 @@
-"""The job loop and the janitor while one primary of a real Redis Cluster is dead and not yet replaced: the due
-jobs of the partitions whose primaries are up are still promoted at once, and the dead primary's
-wait for it. Its passes used to fail as a whole on the first refusal (every LOOK of a pass, and
-the pipeline that counts the queues, go to every primary), so one primary's failover held every
-partition's jobs, conclusions and schedules back until its replica was promoted. And a script
-run for the first time on a live primary (PROMOTE here) is loaded there alone: redis-py's
-``SCRIPT LOAD`` goes to every primary, and failed on the dead one for all of them.
+"""The job loop, the janitor and an idle worker's wait while one primary of a real Redis Cluster
+is dead and not yet replaced: the work of the partitions whose primaries are up goes on at once,
+and the dead primary's waits for it. They used to fail as a whole on the first refusal (every
+LOOK of a pass, the pipelines that count the queues and scan for dead workers, every wait of a
+round go to every primary), so one primary's failover held every partition's jobs, conclusions,
+schedules, reaping and calls back until its replica was promoted. And a script run for the first
+time on a live primary (PROMOTE here) is loaded there alone: redis-py's ``SCRIPT LOAD`` goes to
+every primary, and failed on the dead one for all of them.
 
 The cluster is the test's own, with a node timeout far longer than the test: the dead primary is
 never failed over meanwhile."""
@@ -21,12 +22,15 @@ from redis.crc import key_slot
 from bench.localcluster import LocalCluster
 from carmy_worker.jobs.driver import JobLoop
 from carmy_worker.settings import WorkerSettings
-from carmy_worker.store import keys
+from carmy_worker.store import jobs, keys
 from carmy_worker.store.connect import RedisConnector
 from carmy_worker.store.janitor import Janitor
 from carmy_worker.store.jobstore import JobStore, job_fields
+from carmy_worker.store.leases import Leases
 from carmy_worker.store.quota import Quota
 from carmy_worker.store.roster import Liveness
+from carmy_worker.store.submit import Submit
+from carmy_worker.store.wakeups import wait_on_every_partition
 from carmy_worker.wire import ExecutionJob, RetryPolicy, msgpack_encoder
 from tests.carmy_worker.jobs.test_driver import GROUP, TOOLS
 from tests.carmy_worker.store.test_roster_cells import (
@@ -129,3 +133,40 @@ def test_the_janitor_reaps_in_the_partitions_of_the_primaries_still_up(slow_to_f
         assert reaped == len(up)
         assert [error_code(r, held[p]) for p in up] == ["EXECUTION_UNCERTAIN"] * len(up)
         r.close()
+
+
+def test_an_idle_worker_takes_work_of_the_primaries_still_up(slow_to_fail_over: LocalCluster) -> None:
+    """An idle worker waits on every partition's wake list at once: a wait on the dead primary
+    fails at once, and the round goes on with the others (and leaves that partition out of the
+    next rounds for a second), so a call in a partition that is up is taken within milliseconds.
+    The round used to fail as a whole, again and again, until the replica was promoted."""
+    cluster = slow_to_fail_over
+    with partitions(16):
+        owners = {p: cluster.owner(key_slot(keys.partition_prefix(p).encode())) for p in keys.partitions()}
+        victim = owners[0]
+        up = [p for p in keys.partitions() if owners[p] is not victim]
+        queues = [jobs.queue_name(GROUP, p) for p in keys.partitions()]
+
+        async def scenario() -> tuple[list[str], list[str], str]:
+            redis = RedisConnector("redis://localhost/0", tuple(cluster.nodes.split(","))).client(
+                socket_timeout=None, socket_connect_timeout=2)
+            leases = Leases(redis, "w-outage")
+            try:
+                await redis.ping()  # the client knows the slots
+                victim.kill()
+                first = await wait_on_every_partition(leases, redis, queues, timeout=0.2, free=4, lease_ms=60_000,
+                                                      look_ahead=10)  # nothing queued: the waits time out
+                exec_id = keys.new_execution_id(up[0])  # the first partition tried: a free slot is its share
+                round_ = asyncio.create_task(wait_on_every_partition(
+                    leases, redis, queues, timeout=30, free=4, lease_ms=60_000, look_ahead=10))
+                await Submit(redis, retention=600)(
+                    ExecutionJob(execution_id=exec_id, tool="t", arguments=b"{}"), group=GROUP, idempotent=True,
+                    workers_alive=True, max_pending=100, queue_wait_ms=60_000, admission_ms=60_000)
+                async with asyncio.timeout(10):  # the live waits would hold it for 30 s
+                    taken = await round_
+                return [lease.job_id for lease in first], [lease.job_id for lease in taken], exec_id
+            finally:
+                await redis.aclose()
+
+        first, taken, exec_id = asyncio.run(scenario())
+    assert first == [] and taken == [exec_id]
