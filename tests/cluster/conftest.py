@@ -2,6 +2,8 @@
 the whole session, started on first use. A test that kills or reshards leaves it whole again
 (``LocalCluster.kill_primary`` then ``restart``), since the next test shares it.
 
+``slow_to_fail_over`` is a cluster of a test's own, whose dead primary stays dead.
+
 ``cluster`` is an asyncio client of it as the API's and the workers' (``cluster_client`` makes
 one with other bounds).
 
@@ -43,6 +45,24 @@ def redis_cluster() -> Iterator[LocalCluster]:
     ``redis_cluster.nodes`` is the value of ``CARMY_REDIS_CLUSTER_NODES``."""
     workdir = new_tmp()
     cluster = LocalCluster(workdir)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+# A node timeout far longer than any test: a primary killed is never failed over meanwhile.
+NEVER_FAILS_OVER_MS = 60_000
+
+
+@pytest.fixture
+def slow_to_fail_over() -> Iterator[LocalCluster]:
+    """A Redis Cluster of the test's own (three primaries, three replicas) whose primaries are
+    never failed over within the test: one killed stays dead, so every call meets it dead."""
+    workdir = new_tmp()
+    cluster = LocalCluster(workdir, node_timeout_ms=NEVER_FAILS_OVER_MS)
     try:
         cluster.start()
         yield cluster

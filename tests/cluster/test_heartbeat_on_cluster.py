@@ -9,9 +9,7 @@ is never failed over meanwhile, so the beat meets it dead every time."""
 
 from __future__ import annotations
 
-import shutil
 import time
-from collections.abc import Iterator
 
 import pytest
 import redis
@@ -22,24 +20,8 @@ from carmy_worker.store import keys
 from carmy_worker.store.connect import RedisConnector
 from carmy_worker.store.roster import SyncLiveness
 from tests.cells import partitions
-from tests.support import new_tmp
 
 pytestmark = pytest.mark.slow
-
-NODE_TIMEOUT_MS = 60_000  # no failover within the test
-
-
-@pytest.fixture
-def slow_to_fail_over() -> Iterator[LocalCluster]:
-    workdir = new_tmp()
-    cluster = LocalCluster(workdir, node_timeout_ms=NODE_TIMEOUT_MS)
-    try:
-        cluster.start()
-        yield cluster
-    finally:
-        cluster.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
-
 
 def test_a_beat_lands_in_the_partitions_of_the_primaries_still_up(slow_to_fail_over: LocalCluster) -> None:
     cluster = slow_to_fail_over

@@ -13,8 +13,6 @@ never failed over meanwhile."""
 from __future__ import annotations
 
 import asyncio
-import shutil
-from collections.abc import Iterator
 
 import pytest
 from redis.crc import key_slot
@@ -42,24 +40,8 @@ from tests.carmy_worker.store.test_roster_cells import (
     watched_since_a_minute,
 )
 from tests.cells import partitions
-from tests.support import new_tmp
 
 pytestmark = pytest.mark.slow
-
-NODE_TIMEOUT_MS = 60_000  # no failover within the test
-
-
-@pytest.fixture
-def slow_to_fail_over() -> Iterator[LocalCluster]:
-    workdir = new_tmp()
-    cluster = LocalCluster(workdir, node_timeout_ms=NODE_TIMEOUT_MS)
-    try:
-        cluster.start()
-        yield cluster
-    finally:
-        cluster.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
-
 
 async def make_job(store: JobStore, partition: int) -> str:
     """A job of the no-op ``mirror`` tool, due now, in ``partition``."""
