@@ -39,18 +39,25 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.cluster)
 
 
-@pytest.fixture(scope="session")
-def redis_cluster() -> Iterator[LocalCluster]:
-    """Six ``redis-server --cluster-enabled yes`` on loopback, joined and ``cluster_state:ok``;
-    ``redis_cluster.nodes`` is the value of ``CARMY_REDIS_CLUSTER_NODES``."""
+@contextlib.contextmanager
+def local_cluster(**options: int) -> Iterator[LocalCluster]:
+    """A ``LocalCluster`` started in a directory of its own, stopped and removed after."""
     workdir = new_tmp()
-    cluster = LocalCluster(workdir)
+    cluster = LocalCluster(workdir, **options)
     try:
         cluster.start()
         yield cluster
     finally:
         cluster.stop()
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[LocalCluster]:
+    """Six ``redis-server --cluster-enabled yes`` on loopback, joined and ``cluster_state:ok``;
+    ``redis_cluster.nodes`` is the value of ``CARMY_REDIS_CLUSTER_NODES``."""
+    with local_cluster() as cluster:
+        yield cluster
 
 
 # A node timeout far longer than any test: a primary killed is never failed over meanwhile.
@@ -61,14 +68,8 @@ NEVER_FAILS_OVER_MS = 60_000
 def slow_to_fail_over() -> Iterator[LocalCluster]:
     """A Redis Cluster of the test's own (three primaries, three replicas) whose primaries are
     never failed over within the test: one killed stays dead, so every call meets it dead."""
-    workdir = new_tmp()
-    cluster = LocalCluster(workdir, node_timeout_ms=NEVER_FAILS_OVER_MS)
-    try:
-        cluster.start()
+    with local_cluster(node_timeout_ms=NEVER_FAILS_OVER_MS) as cluster:
         yield cluster
-    finally:
-        cluster.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def cluster_client(cluster: LocalCluster, *, max_connections: int = 8,

@@ -23,6 +23,7 @@ from tests.cells import partitions
 
 pytestmark = pytest.mark.slow
 
+
 def test_a_beat_lands_in_the_partitions_of_the_primaries_still_up(slow_to_fail_over: LocalCluster) -> None:
     cluster = slow_to_fail_over
     with partitions(16):
