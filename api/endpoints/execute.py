@@ -19,6 +19,7 @@ from api.calling.calls import Calls, Started
 from api.calling.catalog import CatalogTool
 from api.calling.checks import Rejected
 from api.endpoints import relay
+from api.endpoints.deferred import Deferred
 from api.endpoints.lookup import accepted
 from api.endpoints.ops import ApiMetrics
 from api.events.hub import HubUnavailable
@@ -28,7 +29,6 @@ from api.http import bodies
 from api.http.fields import fields, header
 from api.http.responses import envelope_error
 from api.serving import departure
-from api.serving.deferred import Deferred
 from api.settings import ApiSettings
 from carmy_worker.logs import info_line, request_id_hash
 from carmy_worker.sdk.errors import clip, store_unavailable
@@ -88,7 +88,7 @@ class ExecuteEndpoint:
         self.calls = calls
         self.executions = calls.executions
         self.metrics = metrics
-        # Request log lines, written together a little later (api/serving/deferred.py says why).
+        # Request log lines, written together a little later (api/endpoints/deferred.py says why).
         self.log_lines = Deferred()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -1,4 +1,4 @@
-"""Request log lines written together a little later (``api/serving/deferred.py``): never lost,
+"""Request log lines written together a little later (``api/endpoints/deferred.py``): never lost,
 never more than ``MAX_DELAY_S`` late, and written at the app's shutdown."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from api.serving import deferred
-from api.serving.deferred import Deferred
+from api.endpoints import deferred
+from api.endpoints.deferred import Deferred
 from api.settings import ApiSettings
 from tests.conftest import app_client
 

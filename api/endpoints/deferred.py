@@ -2,11 +2,10 @@
 
 Each ``POST /agent/execute`` logs one line once answered. Written as it was, at the end of its
 request's turn of the loop, every call at one client paid for a write to stderr of its own, and
-paid it before the API read the client's next request, which had arrived meanwhile: paired
-rounds with the line kept back and written with the others of the last ``MAX_DELAY_S`` measured
-about a tenth of the API's CPU per call less, and the no-op's p50 and SSE's first event lower
-with it (bench/README.md, issue 35). Under load the lines of a turn already went out together;
-now those of several turns do.
+paid it before the API read the client's next request, which had arrived meanwhile. Kept back
+and written with the others of the last ``MAX_DELAY_S``, the API's CPU per call was 7 % lower at
+one client and 5-10 % at 64 in paired rounds, and the no-op's p50 0.96x (bench/README.md, issue
+35). Under load the lines of a turn already went out together; now those of several turns do.
 
 A line is at most ``MAX_DELAY_S`` late, and so is its timestamp (the time it is written; its
 fields, ``duration_ms`` included, are taken when the request ends). The app's shutdown writes
