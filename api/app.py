@@ -129,6 +129,7 @@ def create_app(settings: ApiSettings | None = None) -> Starlette:
             async with mcp.lifespan():
                 yield
         finally:
+            execute.log_lines.run()  # the last requests' log lines
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)

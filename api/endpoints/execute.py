@@ -19,6 +19,7 @@ from api.calling.calls import Calls, Started
 from api.calling.catalog import CatalogTool
 from api.calling.checks import Rejected
 from api.endpoints import relay
+from api.endpoints.deferred import Deferred
 from api.endpoints.lookup import accepted
 from api.endpoints.ops import ApiMetrics
 from api.events.hub import HubUnavailable
@@ -87,6 +88,8 @@ class ExecuteEndpoint:
         self.calls = calls
         self.executions = calls.executions
         self.metrics = metrics
+        # Request log lines, written together a little later (api/endpoints/deferred.py says why).
+        self.log_lines = Deferred()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         start = time.perf_counter()
@@ -105,16 +108,8 @@ class ExecuteEndpoint:
             if span is not None:
                 _end(span, answer)
         self.metrics.responded(answer.status_code, answer.outcome)
-        if not log.isEnabledFor(logging.INFO):
-            return
-        duration_ms = round((time.perf_counter() - start) * 1000, 1)
-        info_line(log, "request", {
-            # An unknown tool's name is the caller's text: keep the line short whatever they sent.
-            "event": "request", "execution_id": answer.execution_id, "tool": clip(answer.tool) if answer.tool else None,
-            "request_id_hash": request_id_hash(answer.request_id), "outcome": answer.outcome,
-            "status_code": answer.status_code, "error_code": answer.error_code,
-            "replayed": answer.outcome in ("replayed", "joined"), "duration_ms": duration_ms,
-        })
+        if log.isEnabledFor(logging.INFO):
+            self.log_lines.defer(_log_request, answer, round((time.perf_counter() - start) * 1000, 1))
 
     async def _handle(self, scope: Scope, receive: Receive, send: Send, traceparent: str | None = None) -> Answer:
         try:
@@ -218,6 +213,16 @@ class ExecuteEndpoint:
         if record is None:
             return Answer.of("disconnected", None, exec_id, request)
         return Answer.of("joined" if joined else "answered", record, exec_id, request)
+
+
+def _log_request(answer: Answer, duration_ms: float) -> None:
+    info_line(log, "request", {
+        # An unknown tool's name is the caller's text: keep the line short whatever they sent.
+        "event": "request", "execution_id": answer.execution_id, "tool": clip(answer.tool) if answer.tool else None,
+        "request_id_hash": request_id_hash(answer.request_id), "outcome": answer.outcome,
+        "status_code": answer.status_code, "error_code": answer.error_code,
+        "replayed": answer.outcome in ("replayed", "joined"), "duration_ms": duration_ms,
+    })
 
 
 def _with_traceparent(send: Send, traceparent: bytes) -> Send:
