@@ -109,12 +109,7 @@ class JobLoop:
         for partition, look in looks.items():
             if look.due:
                 await self._reach.run(partition, functools.partial(self._promote, look.due, look.now_ms, partition))
-        settled: dict[int, list[str]] = defaultdict(list)
-        for partition, look in looks.items():
-            settled[partition] += look.settled
-        # Every partition's at once: a round trip of reads and a write of CONCLUDEs per primary.
-        await asyncio.gather(*(self._reach.run(p, functools.partial(self._settled, ids))
-                               for p, ids in settled.items() if ids))
+        await self._conclude_settled({p: look.settled for p, look in looks.items() if look.settled})
         if time.monotonic() - self._lost_at > LOST_EVERY_S:
             self._lost_at = time.monotonic()
             await self._sweep()
@@ -226,6 +221,21 @@ class JobLoop:
                     log.debug("job %s promoted", job_id)
 
     # --- conclusion --------------------------------------------------------------------------
+
+    async def _conclude_settled(self, settled: dict[int, list[str]]) -> None:
+        """Conclude what the LOOKs found settled, every partition's at once (one round trip of
+        reads, one write of CONCLUDEs) while every partition answers; partition by partition
+        once one did not, so that the others are concluded (a cluster's primary down)."""
+        if not settled:
+            return
+        if not self._reach.any_down:
+            try:
+                await self._settled([exec_id for ids in settled.values() for exec_id in ids])
+                return
+            except (RedisError, OSError):
+                if keys.partition_count() == 1:
+                    raise
+        await asyncio.gather(*(self._reach.run(p, functools.partial(self._settled, ids)) for p, ids in settled.items()))
 
     async def _settled(self, exec_ids: list[str]) -> None:
         """Conclude the attempts whose executions have their record, all at once: one round trip

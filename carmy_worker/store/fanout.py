@@ -24,10 +24,7 @@ import redis as sync_redis
 from redis.asyncio import Redis
 from redis.exceptions import NoScriptError, RedisError
 
-from carmy_worker.store.scripts import Script, bind_sync, run, several_nodes
-
-__all__ = ["Call", "run_each", "run_each_alone", "run_each_alone_sync", "run_each_reaching", "run_each_sync",
-           "several_nodes"]
+from carmy_worker.store.scripts import Script, bind_sync, run
 
 Call = tuple[list[Any], list[Any]]  # one call's keys and arguments
 

@@ -26,9 +26,9 @@ from msgspec import Struct
 from redis.asyncio import Redis
 
 from carmy_worker.store import jobs, keys
-from carmy_worker.store.fanout import Call, run_each, run_each_alone_sync, run_each_sync, several_nodes
+from carmy_worker.store.fanout import Call, run_each, run_each_alone_sync, run_each_sync
 from carmy_worker.store.lua import ACCEPTED_WORK, NOW
-from carmy_worker.store.scripts import Script, bind, bind_sync
+from carmy_worker.store.scripts import Script, bind, bind_sync, several_nodes
 
 # cutoff(now, dead ms): a worker last seen before the returned instant is dead. Marks Redis
 # watched now.

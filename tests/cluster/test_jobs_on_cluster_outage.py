@@ -29,7 +29,7 @@ from carmy_worker.store.quota import Quota
 from carmy_worker.store.roster import Liveness
 from carmy_worker.store.submit import Submit
 from carmy_worker.store.wakeups import wait_on_every_partition
-from carmy_worker.wire import ExecutionJob, RetryPolicy, msgpack_encoder
+from carmy_worker.wire import ExecutionJob, RetryPolicy, ScheduleSpec, msgpack_encoder
 from tests.carmy_worker.jobs.test_driver import GROUP, TOOLS
 from tests.carmy_worker.store.test_roster_cells import (
     DEAD_AFTER,
@@ -152,3 +152,30 @@ def test_an_idle_worker_takes_work_of_the_primaries_still_up(slow_to_fail_over: 
 
         first, taken, exec_id = asyncio.run(scenario())
     assert first == [] and taken == [exec_id]
+
+
+def test_a_schedule_of_a_primary_still_up_fires(slow_to_fail_over: LocalCluster) -> None:
+    """A schedule whose partition is up fires its occurrences while another primary is down:
+    the pass that fires it used to fail on the dead primary's LOOK first, every time."""
+    cluster = slow_to_fail_over
+    with partitions(16):
+        owners = {p: cluster.owner(key_slot(keys.partition_prefix(p).encode())) for p in keys.partitions()}
+        victim = owners[0]
+        name = next(f"s{n}" for n in range(1000) if owners[keys.schedule_partition(f"s{n}")] is not victim)
+        every_second = ScheduleSpec(name=name, cron="* * * * * *", tool="tick", grace=30)
+
+        async def scenario() -> int:
+            client = RedisConnector("redis://localhost/0", tuple(cluster.nodes.split(","))).client(
+                socket_timeout=2, socket_connect_timeout=2)
+            loop = JobLoop(client, tools=TOOLS, group=GROUP, settings=WorkerSettings(), schedules=[every_second])
+            try:
+                await loop.tick()  # the client knows the slots
+                victim.kill()
+                async with asyncio.timeout(10):  # an occurrence a second, within its grace
+                    while not await client.hget(keys.schedule(name), "fired"):
+                        await asyncio.sleep(await loop.tick())
+                return int(await client.hget(keys.schedule(name), "fired"))
+            finally:
+                await client.aclose()
+
+        assert asyncio.run(scenario()) >= 1
