@@ -4,7 +4,7 @@ Each ``POST /agent/execute`` logs one line once answered. Written as it was, at 
 request's turn of the loop, every call at one client paid for a write to stderr of its own, and
 paid it before the API read the client's next request, which had arrived meanwhile. Kept back
 and written with the others of the last ``MAX_DELAY_S``, the API's CPU per call was 7 % lower at
-one client and 5-10 % at 64 in paired rounds, and the no-op's p50 0.96x (bench/README.md, issue
+one client and 3-7 % at 64 in paired rounds, and the no-op's p50 0.96x (bench/README.md, issue
 35). Under load the lines of a turn already went out together; now those of several turns do.
 
 A line is at most ``MAX_DELAY_S`` late, and so is its timestamp (the time it is written; its
