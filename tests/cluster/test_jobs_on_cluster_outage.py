@@ -18,8 +18,9 @@ import pytest
 from redis.crc import key_slot
 
 from bench.localcluster import LocalCluster
+from carmy_worker.jobs.callbacks import CallbackLoop
 from carmy_worker.jobs.driver import JobLoop
-from carmy_worker.settings import WorkerSettings
+from carmy_worker.settings import NotifySettings, WorkerSettings
 from carmy_worker.store import jobs, keys
 from carmy_worker.store.connect import RedisConnector
 from carmy_worker.store.janitor import Janitor
@@ -30,6 +31,7 @@ from carmy_worker.store.roster import Liveness
 from carmy_worker.store.submit import Submit
 from carmy_worker.store.wakeups import wait_on_every_partition
 from carmy_worker.wire import ExecutionJob, RetryPolicy, ScheduleSpec, msgpack_encoder
+from tests.carmy_worker.jobs.test_callbacks import SECRET, pending
 from tests.carmy_worker.jobs.test_driver import GROUP, TOOLS
 from tests.carmy_worker.store.test_roster_cells import (
     DEAD_AFTER,
@@ -179,3 +181,36 @@ def test_a_schedule_of_a_primary_still_up_fires(slow_to_fail_over: LocalCluster)
                 await client.aclose()
 
         assert asyncio.run(scenario()) >= 1
+
+
+def test_the_callback_loop_delivers_in_the_partitions_of_the_primaries_still_up(
+        slow_to_fail_over: LocalCluster) -> None:
+    """A finished job's callback in a live partition is attempted while another primary is down
+    (here to a host not allowed, which ends it at once): the pass used to fail on the dead
+    primary's look."""
+    cluster = slow_to_fail_over
+    with partitions(16):
+        owners = {p: cluster.owner(key_slot(keys.partition_prefix(p).encode())) for p in keys.partitions()}
+        victim = owners[0]
+        up = [p for p in keys.partitions() if owners[p] is not victim]
+
+        async def scenario() -> tuple[int, int]:
+            client = RedisConnector("redis://localhost/0", tuple(cluster.nodes.split(","))).client(
+                socket_timeout=2, socket_connect_timeout=2)
+            loop = CallbackLoop(client, NotifySettings(secret=SECRET, hosts=("allowed.example",)))
+            try:
+                await loop.tick()  # the client knows the slots
+                for p in up:
+                    await pending(client, keys.new_job_id(p))
+                victim.kill()
+                attempted = 0
+                async with asyncio.timeout(10):
+                    while attempted < len(up):
+                        attempted += await loop.tick()
+                left = sum([await client.zcard(keys.callbacks_due(p)) for p in up])
+                return attempted, left
+            finally:
+                await client.aclose()
+
+        attempted, left = asyncio.run(scenario())
+    assert (attempted, left) == (len(up), 0)
