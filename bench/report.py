@@ -128,6 +128,8 @@ class Report:
             self.ratio("Carmy tracing on vs off, p50 at 1 client", "traced_1", "ours_1", by_rps=False),
             self.ratio("Carmy tracing on vs off, throughput at 64 clients", "traced_64", "ours_64", by_rps=True),
             self.ratio("Carmy vs Redis round-trip floor, p50 at 1 client", "ours_1", "floor", by_rps=False),
+            self.ratio("Carmy vs the shape's floor, p50 at 1 client", "ours_1", "shape_1", by_rps=False),
+            self.ratio("the shape's floor vs bare Starlette, p50 at 1 client", "shape_1", "bare_1", by_rps=False),
             self.ratio("Discovery with If-None-Match (304) vs without (200), throughput at 64 clients",
                        "discovery_304_64", "discovery_200_64", by_rps=True),
         ]

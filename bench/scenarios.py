@@ -4,14 +4,15 @@ report and stops its processes, so no scenario competes with another for the CPU
 from __future__ import annotations
 
 import asyncio
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
-from bench import cluster, console, cost_rows, inflight, jobs, latency, redis_floor, sizes, wrk
+from bench import cluster, console, cost_rows, inflight, jobs, latency, redis_floor, shape_floor, sizes, wrk
 from bench.processes import RedisServer
-from bench.procs import CpuMeter, Processes
+from bench.procs import START_TIMEOUT, CpuMeter, Processes
 from bench.report import Report, Row, ScalePoint
 from carmy_worker.store.keys import pending
 
@@ -168,6 +169,18 @@ def floor(b: Bench) -> None:
     b.redis.flush()
 
 
+def shape(b: Bench) -> None:
+    """Carmy's shape with nothing in it (bench/shape_floor.py): HTTP → LPUSH → BLPOP in a worker
+    process → PUBLISH → HTTP, at one client: the least six process boundaries cost here."""
+    with b.processes("shape") as procs:
+        worker = procs.start("shape-worker", [sys.executable, "-m", "bench.shape_floor", "serve", b.redis.url])
+        worker.wait_for_log(shape_floor.READY, START_TIMEOUT)
+        _, base = procs.uvicorn("bench.shape_floor:app")
+        b.load("shape_1", "the shape's floor: HTTP → LPUSH → BLPOP (worker) → PUBLISH → HTTP", base,
+               execute("noop"), 1, procs)
+    b.redis.flush()
+
+
 def scale_out(b: Bench) -> None:
     """A 50 ms tool at ``SCALE_CLIENTS`` clients, with 1, 2, 4… workers behind one API."""
     with b.processes("scale_out") as procs:
@@ -266,6 +279,6 @@ def console_pages(b: Bench) -> None:
     b.redis.flush()
 
 
-ALL = (carmy, traced, bare, arq_textbook, floor, scale_out, in_flight, jobs_due, jobs_memory, console_pages,
+ALL = (carmy, traced, bare, arq_textbook, floor, shape, scale_out, in_flight, jobs_due, jobs_memory, console_pages,
        cost_rows.cost_payload, cost_rows.cost_progress, cost_rows.cost_catalog, cost_rows.cost_idle,
        cost_rows.cost_waiting, cluster.cluster_noop)
