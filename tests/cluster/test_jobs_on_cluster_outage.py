@@ -21,18 +21,19 @@ from bench.localcluster import LocalCluster
 from carmy_worker.jobs.callbacks import CallbackLoop
 from carmy_worker.jobs.driver import JobLoop
 from carmy_worker.settings import NotifySettings, WorkerSettings
-from carmy_worker.store import jobs, keys
+from carmy_worker.store import jobs, keys, records
 from carmy_worker.store.connect import RedisConnector
 from carmy_worker.store.janitor import Janitor
 from carmy_worker.store.jobstore import JobStore, job_fields
 from carmy_worker.store.leases import Leases
+from carmy_worker.store.promotion import Look
 from carmy_worker.store.quota import Quota
 from carmy_worker.store.roster import Liveness
 from carmy_worker.store.submit import Submit
 from carmy_worker.store.wakeups import wait_on_every_partition
 from carmy_worker.wire import ExecutionJob, RetryPolicy, ScheduleSpec, msgpack_encoder
 from tests.carmy_worker.jobs.test_callbacks import SECRET, pending
-from tests.carmy_worker.jobs.test_driver import GROUP, TOOLS
+from tests.carmy_worker.jobs.test_driver import GROUP, TOOLS, Settler
 from tests.carmy_worker.store.test_roster_cells import (
     DEAD_AFTER,
     RETENTION,
@@ -87,6 +88,49 @@ def test_a_dead_primary_holds_back_only_its_own_partitions_jobs(slow_to_fail_ove
     promoted = [job_id for job_id, status in statuses.items() if status is not None]
     assert len(promoted) == len(up)
     assert {statuses[job_id] for job_id in promoted} == {b"running"}, statuses
+
+
+def test_attempts_settled_where_primaries_are_up_are_concluded_when_one_dies_mid_pass(
+        slow_to_fail_over: LocalCluster) -> None:
+    """Every partition's LOOK answered, then a primary died before the pass concluded what they
+    found settled: the conclusions, read and written for every partition at once while all
+    answer, fail on the dead primary, and are then made partition by partition, so that the
+    jobs whose primaries are up are concluded in that same pass."""
+    cluster = slow_to_fail_over
+    with partitions(16):
+        owners = {p: cluster.owner(key_slot(keys.partition_prefix(p).encode())) for p in keys.partitions()}
+        victim = owners[0]
+        up = [p for p in keys.partitions() if owners[p] is not victim]
+
+        async def scenario() -> dict[str, bytes | None]:
+            client = RedisConnector("redis://localhost/0", tuple(cluster.nodes.split(","))).client(
+                socket_timeout=2, socket_connect_timeout=2)
+            store = JobStore(client)
+            loop = JobLoop(client, tools=TOOLS, group=GROUP, settings=WorkerSettings())
+            settler = Settler(client, lambda e: records.completed(e, "mirror", b'{"ok":true}', cacheable=False,
+                                                                  duration_ms=1))
+            try:
+                made = {await make_job(store, p): p for p in keys.partitions()}
+                await loop.tick()  # every job promoted
+                await settler.settle_queued()
+                assert len(settler.settled) == len(made)
+                look = loop._look
+
+                async def look_then_kill() -> dict[int, Look]:
+                    found = await look()
+                    assert sum(len(one.settled) for one in found.values()) == len(made)
+                    victim.kill()
+                    return found
+
+                loop._look = look_then_kill  # type: ignore[method-assign]  # the fault, between the two
+                await loop.tick()
+                return {job_id: await client.hget(keys.job(job_id), "status") for job_id, p in made.items() if p in up}
+            finally:
+                await client.aclose()
+
+        statuses = asyncio.run(scenario())
+    assert len(statuses) == len(up)
+    assert set(statuses.values()) == {b"succeeded"}, statuses
 
 
 def test_the_janitor_reaps_in_the_partitions_of_the_primaries_still_up(slow_to_fail_over: LocalCluster) -> None:
