@@ -314,6 +314,17 @@ class RedisServer:
         if self._proc is not None:
             self._proc.close()
 
+    def pause(self) -> None:
+        """SIGSTOP: a hung server, until ``resume``. Its kernel still accepts connections and
+        takes in what is written; nothing is answered, and nothing resets a connection."""
+        if self._proc is not None:
+            self._proc.signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT after ``pause``: it reads and answers what waited meanwhile."""
+        if self._proc is not None:
+            self._proc.signal(signal.SIGCONT)
+
     def stop(self) -> None:
         """SIGTERM, then SIGKILL if it lingers."""
         if self._proc is not None:

@@ -24,6 +24,7 @@ from msgspec import Struct
 from redis._parsers.hiredis import NOT_ENOUGH_DATA
 from redis.asyncio import Redis
 from redis.asyncio.connection import AbstractConnection
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, RedisError
 
 from carmy_worker.store import jobs, keys, metrics
@@ -124,6 +125,18 @@ return 1
 # its job back until the in-progress key expires (the longest tool timeout and then some).
 FINISH_RETRY_S = 60.0
 
+# A wait's replies come within its BLPOP's timeout, then LEASE's run (and the WAIT for replicas,
+# when asked for). A node that has still not answered this long after is hung or cut off (a
+# stopped process, a network partition without a reset): the wait's connection, which has no
+# reply timeout of its own, is dropped and the wait fails as a lost connection would, so that a
+# cluster's other partitions go on and one Redis is tried again (behind Sentinel, the promoted
+# replica). Long enough for a busy Redis's worst pauses (a long script, an fsync); a LEASE the
+# node runs when it wakes is handed back by the heartbeat, as any whose reply was lost.
+WAIT_GRACE_S = 2.0
+# How long an ``unblock`` waits for its node: one that does not answer is hung, and the wait it
+# was to end is bounded by its own deadline (``WAIT_GRACE_S``).
+UNBLOCK_TIMEOUT_S = 0.5
+
 # How far down the queue a LEASE sent with a SETTLE looks: past a job another worker's lease still
 # holds, but not over the whole backlog (checking each job there is most of a full LEASE's cost).
 HANDOFF_LOOK_AHEAD = 4
@@ -202,19 +215,24 @@ class Leases:
         something: an idle poll has nothing to protect, and must not wait for absent replicas.
 
         ``blocked``: told the connection's client id before the wait, so that a ``CLIENT UNBLOCK``
-        may end it early (LEASE then runs at once: ``store.wakeups``)."""
+        may end it early (LEASE then runs at once: ``store.wakeups``).
+
+        No reply ``WAIT_GRACE_S`` after the timeout (the node is hung or cut off): the connection
+        is dropped and Redis's ``ConnectionError`` raised."""
         keys_, args, prefix = self._call(queue, most, lease_ms, look_ahead)
         sent_at = time.monotonic()
         commands: list[tuple[Any, ...]] = [("BLPOP", jobs.wake_list(queue), timeout), LEASE.command(keys_, args)]
         if blocked is not None:
             commands.insert(0, ("CLIENT", "ID"))
+        durability = self._lease.durability
+        deadline = timeout + WAIT_GRACE_S + (durability.timeout_ms / 1000 if durability is not None else 0.0)
         if isinstance(redis, StoreCluster):
             async with held_connection(redis, queue) as conn:  # the queue's slot's: BLPOP's and LEASE's keys
-                reply = await self._blpop_then_lease(conn, commands, blocked)
+                reply = await self._blpop_then_lease(conn, commands, blocked, deadline)
         else:
             conn = await self._waiting_connection(redis, queue)
             try:
-                reply = await self._blpop_then_lease(conn, commands, blocked)
+                reply = await self._blpop_then_lease(conn, commands, blocked, deadline)
             except BaseException:
                 await conn.disconnect()  # a reply may be left unread: the next wait connects again
                 raise
@@ -238,9 +256,19 @@ class Leases:
         return conn
 
     async def _blpop_then_lease(self, conn: AbstractConnection, commands: list[tuple[Any, ...]],
-                                blocked: Callable[[int], None] | None) -> list[Any] | None:
+                                blocked: Callable[[int], None] | None, deadline: float) -> list[Any] | None:
         """Write ``commands`` (``CLIENT ID`` if ``blocked``, ``BLPOP``, LEASE) on ``conn``, read
-        their replies: LEASE's, or None if Redis did not know the script (it did not run)."""
+        their replies: LEASE's, or None if Redis did not know the script (it did not run).
+        ``ConnectionError`` if they are not all read within ``deadline`` s (the caller drops
+        ``conn``: a reply may come later)."""
+        try:
+            async with asyncio.timeout(deadline):
+                return await self._exchange(conn, commands, blocked)
+        except TimeoutError:
+            raise RedisConnectionError(f"no reply to a wait within {deadline:g} s: Redis is hung or cut off") from None
+
+    async def _exchange(self, conn: AbstractConnection, commands: list[tuple[Any, ...]],
+                        blocked: Callable[[int], None] | None) -> list[Any] | None:
         await conn.send_packed_command(conn.pack_commands(commands))
         if blocked is not None:
             blocked(int(await conn.read_response()))
@@ -319,10 +347,15 @@ async def unblock(redis: Redis, queue: str, client_id: int) -> None:
     """End the blocking wait of connection ``client_id`` on ``queue``'s wake list, as its timeout
     would (``CLIENT UNBLOCK``). A client id is a node's own: the command goes where the wait was
     sent, to the node serving ``queue``'s slot (``held_connection``; on one Redis, any
-    connection of ``redis``'s pool)."""
+    connection of ``redis``'s pool). A node that does not answer within ``UNBLOCK_TIMEOUT_S``
+    raises ``ConnectionError``."""
     async with held_connection(redis, queue) as conn:
-        await conn.send_command("CLIENT", "UNBLOCK", client_id)
-        await conn.read_response()
+        try:
+            async with asyncio.timeout(UNBLOCK_TIMEOUT_S):
+                await conn.send_command("CLIENT", "UNBLOCK", client_id)
+                await conn.read_response()
+        except TimeoutError:
+            raise RedisConnectionError(f"no reply to CLIENT UNBLOCK within {UNBLOCK_TIMEOUT_S:g} s") from None
 
 
 class Handoff(FollowUp):

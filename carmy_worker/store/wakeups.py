@@ -27,10 +27,19 @@ import asyncio
 from collections.abc import Sequence
 
 from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 from carmy_worker.store import keys
 from carmy_worker.store.leases import Lease, Leases, unblock
+
+# How long a round waits for the waits it ended early once one returned: their LEASE runs as soon
+# as the node reads the CLIENT UNBLOCK, so a node that has not answered by then is hung or cut
+# off. Those waits are given up (their connections dropped, their partitions left out of the next
+# rounds for a while: ``leases.reach``), so that a hung primary holds up neither the leases the
+# round took elsewhere nor the next rounds; a LEASE such a node runs when it wakes is handed back
+# by the heartbeat.
+ENDED_WITHIN_S = 0.5
 
 
 def claim_shares(free: int, count: int) -> list[int]:
@@ -59,7 +68,9 @@ async def wait_on_every_partition(leases: Leases, redis: Redis, queues: Sequence
     A wait that fails (on a cluster, its primary down until its replica is promoted) does not
     end the others: its partition is left out of the next rounds for a while (``leases.reach``)
     and the round goes on with the rest, so that one primary's failover holds up only its own
-    partitions' calls. Only when every wait of the round failed is the first error raised."""
+    partitions' calls. So does a wait whose node is hung: it fails on its own deadline
+    (``leases.WAIT_GRACE_S``), or is given up ``ENDED_WITHIN_S`` after another returned. Only
+    when every wait of the round failed is the first error raised."""
     reach = leases.reach
     tried = [q for q in queues if reach.reachable(keys.partition_of_key(q))] or list(queues)
     loop = asyncio.get_running_loop()
@@ -74,7 +85,12 @@ async def wait_on_every_partition(leases: Leases, redis: Redis, queues: Sequence
         ending = [(asyncio.create_task(_end_early(redis, queue, client)), client)
                   for wait, queue, client in zip(waits, tried, clients, strict=True) if not wait.done()]
         ends = [end for end, _ in ending]
-        await asyncio.wait(waits)  # every wait ends: woken, ended early (its LEASE ran), or failed
+        # Every wait ends: woken, ended early (its LEASE ran), failed, or given up (a hung node).
+        _, stragglers = await asyncio.wait(waits, timeout=ENDED_WITHIN_S)
+        for wait in stragglers:
+            wait.cancel()
+        if stragglers:
+            await asyncio.wait(stragglers)
         for end, client in ending:
             if not client.done():  # its wait failed before it blocked: nothing to end
                 end.cancel()
@@ -86,7 +102,9 @@ async def wait_on_every_partition(leases: Leases, redis: Redis, queues: Sequence
     taken: list[Lease] = []
     failures: list[BaseException] = []
     for wait, queue in zip(waits, tried, strict=True):
-        partition, failure = keys.partition_of_key(queue), wait.exception()
+        partition = keys.partition_of_key(queue)
+        failure = RedisConnectionError(f"no answer within {ENDED_WITHIN_S:g} s of the round's end") \
+            if wait.cancelled() else wait.exception()
         if failure is None:
             reach.answered(partition)
             taken += wait.result()

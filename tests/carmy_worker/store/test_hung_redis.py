@@ -1,0 +1,53 @@
+"""A worker's wait for work on a Redis that hangs (stopped: it accepts connections and takes in
+what is written, but answers nothing, and nothing resets the connection): the wait, whose
+connection has no reply timeout of its own, fails within its deadline rather than waiting for
+the node to wake, and the next one, once Redis answers again, takes work as before. Behind
+Sentinel, the next wait's connection goes to the promoted replica; on a cluster, the other
+partitions go on (tests/cluster/test_jobs_on_cluster_outage.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import redis.asyncio
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from carmy_worker.store import jobs, keys
+from carmy_worker.store.leases import WAIT_GRACE_S, Leases
+from carmy_worker.store.submit import Submit
+from carmy_worker.wire import ExecutionJob
+from tests.support import private_redis
+
+GROUP = "hung"
+
+
+async def test_a_wait_on_a_hung_redis_fails_on_its_deadline_and_the_next_takes_work_once_it_answers() -> None:
+    queue = jobs.queue_name(GROUP, 0)
+    with private_redis() as server:
+        client = redis.asyncio.Redis.from_url(server.url)
+        leases = Leases(client, "w-hung")
+        try:
+            assert await leases.wait_and_take(client, queue, timeout=0.1, most=1, lease_ms=60_000,
+                                              look_ahead=10) == []  # its connection is made, and kept
+            server.pause()
+            started = time.monotonic()
+            try:
+                with pytest.raises(RedisConnectionError, match="hung or cut off"):
+                    async with asyncio.timeout(0.1 + WAIT_GRACE_S + 5):  # the test's bound, not the wait's
+                        await leases.wait_and_take(client, queue, timeout=0.1, most=1, lease_ms=60_000,
+                                                   look_ahead=10)
+                waited = time.monotonic() - started
+            finally:
+                server.resume()
+            assert 0.1 + WAIT_GRACE_S - 0.05 <= waited < 0.1 + WAIT_GRACE_S + 2
+            exec_id = keys.new_execution_id(0)
+            submitted = await Submit(client, retention=600)(
+                ExecutionJob(execution_id=exec_id, tool="t", arguments=b"{}"), group=GROUP, idempotent=True,
+                workers_alive=True, max_pending=100, queue_wait_ms=60_000, admission_ms=60_000)
+            assert submitted.kind == "new"
+            taken = await leases.wait_and_take(client, queue, timeout=5, most=1, lease_ms=60_000, look_ahead=10)
+            assert [lease.job_id for lease in taken] == [exec_id]
+        finally:
+            await client.aclose()
