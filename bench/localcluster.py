@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import cast
@@ -245,6 +246,34 @@ class LocalCluster:
 
         wait_until(promoted, timeout, f"a replica promoted in place of {victim.address}", interval=0.1)
         return victim
+
+    def hang_primary(self, victim: ClusterServer, timeout: float = 60.0) -> float:
+        """``SIGSTOP`` of the primary ``victim``: a node that hangs (it accepts connections and
+        answers nothing; nothing resets its clients' connections) until the other nodes have
+        promoted its replica and serve every slot; then ``SIGCONT``, and it comes back as that
+        one's replica. Returns when the replica was promoted (the cluster is whole on return)."""
+        others = [server for server in self.live() if server is not victim]
+        victim.pause()
+
+        def promoted() -> bool:
+            server = others[0]
+            try:
+                info = _cluster_info(server)
+                with server.check_client() as client:
+                    text = client.execute_command("CLUSTER", "NODES").decode()
+            except redis.RedisError:
+                return False
+            serving = {n.port for n in map(NodeLine, text.splitlines()) if n.is_primary and not n.failed and n.slots}
+            return (info.get("cluster_state") == "ok" and int(info.get("cluster_slots_ok", 0)) == SLOTS
+                    and victim.port not in serving)
+
+        try:
+            wait_until(promoted, timeout, f"a replica promoted in place of {victim.address}, hung", interval=0.1)
+            at = time.time()
+        finally:
+            victim.resume()
+        self.wait_ok(timeout)
+        return at
 
     def migrate_slots(self, count: int, source: ClusterServer, target: ClusterServer,
                       timeout: float = 120.0) -> None:

@@ -199,6 +199,13 @@ class Cluster:
         local.restart(victim, SETTLE_TIMEOUT)
         return pid, promoted, time.time()
 
+    def hang_primary(self, victim: ClusterServer) -> tuple[int, float]:
+        """``SIGSTOP`` of the cluster's primary ``victim`` until its replica has been promoted,
+        then ``SIGCONT``: it comes back as the new primary's replica. (Its pid, when the replica
+        was promoted; the cluster is whole on return.)"""
+        pid = victim.proc.pid
+        return pid, self.redis_cluster().hang_primary(victim, SETTLE_TIMEOUT)
+
     def migrate_slot(self, slot: int, target: ClusterServer) -> int:
         """Moves ``slot``, keys and all, to the primary ``target`` (MIGRATE in batches, as
         ``redis-cli --cluster reshard`` does) while the load goes on; returns how many keys it

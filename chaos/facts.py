@@ -31,8 +31,14 @@ class Facts:
         # return as a replica later is no outage (nobody writes to it). A cluster's is an outage
         # of one primary's slots only, counted as the whole store's (the rows it excuses are info).
         self.redis_down += [(f.t, (f.promoted or f.t_end) + REDIS_GRACE_S) for f in faults
-                            if f.kind in ("redis-failover", "cluster-failover")]
-        self.crashes = [f.t for f in faults if f.kind in ("redis-kill", "redis-failover", "cluster-failover")]
+                            if f.kind in ("redis-failover", "cluster-failover", "cluster-hang")]
+        # Where a write may be lost: just before a crash; and from just before a hang until the
+        # hung primary wakes (it runs what its clients sent meanwhile before it learns it was
+        # replaced, and then drops it for its new primary's data).
+        self.losses = [(f.t - LOSS_WINDOW_S, f.t) for f in faults
+                       if f.kind in ("redis-kill", "redis-failover", "cluster-failover")]
+        self.losses += [(f.t - LOSS_WINDOW_S, (f.promoted or f.t_end) + LOSS_WINDOW_S) for f in faults
+                        if f.kind == "cluster-hang"]
         self.workers_out = [(f.t, f.t_end) for f in faults if f.kind.startswith("worker-")]
 
     def lines(self, rid: str, ev: str) -> list[LedgerLine]:
@@ -50,8 +56,8 @@ class Facts:
 
     def in_loss_window(self, t0: float, t1: float) -> bool:
         """Whether something between ``t0`` and ``t1`` was within ``LOSS_WINDOW_S`` before a Redis
-        ``kill -9`` or failover: a write it made may be gone with the killed server."""
-        return any(t - LOSS_WINDOW_S <= t1 and t0 <= t for t in self.crashes)
+        ``kill -9`` or failover, or during a hang: a write it made may be gone with that server."""
+        return any(start <= t1 and t0 <= end for start, end in self.losses)
 
     def redis_was_down(self, t0: float, t1: float) -> bool:
         return any(t < t1 and t0 < t_end for t, t_end in self.redis_down)

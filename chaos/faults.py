@@ -11,7 +11,9 @@ replica. Against a Sentinel group, the first two are refused rather than aimed a
 primary: killing a primary there *is* a failover (the Sentinels promote a replica after 1 s of
 silence), and restarting it 1–4 s later would race that promotion. Against a Redis Cluster
 (``--cluster``), ``cluster-failover`` kills the primary that serves a partition's slot, waits for
-its replica's promotion and restarts it as that one's replica; ``slot-migrate`` moves a
+its replica's promotion and restarts it as that one's replica; ``cluster-hang`` stops it instead
+(``SIGSTOP``: a node that answers nothing and resets nothing) until its replica is promoted, then
+wakes it; ``slot-migrate`` moves a
 partition's slot, keys and all, to another primary while the load goes on. ``redis-full`` plays
 against any: every server's ``maxmemory`` is set below what it holds for 1–4 s, then lifted.
 """
@@ -37,7 +39,7 @@ GAP_S = (2.0, 5.0)  # quiet time between two faults
 BURST = 256  # concurrent calls of an overload burst
 # The kinds that need one Redis of the three; every other kind plays against any.
 ONLY: dict[FaultKind, RedisKind] = {"redis-term": "single", "redis-kill": "single", "redis-failover": "sentinel",
-                                    "cluster-failover": "cluster", "slot-migrate": "cluster"}
+                                    "cluster-failover": "cluster", "cluster-hang": "cluster", "slot-migrate": "cluster"}
 # What each Redis's own crash is, for the refusal's way out.
 CRASH: dict[RedisKind, str] = {"single": "redis-kill", "sentinel": "redis-failover", "cluster": "cluster-failover"}
 OPTION: dict[RedisKind, str] = {"single": "no --sentinel nor --cluster", "sentinel": "--sentinel",
@@ -109,7 +111,8 @@ class Injector:
             "worker-kill": self.worker_kill, "worker-stop": self.worker_stop, "worker-term": self.worker_term,
             "api-kill": self.api_kill, "redis-term": lambda: self.redis_down("redis-term"),
             "redis-kill": lambda: self.redis_down("redis-kill"), "redis-failover": self.redis_failover,
-            "cluster-failover": self.cluster_failover, "slot-migrate": self.slot_migrate,
+            "cluster-failover": self.cluster_failover, "cluster-hang": self.cluster_hang,
+            "slot-migrate": self.slot_migrate,
             "redis-full": self.redis_full, "overload": self.overload,
         }
         return method[kind]()
@@ -180,6 +183,19 @@ class Injector:
         pid, promoted, whole = self.cluster.fail_over_primary(victim)
         return Fault(kind="cluster-failover", t=t, t_end=whole, target=f"redis {pid}", pid=pid,
                      replacement=victim.proc.pid, promoted=promoted,
+                     note=f"port {victim.port} (partition {partition}); a replica promoted after {promoted - t:.1f} s")
+
+    def cluster_hang(self) -> Fault:
+        """``SIGSTOP`` of the primary serving a partition drawn at random: it hangs (no reply, no
+        reset) until its replica is promoted, then wakes (``SIGCONT``) and comes back as that
+        one's replica. What its clients sent meanwhile runs when it wakes, before it learns it
+        was replaced: a write then may be lost with it, as in a crash."""
+        local = self.cluster.redis_cluster()
+        partition = self.rng.randrange(keys.partition_count())
+        victim = local.owner(partition_slot(partition))
+        t = time.time()
+        pid, promoted = self.cluster.hang_primary(victim)
+        return Fault(kind="cluster-hang", t=t, t_end=time.time(), target=f"redis {pid}", pid=pid, promoted=promoted,
                      note=f"port {victim.port} (partition {partition}); a replica promoted after {promoted - t:.1f} s")
 
     def slot_migrate(self) -> Fault:

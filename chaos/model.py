@@ -12,10 +12,10 @@ from msgspec import Struct
 Mode = Literal["json", "sse", "async"]
 LedgerEvent = Literal["started", "effect", "abandoned", "failed"]
 FaultKind = Literal["worker-kill", "worker-stop", "worker-term", "api-kill", "redis-term", "redis-kill",
-                    "redis-failover", "cluster-failover", "slot-migrate", "redis-full", "overload"]
+                    "redis-failover", "cluster-failover", "cluster-hang", "slot-migrate", "redis-full", "overload"]
 FAULT_KINDS: tuple[FaultKind, ...] = ("worker-kill", "worker-stop", "worker-term", "api-kill", "redis-term",
-                                      "redis-kill", "redis-failover", "cluster-failover", "slot-migrate", "redis-full",
-                                      "overload")
+                                      "redis-kill", "redis-failover", "cluster-failover", "cluster-hang",
+                                      "slot-migrate", "redis-full", "overload")
 # The Redis a run has: one server, a Sentinel group (--sentinel) or a Redis Cluster (--cluster).
 RedisKind = Literal["single", "sentinel", "cluster"]
 
@@ -66,8 +66,9 @@ class Fault(Struct, kw_only=True):
     target: str  # "worker", "api" or "redis", with its pid
     pid: int | None = None
     replacement: int | None = None  # the pid of the process started in its place
-    # redis-failover: when the Sentinels named a new primary that takes writes; cluster-failover:
-    # when the killed primary's replica was promoted and every slot was served again.
+    # redis-failover: when the Sentinels named a new primary that takes writes; cluster-failover
+    # and cluster-hang: when the primary's replica was promoted and every slot was served again
+    # (a hung primary is woken right after).
     promoted: float | None = None
     note: str = ""
 
