@@ -63,7 +63,7 @@ def rows(table: Table) -> list[tuple[str, str, str]]:
          f" ({len(table.detection)} runs)", "info"),
         ("lost, duplicated, flipped, unfounded, false uncertain or late: in Redis's loss window",
          f"{len(table.in_loss_window)} of {len(table.about_records())} requests (under way 1 s before a "
-         "kill -9 or failover)"
+         "kill -9 or failover, or in a hang)"
          + (" (e.g. " + ", ".join(table.in_loss_window[:EXAMPLES]) + ")" if table.in_loss_window else ""), "info"),
         ("503 STORE_UNAVAILABLE with Redis up", str(len(table.false_store_unavailable)), "info"),
         ("503 NO_WORKERS with a live worker", str(len(table.false_no_workers)), "info"),
@@ -94,7 +94,7 @@ def job_rows(j: JobTable) -> list[tuple[str, str, str]]:
         promise("schedule occurrences fired twice", j.fired_twice),
         promise("schedule occurrences missed", j.missed),
         ("jobs and occurrences named above: in Redis's loss window",
-         f"{len(j.in_loss_window)} of {len(j.named())} (created or run 1 s before a kill -9 or failover)", "info"),
+         f"{len(j.in_loss_window)} of {len(j.named())} (created or run 1 s before a kill -9 or failover, or in a hang)", "info"),
     ]
 
 
@@ -138,7 +138,7 @@ def audit_rows(a: AuditTable) -> list[tuple[str, str, str]]:
                 f"{len(a.unaudited_replays)} of {a.known_replays} replays"),
         promise("arguments in the audit trail (an entry holding the load's marker)", a.with_arguments),
         ("audit rows' executions: in Redis's loss window",
-         f"{len(a.in_loss_window)} of {len(a.named())} (finished, run or answered 1 s before a kill -9 or failover)",
+         f"{len(a.in_loss_window)} of {len(a.named())} (finished, run or answered 1 s before a kill -9 or failover, or in a hang)",
          "info"),
     ]
 
