@@ -94,7 +94,8 @@ def job_rows(j: JobTable) -> list[tuple[str, str, str]]:
         promise("schedule occurrences fired twice", j.fired_twice),
         promise("schedule occurrences missed", j.missed),
         ("jobs and occurrences named above: in Redis's loss window",
-         f"{len(j.in_loss_window)} of {len(j.named())} (created or run 1 s before a kill -9 or failover, or in a hang)", "info"),
+         f"{len(j.in_loss_window)} of {len(j.named())} (created or run 1 s before a kill -9 or failover, "
+         "or in a hang)", "info"),
     ]
 
 
@@ -138,7 +139,8 @@ def audit_rows(a: AuditTable) -> list[tuple[str, str, str]]:
                 f"{len(a.unaudited_replays)} of {a.known_replays} replays"),
         promise("arguments in the audit trail (an entry holding the load's marker)", a.with_arguments),
         ("audit rows' executions: in Redis's loss window",
-         f"{len(a.in_loss_window)} of {len(a.named())} (finished, run or answered 1 s before a kill -9 or failover, or in a hang)",
+         f"{len(a.in_loss_window)} of {len(a.named())} (finished, run or answered 1 s before a kill -9 or "
+         "failover, or in a hang)",
          "info"),
     ]
 
