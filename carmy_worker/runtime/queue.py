@@ -691,11 +691,25 @@ def build_worker(
     return worker
 
 
-def connect(redis: RedisConnector | str, **options: Any) -> ArqRedis:
+# On a Redis Cluster, a reply later than this (plus the WAIT for replicas, when asked for) means
+# its node hangs or is cut off without a reset (a primary stopped, or on the far side of a network
+# partition): the command fails as a lost connection does, and the client rebuilds its slot table
+# (``store.cluster``), so that the worker's outcomes, job loop, janitor and callbacks reach the
+# replica promoted in the node's place instead of waiting for it to wake. Long enough for the
+# slowest script a busy Redis runs (a heartbeat over thousands of executions: tens of ms).
+# The waits for work are bounded on their own (``store.leases.WAIT_GRACE_S``); the cancel
+# listener's subscriptions, which may stay silent for long, have their own connections, without
+# a timeout (``store.shardpubsub``). On one Redis there is no other node to go to, and a
+# subscription shares the client's options: no reply timeout there.
+CLUSTER_REPLY_TIMEOUT_S = 5.0
+
+
+def connect(redis: RedisConnector | str, *, reply_timeout: float = CLUSTER_REPLY_TIMEOUT_S,
+            **options: Any) -> ArqRedis:
     """A redis-py client for ``CARMY_REDIS_URL`` that arq's worker accepts as its pool; on a
-    cluster, a ``StoreCluster`` typed as one: arq only sends it single-key commands and closes it
-    (``store.cluster`` lists what)."""
+    cluster, a ``StoreCluster`` typed as one, whose replies time out after ``reply_timeout`` s:
+    arq only sends it single-key commands and closes it (``store.cluster`` lists what)."""
     connector = redis if isinstance(redis, RedisConnector) else RedisConnector(redis)
     if connector.is_cluster:
-        return cast("ArqRedis", connector.client(socket_connect_timeout=1.0, **options))
+        return cast("ArqRedis", connector.client(socket_connect_timeout=1.0, socket_timeout=reply_timeout, **options))
     return ArqRedis(connection_pool=connector.pool(socket_connect_timeout=1.0, **options))

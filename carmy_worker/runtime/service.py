@@ -52,7 +52,8 @@ async def serve(tools: list[Tool], settings: WorkerSettings, connector: RedisCon
     them: each occurrence is fired once)."""
     connector = connector or RedisConnector(settings.redis_url, settings.redis_cluster_nodes)
     keys.use_partitions(settings.redis_partitions)  # before any key is named
-    redis = queue.connect(connector)
+    redis = queue.connect(connector, reply_timeout=queue.CLUSTER_REPLY_TIMEOUT_S
+                          + settings.wait_timeout / 1000 * bool(settings.wait_replicas))
     described = describe(tools, settings)
     info = WorkerInfo(
         worker_id=new_worker_id(), started_ms=int(time.time() * 1000), tools=described,

@@ -20,6 +20,7 @@ from redis.crc import key_slot
 from bench.localcluster import LocalCluster
 from carmy_worker.jobs.callbacks import CallbackLoop
 from carmy_worker.jobs.driver import JobLoop
+from carmy_worker.runtime import queue
 from carmy_worker.settings import NotifySettings, WorkerSettings
 from carmy_worker.store import jobs, keys, records
 from carmy_worker.store.connect import RedisConnector
@@ -131,6 +132,42 @@ def test_attempts_settled_where_primaries_are_up_are_concluded_when_one_dies_mid
         statuses = asyncio.run(scenario())
     assert len(statuses) == len(up)
     assert set(statuses.values()) == {b"succeeded"}, statuses
+
+
+def test_a_hung_primary_holds_a_workers_job_pass_and_janitor_sweep_no_longer_than_its_reply_timeout(
+        slow_to_fail_over: LocalCluster) -> None:
+    """A primary that hangs (stopped: it answers nothing and resets nothing): the worker's client
+    (``queue.connect``) gives up on its replies after ``reply_timeout``, so that the job loop's
+    pass promotes the other partitions' jobs and the janitor's sweep ends, where both waited for
+    the node to wake (for as long as a network partition without resets may last)."""
+    cluster = slow_to_fail_over
+    with partitions(16):
+        owners = {p: cluster.owner(key_slot(keys.partition_prefix(p).encode())) for p in keys.partitions()}
+        victim = owners[0]
+        up = [p for p in keys.partitions() if owners[p] is not victim]
+
+        async def scenario() -> dict[str, bytes | None]:
+            connector = RedisConnector("redis://localhost/0", tuple(cluster.nodes.split(",")))
+            client = queue.connect(connector, reply_timeout=1.0)
+            store = JobStore(client)
+            loop = JobLoop(client, tools=TOOLS, group=GROUP, settings=WorkerSettings())
+            try:
+                await loop.tick()  # the client knows the slots
+                made = {await make_job(store, p): p for p in keys.partitions()}
+                victim.pause()
+                try:
+                    async with asyncio.timeout(15):  # each waited for the node to wake
+                        await loop.tick()
+                        await Janitor(client, retention=RETENTION, dead_after=DEAD_AFTER).sweep()
+                finally:
+                    victim.resume()
+                return {job_id: await client.hget(keys.job(job_id), "status") for job_id, p in made.items() if p in up}
+            finally:
+                await client.aclose()
+
+        statuses = asyncio.run(scenario())
+    assert len(statuses) == len(up)
+    assert set(statuses.values()) == {b"running"}, statuses
 
 
 def test_the_janitor_reaps_in_the_partitions_of_the_primaries_still_up(slow_to_fail_over: LocalCluster) -> None:
