@@ -691,25 +691,25 @@ def build_worker(
     return worker
 
 
-# On a Redis Cluster, a reply later than this (plus the WAIT for replicas, when asked for) means
-# its node hangs or is cut off without a reset (a primary stopped, or on the far side of a network
-# partition): the command fails as a lost connection does, and the client rebuilds its slot table
-# (``store.cluster``), so that the worker's outcomes, job loop, janitor and callbacks reach the
-# replica promoted in the node's place instead of waiting for it to wake. Long enough for the
-# slowest script a busy Redis runs (a heartbeat over thousands of executions: tens of ms).
-# The waits for work are bounded on their own (``store.leases.WAIT_GRACE_S``); the cancel
-# listener's subscriptions, which may stay silent for long, have their own connections, without
-# a timeout (``store.shardpubsub``). On one Redis there is no other node to go to, and a
-# subscription shares the client's options: no reply timeout there.
-CLUSTER_REPLY_TIMEOUT_S = 5.0
+# A reply later than this (plus the WAIT for replicas, when asked for) means Redis hangs or is
+# cut off without a reset (a primary stopped, or on the far side of a network partition): the
+# command fails as a lost connection does, and the next one connects again: behind Sentinel, to
+# the replica promoted meanwhile; on a cluster, after the client has rebuilt its slot table
+# (``store.cluster``). Without it, an outcome on its way, the job loop's pass, the janitor and the
+# callbacks waited for the node to wake, or for TCP to give up. Long enough for the slowest script
+# a busy Redis runs (a heartbeat over thousands of executions: tens of ms). The waits for work
+# are bounded on their own (``store.leases.WAIT_GRACE_S``), and the cancel listener, whose
+# subscription may stay silent for hours, has a client without it (``runtime.service``).
+REPLY_TIMEOUT_S = 5.0
 
 
-def connect(redis: RedisConnector | str, *, reply_timeout: float = CLUSTER_REPLY_TIMEOUT_S,
-            **options: Any) -> ArqRedis:
-    """A redis-py client for ``CARMY_REDIS_URL`` that arq's worker accepts as its pool; on a
-    cluster, a ``StoreCluster`` typed as one, whose replies time out after ``reply_timeout`` s:
-    arq only sends it single-key commands and closes it (``store.cluster`` lists what)."""
+def connect(redis: RedisConnector | str, *, reply_timeout: float | None = None, **options: Any) -> ArqRedis:
+    """A redis-py client for ``CARMY_REDIS_URL`` that arq's worker accepts as its pool, whose
+    replies time out after ``reply_timeout`` s (None: never); on a cluster, a ``StoreCluster``
+    typed as one: arq only sends it single-key commands and closes it (``store.cluster`` lists
+    what)."""
     connector = redis if isinstance(redis, RedisConnector) else RedisConnector(redis)
     if connector.is_cluster:
         return cast("ArqRedis", connector.client(socket_connect_timeout=1.0, socket_timeout=reply_timeout, **options))
-    return ArqRedis(connection_pool=connector.pool(socket_connect_timeout=1.0, **options))
+    return ArqRedis(connection_pool=connector.pool(socket_connect_timeout=1.0, socket_timeout=reply_timeout,
+                                                   **options))

@@ -52,8 +52,12 @@ async def serve(tools: list[Tool], settings: WorkerSettings, connector: RedisCon
     them: each occurrence is fired once)."""
     connector = connector or RedisConnector(settings.redis_url, settings.redis_cluster_nodes)
     keys.use_partitions(settings.redis_partitions)  # before any key is named
-    redis = queue.connect(connector, reply_timeout=queue.CLUSTER_REPLY_TIMEOUT_S
-                          + settings.wait_timeout / 1000 * bool(settings.wait_replicas))
+    redis = queue.connect(connector)
+    # The loops that run beside the calls (jobs, janitor, callbacks) give up on a hung Redis after
+    # a reply timeout (queue.REPLY_TIMEOUT_S); the calls' own path keeps none: a timeout on every
+    # read costs each call a few µs, and its waits for work are bounded on their own.
+    upkeep = queue.connect(connector, reply_timeout=queue.REPLY_TIMEOUT_S
+                           + settings.wait_timeout / 1000 * bool(settings.wait_replicas))
     described = describe(tools, settings)
     info = WorkerInfo(
         worker_id=new_worker_id(), started_ms=int(time.time() * 1000), tools=described,
@@ -65,24 +69,26 @@ async def serve(tools: list[Tool], settings: WorkerSettings, connector: RedisCon
     runtime = Runtime(redis=redis, tools={t.name: t for t in tools}, settings=settings, worker_id=info.worker_id,
                       durability=durability, group=info.group, tracing=tracing)
     presence = Presence(redis=redis, settings=settings, info=info, runtime=runtime, connector=connector)
-    janitor = Janitor(redis, retention=settings.retention, dead_after=settings.dead_after, durability=durability,
+    janitor = Janitor(upkeep, retention=settings.retention, dead_after=settings.dead_after, durability=durability,
                       audit=settings.audit)
     runtime.before_step = presence.ensure_fresh
     await version.require(redis)  # before anything runs a script it could not compile
     await partitions.agree(redis, settings.redis_partitions)  # nor looks for executions where they are not
     await presence.register()
-    jobs_loop = JobLoop(redis, tools=described, group=info.group, settings=settings,
+    jobs_loop = JobLoop(upkeep, tools=described, group=info.group, settings=settings,
                         schedules=info.schedules, durability=durability)
     job_loop = asyncio.create_task(jobs_loop.run())
     background = [asyncio.create_task(listen_for_cancels(redis, runtime)), asyncio.create_task(janitor.run()),
                   job_loop]
     if settings.notify.enabled:  # a worker without the secret leaves callbacks to those that have it
-        background.append(asyncio.create_task(CallbackLoop(redis, settings.notify).run()))
+        background.append(asyncio.create_task(CallbackLoop(upkeep, settings.notify).run()))
 
     async def on_shutdown(_: object) -> None:
         for task in background:
             task.cancel()
         await asyncio.gather(*background, return_exceptions=True)
+        with contextlib.suppress(Exception):
+            await upkeep.aclose(close_connection_pool=True)
         with contextlib.suppress(Exception):
             await presence.deregister()
         await lifecycle.shut_down()  # tools' shared resources (an OpenAPI import's HTTP client)

@@ -1,9 +1,10 @@
-"""A worker's wait for work on a Redis that hangs (stopped: it accepts connections and takes in
+"""A worker on a Redis that hangs (stopped: it accepts connections and takes in
 what is written, but answers nothing, and nothing resets the connection): the wait, whose
 connection has no reply timeout of its own, fails within its deadline rather than waiting for
-the node to wake, and the next one, once Redis answers again, takes work as before. Behind
-Sentinel, the next wait's connection goes to the promoted replica; on a cluster, the other
-partitions go on (tests/cluster/test_jobs_on_cluster_outage.py)."""
+the node to wake, and the next one, once Redis answers again, takes work as before; and its
+other commands (here a janitor's sweep) fail after the client's reply timeout. Behind Sentinel,
+the next connection goes to the promoted replica; on a cluster, the other partitions go on
+(tests/cluster/test_jobs_on_cluster_outage.py)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,11 @@ import time
 import pytest
 import redis.asyncio
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from carmy_worker.runtime import queue
 from carmy_worker.store import jobs, keys
+from carmy_worker.store.janitor import Janitor
 from carmy_worker.store.leases import WAIT_GRACE_S, Leases
 from carmy_worker.store.submit import Submit
 from carmy_worker.wire import ExecutionJob
@@ -51,3 +55,21 @@ async def test_a_wait_on_a_hung_redis_fails_on_its_deadline_and_the_next_takes_w
             assert [lease.job_id for lease in taken] == [exec_id]
         finally:
             await client.aclose()
+
+
+async def test_the_workers_other_commands_give_up_on_a_hung_redis_after_their_reply_timeout() -> None:
+    with private_redis() as server:
+        client = queue.connect(server.url, reply_timeout=0.5)  # what serve() makes, with 5 s
+        janitor = Janitor(client, retention=600, dead_after=3.0)
+        try:
+            await janitor.sweep()  # connected
+            server.pause()
+            try:
+                with pytest.raises(RedisTimeoutError):
+                    async with asyncio.timeout(5):  # the test's bound: it used to wait for Redis to wake
+                        await janitor.sweep()
+            finally:
+                server.resume()
+            await janitor.sweep()  # connects again
+        finally:
+            await client.aclose(close_connection_pool=True)
