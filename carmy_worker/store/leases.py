@@ -27,6 +27,7 @@ from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, RedisError
 
+from carmy_worker.deadlines import Deadlines
 from carmy_worker.store import jobs, keys, metrics
 from carmy_worker.store.attempts import CLAIM_ONE, MAX_ATTEMPTS, Claim, ClaimVerdict
 from carmy_worker.store.batch import FollowUp
@@ -133,6 +134,8 @@ FINISH_RETRY_S = 60.0
 # replica). Long enough for a busy Redis's worst pauses (a long script, an fsync); a LEASE the
 # node runs when it wakes is handed back by the heartbeat, as any whose reply was lost.
 WAIT_GRACE_S = 2.0
+# How often the waits' deadlines are looked at: one fires up to this much late.
+DEADLINE_TICK_S = 0.25
 # How long an ``unblock`` waits for its node: one that does not answer is hung, and the wait it
 # was to end is bounded by its own deadline (``WAIT_GRACE_S``).
 UNBLOCK_TIMEOUT_S = 0.5
@@ -192,6 +195,9 @@ class Leases:
         # The partitions whose waits failed lately (a cluster's primary down): an idle worker's
         # wait on every partition leaves them out for a while (``store.wakeups``).
         self.reach = Reach("worker", log)
+        # The deadlines of its waits (``WAIT_GRACE_S``), on one timer rather than one each: a
+        # timer per wait was a few µs of every call at one client.
+        self._deadlines = Deadlines(tick=DEADLINE_TICK_S)
         # On one Redis (not a cluster), per queue: the connection its waits go out on, and its pool.
         self._waits: dict[str, tuple[Any, AbstractConnection]] = {}
 
@@ -259,35 +265,36 @@ class Leases:
                                 blocked: Callable[[int], None] | None, deadline: float) -> list[Any] | None:
         """Write ``commands`` (``CLIENT ID`` if ``blocked``, ``BLPOP``, LEASE) on ``conn``, read
         their replies: LEASE's, or None if Redis did not know the script (it did not run).
-        ``ConnectionError`` if they are not all read within ``deadline`` s (the caller drops
-        ``conn``: a reply may come later)."""
+        ``ConnectionError`` if they are not all read within ``deadline`` s, or up to
+        ``DEADLINE_TICK_S`` later (the caller drops ``conn``: a reply may come later)."""
+        task = self._deadlines.start(deadline)
         try:
-            async with asyncio.timeout(deadline):
-                return await self._exchange(conn, commands, blocked)
-        except TimeoutError:
-            raise RedisConnectionError(f"no reply to a wait within {deadline:g} s: Redis is hung or cut off") from None
-
-    async def _exchange(self, conn: AbstractConnection, commands: list[tuple[Any, ...]],
-                        blocked: Callable[[int], None] | None) -> list[Any] | None:
-        await conn.send_packed_command(conn.pack_commands(commands))
-        if blocked is not None:
-            blocked(int(await conn.read_response()))
-        await conn.read_response()  # a token, or none after the timeout: LEASE ran either way
-        reply: list[Any] | None = None
-        got: Any = buffered_reply(conn)  # it came with the BLPOP's, as a rule
-        if got is NOT_ENOUGH_DATA:
-            with contextlib.suppress(NoScriptError):  # a new primary, or a flushed cache: it did not run
-                reply = await conn.read_response()
-        elif isinstance(got, Exception):
-            if not isinstance(got, NoScriptError):
-                raise got
-        else:
-            reply = got
-        durability = self._lease.durability  # None when no replica is asked for
-        if reply and len(reply) > 1 and durability is not None:  # it claimed: the claims must reach replicas
-            await conn.send_command("WAIT", durability.replicas, durability.timeout_ms)
-            durability.acknowledged(int(await conn.read_response()))
-        return reply
+            await conn.send_packed_command(conn.pack_commands(commands))
+            if blocked is not None:
+                blocked(int(await conn.read_response()))
+            await conn.read_response()  # a token, or none after the timeout: LEASE ran either way
+            reply: list[Any] | None = None
+            got: Any = buffered_reply(conn)  # it came with the BLPOP's, as a rule
+            if got is NOT_ENOUGH_DATA:
+                with contextlib.suppress(NoScriptError):  # a new primary, or a flushed cache: it did not run
+                    reply = await conn.read_response()
+            elif isinstance(got, Exception):
+                if not isinstance(got, NoScriptError):
+                    raise got
+            else:
+                reply = got
+            durability = self._lease.durability  # None when no replica is asked for
+            if reply and len(reply) > 1 and durability is not None:  # it claimed: the claims must reach replicas
+                await conn.send_command("WAIT", durability.replicas, durability.timeout_ms)
+                durability.acknowledged(int(await conn.read_response()))
+            return reply
+        except asyncio.CancelledError:
+            if self._deadlines.expired(task):
+                raise RedisConnectionError(
+                    f"no reply to a wait within {deadline:g} s: Redis is hung or cut off") from None
+            raise
+        finally:
+            self._deadlines.stop(task)
 
     def hand_over(self, *, lease_ms: int, look_ahead: int, wanted: Callable[[], str | None],
                   on_taken: Callable[[list[Lease]], None]) -> Handoff:
