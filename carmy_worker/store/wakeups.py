@@ -103,8 +103,11 @@ async def wait_on_every_partition(leases: Leases, redis: Redis, queues: Sequence
     failures: list[BaseException] = []
     for wait, queue in zip(waits, tried, strict=True):
         partition = keys.partition_of_key(queue)
-        failure = RedisConnectionError(f"no answer within {ENDED_WITHIN_S:g} s of the round's end") \
-            if wait.cancelled() else wait.exception()
+        failure: BaseException | None
+        if wait.cancelled():  # given up: its node did not answer in time
+            failure = RedisConnectionError(f"no answer within {ENDED_WITHIN_S:g} s of the round's end")
+        else:
+            failure = wait.exception()
         if failure is None:
             reach.answered(partition)
             taken += wait.result()
