@@ -202,7 +202,7 @@ class LocalCluster:
 
     def problem(self) -> str | None:
         """What keeps the cluster from ``healthy``, in words (None: nothing)."""
-        owners: set[tuple[int, ...]] = set()
+        owners: set[tuple[tuple[int, tuple[str, ...]], ...]] = set()
         live = self.live()
         for server in live:
             info = _cluster_info(server)
