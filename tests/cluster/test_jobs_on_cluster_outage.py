@@ -17,7 +17,7 @@ import asyncio
 import pytest
 from redis.crc import key_slot
 
-from bench.localcluster import LocalCluster
+from bench.localcluster import ClusterServer, LocalCluster
 from carmy_worker.jobs.callbacks import CallbackLoop
 from carmy_worker.jobs.driver import JobLoop
 from carmy_worker.runtime import queue
@@ -47,6 +47,14 @@ from tests.cells import partitions
 
 pytestmark = pytest.mark.slow
 
+def partition_owners(cluster: LocalCluster) -> tuple[dict[int, ClusterServer], ClusterServer, list[int]]:
+    """Each partition's primary, the one the tests take down (partition 0's), and the partitions
+    of the primaries that stay up."""
+    owners = {p: cluster.owner(key_slot(keys.partition_prefix(p).encode())) for p in keys.partitions()}
+    victim = owners[0]
+    return owners, victim, [p for p in keys.partitions() if owners[p] is not victim]
+
+
 async def make_job(store: JobStore, partition: int) -> str:
     """A job of the no-op ``mirror`` tool, due now, in ``partition``."""
     template = ExecutionJob(execution_id="", tool="mirror", arguments=b"{}")
@@ -64,9 +72,7 @@ async def make_job(store: JobStore, partition: int) -> str:
 def test_a_dead_primary_holds_back_only_its_own_partitions_jobs(slow_to_fail_over: LocalCluster) -> None:
     cluster = slow_to_fail_over
     with partitions(16):
-        owners = {p: cluster.owner(key_slot(keys.partition_prefix(p).encode())) for p in keys.partitions()}
-        victim = owners[0]
-        up = [p for p in keys.partitions() if owners[p] is not victim]
+        owners, victim, up = partition_owners(cluster)
         down = [p for p in keys.partitions() if owners[p] is victim]
         assert up and down  # 16 partitions are spread over the three primaries
 
@@ -99,9 +105,7 @@ def test_attempts_settled_where_primaries_are_up_are_concluded_when_one_dies_mid
     jobs whose primaries are up are concluded in that same pass."""
     cluster = slow_to_fail_over
     with partitions(16):
-        owners = {p: cluster.owner(key_slot(keys.partition_prefix(p).encode())) for p in keys.partitions()}
-        victim = owners[0]
-        up = [p for p in keys.partitions() if owners[p] is not victim]
+        _, victim, up = partition_owners(cluster)
 
         async def scenario() -> dict[str, bytes | None]:
             client = RedisConnector("redis://localhost/0", tuple(cluster.nodes.split(","))).client(
@@ -142,9 +146,7 @@ def test_a_hung_primary_holds_a_workers_job_pass_and_janitor_sweep_no_longer_tha
     the node to wake (for as long as a network partition without resets may last)."""
     cluster = slow_to_fail_over
     with partitions(16):
-        owners = {p: cluster.owner(key_slot(keys.partition_prefix(p).encode())) for p in keys.partitions()}
-        victim = owners[0]
-        up = [p for p in keys.partitions() if owners[p] is not victim]
+        _, victim, up = partition_owners(cluster)
 
         async def scenario() -> dict[str, bytes | None]:
             connector = RedisConnector("redis://localhost/0", tuple(cluster.nodes.split(",")))
@@ -176,9 +178,7 @@ def test_the_janitor_reaps_in_the_partitions_of_the_primaries_still_up(slow_to_f
     whole when one primary is down, and it is then made one partition at a time."""
     cluster = slow_to_fail_over
     with partitions(16):
-        owners = {p: cluster.owner(key_slot(keys.partition_prefix(p).encode())) for p in keys.partitions()}
-        victim = owners[0]
-        up = [p for p in keys.partitions() if owners[p] is not victim]
+        _, victim, up = partition_owners(cluster)
         connector = RedisConnector("redis://localhost/0", tuple(cluster.nodes.split(",")))
         r = connector.sync_client(socket_timeout=2, socket_connect_timeout=2)
 
@@ -214,9 +214,7 @@ def test_an_idle_worker_takes_work_of_the_primaries_still_up(slow_to_fail_over: 
     ends on the hung wait's own deadline (``leases.WAIT_GRACE_S``)."""
     cluster = slow_to_fail_over
     with partitions(16):
-        owners = {p: cluster.owner(key_slot(keys.partition_prefix(p).encode())) for p in keys.partitions()}
-        victim = owners[0]
-        up = [p for p in keys.partitions() if owners[p] is not victim]
+        _, victim, up = partition_owners(cluster)
         queues = [jobs.queue_name(GROUP, p) for p in keys.partitions()]
 
         async def scenario() -> tuple[list[str], list[str], str]:
@@ -254,8 +252,7 @@ def test_a_schedule_of_a_primary_still_up_fires(slow_to_fail_over: LocalCluster)
     the pass that fires it used to fail on the dead primary's LOOK first, every time."""
     cluster = slow_to_fail_over
     with partitions(16):
-        owners = {p: cluster.owner(key_slot(keys.partition_prefix(p).encode())) for p in keys.partitions()}
-        victim = owners[0]
+        owners, victim, _ = partition_owners(cluster)
         name = next(f"s{n}" for n in range(1000) if owners[keys.schedule_partition(f"s{n}")] is not victim)
         every_second = ScheduleSpec(name=name, cron="* * * * * *", tool="tick", grace=30)
 
@@ -283,9 +280,7 @@ def test_the_callback_loop_delivers_in_the_partitions_of_the_primaries_still_up(
     primary's look."""
     cluster = slow_to_fail_over
     with partitions(16):
-        owners = {p: cluster.owner(key_slot(keys.partition_prefix(p).encode())) for p in keys.partitions()}
-        victim = owners[0]
-        up = [p for p in keys.partitions() if owners[p] is not victim]
+        _, victim, up = partition_owners(cluster)
 
         async def scenario() -> tuple[int, int]:
             client = RedisConnector("redis://localhost/0", tuple(cluster.nodes.split(","))).client(
