@@ -3,7 +3,8 @@ scale-out curve, the in-flight check, jobs (issue 30) and the targets of the per
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import statistics
+from dataclasses import dataclass, field, replace
 
 from bench import curves as cost_curves
 from bench.console import ConsoleResult
@@ -30,7 +31,8 @@ TARGET_BUSIEST_PRIMARY = 0.50
 
 
 def times(ratio: float) -> str:
-    return f"{ratio:.2f}×" if ratio < 1 else f"{ratio:.1f}×"
+    # Three decimals below 1: a share of 0.296 printed as 0.30 would read as a 0.30 target met.
+    return f"{ratio:.3f}×" if ratio < 1 else f"{ratio:.1f}×"
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,43 @@ class Row:
     errors: int = 0
     cpu: str = ""  # share of one core each process used while measured, e.g. "api 95%, worker 40%+38%"
     cpu_us_per_call: dict[str, float] = field(default_factory=dict)  # per kind of process (all its processes)
+
+
+@dataclass(frozen=True)
+class Spread:
+    """A ratio over a run's rounds (``bin/bench --rounds``): its median and its range."""
+
+    median: float
+    low: float
+    high: float
+    rounds: int
+
+    def text(self) -> str:
+        if self.rounds < 2:
+            return times(self.median)
+        return f"{times(self.median)} ({times(self.low)}–{times(self.high)})"
+
+
+def median_row(rows: list[Row]) -> Row:
+    """One row of several rounds' measurements of it: the median of each figure (a row's errors
+    are added up). Its CPU text is the one of the round whose p50 is the median."""
+    middle = sorted(rows, key=lambda r: r.p50_ms)[len(rows) // 2]
+    rates = [r.rps for r in rows if r.rps is not None]
+    return replace(
+        middle, p50_ms=statistics.median(r.p50_ms for r in rows), p99_ms=statistics.median(r.p99_ms for r in rows),
+        rps=statistics.median(rates) if rates else None, errors=sum(r.errors for r in rows),
+        cpu_us_per_call={kind: statistics.median(r.cpu_us_per_call.get(kind, 0.0) for r in rows)
+                         for kind in middle.cpu_us_per_call})
+
+
+def _ratio(rows: list[Row], top: str, bottom: str, by_rps: bool) -> float | None:
+    a = next((row for row in rows if row.key == top), None)
+    b = next((row for row in rows if row.key == bottom), None)
+    if a is None or b is None:
+        return None
+    if by_rps:
+        return a.rps / b.rps if a.rps and b.rps else None
+    return a.p50_ms / b.p50_ms if b.p50_ms else None
 
 
 @dataclass(frozen=True)
@@ -83,9 +122,22 @@ class Report:
     cluster: list[ClusterPoint] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     log_errors: list[str] = field(default_factory=list)  # reported, but not a failure of the run
+    # With --rounds N > 1: each round's rows (the first round's are every scenario's, the later
+    # ones' those of the scenarios played again); ``rows`` then holds each row's median.
+    rounds: list[list[Row]] = field(default_factory=list)
 
     def get(self, key: str) -> Row | None:
         return next((row for row in self.rows if row.key == key), None)
+
+    def spread(self, top: str, bottom: str, *, by_rps: bool) -> Spread | None:
+        """Row ``top``'s figure over row ``bottom``'s (req/s, else p50), taken in each round that
+        measured both and then the median: a ratio of two medians would pair figures of different
+        rounds, which these machines' day-to-day swings make meaningless."""
+        samples = [value for rows in (self.rounds or [self.rows])
+                   if (value := _ratio(rows, top, bottom, by_rps)) is not None]
+        if not samples:
+            return None
+        return Spread(statistics.median(samples), min(samples), max(samples), len(samples))
 
     def render(self) -> str:
         parts = [self.header_lines(), self.table(), self.ratios(), self.cpu_per_call(), self.scale_table(),
@@ -109,15 +161,14 @@ class Report:
         return "\n".join(lines)
 
     def ratio(self, text: str, top: str, bottom: str, *, by_rps: bool) -> str | None:
-        a, b = self.get(top), self.get(bottom)
-        if a is None or b is None:
+        a, b, spread = self.get(top), self.get(bottom), self.spread(top, bottom, by_rps=by_rps)
+        if a is None or b is None or spread is None:
             return None
+        over = f"; {times(spread.low)}–{times(spread.high)} over {spread.rounds} rounds" if spread.rounds > 1 else ""
         if by_rps:
-            if not a.rps or not b.rps:
-                return None
-            return f"- {text}: **{times(a.rps / b.rps)}** ({a.rps:,.0f} vs {b.rps:,.0f} req/s)"
-        return (f"- {text}: **{times(a.p50_ms / b.p50_ms)}** ({a.p50_ms:.3f} vs {b.p50_ms:.3f} ms, "
-                f"{a.p50_ms - b.p50_ms:+.3f} ms)")
+            return f"- {text}: **{times(spread.median)}** ({a.rps or 0:,.0f} vs {b.rps or 0:,.0f} req/s{over})"
+        return (f"- {text}: **{times(spread.median)}** ({a.p50_ms:.3f} vs {b.p50_ms:.3f} ms, "
+                f"{a.p50_ms - b.p50_ms:+.3f} ms{over})")
 
     def ratios(self) -> str:
         lines = [
@@ -246,29 +297,24 @@ class Report:
         if (ours_1 := self.get("ours_1")) is not None:
             checks.append((f"no-op, 1 client: p50 ≤ {TARGET_P50_MS:g} ms", f"{ours_1.p50_ms:.3f} ms",
                            ours_1.p50_ms <= TARGET_P50_MS))
-        ours_64, arq_64 = self.get("ours_64"), self.get("arq_64")
+        ours_64 = self.get("ours_64")
         if ours_64 is not None and ours_64.rps is not None:
             checks.append((f"no-op, 64 clients, 1 API + 2 workers: ≥ {TARGET_RPS:,.0f}/s", f"{ours_64.rps:,.0f}/s",
                            ours_64.rps >= TARGET_RPS))
-            if arq_64 is not None and arq_64.rps:
-                vs_arq = ours_64.rps / arq_64.rps
-                checks.append((f"same, ≥ {TARGET_VS_ARQ:g}× arq's textbook pattern", times(vs_arq),
-                               vs_arq >= TARGET_VS_ARQ))
-        bare_64, bare_1 = self.get("bare_64"), self.get("bare_1")
-        if ours_64 is not None and ours_64.rps and bare_64 is not None and bare_64.rps:
-            share = ours_64.rps / bare_64.rps
-            checks.append((f"same, ≥ {TARGET_VS_BARE_RPS:g}× bare Starlette's throughput", times(share),
-                           share >= TARGET_VS_BARE_RPS))
+            if (vs_arq := self.spread("ours_64", "arq_64", by_rps=True)) is not None:
+                checks.append((f"same, ≥ {TARGET_VS_ARQ:g}× arq's textbook pattern", vs_arq.text(),
+                               vs_arq.median >= TARGET_VS_ARQ))
+        if (of_bare := self.spread("ours_64", "bare_64", by_rps=True)) is not None:
+            checks.append((f"same, ≥ {TARGET_VS_BARE_RPS:g}× bare Starlette's throughput", of_bare.text(),
+                           of_bare.median >= TARGET_VS_BARE_RPS))
         if ours_64 is not None and (redis_us := ours_64.cpu_us_per_call.get("redis")) is not None:
             checks.append((f"same, Redis CPU per execution ≤ {TARGET_REDIS_US:g} µs", f"{redis_us:,.0f} µs",
                            redis_us <= TARGET_REDIS_US))
         for key, what, most in (("ours_1", "p50", TARGET_VS_BARE_P50),
                                 ("sse_first", "SSE time to first event", TARGET_SSE_VS_BARE_P50)):
-            row = self.get(key)
-            if row is not None and bare_1 is not None and bare_1.p50_ms:
-                slower = row.p50_ms / bare_1.p50_ms
+            if (slower := self.spread(key, "bare_1", by_rps=False)) is not None:
                 checks.append((f"no-op, 1 client: {what} ≤ {most:g}× bare Starlette's p50",
-                               times(slower), slower <= most))
+                               slower.text(), slower.median <= most))
         for p in self.scale:
             share = (p.row.rps or 0) / p.ideal_rps
             checks.append((f"scale-out, {p.workers} worker{'s' if p.workers > 1 else ''}: "

@@ -1,5 +1,10 @@
-"""``python -m bench.run [--quick] [--json FILE]``: run every benchmark scenario on this machine
-and print one markdown report (see bench/README.md).
+"""``python -m bench.run [--quick] [--json FILE] [--rounds N]``: run every benchmark scenario on
+this machine and print one markdown report (see bench/README.md).
+
+The scenarios whose rows the targets compare as ratios (``scenarios.ROUNDED``: Carmy, bare
+Starlette, the shape's floor) are played ``--rounds`` times, one after the other in each round,
+and the report gives each of their rows' medians, each ratio's median over the rounds that
+measured both sides, and its range: on these machines one round's ratio moves by a tenth or more.
 
 Exits 1 when something failed to respond (an error, a non-200, a process that did not start);
 missing a performance target is reported, not an error: this is a benchmark, not a test.
@@ -26,7 +31,7 @@ if __package__ in (None, ""):  # run as a script: python bench/run.py
 
 from bench import scenarios, wrk
 from bench.processes import ROOT, RedisServer
-from bench.report import Report
+from bench.report import Report, median_row
 
 
 def command_output(*args: str) -> str:
@@ -39,7 +44,7 @@ def command_output(*args: str) -> str:
     return lines[0] if lines else ""
 
 
-def header(config: scenarios.Config, quick: bool) -> list[str]:
+def header(config: scenarios.Config, quick: bool, rounds: int) -> list[str]:
     commit = command_output("git", "rev-parse", "--short", "HEAD") or "unknown commit"
     if command_output("git", "status", "--porcelain", "--untracked-files=no"):
         commit += " (with uncommitted changes)"
@@ -55,7 +60,8 @@ def header(config: scenarios.Config, quick: bool) -> list[str]:
         f"- each load measurement: wrk for {config.seconds:g} s"
         + (f" after a {config.warmup:g} s warm-up" if config.warmup else "")
         + "; 1 client = wrk -t1 -c1, 64 clients = wrk -t2 -c64",
-    ]
+    ] + ([f"- {', '.join(s.__name__ for s in scenarios.ROUNDED)}: played {rounds} times in turn; their rows are "
+          "medians, their ratios the median of each round's (with the range)"] if rounds > 1 else [])
 
 
 def preflight() -> str | None:
@@ -67,29 +73,40 @@ def preflight() -> str | None:
     return None
 
 
-def run(config: scenarios.Config, quick: bool, only: list[str]) -> Report:
-    report = Report(header=header(config, quick))
+def run(config: scenarios.Config, quick: bool, only: list[str], rounds: int = 1) -> Report:
+    report = Report(header=header(config, quick, rounds))
     workdir = Path(tempfile.mkdtemp(prefix="carmy-bench-"))
     redis = RedisServer(workdir)  # no persistence: disk writes never show in the numbers
     redis.start()
     bench = scenarios.Bench(config, workdir, redis, report)
+    chosen = [s for s in scenarios.ALL if not only or s.__name__ in only]
     try:
-        for scenario in scenarios.ALL:
-            if only and scenario.__name__ not in only:
-                continue
-            started = time.monotonic()
-            print(f"… {scenario.__name__}", file=sys.stderr, flush=True)
-            try:
-                scenario(bench)
-            except Exception as exc:  # one broken scenario must not hide the others' numbers
-                traceback.print_exc()
-                report.problems.append(f"{scenario.__name__}: {type(exc).__name__}: {exc}")
-            print(f"  {scenario.__name__} took {time.monotonic() - started:.1f} s", file=sys.stderr, flush=True)
+        for index in range(rounds):
+            mark = len(report.rows)
+            for scenario in chosen if index == 0 else [s for s in chosen if s in scenarios.ROUNDED]:
+                play(scenario, bench, f" (round {index + 1} of {rounds})" if rounds > 1 else "")
+            report.rounds.append(report.rows[mark:])
     finally:
         redis.stop()
+    if rounds > 1:
+        report.rows = [median_row([row for rows in report.rounds for row in rows if row.key == first.key])
+                       for first in report.rounds[0]]
+    else:
+        report.rounds = []
     report.log_errors = bench.log_errors()
     report.header.append(f"- process logs: {workdir}")
     return report
+
+
+def play(scenario: scenarios.Scenario, bench: scenarios.Bench, which: str) -> None:
+    started = time.monotonic()
+    print(f"… {scenario.__name__}{which}", file=sys.stderr, flush=True)
+    try:
+        scenario(bench)
+    except Exception as exc:  # one broken scenario must not hide the others' numbers
+        traceback.print_exc()
+        bench.report.problems.append(f"{scenario.__name__}: {type(exc).__name__}: {exc}")
+    print(f"  {scenario.__name__} took {time.monotonic() - started:.1f} s", file=sys.stderr, flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -98,12 +115,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="also write the numbers to this file")
     parser.add_argument("--only", action="append", default=[], choices=[s.__name__ for s in scenarios.ALL],
                         help="run only this scenario (repeatable)")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="how many times to play the scenarios the targets' ratios compare "
+                             "(default 3, and 1 with --quick)")
     args = parser.parse_args(argv)
+    rounds = args.rounds if args.rounds is not None else (1 if args.quick else 3)
+    if rounds < 1:
+        parser.error("--rounds must be at least 1")
     problem = preflight()
     if problem:
         print(f"bench: {problem}", file=sys.stderr)
         return 2
-    report = run(scenarios.QUICK if args.quick else scenarios.FULL, args.quick, args.only)
+    report = run(scenarios.QUICK if args.quick else scenarios.FULL, args.quick, args.only, rounds)
     print(report.render())
     if args.json:
         args.json.write_text(json.dumps(dataclasses.asdict(report), indent=2))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -282,3 +283,8 @@ def console_pages(b: Bench) -> None:
 ALL = (carmy, traced, bare, arq_textbook, floor, shape, scale_out, in_flight, jobs_due, jobs_memory, console_pages,
        cost_rows.cost_payload, cost_rows.cost_progress, cost_rows.cost_catalog, cost_rows.cost_idle,
        cost_rows.cost_waiting, cluster.cluster_noop)
+# The scenarios whose rows issue 35's targets compare as ratios: played again in each of a run's
+# rounds (``bin/bench --rounds``), in this order. Others are played once.
+ROUNDED = (carmy, bare, shape)
+
+Scenario = Callable[["Bench"], None]

@@ -3,8 +3,12 @@ execution and its jobs sections: what a run says was met is what its rows measur
 
 from __future__ import annotations
 
+import pytest
+
+from bench import run as bench_run
+from bench import scenarios
 from bench.jobs import DueResult, MemoryResult
-from bench.report import ClusterPoint, Report, Row, ScalePoint
+from bench.report import ClusterPoint, Report, Row, ScalePoint, Spread, median_row
 
 
 def row(key: str, p50_ms: float, rps: float | None, *, clients: int = 1, errors: int = 0,
@@ -30,7 +34,7 @@ def test_issue_35s_targets_are_checked_as_ratios_to_the_baselines_of_the_same_ru
         ScalePoint(4, row("scale_4", 200, 1240, clients=256, errors=3), 1280),  # 96.9 %, with errors
     ])
     got = verdicts(report)
-    assert got["same, ≥ 0.3× bare Starlette's throughput"] == "0.30× yes"
+    assert got["same, ≥ 0.3× bare Starlette's throughput"] == "0.300× yes"
     assert got["same, Redis CPU per execution ≤ 120 µs"] == "121 µs **no**"
     assert got["no-op, 1 client: p50 ≤ 4× bare Starlette's p50"] == "4.0× yes"
     assert got["no-op, 1 client: SSE time to first event ≤ 3× bare Starlette's p50"] == "3.2× **no**"
@@ -65,7 +69,7 @@ def test_jobs_due_at_once_start_at_a_rate_compared_with_the_same_runs_plain_exec
     lines = Report(header=[], jobs_due=due()).jobs_due_lines().splitlines()
     assert "- all started after **5,000 ms** (2,000 starts/s), all finished after 5,100 ms" in lines
     # 2,000 starts/s against 2,500 executions/s on the same processes.
-    assert "- started at **0.80×** the rate of plain no-op executions on the same processes (2,500/s at 64 clients)" \
+    assert "- started at **0.800×** the rate of plain no-op executions on the same processes (2,500/s at 64 clients)" \
         in lines
     assert "- lateness (first attempt's started_at − run_at): p50 2,400 ms, p99 4,950 ms" in lines
     assert lines[-1].startswith("- CPU per job, run_at to the last finish (µs): worker 200, redis 140; "
@@ -120,7 +124,7 @@ def test_the_cluster_rows_are_compared_with_one_redis_and_the_busiest_primary_is
     lopsided = ClusterPoint(16, row("cluster_p16_64", 28.0, 2200, clients=64), {7001: 0.6, 7002: 0.2, 7003: 0.2})
     report = Report(header=[], cluster_single=single, cluster=[baseline, spread])
     table = report.cluster_lines().splitlines()
-    assert table[-4] == "| 1 | 1,800 | 0.90× | 32.000 | 64.000 | 100 | 1% / 98% / 1% |"
+    assert table[-4] == "| 1 | 1,800 | 0.900× | 32.000 | 64.000 | 100 | 1% / 98% / 1% |"
     assert table[-3] == "| 16 | 2,200 | 1.1× | 28.000 | 56.000 | 100 | 44% / 31% / 25% |"
     assert table[-1] == ("CPU per call (µs, all processes of a kind together): one Redis: worker 200, api 210, "
                          "redis 120; 1 partition: api 300, redis 100")
@@ -133,3 +137,47 @@ def test_the_cluster_rows_are_compared_with_one_redis_and_the_busiest_primary_is
 def test_without_the_single_redis_row_there_is_no_cluster_section() -> None:
     point = ClusterPoint(1, row("cluster_p1_64", 32.0, 1800, clients=64))
     assert Report(header=[], cluster=[point]).cluster_lines() == ""
+
+
+def test_over_rounds_each_ratio_is_the_median_of_each_rounds_ratio_with_its_range() -> None:
+    # Round 2 ran on a slower moment for both sides: its ratio is like the others', though
+    # its figures are not. The median of the ratios (5.0×) is not the ratio of the medians.
+    rounds = [[row("ours_1", 1.0, 900), row("sse_first", 0.6, None), row("bare_1", 0.2, 5000)],
+              [row("ours_1", 2.0, 450), row("sse_first", 1.2, None), row("bare_1", 0.5, 2000)],
+              [row("ours_1", 1.1, 800), row("sse_first", 0.66, None), row("bare_1", 0.2, 5100)]]
+    rows = [median_row([r for rs in rounds for r in rs if r.key == key]) for key in ("ours_1", "sse_first", "bare_1")]
+    report = Report(header=[], rows=rows, rounds=rounds)
+    got = verdicts(report)
+    assert got["no-op, 1 client: p50 ≤ 4× bare Starlette's p50"] == "5.0× (4.0×–5.5×) **no**"
+    assert got["no-op, 1 client: SSE time to first event ≤ 3× bare Starlette's p50"] == "3.0× (2.4×–3.3×) yes"
+    assert "**5.0×** (1.100 vs 0.200 ms, +0.900 ms; 4.0×–5.5× over 3 rounds)" in report.ratios()
+
+
+def test_a_rows_median_over_rounds_takes_each_figure_s_median_and_adds_up_errors() -> None:
+    rounds = [row("ours_64", 20.0, 3000, clients=64, errors=1, cpu_us={"api": 100.0, "redis": 80.0}),
+              row("ours_64", 30.0, 2000, clients=64, cpu_us={"api": 130.0, "redis": 70.0}),
+              row("ours_64", 25.0, 2600, clients=64, errors=2, cpu_us={"api": 110.0, "redis": 90.0})]
+    got = median_row(rounds)
+    assert (got.p50_ms, got.p99_ms, got.rps, got.errors) == (25.0, 50.0, 2600, 3)
+    assert got.cpu_us_per_call == {"api": 110.0, "redis": 80.0}
+
+
+def test_a_run_of_three_rounds_plays_only_the_ratios_scenarios_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    played: list[str] = []
+    p50s = {"ours_1": iter([1.0, 2.0, 3.0]), "bare_1": iter([0.2, 0.4, 0.3])}
+
+    def scenario(name: str, key: str) -> scenarios.Scenario:
+        def play(b: scenarios.Bench) -> None:
+            played.append(name)
+            if key:
+                b.report.rows.append(row(key, next(p50s[key]), 100.0))
+        play.__name__ = name
+        return play
+
+    ours, bare, once = scenario("carmy", "ours_1"), scenario("bare", "bare_1"), scenario("floor", "")
+    monkeypatch.setattr(scenarios, "ALL", (ours, bare, once))
+    monkeypatch.setattr(scenarios, "ROUNDED", (ours, bare))
+    report = bench_run.run(scenarios.QUICK, True, [], rounds=3)
+    assert played == ["carmy", "bare", "floor", "carmy", "bare", "carmy", "bare"]
+    assert [r.p50_ms for r in report.rows] == [2.0, 0.3]  # each row's median
+    assert report.spread("ours_1", "bare_1", by_rps=False) == Spread(5.0, 5.0, 10.0, 3)
