@@ -251,11 +251,13 @@ class LocalCluster:
         wait_until(promoted, timeout, f"a replica promoted in place of {victim.address}", interval=0.1)
         return victim
 
-    def hang_primary(self, victim: ClusterServer, timeout: float = 60.0) -> float:
+    def hang_primary(self, victim: ClusterServer, timeout: float = 60.0, *, wake: bool = True) -> float:
         """``SIGSTOP`` of the primary ``victim``: a node that hangs (it accepts connections and
         answers nothing; nothing resets its clients' connections) until the other nodes have
         promoted its replica and serve every slot; then ``SIGCONT``, and it comes back as that
-        one's replica. Returns when the replica was promoted (the cluster is whole on return)."""
+        one's replica. Returns when the replica was promoted (the cluster is whole on return).
+        With ``wake=False`` it returns still hung, once the replica serves its slots: the caller
+        wakes it (``victim.resume()``, then ``wait_ok``)."""
         others = [server for server in self.live() if server is not victim]
         victim.pause()
 
@@ -274,9 +276,12 @@ class LocalCluster:
         try:
             wait_until(promoted, timeout, f"a replica promoted in place of {victim.address}, hung", interval=0.1)
             at = time.time()
-        finally:
+        except BaseException:
             victim.resume()
-        self.wait_ok(timeout)
+            raise
+        if wake:
+            victim.resume()
+            self.wait_ok(timeout)
         return at
 
     def migrate_slots(self, count: int, source: ClusterServer, target: ClusterServer,

@@ -15,7 +15,10 @@ turns go out on the same connection while earlier ones still wait: Redis answers
 one reader hands each caller its reply. A connection that fails fails the calls in flight on it
 (they may or may not have run, as with any command cut off), and the next call opens another; so
 does a call that finds the connection closed or reset while idle (it is replaced first), or
-stalled (``STALL_S``).
+stalled (``STALL_S``). A connection stalled that long is also dropped, its calls failed as a cut
+connection's: a node that hangs (a stopped process, a partition without a reset) would otherwise
+hold them until it woke, on a client without a reply timeout (a worker's SETTLE: the outcome of
+a tool that ran, which the worker sends again, to whoever serves its keys by then).
 
 An ``eager`` batch (a worker's SETTLEs) writes a call at once instead of at the end of its turn
 while Redis has little else of the batch's to run: a lone call when none is in flight (one
@@ -53,6 +56,7 @@ from redis.asyncio import Redis
 from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import ConnectionError, NoScriptError, ReadOnlyError, ResponseError
 
+from carmy_worker.deadlines import Deadlines
 from carmy_worker.loop import running_loop
 from carmy_worker.store.checkout import buffered_reply, is_broken, is_stale
 from carmy_worker.store.cluster import REDIRECTED, NodePool, StoreCluster, as_redis
@@ -63,11 +67,18 @@ from carmy_worker.store.scripts import Runs, Script, bind, run
 # lost 8 %).
 EAGER_BEHIND = 1
 
-# A connection whose oldest call has waited this long for its reply takes no new calls: they go
-# out on another. A primary gone silent (a partition: no reset, no close) would otherwise hold
-# every later call too, where a client without a reply timeout (the workers') waits for TCP to
-# give up. The calls already on it wait there, as they would on any connection.
+# A connection whose oldest call has waited this long for its reply takes no new calls (they go
+# out on another), and is dropped: the calls on it fail with a ``ConnectionError``, as on a
+# connection cut (they may have run). A primary gone silent (a stopped process, a partition: no
+# reset, no close) would otherwise hold them, and every later call, where a client without a
+# reply timeout (the workers') waits for TCP to give up, or for the node to wake and run them
+# after a replica took its place. Far longer than any of our scripts takes; the loops' reply
+# timeout (``runtime.queue.REPLY_TIMEOUT_S``) is the same.
 STALL_S = 5.0
+# How often the lines' deadlines are looked at (one timer for all of them): a stalled line is
+# dropped up to this much later than ``STALL_S``.
+STALL_TICK_S = 0.25
+_stalls = Deadlines(tick=STALL_TICK_S)
 
 # Replies saying a call did not run and may be sent again as it is (through ``scripts.run``, which
 # loads a script Redis lacks and, on a cluster, follows a node's redirection).
@@ -259,7 +270,14 @@ class Batch:
 
     async def _open(self) -> None:
         try:
-            conn = await self._pool.get_connection()
+            try:
+                # A hung node accepts the connection (its kernel does) and answers none of
+                # redis-py's handshake: bounded as a line is (one timer per connection opened).
+                async with asyncio.timeout(STALL_S):
+                    conn = await self._pool.get_connection()
+            except TimeoutError:
+                raise ConnectionError(f"no answer to a new connection within {STALL_S:g} s: "
+                                      "Redis is hung or cut off") from None
         except BaseException as exc:
             self._lost()
             calls, self._unsent = self._unsent, []
@@ -285,7 +303,7 @@ class Batch:
                 reply: Any = buffered_reply(conn)
                 if reply is NOT_ENOUGH_DATA:
                     try:
-                        reply = await conn.read_response()
+                        reply = await _next_reply(line)
                     except ResponseError as exc:  # the script's error, read whole: the connection is fine
                         reply = exc
                 if isinstance(reply, ReadOnlyError):
@@ -374,10 +392,33 @@ def _settled(tasks: set[asyncio.Task[Any]]) -> Any:
     return done
 
 
-async def _one(redis: Redis, call: _Call) -> None:
-    """``call`` on its own (``scripts.run`` loads a script Redis does not have)."""
+async def _next_reply(line: _Line) -> Any:
+    """The next reply on ``line``, read by its reader; ``ConnectionError`` once the oldest call
+    in flight has waited ``STALL_S`` for it (up to ``STALL_TICK_S`` later), when redis-py has
+    dropped the connection (as it does when a read is cancelled): nothing more will be read on it.
+    The deadline is one entry in ``_stalls``, not a timer per read."""
+    due = line.in_flight[0].sent_at + STALL_S - running_loop().time()
+    task = _stalls.start(max(due, 0.0))
     try:
-        reply = await run(redis, call.script, call.keys, call.args)
+        return await line.conn.read_response()
+    except asyncio.CancelledError:
+        if _stalls.expired(task):
+            raise ConnectionError(f"no reply within {STALL_S:g} s: Redis is hung or cut off") from None
+        raise
+    finally:
+        _stalls.stop(task)
+
+
+async def _one(redis: Redis, call: _Call) -> None:
+    """``call`` on its own (``scripts.run`` loads a script Redis does not have), within
+    ``STALL_S`` as a line's calls are: on a cluster it may go to a node that hangs (the slot table
+    not yet reloaded). Not the calls' usual path, so a timer of its own costs nothing."""
+    try:
+        try:
+            async with asyncio.timeout(STALL_S):
+                reply = await run(redis, call.script, call.keys, call.args)
+        except TimeoutError:
+            raise ConnectionError(f"no reply within {STALL_S:g} s: Redis is hung or cut off") from None
     except BaseException as exc:
         _fail(call.future, exc)
         if isinstance(exc, asyncio.CancelledError):

@@ -84,6 +84,7 @@ from redis.exceptions import (
     TryAgainError,
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 # Where a failover or a migration sends a command again: the node refused it, nothing ran.
 REFUSALS = (ClusterDownError, SlotNotCoveredError)
@@ -91,6 +92,12 @@ REFUSALS = (ClusterDownError, SlotNotCoveredError)
 CLUSTER_RETRIES = 8
 # Tries at connecting to a node (connecting only: nothing was sent yet).
 CONNECT_RETRIES = 2
+# How long a node may take to answer ``CLUSTER SLOTS`` before the next seed is asked. redis-py
+# asks the seeds in turn, each on the client's own connection to it: on a client without a reply
+# timeout (a worker's calls) a hung seed (a stopped process, a partition without a reset) held
+# every reload of the slot table, and every command after it, until it woke. A node answers in
+# well under a millisecond; the reload is rare, so its one timer costs nothing.
+SLOTS_TIMEOUT_S = 1.0
 # What a node answers a command written to it by hand (``held_connection``, a batch's line) when
 # the slot is elsewhere or moving: nothing ran, and it may be sent again (through the client, which
 # follows the redirection, or after reloading the slot table).
@@ -154,6 +161,15 @@ class StoreNode(ClusterNode):
     __slots__ = ()
 
     async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        if args[0] == "CLUSTER SLOTS":  # the slot table, asked of one seed after another
+            try:
+                async with asyncio.timeout(SLOTS_TIMEOUT_S):
+                    return await self._execute(*args, **kwargs)
+            except TimeoutError:
+                raise RedisTimeoutError(f"no slot table from {self.name} within {SLOTS_TIMEOUT_S:g} s") from None
+        return await self._execute(*args, **kwargs)
+
+    async def _execute(self, *args: Any, **kwargs: Any) -> Any:
         connection = self.acquire_connection()
         try:
             await connection.send_packed_command(connection.pack_command(*args), False)

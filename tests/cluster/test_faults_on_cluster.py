@@ -122,3 +122,31 @@ def test_calls_are_answered_while_the_stores_slot_migrates(
         load.finish()
     check_calls(load, fresh_cluster_stack, base, settled)
     listeners_follow(fresh_cluster_stack, base)
+
+
+def test_an_outcome_sent_to_a_primary_that_hangs_reaches_the_caller_from_its_promoted_replica(
+        redis_cluster: LocalCluster, fresh_cluster_stack: ClusterStack, base: str) -> None:
+    """The store's primary hangs (stopped: it takes in what is written, answers nothing and
+    resets nothing, as a frozen VM) while a call's tool runs, and stays hung: the worker's
+    outcome, written to it, is sent again once that connection has stalled, and the caller reads
+    it from the promoted replica while the old primary is still stopped. It used to wait for
+    the node to wake (the worker's calls have no reply timeout)."""
+    tag = uuid.uuid4().hex[:8]
+    r = httpx.post(base + "/agent/execute", json={"tool": "linger", "arguments": {"seconds": 2, "tag": tag}},
+                   headers={"prefer": "respond-async"}, timeout=30)
+    assert r.status_code == 202, r.text
+    exec_id = r.json()["execution_id"]
+    marked(fresh_cluster_stack.tmp / f"linger-start-{tag}")
+    victim = redis_cluster.owner(STORE_SLOT)
+    try:
+        # Returns once the replica serves the slot (about 3 s): the tool ended meanwhile, and
+        # its outcome went to the stopped primary.
+        redis_cluster.hang_primary(victim, wake=False)
+        polled: httpx.Response = wait_until(  # type: ignore[assignment]
+            lambda: (p := httpx.get(f"{base}/agent/executions/{exec_id}", timeout=5)).status_code == 200 and p,
+            timeout=30, what="the outcome, read while the old primary is still stopped")
+    finally:
+        victim.resume()
+        redis_cluster.wait_ok(60)  # back, as the new primary's replica: the next test's cluster is whole
+    assert polled.json()["status"] == "completed"
+    assert marked(fresh_cluster_stack.tmp / f"linger-start-{tag}").count("\n") == 1  # it ran once

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import socket
 import struct
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -15,12 +16,13 @@ import redis.asyncio
 import uvloop
 from redis.exceptions import ConnectionError, DataError, ResponseError, TimeoutError
 
+from carmy_worker.deadlines import Deadlines
 from carmy_worker.store import batch as batch_module
 from carmy_worker.store.batch import Batch, FollowUp
 from carmy_worker.store.checkout import is_broken
 from carmy_worker.store.connect import RedisConnector
 from carmy_worker.store.scripts import Script
-from tests.support import RedisServer, new_tmp, turns_until, wait_until_async
+from tests.support import RedisServer, new_tmp, private_redis, turns_until, wait_until_async
 
 # Appends ARGV[1] to a list and answers with the list's length; fails on demand.
 APPEND = Script("TEST_APPEND", """
@@ -317,6 +319,9 @@ async def test_calls_waiting_for_a_connection_are_not_left_waiting_when_its_open
 async def test_a_connection_whose_oldest_call_stalled_takes_no_new_calls(
         ar: redis.asyncio.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(batch_module, "STALL_S", 0.05)
+    # The stalled connection's own calls are dropped only when its deadline is next looked at:
+    # not during this test (the next one is about that).
+    monkeypatch.setattr(batch_module, "_stalls", Deadlines(tick=60))
     batch = Batch(ar)
     slow, script = batch.script(SPIN), batch.script(APPEND)
     await slow(keys=["warm"], args=["0"])
@@ -333,6 +338,42 @@ async def test_a_connection_whose_oldest_call_stalled_takes_no_new_calls(
             break
         await asyncio.sleep(0.01)
     assert await clients(ar) == before
+
+
+@pytest.mark.parametrize("connected", [True, False], ids=["on-its-connection", "opening-one"])
+async def test_calls_on_a_hung_redis_fail_as_on_a_cut_connection_once_stalled_and_the_next_go_out_anew(
+        connected: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Redis that hangs (stopped: it takes in what is written and answers nothing, and nothing
+    resets the connection) on a client without a reply timeout, a worker's: the calls in flight
+    fail once the oldest has waited ``STALL_S``, as on a cut connection (they may have run), and
+    so do calls waiting for a new connection whose handshake it never answers, where both used
+    to wait for the node to wake; the next call, once it answers, goes out anew."""
+    monkeypatch.setattr(batch_module, "STALL_S", 0.5)
+    with private_redis() as server:
+        client = redis.asyncio.Redis.from_url(server.url)  # the batch's: no connection yet
+        other = redis.asyncio.Redis.from_url(server.url)
+        script = Batch(client, eager=True).script(APPEND)
+        try:
+            assert await other.rpush("l", "a") == 1
+            if connected:
+                await script(keys=["warm"], args=["x"])  # the batch's connection is open
+            server.pause()
+            started = time.monotonic()
+            try:
+                with pytest.raises(ConnectionError, match="hung or cut off"):
+                    async with asyncio.timeout(30):  # the test's bound: it used to wait for Redis to wake
+                        await asyncio.gather(script(keys=["l"], args=["b"]), script(keys=["l"], args=["c"]))
+                waited = time.monotonic() - started
+            finally:
+                server.resume()
+            assert 0.5 - 0.05 <= waited < 0.5 + 5
+            # The next call is answered. What the dropped connection carried ran when Redis woke
+            # (it had taken it in), or never: "may have run", as on any connection cut.
+            assert await script(keys=["l"], args=["d"]) in (2, 4)
+            assert (await other.lrange("l", 0, -1))[0] == b"a"
+        finally:
+            await client.aclose()
+            await other.aclose()
 
 
 async def connections_opened(r: redis.asyncio.Redis) -> int:
