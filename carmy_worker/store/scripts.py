@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import redis as sync_redis
 from redis.asyncio import Redis
 from redis.cluster import RedisCluster as SyncCluster
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
 
 from carmy_worker.store.cluster import LazySyncCluster, StoreCluster
@@ -39,6 +40,13 @@ from carmy_worker.store.durable import run_durable_on_node
 if TYPE_CHECKING:
     from carmy_worker.store.batch import Batch, FollowUp
     from carmy_worker.store.durable import Durability
+
+# A call that waits for replicas (``durability``) goes out on its own, never in a batch, and
+# gets its replies within this much past its WAIT's own timeout, as a batch's calls get theirs
+# within ``store.batch.STALL_S``: a worker's calls have no reply timeout, and a primary that hangs
+# (a stopped process, a partition without a reset) would hold its outcome until it woke. A timer
+# per call, where the WAIT's round trip already costs far more.
+DURABLE_STALL_S = 5.0
 
 
 class Script:
@@ -74,8 +82,21 @@ SCRIPTS: dict[str, Script] = {}
 async def run(redis: Redis, script: Script, keys: list[Any], args: list[Any],
               durability: Durability | None = None) -> Any:
     """Run ``script`` once: ``EVALSHA``, loading it first if Redis does not know it; with
-    ``durability``, ``WAIT`` for its replicas in the same round trip (``store.durable``)."""
-    if durability is not None and durability.replicas and isinstance(redis, StoreCluster):
+    ``durability``, ``WAIT`` for its replicas in the same round trip (``store.durable``), both
+    replies within ``DURABLE_STALL_S`` plus the ``WAIT``'s own timeout (``ConnectionError``
+    past it: the script may have run)."""
+    if durability is not None and durability.replicas:
+        try:
+            async with asyncio.timeout(DURABLE_STALL_S + durability.timeout_ms / 1000):
+                return await _run(redis, script, keys, args, durability)
+        except TimeoutError:
+            raise RedisConnectionError(f"no reply to {script.name} within {DURABLE_STALL_S:g} s past its WAIT: "
+                                       "Redis is hung or cut off") from None
+    return await _run(redis, script, keys, args, None)
+
+
+async def _run(redis: Redis, script: Script, keys: list[Any], args: list[Any], durability: Durability | None) -> Any:
+    if durability is not None and isinstance(redis, StoreCluster):
         return await run_durable_on_node(redis, script, keys, args, durability)
     for _ in range(2):
         if durability is not None and durability.replicas:

@@ -17,9 +17,11 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from carmy_worker.runtime import queue
-from carmy_worker.store import jobs, keys
+from carmy_worker.store import jobs, keys, scripts
+from carmy_worker.store.durable import Durability
 from carmy_worker.store.janitor import Janitor
 from carmy_worker.store.leases import WAIT_GRACE_S, Leases
+from carmy_worker.store.scripts import Script
 from carmy_worker.store.submit import Submit
 from carmy_worker.wire import ExecutionJob
 from tests.support import private_redis
@@ -73,3 +75,34 @@ async def test_the_workers_other_commands_give_up_on_a_hung_redis_after_their_re
             await janitor.sweep()  # connects again
         finally:
             await client.aclose(close_connection_pool=True)
+
+
+# Answers its argument (a call's own round trip, and nothing else).
+ECHO = Script("TEST_HUNG_ECHO", "return ARGV[1]")
+
+
+async def test_a_call_that_waits_for_replicas_gives_up_on_a_hung_redis_and_the_next_is_answered(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ``CARMY_REDIS_WAIT_REPLICAS`` a worker's outcome goes out on its own with its
+    ``WAIT`` (not in a batch), on a client without a reply timeout: on a Redis that hangs it fails
+    once its bound has passed, as a lost connection would, where it used to wait for Redis to
+    wake; the next call, once Redis answers, goes through."""
+    monkeypatch.setattr(scripts, "DURABLE_STALL_S", 0.5)
+    durability = Durability(replicas=1, timeout_ms=100)  # no replica here: each WAIT answers 0 after 100 ms
+    with private_redis() as server:
+        client = redis.asyncio.Redis.from_url(server.url)
+        try:
+            assert await scripts.run(client, ECHO, ["k"], ["a"], durability) == b"a"  # connected
+            server.pause()
+            started = time.monotonic()
+            try:
+                with pytest.raises(RedisConnectionError, match="hung or cut off"):
+                    async with asyncio.timeout(30):  # the test's bound: it used to wait for Redis to wake
+                        await scripts.run(client, ECHO, ["k"], ["b"], durability)
+                waited = time.monotonic() - started
+            finally:
+                server.resume()
+            assert 0.6 - 0.05 <= waited < 0.6 + 5
+            assert await scripts.run(client, ECHO, ["k"], ["c"], durability) == b"c"
+        finally:
+            await client.aclose()
