@@ -56,7 +56,8 @@ def recorded_calls(tmp: Path, partitions: int) -> Calls:
 @pytest.fixture(scope="module")
 def cluster(redis_cluster: LocalCluster) -> Iterator[redis.cluster.RedisCluster]:
     host, _, port = redis_cluster.nodes.split(",")[0].rpartition(":")
-    client = redis.cluster.RedisCluster(host=host, port=int(port))
+    # A reply timeout: on a broken cluster the tests fail rather than hang (one did in CI).
+    client = redis.cluster.RedisCluster(host=host, port=int(port), socket_timeout=10, socket_connect_timeout=5)
     yield client
     client.close()
 
