@@ -132,9 +132,12 @@ class Report:
     def spread(self, top: str, bottom: str, *, by_rps: bool) -> Spread | None:
         """Row ``top``'s figure over row ``bottom``'s (req/s, else p50), taken in each round that
         measured both and then the median: a ratio of two medians would pair figures of different
-        rounds, which these machines' day-to-day swings make meaningless."""
-        samples = [value for rows in (self.rounds or [self.rows])
-                   if (value := _ratio(rows, top, bottom, by_rps)) is not None]
+        rounds, which these machines' swings make meaningless. Where no round measured both (a
+        row played once), the ratio of the rows as they are."""
+        samples = [value for rows in self.rounds if (value := _ratio(rows, top, bottom, by_rps)) is not None]
+        if not samples:  # one round, or a row played once (arq's, tracing's): the rows as they are
+            value = _ratio(self.rows, top, bottom, by_rps)
+            samples = [] if value is None else [value]
         if not samples:
             return None
         return Spread(statistics.median(samples), min(samples), max(samples), len(samples))

@@ -146,11 +146,13 @@ def test_over_rounds_each_ratio_is_the_median_of_each_rounds_ratio_with_its_rang
               [row("ours_1", 2.0, 450), row("sse_first", 1.2, None), row("bare_1", 0.5, 2000)],
               [row("ours_1", 1.1, 800), row("sse_first", 0.66, None), row("bare_1", 0.2, 5100)]]
     rows = [median_row([r for rs in rounds for r in rs if r.key == key]) for key in ("ours_1", "sse_first", "bare_1")]
-    report = Report(header=[], rows=rows, rounds=rounds)
+    report = Report(header=[], rows=[*rows, row("traced_1", 1.21, 800)], rounds=rounds)  # tracing's: played once
     got = verdicts(report)
     assert got["no-op, 1 client: p50 ≤ 4× bare Starlette's p50"] == "5.0× (4.0×–5.5×) **no**"
     assert got["no-op, 1 client: SSE time to first event ≤ 3× bare Starlette's p50"] == "3.0× (2.4×–3.3×) yes"
     assert "**5.0×** (1.100 vs 0.200 ms, +0.900 ms; 4.0×–5.5× over 3 rounds)" in report.ratios()
+    # A row played once is compared with the median of the other: no round measured both.
+    assert "- Carmy tracing on vs off, p50 at 1 client: **1.1×** (1.210 vs 1.100 ms, +0.110 ms)" in report.ratios()
 
 
 def test_a_rows_median_over_rounds_takes_each_figure_s_median_and_adds_up_errors() -> None:
@@ -162,7 +164,8 @@ def test_a_rows_median_over_rounds_takes_each_figure_s_median_and_adds_up_errors
     assert got.cpu_us_per_call == {"api": 110.0, "redis": 80.0}
 
 
-def test_a_run_of_three_rounds_plays_only_the_ratios_scenarios_again(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_run_of_three_rounds_plays_the_ratios_scenarios_first_and_only_them_again(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     played: list[str] = []
     p50s = {"ours_1": iter([1.0, 2.0, 3.0]), "bare_1": iter([0.2, 0.4, 0.3])}
 
@@ -178,6 +181,6 @@ def test_a_run_of_three_rounds_plays_only_the_ratios_scenarios_again(monkeypatch
     monkeypatch.setattr(scenarios, "ALL", (ours, bare, once))
     monkeypatch.setattr(scenarios, "ROUNDED", (ours, bare))
     report = bench_run.run(scenarios.QUICK, True, [], rounds=3)
-    assert played == ["carmy", "bare", "floor", "carmy", "bare", "carmy", "bare"]
+    assert played == ["carmy", "bare", "carmy", "bare", "carmy", "bare", "floor"]  # the rounds back to back
     assert [r.p50_ms for r in report.rows] == [2.0, 0.3]  # each row's median
     assert report.spread("ours_1", "bare_1", by_rps=False) == Spread(5.0, 5.0, 10.0, 3)
