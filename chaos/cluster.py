@@ -199,12 +199,20 @@ class Cluster:
         local.restart(victim, SETTLE_TIMEOUT)
         return pid, promoted, time.time()
 
-    def hang_primary(self, victim: ClusterServer) -> tuple[int, float]:
-        """``SIGSTOP`` of the cluster's primary ``victim`` until its replica has been promoted,
-        then ``SIGCONT``: it comes back as the new primary's replica. (Its pid, when the replica
-        was promoted; the cluster is whole on return.)"""
+    def hang_primary(self, victim: ClusterServer, hold: float) -> tuple[int, float, float]:
+        """``SIGSTOP`` of the cluster's primary ``victim`` until its replica has been promoted
+        and ``hold`` s more, then ``SIGCONT``: it comes back as the new primary's replica. (Its
+        pid, when the replica was promoted, when it was woken; the cluster is whole on return.)"""
         pid = victim.proc.pid
-        return pid, self.redis_cluster().hang_primary(victim, SETTLE_TIMEOUT)
+        local = self.redis_cluster()
+        promoted = local.hang_primary(victim, SETTLE_TIMEOUT, wake=False)
+        try:
+            time.sleep(hold)
+        finally:
+            woke = time.time()
+            victim.resume()
+        local.wait_ok(SETTLE_TIMEOUT)
+        return pid, promoted, woke
 
     def migrate_slot(self, slot: int, target: ClusterServer) -> int:
         """Moves ``slot``, keys and all, to the primary ``target`` (MIGRATE in batches, as

@@ -37,7 +37,7 @@ class Facts:
         # replaced, and then drops it for its new primary's data).
         self.losses = [(f.t - LOSS_WINDOW_S, f.t) for f in faults
                        if f.kind in ("redis-kill", "redis-failover", "cluster-failover")]
-        self.losses += [(f.t - LOSS_WINDOW_S, (f.promoted or f.t_end) + LOSS_WINDOW_S) for f in faults
+        self.losses += [(f.t - LOSS_WINDOW_S, (f.woke or f.promoted or f.t_end) + LOSS_WINDOW_S) for f in faults
                         if f.kind == "cluster-hang"]
         self.workers_out = [(f.t, f.t_end) for f in faults if f.kind.startswith("worker-")]
 

@@ -36,6 +36,10 @@ from chaos.model import FAULT_KINDS, Fault, FaultKind, RedisKind
 PAUSE_S = (3.0, 8.0)  # how long a worker stays stopped (SIGSTOP, then SIGCONT)
 REDIS_DOWN_S = (1.0, 4.0)  # how long Redis stays down: around the ~2.3 s the issue found to matter
 GAP_S = (2.0, 5.0)  # quiet time between two faults
+# How long a hung primary stays stopped after its replica was promoted (``cluster-hang``): past a
+# worker's ``store.batch.STALL_S``, so that an outcome sent to it is answered only if it is sent
+# again to the new primary.
+HANG_HOLD_S = 6.0
 BURST = 256  # concurrent calls of an overload burst
 # The kinds that need one Redis of the three; every other kind plays against any.
 ONLY: dict[FaultKind, RedisKind] = {"redis-term": "single", "redis-kill": "single", "redis-failover": "sentinel",
@@ -187,16 +191,19 @@ class Injector:
 
     def cluster_hang(self) -> Fault:
         """``SIGSTOP`` of the primary serving a partition drawn at random: it hangs (no reply, no
-        reset) until its replica is promoted, then wakes (``SIGCONT``) and comes back as that
-        one's replica. What its clients sent meanwhile runs when it wakes, before it learns it
-        was replaced: a write then may be lost with it, as in a crash."""
+        reset) until its replica is promoted and ``HANG_HOLD_S`` more, then wakes (``SIGCONT``)
+        and comes back as that one's replica. Held past the promotion, every outcome a worker
+        sent it must be sent again to the new primary (``store.batch.STALL_S``) to be answered in
+        time. What its clients sent meanwhile runs when it wakes, before it learns it was
+        replaced: a write then may be lost with it, as in a crash."""
         local = self.cluster.redis_cluster()
         partition = self.rng.randrange(keys.partition_count())
         victim = local.owner(partition_slot(partition))
         t = time.time()
-        pid, promoted = self.cluster.hang_primary(victim)
+        pid, promoted, woke = self.cluster.hang_primary(victim, HANG_HOLD_S)
         return Fault(kind="cluster-hang", t=t, t_end=time.time(), target=f"redis {pid}", pid=pid, promoted=promoted,
-                     note=f"port {victim.port} (partition {partition}); a replica promoted after {promoted - t:.1f} s")
+                     woke=woke, note=f"port {victim.port} (partition {partition}); a replica promoted after "
+                                     f"{promoted - t:.1f} s, the node woken after {woke - t:.1f} s")
 
     def slot_migrate(self) -> Fault:
         """A partition drawn at random moved, keys and all, to another primary drawn at random."""

@@ -67,9 +67,9 @@ class Fault(Struct, kw_only=True):
     pid: int | None = None
     replacement: int | None = None  # the pid of the process started in its place
     # redis-failover: when the Sentinels named a new primary that takes writes; cluster-failover
-    # and cluster-hang: when the primary's replica was promoted and every slot was served again
-    # (a hung primary is woken right after).
+    # and cluster-hang: when the primary's replica was promoted and every slot was served again.
     promoted: float | None = None
+    woke: float | None = None  # cluster-hang: when the hung primary was woken (some seconds later)
     note: str = ""
 
 

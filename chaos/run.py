@@ -45,7 +45,7 @@ from chaos.reconcile import Bounds, reconcile
 from chaos.scheduleread import ScheduleSeen, read_missed, summary
 from chaos.tools import EXCLUSIVE, HOOK_TOOLS, IDEMPOTENT, JOB_RETRY, JOB_TOOLS, TICK, TICK_GRACE_S
 
-SHORT_S = 65.0  # seconds of load in --short (each default fault once, as a rule): about two minutes in all
+SHORT_S = 72.0  # seconds of load in --short (each default fault once, as a rule): about two minutes in all
 QUIET_S = 2.0  # after the load, before the final retries: let late effects reach the ledger
 REPLICAS = 2  # with --sentinel: a failover leaves one, so WAIT still has a replica to wait for
 # The schedule's occurrences are checked up to this long before the jobs' last reads: the later

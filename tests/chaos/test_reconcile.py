@@ -171,6 +171,18 @@ def test_a_failover_is_an_outage_until_the_promotion() -> None:
     assert table.faults == {"redis-failover": 1}
 
 
+def test_a_hang_is_a_loss_window_until_the_hung_primary_woke_not_until_its_replica_was_promoted() -> None:
+    # Held 6 s past the promotion (chaos.faults.HANG_HOLD_S): what was sent to it runs when it
+    # wakes, before it learns it was replaced, and is dropped with its writes.
+    hang = Fault(kind="cluster-hang", t=10.0, t_end=24.0, target="redis 1", pid=1, promoted=15.0, woke=21.0)
+    requests = [request("r1", "put", ok("x1", 19.0), uncertain("x1", 30.0)),
+                request("r2", "put", ok("x2", 23.0), uncertain("x2", 35.0))]
+    ledger = run("r1", "x1", "put", 3, 18.0, 18.2) + run("r2", "x2", "put", 3, 22.8, 22.9)
+    table = check(requests, ledger, [hang])
+    assert table.flipped == ["r1", "r2"]
+    assert table.in_loss_window == ["r1"]  # answered while it hung; r2 after it woke (and past the window)
+
+
 def test_violations_in_redis_loss_window_stay_violations_and_are_counted_apart() -> None:
     failover = Fault(kind="redis-failover", t=10.0, t_end=20.0, target="redis 1", pid=1, promoted=12.0)
     # r1 was answered 0.5 s before the kill and flipped after it; r2's flip is far from any crash;
