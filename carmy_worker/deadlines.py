@@ -15,6 +15,13 @@ import asyncio
 
 from carmy_worker.loop import running_loop
 
+# A look this much later than due means the process itself did not run meanwhile (stopped, a
+# frozen VM, a loop held up): the deadlines are not fired on that look but on the next, a tick
+# later. The loop runs its timers before it reads its sockets, so replies that came while the
+# process stood still (they were due, and came in time) would otherwise be taken for none: a
+# worker paused for 10 s dropped, on waking, every connection with a call in flight.
+LATE_S = 1.0
+
 
 class Deadlines:
     """Deadlines of the tasks of one event loop, looked at every ``tick`` s.
@@ -39,6 +46,7 @@ class Deadlines:
         self._fired: set[asyncio.Task[object]] = set()  # cancelled by a deadline, until stopped
         self._timer: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None  # the timer's
+        self._due_look = 0.0  # when the timer's look is due (the loop's time)
 
     def start(self, seconds: float) -> asyncio.Task[object]:
         """A deadline ``seconds`` from now for the current task (one at a time per task)."""
@@ -52,8 +60,12 @@ class Deadlines:
             self._loop, self._timer = loop, None
         self._due[task] = (loop.time() + seconds, task.cancelling())
         if self._timer is None:
-            self._timer = loop.call_later(self.tick, self._look)
+            self._arm(loop)
         return task
+
+    def _arm(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._due_look = loop.time() + self.tick
+        self._timer = loop.call_later(self.tick, self._look)
 
     def stop(self, task: asyncio.Task[object]) -> None:
         """The task's deadline is over (met or fired)."""
@@ -71,8 +83,12 @@ class Deadlines:
     def _look(self) -> None:
         loop = running_loop()
         now = loop.time()
-        for task, (deadline, _) in list(self._due.items()):
-            if deadline <= now and task not in self._fired:
-                self._fired.add(task)
-                task.cancel()
-        self._timer = loop.call_later(self.tick, self._look) if self._due else None
+        if now - self._due_look < LATE_S:  # else the process stood still: the next look decides
+            for task, (deadline, _) in list(self._due.items()):
+                if deadline <= now and task not in self._fired:
+                    self._fired.add(task)
+                    task.cancel()
+        if self._due:
+            self._arm(loop)
+        else:
+            self._timer = None

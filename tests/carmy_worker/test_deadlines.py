@@ -4,9 +4,12 @@
 from __future__ import annotations
 
 import asyncio
+import socket
+import threading
 import time
 
 import pytest
+import uvloop
 
 from carmy_worker.deadlines import Deadlines
 
@@ -69,3 +72,39 @@ async def test_many_tasks_each_get_their_own_deadline() -> None:
     assert not quick.done()
     answered.set_result("in time")
     assert await quick == "in time"
+
+
+def test_a_reply_that_came_while_the_process_stood_still_is_read_not_taken_for_none() -> None:
+    """The process stands still past a read's deadline (a worker stopped, a frozen VM: here the
+    loop held up by a blocking sleep) while its reply arrives. On waking the loop runs its timers
+    before it reads its sockets (uvloop, as the workers run), so the deadline's look comes first:
+    one that late waits a tick, and the reply is read. It used to be taken for no reply at all."""
+
+    async def main() -> str:
+        ours, theirs = socket.socketpair()
+        reader, writer = await asyncio.open_connection(sock=ours)
+        deadlines = Deadlines(tick=0.05)
+        reply: asyncio.Future[bytes] = asyncio.ensure_future(reader.readexactly(6))
+
+        async def read() -> str:
+            task = deadlines.start(0.2)
+            try:
+                return (await reply).decode()
+            except asyncio.CancelledError:
+                if deadlines.expired(task):
+                    raise TimeoutError from None
+                raise
+            finally:
+                deadlines.stop(task)
+
+        reading = asyncio.ensure_future(read())
+        await asyncio.sleep(0.01)  # the read waits, its deadline listed
+        threading.Timer(0.3, theirs.sendall, (b"answer",)).start()  # while the loop stands still
+        time.sleep(1.5)  # the process stands still, past the deadline and LATE_S
+        try:
+            return await reading
+        finally:
+            writer.close()
+            theirs.close()
+
+    assert uvloop.run(main()) == "answer"
