@@ -7,14 +7,17 @@ import asyncio
 import socket
 import threading
 import time
+from typing import TypeVar
 
 import pytest
 import uvloop
 
 from carmy_worker.deadlines import Deadlines
 
+T = TypeVar("T")
 
-async def bounded(deadlines: Deadlines, seconds: float, awaited: asyncio.Future[str]) -> str:
+
+async def bounded(deadlines: Deadlines, seconds: float, awaited: asyncio.Future[T]) -> T:
     task = deadlines.start(seconds)
     try:
         return await awaited
@@ -86,23 +89,12 @@ def test_a_reply_that_came_while_the_process_stood_still_is_read_not_taken_for_n
         deadlines = Deadlines(tick=0.05)
         reply: asyncio.Future[bytes] = asyncio.ensure_future(reader.readexactly(6))
 
-        async def read() -> str:
-            task = deadlines.start(0.2)
-            try:
-                return (await reply).decode()
-            except asyncio.CancelledError:
-                if deadlines.expired(task):
-                    raise TimeoutError from None
-                raise
-            finally:
-                deadlines.stop(task)
-
-        reading = asyncio.ensure_future(read())
+        reading = asyncio.ensure_future(bounded(deadlines, 0.2, reply))
         await asyncio.sleep(0.01)  # the read waits, its deadline listed
         threading.Timer(0.3, theirs.sendall, (b"answer",)).start()  # while the loop stands still
         time.sleep(1.5)  # the process stands still, past the deadline and LATE_S
         try:
-            return await reading
+            return (await reading).decode()
         finally:
             writer.close()
             theirs.close()
