@@ -60,7 +60,7 @@ from carmy_worker.deadlines import Deadlines
 from carmy_worker.loop import running_loop
 from carmy_worker.store.checkout import buffered_reply, is_broken, is_stale
 from carmy_worker.store.cluster import REDIRECTED, NodePool, StoreCluster, as_redis
-from carmy_worker.store.scripts import Runs, Script, bind, run
+from carmy_worker.store.scripts import Runs, Script, answered_within, bind, hung, run
 
 # An eager batch writes a call with its follow-up at once while at most this many of its calls
 # are still at Redis (see the module; at 8 the scale-out rows gained more, the no-op at 64 clients
@@ -270,14 +270,10 @@ class Batch:
 
     async def _open(self) -> None:
         try:
-            try:
-                # A hung node accepts the connection (its kernel does) and answers none of
-                # redis-py's handshake: bounded as a line is (one timer per connection opened).
-                async with asyncio.timeout(STALL_S):
-                    conn = await self._pool.get_connection()
-            except TimeoutError:
-                raise ConnectionError(f"no answer to a new connection within {STALL_S:g} s: "
-                                      "Redis is hung or cut off") from None
+            # A hung node accepts the connection (its kernel does) and answers none of
+            # redis-py's handshake: bounded as a line is (one timer per connection opened).
+            async with answered_within(STALL_S, "no answer to a new connection"):
+                conn = await self._pool.get_connection()
         except BaseException as exc:
             self._lost()
             calls, self._unsent = self._unsent, []
@@ -406,7 +402,7 @@ async def _next_reply(line: _Line) -> Any:
         return await line.conn.read_response()
     except asyncio.CancelledError:
         if _stalls.expired(task):
-            raise ConnectionError(f"no reply within {STALL_S:g} s: Redis is hung or cut off") from None
+            raise hung("no reply", STALL_S) from None
         raise
     finally:
         _stalls.stop(task)
@@ -417,11 +413,8 @@ async def _one(redis: Redis, call: _Call) -> None:
     ``STALL_S`` as a line's calls are: on a cluster it may go to a node that hangs (the slot table
     not yet reloaded). Not the calls' usual path, so a timer of its own costs nothing."""
     try:
-        try:
-            async with asyncio.timeout(STALL_S):
-                reply = await run(redis, call.script, call.keys, call.args)
-        except TimeoutError:
-            raise ConnectionError(f"no reply within {STALL_S:g} s: Redis is hung or cut off") from None
+        async with answered_within(STALL_S):
+            reply = await run(redis, call.script, call.keys, call.args)
     except BaseException as exc:
         _fail(call.future, exc)
         if isinstance(exc, asyncio.CancelledError):

@@ -24,7 +24,6 @@ from msgspec import Struct
 from redis._parsers.hiredis import NOT_ENOUGH_DATA
 from redis.asyncio import Redis
 from redis.asyncio.connection import AbstractConnection
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, RedisError
 
 from carmy_worker.deadlines import Deadlines
@@ -37,7 +36,7 @@ from carmy_worker.store.durable import Durability
 from carmy_worker.store.hints import DueHints
 from carmy_worker.store.lua import ACCEPTED_WORK
 from carmy_worker.store.reach import Reach
-from carmy_worker.store.scripts import Script, bind
+from carmy_worker.store.scripts import Script, answered_within, bind, hung
 
 log = logging.getLogger("carmy.queue")
 
@@ -290,8 +289,7 @@ class Leases:
             return reply
         except asyncio.CancelledError:
             if self._deadlines.expired(task):
-                raise RedisConnectionError(
-                    f"no reply to a wait within {deadline:g} s: Redis is hung or cut off") from None
+                raise hung("no reply to a wait", deadline) from None
             raise
         finally:
             self._deadlines.stop(task)
@@ -356,13 +354,9 @@ async def unblock(redis: Redis, queue: str, client_id: int) -> None:
     sent, to the node serving ``queue``'s slot (``held_connection``; on one Redis, any
     connection of ``redis``'s pool). A node that does not answer within ``UNBLOCK_TIMEOUT_S``
     raises ``ConnectionError``."""
-    async with held_connection(redis, queue) as conn:
-        try:
-            async with asyncio.timeout(UNBLOCK_TIMEOUT_S):
-                await conn.send_command("CLIENT", "UNBLOCK", client_id)
-                await conn.read_response()
-        except TimeoutError:
-            raise RedisConnectionError(f"no reply to CLIENT UNBLOCK within {UNBLOCK_TIMEOUT_S:g} s") from None
+    async with held_connection(redis, queue) as conn, answered_within(UNBLOCK_TIMEOUT_S, "no reply to CLIENT UNBLOCK"):
+        await conn.send_command("CLIENT", "UNBLOCK", client_id)
+        await conn.read_response()
 
 
 class Handoff(FollowUp):

@@ -25,7 +25,9 @@ does not know the script.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 import redis as sync_redis
@@ -47,6 +49,24 @@ if TYPE_CHECKING:
 # (a stopped process, a partition without a reset) would hold its outcome until it woke. A timer
 # per call, where the WAIT's round trip already costs far more.
 DURABLE_STALL_S = 5.0
+
+
+def hung(what: str, seconds: float) -> RedisConnectionError:
+    """The error of a call given up on a Redis that did not answer (``what``: what it waited
+    for) within ``seconds``: a lost connection's, since what was sent may have run."""
+    return RedisConnectionError(f"{what} within {seconds:g} s: Redis is hung or cut off")
+
+
+@contextlib.asynccontextmanager
+async def answered_within(seconds: float, what: str = "no reply") -> AsyncIterator[None]:
+    """The block, on a timer of its own, given up after ``seconds`` with ``hung``'s error: for
+    the calls' rare paths on a client without a reply timeout (a worker's), where a timer per
+    call costs nothing. A read on the calls' usual path shares one timer (``carmy_worker.deadlines``)."""
+    try:
+        async with asyncio.timeout(seconds):
+            yield
+    except TimeoutError:
+        raise hung(what, seconds) from None
 
 
 class Script:
@@ -86,12 +106,9 @@ async def run(redis: Redis, script: Script, keys: list[Any], args: list[Any],
     replies within ``DURABLE_STALL_S`` plus the ``WAIT``'s own timeout (``ConnectionError``
     past it: the script may have run)."""
     if durability is not None and durability.replicas:
-        try:
-            async with asyncio.timeout(DURABLE_STALL_S + durability.timeout_ms / 1000):
-                return await _run(redis, script, keys, args, durability)
-        except TimeoutError:
-            raise RedisConnectionError(f"no reply to {script.name} within {DURABLE_STALL_S:g} s past its WAIT: "
-                                       "Redis is hung or cut off") from None
+        async with answered_within(DURABLE_STALL_S + durability.timeout_ms / 1000,
+                                   f"no reply to {script.name} and its WAIT"):
+            return await _run(redis, script, keys, args, durability)
     return await _run(redis, script, keys, args, None)
 
 
