@@ -75,9 +75,12 @@ def median_row(rows: list[Row]) -> Row:
                          for kind in middle.cpu_us_per_call})
 
 
+def _find(rows: list[Row], key: str) -> Row | None:
+    return next((row for row in rows if row.key == key), None)
+
+
 def _ratio(rows: list[Row], top: str, bottom: str, by_rps: bool) -> float | None:
-    a = next((row for row in rows if row.key == top), None)
-    b = next((row for row in rows if row.key == bottom), None)
+    a, b = _find(rows, top), _find(rows, bottom)
     if a is None or b is None:
         return None
     if by_rps:
@@ -127,7 +130,7 @@ class Report:
     rounds: list[list[Row]] = field(default_factory=list)
 
     def get(self, key: str) -> Row | None:
-        return next((row for row in self.rows if row.key == key), None)
+        return _find(self.rows, key)
 
     def spread(self, top: str, bottom: str, *, by_rps: bool) -> Spread | None:
         """Row ``top``'s figure over row ``bottom``'s (req/s, else p50), taken in each round that

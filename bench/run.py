@@ -44,7 +44,8 @@ def command_output(*args: str) -> str:
     return lines[0] if lines else ""
 
 
-def header(config: scenarios.Config, quick: bool, rounds: int) -> list[str]:
+def header(config: scenarios.Config, quick: bool, rounds: int, only: list[str]) -> list[str]:
+    rounded = [s.__name__ for s in scenarios.ROUNDED if not only or s.__name__ in only]
     commit = command_output("git", "rev-parse", "--short", "HEAD") or "unknown commit"
     if command_output("git", "status", "--porcelain", "--untracked-files=no"):
         commit += " (with uncommitted changes)"
@@ -60,8 +61,8 @@ def header(config: scenarios.Config, quick: bool, rounds: int) -> list[str]:
         f"- each load measurement: wrk for {config.seconds:g} s"
         + (f" after a {config.warmup:g} s warm-up" if config.warmup else "")
         + "; 1 client = wrk -t1 -c1, 64 clients = wrk -t2 -c64",
-    ] + ([f"- {', '.join(s.__name__ for s in scenarios.ROUNDED)}: played {rounds} times in turn; their rows are "
-          "medians, their ratios the median of each round's (with the range)"] if rounds > 1 else [])
+    ] + ([f"- {', '.join(rounded)}: played {rounds} times in turn; their rows are medians, their ratios the "
+          "median of each round's (with the range)"] if rounds > 1 and rounded else [])
 
 
 def preflight() -> str | None:
@@ -74,7 +75,7 @@ def preflight() -> str | None:
 
 
 def run(config: scenarios.Config, quick: bool, only: list[str], rounds: int = 1) -> Report:
-    report = Report(header=header(config, quick, rounds))
+    report = Report(header=header(config, quick, rounds, only))
     workdir = Path(tempfile.mkdtemp(prefix="carmy-bench-"))
     redis = RedisServer(workdir)  # no persistence: disk writes never show in the numbers
     redis.start()
@@ -88,12 +89,11 @@ def run(config: scenarios.Config, quick: bool, only: list[str], rounds: int = 1)
             mark = len(report.rows)
             for scenario in [s for s in chosen if s in scenarios.ROUNDED]:
                 play(scenario, bench, f" (round {index + 1} of {rounds})" if rounds > 1 else "")
-            report.rounds.append(report.rows[mark:])
-        if rounds > 1:
+            if rounds > 1:
+                report.rounds.append(report.rows[mark:])
+        if report.rounds:
             report.rows = [median_row([row for rows in report.rounds for row in rows if row.key == first.key])
                            for first in report.rounds[0]]
-        else:
-            report.rounds = []
         for scenario in [s for s in chosen if s not in scenarios.ROUNDED]:
             play(scenario, bench, "")
     finally:
