@@ -17,7 +17,7 @@ from redis.exceptions import RedisClusterException
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from bench.localcluster import LocalCluster
-from carmy_worker.store.cluster import ClusterUnreachable, StoreCluster
+from carmy_worker.store.cluster import SLOTS_TIMEOUT_S, ClusterUnreachable, StoreCluster
 from carmy_worker.store.connect import RedisConnector
 from tests.cluster.conftest import cluster_client
 from tests.support import new_tmp
@@ -144,3 +144,26 @@ async def test_the_url_s_password_reaches_every_node(guarded_cluster: LocalClust
             await anonymous.get("pw1")
     finally:
         await anonymous.aclose()
+
+
+async def test_a_hung_seed_holds_a_reload_of_the_slot_table_for_a_second_not_until_it_wakes(
+        redis_cluster: LocalCluster) -> None:
+    """The slot table is asked of the seeds in turn, on the client's own connection to each: on a
+    client without a reply timeout (a worker's calls), a seed that hangs (stopped: it accepts the
+    connection and answers nothing) held the reload, and every command behind it, until it woke.
+    A replica here, so that the cluster does not fail it over meanwhile."""
+    hung = redis_cluster.replicas()[0]
+    others = [server.address for server in redis_cluster.live() if server is not hung]
+    connector = RedisConnector("redis://localhost/0", (hung.address, *others))  # the hung seed asked first
+    client = connector.cluster_client(max_connections=8, wait=10.0, socket_connect_timeout=1.0, socket_timeout=None)
+    hung.pause()
+    try:
+        started = asyncio.get_running_loop().time()
+        async with asyncio.timeout(15):  # the test's bound: it used to wait for the seed to wake
+            await client.initialize()
+        took = asyncio.get_running_loop().time() - started
+    finally:
+        hung.resume()
+        await client.aclose()
+    assert SLOTS_TIMEOUT_S - 0.05 <= took < SLOTS_TIMEOUT_S + 5
+    assert client.primary_for("{c:0}").port != hung.port  # the table came from another seed
