@@ -8,6 +8,13 @@ partitions: its group has a queue in each, and the room goes where the due jobs 
 burst of due jobs waits in Redis as jobs, not as executions whose start deadline runs out. Each
 pass looks in every partition (one LOOK each), so a due job in any of them is promoted in the
 same pass.
+
+A due job LOOK leased to this loop stays out of every loop's sight for ``DUE_LEASE_MS`` (10 s).
+Had the PROMOTE after it failed (a primary failing over, a slot moving, a connection cut), the
+job would have waited out that lease: a scheduled occurrence 10 s late for a fault that lasted
+a moment. The loop keeps what it leased and could not promote (``_unpromoted``) and promotes it
+on its next pass in that partition, ahead of what that pass finds due; PROMOTE checks each job
+is still queued at the attempt it was built for, so sending one again is always safe.
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ from carmy_worker.settings import WorkerSettings
 from carmy_worker.store import jobs, keys, records
 from carmy_worker.store.durable import Durability
 from carmy_worker.store.jobstore import JobState, JobStore, job_fields, rfc3339
-from carmy_worker.store.promotion import Look, Promotion, Promotions
+from carmy_worker.store.promotion import DUE_LEASE_MS, Look, Promotion, Promotions
 from carmy_worker.store.pubsub import raise_if_cancelled, stop_if_cancelled
 from carmy_worker.store.reach import Reach
 from carmy_worker.wire import (
@@ -84,6 +91,8 @@ class JobLoop:
         self._lost_at = 0.0
         self._wake = asyncio.Event()
         self._turn = 0  # the partition a pass offers the room to first (``_look``)
+        # partition → due jobs leased to this loop whose PROMOTE failed → when their lease ends (Redis's ms)
+        self._unpromoted: dict[int, dict[tuple[str, str], int]] = defaultdict(dict)
         self._reach = Reach("job loop", log)
 
     async def run(self) -> None:
@@ -107,8 +116,8 @@ class JobLoop:
         is more to do now)."""
         looks = await self._look()
         for partition, look in looks.items():
-            if look.due:
-                await self._reach.run(partition, functools.partial(self._promote, look.due, look.now_ms, partition))
+            if due := self._due(partition, look):
+                await self._reach.run(partition, functools.partial(self._promote, due, look.now_ms, partition))
         await self._conclude_settled({p: look.settled for p, look in looks.items() if look.settled})
         if time.monotonic() - self._lost_at > LOST_EVERY_S:
             self._lost_at = time.monotonic()
@@ -139,9 +148,9 @@ class JobLoop:
         is left, the rest are looked in together for what is settled and when they are next due.
         """
         if keys.partition_count() == 1:  # one queue: its LOOK counts what it holds against the room itself
-            return {0: await self._promotions.look(self._names, self.group, 0, room=self.room)}
+            return {0: await self._promotions.look(self._names, self.group, 0, room=self.room - self._kept())}
         held = await self._held()
-        free = self.room - sum(held.values())
+        free = self.room - sum(held.values()) - self._kept()
         first, self._turn = self._turn % keys.partition_count(), self._turn + 1
         order = sorted(held, key=lambda p: (p - first) % keys.partition_count())
         found: dict[int, Look] = {}
@@ -188,8 +197,32 @@ class JobLoop:
 
     # --- promotion ---------------------------------------------------------------------------
 
-    async def _promote(self, due_jobs: list[tuple[str, str]], now_ms: int, partition: int) -> None:
-        """Promote ``partition``'s due jobs to executions drawn into the same partition."""
+    def _kept(self) -> int:
+        """How many leased due jobs wait for a PROMOTE to be sent again: they take room too."""
+        return sum(len(kept) for kept in self._unpromoted.values())
+
+    def _due(self, partition: int, look: Look) -> dict[tuple[str, str], int]:
+        """What to promote in ``partition`` now, each with when its lease ends (Redis's ms): what
+        an earlier PROMOTE there failed to, while its lease lasts (once it ends, any loop's LOOK
+        finds those jobs again), then what ``look`` found due."""
+        kept = self._unpromoted.pop(partition, {})
+        due = {job: until_ms for job, until_ms in kept.items() if until_ms > look.now_ms}
+        for job in look.due:
+            due.setdefault(job, look.now_ms + DUE_LEASE_MS)
+        return due
+
+    async def _promote(self, due: dict[tuple[str, str], int], now_ms: int, partition: int) -> None:
+        """Promote ``partition``'s ``due`` jobs to executions drawn into the same partition; if
+        Redis fails under it, they are kept for the next pass (``_unpromoted``) until their
+        lease ends."""
+        try:
+            await self._promote_now(list(due), now_ms, partition)
+        except BaseException:
+            # Those promoted before the failure are skipped next time (no longer queued).
+            self._unpromoted[partition].update(due)
+            raise
+
+    async def _promote_now(self, due_jobs: list[tuple[str, str]], now_ms: int, partition: int) -> None:
         found = await self._promotions.due([job_id for _, job_id in due_jobs])
         by_tool: dict[str, list[Promotion]] = defaultdict(list)
         for (tool, job_id), due_job in zip(due_jobs, found, strict=True):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -219,3 +220,40 @@ async def test_an_idle_pass_costs_one_look_per_partition(ar: redis.asyncio.Redis
     scripts = (await ar.info("commandstats"))["cmdstat_evalsha"]["calls"]
     count = keys.partition_count()
     assert (round_trips, scripts) == ((1, 1) if count == 1 else (1 + count, count))
+
+
+async def test_a_due_job_whose_promotion_failed_is_promoted_on_the_next_pass(ar: redis.asyncio.Redis,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """LOOK leases a due job to its loop for DUE_LEASE_MS (10 s). A PROMOTE that fails after it
+    (a primary failing over, a slot moving) does not leave the job waiting out that lease: the
+    loop's next pass in the partition promotes it. Without that, a second every-second schedule
+    occurrence ran 10 s late in the chaos check after a slot moved."""
+    one = loop(ar)
+    one._reach.retry_after_s = 0.0  # a failed partition is tried again on the next pass
+    job_id = await make_job(ar, "mirror", idempotent=True)
+    promote, failures = one._promotions.promote, 0
+
+    async def refused_once(*args: Any, **kwargs: Any) -> list[str]:
+        nonlocal failures
+        if not failures:
+            failures += 1
+            raise redis.exceptions.ConnectionError("Connection closed by server.")
+        return await promote(*args, **kwargs)
+
+    monkeypatch.setattr(one._promotions, "promote", refused_once)
+    # One Redis: the loop's error (run() logs it, and passes again a second later); several
+    # partitions: that partition's alone (store.reach), the others go on.
+    with pytest.raises(redis.exceptions.ConnectionError) if keys.partition_count() == 1 else contextlib.nullcontext():
+        await one.tick()
+    store = JobStore(ar)
+    job = await store.read(job_id)
+    assert failures == 1 and job is not None and job.status == "queued" and not job.executions
+    lease = await ar.zscore(keys.job_due("mirror", keys.partition_of(job_id)), job_id)
+    assert lease is not None and lease > job.due_ms + 5_000  # leased: no other LOOK will find it for 10 s
+    await one.tick()
+    job = await store.read(job_id)
+    assert job is not None and job.status == "running" and len(job.executions) == 1 and job.attempts == 1
+    assert await ar.zscore(keys.job_due("mirror", keys.partition_of(job_id)), job_id) is None
+    assert await ar.zcard(jobs.queue_name(GROUP, keys.partition_of(job_id))) == 1  # one execution, queued once
+    await one.tick()
+    assert (await store.read(job_id)).executions == job.executions  # type: ignore[union-attr]  # never again
