@@ -10,6 +10,11 @@ for ``RETRY_AFTER_S`` (its work stays in Redis: a lease taken there expires, an 
 fired within its grace) and the others go on. Each partition's going and coming back is logged
 once.
 
+A redirection (``MOVED``, ``ASK``, ``TRYAGAIN``: the partition's slot moved, or is moving, to
+another primary) is no outage: nothing ran, the slot table is reloaded before the next command,
+and the partition is tried again after ``MOVED_PAUSE_S`` rather than a second later (calls of a
+partition whose slot moved waited a second more for a worker before this).
+
 On one Redis (one partition) there is nothing else to go on with: errors are the caller's, as
 before (the loop logs them and pauses).
 """
@@ -21,7 +26,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from redis.exceptions import RedisError
+from redis.exceptions import AskError, MovedError, RedisError, TryAgainError
 
 from carmy_worker.store import keys
 
@@ -31,6 +36,10 @@ T = TypeVar("T")
 # a second of its primary, rarely enough that a primary that hangs (each try a socket timeout)
 # holds the others' passes up seldom.
 RETRY_AFTER_S = 1.0
+# A partition whose slot moved or is moving is tried again after this: the slot table is
+# reloaded by then, and a migration's TRYAGAIN lasts as long as its MIGRATE batches (ms).
+MOVED_PAUSE_S = 0.05
+MOVED = (MovedError, AskError, TryAgainError)
 
 
 class Reach:
@@ -43,6 +52,8 @@ class Reach:
         self.retry_after_s = retry_after_s
         self._clock = clock
         self._down: dict[int, float] = {}  # partition → when to try it again
+        self._told: set[int] = set()  # the partitions whose outage was logged (their return is, too)
+        self._moved_since: dict[int, float] = {}  # partition → its first redirection since it last answered
 
     @property
     def any_down(self) -> bool:
@@ -74,13 +85,23 @@ class Reach:
         return result
 
     def failed(self, partition: int, exc: BaseException) -> None:
-        """``partition`` did not answer: pause it."""
-        if partition not in self._down:
+        """``partition`` did not answer: pause it (briefly if its slot moved)."""
+        now = self._clock()
+        # Redirected for a second on end is no longer a slot on the move (a slot table that
+        # stays wrong): from then on it is paused and told as an outage is.
+        if isinstance(exc, MOVED) and now - self._moved_since.setdefault(partition, now) < self.retry_after_s:
+            self._down[partition] = now + MOVED_PAUSE_S
+            return
+        if partition not in self._told:
+            self._told.add(partition)
             self.log.warning("%s: partition %d unreachable (%s: %s); the other partitions go on, it is tried "
                         "again every %.0f s", self.what, partition, type(exc).__name__, exc, self.retry_after_s)
-        self._down[partition] = self._clock() + self.retry_after_s
+        self._down[partition] = now + self.retry_after_s
 
     def answered(self, partition: int) -> None:
         """``partition`` answered: no longer paused."""
-        if self._down.pop(partition, None) is not None:
+        self._down.pop(partition, None)
+        self._moved_since.pop(partition, None)
+        if partition in self._told:
+            self._told.discard(partition)
             self.log.info("%s: partition %d answers again", self.what, partition)
