@@ -7,7 +7,9 @@ attempts were promoted to (PROMOTE), and each execution has its hash (who claime
 attempt, whether its tool ``began``, whether the janitor ``reaped`` it) and, once settled, its
 record. Where the trail stops says where the occurrence was lost: no key (never fired, or the
 write was lost), a job never promoted, an execution never claimed, or one settled without its
-tool starting (``EXECUTION_UNCERTAIN`` for a non-idempotent tool dead-letters its job).
+tool starting (``EXECUTION_UNCERTAIN`` for a non-idempotent tool dead-letters its job). A job
+never promoted is looked up in its tool's due set too: a score past its ``due`` is a LOOK's
+lease (``store.promotion.DUE_LEASE_MS``) that no PROMOTE followed; no score, that it left it.
 
 The schedule's own hash (the occurrence it waits for, the last one fired, how many it fired
 and skipped) is read with them.
@@ -49,6 +51,7 @@ class OccurrenceSeen(Struct, kw_only=True):
     job_id: str | None
     job: dict[str, str] | None
     executions: list[ExecutionSeen]
+    due_score: int | None = None  # the job's score in its tool's due set (ms; None: not there)
 
 
 class ScheduleSeen(Struct, kw_only=True):
@@ -70,8 +73,12 @@ def _occurrence(client: Client, name: str, at: int) -> OccurrenceSeen:
     job_id = _text(raw).split(" ", 1)[0] if raw else None
     job = _hash(client, keys.job(job_id)) if job_id else None
     xids = (job or {}).get("executions", "").split()
+    score: Any = None
+    if job_id and job and "tool" in job:
+        score = client.zscore(keys.job_due(job["tool"], keys.partition_of(job_id)), job_id)
     return OccurrenceSeen(at=rfc3339(at), rid=rid, job_id=job_id, job=job,
-                          executions=[_execution(client, xid) for xid in xids])
+                          executions=[_execution(client, xid) for xid in xids],
+                          due_score=None if score is None else int(score))
 
 
 def _execution(client: Client, xid: str) -> ExecutionSeen:
@@ -99,8 +106,17 @@ def summary(occurrence: OccurrenceSeen) -> str:
     head = (f"{occurrence.at}: job {occurrence.job_id} {job.get('status')} after {job.get('attempts', '0')} "
             f"attempt(s)")
     if not occurrence.executions:
-        return head + ", never promoted"
+        return head + ", never promoted" + _due_line(occurrence)
     return head + "; " + "; ".join(_execution_line(e) for e in occurrence.executions)
+
+
+def _due_line(occurrence: OccurrenceSeen) -> str:
+    """Where a job never promoted stands in its tool's due set: leased (how far past its due), or not there."""
+    if occurrence.due_score is None:
+        return "; not in its tool's due set"
+    due = int((occurrence.job or {}).get("due", "0") or 0)
+    ahead = occurrence.due_score - due
+    return f"; in its tool's due set {ahead} ms past its due" + (" (a LOOK's lease)" if ahead > 0 else "")
 
 
 def _execution_line(e: ExecutionSeen) -> str:

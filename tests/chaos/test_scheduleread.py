@@ -56,3 +56,24 @@ async def test_a_fired_occurrence_is_traced_to_its_execution_and_an_unfired_one_
                               f"{execution.xid}: state queued, attempt 0; no record")
     assert never.job_id is None and never.executions == []
     assert "no job" in summary(never)
+
+
+async def test_an_occurrence_leased_and_never_promoted_says_so(ar: redis.asyncio.Redis,
+                                                               sync_redis: redis.Redis) -> None:
+    """The CI run that missed an occurrence said only "never promoted"; now the trail tells a
+    LOOK's lease (its due score pushed past its due) from a job that left its due set."""
+    loop = JobLoop(ar, tools=[TICK], group="g", settings=WorkerSettings(),
+                   schedules=[ScheduleSpec(name="s", cron="* * * * * *", tool="tick", grace=30)])
+    await loop.tick()
+    waited = int(await ar.hget(keys.schedule("s"), "next"))
+    await ar.hset(keys.schedule("s"), "next", waited - 1000)
+    loop._schedules[0].next_ms = waited - 1000
+    await loop.tick()  # fired, not yet looked at
+    await loop._promotions.look(["tick"], "g", keys.schedule_partition("s"), room=10)  # leased, and then nothing
+
+    (leased,) = read_missed(sync_redis, "s", [waited - 1000]).occurrences
+    assert leased.job is not None and not leased.executions and leased.due_score is not None
+    assert "never promoted; in its tool's due set" in summary(leased) and "(a LOOK's lease)" in summary(leased)
+    sync_redis.zrem(keys.job_due("tick", keys.partition_of(leased.job_id or "")), leased.job_id or "")
+    (gone,) = read_missed(sync_redis, "s", [waited - 1000]).occurrences
+    assert summary(gone).endswith("never promoted; not in its tool's due set")
