@@ -92,7 +92,8 @@ class JobLoop:
         self._wake = asyncio.Event()
         self._turn = 0  # the partition a pass offers the room to first (``_look``)
         # partition → due jobs leased to this loop whose PROMOTE failed → when their lease ends (Redis's ms)
-        self._unpromoted: dict[int, dict[tuple[str, str], int]] = defaultdict(dict)
+        self._unpromoted: dict[int, dict[tuple[str, str], int]] = {}
+        self._now_ms = 0  # Redis's clock at the last pass's LOOK
         self._reach = Reach("job loop", log)
 
     async def run(self) -> None:
@@ -116,6 +117,7 @@ class JobLoop:
         is more to do now)."""
         looks = await self._look()
         for partition, look in looks.items():
+            self._now_ms = max(self._now_ms, look.now_ms)
             if due := self._due(partition, look):
                 await self._reach.run(partition, functools.partial(self._promote, due, look.now_ms, partition))
         await self._conclude_settled({p: look.settled for p, look in looks.items() if look.settled})
@@ -198,15 +200,17 @@ class JobLoop:
     # --- promotion ---------------------------------------------------------------------------
 
     def _kept(self) -> int:
-        """How many leased due jobs wait for a PROMOTE to be sent again: they take room too."""
-        return sum(len(kept) for kept in self._unpromoted.values())
+        """How many leased due jobs wait for a PROMOTE to be sent again, their lease not over by
+        the last pass's clock: they take room too (not those of a partition down past their lease)."""
+        return sum(until_ms > self._now_ms for kept in self._unpromoted.values() for until_ms in kept.values())
 
     def _due(self, partition: int, look: Look) -> dict[tuple[str, str], int]:
         """What to promote in ``partition`` now, each with when its lease ends (Redis's ms): what
         an earlier PROMOTE there failed to, while its lease lasts (once it ends, any loop's LOOK
         finds those jobs again), then what ``look`` found due."""
-        kept = self._unpromoted.pop(partition, {})
-        due = {job: until_ms for job, until_ms in kept.items() if until_ms > look.now_ms}
+        due = {job: until_ms for job, until_ms in self._unpromoted.pop(partition, {}).items() if until_ms > look.now_ms}
+        if due:  # kept until a PROMOTE of them goes through
+            self._unpromoted[partition] = dict(due)
         for job in look.due:
             due.setdefault(job, look.now_ms + DUE_LEASE_MS)
         return due
@@ -219,8 +223,9 @@ class JobLoop:
             await self._promote_now(list(due), now_ms, partition)
         except BaseException:
             # Those promoted before the failure are skipped next time (no longer queued).
-            self._unpromoted[partition].update(due)
+            self._unpromoted[partition] = due
             raise
+        self._unpromoted.pop(partition, None)
 
     async def _promote_now(self, due_jobs: list[tuple[str, str]], now_ms: int, partition: int) -> None:
         found = await self._promotions.due([job_id for _, job_id in due_jobs])

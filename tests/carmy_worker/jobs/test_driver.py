@@ -257,3 +257,31 @@ async def test_a_due_job_whose_promotion_failed_is_promoted_on_the_next_pass(ar:
     assert await ar.zcard(jobs.queue_name(GROUP, keys.partition_of(job_id))) == 1  # one execution, queued once
     await one.tick()
     assert (await store.read(job_id)).executions == job.executions  # type: ignore[union-attr]  # never again
+
+
+async def test_jobs_kept_for_another_promote_take_room_until_their_lease_ends(ar: redis.asyncio.Redis,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a loop keeps to promote again counts against its room, as its queue would once they
+    are promoted; past their lease they no longer do (another loop's LOOK may have them)."""
+    one = JobLoop(ar, tools=TOOLS, group=GROUP, settings=WorkerSettings(), room=1)
+    one._reach.retry_after_s = 0.0
+    first = await make_job(ar, "mirror", idempotent=True)
+    promote = one._promotions.promote
+
+    async def refused(*args: Any, **kwargs: Any) -> list[str]:
+        raise redis.exceptions.ConnectionError("Connection closed by server.")
+
+    monkeypatch.setattr(one._promotions, "promote", refused)
+    with contextlib.suppress(redis.exceptions.ConnectionError):
+        await one.tick()
+    assert one._kept() == 1
+    second = await make_job(ar, "mirror", idempotent=True)
+    monkeypatch.setattr(one._promotions, "promote", promote)
+    await one.tick()  # the room (1) goes to the kept job: the second is not even leased
+    store = JobStore(ar)
+    assert [job.status for job in await store.read_many([first, second])] == ["running", "queued"]  # type: ignore[union-attr]
+    assert await ar.zscore(keys.job_due("mirror", keys.partition_of(second)), second) is not None
+    assert one._kept() == 0
+    # A job kept past its lease: no room taken, and not sent again from memory.
+    one._unpromoted[keys.partition_of(second)] = {("mirror", second): one._now_ms - 1}
+    assert one._kept() == 0
