@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 
 import pytest
 import redis.asyncio
@@ -17,7 +18,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from carmy_worker.runtime import queue
-from carmy_worker.store import jobs, keys, scripts
+from carmy_worker.store import batch, jobs, keys, leases, scripts
 from carmy_worker.store.durable import Durability
 from carmy_worker.store.janitor import Janitor
 from carmy_worker.store.leases import WAIT_GRACE_S, Leases
@@ -104,5 +105,48 @@ async def test_a_call_that_waits_for_replicas_gives_up_on_a_hung_redis_and_the_n
                 server.resume()
             assert 0.6 - 0.05 <= waited < 0.6 + 5
             assert await scripts.run(client, ECHO, ["k"], ["c"], durability) == b"c"
+        finally:
+            await client.aclose()
+
+
+async def send_alone(client: redis.asyncio.Redis) -> None:
+    """A batch's call sent on its own (``batch._one``: a script Redis lost, or a cluster's slot
+    table not loaded yet), as the batch would; its error is its future's."""
+    future = asyncio.get_running_loop().create_future()
+    await batch._one(client, batch._Call(ECHO, ["k"], ["alone"], future))
+    await future
+
+
+async def unblock_a_wait(client: redis.asyncio.Redis) -> None:
+    """``CLIENT UNBLOCK`` of a wait, as an idle worker ends its other partitions' waits."""
+    await leases.unblock(client, jobs.queue_name(GROUP, 0), 1_000_000)
+
+
+@pytest.mark.parametrize(("send", "bound", "told"), [
+    (send_alone, (batch, "STALL_S"), "hung or cut off"),
+    (unblock_a_wait, (leases, "UNBLOCK_TIMEOUT_S"), "no reply to CLIENT UNBLOCK"),
+], ids=["a-call-sent-alone", "client-unblock"])
+async def test_a_command_a_worker_sends_alone_gives_up_on_a_hung_redis_within_its_bound(
+        send: Callable[[redis.asyncio.Redis], Awaitable[None]], bound: tuple[object, str], told: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker's client has no reply timeout (its waits block): each command it sends on its
+    own carries a bound of its own, and on a Redis that hangs fails once it has passed, as a lost
+    connection would, rather than waiting for Redis to wake; the next one is answered."""
+    monkeypatch.setattr(*bound, 0.5)
+    with private_redis() as server:
+        client = redis.asyncio.Redis.from_url(server.url)
+        try:
+            await send(client)  # connected
+            server.pause()
+            started = time.monotonic()
+            try:
+                with pytest.raises(RedisConnectionError, match=told):
+                    async with asyncio.timeout(30):  # the test's bound: it used to wait for Redis to wake
+                        await send(client)
+                waited = time.monotonic() - started
+            finally:
+                server.resume()
+            assert 0.5 - 0.05 <= waited < 0.5 + 5
+            await send(client)
         finally:
             await client.aclose()
