@@ -1,4 +1,4 @@
-"""``python -m bench.upkeep [--seconds 10] [--streams 0,1000,10000] [--out DIR]``: what Redis does
+"""``python -m bench.upkeep [--seconds 10] [--streams 0,1000,10000] [--partitions P] [--out DIR]``: what Redis does
 each second, with no call being made, beside N idle SSE streams on one API process (issue 35,
 bench/README.md "Redis's upkeep beside idle streams").
 
@@ -8,6 +8,8 @@ each N prints, over a quiet window: Redis's process CPU per second, each script'
 per second from a SLOWLOG that logged every command (so one HEARTBEAT's cost can be read), and
 the longest pauses a PING sent every millisecond met. The ``cost_idle`` row gives what the
 streams do to a call's latency and CPU; this says which of Redis's periodic work grows with them.
+With ``--partitions`` P (``CARMY_REDIS_PARTITIONS``, on the one Redis) the worker's beat is P
+scripts, each over the executions it holds in its partition.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from bench.crowd import hold_streams, raise_fd_limit
 from bench.processes import RedisServer
 from bench.procs import Processes, cpu_seconds
 from bench.profile import slowlog_per_execution
-from carmy_worker.store.keys import pending
+from carmy_worker.store import keys
 
 PROBE_S = 5.0  # the PING probe's window
 PAUSE_MS = 5.0  # a PING slower than this is a pause worth listing
@@ -81,8 +83,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.upkeep", description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=10.0, help="each quiet window (default 10)")
     parser.add_argument("--streams", default="0,1000,10000", help="the sizes, comma-separated")
+    parser.add_argument("--partitions", type=int, default=1, help="CARMY_REDIS_PARTITIONS of the API and worker")
     parser.add_argument("--out", type=Path, default=None, help="where the processes' files go")
     args = parser.parse_args(argv)
+    keys.use_partitions(args.partitions)
+    spread = {"CARMY_REDIS_PARTITIONS": str(args.partitions)}
     sizes = [int(n) for n in args.streams.split(",")]
     workdir = args.out or Path(tempfile.mkdtemp(prefix="carmy-upkeep-"))
     raise_fd_limit()
@@ -90,16 +95,17 @@ def main(argv: list[str] | None = None) -> int:
     server.start()
     try:
         with Processes(workdir, server.url, "upkeep") as procs:
-            worker = procs.carmy_worker(env={"CARMY_CONCURRENCY": str(max(sizes) + 100)})
+            worker = procs.carmy_worker(env={"CARMY_CONCURRENCY": str(max(sizes) + 100), **spread})
             api, base = procs.carmy_api(env={"CARMY_MAX_PENDING": str(max(sizes) * 2 + 100),
-                                             "CARMY_QUEUE_TIMEOUT": "900"})
+                                             "CARMY_QUEUE_TIMEOUT": "900", **spread})
             for streams in sizes:
                 if streams == 0:
                     report(server, 0, args.seconds)
                     continue
                 asyncio.run(hold_streams(base, streams, api.pid, worker.pid,
                                          functools.partial(report, server, streams, args.seconds)))
-                server.wait_settled(pending(0), timeout=180)  # the streams' executions ended
+                for partition in keys.partitions():  # the streams' executions ended
+                    server.wait_settled(keys.pending(partition), timeout=180)
     finally:
         server.stop()
     return 0
