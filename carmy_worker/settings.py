@@ -88,7 +88,7 @@ def env_partitions(env: Mapping[str, str]) -> int:
     """``CARMY_REDIS_PARTITIONS``: how many partitions the store's keys are spread over: 16 on a
     Redis Cluster (``CARMY_REDIS_CLUSTER_NODES``), so that the work spreads over its primaries;
     1 on a single Redis or Sentinel, where one core runs every script anyway."""
-    default = 16 if (env.get("CARMY_REDIS_CLUSTER_NODES") or "").strip() else 1
+    default = 16 if env_cluster_nodes(env) else 1  # a value with no node in it (",") is no cluster
     count = env_int(env, "CARMY_REDIS_PARTITIONS", default)
     if count > SUPPORTED_PARTITIONS:
         raise SettingsError(f"CARMY_REDIS_PARTITIONS must be at most {SUPPORTED_PARTITIONS}, got {count}")

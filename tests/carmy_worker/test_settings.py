@@ -32,3 +32,10 @@ def test_cluster_nodes_are_read_alike_by_the_api_and_the_workers() -> None:
 def test_a_cluster_node_needs_a_host_and_a_port(raw: str) -> None:
     with pytest.raises(SettingsError, match="CARMY_REDIS_CLUSTER_NODES"):
         WorkerSettings.from_env({"CARMY_REDIS_CLUSTER_NODES": f"10.0.0.1:7000,{raw}"})
+
+
+@pytest.mark.parametrize(("nodes", "partitions"), [("", 1), (" , ", 1), ("10.0.0.1:7000,10.0.0.2:7000", 16)])
+def test_partitions_default_to_sixteen_only_with_a_cluster_node_named(nodes: str, partitions: int) -> None:
+    """A value of CARMY_REDIS_CLUSTER_NODES with no node in it is no cluster (the nodes' parser
+    drops its empty items): the default partition count is one Redis's, not a cluster's."""
+    assert WorkerSettings.from_env({"CARMY_REDIS_CLUSTER_NODES": nodes}).redis_partitions == partitions
