@@ -105,7 +105,7 @@ _ARQ_RETRY_TTL_S = 88400
 # func, Retry, ArqRedis): attributes it reads or writes and methods it overrides or calls.
 ARQ_PRIVATE_SURFACE: dict[str, tuple[str, ...]] = {
     "arq.worker.Worker methods overridden": (
-        "main", "handle_sig_wait_for_completion", "_release_sem_dec_counter_on_complete",
+        "main", "handle_sig_wait_for_completion", "_sleep_until_tasks_complete", "_release_sem_dec_counter_on_complete",
         "finish_job", "finish_failed_job",
     ),
     "arq.worker.Worker methods called": ("run_job", "heart_beat"),
@@ -290,6 +290,9 @@ class WakeableWorker(Worker):
     # the last job: a counter moved by each LEASE alone could keep landing on the same partition).
     queues: list[str]
     _turn: int = 0
+    # A LEASE is under way, or what it took is not yet started: from before the wait (or the
+    # take) that sends it until ``_start_due`` has listed its jobs in ``tasks``.
+    _taking: bool = False
     on_drain: Callable[[], None] | None = None
     admit: Admit | None = None  # told of each claim LEASE made, before run_job runs its job
     forget: Callable[[str], None] | None = None  # told of each lease whose run_job has returned
@@ -349,7 +352,9 @@ class WakeableWorker(Worker):
                 async with asyncio.timeout(self.poll_delay_s):
                     await self._slot_freed.wait()
             return None
-        # A drain that begins meanwhile does not stop this LEASE: what it took is run and drained.
+        # A drain that begins meanwhile does not stop this LEASE: what it took is run and drained
+        # (``_taking``: the drain waits for it).
+        self._taking = True
         pool, lease_ms = cast("ArqRedis", self._pool), int(self.in_progress_timeout_s * 1000)
         if len(self.queues) == 1:
             return await self.leases.wait_and_take(pool, self.queues[0], timeout=self.poll_delay_s, most=free,
@@ -394,6 +399,16 @@ class WakeableWorker(Worker):
             self.on_drain()
         super().handle_sig_wait_for_completion(signum)
 
+    async def _sleep_until_tasks_complete(self) -> None:
+        """arq's drain waits while jobs run, then cancels what still runs and the main loop. It
+        also waits here for a LEASE under way (``_taking``): the jobs it claims are this worker's
+        to run and drain. arq's, seeing no task yet, ended at once, and the jobs started as it
+        cancelled them: a non-idempotent tool marked begun and never run, ``EXECUTION_UNCERTAIN``
+        on a graceful stop (found by ``bin/chaos --cluster``'s ``worker-term``). A wait for work
+        ends within ``poll_delay_s``."""
+        while self.tasks or (self._taking and not self._stopping()):
+            await asyncio.sleep(0.1)
+
     async def _start_due(self, taken: list[Lease] | None) -> int:
         """arq's ``_poll_iteration``, which this replaces (but for its ``heart_beat``, which the
         loop sends after the jobs started took their first steps): run what the last wait took,
@@ -403,8 +418,10 @@ class WakeableWorker(Worker):
         leased = taken or []
         if taken is None and self.allow_pick_jobs and free > 0 and (index := self._next_with_work()) is not None:
             lease_ms = int(self.in_progress_timeout_s * 1000)
+            self._taking = True
             leased = await self.leases.take(self.queues[index], most=free, lease_ms=lease_ms,
                                             look_ahead=self.queue_read_limit)
+        self._taking = False  # what it took is listed in ``tasks`` below, before the next turn
         if leased:
             # Before anything else runs: from now on the heartbeat reports these executions held.
             read = [self._admit(lease) for lease in leased]

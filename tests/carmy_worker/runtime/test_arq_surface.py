@@ -21,6 +21,7 @@ from carmy_worker.wire import ExecutionJob, msgpack_encoder
 SIGNATURES = {
     "main": "(self) -> None",
     "handle_sig_wait_for_completion": "(self, signum: signal.Signals) -> None",
+    "_sleep_until_tasks_complete": "(self) -> None",
     "_release_sem_dec_counter_on_complete": "(self) -> None",
     "run_job": "(self, job_id: str, score: int) -> None",
     "heart_beat": "(self) -> None",
