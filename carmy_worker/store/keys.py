@@ -261,6 +261,18 @@ def leases(worker_id: str, partition: int) -> str:
     return f"{_layout.prefixes[partition]}leases:{worker_id}"
 
 
+def beat_named(worker_id: str, partition: int) -> str:
+    """Set of the executions a worker named in a heartbeat sent in parts (``store.roster``),
+    for its last part to find the strays against; gone once that part ran (60 s at most)."""
+    return f"{_layout.prefixes[partition]}beat:{worker_id}:named"
+
+
+def beat_has(worker_id: str, partition: int) -> str:
+    """Set of the jobs a worker said it has in a heartbeat sent in parts, for its last part to
+    find the orphaned leases against; gone once that part ran (60 s at most)."""
+    return f"{_layout.prefixes[partition]}beat:{worker_id}:has"
+
+
 def lock(tool: str) -> str:
     """A ``parallel_safe=False`` tool's lock: in a slot of its own (``{lock:<tool>}``), which no
     partition's execution shares, so that taking it is a script of its own (store/locks.py)."""

@@ -16,7 +16,7 @@ import pytest
 import redis
 import redis.asyncio
 
-from carmy_worker.store import jobs, keys
+from carmy_worker.store import jobs, keys, roster
 from carmy_worker.store.janitor import Janitor
 from carmy_worker.store.roster import Claims, Holding, Liveness, Orphan, Stray, SyncLiveness, lock_holder
 from carmy_worker.store.submit import Submit
@@ -219,6 +219,36 @@ def test_a_beat_sends_one_heartbeat_per_partition_in_one_pipeline(r: redis.Redis
     assert all(r.zscore(keys.workers(p), "w1") is not None for p in keys.partitions())
     stats = r.info("commandstats")  # the commands sent, and those the scripts ran
     assert stats["cmdstat_evalsha"]["calls"] == stats["cmdstat_zadd"]["calls"] == PARTITIONS
+
+
+async def test_a_worker_holding_more_than_a_slice_beats_in_parts_with_the_same_findings(
+        r: redis.Redis, ar: redis.asyncio.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker holding more than BEAT_SLICE executions in a partition beats there in parts
+    (no one script holds Redis for the whole of them), and finds what one script would: the
+    executions it lost, the strays and the orphaned leases; the beat's own sets are gone after."""
+    monkeypatch.setattr(roster, "BEAT_SLICE", 2)
+    big = 1  # the partition where the worker holds five executions and has five jobs; one each elsewhere
+    held = [claimed(r, await accepted(ar, big, idempotent=True), "w1") for _ in range(5)]
+    held += [claimed(r, await accepted(ar, p, idempotent=True), "w1") for p in keys.partitions() if p != big]
+    lost, stray = held[3].execution_id, claimed(r, await accepted(ar, big, idempotent=True), "w1").execution_id
+    r.hset(keys.execution(lost), "worker", "w2")  # given to another worker while w1 was away
+    jobs_had, orphan = [h.execution_id for h in held[:5]], keys.new_execution_id(big)
+    for job in [*jobs_had, orphan]:
+        r.hset(keys.leases("w1", big), job, f"token-{job}")
+    liveness = Liveness(ar, dead_after=DEAD_AFTER)
+    await liveness.heartbeat("w1")  # the script loaded
+    r.config_resetstat()
+    beat = await liveness.heartbeat("w1", claims=Claims(held=held, jobs=jobs_had))
+    assert beat.lost == [lost]
+    assert beat.strays == [Stray(stray, 1, "tally")]
+    assert beat.orphans == [Orphan(orphan, f"token-{orphan}")]
+    # Five held and five jobs in slices of two: three parts and the last; one script elsewhere.
+    assert r.info("commandstats")["cmdstat_evalsha"]["calls"] == 4 + (PARTITIONS - 1)
+    assert not r.exists(keys.beat_named("w1", big), keys.beat_has("w1", big))
+    assert all(r.zscore(keys.workers(p), "w1") is not None for p in keys.partitions())
+    # The orphan passed back is released by the next beat's last part, the jobs it has are not.
+    await liveness.heartbeat("w1", claims=Claims(held=held, jobs=jobs_had, release=beat.orphans))
+    assert sorted(k.decode() for k in r.hkeys(keys.leases("w1", big))) == sorted(jobs_had)
 
 
 async def test_a_redis_that_lost_its_scripts_still_gets_every_beat_and_scan(r: redis.Redis,

@@ -22,7 +22,7 @@ import redis.asyncio
 from redis.client import PubSub
 
 from carmy_worker.runtime.lock import ToolLock
-from carmy_worker.store import jobs, keys, metrics, records
+from carmy_worker.store import jobs, keys, metrics, records, roster
 from carmy_worker.store.attempts import MAX_ATTEMPTS, STARTED, Attempts, Claim
 from carmy_worker.store.durable import Durability
 from carmy_worker.store.janitor import DEPARTED_MEMORY_S, Janitor
@@ -150,6 +150,16 @@ async def expire(ar: redis.asyncio.Redis, exec_id: str, tool: str = "tally") -> 
     """Whether it expired, and the TIMEOUT record it then writes."""
     outcome = await Verdicts(ar, retention=RETENTION).expire_unstarted(exec_id, tool)
     return outcome, stored(records.never_started(exec_id, tool))
+
+
+@pytest.fixture(params=["whole", "in-parts"])
+def beat_parts(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A heartbeat as one script per partition, or (``in-parts``) in parts of one execution and
+    one job each then a last, as a worker holding more than ``roster.BEAT_SLICE`` sends it: the
+    same beat."""
+    if request.param == "in-parts":
+        monkeypatch.setattr(roster, "BEAT_SLICE", 0)
+    return str(request.param)
 
 
 async def heartbeat(ar: redis.asyncio.Redis, worker_id: str, offset_ms: int = 0,
@@ -1024,6 +1034,7 @@ async def test_a_reaped_attempt_can_neither_settle_nor_hold(r: redis.Redis, ar: 
     assert await attempts.holds(exec_id, 2) is False  # settled
 
 
+@pytest.mark.usefixtures("beat_parts")
 async def test_heartbeat_reports_what_its_worker_no_longer_holds(r: redis.Redis, ar: redis.asyncio.Redis) -> None:
     mine, locked, unlocked, stray, requeued, moved = [await running(ar, idempotent=True) for _ in range(6)]
     r.set(keys.lock("tally"), lock_holder(locked, 1))
@@ -1090,6 +1101,7 @@ async def test_a_lease_taken_away_before_its_claim_claims_nothing(r: redis.Redis
     assert state(r, exec_id)["attempt"] == "1" and state(r, exec_id)["worker"] == "w2"
 
 
+@pytest.mark.usefixtures("beat_parts")
 async def test_heartbeat_claims_again_what_a_redis_crash_lost(r: redis.Redis, ar: redis.asyncio.Redis) -> None:
     """Redis lost the last second of writes, this worker's CLAIM among them: its heartbeat claims
     the execution again, so its outcome is recorded and a redelivered job does not run it."""
@@ -1119,6 +1131,7 @@ async def test_reap_of_an_idempotent_execution_whose_job_is_gone_settles_it(
     assert record_decoder.decode(r.get(keys.record(exec_id))).error_code == "EXECUTION_UNCERTAIN"
 
 
+@pytest.mark.usefixtures("beat_parts")
 async def test_heartbeat_releases_a_lease_its_worker_never_heard_of(
     r: redis.Redis, ar: redis.asyncio.Redis,
 ) -> None:
