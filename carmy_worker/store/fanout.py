@@ -10,23 +10,33 @@ nothing ran) loads the script and runs that call again alone, as ``scripts.run``
 On a Redis Cluster such a pipeline is all or nothing when a node cannot be reached: redis-py
 takes a connection of every node the pipeline names before it sends anything, so a primary that
 was killed (until its replica is promoted) fails the calls bound for every other primary too.
-``run_each_alone`` and ``run_each_alone_sync`` send each call on its own instead, for a caller
-whose calls must land wherever they can (the roster's beats, the janitor's scans).
+``run_each_alone`` sends each call on its own instead, for a caller whose calls must land
+wherever they can (the janitor's scans). A node that hangs rather than
+refuses is worse: its connection's handshake waits out the socket timeout before anything is
+written anywhere, and a call sent to it alone does so again. ``run_each_by_node_sync`` (the
+heartbeat thread's, on a cluster) sends each node its own pipeline, all at once, so that a hung
+node costs only its own calls their timeout.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import redis as sync_redis
 from redis.asyncio import Redis
-from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import AskError, MovedError, NoScriptError, RedisError, TryAgainError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from carmy_worker.store.scripts import Script, bind_sync, run
 
 Call = tuple[list[Any], list[Any]]  # one call's keys and arguments
+log = logging.getLogger("carmy.store")
 
 
 def _queue(pipe: Any, script: Script, calls: Sequence[Call], then: Callable[[Any], None] | None) -> None:
@@ -95,14 +105,80 @@ def run_each_sync(redis: sync_redis.Redis, script: Script, calls: Sequence[Call]
     return _raised(replies[:len(calls)]), _raised(replies[len(calls):])
 
 
-def run_each_alone_sync(redis: sync_redis.Redis, script: Script, calls: Sequence[Call]) -> list[Any]:
-    """``script`` once per call, each in a round trip of its own: every call whose node answers
-    runs, whatever becomes of the others. The reply of each, or the ``RedisError`` it got."""
-    alone = bind_sync(redis, script)
-    replies: list[Any] = []
-    for call_keys, args in calls:
+_reloading = threading.Lock()  # one slot-table reload in the background at a time
+
+
+def _reload_slots(cluster: Any, *, hung: bool) -> None:
+    """Reload the slot table after a node failed: a dead primary's replica may serve its slots
+    now. After a node refused (it is down: the others answer a reload at once) before the caller
+    goes on; after one timed out (it hangs, and may be the seed a reload asks first, waiting out
+    the timeout again) in the background, so that the next calls to the other nodes are not held
+    back by it."""
+    def reload() -> None:
         try:
-            replies.append(alone(call_keys, args))
-        except sync_redis.RedisError as exc:
-            replies.append(exc)
-    return replies
+            cluster.nodes_manager.initialize()
+        except Exception as exc:  # no seed answered: the next failure tries again
+            log.debug("slot table not reloaded: %s", exc)
+        finally:
+            if hung:
+                _reloading.release()
+
+    if not hung:
+        reload()
+    elif _reloading.acquire(blocking=False):
+        threading.Thread(target=reload, name="slot-table reload", daemon=True).start()
+
+
+class _Reads:
+    """What a caller's ``then`` asks of a pipeline (``GET``s), kept to be sent to each key's node."""
+
+    def __init__(self) -> None:
+        self.commands: list[tuple[Any, ...]] = []
+
+    def get(self, key: str) -> None:
+        self.commands.append(("GET", key))
+
+
+def run_each_by_node_sync(redis: sync_redis.Redis, script: Script, calls: Sequence[Call],
+                          then: Callable[[Any], None] | None = None) -> tuple[list[Any], list[Any]]:
+    """``run_each_sync`` on a blocking cluster client, as one pipeline per node, all sent at once
+    (a thread each): the calls' replies in order, and the reads' (``then`` may ask for ``GET``s),
+    each a reply or the ``RedisError`` its node gave. A node that hangs costs its own calls its
+    socket timeout; the other nodes' calls land and answer meanwhile. A call a node refused
+    (``NOSCRIPT``, ``MOVED``, ``ASK``, ``TRYAGAIN``: nothing ran) is sent again alone through the
+    client, which loads the script or follows the slot."""
+    cluster: Any = redis  # a LazySyncCluster or redis-py's RedisCluster
+    reads = _Reads()
+    if then is not None:
+        then(reads)
+    commands = [script.command(call_keys, args) for call_keys, args in calls] + reads.commands
+    routed = [call_keys[0] for call_keys, _ in calls] + [command[1] for command in reads.commands]
+    by_node: dict[str, tuple[Any, list[int]]] = {}
+    for i, key in enumerate(routed):
+        node = cluster.get_node_from_key(key)
+        by_node.setdefault(node.name, (node, []))[1].append(i)
+    replies: list[Any] = [None] * len(commands)
+
+    def send(node: Any, indices: list[int]) -> None:
+        try:
+            with cluster.get_redis_connection(node).pipeline(transaction=False) as pipe:
+                for i in indices:
+                    pipe.execute_command(*commands[i])
+                answered = pipe.execute(raise_on_error=False)
+        except RedisError as exc:
+            answered = [exc] * len(indices)
+        for i, reply in zip(indices, answered, strict=True):
+            replies[i] = reply
+
+    with ThreadPoolExecutor(max(1, len(by_node))) as pool:
+        list(pool.map(lambda item: send(*item), by_node.values()))
+    if any(isinstance(reply, RedisConnectionError | RedisTimeoutError) for reply in replies):
+        _reload_slots(cluster, hung=any(isinstance(reply, RedisTimeoutError) for reply in replies))
+    alone = bind_sync(redis, script)
+    for i, (call_keys, args) in enumerate(calls):
+        if isinstance(replies[i], NoScriptError | MovedError | AskError | TryAgainError):
+            try:
+                replies[i] = alone(call_keys, args)
+            except RedisError as exc:
+                replies[i] = exc
+    return replies[:len(calls)], replies[len(calls):]

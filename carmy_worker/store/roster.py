@@ -26,7 +26,7 @@ from msgspec import Struct
 from redis.asyncio import Redis
 
 from carmy_worker.store import jobs, keys
-from carmy_worker.store.fanout import Call, run_each, run_each_alone_sync, run_each_sync
+from carmy_worker.store.fanout import Call, run_each, run_each_by_node_sync, run_each_sync
 from carmy_worker.store.lua import ACCEPTED_WORK, NOW
 from carmy_worker.store.scripts import Script, bind, bind_sync, several_nodes
 
@@ -421,14 +421,17 @@ class SyncLiveness:
         of the others, which watch all along, and their janitors would reap the executions those
         live workers run (``EXECUTION_UNCERTAIN`` for a non-idempotent tool that began)."""
         calls = _heartbeat_calls(worker_id, offset_ms, self.dead_ms, claims)
-        try:
+        if several_nodes(self.redis):
+            # One pipeline per node, all at once (``fanout.run_each_by_node_sync``): a node that
+            # refuses or hangs costs its own partitions their beat, not the others'. A cluster
+            # pipeline did not write to any node while a hung one held its handshake: a worker
+            # went unseen everywhere, was judged dead, and what it ran was run again elsewhere.
+            replies, locks = run_each_by_node_sync(self.redis, HEARTBEAT, calls, then=_read_locks(claims))
+            for reply in (*replies, *locks):
+                if isinstance(reply, Exception):  # that node's partitions went unbeaten: say so
+                    raise reply
+        else:
             replies, locks = run_each_sync(self.redis, HEARTBEAT, calls, then=_read_locks(claims))
-        except sync_redis.ConnectionError:
-            # Refused or reset: that node is down and the others answer at once. (A timeout is
-            # not: beating partition by partition would wait it out on every call.)
-            if several_nodes(self.redis):
-                run_each_alone_sync(self.redis, HEARTBEAT, calls)
-            raise
         return _beat(claims, replies, locks)
 
     def rosters(self) -> list[Roster]:

@@ -46,3 +46,39 @@ def test_a_beat_lands_in_the_partitions_of_the_primaries_still_up(slow_to_fail_o
                 seen = node.zscore(keys.workers(p), "w")
             assert seen is not None and seen >= sent - 1000, f"partition {p} did not see the beat"
         client.close()
+
+
+def test_a_beat_lands_in_the_partitions_of_the_primaries_still_up_while_another_hangs(
+        slow_to_fail_over: LocalCluster) -> None:
+    """A primary that hangs (``SIGSTOP``: it answers nothing and resets no connection) rather than
+    dies: every beat still lands in every other partition, and gives up within about its socket
+    timeout. A cluster pipeline takes a connection of every node before it writes to any: the
+    hung node's handshake held each beat back from every partition, 34 s for the first here with
+    redis-py's retries, and a live worker went unseen past ``dead_after``, was judged dead, and
+    what it ran was run again elsewhere; the hung node, waking, then contradicted one of those
+    answers (``bin/chaos --cluster``'s ``cluster-hang``: a flipped answer)."""
+    cluster = slow_to_fail_over
+    with partitions(16):
+        owners = {p: cluster.owner(key_slot(keys.partition_prefix(p).encode())) for p in keys.partitions()}
+        victim = owners[0]
+        up = [p for p in keys.partitions() if owners[p] is not victim]
+        client = RedisConnector("redis://localhost/0", tuple(cluster.nodes.split(","))).sync_client(
+            socket_timeout=2, socket_connect_timeout=2)
+        liveness = SyncLiveness(client, dead_after=3.0)
+        liveness.heartbeat("before")  # the client knows the slots
+        victim.pause()
+        try:
+            for beat in range(2):
+                sent = time.time() * 1000
+                started = time.monotonic()
+                with pytest.raises(redis.RedisError):  # the worker knows its beat fell short
+                    liveness.heartbeat("w")
+                took = time.monotonic() - started
+                for p in up:
+                    with owners[p].check_client() as node:
+                        seen = node.zscore(keys.workers(p), "w")
+                    assert seen is not None and seen >= sent - 1000, f"beat {beat}: partition {p} did not see it"
+                assert took < 2 + 1.5, f"beat {beat} took {took:.1f} s"  # its socket timeout, once
+        finally:
+            victim.resume()
+            client.close()
