@@ -101,7 +101,10 @@ SLOTS_TIMEOUT_S = 1.0
 # What a node answers a command written to it by hand (``held_connection``, a batch's line) when
 # the slot is elsewhere or moving: nothing ran, and it may be sent again (through the client, which
 # follows the redirection, or after reloading the slot table).
-REDIRECTED = (MovedError, AskError, TryAgainError, ClusterDownError)
+# The slot is elsewhere or on its way there (a migration): nothing ran, and the slot table is
+# to be reloaded. ``store.reach`` pauses such a partition briefly; ``fanout`` sends its call again.
+MOVED = (MovedError, AskError, TryAgainError)
+REDIRECTED = (*MOVED, ClusterDownError)
 
 # Options of a redis-py URL that the cluster client takes (its constructor has no **kwargs).
 _CLUSTER_OPTIONS = set(inspect.signature(RedisCluster.__init__).parameters) - {"self", "host", "port", "db", "path"}

@@ -29,10 +29,11 @@ from typing import Any
 
 import redis as sync_redis
 from redis.asyncio import Redis
-from redis.exceptions import AskError, MovedError, NoScriptError, RedisError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from carmy_worker.store.cluster import MOVED
 from carmy_worker.store.scripts import Script, bind_sync, run
 
 Call = tuple[list[Any], list[Any]]  # one call's keys and arguments
@@ -176,7 +177,7 @@ def run_each_by_node_sync(redis: sync_redis.Redis, script: Script, calls: Sequen
         _reload_slots(cluster, hung=any(isinstance(reply, RedisTimeoutError) for reply in replies))
     alone = bind_sync(redis, script)
     for i, (call_keys, args) in enumerate(calls):
-        if isinstance(replies[i], NoScriptError | MovedError | AskError | TryAgainError):
+        if isinstance(replies[i], (NoScriptError, *MOVED)):
             try:
                 replies[i] = alone(call_keys, args)
             except RedisError as exc:

@@ -26,9 +26,10 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from redis.exceptions import AskError, MovedError, RedisError, TryAgainError
+from redis.exceptions import RedisError
 
 from carmy_worker.store import keys
+from carmy_worker.store.cluster import MOVED
 
 T = TypeVar("T")
 
@@ -39,7 +40,6 @@ RETRY_AFTER_S = 1.0
 # A partition whose slot moved or is moving is tried again after this: the slot table is
 # reloaded by then, and a migration's TRYAGAIN lasts as long as its MIGRATE batches (ms).
 MOVED_PAUSE_S = 0.05
-MOVED = (MovedError, AskError, TryAgainError)
 
 
 class Reach:
