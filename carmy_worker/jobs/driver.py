@@ -14,7 +14,10 @@ Had the PROMOTE after it failed (a primary failing over, a slot moving, a connec
 job would have waited out that lease: a scheduled occurrence 10 s late for a fault that lasted
 a moment. The loop keeps what it leased and could not promote (``_unpromoted``) and promotes it
 on its next pass in that partition, ahead of what that pass finds due; PROMOTE checks each job
-is still queued at the attempt it was built for, so sending one again is always safe.
+is still queued at the attempt it was built for, so sending one again is always safe. A LOOK
+whose reply never came (the connection cut as Redis answered) leased its jobs all the same: the
+loop's next LOOK there gets them again (it names the last LOOK whose reply it read, and Redis
+keeps what the loop's last LOOK leased), while the lease that LOOK gave them lasts.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import asyncio
 import functools
 import hashlib
 import logging
+import secrets
 import time
 from collections import defaultdict
 from collections.abc import Sequence
@@ -94,6 +98,10 @@ class JobLoop:
         # partition → due jobs leased to this loop whose PROMOTE failed → when their lease ends (Redis's ms)
         self._unpromoted: dict[int, dict[tuple[str, str], int]] = {}
         self._now_ms = 0  # Redis's clock at the last pass's LOOK
+        # Whose LOOKs these are, and the clock of the last one read in each partition: a LOOK
+        # whose reply is lost hands its due jobs to the next (store.promotion's LOOK).
+        self._id = secrets.token_hex(8)
+        self._read_at: dict[int, int] = {}
         self._reach = Reach("job loop", log)
 
     async def run(self) -> None:
@@ -150,7 +158,7 @@ class JobLoop:
         is left, the rest are looked in together for what is settled and when they are next due.
         """
         if keys.partition_count() == 1:  # one queue: its LOOK counts what it holds against the room itself
-            return {0: await self._promotions.look(self._names, self.group, 0, room=self.room - self._kept())}
+            return {0: await self._look_in(0, room=self.room - self._kept())}
         held = await self._held()
         free = self.room - sum(held.values()) - self._kept()
         first, self._turn = self._turn % keys.partition_count(), self._turn + 1
@@ -162,16 +170,23 @@ class JobLoop:
                 rest.append(partition)
                 continue
             look = await self._reach.run(partition, functools.partial(
-                self._promotions.look, self._names, self.group, partition, room=held[partition] + free))
+                self._look_in, partition, room=held[partition] + free))
             if look is not None:
                 found[partition] = look
                 free -= len(look.due)
         for partition, look in zip(rest, await asyncio.gather(*(
-                self._reach.run(p, functools.partial(self._promotions.look, self._names, self.group, p, room=0))
+                self._reach.run(p, functools.partial(self._look_in, p, room=0))
                 for p in rest)), strict=True):
             if look is not None:
                 found[partition] = look
         return {p: found[p] for p in sorted(found)}
+
+    async def _look_in(self, partition: int, *, room: int) -> Look:
+        """One LOOK in ``partition``, its reply noted as read (``_read_at``)."""
+        look = await self._promotions.look(self._names, self.group, partition, room=room, loop_id=self._id,
+                                           read_at=self._read_at.get(partition))
+        self._read_at[partition] = look.now_ms
+        return look
 
     async def _held(self) -> dict[int, int]:
         """How many executions the group's queue holds in each partition it can reach: in one

@@ -391,6 +391,13 @@ def job_due(tool: str, partition: int) -> str:
     return f"{_layout.prefixes[partition]}jobs:due:{tool}"
 
 
+def jobs_looked(loop_id: str, partition: int) -> str:
+    """String of what one job loop's last LOOK in ``partition`` leased to it: that LOOK's clock,
+    then ``tool-index job_id lease-end`` for each due job, while the newest of those leases lasts
+    (a LOOK whose reply the loop never read hands them to it again: store.promotion)."""
+    return f"{_layout.prefixes[partition]}jobs:looked:{loop_id}"
+
+
 def jobs_of(owner: str, partition: int) -> str:
     """Zset of one principal's jobs of ``partition`` (job_id -> created, µs), by its ``owner``
     hash: its list is every partition's, merged (a schedule's jobs, owned by ``SCHEDULES_OWNER``,

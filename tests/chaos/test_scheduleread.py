@@ -69,7 +69,8 @@ async def test_an_occurrence_leased_and_never_promoted_says_so(ar: redis.asyncio
     await ar.hset(keys.schedule("s"), "next", waited - 1000)
     loop._schedules[0].next_ms = waited - 1000
     await loop.tick()  # fired, not yet looked at
-    await loop._promotions.look(["tick"], "g", keys.schedule_partition("s"), room=10)  # leased, and then nothing
+    # Leased by another loop, then nothing.
+    await loop._promotions.look(["tick"], "g", keys.schedule_partition("s"), room=10, loop_id="gone")
 
     (leased,) = read_missed(sync_redis, "s", [waited - 1000]).occurrences
     assert leased.job is not None and not leased.executions and leased.due_score is not None

@@ -259,6 +259,42 @@ async def test_a_due_job_whose_promotion_failed_is_promoted_on_the_next_pass(ar:
     assert (await store.read(job_id)).executions == job.executions  # type: ignore[union-attr]  # never again
 
 
+async def test_a_due_job_whose_look_reply_was_lost_is_promoted_on_the_next_pass(ar: redis.asyncio.Redis,
+                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A LOOK that ran but whose reply the loop never read (the connection cut as Redis answered)
+    leased its due job all the same, for DUE_LEASE_MS (10 s). The loop's next pass gets it
+    again and promotes it, rather than leaving it to wait out that lease; another loop does not."""
+    one, other = loop(ar), loop(ar)
+    for each in (one, other):
+        each._reach.retry_after_s = 0.0  # a failed partition is tried again on the next pass
+    job_id = await make_job(ar, "mirror", idempotent=True)
+    look, lost = one._promotions.look, 0
+
+    async def reply_lost_once(*args: Any, **kwargs: Any) -> Any:
+        nonlocal lost
+        found = await look(*args, **kwargs)
+        if not lost and found.due:
+            lost += 1
+            raise redis.exceptions.ConnectionError("Connection closed by server.")
+        return found
+
+    monkeypatch.setattr(one._promotions, "look", reply_lost_once)
+    with pytest.raises(redis.exceptions.ConnectionError) if keys.partition_count() == 1 else contextlib.nullcontext():
+        await one.tick()
+    store = JobStore(ar)
+    assert lost == 1 and (await store.read(job_id)).status == "queued"  # type: ignore[union-attr]
+    lease = await ar.zscore(keys.job_due("mirror", keys.partition_of(job_id)), job_id)
+    assert lease is not None and lease > (await store.read(job_id)).due_ms + 5_000  # type: ignore[union-attr]
+    await other.tick()  # leased to ``one``: not another loop's
+    assert (await store.read(job_id)).status == "queued"  # type: ignore[union-attr]
+    await one.tick()
+    job = await store.read(job_id)
+    assert job is not None and job.status == "running" and len(job.executions) == 1 and job.attempts == 1
+    await one.tick()
+    await other.tick()
+    assert (await store.read(job_id)).executions == job.executions  # type: ignore[union-attr]  # never again
+
+
 async def test_jobs_kept_for_another_promote_take_room_until_their_lease_ends(ar: redis.asyncio.Redis,
                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """What a loop keeps to promote again counts against its room, as its queue would once they

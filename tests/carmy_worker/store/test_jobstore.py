@@ -47,8 +47,8 @@ async def create(store: JobStore, *, tool: str = "t", delay_ms: int = 0, request
     return created.job_id
 
 
-async def promote_due(p: Promotions, ar: redis.asyncio.Redis, tool: str = "t") -> list[str]:
-    look = await p.look([tool], GROUP, home(), room=100)
+async def promote_due(p: Promotions, ar: redis.asyncio.Redis, tool: str = "t", loop_id: str = "one") -> list[str]:
+    look = await p.look([tool], GROUP, home(), room=100, loop_id=loop_id)
     made = []
     for _, job_id in look.due:
         attempts, payload = await ar.hmget(keys.job(job_id), ["attempts", "payload"])
@@ -92,7 +92,7 @@ async def test_a_job_is_promoted_once_settled_listed_and_concluded(ar: redis.asy
     job_id = await create(store)
     assert (await state(store, job_id)).status == "queued"
 
-    first, second = await asyncio.gather(promote_due(p, ar), promote_due(p, ar))
+    first, second = await asyncio.gather(promote_due(p, ar), promote_due(p, ar, loop_id="two"))
     assert len(first) + len(second) == 1  # two loops at once: one attempt
     exec_id = (first + second)[0]
     job = await state(store, job_id)
@@ -101,7 +101,7 @@ async def test_a_job_is_promoted_once_settled_listed_and_concluded(ar: redis.asy
     assert await ar.hget(keys.execution(exec_id), "owner") == OWNER.encode()
 
     await run_attempt(ar, exec_id)
-    look = await p.look(["t"], GROUP, home(), room=100)
+    look = await p.look(["t"], GROUP, home(), room=100, loop_id="one")
     assert look.settled == [exec_id]
     assert await conclude(p, store, exec_id, "succeeded") == "succeeded"
     assert await conclude(p, store, exec_id, "succeeded") == ""  # a second loop changes nothing
@@ -212,20 +212,60 @@ async def test_a_finished_job_leaves_its_lists_once_its_retention_is_over(ar: re
 async def test_what_one_loop_looked_at_is_leased_to_it_until_its_lease_ends(ar: redis.asyncio.Redis) -> None:
     store, p = JobStore(ar), Promotions(ar)
     job_ids = {await create(store) for _ in range(4)}
-    first = await p.look(["t"], GROUP, home(), room=100)
+    first = await p.look(["t"], GROUP, home(), room=100, loop_id="one", read_at=None)
     assert {job_id for _, job_id in first.due} == job_ids
-    assert (await p.look(["t"], GROUP, home(), room=100)).due == []  # another loop: nothing for it
+    assert (await p.look(["t"], GROUP, home(), room=100, loop_id="two")).due == []  # another loop: nothing for it
+    # The first loop, having read that reply: nothing more for it either.
+    assert (await p.look(["t"], GROUP, home(), room=100, loop_id="one", read_at=first.now_ms)).due == []
     await ar.zadd(keys.jobs_settled(home()), {"exec_a": 0, "exec_b": 0})
-    mine = await p.look([], GROUP, home(), room=0, settled_at_most=1)
-    theirs = await p.look([], GROUP, home(), room=0, settled_at_most=5)
+    mine = await p.look([], GROUP, home(), room=0, settled_at_most=1, loop_id="three")
+    theirs = await p.look([], GROUP, home(), room=0, settled_at_most=5, loop_id="four")
     assert len(mine.settled) == len(theirs.settled) == 1 and mine.settled != theirs.settled
 
     # A loop that died with them leased: once the lease is over, another loop sees them.
     await ar.zadd(keys.job_due("t", home()), dict.fromkeys(job_ids, 0), xx=True)
-    leased = await p.look(["t"], GROUP, home(), room=100, due_lease_ms=1)
+    leased = await p.look(["t"], GROUP, home(), room=100, due_lease_ms=1, loop_id="five")
     assert {job_id for _, job_id in leased.due} == job_ids
-    again = await turns_until_async(lambda: p.look(["t"], GROUP, home(), room=100), lambda look: look.due)
+    again = await turns_until_async(lambda: p.look(["t"], GROUP, home(), room=100, loop_id="six"),
+                                    lambda look: look.due)
     assert {job_id for _, job_id in again.due} == job_ids
+
+
+async def test_a_loop_that_never_read_its_looks_reply_gets_its_jobs_again(ar: redis.asyncio.Redis) -> None:
+    """A LOOK whose reply is lost (a connection cut as Redis answered) leased its jobs all the
+    same: the loop's next LOOK, which names the last reply it did read, gets them again at once,
+    rather than after the lease; no other loop does; and once read, they are not handed out twice."""
+    store, p = JobStore(ar), Promotions(ar)
+    job_ids = {await create(store) for _ in range(3)}
+    read = await p.look(["t"], GROUP, home(), room=100, loop_id="one")  # nothing due yet: read
+    assert read.due == [] or {job_id for _, job_id in read.due} == job_ids
+    await ar.zadd(keys.job_due("t", home()), dict.fromkeys(job_ids, 0), xx=True)
+    lost = await p.look(["t"], GROUP, home(), room=100, loop_id="one", read_at=read.now_ms)  # its reply "lost"
+    assert {job_id for _, job_id in lost.due} == job_ids
+    assert (await p.look(["t"], GROUP, home(), room=100, loop_id="two")).due == []  # still leased: not another's
+    again = await p.look(["t"], GROUP, home(), room=100, loop_id="one", read_at=read.now_ms)
+    assert {job_id for _, job_id in again.due} == job_ids
+    # Handed again whatever the room (it counted them when they were first leased); they take it
+    # from anything new.
+    assert len((await p.look(["t"], GROUP, home(), room=2, loop_id="one", read_at=read.now_ms)).due) == 3
+    last = await p.look(["t"], GROUP, home(), room=100, loop_id="one", read_at=read.now_ms)
+    assert (await p.look(["t"], GROUP, home(), room=100, loop_id="one", read_at=last.now_ms)).due == []
+    # A job promoted, or gone from its due set, is not handed again.
+    again = await p.look(["t"], GROUP, home(), room=100, loop_id="three")
+    assert again.due == []
+    await ar.zadd(keys.job_due("t", home()), dict.fromkeys(job_ids, 0), xx=True)
+    lost = await p.look(["t"], GROUP, home(), room=100, loop_id="three")
+    gone = sorted(job_ids)[0]
+    await ar.zrem(keys.job_due("t", home()), gone)
+    again = await p.look(["t"], GROUP, home(), room=100, loop_id="three")
+    assert {job_id for _, job_id in again.due} == job_ids - {gone}
+    # Its lease over, what it leased is any loop's again (and not handed from the list as well).
+    await ar.zadd(keys.job_due("t", home()), dict.fromkeys(job_ids - {gone}, 0), xx=True)
+    short = await p.look(["t"], GROUP, home(), room=100, loop_id="four", due_lease_ms=1)
+    assert len(short.due) == 2
+    later = await turns_until_async(lambda: p.look(["t"], GROUP, home(), room=100, loop_id="four"),
+                                    lambda look: look.due)
+    assert sorted(later.due) == sorted(short.due)  # once each: from the due set, not twice
 
 
 async def turns_until_async(look: Callable[[], Awaitable[Look]], done: Callable[[Look], object]) -> Look:
