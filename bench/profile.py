@@ -49,6 +49,7 @@ SCRIPT_MODULES = ("carmy_worker.store.attempts", "carmy_worker.store.audit", "ca
                   "carmy_worker.store.follow", "carmy_worker.store.janitor", "carmy_worker.store.jobstore",
                   "carmy_worker.store.leases", "carmy_worker.store.locks", "carmy_worker.store.mcpcalls",
                   "carmy_worker.store.progress", "carmy_worker.store.promotion", "carmy_worker.store.pulse",
+                  "carmy_worker.store.reads",
                   "carmy_worker.store.roster", "carmy_worker.store.submit", "carmy_worker.store.verdicts")
 
 

@@ -139,11 +139,12 @@ async def test_a_tick_costs_one_command_a_waiter_in_a_few_round_trips(
             await executions.recheck.once()
         reads = (await ar.info("stats"))["total_reads_processed"] - reads_before
         calls = await command_calls(ar)
-        # One HGET a waiter a tick and nothing else (it used to be a pipeline of HGET and GET
-        # apiece). The socket reads Redis processed (its total_reads_processed) are a few per
-        # partition's pipeline a tick (each of up to 16 KiB), where a pipeline per waiter made
-        # at least one each: 1,200 here.
+        # One HGET a waiter a tick, in one STATES script a partition, and nothing else (it used
+        # to be a pipeline of HGET and GET apiece, then a pipeline of an HGET apiece). The socket
+        # reads Redis processed (its total_reads_processed) are a few per partition a tick,
+        # where a pipeline per waiter made at least one each: 1,200 here.
         assert calls.pop("hget") == 3 * n
+        assert calls.pop("evalsha") == 3 * partitions
         assert set(calls) <= {"config|resetstat", "info"}
         assert reads <= 3 * 6 * partitions + 4, reads
         assert not any(w.done() for w in waiters)
