@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import hashlib
+import itertools
 import logging
 import secrets
 import time
@@ -98,10 +99,11 @@ class JobLoop:
         # partition → due jobs leased to this loop whose PROMOTE failed → when their lease ends (Redis's ms)
         self._unpromoted: dict[int, dict[tuple[str, str], int]] = {}
         self._now_ms = 0  # Redis's clock at the last pass's LOOK
-        # Whose LOOKs these are, and the clock of the last one read in each partition: a LOOK
-        # whose reply is lost hands its due jobs to the next (store.promotion's LOOK).
+        # Whose LOOKs these are, their count, and the number of the last one read in each
+        # partition: a LOOK whose reply is lost hands its due jobs to the next (store.promotion).
         self._id = secrets.token_hex(8)
-        self._read_at: dict[int, int] = {}
+        self._looks = itertools.count(1)
+        self._read: dict[int, int] = {}
         self._reach = Reach("job loop", log)
 
     async def run(self) -> None:
@@ -182,10 +184,11 @@ class JobLoop:
         return {p: found[p] for p in sorted(found)}
 
     async def _look_in(self, partition: int, *, room: int) -> Look:
-        """One LOOK in ``partition``, its reply noted as read (``_read_at``)."""
+        """One LOOK in ``partition``, its reply noted as read (``_read``)."""
+        number = next(self._looks)
         look = await self._promotions.look(self._names, self.group, partition, room=room, loop_id=self._id,
-                                           read_at=self._read_at.get(partition))
-        self._read_at[partition] = look.now_ms
+                                           number=number, read=self._read.get(partition))
+        self._read[partition] = number
         return look
 
     async def _held(self) -> dict[int, int]:

@@ -31,14 +31,15 @@ from carmy_worker.wire import Record, record_decoder
 # for ARGV[3] ms and the jobs for ARGV[4] ms (their hashes keep when they are due), so that
 # each is concluded, or promoted, by one loop rather than by every one at once. CONCLUDE and
 # PROMOTE remove what they took; what a loop that died leased comes back when its lease ends.
-# The due jobs it leased are also written down for this loop (KEYS[3]), with this LOOK's clock:
-# a loop whose last LOOK's reply never reached it (a connection cut as Redis answered) names the
-# clock of the last one it read (ARGV[5]), and gets that LOOK's jobs again, those still held by
-# the lease it gave them, rather than leaving them to wait that lease out.
+# The due jobs it leased are also written down for this loop (KEYS[3]), with this LOOK's number
+# (ARGV[6], the loop's count of its LOOKs): a loop whose last LOOK's reply never reached it (a
+# connection cut as Redis answered) names the last one it read (ARGV[5]), and gets that LOOK's
+# jobs again, those still held by the lease it gave them, rather than leaving them to wait that
+# lease out.
 # KEYS (one partition's): settled executions, the worker's arq queue, this loop's last LOOK, then
 #       the due set of each of its tools
-# ARGV: queue room, settled at most, settled lease ms, due lease ms, the clock of this loop's last
-#       LOOK here whose reply it read ('' if none)
+# ARGV: queue room, settled at most, settled lease ms, due lease ms, the number of this loop's last
+#       LOOK here whose reply it read ('' if none), this LOOK's number
 LOOK = Script("JOBS_LOOK", ACCEPTED_WORK + NOW + """
 local settled = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[2]))
 for _, e in ipairs(settled) do redis.call('ZADD', KEYS[1], 'XX', now + tonumber(ARGV[3]), e) end
@@ -70,7 +71,7 @@ for i = 4, #KEYS do
   if first[2] and (not next_due or tonumber(first[2]) < next_due) then next_due = tonumber(first[2]) end
 end
 if #leased > 0 then
-  redis.call('SET', KEYS[3], int(now) .. ' ' .. table.concat(leased, ' '), 'PX', ARGV[4])
+  redis.call('SET', KEYS[3], ARGV[6] .. ' ' .. table.concat(leased, ' '), 'PX', ARGV[4])
 elseif looked then
   redis.call('DEL', KEYS[3])
 end
@@ -272,17 +273,17 @@ class Promotions:
         self._fire = bind(redis, FIRE, durability=durability)
 
     async def look(self, tools: list[str], group: str, partition: int, *, room: int, loop_id: str,
-                   read_at: int | None = None, settled_at_most: int = 200,
+                   number: int = 0, read: int | None = None, settled_at_most: int = 200,
                    settled_lease_ms: int = SETTLED_LEASE_MS, due_lease_ms: int = DUE_LEASE_MS) -> Look:
         """LOOK in ``partition``: what the loop ``loop_id`` has to do there now, leased to it (see
         the script); ``group``: the worker's, ``room`` how many executions its queue in the
-        partition may hold (what it holds already counts against it). ``read_at``: the clock
-        (``Look.now_ms``) of its last LOOK there whose reply it read; if a later one's reply was
-        lost, the due jobs that one leased come back in this one."""
+        partition may hold (what it holds already counts against it). ``number``: this LOOK's, in
+        the loop's count of them; ``read``: that of its last LOOK there whose reply it read. If a
+        later one's reply was lost, the due jobs that one leased come back in this one."""
         settled, due, next_due, now = await self._look(
             keys=[keys.jobs_settled(partition), jobs.queue_name(group, partition), keys.jobs_looked(loop_id, partition),
                   *(keys.job_due(tool, partition) for tool in tools)],
-            args=[room, settled_at_most, settled_lease_ms, due_lease_ms, "" if read_at is None else read_at])
+            args=[room, settled_at_most, settled_lease_ms, due_lease_ms, "" if read is None else read, number])
         pairs = [(tools[int(due[i]) - 1], due[i + 1].decode()) for i in range(0, len(due), 2)]
         return Look([e.decode() for e in settled], pairs, int(next_due) if next_due else None, int(now))
 

@@ -212,11 +212,11 @@ async def test_a_finished_job_leaves_its_lists_once_its_retention_is_over(ar: re
 async def test_what_one_loop_looked_at_is_leased_to_it_until_its_lease_ends(ar: redis.asyncio.Redis) -> None:
     store, p = JobStore(ar), Promotions(ar)
     job_ids = {await create(store) for _ in range(4)}
-    first = await p.look(["t"], GROUP, home(), room=100, loop_id="one", read_at=None)
+    first = await p.look(["t"], GROUP, home(), room=100, loop_id="one", number=1)
     assert {job_id for _, job_id in first.due} == job_ids
     assert (await p.look(["t"], GROUP, home(), room=100, loop_id="two")).due == []  # another loop: nothing for it
     # The first loop, having read that reply: nothing more for it either.
-    assert (await p.look(["t"], GROUP, home(), room=100, loop_id="one", read_at=first.now_ms)).due == []
+    assert (await p.look(["t"], GROUP, home(), room=100, loop_id="one", number=2, read=1)).due == []
     await ar.zadd(keys.jobs_settled(home()), {"exec_a": 0, "exec_b": 0})
     mine = await p.look([], GROUP, home(), room=0, settled_at_most=1, loop_id="three")
     theirs = await p.look([], GROUP, home(), room=0, settled_at_most=5, loop_id="four")
@@ -237,33 +237,32 @@ async def test_a_loop_that_never_read_its_looks_reply_gets_its_jobs_again(ar: re
     rather than after the lease; no other loop does; and once read, they are not handed out twice."""
     store, p = JobStore(ar), Promotions(ar)
     job_ids = {await create(store) for _ in range(3)}
-    read = await p.look(["t"], GROUP, home(), room=100, loop_id="one")  # nothing due yet: read
+    read = await p.look(["t"], GROUP, home(), room=100, loop_id="one", number=1)  # read
     assert read.due == [] or {job_id for _, job_id in read.due} == job_ids
     await ar.zadd(keys.job_due("t", home()), dict.fromkeys(job_ids, 0), xx=True)
-    lost = await p.look(["t"], GROUP, home(), room=100, loop_id="one", read_at=read.now_ms)  # its reply "lost"
+    lost = await p.look(["t"], GROUP, home(), room=100, loop_id="one", number=2, read=1)  # its reply "lost"
     assert {job_id for _, job_id in lost.due} == job_ids
     assert (await p.look(["t"], GROUP, home(), room=100, loop_id="two")).due == []  # still leased: not another's
-    again = await p.look(["t"], GROUP, home(), room=100, loop_id="one", read_at=read.now_ms)
+    again = await p.look(["t"], GROUP, home(), room=100, loop_id="one", number=3, read=1)
     assert {job_id for _, job_id in again.due} == job_ids
     # Handed again whatever the room (it counted them when they were first leased); they take it
     # from anything new.
-    assert len((await p.look(["t"], GROUP, home(), room=2, loop_id="one", read_at=read.now_ms)).due) == 3
-    last = await p.look(["t"], GROUP, home(), room=100, loop_id="one", read_at=read.now_ms)
-    assert (await p.look(["t"], GROUP, home(), room=100, loop_id="one", read_at=last.now_ms)).due == []
+    assert len((await p.look(["t"], GROUP, home(), room=2, loop_id="one", number=4, read=1)).due) == 3
+    await p.look(["t"], GROUP, home(), room=100, loop_id="one", number=5, read=1)
+    assert (await p.look(["t"], GROUP, home(), room=100, loop_id="one", number=6, read=5)).due == []
     # A job promoted, or gone from its due set, is not handed again.
-    again = await p.look(["t"], GROUP, home(), room=100, loop_id="three")
-    assert again.due == []
     await ar.zadd(keys.job_due("t", home()), dict.fromkeys(job_ids, 0), xx=True)
-    lost = await p.look(["t"], GROUP, home(), room=100, loop_id="three")
+    lost = await p.look(["t"], GROUP, home(), room=100, loop_id="three", number=1)
+    assert {job_id for _, job_id in lost.due} == job_ids
     gone = sorted(job_ids)[0]
     await ar.zrem(keys.job_due("t", home()), gone)
-    again = await p.look(["t"], GROUP, home(), room=100, loop_id="three")
+    again = await p.look(["t"], GROUP, home(), room=100, loop_id="three", number=2)
     assert {job_id for _, job_id in again.due} == job_ids - {gone}
     # Its lease over, what it leased is any loop's again (and not handed from the list as well).
     await ar.zadd(keys.job_due("t", home()), dict.fromkeys(job_ids - {gone}, 0), xx=True)
-    short = await p.look(["t"], GROUP, home(), room=100, loop_id="four", due_lease_ms=1)
+    short = await p.look(["t"], GROUP, home(), room=100, loop_id="four", number=1, due_lease_ms=1)
     assert len(short.due) == 2
-    later = await turns_until_async(lambda: p.look(["t"], GROUP, home(), room=100, loop_id="four"),
+    later = await turns_until_async(lambda: p.look(["t"], GROUP, home(), room=100, loop_id="four", number=2),
                                     lambda look: look.due)
     assert sorted(later.due) == sorted(short.due)  # once each: from the due set, not twice
 
