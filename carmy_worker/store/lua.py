@@ -19,8 +19,10 @@ from carmy_worker.store.metrics import LUA_COUNT
 # other script: claims, records, verdicts, heartbeats, follows) carries on with work already
 # accepted, and runs over the limit, so that accepted work settles (store/memory.py says how
 # admission keeps room for it: docs/architecture.md, "A full Redis").
+# READS_ONLY (the API's STATES) writes nothing, which Redis checks, and runs whatever the memory.
 NEW_WORK = "#!lua\n"
 ACCEPTED_WORK = "#!lua flags=allow-oom\n"
+READS_ONLY = "#!lua flags=no-writes\n"
 
 # Time comes from Redis, so API and worker clocks never have to agree.
 # A number a script passes to redis.call more than once, or often, goes as `int(n)`, made a

@@ -9,6 +9,7 @@ from msgspec import Struct
 from redis.asyncio import Redis
 
 from carmy_worker.store import keys, records
+from carmy_worker.store.lua import READS_ONLY
 from carmy_worker.store.scripts import Script, bind
 from carmy_worker.wire import Record, record_decoder
 
@@ -20,7 +21,7 @@ ENDED_CHUNK = 500
 # whose hash Redis does not have. One command for a chunk of them, where a pipeline of an HGET
 # each cost the API about 11 µs of Python per execution (10,000 waiting calls: 110 ms every
 # recheck, in blocks of 11 ms that held every other call of the process: bench/README.md).
-STATES = Script("STATES", """#!lua flags=no-writes
+STATES = Script("STATES", READS_ONLY + """
 local states = {}
 for i, key in ipairs(KEYS) do states[i] = redis.call('HGET', key, 'state') end
 return states

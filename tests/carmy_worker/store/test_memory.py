@@ -21,7 +21,7 @@ from carmy_worker.store.attempts import MAX_ATTEMPTS, Attempts
 from carmy_worker.store.follow import Join
 from carmy_worker.store.janitor import Janitor
 from carmy_worker.store.leases import Leases
-from carmy_worker.store.lua import ACCEPTED_WORK, NEW_WORK
+from carmy_worker.store.lua import ACCEPTED_WORK, NEW_WORK, READS_ONLY
 from carmy_worker.store.memory import MemoryReading, StoreMemory
 from carmy_worker.store.progress import Progress
 from carmy_worker.store.roster import Claims, Holding, Liveness
@@ -86,10 +86,13 @@ def test_every_script_says_whether_a_full_redis_may_run_it() -> None:
     assert {"SETTLE", "LEASE", "REMEMBER"} <= set(scripts)  # every module's are listed
     new_work = {name for name, source in scripts.items() if source.startswith(NEW_WORK)}
     accepted = {name for name, source in scripts.items() if source.startswith(ACCEPTED_WORK)}
+    reads = {name for name, source in scripts.items() if source.startswith(READS_ONLY)}
     # Only SUBMIT and the creation of jobs (by a caller, or a schedule's occurrence) take new work
-    # in; everything else carries accepted work on, even over the limit (a due job's promotion too).
+    # in; the API's recheck only reads; everything else carries accepted work on, even over the
+    # limit (a due job's promotion too).
     assert new_work == {"SUBMIT", "CREATE_JOB", "SCHEDULE_FIRE"}
-    assert accepted == set(scripts) - new_work
+    assert reads == {"STATES"}
+    assert accepted == set(scripts) - new_work - reads
 
 
 async def test_at_its_limit_redis_refuses_submit_whole_and_nothing_is_written(
