@@ -392,7 +392,7 @@ def job_due(tool: str, partition: int) -> str:
 
 
 def jobs_looked(loop_id: str, partition: int) -> str:
-    """String of what one job loop's last LOOK in ``partition`` leased to it: that LOOK's clock,
+    """String of what one job loop's last LOOK in ``partition`` leased to it: that LOOK's number,
     then ``tool-index job_id lease-end`` for each due job, while the newest of those leases lasts
     (a LOOK whose reply the loop never read hands them to it again: store.promotion)."""
     return f"{_layout.prefixes[partition]}jobs:looked:{loop_id}"
