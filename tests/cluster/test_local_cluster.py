@@ -80,3 +80,19 @@ def test_slots_move_while_a_client_writes(redis_cluster: LocalCluster, client: R
     assert len(written) > 100
     assert client.mget_nonatomic([f"w{i}" for i in written]) == [str(i).encode() for i in written]
     assert client.mget_nonatomic([f"m{i}" for i in range(2000)]) == [str(i).encode() for i in range(2000)]
+
+
+@pytest.mark.slow
+def test_a_slot_one_primary_dropped_from_its_own_table_is_claimed_again(redis_cluster: LocalCluster) -> None:
+    """What Redis 7.0.15 once left behind as an old primary came back (``LocalCluster.restart``):
+    a promoted replica that no longer served one of its slots in its own table, while the other
+    nodes still said it did, and said ``cluster_state:fail`` for good. The restart mends it, and
+    the cluster is whole again for the next test."""
+    owner = redis_cluster.primaries()[1]
+    slot = next(s for s in range(SLOTS) if redis_cluster.owner(s) is owner)
+    with owner.check_client() as client:
+        client.execute_command("CLUSTER", "DELSLOTS", slot)
+    assert redis_cluster.problem() is not None
+    assert redis_cluster.give_back_unserved() == [slot]
+    redis_cluster.wait_ok(30)
+    assert redis_cluster.owner(slot) is owner
