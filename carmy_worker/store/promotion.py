@@ -273,7 +273,7 @@ class Promotions:
         self._fire = bind(redis, FIRE, durability=durability)
 
     async def look(self, tools: list[str], group: str, partition: int, *, room: int, loop_id: str,
-                   number: int = 0, read: int | None = None, settled_at_most: int = 200,
+                   number: int, read: int | None = None, settled_at_most: int = 200,
                    settled_lease_ms: int = SETTLED_LEASE_MS, due_lease_ms: int = DUE_LEASE_MS) -> Look:
         """LOOK in ``partition``: what the loop ``loop_id`` has to do there now, leased to it (see
         the script); ``group``: the worker's, ``room`` how many executions its queue in the

@@ -70,7 +70,7 @@ async def test_an_occurrence_leased_and_never_promoted_says_so(ar: redis.asyncio
     loop._schedules[0].next_ms = waited - 1000
     await loop.tick()  # fired, not yet looked at
     # Leased by another loop, then nothing.
-    await loop._promotions.look(["tick"], "g", keys.schedule_partition("s"), room=10, loop_id="gone")
+    await loop._promotions.look(["tick"], "g", keys.schedule_partition("s"), room=10, loop_id="gone", number=1)
 
     (leased,) = read_missed(sync_redis, "s", [waited - 1000]).occurrences
     assert leased.job is not None and not leased.executions and leased.due_score is not None

@@ -48,7 +48,7 @@ async def create(store: JobStore, *, tool: str = "t", delay_ms: int = 0, request
 
 
 async def promote_due(p: Promotions, ar: redis.asyncio.Redis, tool: str = "t", loop_id: str = "one") -> list[str]:
-    look = await p.look([tool], GROUP, home(), room=100, loop_id=loop_id)
+    look = await p.look([tool], GROUP, home(), room=100, loop_id=loop_id, number=1)
     made = []
     for _, job_id in look.due:
         attempts, payload = await ar.hmget(keys.job(job_id), ["attempts", "payload"])
@@ -101,7 +101,7 @@ async def test_a_job_is_promoted_once_settled_listed_and_concluded(ar: redis.asy
     assert await ar.hget(keys.execution(exec_id), "owner") == OWNER.encode()
 
     await run_attempt(ar, exec_id)
-    look = await p.look(["t"], GROUP, home(), room=100, loop_id="one")
+    look = await p.look(["t"], GROUP, home(), room=100, loop_id="one", number=1)
     assert look.settled == [exec_id]
     assert await conclude(p, store, exec_id, "succeeded") == "succeeded"
     assert await conclude(p, store, exec_id, "succeeded") == ""  # a second loop changes nothing
@@ -214,19 +214,19 @@ async def test_what_one_loop_looked_at_is_leased_to_it_until_its_lease_ends(ar: 
     job_ids = {await create(store) for _ in range(4)}
     first = await p.look(["t"], GROUP, home(), room=100, loop_id="one", number=1)
     assert {job_id for _, job_id in first.due} == job_ids
-    assert (await p.look(["t"], GROUP, home(), room=100, loop_id="two")).due == []  # another loop: nothing for it
+    assert (await p.look(["t"], GROUP, home(), room=100, loop_id="two", number=1)).due == []  # another loop: none
     # The first loop, having read that reply: nothing more for it either.
     assert (await p.look(["t"], GROUP, home(), room=100, loop_id="one", number=2, read=1)).due == []
     await ar.zadd(keys.jobs_settled(home()), {"exec_a": 0, "exec_b": 0})
-    mine = await p.look([], GROUP, home(), room=0, settled_at_most=1, loop_id="three")
-    theirs = await p.look([], GROUP, home(), room=0, settled_at_most=5, loop_id="four")
+    mine = await p.look([], GROUP, home(), room=0, settled_at_most=1, loop_id="three", number=1)
+    theirs = await p.look([], GROUP, home(), room=0, settled_at_most=5, loop_id="four", number=1)
     assert len(mine.settled) == len(theirs.settled) == 1 and mine.settled != theirs.settled
 
     # A loop that died with them leased: once the lease is over, another loop sees them.
     await ar.zadd(keys.job_due("t", home()), dict.fromkeys(job_ids, 0), xx=True)
-    leased = await p.look(["t"], GROUP, home(), room=100, due_lease_ms=1, loop_id="five")
+    leased = await p.look(["t"], GROUP, home(), room=100, due_lease_ms=1, loop_id="five", number=1)
     assert {job_id for _, job_id in leased.due} == job_ids
-    again = await turns_until_async(lambda: p.look(["t"], GROUP, home(), room=100, loop_id="six"),
+    again = await turns_until_async(lambda: p.look(["t"], GROUP, home(), room=100, loop_id="six", number=1),
                                     lambda look: look.due)
     assert {job_id for _, job_id in again.due} == job_ids
 
@@ -242,7 +242,7 @@ async def test_a_loop_that_never_read_its_looks_reply_gets_its_jobs_again(ar: re
     await ar.zadd(keys.job_due("t", home()), dict.fromkeys(job_ids, 0), xx=True)
     lost = await p.look(["t"], GROUP, home(), room=100, loop_id="one", number=2, read=1)  # its reply "lost"
     assert {job_id for _, job_id in lost.due} == job_ids
-    assert (await p.look(["t"], GROUP, home(), room=100, loop_id="two")).due == []  # still leased: not another's
+    assert (await p.look(["t"], GROUP, home(), room=100, loop_id="two", number=1)).due == []  # still leased
     again = await p.look(["t"], GROUP, home(), room=100, loop_id="one", number=3, read=1)
     assert {job_id for _, job_id in again.due} == job_ids
     # Handed again whatever the room (it counted them when they were first leased); they take it
