@@ -270,13 +270,17 @@ async def test_real_executions_are_counted_per_second(client: httpx.AsyncClient,
                            what="the failure counted as an error")
 
 
-async def test_a_running_execution_takes_a_slot(client: httpx.AsyncClient, worker: Proc, sampling: Sampler) -> None:
-    call = asyncio.create_task(client.post("/agent/execute", json={"tool": "sleepy", "arguments": {"seconds": 0.8}}))
+async def test_a_running_execution_takes_a_slot(client: httpx.AsyncClient, stack: Stack, worker: Proc,
+                                                sampling: Sampler) -> None:
+    # The gate holds the execution until a frame has shown it: a tool that only slept could end
+    # between two samples on a busy machine, and the busy slot would never be seen.
+    call = asyncio.create_task(client.post("/agent/execute", json={"tool": "gate", "arguments": {"tag": "slot"}}))
     try:
         await wait_until_async(seen(sampling, lambda f: any(w.busy for w in f.workers)
                                     and f.point is not None and f.point.in_flight >= 1),
-                               what="a busy slot while sleepy runs")
+                               what="a busy slot while the gate is shut")
     finally:
+        (stack.tmp / "gate-open-slot").touch()
         assert (await call).status_code == 200
     await wait_until_async(seen(sampling, lambda f: not any(w.busy for w in f.workers)), what="the slot freed")
 
