@@ -173,7 +173,8 @@ class LocalCluster:
         ADDSLOTS``, then ``BUMPEPOCH`` so that the claim wins) by the primary most other nodes
         say serves it, or by the first primary if none does; returns those slots."""
         primaries = self.primaries()
-        own: dict[int, set[int]] = {}  # port -> the slots the node itself says it serves
+        served: set[int] = set()  # the slots some primary says it serves itself
+        ports: set[int] = set()  # the primaries that answered for themselves
         named: dict[int, list[int]] = {}  # slot -> the ports other nodes say serve it
         for server in self.live():
             with server.check_client() as client:
@@ -183,15 +184,15 @@ class LocalCluster:
                     continue
                 slots = {slot for item in line.slots if not item.startswith("[") for slot in _slots(item)}
                 if "myself" in line.flags:
-                    own[line.port] = slots
+                    served |= slots
+                    ports.add(line.port)
                 else:
                     for slot in slots:
                         named.setdefault(slot, []).append(line.port)
-        served = set().union(*own.values()) if own else set()
         unserved = [slot for slot in range(SLOTS) if slot not in served]
         for slot in unserved:
-            ports = [port for port in named.get(slot, []) if port in own]
-            port = max(set(ports), key=ports.count) if ports else primaries[0].port
+            claimants = [port for port in named.get(slot, []) if port in ports]
+            port = max(set(claimants), key=claimants.count) if claimants else primaries[0].port
             with self.server_on(port).check_client() as client:
                 client.execute_command("CLUSTER", "ADDSLOTS", slot)
                 client.execute_command("CLUSTER", "BUMPEPOCH")
