@@ -141,9 +141,11 @@ class _Reads:
 
 
 def run_each_by_node_sync(redis: sync_redis.Redis, script: Script, calls: Sequence[Call],
-                          then: Callable[[Any], None] | None = None) -> tuple[list[Any], list[Any]]:
+                          then: Callable[[Any], None] | None = None,
+                          pool: ThreadPoolExecutor | None = None) -> tuple[list[Any], list[Any]]:
     """``run_each_sync`` on a blocking cluster client, as one pipeline per node, all sent at once
-    (a thread each): the calls' replies in order, and the reads' (``then`` may ask for ``GET``s),
+    (a thread each, of ``pool``: a caller that runs this every second keeps one; else a pool for
+    this call alone): the calls' replies in order, and the reads' (``then`` may ask for ``GET``s),
     each a reply or the ``RedisError`` its node gave. A node that hangs costs its own calls its
     socket timeout; the other nodes' calls land and answer meanwhile. A call a node refused
     (``NOSCRIPT``, ``MOVED``, ``ASK``, ``TRYAGAIN``: nothing ran) is sent again alone through the
@@ -171,7 +173,10 @@ def run_each_by_node_sync(redis: sync_redis.Redis, script: Script, calls: Sequen
         for i, reply in zip(indices, answered, strict=True):
             replies[i] = reply
 
-    with ThreadPoolExecutor(max(1, len(by_node))) as pool:
+    if pool is None:
+        with ThreadPoolExecutor(max(1, len(by_node))) as own:
+            list(own.map(lambda item: send(*item), by_node.values()))
+    else:
         list(pool.map(lambda item: send(*item), by_node.values()))
     if any(isinstance(reply, RedisConnectionError | RedisTimeoutError) for reply in replies):
         _reload_slots(cluster, hung=any(isinstance(reply, RedisTimeoutError) for reply in replies))

@@ -19,6 +19,7 @@ reassert itself before anyone reaps its executions or answers ``NO_WORKERS`` for
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import redis as sync_redis
@@ -274,6 +275,8 @@ NOTHING = Claims()
 # The most held executions (and, apart, jobs) one HEARTBEAT checks: past it a partition's beat
 # is sent in parts (see the script). About 2 ms of Redis's time each, on the machines above.
 BEAT_SLICE = 500
+# A cluster's beat goes to this many nodes at once at most (one thread each, kept by SyncLiveness).
+MAX_NODE_SENDERS = 32
 
 
 def _heartbeat_call(worker_id: str, offset_ms: int, dead_ms: int, claims: Claims, partition: int) -> list[Call]:
@@ -409,6 +412,15 @@ class SyncLiveness:
         self.redis = redis
         self._register = bind_sync(redis, REGISTER)
         self.dead_ms = int(dead_after * 1000)
+        self._senders: ThreadPoolExecutor | None = None  # a cluster's beat: a thread per node, kept
+
+    def _node_senders(self) -> ThreadPoolExecutor:
+        """The threads that send a cluster's beat to its nodes at once, made on the first beat and
+        kept: a beat a second need not start and join a thread per node each time. (Threads are
+        started as needed, up to the bound: a cluster of more primaries than that sends in turns.)"""
+        if self._senders is None:
+            self._senders = ThreadPoolExecutor(MAX_NODE_SENDERS, thread_name_prefix="carmy-beat")
+        return self._senders
 
     def register(self, worker_id: str, info: bytes) -> None:
         self._register(keys=[keys.worker(worker_id)], args=[info])
@@ -426,7 +438,8 @@ class SyncLiveness:
             # refuses or hangs costs its own partitions their beat, not the others'. A cluster
             # pipeline did not write to any node while a hung one held its handshake: a worker
             # went unseen everywhere, was judged dead, and what it ran was run again elsewhere.
-            replies, locks = run_each_by_node_sync(self.redis, HEARTBEAT, calls, then=_read_locks(claims))
+            replies, locks = run_each_by_node_sync(self.redis, HEARTBEAT, calls, then=_read_locks(claims),
+                                                   pool=self._node_senders())
             for reply in (*replies, *locks):
                 if isinstance(reply, Exception):  # that node's partitions went unbeaten: say so
                     raise reply

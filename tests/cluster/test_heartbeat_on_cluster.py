@@ -9,6 +9,7 @@ is never failed over meanwhile, so the beat meets it dead every time."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -24,6 +25,11 @@ from tests.cells import partitions
 pytestmark = pytest.mark.slow
 
 
+def beat_threads() -> set[int]:
+    """The threads that send a cluster's beat to its nodes (``SyncLiveness``'s)."""
+    return {t.ident or 0 for t in threading.enumerate() if t.name.startswith("carmy-beat")}
+
+
 def test_a_beat_lands_in_the_partitions_of_the_primaries_still_up(slow_to_fail_over: LocalCluster) -> None:
     cluster = slow_to_fail_over
     with partitions(16):
@@ -35,6 +41,10 @@ def test_a_beat_lands_in_the_partitions_of_the_primaries_still_up(slow_to_fail_o
             socket_timeout=2, socket_connect_timeout=2)
         liveness = SyncLiveness(client, dead_after=3.0)
         liveness.heartbeat("before")  # the client knows the slots
+        senders = beat_threads()
+        for _ in range(3):
+            liveness.heartbeat("before")
+        assert senders and senders <= beat_threads()  # the first beat's threads send the next ones too
         victim.kill()
         sent = time.time() * 1000
 
