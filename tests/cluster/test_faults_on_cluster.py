@@ -150,3 +150,37 @@ def test_an_outcome_sent_to_a_primary_that_hangs_reaches_the_caller_from_its_pro
         redis_cluster.wait_ok(60)  # back, as the new primary's replica: the next test's cluster is whole
     assert polled.json()["status"] == "completed"
     assert marked(fresh_cluster_stack.tmp / f"linger-start-{tag}").count("\n") == 1  # it ran once
+
+
+def test_calls_meeting_a_primary_that_says_the_cluster_is_down_are_refused_retryably_until_it_is_mended(
+        redis_cluster: LocalCluster, fresh_cluster_stack: ClusterStack, base: str) -> None:
+    """The store's primary stops serving its slot in its own table while every other node still
+    sends the slot's keys to it (what Redis 7.0.15 once left behind as an old primary came back:
+    tests/cluster/test_local_cluster.py). That node says ``cluster_state:fail`` and refuses every
+    command with ``CLUSTERDOWN``, and no failover follows, since it is not down. Callers get a
+    retryable 503 meanwhile, never a 500 or a wait without end; once an operator has the node
+    claim the slot again (``CLUSTER ADDSLOTS``, as ``redis-cli --cluster fix`` would), calls are
+    answered without restarting anyone, and each request id stands for one execution at most."""
+    load = Load(base, body)
+    owner = redis_cluster.owner(STORE_SLOT)
+    try:
+        answered_after(load, 0.0, 5)
+        with owner.check_client() as client:
+            client.execute_command("CLUSTER", "DELSLOTS", STORE_SLOT)
+        broken = time.monotonic()
+        wait_until(lambda: sum(s.status == 503 and s.sent > broken for s in load.samples) >= 3, timeout=60,
+                   what="calls refused while the store's primary says the cluster is down")
+        assert redis_cluster.give_back_unserved() == [STORE_SLOT]
+        redis_cluster.wait_ok(30)
+        settled = time.monotonic() + SETTLED_AFTER_S
+        answered_after(load, settled)
+    finally:
+        load.finish()
+        if redis_cluster.problem() is not None:  # the next test's cluster is whole
+            redis_cluster.give_back_unserved()
+            redis_cluster.wait_ok(30)
+    assert redis_cluster.owner(STORE_SLOT) is owner
+    refused = {(s.status, s.code) for s in load.samples if s.status != 200}
+    assert refused and refused <= DOCUMENTED, refused
+    check_calls(load, fresh_cluster_stack, base, settled)
+    listeners_follow(fresh_cluster_stack, base)
