@@ -21,6 +21,7 @@ from carmy_worker.store import keys
 from carmy_worker.store.connect import RedisConnector
 from carmy_worker.store.roster import SyncLiveness
 from tests.cells import partitions
+from tests.support import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -92,3 +93,42 @@ def test_a_beat_lands_in_the_partitions_of_the_primaries_still_up_while_another_
         finally:
             victim.resume()
             client.close()
+
+
+def test_a_beat_reaches_a_hung_primary_s_promoted_replica_while_the_node_still_hangs(
+        redis_cluster: LocalCluster) -> None:
+    """A primary hangs and stays hung; the cluster promotes its replica. A beat that timed out on
+    the hung node reloads the slot table (in the background: the hung node may be the seed a
+    reload asks first), so the beats after it land in that primary's partitions too, on the
+    promoted replica, while the old primary is still stopped. Without the reload each beat would
+    go on timing out there, and the worker would be judged dead in those partitions."""
+    cluster = redis_cluster
+    with partitions(16):
+        slots = {p: key_slot(keys.partition_prefix(p).encode()) for p in keys.partitions()}
+        victim = cluster.owner(slots[0])
+        theirs = [p for p in keys.partitions() if cluster.owner(slots[p]) is victim]
+        client = RedisConnector("redis://localhost/0", tuple(cluster.nodes.split(","))).sync_client(
+            socket_timeout=2, socket_connect_timeout=2)
+        liveness = SyncLiveness(client, dead_after=3.0)
+        liveness.heartbeat("before")  # the client knows the slots, the hung node's among them
+        cluster.hang_primary(victim, wake=False)
+        try:
+            def beat_lands_everywhere() -> bool:
+                try:
+                    liveness.heartbeat("w")
+                except redis.RedisError:  # on the hung node, until the slot table is reloaded
+                    return False
+                return True
+
+            sent = time.time() * 1000
+            wait_until(beat_lands_everywhere, timeout=30, what="a beat that lands in every partition")
+            for p in theirs:
+                promoted = cluster.owner(slots[p])
+                assert promoted is not victim
+                with promoted.check_client() as node:
+                    seen = node.zscore(keys.workers(p), "w")
+                assert seen is not None and seen >= sent - 1000, f"partition {p} did not see the beat"
+        finally:
+            victim.resume()
+            client.close()
+            cluster.wait_ok(60)  # back, as the new primary's replica: the next test's cluster is whole
