@@ -29,6 +29,8 @@ Definitions (each a violation):
 * **missed**: an occurrence between the first one run and the cutoff with no run at all, unless
   no worker could fire it within its grace (Redis was down from the occurrence to its grace's end;
   the faults never take every worker out at once).
+  The run (``chaos.run.excused_at_kill``) then takes out those the store shows uncertain at a
+  worker's ``kill -9`` (``chaos.scheduleread.uncertain_at_a_kill``): the promise kept, counted apart.
 
 As for calls, the jobs and occurrences a violation names that were created or run within
 ``facts.LOSS_WINDOW_S`` before a Redis ``kill -9`` or failover are counted apart (info): under
@@ -75,6 +77,9 @@ class JobTable(Struct, kw_only=True):
     fired_twice: list[str]
     missed: list[str]
     excused: int  # occurrences no worker could fire within their grace
+    # occurrences not run because a kill -9 took their worker after it marked the tool begun and
+    # before the tool started: dead-lettered uncertain, the at-most-once promise (chaos.scheduleread)
+    uncertain_at_kill: int = 0
     in_loss_window: list[str] = []  # of the jobs and occurrences the violations name (info)
 
     def violations(self) -> dict[str, int]:

@@ -93,6 +93,8 @@ def job_rows(j: JobTable) -> list[tuple[str, str, str]]:
          f"{j.occurrences} ({j.excused} missed while no worker could fire them within the grace)", "info"),
         promise("schedule occurrences fired twice", j.fired_twice),
         promise("schedule occurrences missed", j.missed),
+        ("schedule occurrences not run, uncertain at a worker's kill -9 (begun, then killed before the tool started)",
+         str(j.uncertain_at_kill), "info"),
         ("jobs and occurrences named above: in Redis's loss window",
          f"{len(j.in_loss_window)} of {len(j.named())} (created or run 1 s before a kill -9 or failover, "
          "or in a hang)", "info"),

@@ -128,5 +128,29 @@ def _execution_line(e: ExecutionSeen) -> str:
     return f"{e.xid}: {shown}; {record}"
 
 
+def uncertain_at_a_kill(occurrence: OccurrenceSeen, killed: dict[int, float], at_s: float) -> bool:
+    """Whether the occurrence was not run because its worker was killed (``kill -9``, at or after
+    the occurrence) between marking its tool begun and the tool's first line in the ledger: its
+    job dead-lettered, an execution that ``began`` on that worker and settled
+    ``EXECUTION_UNCERTAIN``. For a tool that is not idempotent that is the promise kept (at most
+    once: nobody can tell whether it ran, so it is not run again), not a second missed; the
+    calls' rows count the same case as "uncertain although the tool never started" (info)."""
+    if occurrence.job is None or occurrence.job.get("status") != "dead_lettered":
+        return False
+    for e in occurrence.executions:
+        fields = e.fields or {}
+        pid = _pid_of(fields.get("worker", ""))
+        if ("began" in fields and e.record_error == "EXECUTION_UNCERTAIN" and pid is not None
+                and killed.get(pid, 0.0) >= at_s):
+            return True
+    return False
+
+
+def _pid_of(worker_id: str) -> int | None:
+    """The process id a worker id names (``host-pid-suffix``: runtime.presence.new_worker_id)."""
+    parts = worker_id.rsplit("-", 2)
+    return int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else None
+
+
 def _text(value: bytes | str) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else value

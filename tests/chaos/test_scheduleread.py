@@ -4,6 +4,7 @@ is said to have no job."""
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import AsyncIterator
 
 import pytest
@@ -14,7 +15,10 @@ from carmy_worker.jobs.driver import JobLoop
 from carmy_worker.settings import WorkerSettings
 from carmy_worker.store import keys
 from carmy_worker.wire import RetryPolicy, ScheduleSpec, ToolSpec, WorkerTool
-from chaos.scheduleread import read_missed, summary
+from chaos.facts import Facts
+from chaos.jobcheck import JobTable
+from chaos.run import excused_at_kill
+from chaos.scheduleread import ExecutionSeen, OccurrenceSeen, ScheduleSeen, read_missed, summary, uncertain_at_a_kill
 from tests.support import RedisServer
 
 SCHEMA = {"type": "object", "properties": {}, "additionalProperties": False}
@@ -78,3 +82,43 @@ async def test_an_occurrence_leased_and_never_promoted_says_so(ar: redis.asyncio
     sync_redis.zrem(keys.job_due("tick", keys.partition_of(leased.job_id or "")), leased.job_id or "")
     (gone,) = read_missed(sync_redis, "s", [waited - 1000]).occurrences
     assert summary(gone).endswith("never promoted; not in its tool's due set")
+
+
+# -- an occurrence its worker's kill -9 left uncertain ---------------------------------------------
+
+def begun_then_killed(*, status: str = "dead_lettered", began: bool = True, error: str = "EXECUTION_UNCERTAIN",
+                      worker: str = "vm-host-4242-a1b2c3") -> OccurrenceSeen:
+    """As the end read the CI run's one missed second: the job dead-lettered after its attempt
+    began on a worker killed before the tool's first line, the execution settled uncertain."""
+    fields = {"state": "done", "attempt": "2", "worker": worker} | ({"began": "1"} if began else {})
+    return OccurrenceSeen(at="2026-12-03T22:55:54.000Z", rid="schedule:chaos-tick@2026-12-03T22:55:54.000Z",
+                          job_id="job_x", job={"status": status, "attempts": "1"},
+                          executions=[ExecutionSeen(xid="exec_x", fields=fields, record_status="failed",
+                                                    record_error=error)])
+
+
+def test_an_occurrence_begun_then_killed_is_uncertain_not_missed() -> None:
+    at = datetime.datetime.fromisoformat("2026-12-03T22:55:54+00:00").timestamp()
+    killed = {4242: at + 0.3}
+    assert uncertain_at_a_kill(begun_then_killed(), killed, at)
+    # Anything else is still a missed second: another end, never begun, another error, a worker
+    # not killed, or killed before the occurrence.
+    assert not uncertain_at_a_kill(begun_then_killed(status="succeeded"), killed, at)
+    assert not uncertain_at_a_kill(begun_then_killed(began=False), killed, at)
+    assert not uncertain_at_a_kill(begun_then_killed(error="TOOL_ERROR"), killed, at)
+    assert not uncertain_at_a_kill(begun_then_killed(worker="vm-host-999-a1b2c3"), killed, at)
+    assert not uncertain_at_a_kill(begun_then_killed(), {4242: at - 5}, at)
+
+
+def test_the_run_counts_such_occurrences_apart_from_the_missed() -> None:
+    missed = ["2026-12-03T22:55:54+00:00", "2026-12-03T22:55:55+00:00"]
+    table = JobTable(jobs=0, delayed=0, planned_failures=0, unanswered=0, statuses={}, uncertain_dead=0,
+                     interrupted=0, attempts=0, idempotent_reruns=0, lateness=[], lost=[], run_twice=[], early=[],
+                     rerun_uncertain=[], unlike_runs=[], flipped=[], occurrences=0, fired_twice=[],
+                     missed=list(missed), excused=0)
+    never = OccurrenceSeen(at="2026-12-03T22:55:55.000Z", rid="r", job_id=None, job=None, executions=[])
+    facts = Facts([], [])
+    facts.killed = {4242: datetime.datetime.fromisoformat(missed[0]).timestamp() + 0.3}
+    excused_at_kill(table, ScheduleSeen(state={}, occurrences=[begun_then_killed(), never]), facts)
+    assert table.missed == missed[1:] and table.uncertain_at_kill == 1
+    assert table.violations() == {"occurrences missed": 1}
