@@ -146,8 +146,7 @@ def test_an_outcome_sent_to_a_primary_that_hangs_reaches_the_caller_from_its_pro
             lambda: (p := httpx.get(f"{base}/agent/executions/{exec_id}", timeout=5)).status_code == 200 and p,
             timeout=30, what="the outcome, read while the old primary is still stopped")
     finally:
-        victim.resume()
-        redis_cluster.wait_ok(60)  # back, as the new primary's replica: the next test's cluster is whole
+        redis_cluster.wake(victim)  # back, as the new primary's replica: the next test's cluster is whole
     assert polled.json()["status"] == "completed"
     assert marked(fresh_cluster_stack.tmp / f"linger-start-{tag}").count("\n") == 1  # it ran once
 
