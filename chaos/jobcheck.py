@@ -29,7 +29,7 @@ Definitions (each a violation):
 * **missed**: an occurrence between the first one run and the cutoff with no run at all, unless
   no worker could fire it within its grace (Redis was down from the occurrence to its grace's end;
   the faults never take every worker out at once).
-  The run (``chaos.run.excused_at_kill``) then takes out those the store shows uncertain at a
+  The end (``chaos.scheduleread.excused_at_kill``) then takes out those the store shows uncertain at a
   worker's ``kill -9`` (``chaos.scheduleread.uncertain_at_a_kill``): the promise kept, counted apart.
 
 As for calls, the jobs and occurrences a violation names that were created or run within

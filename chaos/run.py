@@ -36,13 +36,13 @@ from chaos.facts import Facts
 from chaos.faults import Injector, default_kinds, refusal
 from chaos.hookcheck import reconcile_hooks
 from chaos.hookload import HookLoad, Secrets
-from chaos.jobcheck import FINISHED, JobTable, reconcile_jobs
+from chaos.jobcheck import FINISHED, reconcile_jobs
 from chaos.jobload import JobLoad
 from chaos.load import Load, final_retries
 from chaos.model import FAULT_KINDS, FaultKind, RedisKind
 from chaos.receiver import Receiver
 from chaos.reconcile import Bounds, reconcile
-from chaos.scheduleread import ScheduleSeen, read_missed, summary, uncertain_at_a_kill
+from chaos.scheduleread import ScheduleSeen, excused_at_kill, read_missed, summary
 from chaos.tools import EXCLUSIVE, HOOK_TOOLS, IDEMPOTENT, JOB_RETRY, JOB_TOOLS, TICK, TICK_GRACE_S
 
 SHORT_S = 72.0  # seconds of load in --short (each default fault once, as a rule): about two minutes in all
@@ -235,19 +235,6 @@ def missed_trail(cluster: Cluster, missed: list[str]) -> ScheduleSeen | None:
     at_ms = [round(datetime.datetime.fromisoformat(at).timestamp() * 1000) for at in missed]
     with cluster.reader() as client:
         return read_missed(client, TICK, at_ms)
-
-
-def excused_at_kill(jobs: JobTable, missed: ScheduleSeen, facts: Facts) -> None:
-    """Takes out of the missed occurrences those the store shows uncertain at a worker's kill -9
-    (``scheduleread.uncertain_at_a_kill``), and counts them apart. ``missed`` was read for
-    ``jobs.missed``, in its order."""
-    kept = []
-    for at, seen in zip(jobs.missed, missed.occurrences, strict=True):
-        if uncertain_at_a_kill(seen, facts.killed, datetime.datetime.fromisoformat(at).timestamp()):
-            jobs.uncertain_at_kill += 1
-        else:
-            kept.append(at)
-    jobs.missed = kept
 
 
 def settle_callbacks(jobs: JobLoad, receiver: Receiver, deadline: float) -> None:

@@ -17,6 +17,7 @@ and skipped) is read with them.
 
 from __future__ import annotations
 
+import datetime
 from typing import Any
 
 import redis
@@ -26,6 +27,8 @@ from msgspec import Struct
 from carmy_worker.store import keys
 from carmy_worker.store.jobstore import rfc3339
 from carmy_worker.wire import record_decoder
+from chaos.facts import Facts
+from chaos.jobcheck import JobTable
 
 Client = redis.Redis | redis.cluster.RedisCluster
 # Fields too large, or binary, to be worth showing: the job's arguments and result bodies.
@@ -144,6 +147,19 @@ def uncertain_at_a_kill(occurrence: OccurrenceSeen, killed: dict[int, float], at
                 and killed.get(pid, 0.0) >= at_s):
             return True
     return False
+
+
+def excused_at_kill(jobs: JobTable, missed: ScheduleSeen, facts: Facts) -> None:
+    """Takes out of the missed occurrences those the store shows uncertain at a worker's kill -9
+    (``uncertain_at_a_kill``), and counts them apart. ``missed`` was read for
+    ``jobs.missed``, in its order."""
+    kept = []
+    for at, seen in zip(jobs.missed, missed.occurrences, strict=True):
+        if uncertain_at_a_kill(seen, facts.killed, datetime.datetime.fromisoformat(at).timestamp()):
+            jobs.uncertain_at_kill += 1
+        else:
+            kept.append(at)
+    jobs.missed = kept
 
 
 def _pid_of(worker_id: str) -> int | None:

@@ -17,8 +17,15 @@ from carmy_worker.store import keys
 from carmy_worker.wire import RetryPolicy, ScheduleSpec, ToolSpec, WorkerTool
 from chaos.facts import Facts
 from chaos.jobcheck import JobTable
-from chaos.run import excused_at_kill
-from chaos.scheduleread import ExecutionSeen, OccurrenceSeen, ScheduleSeen, read_missed, summary, uncertain_at_a_kill
+from chaos.scheduleread import (
+    ExecutionSeen,
+    OccurrenceSeen,
+    ScheduleSeen,
+    excused_at_kill,
+    read_missed,
+    summary,
+    uncertain_at_a_kill,
+)
 from tests.support import RedisServer
 
 SCHEMA = {"type": "object", "properties": {}, "additionalProperties": False}
