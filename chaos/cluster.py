@@ -24,7 +24,7 @@ import redis
 import redis.cluster
 
 from bench.localcluster import ClusterServer, LocalCluster
-from bench.processes import ROOT, Proc, RedisServer, ReplicatedRedis, free_port, wait_until
+from bench.processes import ROOT, Proc, RedisServer, ReplicatedRedis, StartError, on_free_port, wait_until
 from bench.procs import log_message
 from chaos.tools import tools
 
@@ -68,7 +68,8 @@ class Cluster:
         self.redis = (self.group.primary if self.group else self.local.servers[0] if self.local
                       else RedisServer(workdir, durable=True, fsync=fsync))
         self.partitions = partitions
-        self.ports = [free_port() for _ in range(apis)]
+        self.n_apis = apis
+        self.ports: list[int] = []  # the APIs', chosen as each first starts (``start``)
         self.api_procs: dict[int, Proc] = {}  # by port
         self.workers: list[Proc] = []  # serving or paused; a draining one is moved to ``retired``
         self.retired: list[Proc] = []
@@ -121,8 +122,15 @@ class Cluster:
             self.redis.start()
         for _ in range(self.n_workers):
             self.start_worker()
-        for port in self.ports:
+        # Each API's port is chosen as it starts, and chosen again if it was taken meanwhile:
+        # the Redis servers and workers started before it open connections of their own, and
+        # one of those may take a port that was free a moment ago (a CI run saw it).
+        def first_start(port: int) -> int:
             self.start_api(port)
+            return port
+
+        while len(self.ports) < self.n_apis:
+            self.ports.append(on_free_port(first_start))
         names = {tool.name for tool in tools}
         for base in self.bases:
             with httpx.Client(timeout=2) as client:
@@ -146,7 +154,11 @@ class Cluster:
     def start_api(self, port: int) -> Proc:
         """``python -m api`` on ``port`` (the same one after a kill, so clients find it again)."""
         proc = self._proc("api", [sys.executable, "-m", "api"], self.env({"CARMY_PORT": str(port)}))
-        proc.wait_for_http(f"http://127.0.0.1:{port}/health", START_TIMEOUT)
+        try:
+            proc.wait_for_http(f"http://127.0.0.1:{port}/health", START_TIMEOUT)
+        except StartError:
+            self.retired.append(proc)  # closed with the rest (its log stays for the reader)
+            raise
         self.api_procs[port] = proc
         return proc
 
