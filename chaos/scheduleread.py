@@ -24,6 +24,7 @@ import redis
 import redis.cluster
 from msgspec import Struct
 
+from carmy_worker.runtime.presence import pid_of
 from carmy_worker.store import keys
 from carmy_worker.store.jobstore import rfc3339
 from carmy_worker.wire import record_decoder
@@ -142,7 +143,7 @@ def uncertain_at_a_kill(occurrence: OccurrenceSeen, killed: dict[int, float], at
         return False
     for e in occurrence.executions:
         fields = e.fields or {}
-        pid = _pid_of(fields.get("worker", ""))
+        pid = pid_of(fields.get("worker", ""))
         if ("began" in fields and e.record_error == "EXECUTION_UNCERTAIN" and pid is not None
                 and killed.get(pid, 0.0) >= at_s):
             return True
@@ -160,12 +161,6 @@ def excused_at_kill(jobs: JobTable, missed: ScheduleSeen, facts: Facts) -> None:
         else:
             kept.append(at)
     jobs.missed = kept
-
-
-def _pid_of(worker_id: str) -> int | None:
-    """The process id a worker id names (``host-pid-suffix``: runtime.presence.new_worker_id)."""
-    parts = worker_id.rsplit("-", 2)
-    return int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else None
 
 
 def _text(value: bytes | str) -> str:

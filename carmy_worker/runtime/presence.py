@@ -36,7 +36,15 @@ VERIFY_EVERY_S = 0.5  # at most this often, ensure_fresh checks in the event loo
 
 
 def new_worker_id() -> str:
+    """``host-pid-suffix``: unique per process start, and readable in logs and the console."""
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+def pid_of(worker_id: str) -> int | None:
+    """The process id in a worker id ``new_worker_id`` made (a host name may hold dashes);
+    None for any other string."""
+    parts = worker_id.rsplit("-", 2)
+    return int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else None
 
 
 def describe(tools: list[Tool], settings: WorkerSettings) -> list[WorkerTool]:
