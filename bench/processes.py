@@ -344,25 +344,36 @@ class SentinelServer:
     def __init__(self, workdir: Path, primary_port: int, *, service: str, quorum: int = 2,
                  down_after_ms: int = 1000, failover_timeout_ms: int = 3000) -> None:
         self.workdir = workdir
-        self.port = free_port()
-        self.config = workdir / f"sentinel-{self.port}.conf"
-        self.config.write_text("\n".join([
-            f"port {self.port}", "bind 127.0.0.1", f"dir {workdir}",
+        self.port = 0  # chosen as it starts
+        self._settings = [
             f"sentinel monitor {service} 127.0.0.1 {primary_port} {quorum}",
             f"sentinel down-after-milliseconds {service} {down_after_ms}",
             f"sentinel failover-timeout {service} {failover_timeout_ms}",
-            f"sentinel parallel-syncs {service} 1", "",
-        ]))
+            f"sentinel parallel-syncs {service} 1",
+        ]
         self._proc: Proc | None = None
 
     def start(self, timeout: float = 30.0) -> None:
+        """Starts it on a free port, and on another if that one was taken before it bound it."""
         binary = shutil.which("redis-server")
         if binary is None:
             raise StartError("redis-server is not installed (Debian/Ubuntu: apt-get install redis-server)")
-        self._proc = Proc(f"sentinel-{self.port}", [binary, str(self.config), "--sentinel"], dict(os.environ),
-                          self.workdir / f"sentinel-{self.port}.log", kind="sentinel")
-        with self.client() as client:
-            self._proc.wait_ready(client.ping, timeout, "PING")
+
+        def start_on(port: int) -> None:
+            self.port = port
+            config = self.workdir / f"sentinel-{port}.conf"
+            config.write_text("\n".join([f"port {port}", "bind 127.0.0.1", f"dir {self.workdir}",
+                                          *self._settings, ""]))
+            self._proc = Proc(f"sentinel-{port}", [binary, str(config), "--sentinel"], dict(os.environ),
+                              self.workdir / f"sentinel-{port}.log", kind="sentinel")
+            try:
+                with self.client() as client:
+                    self._proc.wait_ready(client.ping, timeout, "PING")
+            except StartError:
+                self._proc.close()
+                raise
+
+        on_free_port(start_on)
 
     def client(self) -> redis.Redis:
         return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=2, socket_connect_timeout=2)

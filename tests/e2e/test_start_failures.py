@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from bench import processes
+from bench.processes import SentinelServer
 from tests.support import RedisServer, Stack, StartError
 
 
@@ -102,3 +103,15 @@ def test_a_redis_server_whose_port_was_taken_starts_on_another(tmp_path: Path, t
             assert client.ping()
     finally:
         server.kill()
+
+
+def test_a_sentinel_whose_port_was_taken_starts_on_another(tmp_path: Path, taken_port: int) -> None:
+    sentinel = SentinelServer(tmp_path, 1, service="carmy")  # its primary (port 1) need not run
+    try:
+        sentinel.start()
+        assert sentinel.port != taken_port
+        with sentinel.client() as client:
+            assert client.ping()
+        assert "Address already in use" in (tmp_path / f"sentinel-{taken_port}.log").read_text()  # the first try
+    finally:
+        sentinel.stop()
