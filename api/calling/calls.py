@@ -7,7 +7,7 @@ submit, and send a retry to the execution it repeats).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +20,9 @@ from carmy_worker.sdk.context import AgentContext
 from carmy_worker.sdk.errors import clip, error, store_full
 from carmy_worker.store import keys
 from carmy_worker.wire import Record, canonical_json_encoder
+
+# Told a new execution's id and mailbox as soon as its SUBMIT has left (``Calls.start``).
+Announce = Callable[[str, Mailbox | None], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -65,7 +68,8 @@ class Calls:
     @contextlib.asynccontextmanager
     async def start(self, tool: CatalogTool, arguments: dict[str, Any], request_id: str | None,
                     agent: AgentContext, *, follow: bool = True, stream: bool = True,
-                    traceparent: str | None = None, via: str = "http") -> AsyncIterator[Started]:
+                    traceparent: str | None = None, via: str = "http",
+                    announce: Announce | None = None) -> AsyncIterator[Started]:
         """Submit the call; with ``follow``, its events expected first so none is missed (every
         event if ``stream``, else only the final one: a caller that only wants the answer).
 
@@ -74,16 +78,25 @@ class Calls:
         ``traceparent`` (tracing on): the caller's span, which the new execution's spans join.
         ``via``: the door it came in by (``http``, ``sse``, ``mcp``, ``webhook``), for the audit
         trail, where a retry answered with a finished execution's record has an entry too.
+        ``announce`` (a followed call without a request id): called with the execution's id and
+        mailbox once its SUBMIT has been written, before the reply is waited for, so that a
+        stream can name its execution while Redis creates it (``docs/protocol.md``, section 5).
+        A refusal after it concerns that id. (A call with a request id may turn out to be a
+        retry of another execution: only SUBMIT's reply says which.)
         """
         # Where its request id's idempotency key lives, so that SUBMIT finds a replay in one slot: for
         # a principal with a quota, its home partition, where SUBMIT checks the quota (store/quota.py).
         homed = self.executions.settings.quotas.of(agent.principal).bounded
         exec_id = keys.new_execution_id(keys.request_partition(agent.principal, agent.session, request_id, homed=homed))
+        early = announce is not None and follow and request_id is None
         with self._expect(exec_id, follow) as messages:
-            sub = await self.executions.submit(
+            pending = self.executions.submit(
                 exec_id=exec_id, tool=tool, arguments=canonical_json_encoder.encode(arguments),
                 request_id=request_id, agent=agent, reply=self.hub.channel_for(exec_id), stream=follow and stream,
-                traceparent=traceparent, via=via)
+                traceparent=traceparent, via=via, track=early)
+            if early and announce is not None and await pending.written():
+                await announce(exec_id, messages)
+            sub = await pending
             if sub.kind == "store_full":
                 raise Rejected(store_full())
             if sub.kind in ("conflict", "full", "limited", "no_workers"):

@@ -25,7 +25,7 @@ from carmy_worker.store.durable import Durability
 from carmy_worker.store.follow import Join, Joined
 from carmy_worker.store.memory import StoreMemory
 from carmy_worker.store.reads import Found, Reads
-from carmy_worker.store.submit import Submission, Submit
+from carmy_worker.store.submit import Pending, Submit
 from carmy_worker.store.verdicts import Verdicts
 from carmy_worker.wire import Event, ExecutionJob, Record, event_decoder, record_decoder
 
@@ -59,11 +59,14 @@ class Executions:
         self.recheck = Recheck(self._reads, waiting)
         self._abandoning = asyncio.Semaphore(ABANDONING)
 
-    async def submit(
+    def submit(
         self, *, exec_id: str, tool: CatalogTool, arguments: bytes, request_id: str | None, agent: AgentContext,
         reply: str = "", stream: bool = True, traceparent: str | None = None, via: str = "http",
-    ) -> Submission:
-        """Queue a call of ``tool`` (``arguments`` as canonical JSON) for the newest live group serving it.
+        track: bool = False,
+    ) -> Pending:
+        """Queue a call of ``tool`` (``arguments`` as canonical JSON) for the newest live group
+        serving it: awaited, the ``Submission`` (``Submit.send``; ``track``: ``Pending.written``
+        says when the SUBMIT has left).
 
         Its events go to ``reply`` (this process's channel), all of them if ``stream``, else only
         the final one (see ``Submit``). ``traceparent``: the span the worker's spans join, when
@@ -74,11 +77,11 @@ class Executions:
             metadata=agent.metadata, traceparent=traceparent,
         )
         queue_wait_ms = int(self.settings.queue_timeout * 1000)
-        return await self._submit(
+        return self._submit.send(
             job, group=tool.groups[0] if tool.groups else "", idempotent=tool.spec.idempotent,
             workers_alive=bool(tool.groups), max_pending=self.settings.max_pending, queue_wait_ms=queue_wait_ms,
             admission_ms=queue_wait_ms + int((tool.timeout + ADMISSION_GRACE_S) * 1000), reply=reply, stream=stream,
-            quota=self.settings.quotas.of(agent.principal), via=via, effect=tool.spec.effect,
+            quota=self.settings.quotas.of(agent.principal), via=via, effect=tool.spec.effect, track=track,
         )
 
     async def replayed(self, exec_id: str, record: Record, *, via: str) -> None:

@@ -138,28 +138,37 @@ class ExecuteEndpoint:
         ``via``: the door, for the audit trail (by default ``sse`` or ``http``, as it answers)."""
         scope, receive, send = asgi
         agent = trusted_context(scope)
+        early: relay.EarlyStream | None = None
         try:
             call = self.calls.admit(request.tool, request.arguments, request.request_id, agent)
             tool = call.tool
+            if sse and not respond_async:  # its stream begins once SUBMIT has left (Calls.start)
+                early = relay.EarlyStream(send, tool.spec.name, keepalive=self.settings.sse_keepalive)
             async with self.calls.start(tool, call.arguments, call.request_id, agent,
                                         follow=not respond_async, stream=sse, traceparent=traceparent,
-                                        via=via or ("sse" if sse else "http")) as started:
+                                        via=via or ("sse" if sse else "http"), announce=early) as started:
                 if started.record is not None:
                     return await self._replay(request, started.execution_id, started.record, sse, send)
                 if respond_async:
                     return await self._accepted(request, started, (scope, receive, send))
-                return await self._follow(request, started, tool, sse, (scope, receive, send))
+                return await self._follow(request, started, tool, sse, (scope, receive, send),
+                                          early.stream if early is not None else None)
         except Rejected as rejected:
-            return await self._refuse(request, rejected.error, sse, send)
+            return await self._refuse(request, rejected.error, sse, send, early)
         except (RedisError, HubUnavailable, OSError) as exc:
             log.warning("store unavailable: %s", exc)
-            return await self._refuse(request, store_unavailable(), sse, send)
+            return await self._refuse(request, store_unavailable(), sse, send, early)
 
-    async def _refuse(self, request: ExecuteRequest, err: ErrorBody, sse: bool, send: Send) -> Answer:
-        """Answer a call refused before it reached a worker (nothing is recorded)."""
-        exec_id = keys.new_execution_id()
+    async def _refuse(self, request: ExecuteRequest, err: ErrorBody, sse: bool, send: Send,
+                      early: relay.EarlyStream | None = None) -> Answer:
+        """Answer a call refused before it reached a worker (nothing is recorded): with a fresh
+        execution id, or the one its stream named already (``early``, begun)."""
+        begun = early.stream if early is not None else None
+        exec_id = early.execution_id if early is not None and begun is not None else keys.new_execution_id()
         record = records.refused(exec_id, request.tool, err)
-        if sse:  # execution.started names the tool: an unknown one is the caller's text, cut
+        if begun is not None:
+            await begun.finish(record, replayed=False)
+        elif sse:  # execution.started names the tool: an unknown one is the caller's text, cut
             await relay.send_sse_record(send, exec_id, clip(request.tool), record, replayed=False)
         else:
             await relay.send_json(send, record)
@@ -182,7 +191,7 @@ class ExecuteEndpoint:
         return Answer.of("replayed", record, exec_id, request)
 
     async def _follow(self, request: ExecuteRequest, started: Started, tool: CatalogTool, sse: bool,
-                      asgi: tuple[Scope, Receive, Send]) -> Answer:
+                      asgi: tuple[Scope, Receive, Send], begun: relay.SseStream | None = None) -> Answer:
         scope, receive, send = asgi
         name, exec_id, joined = tool.spec.name, started.execution_id, not started.owner
         messages = started.messages
@@ -203,10 +212,11 @@ class ExecuteEndpoint:
             try:
                 if gone is not None:
                     record = await relay.stream_sse_unless_gone(send, self.executions, exec_id, name, messages, gone,
-                                                                on_disconnect, replayed=joined, keepalive=keepalive)
+                                                                on_disconnect, replayed=joined, keepalive=keepalive,
+                                                                begun=begun)
                 else:
                     work = relay.stream_sse(send, self.executions, exec_id, name, messages, replayed=joined,
-                                            keepalive=keepalive)
+                                            keepalive=keepalive, begun=begun)
                     record = await relay.race_disconnect(work, receive, on_disconnect)
             finally:
                 self.metrics.sse_streams.dec()

@@ -192,12 +192,39 @@ class SseStream:
         self._last_write = time.monotonic()
 
 
+class EarlyStream:
+    """An SSE call's stream, begun as soon as its SUBMIT has left for Redis (``Calls.start``'s
+    ``announce``): ``execution.started`` then goes out while Redis creates the execution and a
+    worker takes it, rather than after SUBMIT's reply. Its head and first frame are written from
+    the call's own task, in one write, as ``stream_sse`` writes them."""
+
+    __slots__ = ("execution_id", "keepalive", "send", "stream", "tool")
+
+    def __init__(self, send: Send, tool: str, *, keepalive: float) -> None:
+        self.send = send
+        self.tool = tool
+        self.keepalive = keepalive
+        self.stream: SseStream | None = None  # once begun
+        self.execution_id = ""
+
+    async def __call__(self, exec_id: str, messages: Mailbox | None) -> None:
+        if messages is None:  # pragma: no cover - announced only to a followed call
+            raise RuntimeError("an SSE stream without its subscription")
+        stream = SseStream(self.send, messages, keepalive=self.keepalive)
+        self.stream, self.execution_id = stream, exec_id
+        await stream.start(exec_id, self.tool)
+
+
 async def stream_sse(send: Send, executions: Executions, exec_id: str, tool: str, messages: Mailbox,
-                     *, replayed: bool, keepalive: float, until: Departure | None = None) -> Record:
+                     *, replayed: bool, keepalive: float, until: Departure | None = None,
+                     begun: SseStream | None = None) -> Record:
     """Relay the execution's events as they come, ending with ``execution.completed``;
-    ``Departed`` once ``until`` is set (see ``stream_sse_unless_gone``)."""
-    stream = SseStream(send, messages, keepalive=keepalive)
-    await stream.start(exec_id, tool)
+    ``Departed`` once ``until`` is set (see ``stream_sse_unless_gone``). ``begun``: the stream
+    whose head and ``execution.started`` went out already (``EarlyStream``)."""
+    stream = begun
+    if stream is None:
+        stream = SseStream(send, messages, keepalive=keepalive)
+        await stream.start(exec_id, tool)
     record = await executions.outcome(exec_id, tool, messages, tick=keepalive, on_event=stream.event,
                                       on_idle=stream.idle, until=until)
     await stream.finish(record, replayed=replayed)
@@ -206,7 +233,8 @@ async def stream_sse(send: Send, executions: Executions, exec_id: str, tool: str
 
 async def stream_sse_unless_gone(send: Send, executions: Executions, exec_id: str, tool: str, messages: Mailbox,
                                  departure: Departure, on_disconnect: Callable[[], Awaitable[None]] | None,
-                                 *, replayed: bool, keepalive: float) -> Record | None:
+                                 *, replayed: bool, keepalive: float, begun: SseStream | None = None,
+                                 ) -> Record | None:
     """``race_disconnect(stream_sse(...))`` for a request whose server sets its ``Departure``, as
     ``answer_json_unless_gone`` is for JSON: the stream is written from this task, so its first
     frame goes out as soon as the call is accepted (no task to start first), and its events and
@@ -214,7 +242,7 @@ async def stream_sse_unless_gone(send: Send, executions: Executions, exec_id: st
     None if the client left first (then ``on_disconnect`` runs, to its end)."""
     try:
         return await stream_sse(send, executions, exec_id, tool, messages, replayed=replayed, keepalive=keepalive,
-                                until=departure)
+                                until=departure, begun=begun)
     except Departed:
         await _left(on_disconnect)
         return None

@@ -86,15 +86,16 @@ NOT_RUN = (NoScriptError, *REDIRECTED)
 
 
 class _Call:
-    __slots__ = ("args", "follows", "future", "keys", "script", "sent_at")
+    __slots__ = ("args", "follows", "future", "keys", "script", "sent", "sent_at")
 
     def __init__(self, script: Script, keys: list[Any], args: list[Any], future: asyncio.Future[Any],
-                 follows: FollowUp | None = None) -> None:
+                 follows: FollowUp | None = None, sent: asyncio.Future[None] | None = None) -> None:
         self.script = script
         self.keys = keys
         self.args = args
         self.future = future
         self.follows = follows  # the FollowUp this call is (sent right behind the call before it)
+        self.sent = sent  # set once the call is written (``Batch.call``)
         self.sent_at = 0.0  # the loop's time when it was written
 
 
@@ -111,7 +112,7 @@ class _Line:
     """A connection held by a batch, and the calls written on it whose replies are to come, in
     the order Redis answers them."""
 
-    __slots__ = ("broken", "conn", "in_flight", "pings", "reader")
+    __slots__ = ("broken", "conn", "in_flight", "pings", "ran", "reader")
 
     def __init__(self, conn: AbstractConnection) -> None:
         self.conn = conn
@@ -119,6 +120,9 @@ class _Line:
         self.pings = 0  # PINGs among them (``Batch(reply_last=True)``)
         self.reader: asyncio.Task[None] | None = None  # reads while calls are in flight, then ends
         self.broken = False
+        # The scripts Redis has run calls of on this connection (forgotten on a NOSCRIPT: a
+        # SCRIPT FLUSH): a call of one of them runs as it is written (``Batch.call``'s ``sent``).
+        self.ran: set[str] = set()
 
     def usable(self, now: float) -> bool:
         if self.broken or not self.conn.is_connected:
@@ -160,15 +164,20 @@ class Batch:
         return bind(self._redis, script, batch=self)
 
     def call(self, script: Script, keys: list[Any], args: list[Any], *, hold: bool = False,
-             follows: FollowUp | None = None) -> asyncio.Future[Any]:
+             follows: FollowUp | None = None, sent: asyncio.Future[None] | None = None) -> asyncio.Future[Any]:
         """Queue one call; it goes out with the others of this turn of the loop, or at once if
         the batch is eager, none of its calls is in flight or waiting, and it is not told to
-        ``hold`` it (for a call to follow it in the same write: ``flush_if_quiet``)."""
+        ``hold`` it (for a call to follow it in the same write: ``flush_if_quiet``). ``sent`` is
+        set once the call has been written to a connection on which Redis has run its script
+        before: what Redis reads next from anyone, it reads after this call, which runs as it
+        is. Else (a new connection, a script Redis may not have, which it would refuse and the
+        batch send again, later: ``NOT_RUN``; a cluster whose slot table is not loaded) it is
+        never set, nor for a call that fails first."""
         if self._cluster is not None:
-            return self._routed(self._cluster, script, keys, args, hold, follows)
+            return self._routed(self._cluster, script, keys, args, hold, follows, sent)
         loop = running_loop()
         future: asyncio.Future[Any] = loop.create_future()
-        self._waiting.append(_Call(script, keys, args, future, follows))
+        self._waiting.append(_Call(script, keys, args, future, follows, sent))
         if len(self._waiting) == 1:  # the first of this turn
             if self.eager and not hold and not self._in_flight():
                 self._send()
@@ -177,19 +186,19 @@ class Batch:
         return future
 
     def _routed(self, cluster: StoreCluster, script: Script, keys: list[Any], args: list[Any], hold: bool,
-                follows: FollowUp | None) -> asyncio.Future[Any]:
+                follows: FollowUp | None, sent: asyncio.Future[None] | None) -> asyncio.Future[Any]:
         """A call on a cluster: in the batch of its slot's primary, or, while the slot table is
         not loaded (or is to be reloaded), alone through the cluster client."""
         if cluster._initialize or not keys:
             future: asyncio.Future[Any] = running_loop().create_future()
-            self._spawn(_one(as_redis(cluster), _Call(script, keys, args, future, follows)))
+            self._spawn(_one(as_redis(cluster), _Call(script, keys, args, future, follows, sent)))
             return future
         node = cluster.primary_for(keys[0])
         batch = self._nodes.get(node.name)
         if batch is None or cast(NodePool, batch._pool).node is not node:
             batch = self._nodes[node.name] = Batch(as_redis(cluster), eager=self.eager, reply_last=self.reply_last,
                                                    node=NodePool(cluster, node))
-        return batch.call(script, keys, args, hold=hold, follows=follows)
+        return batch.call(script, keys, args, hold=hold, follows=follows, sent=sent)
 
     def flush_if_quiet(self) -> None:
         """Send what waits for the end of this turn now, if this batch is eager and at most
@@ -253,6 +262,9 @@ class Batch:
             line.in_flight.append(_Ping(now))
             line.pings += 1
         line.in_flight += sent
+        for call in sent:
+            if call.sent is not None and call.script.name in line.ran:
+                _answer(call.sent, None)
         if line.reader is None and line.in_flight:
             line.reader = self._spawn(self._read(line))
             line.reader.add_done_callback(functools.partial(self._reader_ended, line))
@@ -313,13 +325,15 @@ class Batch:
                     line.pings -= 1
                     continue
                 if isinstance(reply, NOT_RUN):  # a restarted Redis lost the script, a node redirected: not run
+                    line.ran.discard(call.script.name)
                     self._spawn(_one(self._redis, call))
                 elif isinstance(reply, Exception):
                     _fail(call.future, reply)
-                elif held is None and line.in_flight and _leads(line.in_flight[0]):
-                    held = (call, reply)
-                    continue
                 else:
+                    line.ran.add(call.script.name)
+                    if held is None and line.in_flight and _leads(line.in_flight[0]):
+                        held = (call, reply)
+                        continue
                     _answer(call.future, reply)
                 if call.follows is not None and call.future.done():
                     _follow_up_answered(call.follows, call.future)

@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from typing import TYPE_CHECKING, Any
 
 import redis as sync_redis
@@ -180,6 +180,14 @@ class Runs:
         if self.batch is not None:
             return await self.batch.call(self.script, keys, args)
         return await run(self.redis, self.script, keys, args, self.durability)
+
+    def queue(self, keys: list[Any], args: list[Any], *,
+              sent: asyncio.Future[None] | None = None) -> Awaitable[Any]:
+        """The call, started now if batched (queued for this turn's write; ``sent`` set once it is
+        written: ``Batch.call``), else when awaited (``sent`` is then never set)."""
+        if self.batch is not None:
+            return self.batch.call(self.script, keys, args, sent=sent)
+        return run(self.redis, self.script, keys, args, self.durability)
 
     @property
     def batched(self) -> bool:

@@ -3,13 +3,16 @@ the wake-up of the workers that serve it."""
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import Awaitable, Generator
 from typing import Any, Literal, cast
 
 from msgspec import Struct
 from redis.asyncio import Redis
 from redis.exceptions import OutOfMemoryError
 
+from carmy_worker.loop import first_done, running_loop
 from carmy_worker.store import jobs, keys
 from carmy_worker.store.batch import Batch
 from carmy_worker.store.durable import Durability
@@ -119,8 +122,21 @@ class Submit:
         queue_wait_ms: int, admission_ms: int, reply: str = "", stream: bool = True, quota: Quota = NO_QUOTA,
         via: str = "http", effect: str = "",
     ) -> Submission:
+        """``send``, waited for."""
+        return await self.send(
+            job, group=group, idempotent=idempotent, workers_alive=workers_alive, max_pending=max_pending,
+            queue_wait_ms=queue_wait_ms, admission_ms=admission_ms, reply=reply, stream=stream, quota=quota,
+            via=via, effect=effect)
+
+    def send(
+        self, job: ExecutionJob, *, group: str, idempotent: bool, workers_alive: bool, max_pending: int,
+        queue_wait_ms: int, admission_ms: int, reply: str = "", stream: bool = True, quota: Quota = NO_QUOTA,
+        via: str = "http", effect: str = "", track: bool = False,
+    ) -> Pending:
         """Queue ``job`` for the workers of ``group`` (on their queue in its execution's
-        partition) unless its request id was seen or admission refuses it.
+        partition) unless its request id was seen or admission refuses it: the SUBMIT is on its
+        way when this returns (in this turn's batch), and the ``Pending`` it returns, awaited,
+        is its outcome. With ``track``, ``Pending.written`` says when it has left for Redis.
 
         ``job.arguments`` is the canonical JSON its fingerprint is taken from. It may wait for a
         worker ``queue_wait_ms``; its admission slot is held at most ``admission_ms``. Its events
@@ -151,8 +167,39 @@ class Submit:
             quota.pending, quota.interval_us(), quota.tolerance_us(), "1" if memory is None or memory.room else "",
             job.request_id or "", job.principal or "", via, effect,
         ]
+        sent = running_loop().create_future() if track else None
+        return Pending(self._script.queue(redis_keys, args, sent=sent), sent, memory)
+
+
+class Pending:
+    """A SUBMIT sent (or, not batched, to be sent when awaited): awaited, its ``Submission``."""
+
+    __slots__ = ("_memory", "_reply", "_sent")
+
+    def __init__(self, reply: Awaitable[Any], sent: asyncio.Future[None] | None, memory: StoreMemory | None) -> None:
+        self._reply = reply
+        self._sent = sent
+        self._memory = memory
+
+    async def written(self) -> bool:
+        """Until the SUBMIT has been written to Redis (True), or has failed or been answered
+        first (False: so it is when it was not tracked, or not batched). Redis reads a
+        connection's commands before any a caller could send once told of the execution: from
+        then on, Redis finds the execution, or its refusal, whoever asks."""
+        sent, reply = self._sent, self._reply
+        if sent is None or not isinstance(reply, asyncio.Future):
+            return False
+        if not sent.done() and not reply.done():
+            await first_done(sent, reply)
+        return sent.done()
+
+    def __await__(self) -> Generator[Any, None, Submission]:
+        return self._outcome().__await__()
+
+    async def _outcome(self) -> Submission:
+        memory = self._memory
         try:
-            submission = _parse(await self._script(keys=redis_keys, args=args))
+            submission = _parse(await self._reply)
         except OutOfMemoryError:  # Redis at its maxmemory refused it whole: nothing was written
             if memory is not None:
                 memory.refused(overflow=True)

@@ -449,3 +449,38 @@ async def test_a_follow_up_that_fails_takes_its_error_and_the_call_it_follows_it
     assert order == ["follow-up"]
     assert then.reply is not None and isinstance(then.reply.exception(), ResponseError)
     assert await batch.call(appending, ["l"], ["next"]) == 2  # the connection is fine
+
+
+async def test_a_call_says_when_it_has_been_written_and_never_if_it_failed_first() -> None:
+    """``sent`` is set once the call is on its connection, before Redis answers (a stopped Redis
+    answers nothing, yet the call is written), if Redis has run its script on that connection
+    (else Redis might refuse it, NOSCRIPT, and it would be sent again later); a call whose
+    connection never opens fails without setting it. (The API begins an SSE stream on it:
+    ``Submit.send``.)"""
+    with private_redis() as server:
+        client = redis.asyncio.Redis.from_url(server.url)
+        batch = Batch(client)
+        try:
+            first: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            await batch.call(APPEND, ["warm"], ["x"], sent=first)  # the batch's connection is open
+            assert not first.done()  # Redis had not seen the script: it loaded it, and ran it anew
+            await batch.call(APPEND, ["warm"], ["y"])  # run on the batch's connection this time
+            server.pause()
+            try:
+                sent: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                reply = batch.call(APPEND, ["l"], ["a"], sent=sent)
+                assert not sent.done()  # queued for the end of this turn
+                async with asyncio.timeout(10):
+                    await sent
+                assert not reply.done()  # written, and not answered: Redis is stopped
+            finally:
+                server.resume()
+            assert await reply == 1
+        finally:
+            await client.aclose()
+    dead = redis.asyncio.Redis(host="127.0.0.1", port=1, socket_connect_timeout=1)
+    never: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    with pytest.raises((ConnectionError, OSError)):
+        await Batch(dead).call(APPEND, ["l"], ["a"], sent=never)
+    assert not never.done()
+    await dead.aclose()
