@@ -1,5 +1,6 @@
 """The load: clients that make calls with fresh request ids, each retried with the same
-request id (and the same arguments) until it has a final answer or the patience runs out.
+request id (and the same arguments) until it has a final answer or the patience runs out; and,
+with shares of their turns, jobs, webhook deliveries and streams without a request id.
 
 Every call goes over a fresh connection (no keep-alive): a retry after a server died must not
 reuse a connection to it. Retries back off exponentially with jitter and move to the next API
@@ -24,6 +25,7 @@ from chaos.model import Mode, Request
 if TYPE_CHECKING:
     from chaos.hookload import HookLoad
     from chaos.jobload import JobLoad
+    from chaos.streams import StreamLoad
 
 # The call mix: (tool, share, work in ms). Slow work keeps executions in flight when a fault
 # hits; quick work makes calls many.
@@ -48,10 +50,11 @@ class Load:
     ``jobs``, a share of the clients' turns creates a job instead of making a call."""
 
     def __init__(self, bases: list[str], clients: int, seed: int, patience: float, run_id: str,
-                 jobs: JobLoad | None = None, hooks: HookLoad | None = None) -> None:
+                 jobs: JobLoad | None = None, hooks: HookLoad | None = None, streams: StreamLoad | None = None) -> None:
         self.bases = bases
         self.jobs = jobs
         self.hooks = hooks
+        self.streams = streams
         self.clients = clients
         self.seed = seed
         self.patience = patience
@@ -109,6 +112,9 @@ class Load:
                 continue
             if self.hooks is not None and rng.random() < self.hooks.share:
                 self.hooks.deliver(rng, self.bases[rng.randrange(len(self.bases))])
+                continue
+            if self.streams is not None and rng.random() < self.streams.share:
+                self.streams.call(self.client, rng, self.bases[rng.randrange(len(self.bases))])
                 continue
             request = self._new(rng, "load")
             mode = rng.choices([m for m, _ in MODES], [w for _, w in MODES])[0]

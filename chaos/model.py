@@ -57,6 +57,22 @@ class Request(Struct, kw_only=True):
     attempts: list[Attempt] = []
 
 
+class Stream(Struct, kw_only=True):
+    """One SSE call without a request id (``chaos.streams``): the id ``execution.started`` named,
+    and how the stream ended."""
+
+    t0: float
+    t1: float
+    api: str
+    http: int | None = None  # None: no HTTP answer
+    started: str | None = None  # the execution ``execution.started`` named
+    completed: str | None = None  # the one ``execution.completed`` named (None: the stream was cut off)
+    status: str | None = None
+    code: str | None = None  # the error code of a refusal or of the answer
+    answered: bool = False  # the tool's answer (not a refusal)
+    error: str | None = None  # the transport error
+
+
 class Fault(Struct, kw_only=True):
     """One injected fault: when it began, when its target was whole again, and whom it hit."""
 

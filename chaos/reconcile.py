@@ -44,6 +44,7 @@ from chaos.facts import Facts
 from chaos.hookcheck import HookTable
 from chaos.jobcheck import JobTable
 from chaos.model import Answer, Attempt, Fault, LedgerLine, Request
+from chaos.streams import StreamTable
 
 UNCERTAIN = "EXECUTION_UNCERTAIN"
 
@@ -87,6 +88,7 @@ class Table(Struct, kw_only=True):
     jobs: JobTable | None = None  # chaos.jobcheck's rows, when the load made jobs
     hooks: HookTable | None = None  # chaos.hookcheck's rows, when the load sent webhooks
     audit: AuditTable | None = None  # chaos.auditcheck's rows
+    streams: StreamTable | None = None  # chaos.streams' rows, when the load made streams without a request id
 
     def violations(self) -> dict[str, int]:
         """The broken promises, by row: a run passes when this is empty."""
@@ -98,6 +100,7 @@ class Table(Struct, kw_only=True):
         violated = {name: n for name, n in found.items() if n}
         violated |= self.jobs.violations() if self.jobs else {}
         violated |= self.hooks.violations() if self.hooks else {}
+        violated |= self.streams.violations() if self.streams else {}
         return violated | (self.audit.violations() if self.audit else {})
 
     def about_records(self) -> set[str]:

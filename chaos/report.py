@@ -9,8 +9,9 @@ import msgspec
 from chaos.auditcheck import AuditTable
 from chaos.hookcheck import HookTable
 from chaos.jobcheck import TOLERANCE_MS, JobTable
-from chaos.model import Event, Job, LedgerLine, Request, Trail
+from chaos.model import Event, Job, LedgerLine, Request, Stream, Trail
 from chaos.reconcile import Table, percentile
+from chaos.streams import StreamTable
 
 EXAMPLES = 3  # request ids quoted per violated row
 DOORS, DOOR = 6, 24  # audit entries' doors shown, and the characters of each name
@@ -57,6 +58,7 @@ def rows(table: Table) -> list[tuple[str, str, str]]:
         (f"slow answers ({b.slow:g} s to {b.patience:g} s)", str(table.slow), "info"),
         *(job_rows(table.jobs) if table.jobs else []),
         *(hook_rows(table.hooks) if table.hooks else []),
+        *(stream_rows(table.streams) if table.streams else []),
         *(audit_rows(table.audit) if table.audit else []),
         ("detection time after kill -9, p50 / max",
          f"{_ms(percentile(table.detection, 50))} / {_ms(max(table.detection) if table.detection else None)}"
@@ -119,6 +121,19 @@ def hook_rows(h: HookTable) -> list[tuple[str, str, str]]:
     ]
 
 
+def stream_rows(t: StreamTable) -> list[tuple[str, str, str]]:
+    refused = ", ".join(f"{code} {n}" for code, n in t.refused.items()) or "none"
+    return [
+        ("streams without a request id", f"{t.streams} ({t.ended} ended: {t.answered} answered; refused: {refused}; "
+                                         f"{t.unavailable_recorded} of the STORE_UNAVAILABLE ones recorded after all)",
+         "info"),
+        promise("streams misnamed (execution.completed names another id than execution.started)", t.misnamed),
+        promise("streamed answers without a record of the execution named", t.answered_unrecorded),
+        promise("streamed answers unlike their records (status, code)", t.unlike),
+        promise("streams refused by SUBMIT, yet their execution recorded", t.refused_recorded),
+    ]
+
+
 def doors(by_via: dict[str, int]) -> str:
     """The entries by door, the most common first: a few, each named shortly (a broken trail may
     write anything there, even arguments: a copy broken so on purpose wrote 553 of them)."""
@@ -163,10 +178,11 @@ def text(table: Table, title: str, log_errors: dict[str, int]) -> str:
 
 def evidence(table: Table, requests: list[Request], ledger: list[LedgerLine],
              jobs: list[Job] | None = None, events: list[Event] | None = None,
-             trail: Trail | None = None) -> dict[str, Any]:
+             trail: Trail | None = None, streams: list[Stream] | None = None) -> dict[str, Any]:
     """Everything known of each request or job a violation names: its attempts (a job's creation
     and reads) and its ledger lines (a job's: every attempt's); of each execution the audit rows
-    name, its entries, its record and its ledger lines."""
+    name, its entries, its record and its ledger lines; of each the streams' rows name, its
+    stream and its record."""
     named = {rid for rids in (table.lost, table.duplicated_effects, table.flipped, table.unfounded,
                               table.false_uncertain, table.effects_after_verdict, table.hangs) for rid in rids}
     named |= {rid for pair in table.lock_overlaps for rid in pair.split("/")}
@@ -186,6 +202,12 @@ def evidence(table: Table, requests: list[Request], ledger: list[LedgerLine],
                                  if line.rid == eid or line.rid.startswith(eid + "#")]}
     if table.audit and trail:
         found |= audit_evidence(table.audit, trail, ledger)
+    named = table.streams.named() if table.streams else set()
+    for stream in streams or []:
+        if stream.started in named:
+            found[stream.started] = {"stream": msgspec.to_builtins(stream),
+                                     "record": next((msgspec.to_builtins(r) for r in (trail.records if trail else [])
+                                                     if r.xid == stream.started), None)}
     return found
 
 

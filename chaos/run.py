@@ -3,7 +3,8 @@
 Starts a private Redis (append-only file; with --sentinel a primary, two replicas and three
 Sentinels; with --cluster a Redis Cluster of three primaries and three replicas), API replicas
 and workers serving ``chaos.tools``;
-runs the load (calls, and jobs) while the injector plays faults; heals the cluster, lets the calls
+runs the load (calls, jobs, webhook deliveries and streams without a request id) while the
+injector plays faults; heals the cluster, lets the calls
 in flight finish, asks once more for every request with its request id, reads every job until it
 has finished and twice more, reads the audit trail and every record from Redis; then reconciles
 the answers and the trail with the ledger and prints one table.
@@ -28,7 +29,7 @@ import msgspec
 
 from bench.processes import ROOT, StartError
 from carmy_worker.store import keys
-from chaos import hookload, jobload, ledger, report
+from chaos import hookload, jobload, ledger, report, streams
 from chaos.auditcheck import reconcile_audit
 from chaos.auditread import read_trail
 from chaos.cluster import Cluster
@@ -43,6 +44,7 @@ from chaos.model import FAULT_KINDS, FaultKind, RedisKind
 from chaos.receiver import Receiver
 from chaos.reconcile import Bounds, reconcile
 from chaos.scheduleread import ScheduleSeen, excused_at_kill, read_missed, summary
+from chaos.streams import StreamLoad, reconcile_streams
 from chaos.tools import EXCLUSIVE, HOOK_TOOLS, IDEMPOTENT, JOB_RETRY, JOB_TOOLS, TICK, TICK_GRACE_S
 
 SHORT_S = 72.0  # seconds of load in --short (each default fault once, as a rule): about two minutes in all
@@ -85,6 +87,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--hooks", type=float, default=hookload.SHARE, metavar="SHARE",
                    help=f"share of the clients' turns that deliver a webhook event (default {hookload.SHARE:g}; 0 for "
                    "none)")
+    p.add_argument("--streams", type=float, default=streams.SHARE, metavar="SHARE",
+                   help=f"share of the clients' turns that make one SSE call without a request id (default "
+                   f"{streams.SHARE:g}; 0 for none)")
     p.add_argument("--fsync", choices=["everysec", "always", "no"], default="everysec",
                    help="Redis appendfsync (default everysec, what the README recommends)")
     p.add_argument("--patience", type=float, default=30.0,
@@ -113,8 +118,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         kinds = [] if args.faults == "none" else [k.strip() for k in args.faults.split(",") if k.strip()]
     if (why := refusal(kinds, redis)) is not None:
         p.error(why)
-    if not 0 <= args.jobs <= 1 or not 0 <= args.hooks <= 1 - args.jobs:
-        p.error("--jobs and --hooks are shares of the clients' turns: 0 to 1 together")
+    if not 0 <= args.jobs <= 1 or not 0 <= args.hooks <= 1 - args.jobs or not 0 <= args.streams <= 1:
+        p.error("--jobs and --hooks are shares of the clients' turns: 0 to 1 together; --streams, of what is left")
     if args.wait_replicas and redis == "single":
         p.error("--wait-replicas needs replicas: add --sentinel or --cluster")
     if args.workers < 2 and {"worker-kill", "worker-term", "worker-stop"} & set(kinds):
@@ -167,7 +172,9 @@ def play(args: argparse.Namespace, cluster: Cluster, receiver: Receiver, secrets
     run_id = f"c{uuid.uuid4().hex[:8]}"
     jobs = JobLoad(cluster.bases, args.patience, run_id, share=args.jobs, notify=receiver.url)
     hooks = HookLoad(cluster.bases, args.patience, run_id, secrets, share=args.hooks)
-    load = Load(cluster.bases, args.clients, args.seed, args.patience, run_id=run_id, jobs=jobs, hooks=hooks)
+    unnamed = StreamLoad(share=args.streams)
+    load = Load(cluster.bases, args.clients, args.seed, args.patience, run_id=run_id, jobs=jobs, hooks=hooks,
+                streams=unnamed)
     jobs.start()
     load.start()
     injector = Injector(cluster, cast(list[FaultKind], args.kinds), args.seed, load.burst, started)
@@ -201,9 +208,11 @@ def play(args: argparse.Namespace, cluster: Cluster, receiver: Receiver, secrets
         excused_at_kill(table.jobs, missed, facts)
     table.hooks = reconcile_hooks(hooks.events, lines, HOOK_TOOLS, jobs.jobs, list(receiver.callbacks))
     table.audit = reconcile_audit(trail, requests, hooks.events, jobs.jobs, lines, facts)
+    table.streams = reconcile_streams(unnamed.streams, trail.records)
     log_errors = cluster.log_errors()
     title = (f"chaos check at {at}: seed {args.seed}, {args.duration:g} s of load, {args.clients} clients "
-             f"({args.jobs:.0%} of turns jobs, {args.hooks:.0%} webhooks), "
+             f"({args.jobs:.0%} of turns jobs, {args.hooks:.0%} webhooks, {args.streams:.0%} streams without "
+             "a request id), "
              f"{args.workers} workers, {args.apis} APIs, appendfsync {args.fsync}"
              + (f", Sentinel with {REPLICAS} replicas, WAIT {args.wait_replicas}" if args.sentinel else "")
              + (f", Redis Cluster (3 primaries, 3 replicas), WAIT {args.wait_replicas}" if args.cluster else "")
@@ -214,13 +223,14 @@ def play(args: argparse.Namespace, cluster: Cluster, receiver: Receiver, secrets
         print("\n".join(f"- {summary(o)}" for o in missed.occurrences))
     if args.out:
         run: dict[str, Any] = {"commit": at, "seed": args.seed, "duration": args.duration,
-                               "clients": args.clients, "jobs": args.jobs, "hooks": args.hooks, "workers": args.workers,
+                               "clients": args.clients, "jobs": args.jobs, "hooks": args.hooks,
+                               "streams": args.streams, "workers": args.workers,
                                "apis": args.apis,
                                "fsync": args.fsync, "faults": args.kinds, "sentinel": args.sentinel,
                                "cluster": args.cluster, "partitions": args.partitions,
                                "wait_replicas": args.wait_replicas,
                                "injected": msgspec.to_builtins(injector.faults)}
-        proof = report.evidence(table, requests, lines, jobs.jobs, hooks.events, trail)
+        proof = report.evidence(table, requests, lines, jobs.jobs, hooks.events, trail, unnamed.streams)
         if missed is not None:
             proof["schedule"] = msgspec.to_builtins(missed)
         args.out.write_bytes(report.as_json(table, run, proof, log_errors))

@@ -8,6 +8,7 @@ idempotent or not, async or sync (a thread), and one tool that is not ``parallel
 The jobs' tools (``job_put``, ``job_charge``, and ``tick`` on a schedule firing every second)
 write the same lines; a run that fails on purpose writes ``failed`` instead of ``effect``.
 Which attempt of its job a run is, the checker reads from its request id (``chaos.model.attempt_of``).
+``named``, called without a request id (``chaos.streams``), writes none.
 """
 
 from __future__ import annotations
@@ -163,6 +164,18 @@ async def hook_charge(ctx: Context, input: Work) -> Receipt:
 async def hook_job(ctx: Context, input: Flaky) -> JobReceipt:
     """Run by a webhook in mode ``job``: the job's request id is the event id."""
     return await _job_work(ctx, "hook_job", input)
+
+
+# Streams without a request id -------------------------------------------------------------------
+
+
+@tools.tool(effect="write", idempotent=True, parallel_safe=True, timeout=TIMEOUT)
+async def named(ctx: Context, input: Work) -> Receipt:
+    """Called over SSE without a request id (``chaos.streams``): the check is about the id its
+    stream names and the record of that id, so it keeps no ledger line (every other tool's line
+    carries the request id the checks group by)."""
+    await asyncio.sleep(input.ms / 1000)
+    return Receipt(pid=os.getpid())
 
 
 tools.schedule(TICK, cron="* * * * * *", tool="tick", arguments={"ms": 10}, grace=TICK_GRACE_S)
