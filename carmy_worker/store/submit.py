@@ -185,12 +185,18 @@ class Pending:
         """Until the SUBMIT has been written to Redis (True), or has failed or been answered
         first (False: so it is when it was not tracked, or not batched). Redis reads a
         connection's commands before any a caller could send once told of the execution: from
-        then on, Redis finds the execution, or its refusal, whoever asks."""
+        then on, whoever asks Redis about it asks after the SUBMIT has run. Cancelled before the
+        SUBMIT was written, it is never sent."""
         sent, reply = self._sent, self._reply
         if sent is None or not isinstance(reply, asyncio.Future):
             return False
         if not sent.done() and not reply.done():
-            await first_done(sent, reply)
+            try:
+                await first_done(sent, reply)
+            except asyncio.CancelledError:
+                if not sent.done():  # as for a caller cancelled while awaiting it: never sent, never run
+                    reply.cancel()
+                raise
         return sent.done()
 
     def __await__(self) -> Generator[Any, None, Submission]:
