@@ -56,20 +56,29 @@ def first_event_id(sock: socket.socket) -> tuple[str, bytes]:
 
 def test_each_execution_named_by_a_first_event_is_found_at_once(fresh_stack: Stack) -> None:
     """Told its id, a client that asks about the execution at once finds it: SUBMIT was written
-    to Redis before the frame, and Redis reads it first."""
+    to Redis before the frame, and Redis reads it first. (A call SUBMIT refused, which a busy
+    machine can bring about, NO_WORKERS say, names an execution nothing recorded: its stream
+    says so.)"""
     fresh_stack.worker()
     _, base = fresh_stack.api()
     wait_until(lambda: '"noop"' in httpx.get(base + "/agent/tools").text)
+    accepted = 0
     with httpx.Client(base_url=base, timeout=30) as client:
         for i in range(40):
             with open_stream(base, {"tool": "noop", "arguments": {}}) as sock:
                 exec_id, got = first_event_id(sock)
                 found = client.get(f"/agent/executions/{exec_id}")
-                assert found.status_code in (200, 202), (i, exec_id, found.text)  # done, or still going
                 events = events_of(read_until(sock, _END, got))
+            assert {data["execution_id"] for _, data in events} == {exec_id}
+            final = events[-1][1]
+            if "error" in final and [name for name, _ in events] == ["execution.started", "execution.completed"]:
+                assert found.status_code == 404, (i, found.text, events)  # refused: nothing recorded
+                continue
+            assert found.status_code in (200, 202), (i, exec_id, found.text, events)  # done, or still going
             assert [name for name, _ in events] == ["execution.started", "tool.started", "tool.completed",
                                                     "execution.completed"]
-            assert {data["execution_id"] for _, data in events} == {exec_id}
+            accepted += 1
+    assert accepted >= 20
 
 
 def test_a_stream_whose_submit_goes_unanswered_ends_for_the_execution_it_named() -> None:
