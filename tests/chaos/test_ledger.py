@@ -38,7 +38,7 @@ def test_lines_from_many_threads_come_back_whole(tmp_path: Path) -> None:
 def test_the_tool_mix() -> None:
     assert IDEMPOTENT == {"charge": False, "charge_sync": False, "put": True, "put_sync": True, "serial": False,
                           "job_put": True, "job_charge": False, "tick": False, "hook_charge": False,
-                          "hook_job": False}
+                          "hook_job": False, "named": True}
     assert sorted(EXCLUSIVE) == ["serial"]
     assert set(IDEMPOTENT) >= JOB_TOOLS
     assert [(s.name, s.cron, s.tool) for s in tools.schedules] == [(TICK, "* * * * * *", "tick")]
