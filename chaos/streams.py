@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import random
 import time
+from collections import Counter
 from collections.abc import Iterable
 
 import httpx
@@ -110,10 +111,7 @@ def reconcile_streams(streams: list[Stream], records: list[RecordSeen]) -> Strea
     """The rows, from what each stream said and the records read at the end."""
     by_id = {record.xid: record for record in records}
     ended = [s for s in streams if s.completed is not None and s.started is not None]
-    refused: dict[str, int] = {}
-    for s in ended:
-        if not s.answered:
-            refused[s.code or "-"] = refused.get(s.code or "-", 0) + 1
+    refused = Counter(s.code or "-" for s in ended if not s.answered)
     answered = [s for s in ended if s.answered]
     return StreamTable(
         streams=len(streams), ended=len(ended), answered=len(answered), refused=dict(sorted(refused.items())),

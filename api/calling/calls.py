@@ -88,13 +88,14 @@ class Calls:
         # a principal with a quota, its home partition, where SUBMIT checks the quota (store/quota.py).
         homed = self.executions.settings.quotas.of(agent.principal).bounded
         exec_id = keys.new_execution_id(keys.request_partition(agent.principal, agent.session, request_id, homed=homed))
-        early = announce is not None and follow and request_id is None
+        if not follow or request_id is not None:
+            announce = None
         with self._expect(exec_id, follow) as messages:
             pending = self.executions.submit(
                 exec_id=exec_id, tool=tool, arguments=canonical_json_encoder.encode(arguments),
                 request_id=request_id, agent=agent, reply=self.hub.channel_for(exec_id), stream=follow and stream,
-                traceparent=traceparent, via=via, track=early)
-            if early and announce is not None and await pending.written():
+                traceparent=traceparent, via=via, track=announce is not None)
+            if announce is not None and await pending.written():
                 await announce(exec_id, messages)
             sub = await pending
             if sub.kind == "store_full":

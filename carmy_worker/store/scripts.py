@@ -177,9 +177,7 @@ class Runs:
         self.batch = batch if self.durability is None else None
 
     async def __call__(self, keys: list[Any], args: list[Any]) -> Any:
-        if self.batch is not None:
-            return await self.batch.call(self.script, keys, args)
-        return await run(self.redis, self.script, keys, args, self.durability)
+        return await self.queue(keys, args)
 
     def queue(self, keys: list[Any], args: list[Any], *,
               sent: asyncio.Future[None] | None = None) -> Awaitable[Any]:

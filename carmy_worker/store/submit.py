@@ -167,7 +167,8 @@ class Submit:
             quota.pending, quota.interval_us(), quota.tolerance_us(), "1" if memory is None or memory.room else "",
             job.request_id or "", job.principal or "", via, effect,
         ]
-        sent = running_loop().create_future() if track else None
+        # Only a batched call says when it has left: another is sent when awaited.
+        sent = running_loop().create_future() if track and self._script.batched else None
         return Pending(self._script.queue(redis_keys, args, sent=sent), sent, memory)
 
 
@@ -188,8 +189,9 @@ class Pending:
         then on, whoever asks Redis about it asks after the SUBMIT has run. Cancelled before the
         SUBMIT was written, it is never sent."""
         sent, reply = self._sent, self._reply
-        if sent is None or not isinstance(reply, asyncio.Future):
+        if sent is None:
             return False
+        assert isinstance(reply, asyncio.Future)  # tracked: a batched call's future (Submit.send)
         if not sent.done() and not reply.done():
             try:
                 await first_done(sent, reply)
