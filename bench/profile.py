@@ -1,8 +1,10 @@
-"""``python -m bench.profile [--seconds 20] [--clients 64] [--workers 2] [--tool noop] [--partitions 1]
-[--out DIR]``: where an execution's time goes, under the benchmark's load (bench/README.md, "Where the time goes").
+"""``python -m bench.profile [--seconds 20] [--clients 64] [--workers 2] [--tool noop | --bytes N]
+[--partitions 1] [--out DIR]``: where an execution's time goes, under the benchmark's load
+(bench/README.md, "Where the time goes").
 
 Starts a private redis-server, ``--workers`` workers of ``bench.tools`` and one API, drives
-``POST /agent/execute`` (no-op) with wrk, and meanwhile samples the API and the first worker with
+``POST /agent/execute`` (no-op, or with ``--bytes`` the echo tool with a body of N bytes) with wrk,
+and meanwhile samples the API and the first worker with
 ``py-spy record`` (raw, collapsed stacks, idle frames left out). Prints, per process, the share
 of its samples spent in each frame (inclusive), and the Redis commands per execution from
 ``INFO commandstats`` deltas (calls and µs of Redis CPU). Needs ``py-spy`` on PATH or in the venv.
@@ -23,9 +25,11 @@ from pathlib import Path
 import redis
 
 from bench import wrk
+from bench.cost_rows import BIG_RESULT
 from bench.processes import RedisServer
 from bench.procs import Processes, cpu_seconds
 from bench.scenarios import WORKER_CONCURRENCY, execute
+from bench.sizes import call, echo_arguments
 from carmy_worker.store.scripts import Script
 
 
@@ -117,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=64)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--tool", default="noop", help="a tool of bench.tools, e.g. sleep50 (the scale-out rows')")
+    parser.add_argument("--bytes", type=int, default=0,
+                        help="call the echo tool with a body of this many bytes instead (the cost_payload row's call)")
     parser.add_argument("--partitions", type=int, default=1,
                         help="CARMY_REDIS_PARTITIONS of every process (all on the one redis-server)")
     parser.add_argument("--rate", type=int, default=100, help="py-spy samples per second")
@@ -132,10 +138,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with Processes(workdir, server.url, "profile") as procs:
             partitions = {"CARMY_REDIS_PARTITIONS": str(args.partitions)}
-            workers = [procs.carmy_worker(env={"CARMY_CONCURRENCY": str(WORKER_CONCURRENCY), **partitions})
-                       for _ in range(args.workers)]
-            api, base = procs.carmy_api(env=partitions, tool=args.tool)
-            request = execute(args.tool)
+            tool = "echo" if args.bytes else args.tool
+            worker_env = {"CARMY_CONCURRENCY": str(WORKER_CONCURRENCY), **partitions, **BIG_RESULT}
+            workers = [procs.carmy_worker(env=worker_env) for _ in range(args.workers)]
+            api, base = procs.carmy_api(env=partitions, tool=tool)
+            request = call(tool, echo_arguments(args.bytes)) if args.bytes else execute(tool)
             wrk.run(base, request, clients=args.clients, seconds=2, workdir=workdir)  # warm-up
             targets = {"api": api, "worker": workers[0]}
             spies = {name: subprocess.Popen(

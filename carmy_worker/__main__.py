@@ -11,7 +11,7 @@ import sys
 from collections.abc import Coroutine
 from typing import Any
 
-from carmy_worker import collector, logs
+from carmy_worker import collector, heap, logs
 from carmy_worker.openapi import cli, register  # the document validator itself loads only for --openapi
 from carmy_worker.runtime.service import serve
 from carmy_worker.sdk.toolbox import Tool, Toolbox, ToolDefinitionError
@@ -100,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"carmy_worker: {exc}", file=sys.stderr)
         return 2
     collector.for_serving()
+    heap.keep_freed_memory()
     try:
         run(serve(tools, settings, connector, schedules=schedules))
     except SettingsError as exc:  # found at start (a Redis too old to run the store's scripts)

@@ -32,7 +32,7 @@ from api.serving import departure
 from api.serving.halfclose import ResetProbe
 from api.serving.onewrite import OneWriteCycle
 from api.settings import ApiSettings
-from carmy_worker import collector
+from carmy_worker import collector, heap
 from carmy_worker.sdk.errors import error
 from carmy_worker.wire import EnvelopeError, json_encoder
 
@@ -317,4 +317,5 @@ class Server(uvicorn.Server):
 def run(app: ASGIApp, settings: ApiSettings) -> None:
     """Serve ``app`` until SIGINT or SIGTERM (exits the process if it cannot start)."""
     collector.for_serving()
+    heap.keep_freed_memory()
     Server(config(app, settings)).run()
