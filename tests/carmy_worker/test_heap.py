@@ -9,7 +9,11 @@ import sys
 
 import pytest
 
-from carmy_worker import heap
+from api.app import create_app
+from api.serving import server
+from api.settings import ApiSettings
+from carmy_worker import __main__ as worker_main
+from carmy_worker import collector, heap, logs
 
 pytestmark = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc only")
 
@@ -60,3 +64,33 @@ def test_thresholds_the_user_set_are_left_as_they_are(environ: dict[str, str]) -
 
 def test_other_tunables_do_not_count_as_the_thresholds() -> None:
     assert not heap.set_by_user({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2", "MALLOC_ARENA_MAX": "2"})
+
+
+@pytest.fixture
+def serving(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """What a process does at start to serve, recorded instead of done (the collector's settings
+    and the heap's are the test process's too)."""
+    done: list[str] = []
+    monkeypatch.setattr(collector, "for_serving", lambda: done.append("collector"))
+    monkeypatch.setattr(heap, "keep_freed_memory", lambda: done.append("heap") or True)
+    return done
+
+
+def test_a_worker_keeps_the_memory_it_frees(serving: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(worker_main, "run", lambda coro: coro.close())  # built, never served
+    monkeypatch.setattr(logs, "configure", lambda log_format: None)  # the test process's logging stays
+    assert worker_main.main(["examples.shop"]) == 0
+    assert "heap" in serving
+
+
+def test_the_api_keeps_the_memory_it_frees(serving: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    class Unserved:
+        def __init__(self, config: object) -> None:
+            pass
+
+        def run(self) -> None:
+            serving.append("served")
+
+    monkeypatch.setattr(server, "Server", Unserved)
+    server.run(create_app(ApiSettings.from_env({})), ApiSettings.from_env({}))
+    assert serving == ["collector", "heap", "served"]
