@@ -139,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
         with Processes(workdir, server.url, "profile") as procs:
             partitions = {"CARMY_REDIS_PARTITIONS": str(args.partitions)}
             tool = "echo" if args.bytes else args.tool
-            worker_env = {"CARMY_CONCURRENCY": str(WORKER_CONCURRENCY), **partitions, **BIG_RESULT}
+            worker_env = {"CARMY_CONCURRENCY": str(WORKER_CONCURRENCY), **partitions,
+                          **(BIG_RESULT if args.bytes else {})}
             workers = [procs.carmy_worker(env=worker_env) for _ in range(args.workers)]
             api, base = procs.carmy_api(env=partitions, tool=tool)
             request = call(tool, echo_arguments(args.bytes)) if args.bytes else execute(tool)

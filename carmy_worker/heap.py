@@ -35,14 +35,14 @@ TRIM_THRESHOLD = 64 * MIB
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
 
-_OVERRIDES = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TOP_PAD_")
+_OVERRIDES = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_")
 
 
 def set_by_user(environ: Mapping[str, str]) -> bool:
     """Whether the environment already tells glibc's malloc its thresholds."""
     tunables = environ.get("GLIBC_TUNABLES", "")
     return any(name in environ for name in _OVERRIDES) or any(
-        name in tunables for name in ("malloc.trim_threshold", "malloc.mmap_threshold", "malloc.top_pad"))
+        name in tunables for name in ("malloc.trim_threshold", "malloc.mmap_threshold"))
 
 
 def keep_freed_memory(environ: Mapping[str, str] = os.environ) -> bool:

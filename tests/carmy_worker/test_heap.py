@@ -63,7 +63,8 @@ def test_thresholds_the_user_set_are_left_as_they_are(environ: dict[str, str]) -
 
 
 def test_other_tunables_do_not_count_as_the_thresholds() -> None:
-    assert not heap.set_by_user({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2", "MALLOC_ARENA_MAX": "2"})
+    assert not heap.set_by_user({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2:glibc.malloc.top_pad=0",
+                                 "MALLOC_ARENA_MAX": "2", "MALLOC_TOP_PAD_": "0"})
 
 
 @pytest.fixture
@@ -92,5 +93,6 @@ def test_the_api_keeps_the_memory_it_frees(serving: list[str], monkeypatch: pyte
             serving.append("served")
 
     monkeypatch.setattr(server, "Server", Unserved)
-    server.run(create_app(ApiSettings.from_env({})), ApiSettings.from_env({}))
+    settings = ApiSettings.from_env({})
+    server.run(create_app(settings), settings)
     assert serving == ["collector", "heap", "served"]
