@@ -38,6 +38,11 @@ MIX: tuple[tuple[str, float, tuple[int, int]], ...] = (
 )
 MODES: tuple[tuple[Mode, float], ...] = (("json", 0.5), ("sse", 0.25), ("async", 0.25))
 ATTEMPT_S = 30.0  # longest single attempt; a wait past it is retried (the execution is joined)
+# Every this many calls, one carries arguments over the size the API stages before SUBMIT
+# (store.submit.STAGE_BYTES): the staged SET and the SUBMIT that renames it meet the faults too.
+# Chosen by the call's number, not drawn, so a seed's mix of tools is what it was.
+LARGE_EVERY = 40
+PAD_BYTES = 80 * 1024
 
 
 def new_client() -> httpx.Client:
@@ -101,7 +106,10 @@ class Load:
         tool, work = pick_tool(rng, kind)
         with self._ids_lock:
             n = next(self._ids)
-        request = Request(rid=f"{self.run_id}-{n}", tool=tool, args={"ms": work}, kind=kind, first=time.time())
+        args = {"ms": work}
+        if n % LARGE_EVERY == LARGE_EVERY - 1:
+            args["pad"] = PAD_BYTES  # the size: chaos.calls sends that many bytes of padding
+        request = Request(rid=f"{self.run_id}-{n}", tool=tool, args=args, kind=kind, first=time.time())
         self.requests.append(request)  # list.append is atomic under the GIL
         return request
 

@@ -123,6 +123,12 @@ def job_key(exec_id: str) -> str:
     return job_key_prefix(keys.partition_of(exec_id)) + exec_id
 
 
+def staged_job_key(exec_id: str) -> str:
+    """Where the API writes a large job before its SUBMIT, which renames it to ``job_key`` (or
+    drops it, refused): ``store.submit``, ``STAGE_BYTES``."""
+    return f"{keys.partition_prefix(keys.partition_of(exec_id))}staged:{exec_id}"
+
+
 def in_progress_key(exec_id: str) -> str:
     """A worker's lease on a job (arq's in-progress key)."""
     return in_progress_key_prefix(keys.partition_of(exec_id)) + exec_id

@@ -4,13 +4,14 @@ the wake-up of the workers that serve it."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Generator
 from typing import Any, Literal, cast
 
 from msgspec import Struct
 from redis.asyncio import Redis
-from redis.exceptions import OutOfMemoryError
+from redis.exceptions import OutOfMemoryError, RedisError
 
 from carmy_worker.loop import first_done, running_loop
 from carmy_worker.store import jobs, keys
@@ -23,8 +24,9 @@ from carmy_worker.store.scripts import Script, bind
 from carmy_worker.wire import ExecutionJob, Record, msgpack_encoder, record_decoder
 
 # KEYS: exe, pending, queued, arq job, arq queue, principal's pending set, principal's bucket,
-#       [idempotency]: all of the execution's partition (its queue and wake list: the group's there)
-# ARGV: exec_id, fingerprint, arq job bytes, retention s, max pending, admission deadline ms,
+#       staged job, [idempotency]: all of the execution's partition (its queue and wake list: the
+#       group's there)
+# ARGV: exec_id, fingerprint, arq job bytes ('' if staged), retention s, max pending, admission deadline ms,
 #       queue wait ms, workers alive (1/0), tool, owner, idempotent (1/0), record prefix, wake list,
 #       reply channel ('' for the execution's own channel: lua.EMIT), '1' if the caller streams,
 #       the principal's pending limit (0: none), its bucket's interval and tolerance (µs; 0: no rate),
@@ -33,9 +35,18 @@ from carmy_worker.wire import ExecutionJob, Record, msgpack_encoder, record_deco
 # A request id seen before is answered (replay, join, conflict) before any limit: a retry of an
 # accepted call always gets its answer, and is never charged. Redis at its maxmemory refuses the
 # whole script (lua.NEW_WORK): Submit answers store_full then too.
+# A large job (STAGE_BYTES) is not an argument: the API has written it to the staged key
+# already, and the job is that key renamed (a value moved, not copied), or the staged key is
+# dropped with any answer but `new`. Redis 7.0's Lua hashes every byte of every string it is
+# handed, about 1.2 ns a byte, on Redis's one thread: a megabyte argument cost 1.5 ms of it, a
+# plain SET of it 0.3 ms (bench/README.md, "The cost per byte"). Staged but gone (it outlived its
+# TTL, or a failover or a slot's move lost it before SUBMIT ran): `unstaged`, nothing written,
+# and the API sends the job inline.
 SUBMIT = Script("SUBMIT", NEW_WORK + NOW + jobs.WAKE_ONE + QUOTA + """
-if #KEYS == 8 then
-  local held = redis.call('GET', KEYS[8])
+local staged = ARGV[3] == ''
+local function submit()
+if #KEYS == 9 then
+  local held = redis.call('GET', KEYS[9])
   if held then
     local sep = string.find(held, ' ', 1, true)
     local other = string.sub(held, 1, sep - 1)
@@ -45,6 +56,7 @@ if #KEYS == 8 then
     return {'join', other}
   end
 end
+if staged and redis.call('EXISTS', KEYS[8]) == 0 then return {'unstaged'} end
 if ARGV[8] ~= '1' then return {'no_workers'} end
 if ARGV[19] ~= '1' then return {'store_full'} end
 local limit, interval = tonumber(ARGV[16]), tonumber(ARGV[17])
@@ -58,8 +70,8 @@ redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now_s)
 local pending = redis.call('ZCARD', KEYS[2])
 if pending >= tonumber(ARGV[5]) then return {'full', tostring(pending)} end
 local retention = ARGV[4]
-if #KEYS == 8 then
-  redis.call('SET', KEYS[8], ARGV[1] .. ' ' .. ARGV[2], 'EX', retention)
+if #KEYS == 9 then
+  redis.call('SET', KEYS[9], ARGV[1] .. ' ' .. ARGV[2], 'EX', retention)
 end
 local start_by = int(now + tonumber(ARGV[7]))
 local fields = {'tool', ARGV[9], 'owner', ARGV[10], 'idem', ARGV[11], 'state', 'queued', 'attempt', '0',
@@ -77,11 +89,30 @@ if limit > 0 or interval > 0 then
   quota_charge(KEYS[1], ARGV[1], KEYS[6], KEYS[7], limit, interval, now_us, deadline, tonumber(ARGV[6]))
 end
 redis.call('ZADD', KEYS[3], start_by, ARGV[1])
-redis.call('SET', KEYS[4], ARGV[3], 'EX', retention)
+if staged then
+  redis.call('RENAME', KEYS[8], KEYS[4])
+  redis.call('EXPIRE', KEYS[4], retention)
+else
+  redis.call('SET', KEYS[4], ARGV[3], 'EX', retention)
+end
 redis.call('ZADD', KEYS[5], now_s, ARGV[1])
 wake_one(ARGV[13])
 return {'new', ARGV[1]}
+end
+local answer = submit()
+if staged and answer[1] ~= 'new' then redis.call('DEL', KEYS[8]) end
+return answer
 """)
+
+# A job this large (arq's bytes: the arguments and a few dozen more) is written to its staged key
+# before SUBMIT (see SUBMIT): a round trip more, which at 64 KiB costs the API and Redis about
+# what the bytes' trip through Lua would have cost Redis alone (bench/README.md, "Large
+# arguments staged").
+STAGE_BYTES = 64 * 1024
+# A staged job that SUBMIT never reached (its API process died between the two, or Redis refused
+# SUBMIT at its memory limit after taking the SET) is gone this long after. SUBMIT follows the
+# SET at once; a later one finds the key gone and the job is sent again inline.
+STAGE_TTL_MS = 60_000
 
 SubmitKind = Literal["new", "join", "replay", "conflict", "full", "limited", "no_workers", "store_full"]
 
@@ -114,6 +145,7 @@ class Submit:
                  memory: StoreMemory | None = None) -> None:
         # An API process under load submits many clients' calls at once: one write for them all.
         self._script = bind(redis, SUBMIT, durability=durability, batch=Batch(redis))
+        self._redis = redis
         self.retention = retention
         self.memory = memory
 
@@ -153,7 +185,8 @@ class Submit:
         # A principal with a quota has every execution drawn into its home partition, where its
         # quota's keys are (``keys.request_partition``); another's are named here and never written.
         redis_keys = [keys.execution(exec_id), keys.pending(partition), keys.queued(partition), jobs.job_key(exec_id),
-                      queue, keys.quota_pending(owner, partition), keys.quota_bucket(owner, partition)]
+                      queue, keys.quota_pending(owner, partition), keys.quota_bucket(owner, partition),
+                      jobs.staged_job_key(exec_id)]
         if job.request_id is not None:
             redis_keys.append(keys.idempotency(job.principal, job.session, job.request_id, partition))
         arq_job = jobs.encode_job(msgpack_encoder.encode(job), int(time.time() * 1000))
@@ -169,7 +202,26 @@ class Submit:
         ]
         # Only a batched call says when it has left: another is sent when awaited.
         sent = running_loop().create_future() if track and self._script.batched else None
-        return Pending(self._script.queue(redis_keys, args, sent=sent), sent, memory)
+        if len(arq_job) < STAGE_BYTES:
+            return Pending(self._script.queue(redis_keys, args, sent=sent), sent, memory)
+        return Pending(running_loop().create_task(self._staged(redis_keys, args, sent)), sent, memory)
+
+    async def _staged(self, redis_keys: list[Any], args: list[Any], sent: asyncio.Future[None] | None) -> Any:
+        """SUBMIT of a large job: the job written to its staged key first (a round trip more,
+        and none of its bytes through Lua), then SUBMIT, which renames it; sent inline again if
+        SUBMIT found the staged key gone."""
+        job, stage = args[2], redis_keys[7]
+        try:
+            await self._redis.set(stage, job, px=STAGE_TTL_MS)
+            answer = await self._script.queue(redis_keys, [*args[:2], "", *args[3:]], sent=sent)
+        except OutOfMemoryError:
+            # SUBMIT refused whole (or the SET itself): nothing dropped the staged job but this.
+            with contextlib.suppress(RedisError, OSError):
+                await self._redis.delete(stage)
+            raise
+        if text(answer[0]) != "unstaged":
+            return answer
+        return await self._script.queue(redis_keys, args)
 
 
 class Pending:

@@ -1,0 +1,171 @@
+"""A large job's SUBMIT (``submit.STAGE_BYTES``): the job is written to a staged key by a plain
+SET, and SUBMIT renames it, so that its bytes never cross into Lua; every answer but ``new``
+drops the staged key, and a staged key gone before SUBMIT ran sends the job inline."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import msgspec
+import pytest
+import redis
+import redis.asyncio
+
+from carmy_worker.store import jobs, keys
+from carmy_worker.store.submit import STAGE_BYTES, Submission, Submit
+from carmy_worker.wire import ExecutionJob, msgpack_encoder
+from tests.support import private_redis
+
+RETENTION = 600
+GROUP = "g"
+PARTITION = 0
+BIG = b'{"blob":"' + b"x" * STAGE_BYTES + b'"}'
+QUEUE = jobs.queue_name(GROUP, PARTITION)
+
+
+@pytest.fixture
+def server() -> Iterator[Any]:
+    """A Redis of its own: its SLOWLOG shows what every command was sent."""
+    with private_redis() as server:
+        yield server
+
+
+@pytest.fixture
+def r(server: Any) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(server.url)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+async def ar(server: Any) -> AsyncIterator[redis.asyncio.Redis]:
+    client = redis.asyncio.Redis.from_url(server.url)
+    yield client
+    await client.aclose()
+
+
+def job(arguments: bytes = BIG, request_id: str | None = None) -> ExecutionJob:
+    return ExecutionJob(execution_id=keys.new_execution_id(PARTITION), tool="echo", arguments=arguments,
+                        request_id=request_id)
+
+
+async def submit(client: Submit, j: ExecutionJob, *, workers_alive: bool = True, max_pending: int = 10) -> Submission:
+    return await client(j, group=GROUP, idempotent=False, workers_alive=workers_alive,
+                        max_pending=max_pending * keys.partition_count(), queue_wait_ms=60_000, admission_ms=60_000)
+
+
+def staged_keys(r: redis.Redis) -> list[bytes]:
+    return list(r.scan_iter(match="*staged:*"))
+
+
+def commands(r: redis.Redis) -> list[list[bytes]]:
+    """Every command Redis ran since the SLOWLOG was reset, a script's own among them, oldest
+    first (as SLOWLOG keeps them: long arguments cut to 128 bytes, with a note of how many more)."""
+    return [entry["command"].split(b" ") for entry in reversed(r.slowlog_get(1000))]
+
+
+async def test_a_large_job_is_renamed_into_place_and_never_sent_as_a_script_argument(
+        r: redis.Redis, ar: redis.asyncio.Redis) -> None:
+    r.config_set("slowlog-log-slower-than", 0)
+    r.slowlog_reset()
+    j = job()
+    assert await submit(Submit(ar, retention=RETENTION), j) == Submission("new", j.execution_id)
+
+    stored = r.get(jobs.job_key(j.execution_id))
+    assert stored is not None
+    decoded = msgspec.msgpack.decode(stored)
+    assert stored == jobs.encode_job(msgpack_encoder.encode(j), decoded["et"])  # as an inline SUBMIT writes it
+    assert RETENTION - 1 <= r.ttl(jobs.job_key(j.execution_id)) <= RETENTION  # not the staged key's TTL
+    assert staged_keys(r) == []
+    assert r.zscore(QUEUE, j.execution_id) is not None and r.llen(jobs.wake_list(QUEUE)) == 1
+    ran = commands(r)
+    sets = [c for c in ran if c[0] == b"SET" and c[1] == jobs.staged_job_key(j.execution_id).encode()]
+    scripts = [c for c in ran if c[0] == b"EVALSHA" and len(c) > 14]
+    assert len(sets) == 1 and b"more bytes" in b" ".join(sets[0])  # the job went in the SET
+    # and not in SUBMIT (tried once more after the script was loaded: this Redis never saw it)
+    assert scripts and all(b"more bytes" not in b" ".join(c) for c in scripts)
+
+
+async def test_a_small_job_goes_inline(r: redis.Redis, ar: redis.asyncio.Redis) -> None:
+    r.config_set("slowlog-log-slower-than", 0)
+    r.slowlog_reset()
+    j = job(b'{"n":1}')
+    assert (await submit(Submit(ar, retention=RETENTION), j)).kind == "new"
+    assert r.get(jobs.job_key(j.execution_id)) is not None
+    assert not [c for c in commands(r) if c[0] == b"SET" and b"staged:" in c[1]]  # SUBMIT alone
+
+
+@pytest.mark.parametrize("refusal", ["full", "no_workers", "join", "conflict"])
+async def test_every_refusal_drops_the_staged_job(r: redis.Redis, ar: redis.asyncio.Redis, refusal: str) -> None:
+    client = Submit(ar, retention=RETENTION)
+    first = job(request_id="rid-1")
+    assert (await submit(client, first, max_pending=1)).kind == "new"
+    before = sorted(r.keys())
+    if refusal == "full":
+        again = await submit(client, job(), max_pending=1)
+    elif refusal == "no_workers":
+        again = await submit(client, job(), workers_alive=False)
+    elif refusal == "join":
+        again = await submit(client, job(request_id="rid-1"))
+    else:
+        again = await submit(client, job(BIG + b" ", request_id="rid-1"))
+    assert again.kind == refusal
+    assert sorted(r.keys()) == before  # the refused call's staged job is gone, and nothing else was written
+
+
+async def test_a_staged_job_gone_before_submit_ran_is_sent_inline(r: redis.Redis, ar: redis.asyncio.Redis) -> None:
+    """As when the staged key outlived its TTL, or a failover or a slot's move lost it."""
+
+    class LosesTheSet:
+        async def set(self, *_: Any, **__: Any) -> None:
+            return None
+
+    client = Submit(ar, retention=RETENTION)
+    client._redis = LosesTheSet()  # type: ignore[assignment]
+    j = job()
+    assert await submit(client, j) == Submission("new", j.execution_id)
+    stored = r.get(jobs.job_key(j.execution_id))
+    assert stored is not None and msgspec.msgpack.decode(stored)["a"][0] == msgpack_encoder.encode(j)
+    assert r.zcard(QUEUE) == 1 and r.llen(jobs.wake_list(QUEUE)) == 1  # queued once
+
+
+async def test_submit_with_a_staged_job_missing_writes_nothing(r: redis.Redis, ar: redis.asyncio.Redis) -> None:
+    """The script's side of the above: ``unstaged``, and no execution, admission or queue entry."""
+    client = Submit(ar, retention=RETENTION)
+    j = job()
+    exec_id = j.execution_id
+    redis_keys = [keys.execution(exec_id), keys.pending(PARTITION), keys.queued(PARTITION), jobs.job_key(exec_id),
+                  QUEUE, keys.quota_pending("o", PARTITION), keys.quota_bucket("o", PARTITION),
+                  jobs.staged_job_key(exec_id)]
+    args = [exec_id, "", "", RETENTION, 10, 60_000, 60_000, 1, "echo", "o", 0, keys.record_prefix(PARTITION),
+            jobs.wake_list(QUEUE), "", "", 0, 0, 0, "1", "", "", "http", ""]
+    reply = await client._script(redis_keys, args)
+    assert [x.decode() for x in reply] == ["unstaged"]
+    assert r.keys() == []
+
+
+async def test_a_full_redis_refuses_a_staged_job_and_keeps_none_of_it(r: redis.Redis, ar: redis.asyncio.Redis) -> None:
+    """Refused at the staged SET, or (Redis filled between the two) at SUBMIT: ``store_full``,
+    and the staged job is not left behind."""
+
+    class FillsUpAfterTheSet:
+        async def set(self, *args: Any, **kwargs: Any) -> None:
+            await ar.set(*args, **kwargs)
+            r.config_set("maxmemory", 1)
+
+        async def delete(self, *names: str) -> int:
+            return await ar.delete(*names)
+
+    client = Submit(ar, retention=RETENTION)
+    assert (await submit(client, job(b'{"n":1}'))).kind == "new"  # SUBMIT loaded, a first execution in
+    before = sorted(r.keys())
+    try:
+        r.config_set("maxmemory", 1)
+        assert (await submit(client, job())).kind == "store_full"  # the SET refused
+        r.config_set("maxmemory", 0)
+        client._redis = FillsUpAfterTheSet()  # type: ignore[assignment]
+        assert (await submit(client, job())).kind == "store_full"  # SUBMIT refused
+    finally:
+        r.config_set("maxmemory", 0)
+    assert sorted(r.keys()) == before
