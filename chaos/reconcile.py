@@ -60,6 +60,10 @@ class Table(Struct, kw_only=True):
 
     requests: int
     burst: int
+    # with arguments large enough to be staged before SUBMIT (chaos.load.LARGE_EVERY), and of
+    # those, how many were answered: their losses and flips are counted with every other's
+    large: int = 0
+    large_answered: int = 0
     answered: int
     refused: int
     attempts: int
@@ -282,6 +286,8 @@ def reconcile(requests: list[Request], ledger: list[LedgerLine], faults: list[Fa
 
     table = Table(
         requests=len(requests), burst=sum(r.kind == "burst" for r in requests),
+        large=sum("pad" in r.args for r in requests),
+        large_answered=sum("pad" in r.args and bool(answers(r)) for r in requests),
         answered=sum(bool(answers(r)) for r in requests), refused=sum(refused(r) and not answers(r) for r in requests),
         attempts=sum(len(r.attempts) for r in requests), statuses=status_counts(requests),
         lost=[r.rid for r in requests if lost(r, facts)],

@@ -39,7 +39,8 @@ def rows(table: Table) -> list[tuple[str, str, str]]:
     delays = table.after_verdict_delays
     statuses = ", ".join(f"{name} {n}" for name, n in table.statuses.items()) or "-"
     return [
-        ("requests", f"{table.requests} ({table.burst} in overload bursts; {table.attempts} attempts)", "info"),
+        ("requests", f"{table.requests} ({table.burst} in overload bursts; {table.attempts} attempts; "
+                     f"{table.large} with large arguments, {table.large_answered} of them answered)", "info"),
         ("answered", f"{table.answered} ({statuses}); {table.refused} refused", "info"),
         promise("lost", table.lost),
         promise("duplicated effects (not idempotent)", table.duplicated_effects),
