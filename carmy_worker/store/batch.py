@@ -54,7 +54,7 @@ from typing import Any, cast
 from redis._parsers.hiredis import NOT_ENOUGH_DATA
 from redis.asyncio import Redis
 from redis.asyncio.connection import AbstractConnection
-from redis.exceptions import ConnectionError, NoScriptError, ReadOnlyError, ResponseError
+from redis.exceptions import ConnectionError, NoScriptError, ReadOnlyError, RedisError, ResponseError
 
 from carmy_worker.deadlines import Deadlines
 from carmy_worker.loop import running_loop
@@ -86,10 +86,11 @@ NOT_RUN = (NoScriptError, *REDIRECTED)
 
 
 class _Call:
-    __slots__ = ("args", "follows", "future", "keys", "script", "sent", "sent_at")
+    __slots__ = ("args", "before", "follows", "future", "keys", "script", "sent", "sent_at")
 
     def __init__(self, script: Script, keys: list[Any], args: list[Any], future: asyncio.Future[Any],
-                 follows: FollowUp | None = None, sent: asyncio.Future[None] | None = None) -> None:
+                 follows: FollowUp | None = None, sent: asyncio.Future[None] | None = None,
+                 before: tuple[Any, ...] | None = None) -> None:
         self.script = script
         self.keys = keys
         self.args = args
@@ -97,10 +98,12 @@ class _Call:
         self.follows = follows  # the FollowUp this call is (sent right behind the call before it)
         self.sent = sent  # set once the call is written (``Batch.call``)
         self.sent_at = 0.0  # the loop's time when it was written
+        self.before = before  # a plain command written just ahead of it (``Batch.call``)
 
 
 class _Ping:
-    """A PING written ahead of a batch's calls (``Batch(reply_last=True)``): its reply is dropped."""
+    """A PING written ahead of a batch's calls (``Batch(reply_last=True)``), or a call's ``before``
+    command: its reply is dropped."""
 
     __slots__ = ("sent_at",)
 
@@ -164,7 +167,8 @@ class Batch:
         return bind(self._redis, script, batch=self)
 
     def call(self, script: Script, keys: list[Any], args: list[Any], *, hold: bool = False,
-             follows: FollowUp | None = None, sent: asyncio.Future[None] | None = None) -> asyncio.Future[Any]:
+             follows: FollowUp | None = None, sent: asyncio.Future[None] | None = None,
+             before: tuple[Any, ...] | None = None) -> asyncio.Future[Any]:
         """Queue one call; it goes out with the others of this turn of the loop, or at once if
         the batch is eager, none of its calls is in flight or waiting, and it is not told to
         ``hold`` it (for a call to follow it in the same write: ``flush_if_quiet``). ``sent`` is
@@ -172,12 +176,17 @@ class Batch:
         before: what Redis reads next from anyone, it reads after this call, which runs as it
         is. Else (a new connection, a script Redis may not have, which it would refuse and the
         batch send again, later: ``NOT_RUN``; a cluster whose slot table is not loaded) it is
-        never set, nor for a call that fails first."""
+        never set, nor for a call that fails first.
+
+        ``before``: a plain command (a large value's ``SET``: ``store.submit``) written just ahead
+        of the call, in the same write: no round trip of its own. Its reply is dropped; the
+        script checks what it needs of it. A call sent again on its own (``NOT_RUN``) sends it
+        again first, to whichever node serves its keys by then."""
         if self._cluster is not None:
-            return self._routed(self._cluster, script, keys, args, hold, follows, sent)
+            return self._routed(self._cluster, script, keys, args, hold, follows, sent, before)
         loop = running_loop()
         future: asyncio.Future[Any] = loop.create_future()
-        self._waiting.append(_Call(script, keys, args, future, follows, sent))
+        self._waiting.append(_Call(script, keys, args, future, follows, sent, before))
         if len(self._waiting) == 1:  # the first of this turn
             if self.eager and not hold and not self._in_flight():
                 self._send()
@@ -186,19 +195,20 @@ class Batch:
         return future
 
     def _routed(self, cluster: StoreCluster, script: Script, keys: list[Any], args: list[Any], hold: bool,
-                follows: FollowUp | None, sent: asyncio.Future[None] | None) -> asyncio.Future[Any]:
+                follows: FollowUp | None, sent: asyncio.Future[None] | None,
+                before: tuple[Any, ...] | None) -> asyncio.Future[Any]:
         """A call on a cluster: in the batch of its slot's primary, or, while the slot table is
         not loaded (or is to be reloaded), alone through the cluster client."""
         if cluster._initialize or not keys:
             future: asyncio.Future[Any] = running_loop().create_future()
-            self._spawn(_one(as_redis(cluster), _Call(script, keys, args, future, follows, sent)))
+            self._spawn(_one(as_redis(cluster), _Call(script, keys, args, future, follows, sent, before)))
             return future
         node = cluster.primary_for(keys[0])
         batch = self._nodes.get(node.name)
         if batch is None or cast(NodePool, batch._pool).node is not node:
             batch = self._nodes[node.name] = Batch(as_redis(cluster), eager=self.eager, reply_last=self.reply_last,
                                                    node=NodePool(cluster, node))
-        return batch.call(script, keys, args, hold=hold, follows=follows, sent=sent)
+        return batch.call(script, keys, args, hold=hold, follows=follows, sent=sent, before=before)
 
     def flush_if_quiet(self) -> None:
         """Send what waits for the end of this turn now, if this batch is eager and at most
@@ -238,14 +248,21 @@ class Batch:
             return
         chunks: list[bytes] = []
         sent: list[_Call] = []
+        entries: list[_Call | _Ping] = []  # what is in flight once written, in Redis's order
         for call in calls:
             try:
-                chunks += line.conn.pack_command(*call.script.command(call.keys, call.args))
+                packed = line.conn.pack_command(*call.script.command(call.keys, call.args))
+                if call.before is not None:
+                    packed[:0] = line.conn.pack_command(*call.before)
             except Exception as exc:  # an argument Redis cannot be sent (None, say): that call's error
                 _fail(call.future, exc)
             else:
+                chunks += packed
                 call.sent_at = now
                 sent.append(call)
+                if call.before is not None:
+                    entries.append(_Ping(now))
+                entries.append(call)
         if sent and self.reply_last:
             chunks[:0] = line.conn.pack_command("PING")
         # The connection's stream writer (redis-py's own attribute), written without waiting for
@@ -259,9 +276,9 @@ class Batch:
             self._replace(line)
             return
         if sent and self.reply_last:
-            line.in_flight.append(_Ping(now))
-            line.pings += 1
-        line.in_flight += sent
+            entries.insert(0, _Ping(now))
+        line.pings += len(entries) - len(sent)
+        line.in_flight += entries
         for call in sent:
             if call.sent is not None and call.script.name in line.ran:
                 _answer(call.sent, None)
@@ -428,6 +445,9 @@ async def _one(redis: Redis, call: _Call) -> None:
     not yet reloaded). Not the calls' usual path, so a timer of its own costs nothing."""
     try:
         async with answered_within(STALL_S):
+            if call.before is not None:
+                with contextlib.suppress(RedisError):  # as in a batch: the script checks what it needs of it
+                    await redis.execute_command(*call.before)
             reply = await run(redis, call.script, call.keys, call.args)
     except BaseException as exc:
         _fail(call.future, exc)

@@ -34,7 +34,7 @@ import redis as sync_redis
 from redis.asyncio import Redis
 from redis.cluster import RedisCluster as SyncCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, RedisError
 
 from carmy_worker.store.cluster import LazySyncCluster, StoreCluster
 from carmy_worker.store.durable import run_durable_on_node
@@ -179,13 +179,21 @@ class Runs:
     async def __call__(self, keys: list[Any], args: list[Any]) -> Any:
         return await self.queue(keys, args)
 
-    def queue(self, keys: list[Any], args: list[Any], *,
-              sent: asyncio.Future[None] | None = None) -> Awaitable[Any]:
+    def queue(self, keys: list[Any], args: list[Any], *, sent: asyncio.Future[None] | None = None,
+              before: tuple[Any, ...] | None = None) -> Awaitable[Any]:
         """The call, started now if batched (queued for this turn's write; ``sent`` set once it is
-        written: ``Batch.call``), else when awaited (``sent`` is then never set)."""
+        written: ``Batch.call``), else when awaited (``sent`` is then never set). ``before``: a
+        plain command sent just ahead of it, its reply dropped (``Batch.call``)."""
         if self.batch is not None:
-            return self.batch.call(self.script, keys, args, sent=sent)
+            return self.batch.call(self.script, keys, args, sent=sent, before=before)
+        if before is not None:
+            return self._run_after(before, keys, args)
         return run(self.redis, self.script, keys, args, self.durability)
+
+    async def _run_after(self, before: tuple[Any, ...], keys: list[Any], args: list[Any]) -> Any:
+        with contextlib.suppress(RedisError):  # as in a batch: the script checks what it needs of it
+            await self.redis.execute_command(*before)
+        return await run(self.redis, self.script, keys, args, self.durability)
 
     @property
     def batched(self) -> bool:

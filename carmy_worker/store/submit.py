@@ -105,8 +105,7 @@ return answer
 """)
 
 # A job this large (arq's bytes: the arguments and a few dozen more) is written to its staged key
-# before SUBMIT (see SUBMIT): a round trip more, which at 64 KiB costs the API and Redis about
-# what the bytes' trip through Lua would have cost Redis alone (bench/README.md, "Large
+# by a SET sent just ahead of SUBMIT, in the same write (see SUBMIT; bench/README.md, "Large
 # arguments staged").
 STAGE_BYTES = 64 * 1024
 # A staged job that SUBMIT never reached (its API process died between the two, or Redis refused
@@ -204,18 +203,20 @@ class Submit:
         sent = running_loop().create_future() if track and self._script.batched else None
         if len(arq_job) < STAGE_BYTES:
             return Pending(self._script.queue(redis_keys, args, sent=sent), sent, memory)
-        return Pending(running_loop().create_task(self._staged(redis_keys, args, sent)), sent, memory)
+        stage = redis_keys[7]
+        staged = self._script.queue(redis_keys, [*args[:2], "", *args[3:]], sent=sent,
+                                    before=("SET", stage, arq_job, "PX", STAGE_TTL_MS))
+        return Pending(running_loop().create_task(self._staged(staged, stage, redis_keys, args)), sent, memory)
 
-    async def _staged(self, redis_keys: list[Any], args: list[Any], sent: asyncio.Future[None] | None) -> Any:
-        """SUBMIT of a large job: the job written to its staged key first (a round trip more,
-        and none of its bytes through Lua), then SUBMIT, which renames it; sent inline again if
-        SUBMIT found the staged key gone."""
-        job, stage = args[2], redis_keys[7]
+    async def _staged(self, staged: Awaitable[Any], stage: str, redis_keys: list[Any], args: list[Any]) -> Any:
+        """The reply of a large job's SUBMIT, sent right behind the ``SET`` of its staged key (in
+        the same write, when batched); sent again with the job inline if SUBMIT found the staged
+        key gone (``unstaged``)."""
         try:
-            await self._redis.set(stage, job, px=STAGE_TTL_MS)
-            answer = await self._script.queue(redis_keys, [*args[:2], "", *args[3:]], sent=sent)
+            answer = await staged
         except OutOfMemoryError:
-            # SUBMIT refused whole (or the SET itself): nothing dropped the staged job but this.
+            # Redis refused SUBMIT whole, at its maxmemory, maybe after taking the SET: nothing
+            # else drops the staged job before its TTL.
             with contextlib.suppress(RedisError, OSError):
                 await self._redis.delete(stage)
             raise

@@ -58,6 +58,26 @@ async def clients(r: redis.asyncio.Redis) -> int:
 
 
 @pytest.mark.parametrize("reply_last", [False, True])
+async def test_a_command_before_a_call_goes_in_the_same_write_and_its_reply_is_dropped(
+        reply_last: bool, ar: redis.asyncio.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``before`` (a large job's staged SET: store.submit): run just ahead of its call, no write
+    of its own; its reply, even an error, is nobody's, and every call still gets its own."""
+    batch = Batch(ar, reply_last=reply_last)
+    await batch.call(APPEND, ["warm"], ["x"])  # the batch's connection is open, the script loaded
+    await ar.set("text", "not a number")
+    writes = CountingWrites(monkeypatch)
+    replies = await asyncio.gather(
+        batch.call(APPEND, ["l"], ["a"], before=("RPUSH", "l", "before a")),
+        batch.call(APPEND, ["l"], ["b"]),
+        batch.call(APPEND, ["l"], ["c"], before=("INCR", "text")),  # an error reply
+        batch.call(APPEND, ["l"], ["fail"], before=("RPUSH", "l", "before fail")), return_exceptions=True)
+    assert writes.made == 1
+    assert replies[:3] == [2, 3, 4]  # each call's own reply, none of a command before it
+    assert isinstance(replies[3], ResponseError) and "asked to fail" in str(replies[3])
+    assert await ar.lrange("l", 0, -1) == [b"before a", b"a", b"b", b"c", b"before fail"]
+
+
+@pytest.mark.parametrize("reply_last", [False, True])
 async def test_calls_of_one_turn_go_out_in_one_write_each_with_its_own_reply(
         reply_last: bool, ar: redis.asyncio.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
     script = Batch(ar, reply_last=reply_last).script(APPEND)
