@@ -9,7 +9,7 @@ from typing import Literal, cast
 from msgspec import Struct
 from redis.asyncio import Redis
 
-from carmy_worker.store import jobs, keys, metrics
+from carmy_worker.store import jobs, keys, metrics, staging
 from carmy_worker.store.batch import Batch, FollowUp
 from carmy_worker.store.durable import Durability
 from carmy_worker.store.lua import ACCEPTED_WORK, AUDITED, EMIT, FOLLOWERS, LUA_AUDIT, NOW, text
@@ -102,19 +102,32 @@ return {verdict, attempt, waited}
 # execution back (REAP's requeue leaves it out: the janitor's late scan is for never-claimed ones).
 # One HMGET reads what it decides on and what its audit entry tells (lua.AUDITED, first: `h` is
 # what `audit_from` takes; the entry's `job` and `worker`, h[2] and h[6], are SETTLE's too).
+# A large record is not an argument (store.staging): the worker has written it to the staged
+# record key just ahead, and the record is that key renamed, or the staged key is dropped with any
+# answer but 1. Staged but gone (it outlived its TTL, a failover or a slot's move lost it, or a full
+# Redis refused the SET, which SETTLE's allow-oom would not have): -1, nothing written, and the
+# worker sends the record inline.
 # KEYS: exe, record, pending, running set, arq in-progress key, arq job, arq retry key, arq queue,
 #       leases hash, jobs' settled executions, audit trail, the partition's counts and run-time
-#       histogram: every one of the execution's partition
-# ARGV: exec_id, attempt, record, retention s, events channel, final event, tool.completed event or '',
+#       histogram, staged record: every one of the execution's partition
+# ARGV: exec_id, attempt, record ('' if staged), retention s, events channel, final event, tool.completed event or '',
 #       metrics label, tool, run ms or '', worker_id if this attempt ran (CLAIM said run) or '',
 #       lease token or ''
 SETTLE = Script("SETTLE", ACCEPTED_WORK + NOW + LUA_COUNT + LUA_OBSERVE + EMIT + LUA_AUDIT + jobs.END_LEASE + f"""
+local staged = ARGV[3] == ''
+local function settle()
 local h = redis.call('HMGET', KEYS[1], {AUDITED}, 'attempt', 'reaped', 'quota', {FOLLOWERS}, 'state')
 -- A record exists once the state is done: whatever writes one sets it in the same script.
 if h[15] == 'done' or h[9] ~= ARGV[2] or h[10] == ARGV[2] then return 0 end
 if ARGV[11] ~= '' and h[6] ~= ARGV[11] then return 0 end
+if staged and redis.call('EXISTS', KEYS[14]) == 0 then return -1 end
 local now_s = int(now)
-redis.call('SET', KEYS[2], ARGV[3], 'EX', ARGV[4])
+if staged then
+  redis.call('RENAME', KEYS[14], KEYS[2])
+  redis.call('EXPIRE', KEYS[2], ARGV[4])
+else
+  redis.call('SET', KEYS[2], ARGV[3], 'EX', ARGV[4])
+end
 redis.call('HSET', KEYS[1], 'state', 'done', 'ended_at', now_s)
 redis.call('ZREM', KEYS[3], ARGV[1])
 if h[11] then redis.call('ZREM', h[11], ARGV[1]) end
@@ -128,6 +141,10 @@ if ARGV[10] ~= '' then observe(KEYS[13], ARGV[9], ARGV[10]) end
 audit_from(KEYS[11], h, ARGV[1], now_s, ARGV[8], ARGV[10], '')
 if ARGV[12] ~= '' then end_lease(KEYS[9], KEYS[5], KEYS[6], KEYS[7], KEYS[8], ARGV[1], ARGV[12], true) end
 return 1
+end
+local answer = settle()
+if staged and answer ~= 1 then redis.call('DEL', KEYS[14]) end
+return answer
 """)
 
 # Whether an attempt still holds its execution: current, not reaped, running on this worker, no
@@ -221,15 +238,25 @@ class Attempts:
         partition = keys.partition_of(exec_id)
         pending, settled, audit = _sets(partition)
         running, leases, queue = self._keys[partition]
+        stage = keys.staged_record(exec_id)
         keys_ = [keys.execution(exec_id), keys.record(exec_id), pending, running,
                  jobs.in_progress_key(exec_id), jobs.job_key(exec_id), jobs.retry_key(exec_id), queue,
-                 leases, settled, audit, *_counts(partition)]
+                 leases, settled, audit, *_counts(partition), stage]
         args = [exec_id, attempt, stored, self.retention, keys.events(exec_id), final, completed_event or b"",
                 metrics.label(record), record.tool, "" if run_ms is None else run_ms, self.worker_id if ran else "",
                 lease]
+        before = None
+        if staging.staged(stored):
+            before = staging.stage(stage, stored)
+            args[2] = ""
         if then is not None and self._settle.batched:
-            return bool(await self._settle.send(keys_, args, then))
-        return bool(await self._settle(keys=keys_, args=args))
+            written = await self._settle.send(keys_, args, then, before=before)
+        else:
+            written = await self._settle.queue(keys_, args, before=before)
+        if written == -1:  # the staged record was gone: the record inline, as it would have gone
+            args[2] = stored
+            written = await self._settle(keys=keys_, args=args)
+        return bool(written)
 
     async def holds(self, exec_id: str, attempt: int) -> bool:
         """Whether ``attempt`` is still the current, running attempt at ``exec_id``, with no record."""

@@ -228,6 +228,12 @@ def record(exec_id: str) -> str:
     return f"{_prefix_of(exec_id)}rec:{exec_id}"
 
 
+def staged_record(exec_id: str) -> str:
+    """Where a worker writes a large record just ahead of its SETTLE, which renames it to
+    ``record`` (or drops it): ``store.staging``."""
+    return f"{_prefix_of(exec_id)}staged-rec:{exec_id}"
+
+
 def events(exec_id: str) -> str:
     """The pub/sub channel of one execution's events."""
     return f"{PREFIX}ev:{exec_id}"

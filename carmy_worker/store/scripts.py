@@ -200,12 +200,14 @@ class Runs:
         """Whether its calls go out in a batch, and so may carry a ``FollowUp`` (``send``)."""
         return self.batch is not None
 
-    def send(self, keys: list[Any], args: list[Any], then: FollowUp) -> asyncio.Future[Any]:
-        """Queue a batched call, and ``then`` right behind it in the same write; the call's reply."""
+    def send(self, keys: list[Any], args: list[Any], then: FollowUp, *,
+             before: tuple[Any, ...] | None = None) -> asyncio.Future[Any]:
+        """Queue a batched call, and ``then`` right behind it in the same write; the call's reply.
+        ``before``: as for ``queue``."""
         batch = self.batch
         if batch is None:
             raise RuntimeError(f"{self.script.name} is not batched: it cannot carry a follow-up")
-        future = batch.call(self.script, keys, args, hold=True)
+        future = batch.call(self.script, keys, args, hold=True, before=before)
         call = then.make()
         if call is not None:
             then.reply = batch.call(*call, hold=True, follows=then)

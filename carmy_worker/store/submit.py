@@ -14,7 +14,7 @@ from redis.asyncio import Redis
 from redis.exceptions import OutOfMemoryError, RedisError
 
 from carmy_worker.loop import first_done, running_loop
-from carmy_worker.store import jobs, keys
+from carmy_worker.store import jobs, keys, staging
 from carmy_worker.store.batch import Batch
 from carmy_worker.store.durable import Durability
 from carmy_worker.store.lua import NEW_WORK, NOW, text
@@ -35,13 +35,11 @@ from carmy_worker.wire import ExecutionJob, Record, msgpack_encoder, record_deco
 # A request id seen before is answered (replay, join, conflict) before any limit: a retry of an
 # accepted call always gets its answer, and is never charged. Redis at its maxmemory refuses the
 # whole script (lua.NEW_WORK): Submit answers store_full then too.
-# A large job (STAGE_BYTES) is not an argument: the API has written it to the staged key
-# already, and the job is that key renamed (a value moved, not copied), or the staged key is
-# dropped with any answer but `new`. Redis 7.0's Lua hashes every byte of every string it is
-# handed, about 1.2 ns a byte, on Redis's one thread: a megabyte argument cost 1.5 ms of it, a
-# plain SET of it 0.3 ms (bench/README.md, "The cost per byte"). Staged but gone (it outlived its
-# TTL, or a failover or a slot's move lost it before SUBMIT ran): `unstaged`, nothing written,
-# and the API sends the job inline.
+# A large job is not an argument (store.staging): the API has written it to the staged key
+# just ahead, and the job is that key renamed (a value moved, not copied), or the staged key is
+# dropped with any answer but `new`. Staged but gone (it outlived its TTL, or a failover or a
+# slot's move lost it before SUBMIT ran): `unstaged`, nothing written, and the API sends the job
+# inline.
 SUBMIT = Script("SUBMIT", NEW_WORK + NOW + jobs.WAKE_ONE + QUOTA + """
 local staged = ARGV[3] == ''
 local function submit()
@@ -103,15 +101,6 @@ local answer = submit()
 if staged and answer[1] ~= 'new' then redis.call('DEL', KEYS[8]) end
 return answer
 """)
-
-# A job this large (arq's bytes: the arguments and a few dozen more) is written to its staged key
-# by a SET sent just ahead of SUBMIT, in the same write (see SUBMIT; bench/README.md, "Large
-# arguments staged").
-STAGE_BYTES = 64 * 1024
-# A staged job that SUBMIT never reached (its API process died between the two, or Redis refused
-# SUBMIT at its memory limit after taking the SET) is gone this long after. SUBMIT follows the
-# SET at once; a later one finds the key gone and the job is sent again inline.
-STAGE_TTL_MS = 60_000
 
 SubmitKind = Literal["new", "join", "replay", "conflict", "full", "limited", "no_workers", "store_full"]
 
@@ -201,12 +190,12 @@ class Submit:
         ]
         # Only a batched call says when it has left: another is sent when awaited.
         sent = running_loop().create_future() if track and self._script.batched else None
-        if len(arq_job) < STAGE_BYTES:
+        if not staging.staged(arq_job):
             return Pending(self._script.queue(redis_keys, args, sent=sent), sent, memory)
         stage = redis_keys[7]
-        staged = self._script.queue(redis_keys, [*args[:2], "", *args[3:]], sent=sent,
-                                    before=("SET", stage, arq_job, "PX", STAGE_TTL_MS))
-        return Pending(running_loop().create_task(self._staged(staged, stage, redis_keys, args)), sent, memory)
+        submitted = self._script.queue(redis_keys, [*args[:2], "", *args[3:]], sent=sent,
+                                       before=staging.stage(stage, arq_job))
+        return Pending(running_loop().create_task(self._staged(submitted, stage, redis_keys, args)), sent, memory)
 
     async def _staged(self, staged: Awaitable[Any], stage: str, redis_keys: list[Any], args: list[Any]) -> Any:
         """The reply of a large job's SUBMIT, sent right behind the ``SET`` of its staged key (in

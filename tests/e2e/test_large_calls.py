@@ -1,4 +1,4 @@
-"""Calls with arguments large enough to be staged before SUBMIT (``store.submit.STAGE_BYTES``),
+"""Calls with arguments large enough to be staged before SUBMIT (``store.staging.STAGE_BYTES``),
 through real API and worker processes: answered whole, replayed and refused as any call is, and
 nothing staged left behind in Redis."""
 
@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import redis
 
-from carmy_worker.store.submit import STAGE_BYTES
+from carmy_worker.store.staging import STAGE_BYTES
 from tests.support import Stack, wait_until
 
 TEXT = "large " * (STAGE_BYTES // 6 * 2)  # twice the size staged

@@ -1,6 +1,7 @@
-"""A large job's SUBMIT (``submit.STAGE_BYTES``): the job is written to a staged key by a plain
-SET, and SUBMIT renames it, so that its bytes never cross into Lua; every answer but ``new``
-drops the staged key, and a staged key gone before SUBMIT ran sends the job inline."""
+"""Large values kept out of Lua (``store.staging``): a large job's SUBMIT and a large record's
+SETTLE. The value is written to a staged key by a plain SET just ahead, and the script renames
+it, so that its bytes never cross into Lua; every other answer drops the staged key, and a staged
+key gone before the script ran sends the value inline."""
 
 from __future__ import annotations
 
@@ -12,9 +13,11 @@ import pytest
 import redis
 import redis.asyncio
 
-from carmy_worker.store import jobs, keys
-from carmy_worker.store.submit import STAGE_BYTES, Submission, Submit
-from carmy_worker.wire import ExecutionJob, msgpack_encoder
+from carmy_worker.store import jobs, keys, records
+from carmy_worker.store.attempts import Attempts
+from carmy_worker.store.staging import STAGE_BYTES
+from carmy_worker.store.submit import Submission, Submit
+from carmy_worker.wire import ExecutionJob, Record, final_event, msgpack_encoder
 from tests.support import private_redis
 
 RETENTION = 600
@@ -56,7 +59,7 @@ async def submit(client: Submit, j: ExecutionJob, *, workers_alive: bool = True,
 
 
 def staged_keys(r: redis.Redis) -> list[bytes]:
-    return list(r.scan_iter(match="*staged:*"))
+    return list(r.scan_iter(match="*staged*"))
 
 
 def commands(r: redis.Redis) -> list[list[bytes]]:
@@ -186,3 +189,68 @@ async def test_a_full_redis_refuses_a_staged_job_and_keeps_none_of_it(r: redis.R
     finally:
         r.config_set("maxmemory", 0)
     assert sorted(r.keys()) == before
+
+
+# --- SETTLE ------------------------------------------------------------------------------------
+
+
+WORKER = "w1"
+LARGE_BODY = b'{"blob":"' + b"r" * STAGE_BYTES + b'"}'
+
+
+async def claimed(client: Submit, attempts: Attempts) -> str:
+    """A new execution, claimed to run by WORKER (attempt 1)."""
+    j = job(b'{"n":1}')
+    assert (await submit(client, j)).kind == "new"
+    assert (await attempts.claim(j.execution_id, max_attempts=3)).verdict == "run"
+    return j.execution_id
+
+
+def large_record(exec_id: str) -> Record:
+    return records.completed(exec_id, "echo", LARGE_BODY, cacheable=False, duration_ms=1)
+
+
+async def test_a_large_record_is_renamed_into_place_and_never_sent_as_a_script_argument(
+        r: redis.Redis, ar: redis.asyncio.Redis) -> None:
+    client, attempts = Submit(ar, retention=RETENTION), Attempts(ar, worker_id=WORKER, retention=RETENTION)
+    exec_id = await claimed(client, attempts)
+    r.config_set("slowlog-log-slower-than", 0)
+    r.slowlog_reset()
+    record = large_record(exec_id)
+    assert await attempts.settle(record, exec_id=exec_id, attempt=1) is True
+
+    assert r.get(keys.record(exec_id)) == final_event(record)[0]  # as an inline SETTLE writes it
+    assert RETENTION - 1 <= r.ttl(keys.record(exec_id)) <= RETENTION
+    assert r.hget(keys.execution(exec_id), "state") == b"done"
+    assert staged_keys(r) == []
+    ran = commands(r)
+    sets = [c for c in ran if c[0] == b"SET" and c[1] == keys.staged_record(exec_id).encode()]
+    scripts = [c for c in ran if c[0] == b"EVALSHA" and len(c) > 16]  # SETTLE's, not a script's own commands
+    assert sets and all(b"more bytes" in b" ".join(c) for c in sets)
+    # Its only large argument is the final event, which carries the result to the caller.
+    assert scripts and all(sum(b"more bytes" in a for a in c) <= 1 for c in scripts)
+    assert await attempts.settle(record, exec_id=exec_id, attempt=1) is False  # written once
+    assert staged_keys(r) == []  # and the refused one's staged record dropped
+
+
+async def test_a_stale_attempt_s_large_record_is_dropped(r: redis.Redis, ar: redis.asyncio.Redis) -> None:
+    client, attempts = Submit(ar, retention=RETENTION), Attempts(ar, worker_id=WORKER, retention=RETENTION)
+    exec_id = await claimed(client, attempts)
+    assert await attempts.settle(large_record(exec_id), exec_id=exec_id, attempt=2) is False
+    assert not r.exists(keys.record(exec_id))
+    assert staged_keys(r) == []
+
+
+async def test_a_large_record_settles_on_a_full_redis(r: redis.Redis, ar: redis.asyncio.Redis) -> None:
+    """SETTLE runs over Redis's maxmemory (accepted work settles: lua.ACCEPTED_WORK), but the
+    staged SET does not: SETTLE finds it gone, and the record goes inline."""
+    client, attempts = Submit(ar, retention=RETENTION), Attempts(ar, worker_id=WORKER, retention=RETENTION)
+    exec_id = await claimed(client, attempts)
+    record = large_record(exec_id)
+    r.config_set("maxmemory", 1)
+    try:
+        assert await attempts.settle(record, exec_id=exec_id, attempt=1) is True
+    finally:
+        r.config_set("maxmemory", 0)
+    assert r.get(keys.record(exec_id)) == final_event(record)[0]
+    assert staged_keys(r) == []
