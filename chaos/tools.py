@@ -41,9 +41,12 @@ class Receipt(msgspec.Struct):
     one run and replaced by another would differ."""
 
     pid: int
+    # The call's padding, returned: a large call's record is large too, so SETTLE's staged path
+    # meets the faults as SUBMIT's does (store.staging).
+    pad: str = ""
 
 
-async def _async_work(ctx: Context, tool: str, ms: int) -> Receipt:
+async def _async_work(ctx: Context, tool: str, ms: int, pad: str = "") -> Receipt:
     ledger.write("started", ctx, tool)
     try:
         await asyncio.sleep(ms / 1000)
@@ -51,10 +54,10 @@ async def _async_work(ctx: Context, tool: str, ms: int) -> Receipt:
         ledger.write("abandoned", ctx, tool)
         raise
     ledger.write("effect", ctx, tool)
-    return Receipt(pid=os.getpid())
+    return Receipt(pid=os.getpid(), pad=pad)
 
 
-def _sync_work(ctx: Context, tool: str, ms: int, careful: bool) -> Receipt:
+def _sync_work(ctx: Context, tool: str, ms: int, careful: bool, pad: str = "") -> Receipt:
     ledger.write("started", ctx, tool)
     time.sleep(ms / 1000)
     # A well-behaved sync tool looks before it commits: its thread cannot be stopped otherwise.
@@ -65,37 +68,37 @@ def _sync_work(ctx: Context, tool: str, ms: int, careful: bool) -> Receipt:
         ledger.write("abandoned", ctx, tool)
         raise ToolError("ABANDONED", "Cancelled before the effect.", category="cancelled")
     ledger.write("effect", ctx, tool)
-    return Receipt(pid=os.getpid())
+    return Receipt(pid=os.getpid(), pad=pad)
 
 
 @tools.tool(effect="write", idempotent=False, parallel_safe=True, timeout=TIMEOUT)
 async def charge(ctx: Context, input: Work) -> Receipt:
     """Not idempotent (async): its effect must never happen twice for one request."""
-    return await _async_work(ctx, "charge", input.ms)
+    return await _async_work(ctx, "charge", input.ms, input.pad)
 
 
 @tools.tool(effect="write", idempotent=False, parallel_safe=True, timeout=TIMEOUT)
 def charge_sync(ctx: Context, input: Work) -> Receipt:
     """Not idempotent (sync, in a thread): its effect must never happen twice for one request."""
-    return _sync_work(ctx, "charge_sync", input.ms, careful=True)
+    return _sync_work(ctx, "charge_sync", input.ms, careful=True, pad=input.pad)
 
 
 @tools.tool(effect="write", idempotent=True, parallel_safe=True, timeout=TIMEOUT)
 async def put(ctx: Context, input: Work) -> Receipt:
     """Idempotent (async): may be run again after its worker died."""
-    return await _async_work(ctx, "put", input.ms)
+    return await _async_work(ctx, "put", input.ms, input.pad)
 
 
 @tools.tool(effect="write", idempotent=True, parallel_safe=True, timeout=TIMEOUT)
 def put_sync(ctx: Context, input: Work) -> Receipt:
     """Idempotent (sync, in a thread): may be run again after its worker died."""
-    return _sync_work(ctx, "put_sync", input.ms, careful=False)
+    return _sync_work(ctx, "put_sync", input.ms, careful=False, pad=input.pad)
 
 
 @tools.tool(effect="write", idempotent=False, parallel_safe=False, timeout=TIMEOUT)
 async def serial(ctx: Context, input: Work) -> Receipt:
     """Not idempotent and not parallel-safe: two runs must never overlap, across all workers."""
-    return await _async_work(ctx, "serial", input.ms)
+    return await _async_work(ctx, "serial", input.ms, input.pad)
 
 
 # Jobs -----------------------------------------------------------------------------------------
