@@ -1,5 +1,6 @@
 """Large values kept out of Lua: written to a staged key by a plain ``SET`` sent just ahead of
-the script that stores them, in the same write (``Batch.call``'s ``before``), which renames the
+the script that stores them, in the same write when the script is batched (``Batch.call``'s
+``before``; otherwise on its own just before it: ``Runs.queue``), and the script renames the
 staged key into place instead of taking the value as an argument.
 
 Redis 7.0's Lua hashes every byte of every string a script is handed, about 1.2 ns a byte on

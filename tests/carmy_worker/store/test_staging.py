@@ -15,6 +15,7 @@ import redis.asyncio
 
 from carmy_worker.store import jobs, keys, records
 from carmy_worker.store.attempts import Attempts
+from carmy_worker.store.durable import Durability
 from carmy_worker.store.staging import STAGE_BYTES
 from carmy_worker.store.submit import Submission, Submit
 from carmy_worker.wire import ExecutionJob, Record, final_event, msgpack_encoder
@@ -254,3 +255,25 @@ async def test_a_large_record_settles_on_a_full_redis(r: redis.Redis, ar: redis.
         r.config_set("maxmemory", 0)
     assert r.get(keys.record(exec_id)) == final_event(record)[0]
     assert staged_keys(r) == []
+
+
+async def test_a_large_job_and_record_are_staged_when_writes_wait_for_replicas(
+        r: redis.Redis, ar: redis.asyncio.Redis) -> None:
+    """With ``CARMY_REDIS_WAIT_REPLICAS`` SUBMIT and SETTLE are not batched (each has its own
+    round trip and ``WAIT``): the staged SET goes just before each, on its own."""
+    durability = Durability(replicas=1, timeout_ms=10)  # this Redis has none: each WAIT goes on without
+    client = Submit(ar, retention=RETENTION, durability=durability)
+    attempts = Attempts(ar, worker_id=WORKER, retention=RETENTION, durability=durability)
+    r.config_set("slowlog-log-slower-than", 0)
+    r.slowlog_reset()
+    j = job()
+    assert await submit(client, j) == Submission("new", j.execution_id)
+    assert (await attempts.claim(j.execution_id, max_attempts=3)).verdict == "run"
+    record = large_record(j.execution_id)
+    assert await attempts.settle(record, exec_id=j.execution_id, attempt=1) is True
+
+    assert msgspec.msgpack.decode(r.get(jobs.job_key(j.execution_id)))["a"][0] == msgpack_encoder.encode(j)
+    assert r.get(keys.record(j.execution_id)) == final_event(record)[0]
+    assert staged_keys(r) == []
+    staged_sets = [c for c in commands(r) if c[0] == b"SET" and b"staged" in c[1]]
+    assert len({c[1] for c in staged_sets}) == 2  # the job's and the record's
