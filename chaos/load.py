@@ -38,8 +38,9 @@ MIX: tuple[tuple[str, float, tuple[int, int]], ...] = (
 )
 MODES: tuple[tuple[Mode, float], ...] = (("json", 0.5), ("sse", 0.25), ("async", 0.25))
 ATTEMPT_S = 30.0  # longest single attempt; a wait past it is retried (the execution is joined)
-# Every this many calls, one carries arguments over the size the API stages before SUBMIT
-# (store.staging.STAGE_BYTES): the staged SET and the SUBMIT that renames it meet the faults too.
+# Every this many calls, one carries arguments over the size that is staged (store.staging.STAGE_BYTES),
+# and gets them back in its result: the staged SETs, and the SUBMIT and SETTLE that rename them,
+# meet the faults too.
 # Chosen by the call's number, not drawn, so a seed's mix of tools is what it was.
 LARGE_EVERY = 40
 PAD_BYTES = 80 * 1024

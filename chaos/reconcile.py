@@ -60,7 +60,7 @@ class Table(Struct, kw_only=True):
 
     requests: int
     burst: int
-    # with arguments large enough to be staged before SUBMIT (chaos.load.LARGE_EVERY), and of
+    # with arguments (and so results) large enough to be staged (chaos.load.LARGE_EVERY), and of
     # those, how many were answered: their losses and flips are counted with every other's
     large: int = 0
     large_answered: int = 0

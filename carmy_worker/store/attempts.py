@@ -113,21 +113,17 @@ return {verdict, attempt, waited}
 # ARGV: exec_id, attempt, record ('' if staged), retention s, events channel, final event, tool.completed event or '',
 #       metrics label, tool, run ms or '', worker_id if this attempt ran (CLAIM said run) or '',
 #       lease token or ''
-SETTLE = Script("SETTLE", ACCEPTED_WORK + NOW + LUA_COUNT + LUA_OBSERVE + EMIT + LUA_AUDIT + jobs.END_LEASE + f"""
+SETTLE = Script("SETTLE", ACCEPTED_WORK + NOW + LUA_COUNT + LUA_OBSERVE + EMIT + LUA_AUDIT + jobs.END_LEASE
+                + staging.LUA_STAGED + f"""
 local staged = ARGV[3] == ''
 local function settle()
 local h = redis.call('HMGET', KEYS[1], {AUDITED}, 'attempt', 'reaped', 'quota', {FOLLOWERS}, 'state')
 -- A record exists once the state is done: whatever writes one sets it in the same script.
 if h[15] == 'done' or h[9] ~= ARGV[2] or h[10] == ARGV[2] then return 0 end
 if ARGV[11] ~= '' and h[6] ~= ARGV[11] then return 0 end
-if staged and redis.call('EXISTS', KEYS[14]) == 0 then return -1 end
+if staged and not present(KEYS[14]) then return -1 end
 local now_s = int(now)
-if staged then
-  redis.call('RENAME', KEYS[14], KEYS[2])
-  redis.call('EXPIRE', KEYS[2], ARGV[4])
-else
-  redis.call('SET', KEYS[2], ARGV[3], 'EX', ARGV[4])
-end
+place(KEYS[14], KEYS[2], ARGV[3], ARGV[4])
 redis.call('HSET', KEYS[1], 'state', 'done', 'ended_at', now_s)
 redis.call('ZREM', KEYS[3], ARGV[1])
 if h[11] then redis.call('ZREM', h[11], ARGV[1]) end
@@ -143,7 +139,7 @@ if ARGV[12] ~= '' then end_lease(KEYS[9], KEYS[5], KEYS[6], KEYS[7], KEYS[8], AR
 return 1
 end
 local answer = settle()
-if staged and answer ~= 1 then redis.call('DEL', KEYS[14]) end
+if staged and answer ~= 1 then drop(KEYS[14]) end
 return answer
 """)
 

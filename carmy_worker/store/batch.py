@@ -54,13 +54,13 @@ from typing import Any, cast
 from redis._parsers.hiredis import NOT_ENOUGH_DATA
 from redis.asyncio import Redis
 from redis.asyncio.connection import AbstractConnection
-from redis.exceptions import ConnectionError, NoScriptError, ReadOnlyError, RedisError, ResponseError
+from redis.exceptions import ConnectionError, NoScriptError, ReadOnlyError, ResponseError
 
 from carmy_worker.deadlines import Deadlines
 from carmy_worker.loop import running_loop
 from carmy_worker.store.checkout import buffered_reply, is_broken, is_stale
 from carmy_worker.store.cluster import REDIRECTED, NodePool, StoreCluster, as_redis
-from carmy_worker.store.scripts import Runs, Script, answered_within, bind, hung, run
+from carmy_worker.store.scripts import Runs, Script, answered_within, bind, hung, run, send_before
 
 # An eager batch writes a call with its follow-up at once while at most this many of its calls
 # are still at Redis (see the module; at 8 the scale-out rows gained more, the no-op at 64 clients
@@ -101,9 +101,9 @@ class _Call:
         self.before = before  # a plain command written just ahead of it (``Batch.call``)
 
 
-class _Ping:
-    """A PING written ahead of a batch's calls (``Batch(reply_last=True)``), or a call's ``before``
-    command: its reply is dropped."""
+class _Dropped:
+    """A command in flight whose reply nobody reads: the PING written ahead of a batch's calls
+    (``Batch(reply_last=True)``), or a call's ``before``."""
 
     __slots__ = ("sent_at",)
 
@@ -115,12 +115,12 @@ class _Line:
     """A connection held by a batch, and the calls written on it whose replies are to come, in
     the order Redis answers them."""
 
-    __slots__ = ("broken", "conn", "in_flight", "pings", "ran", "reader")
+    __slots__ = ("broken", "conn", "dropped", "in_flight", "ran", "reader")
 
     def __init__(self, conn: AbstractConnection) -> None:
         self.conn = conn
-        self.in_flight: deque[_Call | _Ping] = deque()
-        self.pings = 0  # PINGs among them (``Batch(reply_last=True)``)
+        self.in_flight: deque[_Call | _Dropped] = deque()
+        self.dropped = 0  # _Dropped among them: what is in flight less the calls
         self.reader: asyncio.Task[None] | None = None  # reads while calls are in flight, then ends
         self.broken = False
         # The scripts Redis has run calls of on this connection (forgotten on a NOSCRIPT: a
@@ -178,7 +178,7 @@ class Batch:
         batch send again, later: ``NOT_RUN``; a cluster whose slot table is not loaded) it is
         never set, nor for a call that fails first.
 
-        ``before``: a plain command (a large value's ``SET``: ``store.submit``) written just ahead
+        ``before``: a plain command (a large value's ``SET``: ``store.staging``) written just ahead
         of the call, in the same write: no round trip of its own. Its reply is dropped; the
         script checks what it needs of it. A call sent again on its own (``NOT_RUN``) sends it
         again first, to whichever node serves its keys by then."""
@@ -227,7 +227,7 @@ class Batch:
         if self._nodes:
             return sum(batch._in_flight() for batch in self._nodes.values())
         line = self._line
-        return len(line.in_flight) - line.pings if line is not None else 0
+        return len(line.in_flight) - line.dropped if line is not None else 0
 
     def _send(self) -> None:
         if not self._waiting:  # an eager batch sent them already
@@ -248,7 +248,7 @@ class Batch:
             return
         chunks: list[bytes] = []
         sent: list[_Call] = []
-        entries: list[_Call | _Ping] = []  # what is in flight once written, in Redis's order
+        entries: list[_Call | _Dropped] = []  # what is in flight once written, in Redis's order
         for call in calls:
             try:
                 packed = line.conn.pack_command(*call.script.command(call.keys, call.args))
@@ -261,7 +261,7 @@ class Batch:
                 call.sent_at = now
                 sent.append(call)
                 if call.before is not None:
-                    entries.append(_Ping(now))
+                    entries.append(_Dropped(now))
                 entries.append(call)
         if sent and self.reply_last:
             chunks[:0] = line.conn.pack_command("PING")
@@ -276,8 +276,8 @@ class Batch:
             self._replace(line)
             return
         if sent and self.reply_last:
-            entries.insert(0, _Ping(now))
-        line.pings += len(entries) - len(sent)
+            entries.insert(0, _Dropped(now))
+        line.dropped += len(entries) - len(sent)
         line.in_flight += entries
         for call in sent:
             if call.sent is not None and call.script.name in line.ran:
@@ -338,8 +338,8 @@ class Batch:
                     # the connection, and the next goes to the new primary.
                     raise ConnectionError("the previous primary is now a replica")
                 call = line.in_flight.popleft()
-                if isinstance(call, _Ping):
-                    line.pings -= 1
+                if isinstance(call, _Dropped):
+                    line.dropped -= 1
                     continue
                 if isinstance(reply, NOT_RUN):  # a restarted Redis lost the script, a node redirected: not run
                     line.ran.discard(call.script.name)
@@ -446,8 +446,7 @@ async def _one(redis: Redis, call: _Call) -> None:
     try:
         async with answered_within(STALL_S):
             if call.before is not None:
-                with contextlib.suppress(RedisError):  # as in a batch: the script checks what it needs of it
-                    await redis.execute_command(*call.before)
+                await send_before(redis, call.before)
             reply = await run(redis, call.script, call.keys, call.args)
     except BaseException as exc:
         _fail(call.future, exc)
@@ -484,7 +483,7 @@ def _follow_up_answered(follow_up: FollowUp, reply: asyncio.Future[Any]) -> None
         running_loop().call_exception_handler({"message": "a FollowUp failed to take its reply", "exception": exc})
 
 
-def _leads(next_call: _Call | _Ping) -> bool:
+def _leads(next_call: _Call | _Dropped) -> bool:
     """Whether the call just read is followed by a ``FollowUp`` of its own (the next in flight)."""
     return isinstance(next_call, _Call) and next_call.follows is not None
 

@@ -126,7 +126,7 @@ def job_key(exec_id: str) -> str:
 def staged_job_key(exec_id: str) -> str:
     """Where the API writes a large job before its SUBMIT, which renames it to ``job_key`` (or
     drops it, refused): ``store.submit``, ``store.staging``."""
-    return f"{keys.partition_prefix(keys.partition_of(exec_id))}staged:{exec_id}"
+    return f"{keys.partition_prefix(keys.partition_of(exec_id))}staged-job:{exec_id}"
 
 
 def in_progress_key(exec_id: str) -> str:

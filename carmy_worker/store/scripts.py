@@ -191,8 +191,7 @@ class Runs:
         return run(self.redis, self.script, keys, args, self.durability)
 
     async def _run_after(self, before: tuple[Any, ...], keys: list[Any], args: list[Any]) -> Any:
-        with contextlib.suppress(RedisError):  # as in a batch: the script checks what it needs of it
-            await self.redis.execute_command(*before)
+        await send_before(self.redis, before)
         return await run(self.redis, self.script, keys, args, self.durability)
 
     @property
@@ -214,6 +213,13 @@ class Runs:
             then.reply.add_done_callback(then.answered)  # if not called at once by the reader (a retry)
         batch.flush_if_quiet()
         return future
+
+
+async def send_before(redis: Redis, before: tuple[Any, ...]) -> None:
+    """A call's ``before`` command (``Batch.call``), sent on its own just ahead of the call: its
+    reply, or its error, is dropped, as in a batch; the script checks what it needs of it."""
+    with contextlib.suppress(RedisError):
+        await redis.execute_command(*before)
 
 
 def bind(redis: Redis, script: Script, *, durability: Durability | None = None, batch: Batch | None = None) -> Runs:

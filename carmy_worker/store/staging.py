@@ -25,6 +25,22 @@ STAGE_BYTES = 64 * 1024
 STAGE_TTL_MS = 60_000
 
 
+# Lua for the script that stores the value: `staged` (its value argument is '', the value waits
+# at its staged key), `present(stage)` (whether a staged value is there to place: check before
+# any write, and answer "gone" if not), `place(stage, key, value, seconds)` (the value at `key`
+# for `seconds`: the staged key renamed, or `value` written), and `drop(stage)` (a staged value
+# not placed: after any answer but the one that placed it).
+LUA_STAGED = """
+local function present(stage) return redis.call('EXISTS', stage) == 1 end
+local function place(stage, key, value, seconds)
+  if value ~= '' then return redis.call('SET', key, value, 'EX', seconds) end
+  redis.call('RENAME', stage, key)
+  redis.call('EXPIRE', key, seconds)
+end
+local function drop(stage) redis.call('DEL', stage) end
+"""
+
+
 def staged(value: bytes) -> bool:
     """Whether ``value`` goes through a staged key."""
     return len(value) >= STAGE_BYTES

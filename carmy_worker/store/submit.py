@@ -40,7 +40,7 @@ from carmy_worker.wire import ExecutionJob, Record, msgpack_encoder, record_deco
 # dropped with any answer but `new`. Staged but gone (it outlived its TTL, or a failover or a
 # slot's move lost it before SUBMIT ran): `unstaged`, nothing written, and the API sends the job
 # inline.
-SUBMIT = Script("SUBMIT", NEW_WORK + NOW + jobs.WAKE_ONE + QUOTA + """
+SUBMIT = Script("SUBMIT", NEW_WORK + NOW + jobs.WAKE_ONE + QUOTA + staging.LUA_STAGED + """
 local staged = ARGV[3] == ''
 local function submit()
 if #KEYS == 9 then
@@ -54,7 +54,7 @@ if #KEYS == 9 then
     return {'join', other}
   end
 end
-if staged and redis.call('EXISTS', KEYS[8]) == 0 then return {'unstaged'} end
+if staged and not present(KEYS[8]) then return {'unstaged'} end
 if ARGV[8] ~= '1' then return {'no_workers'} end
 if ARGV[19] ~= '1' then return {'store_full'} end
 local limit, interval = tonumber(ARGV[16]), tonumber(ARGV[17])
@@ -87,18 +87,13 @@ if limit > 0 or interval > 0 then
   quota_charge(KEYS[1], ARGV[1], KEYS[6], KEYS[7], limit, interval, now_us, deadline, tonumber(ARGV[6]))
 end
 redis.call('ZADD', KEYS[3], start_by, ARGV[1])
-if staged then
-  redis.call('RENAME', KEYS[8], KEYS[4])
-  redis.call('EXPIRE', KEYS[4], retention)
-else
-  redis.call('SET', KEYS[4], ARGV[3], 'EX', retention)
-end
+place(KEYS[8], KEYS[4], ARGV[3], retention)
 redis.call('ZADD', KEYS[5], now_s, ARGV[1])
 wake_one(ARGV[13])
 return {'new', ARGV[1]}
 end
 local answer = submit()
-if staged and answer[1] ~= 'new' then redis.call('DEL', KEYS[8]) end
+if staged and answer[1] ~= 'new' then drop(KEYS[8]) end
 return answer
 """)
 

@@ -1,4 +1,4 @@
-"""Calls with arguments large enough to be staged before SUBMIT (``store.staging.STAGE_BYTES``),
+"""Calls with arguments and results large enough to be staged (``store.staging.STAGE_BYTES``),
 through real API and worker processes: answered whole, replayed and refused as any call is, and
 nothing staged left behind in Redis."""
 
@@ -51,4 +51,4 @@ def test_large_arguments_are_answered_replayed_and_refused_as_small_ones(stack: 
         answers = list(pool.map(lambda text: call(base, text), texts))
     assert [a.json()["data"]["text"] for a in answers] == texts
 
-    assert list(sync_redis.scan_iter(match="*staged:*")) == []
+    assert list(sync_redis.scan_iter(match="*staged*")) == []

@@ -77,6 +77,20 @@ async def test_a_command_before_a_call_goes_in_the_same_write_and_its_reply_is_d
     assert await ar.lrange("l", 0, -1) == [b"before a", b"a", b"b", b"c", b"before fail"]
 
 
+async def test_a_call_sent_again_on_its_own_sends_its_before_command_again() -> None:
+    """A call Redis did not run (here NOSCRIPT: a Redis that never saw the script; on a cluster,
+    a redirection) goes again through ``scripts.run``, its ``before`` just ahead of it: to the node
+    that serves its keys by then, which may not have had it."""
+    with private_redis() as server:
+        client = redis.asyncio.Redis.from_url(server.url)
+        try:
+            reply = await Batch(client).call(APPEND, ["l"], ["a"], before=("RPUSH", "l", "before"))
+            assert await client.lrange("l", 0, -1) == [b"before", b"before", b"a"]
+            assert reply == 3
+        finally:
+            await client.aclose()
+
+
 @pytest.mark.parametrize("reply_last", [False, True])
 async def test_calls_of_one_turn_go_out_in_one_write_each_with_its_own_reply(
         reply_last: bool, ar: redis.asyncio.Redis, monkeypatch: pytest.MonkeyPatch) -> None:

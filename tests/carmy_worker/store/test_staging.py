@@ -98,7 +98,7 @@ async def test_a_small_job_goes_inline(r: redis.Redis, ar: redis.asyncio.Redis) 
     j = job(b'{"n":1}')
     assert (await submit(Submit(ar, retention=RETENTION), j)).kind == "new"
     assert r.get(jobs.job_key(j.execution_id)) is not None
-    assert not [c for c in commands(r) if c[0] == b"SET" and b"staged:" in c[1]]  # SUBMIT alone
+    assert not [c for c in commands(r) if c[0] == b"SET" and b"staged" in c[1]]  # SUBMIT alone
 
 
 @pytest.mark.parametrize("refusal", ["full", "no_workers", "join", "conflict"])
