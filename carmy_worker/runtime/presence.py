@@ -33,6 +33,12 @@ log = logging.getLogger("carmy.worker")
 
 RETRY_S = 0.2  # between heartbeats while Redis does not answer
 VERIFY_EVERY_S = 0.5  # at most this often, ensure_fresh checks in the event loop
+# One heartbeat in this many is a full check of everything the worker holds (store.roster); the
+# others check only what was taken from it, which costs Redis nothing per execution held. A full
+# one also goes first, after a beat that failed or met another Redis (a restart, a failover),
+# after one that found strays or orphans (to confirm them), and when the runtime may have left a
+# stray behind (``Runtime.unsure``).
+FULL_EVERY = 10
 
 
 def new_worker_id() -> str:
@@ -67,11 +73,14 @@ class Presence:
 
     Each heartbeat also checks what the worker's runtime holds. An execution the worker lost
     (the janitor reaped it while the worker was paused or cut off from Redis) is stopped at
-    once; so is one whose tool lock went to another. One listed as running on this worker that
-    the runtime does not hold, on two heartbeats in a row, is a stray (a reply that never came,
-    or a write Redis lost): it is reaped like a dead worker's, so it never stays unsettled. A
-    lease of a job the worker does not have, on two heartbeats in a row (a LEASE whose reply
-    never came), is released, so that job does not wait for its lease to expire.
+    once; so is one whose tool lock went to another. Most beats learn of losses from the
+    worker's set of them, in O(losses); one in ``FULL_EVERY``, and any after a sign that Redis
+    may have lost a write or a reply, checks everything held (``store.roster``, HEARTBEAT).
+    One listed as running on this worker that the runtime does not hold, on two full heartbeats
+    in a row, is a stray (a reply that never came, or a write Redis lost): it is reaped like a
+    dead worker's, so it never stays unsettled. A lease of a job the worker does not have, on
+    two full heartbeats in a row (a LEASE whose reply never came), is released, so that job does
+    not wait for its lease to expire.
     Between heartbeats, ``ensure_fresh`` covers a worker that was paused.
     """
 
@@ -122,17 +131,31 @@ class Presence:
             log.warning("could not check this worker's executions after a stale heartbeat: %s", exc)
 
     def _check(self, liveness: SyncLiveness, release: list[Orphan] | None = None) -> Beat:
-        """One heartbeat, and what it says about the executions held: lost ones and ones whose
-        lock went elsewhere are marked (the tool sees it before its next step) and stopped."""
+        """One full heartbeat, and what it says about the executions held (``_heard``)."""
         started = time.monotonic()
         held = self.runtime.holdings()
         claims = Claims(held=held, jobs=list(self.leased()), release=release or [])
         beat = liveness.heartbeat(self.info.worker_id, claims=claims)
-        attempts = {h.execution_id: h.attempt for h in held}
+        return self._heard(beat, started, {h.execution_id: h.attempt for h in held})
+
+    def _check_losses(self, liveness: SyncLiveness, epochs: list[str]) -> Beat:
+        """One heartbeat that checks only what was taken from this worker since the last, exact
+        while Redis is of ``epochs`` (``Beat.stale`` otherwise: nothing was checked)."""
+        started = time.monotonic()
+        attempts = self.runtime.attempts()
+        beat = liveness.check_losses(self.info.worker_id, epochs=epochs, locked=self.runtime.locked_holdings(),
+                                     attempt_of=attempts.get)
+        return self._heard(beat, started, attempts)
+
+    def _heard(self, beat: Beat, started: float, attempts: dict[str, int]) -> Beat:
+        """Lost executions, and ones whose lock went elsewhere, are marked (the tool sees it before
+        its next step) and stopped: the attempts held when the beat was sent, which a later attempt
+        at the same execution is not."""
         for exec_id in beat.lost:
             self.runtime.lose(exec_id, attempts[exec_id], "it was given to another attempt")
         for exec_id in beat.unlocked:
-            self.runtime.unlock(exec_id, attempts[exec_id])
+            if (attempt := attempts.get(exec_id)) is not None:  # (a run that began as the beat went: the next)
+                self.runtime.unlock(exec_id, attempt)
         # Only now, and as of when it was sent: a reply read after a pause says nothing about
         # what happened during it.
         self.last_beat = max(self.last_beat, started)
@@ -145,33 +168,47 @@ class Presence:
         liveness = SyncLiveness(client, dead_after=self.settings.dead_after)
         suspects: set[Stray] = set()
         orphans: list[Orphan] = []
+        epochs: list[str] = []  # each partition's Redis at the last full beat
+        full_due, since_full = True, 0
         interval = self.settings.heartbeat
         while not self._stop.wait(interval):
+            interval = self.settings.heartbeat
             try:
-                beat = self._check(liveness, release=orphans)
-                orphans = beat.orphans  # released by the next beat if they still are then
+                if full_due or since_full >= FULL_EVERY - 1 or self.runtime.unsure:
+                    self.runtime.unsure = False  # what goes wrong from here on, the next one finds
+                    beat = self._check(liveness, release=orphans)
+                    epochs, since_full = beat.epochs, 0
+                    orphans = beat.orphans  # released by the next beat if they still are then
+                    strays = set(beat.strays)
+                    for stray in strays & suspects:
+                        reaped = asyncio.run_coroutine_threadsafe(self.runtime.reap_stray(stray), loop)
+                        reaped.add_done_callback(_log_failure)
+                    suspects = strays - suspects
+                    full_due = bool(suspects or orphans)  # confirmed, or not, by the next beat
+                else:
+                    beat = self._check_losses(liveness, epochs)
+                    since_full += 1
+                    full_due = beat.stale
+                    if full_due:  # Redis restarted or failed over: what it lost, see at once
+                        interval = 0
                 if not beat.registered:
                     # Redis came back empty: say again who we are.
                     liveness.register(self.info.worker_id, msgpack_encoder.encode(self.info))
                     client.publish(keys.CATALOG_CHANNEL, self.info.worker_id)
                     log.info("registered again after Redis lost this worker")
-                strays = set(beat.strays)
-                for stray in strays & suspects:
-                    reaped = asyncio.run_coroutine_threadsafe(self.runtime.reap_stray(stray), loop)
-                    reaped.add_done_callback(_log_failure)
-                suspects = strays - suspects
                 if self.failing:
                     log.info("heartbeat restored")
                 self.failing = False
-                interval = self.settings.heartbeat
             except sync_redis.RedisError as exc:
                 if not self.failing:
                     log.warning("heartbeat failed: %s", exc)
                 self.failing = True
+                full_due = True
                 # Retry soon: once Redis is back, a live worker must say so before it is judged.
                 interval = min(self.settings.heartbeat, RETRY_S)
             except Exception:  # a dead heartbeat thread would make a live worker look dead: go on
                 log.exception("heartbeat failed unexpectedly; retrying")
+                full_due = True
                 interval = min(self.settings.heartbeat, RETRY_S)
         client.close()
 

@@ -117,6 +117,10 @@ class Runtime:
         # Called before each step of an async tool: the worker's presence checks there, at
         # once, whether it still holds its executions if its heartbeat has gone stale.
         self.before_step: Callable[[], None] = lambda: None
+        # Set when this worker may have left a stray behind (a claim let go, an outcome or a
+        # stray's settle that Redis failed); its presence then sends a full heartbeat next, which
+        # finds strays, rather than waiting for the next due one (presence.FULL_EVERY).
+        self.unsure = False
 
     @property
     def running(self) -> int:
@@ -125,6 +129,14 @@ class Runtime:
     def holdings(self) -> list[Holding]:
         """What this worker holds, for its heartbeat to check (safe to call from another thread)."""
         return [Holding(r.job.execution_id, r.attempt, r.lock) for r in list(self._runs.values())]
+
+    def locked_holdings(self) -> list[Holding]:
+        """What this worker holds with a tool lock (safe to call from another thread)."""
+        return [Holding(r.job.execution_id, r.attempt, r.lock) for r in list(self._runs.values()) if r.lock]
+
+    def attempts(self) -> dict[str, int]:
+        """The attempt this worker holds at each execution it holds (safe to call from another thread)."""
+        return {exec_id: r.attempt for exec_id, r in list(self._runs.items())}
 
     def cancel(self, exec_id: str) -> None:
         """The caller of ``exec_id`` went away; stop it if it runs here."""
@@ -181,6 +193,7 @@ class Runtime:
             return
         run = admitted[0]
         log.warning("execution %s was claimed but its job never reached the handler", run.job.execution_id)
+        self.unsure = True
         if self._runs.get(run.job.execution_id) is run:
             del self._runs[run.job.execution_id]
 
@@ -400,6 +413,7 @@ class Runtime:
                                                       lease=run.lease, then=then)
                 break
             except RedisError as exc:  # Redis is restarting: the outcome is worth waiting for
+                self.unsure = True  # its reply may be what was lost, the write made
                 if tries == SETTLE_TRIES:
                     log.error("gave up recording execution %s after %d tries; its job goes back to the queue",
                               exec_id, SETTLE_TRIES)
@@ -428,6 +442,7 @@ class Runtime:
             outcome = await self._verdicts.reap(stray.execution_id, stray.tool, worker_id=self.worker_id,
                                                 why="its outcome was never recorded", attempt=stray.attempt)
         except RedisError as exc:  # the next heartbeats find it again
+            self.unsure = True
             log.warning("could not settle stray execution %s: %s", stray.execution_id, exc)
             return
         log.warning("execution %s was listed as running here without running: %s", stray.execution_id, outcome)

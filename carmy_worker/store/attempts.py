@@ -12,7 +12,7 @@ from redis.asyncio import Redis
 from carmy_worker.store import jobs, keys, metrics, staging
 from carmy_worker.store.batch import Batch, FollowUp
 from carmy_worker.store.durable import Durability
-from carmy_worker.store.lua import ACCEPTED_WORK, AUDITED, EMIT, FOLLOWERS, LUA_AUDIT, NOW, text
+from carmy_worker.store.lua import ACCEPTED_WORK, AUDITED, EMIT, FOLLOWERS, LOSE, LUA_AUDIT, NOW, text
 from carmy_worker.store.metrics import LUA_COUNT, LUA_OBSERVE
 from carmy_worker.store.scripts import Script, bind
 from carmy_worker.wire import Record, final_event
@@ -41,7 +41,7 @@ end
 # LEASE (runtime.queue) claims each job it leases with it, in the same round trip; CLAIM claims
 # one. `exe` is the execution's hash: every key it names is of the execution's partition (LEASE
 # builds it from its partition's prefix, which it is given: a queue holds its partition's only).
-CLAIM_ONE = NOW + LUA_OBSERVE + EMIT + STARTED + f"""
+CLAIM_ONE = NOW + LUA_OBSERVE + EMIT + LOSE + STARTED + f"""
 local function claim(exe, exec_id, worker_id, running, max_attempts, queue_wait, queued)
   -- Read before the attempt is counted, with `state` (no EXISTS of the hash or of the record):
   -- SUBMIT writes it and nothing removes it, so a hash without it is not there, or is what a
@@ -50,9 +50,12 @@ local function claim(exe, exec_id, worker_id, running, max_attempts, queue_wait,
   -- The attempt is counted with the HSET that starts it, from the `attempt` read here (one
   -- write, not an HINCRBY then an HSET): a verdict other than run writes the count alone.
   local h = redis.call('HMGET', exe, 'cancel', 'idem', 'start_by', 'queued_at', 'began', 'tool', {FOLLOWERS}, 'state',
-                       'attempt')
+                       'attempt', 'worker')
   if not h[10] then return 'gone', 0, 0 end
   if h[10] == 'done' then return 'settled', 0, 0 end
+  -- Listed as running on another worker (its lease was handed back while it ran): that worker
+  -- loses it with this claim, and its next heartbeat must hear of it (lua.LOSE).
+  if h[10] == 'running' and h[12] and h[12] ~= worker_id then lose(lost_key(exe, exec_id, h[12]), exec_id) end
   redis.call('ZREM', queued, exec_id)
   local attempt = tonumber(h[11] or 0) + 1
   local waited = now - tonumber(h[4] or now)

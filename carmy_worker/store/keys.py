@@ -267,6 +267,14 @@ def leases(worker_id: str, partition: int) -> str:
     return f"{_layout.prefixes[partition]}leases:{worker_id}"
 
 
+def lost(worker_id: str, partition: int) -> str:
+    """Set of ``partition``'s executions a worker lost while it ran them (REAP, or another
+    worker's claim, put it there in the same script): what its next heartbeat checks when no
+    write can have been lost since its last full one (``store.roster``). Drained by each beat;
+    an hour's TTL from its last addition, for a worker that never comes back."""
+    return f"{_layout.prefixes[partition]}lost:{worker_id}"
+
+
 def beat_named(worker_id: str, partition: int) -> str:
     """Set of the executions a worker named in a heartbeat sent in parts (``store.roster``),
     for its last part to find the strays against; gone once that part ran (60 s at most)."""

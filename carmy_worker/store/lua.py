@@ -35,6 +35,22 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local function int(n) return string.format('%d', n) end
 """
 
+# Lua: marks an execution lost by the worker that ran it, in that worker's set of its partition
+# (keys.lost, named in the same slot as the execution: `lost_key` builds it from the execution's
+# hash). Every script that takes a running execution from its worker calls it, in the same script
+# as the change (REAP; a claim of an execution listed as running elsewhere), so that the worker's
+# next heartbeat finds the loss by reading that set rather than every execution it holds
+# (store.roster). An hour's TTL from the last mark: a worker that never beats again leaves nothing.
+LOSE = """
+local function lost_key(exe, exec_id, worker_id)
+  return string.sub(exe, 1, #exe - #exec_id - 4) .. 'lost:' .. worker_id
+end
+local function lose(key, exec_id)
+  redis.call('SADD', key, exec_id)
+  redis.call('EXPIRE', key, 3600)
+end
+"""
+
 # Publishes one of an execution's events to whoever follows it; every script that publishes an
 # event goes through it. The API processes' channels are sharded (SPUBLISH): each is named in the
 # execution's partition (keys.api_channel), so a message stays on the shard of the script's slot

@@ -50,38 +50,78 @@ end
 """
 
 # Marks the worker seen now in one partition (plus an offset: negative marks it departed) and
-# checks what it believes it holds there, claiming again what a Redis crash made it lose.
-# Returns {whether the worker's info is still there (a Redis that restarted empty lost it; 1 when
-# the info key is not declared: it is partition 0's alone); lost: executions it no longer holds
-# (reaped while it was paused or cut off, or settled by someone else); strays: {id, attempt, tool}
-# listed as running on this worker that it did not name (a CLAIM or SETTLE whose reply never
-# came, or that Redis lost); orphans: {job, token} leases in its hash for jobs it does not have
-# (a LEASE whose reply never came)}. The orphans a previous beat returned, passed back, are
-# released if they still are: the job is free to be leased again at once. Every key is the
-# partition's: the declared ones, and the executions, records and arq keys named from its
-# prefixes (ARGV), in its slot. (A tool lock lives in a slot of its own: ``Liveness`` reads it
-# beside the beat.)
+# checks what it holds there, in one of two ways.
 #
-# A worker holding more than ``BEAT_SLICE`` executions (or jobs) in the partition beats in
+# A full check (parts 'whole', 'first', 'more', 'last': the worker names every execution and job
+# it holds) compares each execution with its hash, claiming again what a Redis crash made it
+# lose. Returns {whether the worker's info is still there (a Redis that restarted empty lost it;
+# 1 when the info key is not declared: it is partition 0's alone); lost: executions it no longer
+# holds (reaped while it was paused or cut off, or settled by someone else); strays: {id, attempt,
+# tool} listed as running on this worker that it did not name (a CLAIM or SETTLE whose reply never
+# came, or that Redis lost); orphans: {job, token} leases in its hash for jobs it does not have (a
+# LEASE whose reply never came); the epoch}. The orphans a previous beat returned, passed back,
+# are released if they still are: the job is free to be leased again at once. It costs Redis
+# about 4 us per execution held.
+#
+# The epoch is the serving Redis's run id and replication id (INFO): either changes when Redis
+# restarts or another node is promoted, which are the only ways a write it acknowledged can be
+# lost (the project requires `noeviction`). Part 'losses' (ARGV[8]: the epoch of the worker's last
+# full check there) checks only what was taken from the worker since: every script that takes a
+# running execution from its worker marks it in the worker's set of losses in the same script
+# (lua.LOSE), so while the epoch is the same, that set holds every loss, and the beat reads it
+# and drains it: {registered, {id, attempt, worker, state, reaped for each}, {}, {}, epoch}, and
+# the worker compares them with what it holds, as the full check would have. With another epoch
+# it reads nothing ({registered, {}, {}, {}, epoch}) and the worker sends a full check at once.
+# A full check drains the set too (its first part), before it reads any hash. Strays and
+# orphans come only from a reply that never came or a write Redis lost, so only full checks look
+# for them: the worker sends one every few beats, and after any sign of either (presence.py).
+#
+# Every key is the partition's: the declared ones, and the executions, records and arq keys
+# named from its prefixes (ARGV), in its slot. (A tool lock lives in a slot of its own:
+# ``Liveness`` reads it beside the beat.)
+#
+# A worker holding more than ``BEAT_SLICE`` executions (or jobs) in the partition checks them in
 # parts (``_heartbeat_calls``), so that no one script holds Redis for long: a script holds
 # every other client, and one over 10,000 executions took 35-40 ms. Part 'first' marks the
 # worker seen and checks a slice of what it holds, 'more' the next slices; each adds the names
 # it was given to two sets of the beat's own (named, has), and 'last' finds the strays and
 # orphans against those sets (SDIFF, SMISMEMBER: Redis's own loops, not Lua's), releases, and
 # drops the sets. Part 'whole' does all of it in one script, with Lua tables, as before.
-# KEYS: watch, workers zset, running set, queued zset, leases hash, named set, has set[, worker info]
+# KEYS: watch, workers zset, running set, queued zset, leases hash, named set, has set, losses set[,
+#       worker info]
 # ARGV: worker_id, offset ms, dead ms, execution prefix, record prefix, in-progress prefix, part,
-#       n, then n × (exec_id, attempt), m, then m job ids it has, then (job, token) pairs to release
+#       then for 'losses' the epoch known; for the others n, then n × (exec_id, attempt), m, then
+#       m job ids it has, then (job, token) pairs to release
 HEARTBEAT = Script("HEARTBEAT", ACCEPTED_WORK + NOW + CUTOFF + jobs.DUE_AGAIN + """
 local part = ARGV[7]
 local whole = part == 'whole'
 local function add_all(key, items)
   for s = 1, #items, 1000 do redis.call('SADD', key, unpack(items, s, math.min(s + 999, #items))) end
 end
-if whole or part == 'first' then
+local function registered()
+  if KEYS[9] then return redis.call('EXISTS', KEYS[9]) end
+  return 1
+end
+local epoch = ''
+if whole or part == 'first' or part == 'losses' then
   cutoff(now, tonumber(ARGV[3]))
   redis.call('ZADD', KEYS[2], now + tonumber(ARGV[2]), ARGV[1])
+  local info = redis.call('INFO', 'server', 'replication')
+  epoch = (string.match(info, 'run_id:(%x+)') or '') .. '/' .. (string.match(info, 'master_replid:(%x+)') or '')
 end
+if part == 'losses' then
+  if epoch ~= ARGV[8] then return {registered(), {}, {}, {}, epoch} end
+  local found = {}
+  local ids = redis.call('SMEMBERS', KEYS[8])
+  if #ids > 0 then redis.call('DEL', KEYS[8]) end
+  for _, e in ipairs(ids) do
+    local h = redis.call('HMGET', ARGV[4] .. e, 'attempt', 'worker', 'state', 'reaped')
+    table.insert(found, e)
+    for k = 1, 4 do table.insert(found, h[k] or '') end
+  end
+  return {registered(), found, {}, {}, epoch}
+end
+if whole or part == 'first' then redis.call('DEL', KEYS[8]) end
 if part == 'first' then redis.call('UNLINK', KEYS[6], KEYS[7]) end  -- what a beat cut short left
 local lost, named, has, names = {}, {}, {}, {}
 local i = 9
@@ -117,7 +157,7 @@ if not whole then
   if part ~= 'last' then
     redis.call('EXPIRE', KEYS[6], 60)  -- a beat cut short leaves nothing for long
     redis.call('EXPIRE', KEYS[7], 60)
-    return {1, lost, {}, {}}
+    return {1, lost, {}, {}, epoch}
   end
 end
 local function has_job(job)
@@ -174,9 +214,7 @@ else
   end
   redis.call('UNLINK', KEYS[6], KEYS[7])  -- freed off Redis's main thread when large
 end
-local registered = 1
-if KEYS[8] then registered = redis.call('EXISTS', KEYS[8]) end
-return {registered, lost, strays, orphans}
+return {registered(), lost, strays, orphans, epoch}
 """)
 
 # Everything the API needs to know who serves what: {cutoff, {id, score, ...}, {draining ids}}.
@@ -258,6 +296,11 @@ class Beat(Struct, frozen=True):
     unlocked: list[str]  # executions of ``held`` whose tool lock went to another
     strays: list[Stray]
     orphans: list[Orphan]
+    # Per partition, the epoch of the Redis that served its beat (HEARTBEAT): a losses-only beat
+    # there is exact while it stays the same.
+    epochs: list[str] = []
+    complete: bool = True  # a full check: strays and orphans were looked for
+    stale: bool = False  # a losses-only beat met another epoch somewhere: a full check is due now
 
 
 class Claims(Struct, frozen=True):
@@ -279,10 +322,25 @@ BEAT_SLICE = 500
 MAX_NODE_SENDERS = 32
 
 
+def _beat_keys(worker_id: str, partition: int, *, last: bool) -> list[str]:
+    """HEARTBEAT's keys in ``partition``; the worker's info (partition 0's) only with its last call
+    there, which alone says whether Redis lost it."""
+    call_keys = [keys.watch(partition), keys.workers(partition), keys.running(worker_id, partition),
+                 keys.queued(partition), keys.leases(worker_id, partition),
+                 keys.beat_named(worker_id, partition), keys.beat_has(worker_id, partition),
+                 keys.lost(worker_id, partition)]
+    return [*call_keys, keys.worker(worker_id)] if last and partition == 0 else call_keys
+
+
+def _beat_head(worker_id: str, offset_ms: int, dead_ms: int, partition: int) -> list[str | int]:
+    return [worker_id, offset_ms, dead_ms, keys.execution_prefix(partition), keys.record_prefix(partition),
+            jobs.in_progress_key_prefix(partition)]
+
+
 def _heartbeat_call(worker_id: str, offset_ms: int, dead_ms: int, claims: Claims, partition: int) -> list[Call]:
-    """HEARTBEAT in ``partition``, given only the claims of that partition's executions and jobs:
-    one call, or its parts (``BEAT_SLICE`` of each at most, then the last) for a worker that holds
-    more there."""
+    """HEARTBEAT's full check in ``partition``, given only the claims of that partition's
+    executions and jobs: one call, or its parts (``BEAT_SLICE`` of each at most, then the last)
+    for a worker that holds more there."""
     mine = keys.partition_of
     held = [h for h in claims.held if mine(h.execution_id) == partition]
     has = [job for job in claims.jobs if mine(job) == partition]
@@ -290,20 +348,23 @@ def _heartbeat_call(worker_id: str, offset_ms: int, dead_ms: int, claims: Claims
     for orphan in claims.release:
         if mine(orphan.job_id) == partition:
             release += [orphan.job_id, orphan.token]
-    head: list[str | int] = [worker_id, offset_ms, dead_ms, keys.execution_prefix(partition),
-                             keys.record_prefix(partition), jobs.in_progress_key_prefix(partition)]
-    call_keys = [keys.watch(partition), keys.workers(partition), keys.running(worker_id, partition),
-                 keys.queued(partition), keys.leases(worker_id, partition),
-                 keys.beat_named(worker_id, partition), keys.beat_has(worker_id, partition)]
-    # The info is partition 0's: only its beat's last call says whether Redis lost it.
-    last_keys = [*call_keys, keys.worker(worker_id)] if partition == 0 else call_keys
+    head = _beat_head(worker_id, offset_ms, dead_ms, partition)
+    last_keys = _beat_keys(worker_id, partition, last=True)
     if len(held) <= BEAT_SLICE and len(has) <= BEAT_SLICE:
         return [(last_keys, [*head, "whole", *_held_and_jobs(held, has), *release])]
+    call_keys = _beat_keys(worker_id, partition, last=False)
     size = max(BEAT_SLICE, 1)  # 0: every beat with something to check in parts (the tests' way to see them)
     parts = max(-(-len(held) // size), -(-len(has) // size))
     calls: list[Call] = [(call_keys, [*head, "first" if n == 0 else "more", *_held_and_jobs(
         held[n * size:(n + 1) * size], has[n * size:(n + 1) * size])]) for n in range(parts)]
     return [*calls, (last_keys, [*head, "last", 0, 0, *release])]
+
+
+def _losses_calls(worker_id: str, dead_ms: int, epochs: list[str]) -> list[Call]:
+    """HEARTBEAT's losses-only check, one call per partition, each with the epoch of the worker's
+    last full check there."""
+    return [(_beat_keys(worker_id, p, last=True), [*_beat_head(worker_id, 0, dead_ms, p), "losses", epochs[p]])
+            for p in keys.partitions()]
 
 
 def _held_and_jobs(held: list[Holding], has: list[str]) -> list[str | int]:
@@ -326,24 +387,46 @@ def _read_locks(claims: Claims) -> Callable[[Any], None]:
     return read
 
 
+def _unlocked(claims: Claims, locks: list[Any], gone: set[str]) -> list[str]:
+    """The held executions not lost whose lock's value is not their attempt's."""
+    values = iter(locks)
+    return [h.execution_id for h in claims.held
+            if h.lock and next(values) != lock_holder(h.execution_id, h.attempt).encode()
+            and h.execution_id not in gone]
+
+
 def _beat(claims: Claims, replies: list[Any], locks: list[Any]) -> Beat:
-    """One beat over every partition (each in one call, or in parts): partition 0's last says
-    whether the info is there (every other answers 1); the lost,
-    strays and orphans of all; ``unlocked``: the held executions not lost whose lock's value is
-    not their attempt's."""
+    """One full beat over every partition (each in one call, or in parts): partition 0's last
+    says whether the info is there (every other answers 1); the lost, strays and orphans of all;
+    each partition's epoch, from its first call (the only one of its calls that reads it)."""
     lost = [e.decode() for reply in replies for e in reply[1]]
-    gone = set(lost)
     strays = [v.decode() for reply in replies for v in reply[2]]
     orphans = [v.decode() for reply in replies for v in reply[3]]
-    values = iter(locks)
-    unlocked = [h.execution_id for h in claims.held
-                if h.lock and next(values) != lock_holder(h.execution_id, h.attempt).encode()
-                and h.execution_id not in gone]
     return Beat(
-        registered=all(reply[0] for reply in replies), lost=lost, unlocked=unlocked,
+        registered=all(reply[0] for reply in replies), lost=lost, unlocked=_unlocked(claims, locks, set(lost)),
         strays=[Stray(strays[i], int(strays[i + 1]), strays[i + 2]) for i in range(0, len(strays), 3)],
         orphans=[Orphan(orphans[i], orphans[i + 1]) for i in range(0, len(orphans), 2)],
+        epochs=[reply[4].decode() for reply in replies if reply[4]],
     )
+
+
+def _losses_beat(worker_id: str, epochs: list[str], locked: Claims, replies: list[Any], locks: list[Any],
+                 attempt_of: Callable[[str], int | None]) -> Beat:
+    """One losses-only beat over every partition: of the executions taken from the worker since
+    the last beat, those it still holds by ``attempt_of`` (its attempt, or None) are lost unless
+    their hash says otherwise (HEARTBEAT's own test, on the fields the script read)."""
+    lost = []
+    for reply in replies:
+        found = [v.decode() for v in reply[1]]
+        for i in range(0, len(found), 5):
+            exec_id, attempt, worker, state, reaped = found[i:i + 5]
+            held = attempt_of(exec_id)
+            if held is not None and (attempt != str(held) or worker != worker_id or state != "running"
+                                     or reaped == str(held)):
+                lost.append(exec_id)
+    seen = [reply[4].decode() for reply in replies]
+    return Beat(registered=all(reply[0] for reply in replies), lost=lost, unlocked=_unlocked(locked, locks, set(lost)),
+                strays=[], orphans=[], epochs=seen, complete=False, stale=seen != epochs)
 
 
 def _roster_call(dead_ms: int, partition: int) -> Call:
@@ -432,7 +515,23 @@ class SyncLiveness:
         failover of one primary would leave every worker unseen for seconds in the partitions
         of the others, which watch all along, and their janitors would reap the executions those
         live workers run (``EXECUTION_UNCERTAIN`` for a non-idempotent tool that began)."""
-        calls = _heartbeat_calls(worker_id, offset_ms, self.dead_ms, claims)
+        replies, locks = self._send(_heartbeat_calls(worker_id, offset_ms, self.dead_ms, claims), claims)
+        return _beat(claims, replies, locks)
+
+    def check_losses(self, worker_id: str, *, epochs: list[str], locked: list[Holding],
+                     attempt_of: Callable[[str], int | None]) -> Beat:
+        """Mark ``worker_id`` seen now in every partition, and check only what was taken from it
+        since its last beat (HEARTBEAT's part 'losses'): exact while each partition's Redis is of
+        the epoch in ``epochs`` (that of the worker's last full check there), and ``stale``
+        otherwise, when the caller must send a full check (``heartbeat``). ``locked``: the
+        holdings that hold a tool lock, whose locks are read as a full beat reads them;
+        ``attempt_of``: the attempt the worker holds at an execution, or None."""
+        claims = Claims(held=locked)
+        replies, locks = self._send(_losses_calls(worker_id, self.dead_ms, epochs), claims)
+        return _losses_beat(worker_id, epochs, claims, replies, locks, attempt_of)
+
+    def _send(self, calls: list[Call], claims: Claims) -> tuple[list[Any], list[Any]]:
+        """A beat's HEARTBEAT calls, and a GET of each lock ``claims`` hold."""
         if several_nodes(self.redis):
             # One pipeline per node, all at once (``fanout.run_each_by_node_sync``): a node that
             # refuses or hangs costs its own partitions their beat, not the others'. A cluster
@@ -443,9 +542,8 @@ class SyncLiveness:
             for reply in (*replies, *locks):
                 if isinstance(reply, Exception):  # that node's partitions went unbeaten: say so
                     raise reply
-        else:
-            replies, locks = run_each_sync(self.redis, HEARTBEAT, calls, then=_read_locks(claims))
-        return _beat(claims, replies, locks)
+            return replies, locks
+        return run_each_sync(self.redis, HEARTBEAT, calls, then=_read_locks(claims))
 
     def rosters(self) -> list[Roster]:
         replies, _ = run_each_sync(self.redis, WORKERS, [_roster_call(self.dead_ms, p) for p in keys.partitions()])

@@ -10,7 +10,7 @@ from redis.asyncio import Redis
 
 from carmy_worker.store import jobs, keys, metrics, records
 from carmy_worker.store.durable import Durability
-from carmy_worker.store.lua import ACCEPTED_WORK, IMPOSE, NOW, text
+from carmy_worker.store.lua import ACCEPTED_WORK, IMPOSE, LOSE, NOW, text
 from carmy_worker.store.scripts import Script, bind
 from carmy_worker.wire import Record, final_event
 
@@ -38,10 +38,11 @@ return 'cancelled'
 # does one whose tool no attempt began (it was waiting for its lock); any other is settled
 # uncertain first, so the re-delivered job finds it settled and never runs the tool a second
 # time (so is one whose job is gone: nothing could run it again).
+# The worker loses it in its set of losses (lua.LOSE), for its heartbeat if it is only paused.
 # KEYS: exe, record, pending, running set, arq in-progress key, leases hash, arq job key,
-#       jobs' settled executions, audit trail, the partition's counts
+#       jobs' settled executions, audit trail, the partition's counts, the worker's losses
 # ARGV: exec_id, worker_id, record, retention s, events channel, final event, metrics label, attempt or ''
-REAP = Script("REAP", ACCEPTED_WORK + IMPOSE + jobs.DUE_AGAIN + """
+REAP = Script("REAP", ACCEPTED_WORK + IMPOSE + LOSE + jobs.DUE_AGAIN + """
 local h = redis.call('HMGET', KEYS[1], 'worker', 'state', 'idem', 'wake', 'attempt', 'began')
 if ARGV[8] ~= '' and h[5] ~= ARGV[8] then return 'moved' end
 redis.call('SREM', KEYS[4], ARGV[1])
@@ -49,6 +50,7 @@ local token = redis.call('HGET', KEYS[6], ARGV[1])
 redis.call('HDEL', KEYS[6], ARGV[1])
 if redis.call('EXISTS', KEYS[2]) == 1 then return 'settled' end
 if h[1] ~= ARGV[2] or h[2] ~= 'running' then return 'moved' end
+lose(KEYS[11], ARGV[1])
 if not token or redis.call('GET', KEYS[5]) == token then
   redis.call('DEL', KEYS[5])
   if h[4] then due_again(h[4], ARGV[1]) end
@@ -114,7 +116,7 @@ class Verdicts:
             keys=[keys.execution(exec_id), keys.record(exec_id), keys.pending(partition),
                   keys.running(worker_id, partition), jobs.in_progress_key(exec_id),
                   keys.leases(worker_id, partition), jobs.job_key(exec_id), keys.jobs_settled(partition),
-                  keys.audit(partition), metrics.executions(partition)],
+                  keys.audit(partition), metrics.executions(partition), keys.lost(worker_id, partition)],
             args=[exec_id, worker_id, stored, self.retention, keys.events(exec_id), final, label,
                   "" if attempt is None else attempt],
         )

@@ -15,6 +15,7 @@ import redis
 import redis.asyncio
 
 from carmy_worker.runtime import lock
+from carmy_worker.runtime.presence import FULL_EVERY
 from carmy_worker.runtime.queue import Leases
 from carmy_worker.settings import WorkerSettings
 from carmy_worker.store import jobs, keys
@@ -23,6 +24,7 @@ from tests.conftest import private_stack
 from tests.support import Call, Proc, RedisServer, Stack, marked, wait_until
 
 DEAD_AFTER = WorkerSettings().dead_after
+HEARTBEAT_S = WorkerSettings().heartbeat
 
 
 def ready(stack: Stack, tool: str, **worker_env: str) -> tuple[Proc, str]:
@@ -166,14 +168,16 @@ def test_an_execution_listed_on_a_live_worker_that_does_not_hold_it_is_settled(
     fresh_stack: Stack, sync_redis: redis.Redis,
 ) -> None:
     """What a Redis crash that took a SETTLE leaves behind: an execution "running" on a live
-    worker that finished it long ago. Two of that worker's heartbeats find it, and it is settled."""
+    worker that finished it long ago. Two of that worker's full heartbeats find it (one in
+    ``FULL_EVERY``, the next confirms), and it is settled. (A real crash changes Redis's epoch,
+    and the first beat after it is a full one: written by hand here, it is found by the next due.)"""
     ready(fresh_stack, "tally")
     [worker_id] = [w.decode() for w in sync_redis.zrange(keys.workers(0), 0, -1)]
     exec_id = keys.new_execution_id()
     sync_redis.hset(keys.execution(exec_id), mapping={
         "tool": "tally", "state": "running", "attempt": 1, "worker": worker_id, "idem": 0, "owner": "x"})
     sync_redis.sadd(keys.running(worker_id, keys.partition_of(exec_id)), exec_id)
-    raw = wait_until(lambda: sync_redis.get(keys.record(exec_id)), DEAD_AFTER + 10)
+    raw = wait_until(lambda: sync_redis.get(keys.record(exec_id)), (FULL_EVERY + 1) * HEARTBEAT_S + DEAD_AFTER + 10)
     assert b"EXECUTION_UNCERTAIN" in bytes(raw)
     assert not sync_redis.sismember(keys.running(worker_id, keys.partition_of(exec_id)), exec_id)
 

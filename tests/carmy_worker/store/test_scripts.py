@@ -28,7 +28,7 @@ from carmy_worker.store.durable import Durability
 from carmy_worker.store.janitor import DEPARTED_MEMORY_S, Janitor
 from carmy_worker.store.leases import Leases
 from carmy_worker.store.locks import ToolLocks
-from carmy_worker.store.roster import Beat, Claims, Holding, Liveness, Orphan, Stray, lock_holder
+from carmy_worker.store.roster import Beat, Claims, Holding, Liveness, Orphan, Stray, SyncLiveness, lock_holder
 from carmy_worker.store.submit import Submission, Submit
 from carmy_worker.store.verdicts import Verdicts
 from carmy_worker.wire import (
@@ -1050,6 +1050,65 @@ async def test_heartbeat_reports_what_its_worker_no_longer_holds(r: redis.Redis,
     assert beat.unlocked == [unlocked]
     assert beat.strays == [Stray(stray, 1, "tally")]
     assert beat.registered is False  # no worker info was ever written in this test
+
+
+def epoch_of(r: redis.Redis) -> str:
+    """What HEARTBEAT calls the serving Redis: its run id and replication id."""
+    server, replication = r.info("server"), r.info("replication")
+    return f"{server['run_id']}/{replication['master_replid']}"
+
+
+async def test_a_beat_of_losses_only_finds_every_execution_taken_from_its_worker(
+    r: redis.Redis, ar: redis.asyncio.Redis,
+) -> None:
+    """Between full beats, a worker learns what it lost from the scripts that took it (REAP,
+    another worker's claim), not by reading every execution it holds: the same verdicts, for
+    each way of losing one, as the full beat above gives."""
+    mine, locked, unlocked, requeued, moved, taken = [await running(ar, idempotent=True) for _ in range(6)]
+    held = [Holding(mine, 1), Holding(locked, 1, keys.lock("tally")), Holding(unlocked, 1, keys.lock("other")),
+            Holding(requeued, 1), Holding(moved, 1), Holding(taken, 1)]
+    liveness = SyncLiveness(r, dead_after=3.0)
+    full = liveness.heartbeat("w1", claims=Claims(held=held))
+    assert full.lost == [] and full.complete
+    assert full.epochs == [epoch_of(r)] * keys.partition_count()
+    r.set(keys.lock("tally"), lock_holder(locked, 1))
+    r.set(keys.lock("other"), lock_holder("exec_someone_else", 1))
+    assert (await reap(ar, requeued, "w1"))[0] == "requeued"  # w1 was paused past dead_after
+    assert (await reap(ar, moved, "w1"))[0] == "requeued"
+    assert await claim(ar, moved, "w2") == ("run", 2)
+    assert await claim(ar, taken, "w2") == ("run", 2)  # its job leased again while w1 ran it
+    # A write no script of the store makes: only a full beat sees it (what a Redis crash or a
+    # failover could leave, which changes the epoch).
+    r.hset(keys.execution(mine), "reaped", 1)
+    attempts = {h.execution_id: h.attempt for h in held}
+    beat = liveness.check_losses("w1", epochs=full.epochs, locked=[h for h in held if h.lock],
+                                 attempt_of=attempts.get)
+    assert sorted(beat.lost) == sorted([requeued, moved, taken])
+    assert beat.unlocked == [unlocked]
+    assert (beat.strays, beat.orphans, beat.complete, beat.stale) == ([], [], False, False)
+    again = liveness.check_losses("w1", epochs=full.epochs, locked=[], attempt_of=attempts.get)
+    assert again.lost == []  # read once
+    assert sorted(liveness.heartbeat("w1", claims=Claims(held=held)).lost) == sorted([mine, requeued, moved, taken])
+    # Each beat marked the worker seen.
+    assert all(r.zscore(keys.workers(p), "w1") for p in keys.partitions())
+
+
+async def test_a_beat_of_losses_only_on_another_redis_checks_nothing_and_says_so(
+    r: redis.Redis, ar: redis.asyncio.Redis,
+) -> None:
+    """After a restart or a failover (another epoch), the set of losses may miss some: the beat
+    reads nothing and says the worker must check everything, which then finds them."""
+    exec_id = await running(ar, idempotent=True)
+    assert (await reap(ar, exec_id, "w1"))[0] == "requeued"
+    liveness = SyncLiveness(r, dead_after=3.0)
+    before = ["0" * 40 + "/" + "0" * 40] * keys.partition_count()
+    beat = liveness.check_losses("w1", epochs=before, locked=[], attempt_of={exec_id: 1}.get)
+    assert beat.stale and beat.lost == []
+    assert beat.epochs == [epoch_of(r)] * keys.partition_count()
+    assert r.sismember(keys.lost("w1", keys.partition_of(exec_id)), exec_id)  # left for the full beat
+    full = liveness.heartbeat("w1", claims=Claims(held=[Holding(exec_id, 1)]))
+    assert full.lost == [exec_id]
+    assert not r.exists(keys.lost("w1", keys.partition_of(exec_id)))  # which drains it
 
 
 async def test_liveness_after_a_gap_counts_only_what_could_be_observed(r: redis.Redis, ar: redis.asyncio.Redis) -> None:
