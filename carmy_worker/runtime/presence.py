@@ -140,11 +140,18 @@ class Presence:
 
     def _check_losses(self, liveness: SyncLiveness, epochs: list[str]) -> Beat:
         """One heartbeat that checks only what was taken from this worker since the last, exact
-        while Redis is of ``epochs`` (``Beat.stale`` otherwise: nothing was checked)."""
+        while Redis is of ``epochs`` (``Beat.stale`` otherwise: nothing was checked). Nothing in
+        it is per execution held: the executions it names are looked up one by one, and only
+        attempts claimed before it was sent are judged by it."""
         started = time.monotonic()
-        attempts = self.runtime.attempts()
-        beat = liveness.check_losses(self.info.worker_id, epochs=epochs, locked=self.runtime.locked_holdings(),
-                                     attempt_of=attempts.get)
+        locked = self.runtime.locked_holdings()
+
+        def attempt_of(exec_id: str) -> int | None:
+            return self.runtime.attempt_of(exec_id, claimed_before=started)
+
+        beat = liveness.check_losses(self.info.worker_id, epochs=epochs, locked=locked, attempt_of=attempt_of)
+        attempts = {h.execution_id: h.attempt for h in locked}
+        attempts.update((exec_id, a) for exec_id in beat.lost if (a := attempt_of(exec_id)) is not None)
         return self._heard(beat, started, attempts)
 
     def _heard(self, beat: Beat, started: float, attempts: dict[str, int]) -> Beat:
@@ -152,10 +159,10 @@ class Presence:
         its next step) and stopped: the attempts held when the beat was sent, which a later attempt
         at the same execution is not."""
         for exec_id in beat.lost:
-            self.runtime.lose(exec_id, attempts[exec_id], "it was given to another attempt")
+            if (attempt := attempts.get(exec_id)) is not None:  # (None: its run ended meanwhile)
+                self.runtime.lose(exec_id, attempt, "it was given to another attempt")
         for exec_id in beat.unlocked:
-            if (attempt := attempts.get(exec_id)) is not None:  # (a run that began as the beat went: the next)
-                self.runtime.unlock(exec_id, attempt)
+            self.runtime.unlock(exec_id, attempts[exec_id])
         # Only now, and as of when it was sent: a reply read after a pause says nothing about
         # what happened during it.
         self.last_beat = max(self.last_beat, started)

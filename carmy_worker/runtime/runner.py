@@ -108,6 +108,8 @@ class Runtime:
         # is registered in _runs, and must not be lost.
         self._early_cancels: OrderedDict[str, float] = OrderedDict()
         self._releases: set[asyncio.Task[None]] = set()  # lock releases still in flight
+        # The runs of _runs that hold their tool's lock, for the heartbeat to read the locks of.
+        self._locked: dict[str, Run] = {}
         # With its queues' group known, SETTLE also ends the lease of the job it settles (no FINISH after it).
         self._attempts = Attempts(redis, worker_id=worker_id, retention=settings.retention, durability=durability,
                                   group=group)
@@ -131,12 +133,16 @@ class Runtime:
         return [Holding(r.job.execution_id, r.attempt, r.lock) for r in list(self._runs.values())]
 
     def locked_holdings(self) -> list[Holding]:
-        """What this worker holds with a tool lock (safe to call from another thread)."""
-        return [Holding(r.job.execution_id, r.attempt, r.lock) for r in list(self._runs.values()) if r.lock]
+        """What this worker holds with a tool lock (safe to call from another thread): as many
+        steps as there are, not as executions held."""
+        return [Holding(exec_id, r.attempt, r.lock) for exec_id, r in list(self._locked.items()) if r.lock]
 
-    def attempts(self) -> dict[str, int]:
-        """The attempt this worker holds at each execution it holds (safe to call from another thread)."""
-        return {exec_id: r.attempt for exec_id, r in list(self._runs.items())}
+    def attempt_of(self, exec_id: str, *, claimed_before: float) -> int | None:
+        """The attempt this worker holds at ``exec_id`` if its claim was sent before
+        ``claimed_before`` (``time.monotonic``), else None: what a heartbeat sent then may judge
+        (safe to call from another thread)."""
+        run = self._runs.get(exec_id)
+        return run.attempt if run is not None and run.claimed_at < claimed_before else None
 
     def cancel(self, exec_id: str) -> None:
         """The caller of ``exec_id`` went away; stop it if it runs here."""
@@ -354,10 +360,13 @@ class Runtime:
         if acquired != "taken":
             return Outcome(timed_out=True) if acquired == "timed_out" else Outcome(cancelled=True)
         run.lock = lock.key
+        self._locked[job.execution_id] = run
 
         # Released when the call has really ended: a timed-out sync tool's thread still holds it.
         def release() -> None:
             run.lock = ""
+            if self._locked.get(job.execution_id) is run:
+                del self._locked[job.execution_id]
             task = loop.create_task(lock.release())
             self._releases.add(task)
             task.add_done_callback(self._releases.discard)

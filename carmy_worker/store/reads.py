@@ -83,17 +83,23 @@ class Reads:
         that impose one set ``state`` to done in the same script) or that Redis lost: the ones
         whose record is worth reading.
 
-        One ``HGET`` each, in a STATES per ``chunk`` of one partition's executions, so that on a
-        cluster each is one slot's and goes to its node.
+        One ``HGET`` each, in a STATES per ``chunk`` of one partition's executions (``chunks``),
+        so that on a cluster each is one slot's and goes to its node.
         """
-        by_partition: dict[int, list[str]] = {}
-        for exec_id in exec_ids:
-            by_partition.setdefault(keys.partition_of(exec_id), []).append(exec_id)
         ended: list[str] = []
-        for ids in by_partition.values():
-            for start in range(0, len(ids), chunk):
-                some = ids[start:start + chunk]
-                states = await self._states(keys=[keys.execution(exec_id) for exec_id in some], args=[])
-                ended.extend(exec_id for exec_id, state in zip(some, states, strict=True)
-                             if state is None or state == b"done")
+        for some in chunks(exec_ids, chunk):
+            ended.extend(await self.ended_among(some))
         return ended
+
+    async def ended_among(self, some: list[str]) -> list[str]:
+        """``ended`` for one chunk of one partition's executions (one STATES)."""
+        states = await self._states(keys=[keys.execution(exec_id) for exec_id in some], args=[])
+        return [exec_id for exec_id, state in zip(some, states, strict=True) if state is None or state == b"done"]
+
+
+def chunks(exec_ids: Iterable[str], chunk: int = ENDED_CHUNK) -> list[list[str]]:
+    """``exec_ids`` in lists of at most ``chunk``, each of one partition's."""
+    by_partition: dict[int, list[str]] = {}
+    for exec_id in exec_ids:
+        by_partition.setdefault(keys.partition_of(exec_id), []).append(exec_id)
+    return [ids[start:start + chunk] for ids in by_partition.values() for start in range(0, len(ids), chunk)]

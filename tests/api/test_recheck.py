@@ -8,6 +8,8 @@ waiters through a real hub; the others through ``Expected``, a registry kept as 
 from __future__ import annotations
 
 import asyncio
+import itertools
+import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 
@@ -16,8 +18,9 @@ import redis.asyncio
 
 from api.calling import executions as executions_module
 from api.calling.executions import Executions
+from api.events import recheck as recheck_module
 from api.events.hub import EventHub
-from api.events.mailbox import RESYNC, Mailbox
+from api.events.mailbox import ENDED, RESYNC, Mailbox
 from api.events.recheck import Recheck
 from carmy_worker.store import keys, records
 from carmy_worker.store.attempts import Attempts
@@ -156,6 +159,36 @@ async def test_a_tick_costs_one_command_a_waiter_in_a_few_round_trips(
         for w in waiters:
             w.cancel()
         await asyncio.gather(*waiters, return_exceptions=True)
+
+
+async def test_a_pass_spreads_its_chunks_and_wakes_each_chunks_waiters_before_the_next(
+        ar: redis.asyncio.Redis) -> None:
+    """Ten thousand waiters are twenty STATES of 500: asked back to back, they held Redis and the
+    process for some 30 ms every tick. A pass now leaves a gap between two (half the period over
+    the chunks, at most MAX_GAP_S), and the ended ones' waiters do not wait for the rest."""
+    expected = Expected()
+    ids = [await submitted(ar) for _ in range(6)]
+    await settle(ar, ids[0])
+    boxes = {e: Mailbox() for e in ids}
+    expected.update({e: {box} for e, box in boxes.items()})  # as expect() would
+    asked: list[tuple[float, list[str], bool]] = []  # when each chunk was asked, and if ids[0] was woken by then
+
+    async def woken(box: Mailbox) -> bool:
+        return await box.get(timeout=0) == ENDED
+
+    class Timed(Reads):
+        async def ended_among(self, some: list[str]) -> list[str]:
+            asked.append((time.monotonic(), some, await woken(boxes[ids[0]])))
+            return await super().ended_among(some)
+
+    every = 0.4
+    await Recheck(Timed(ar), expected, every=every, chunk=2).once()
+    assert [some for _, some, _ in asked] == [ids[0:2], ids[2:4], ids[4:6]]
+    gap = min(recheck_module.MAX_GAP_S, every * recheck_module.SPREAD / 3)
+    assert all(later - earlier >= gap for (earlier, _, _), (later, _, _) in itertools.pairwise(asked))
+    # ids[0]'s waiter had its ENDED by the time chunk two was asked (taken then: none by chunk three).
+    assert [woken for _, _, woken in asked] == [False, True, False]
+    assert not any([await woken(boxes[e]) for e in ids[1:]])
 
 
 async def test_ended_asks_in_chunks_of_one_partition(ar: redis.asyncio.Redis) -> None:
