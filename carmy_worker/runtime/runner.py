@@ -193,7 +193,8 @@ class Runtime:
 
     def forget(self, lease: str) -> None:
         """arq is done with ``lease``'s job. If it never handed the job to ``handle``, the claim
-        is let go: the next heartbeat finds the execution a stray and settles it."""
+        is let go: the next heartbeat, a full one (``unsure``), finds the execution a stray, and
+        it is settled by the one after."""
         admitted = self._admitted.pop(lease, None)
         if admitted is None:
             return
