@@ -1,13 +1,24 @@
-"""What a worker publishes about itself: its tools, and an id that names its process."""
+"""What a worker publishes about itself: its tools, an id that names its process, and its heartbeat's
+choice of a full check or one of its losses only."""
 
 from __future__ import annotations
 
+import asyncio
 import os
+import threading
+from typing import Any, cast
+
+import pytest
+import redis as sync_redis
+import redis.asyncio
 
 from carmy_worker import Context, RetryPolicy, Toolbox
-from carmy_worker.runtime.presence import describe, new_worker_id, pid_of
+from carmy_worker.runtime.presence import FULL_EVERY, Presence, describe, new_worker_id, pid_of
+from carmy_worker.runtime.runner import Runtime
 from carmy_worker.settings import WorkerSettings
+from carmy_worker.store.roster import Beat, Holding, SyncLiveness
 from carmy_worker.wire import WorkerInfo, msgpack_encoder, worker_info_decoder
+from tests.support import RedisServer
 
 
 def test_each_tools_retry_policy_is_published() -> None:
@@ -32,3 +43,68 @@ def test_a_worker_id_names_its_process() -> None:
     assert pid_of(new_worker_id()) == os.getpid()
     assert pid_of("build-host-7-42-a1b2c3") == 42  # a host name with dashes
     assert pid_of("w") is None and pid_of("") is None and pid_of("host-x1-a1b2c3") is None
+
+
+class Holds:
+    """A runtime holding nothing, as the heartbeat thread sees it; ``unsure`` as ``Runtime``'s."""
+
+    unsure = False
+
+    def holdings(self) -> list[Holding]:
+        return []
+
+    def locked_holdings(self) -> list[Holding]:
+        return []
+
+    def attempt_of(self, exec_id: str, *, claimed_before: float) -> int | None:
+        return None
+
+
+def test_nine_beats_in_ten_read_only_the_losses_and_any_doubt_sends_a_full_one(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The heartbeat thread's choice, beat by beat: a full check first and one in FULL_EVERY,
+    and at once after the runtime may have left a stray, after a beat that failed, and after one
+    that met another Redis (another epoch). What happens at each beat is done from inside the
+    beat itself (the thread's own order: no race with the test)."""
+    kinds: list[str] = []
+    done = threading.Event()
+    runtime = Holds()
+    full_check, losses_check = SyncLiveness.heartbeat, SyncLiveness.check_losses
+    doubt_at = FULL_EVERY + 1  # a losses beat, right after the periodic full one
+
+    def heartbeat(self: SyncLiveness, worker_id: str, **kw: Any) -> Beat:
+        kinds.append("full")
+        return full_check(self, worker_id, **kw)
+
+    def check_losses(self: SyncLiveness, worker_id: str, *, epochs: list[str], **kw: Any) -> Beat:
+        kinds.append("losses")
+        n = len(kinds) - 1
+        if n == doubt_at:
+            runtime.unsure = True  # a SETTLE failed meanwhile, say
+        if n == doubt_at + 2:
+            raise sync_redis.ConnectionError("the beat's connection dropped")
+        if n == doubt_at + 4:
+            epochs = ["0" * 40 + "/" + "0" * 40] * len(epochs)  # as after a restart or a failover
+        if n >= doubt_at + 6:
+            done.set()
+        return losses_check(self, worker_id, epochs=epochs, **kw)
+
+    monkeypatch.setattr(SyncLiveness, "heartbeat", heartbeat)
+    monkeypatch.setattr(SyncLiveness, "check_losses", check_losses)
+    settings = WorkerSettings(redis_url=redis_server.url, heartbeat=0.01)
+    info = WorkerInfo(worker_id="w-cadence", started_ms=0, tools=[], group="g")
+    presence = Presence(redis=redis.asyncio.Redis.from_url(redis_server.url), settings=settings, info=info,
+                        runtime=cast("Runtime", runtime))
+    presence._loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=presence._beat, daemon=True)
+    thread.start()
+    try:
+        assert done.wait(30), kinds
+    finally:
+        presence._stop.set()
+        thread.join(10)
+        presence._loop.close()
+    periodic = ["full", *["losses"] * (FULL_EVERY - 1), "full"]
+    assert kinds[:doubt_at + 7] == [*periodic, "losses", "full", "losses", "full", "losses", "full", "losses"]
+    assert runtime.unsure is False
