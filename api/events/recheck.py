@@ -89,7 +89,7 @@ class Recheck:
             if n:
                 await asyncio.sleep(gap)
             try:
-                ended = await self._reads.ended_among(chunk)
+                ended = await self._reads.ended(chunk)
             except RedisError:
                 self.unreachable()
                 raise

@@ -136,7 +136,7 @@ class Presence:
         held = self.runtime.holdings()
         claims = Claims(held=held, jobs=list(self.leased()), release=release or [])
         beat = liveness.heartbeat(self.info.worker_id, claims=claims)
-        return self._heard(beat, started, {h.execution_id: h.attempt for h in held})
+        return self._heard(beat, started, {h.execution_id: h.attempt for h in held}.get)
 
     def _check_losses(self, liveness: SyncLiveness, epochs: list[str]) -> Beat:
         """One heartbeat that checks only what was taken from this worker since the last, exact
@@ -144,25 +144,25 @@ class Presence:
         it is per execution held: the executions it names are looked up one by one, and only
         attempts claimed before it was sent are judged by it."""
         started = time.monotonic()
-        locked = self.runtime.locked_holdings()
 
         def attempt_of(exec_id: str) -> int | None:
             return self.runtime.attempt_of(exec_id, claimed_before=started)
 
-        beat = liveness.check_losses(self.info.worker_id, epochs=epochs, locked=locked, attempt_of=attempt_of)
-        attempts = {h.execution_id: h.attempt for h in locked}
-        attempts.update((exec_id, a) for exec_id in beat.lost if (a := attempt_of(exec_id)) is not None)
-        return self._heard(beat, started, attempts)
+        beat = liveness.check_losses(self.info.worker_id, epochs=epochs, locked=self.runtime.locked_holdings(),
+                                     attempt_of=attempt_of)
+        return self._heard(beat, started, attempt_of)
 
-    def _heard(self, beat: Beat, started: float, attempts: dict[str, int]) -> Beat:
+    def _heard(self, beat: Beat, started: float, attempt_of: Callable[[str], int | None]) -> Beat:
         """Lost executions, and ones whose lock went elsewhere, are marked (the tool sees it before
-        its next step) and stopped: the attempts held when the beat was sent, which a later attempt
-        at the same execution is not."""
+        its next step) and stopped: by the attempts held when the beat was sent (``attempt_of``),
+        which a later attempt at the same execution is not; one whose run ended meanwhile (None)
+        has nothing to stop."""
         for exec_id in beat.lost:
-            if (attempt := attempts.get(exec_id)) is not None:  # (None: its run ended meanwhile)
+            if (attempt := attempt_of(exec_id)) is not None:
                 self.runtime.lose(exec_id, attempt, "it was given to another attempt")
         for exec_id in beat.unlocked:
-            self.runtime.unlock(exec_id, attempts[exec_id])
+            if (attempt := attempt_of(exec_id)) is not None:
+                self.runtime.unlock(exec_id, attempt)
         # Only now, and as of when it was sent: a reply read after a pause says nothing about
         # what happened during it.
         self.last_beat = max(self.last_beat, started)

@@ -135,7 +135,7 @@ class Runtime:
     def locked_holdings(self) -> list[Holding]:
         """What this worker holds with a tool lock (safe to call from another thread): as many
         steps as there are, not as executions held."""
-        return [Holding(exec_id, r.attempt, r.lock) for exec_id, r in list(self._locked.items()) if r.lock]
+        return [Holding(exec_id, r.attempt, r.lock) for exec_id, r in list(self._locked.items())]
 
     def attempt_of(self, exec_id: str, *, claimed_before: float) -> int | None:
         """The attempt this worker holds at ``exec_id`` if its claim was sent before
@@ -200,9 +200,10 @@ class Runtime:
             return
         run = admitted[0]
         log.warning("execution %s was claimed but its job never reached the handler", run.job.execution_id)
-        self.unsure = True
         if self._runs.get(run.job.execution_id) is run:
             del self._runs[run.job.execution_id]
+        # Once it is no longer held: a full beat that reads the holdings after this names it a stray.
+        self.unsure = True
 
     async def handle(self, payload: bytes, lease: str = "", then: FollowUp | None = None) -> bool:
         """Entry point for one arq job. Failures are recorded as data; only a shutdown

@@ -205,12 +205,16 @@ def is_job_id(value: str) -> bool:
     return _JOB_ID.fullmatch(value) is not None
 
 
+EXECUTION = "exe:"  # what follows a partition's prefix in an execution's hash name
+LOST = "lost:"  # and in a worker's set of losses (``lost``)
+
+
 def execution(exec_id: str) -> str:
     """Hash of an execution's live state: tool, owner, attempt, state, worker, cancel, and when
     (Redis's clock, ms) it was accepted (``queued_at``), last claimed (``started_at``) and ended
     (``ended_at``); while it runs, its newest progress ``message`` and when it came (``message_at``);
     where its events go (``reply``, ``joined``, ``stream``: ``lua.EMIT``)."""
-    return f"{_prefix_of(exec_id)}exe:{exec_id}"
+    return f"{_prefix_of(exec_id)}{EXECUTION}{exec_id}"
 
 
 def record_prefix(partition: int) -> str:
@@ -220,7 +224,7 @@ def record_prefix(partition: int) -> str:
 
 def execution_prefix(partition: int) -> str:
     """What an execution's hash is named by in ``partition``: the prefix, then its id."""
-    return _layout.prefixes[partition] + "exe:"
+    return _layout.prefixes[partition] + EXECUTION
 
 
 def record(exec_id: str) -> str:
@@ -272,7 +276,7 @@ def lost(worker_id: str, partition: int) -> str:
     worker's claim, put it there in the same script): what its next heartbeat checks when no
     write can have been lost since its last full one (``store.roster``). Drained by each beat;
     an hour's TTL from its last addition, for a worker that never comes back."""
-    return f"{_layout.prefixes[partition]}lost:{worker_id}"
+    return f"{_layout.prefixes[partition]}{LOST}{worker_id}"
 
 
 def beat_named(worker_id: str, partition: int) -> str:

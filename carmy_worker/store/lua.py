@@ -7,6 +7,7 @@ parameters in, a typed result out); nothing else builds a script's ``KEYS`` or `
 
 from __future__ import annotations
 
+from carmy_worker.store import keys
 from carmy_worker.store.metrics import LUA_COUNT
 
 # Every script starts with one of these two lines (Redis 7 script flags), which say what it may
@@ -41,9 +42,9 @@ local function int(n) return string.format('%d', n) end
 # as the change (REAP; a claim of an execution listed as running elsewhere), so that the worker's
 # next heartbeat finds the loss by reading that set rather than every execution it holds
 # (store.roster). An hour's TTL from the last mark: a worker that never beats again leaves nothing.
-LOSE = """
+LOSE = f"""
 local function lost_key(exe, exec_id, worker_id)
-  return string.sub(exe, 1, #exe - #exec_id - 4) .. 'lost:' .. worker_id
+  return string.sub(exe, 1, #exe - #exec_id - {len(keys.EXECUTION)}) .. '{keys.LOST}' .. worker_id
 end
 local function lose(key, exec_id)
   redis.call('SADD', key, exec_id)

@@ -78,27 +78,18 @@ class Reads:
             return "done", records.uncertain(exec_id, tool, "the store lost track of it")
         return state.decode(), None
 
-    async def ended(self, exec_ids: Iterable[str], *, chunk: int = ENDED_CHUNK) -> list[str]:
-        """Those of ``exec_ids`` that have ended (their record is written: SETTLE and the scripts
-        that impose one set ``state`` to done in the same script) or that Redis lost: the ones
-        whose record is worth reading.
-
-        One ``HGET`` each, in a STATES per ``chunk`` of one partition's executions (``chunks``),
-        so that on a cluster each is one slot's and goes to its node.
-        """
-        ended: list[str] = []
-        for some in chunks(exec_ids, chunk):
-            ended.extend(await self.ended_among(some))
-        return ended
-
-    async def ended_among(self, some: list[str]) -> list[str]:
-        """``ended`` for one chunk of one partition's executions (one STATES)."""
+    async def ended(self, some: list[str]) -> list[str]:
+        """Those of ``some`` (one partition's, at most a few hundred: ``chunks``) that have ended
+        (their record is written: SETTLE and the scripts that impose one set ``state`` to done in
+        the same script) or that Redis lost: the ones whose record is worth reading. One ``HGET``
+        each, in one STATES: one partition's, so that on a cluster it goes to that slot's node."""
         states = await self._states(keys=[keys.execution(exec_id) for exec_id in some], args=[])
         return [exec_id for exec_id, state in zip(some, states, strict=True) if state is None or state == b"done"]
 
 
 def chunks(exec_ids: Iterable[str], chunk: int = ENDED_CHUNK) -> list[list[str]]:
-    """``exec_ids`` in lists of at most ``chunk``, each of one partition's."""
+    """``exec_ids`` in lists of at most ``chunk``, each of one partition's: what ``Reads.ended``
+    asks about at once."""
     by_partition: dict[int, list[str]] = {}
     for exec_id in exec_ids:
         by_partition.setdefault(keys.partition_of(exec_id), []).append(exec_id)

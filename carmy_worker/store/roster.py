@@ -299,7 +299,6 @@ class Beat(Struct, frozen=True):
     # Per partition, the epoch of the Redis that served its beat (HEARTBEAT): a losses-only beat
     # there is exact while it stays the same.
     epochs: list[str] = []
-    complete: bool = True  # a full check: strays and orphans were looked for
     stale: bool = False  # a losses-only beat met another epoch somewhere: a full check is due now
 
 
@@ -426,7 +425,7 @@ def _losses_beat(worker_id: str, epochs: list[str], locked: Claims, replies: lis
                 lost.append(exec_id)
     seen = [reply[4].decode() for reply in replies]
     return Beat(registered=all(reply[0] for reply in replies), lost=lost, unlocked=_unlocked(locked, locks, set(lost)),
-                strays=[], orphans=[], epochs=seen, complete=False, stale=seen != epochs)
+                strays=[], orphans=[], epochs=seen, stale=seen != epochs)
 
 
 def _roster_call(dead_ms: int, partition: int) -> Call:

@@ -24,7 +24,7 @@ from api.events.mailbox import ENDED, RESYNC, Mailbox
 from api.events.recheck import Recheck
 from carmy_worker.store import keys, records
 from carmy_worker.store.attempts import Attempts
-from carmy_worker.store.reads import Reads
+from carmy_worker.store.reads import Reads, chunks
 from carmy_worker.store.submit import Submit
 from carmy_worker.wire import ExecutionJob, Record
 from tests import cells
@@ -177,9 +177,9 @@ async def test_a_pass_spreads_its_chunks_and_wakes_each_chunks_waiters_before_th
         return await box.get(timeout=0) == ENDED
 
     class Timed(Reads):
-        async def ended_among(self, some: list[str]) -> list[str]:
+        async def ended(self, some: list[str]) -> list[str]:
             asked.append((time.monotonic(), some, await woken(boxes[ids[0]])))
-            return await super().ended_among(some)
+            return await super().ended(some)
 
     every = 0.4
     await Recheck(Timed(ar), expected, every=every, chunk=2).once()
@@ -196,7 +196,11 @@ async def test_ended_asks_in_chunks_of_one_partition(ar: redis.asyncio.Redis) ->
         ids = [await submitted(ar, partition=i % 3) for i in range(20)]
         await settle(ar, ids[3])
         await ar.delete(keys.execution(ids[7]), keys.execution(ids[11]))  # partitions 1 and 2
-        assert sorted(await Reads(ar).ended(ids, chunk=2)) == sorted([ids[3], ids[7], ids[11]])
+        some = chunks(ids, 2)
+        assert all(len(c) <= 2 and len({keys.partition_of(e) for e in c}) == 1 for c in some)
+        assert sorted(e for c in some for e in c) == sorted(ids)
+        ended = [e for c in some for e in await Reads(ar).ended(c)]
+        assert sorted(ended) == sorted([ids[3], ids[7], ids[11]])
 
 
 async def test_a_redis_out_of_reach_is_noted_and_its_return_too(ar: redis.asyncio.Redis) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from bench.localcluster import LocalCluster
 from carmy_worker.store import keys
 from carmy_worker.store.cluster import StoreCluster
-from carmy_worker.store.reads import Reads
+from carmy_worker.store.reads import Reads, chunks
 from tests.cells import partitions
 
 PARTITIONS = 16
@@ -21,7 +21,7 @@ async def test_ended_reads_every_partition_on_its_own_node(cluster: StoreCluster
             if i % 7 != 3:  # every seventh one Redis lost: no hash at all
                 await cluster.hset(keys.execution(exec_id), "state", "done" if i % 5 == 0 else "running")
         try:
-            ended = await Reads(cluster).ended(ids, chunk=4)
+            ended = [e for some in chunks(ids, 4) for e in await Reads(cluster).ended(some)]
             assert sorted(ended) == sorted(e for i, e in enumerate(ids) if i % 7 == 3 or i % 5 == 0)
         finally:
             for exec_id in ids:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -19,10 +20,11 @@ from carmy_worker.runtime.queue import Lease, Leases
 from carmy_worker.runtime.runner import Runtime
 from carmy_worker.settings import WorkerSettings
 from carmy_worker.store import jobs, keys, records
+from carmy_worker.store.roster import Holding
 from carmy_worker.store.submit import Submit
 from carmy_worker.store.verdicts import Verdicts
 from carmy_worker.wire import ExecutionJob, msgpack_encoder, record_decoder
-from tests.support import RedisServer
+from tests.support import RedisServer, wait_until_async
 
 tools = Toolbox()
 
@@ -164,10 +166,32 @@ async def test_a_claim_whose_job_never_reaches_the_handler_is_let_go(
     runtime.admit(payload, lease.claim, lease.token, lease.sent_at)
     with caplog.at_level(logging.WARNING, logger="carmy.worker"):
         runtime.forget(lease.token)  # arq's run_job returned without calling the handler
-    # No longer held: the next heartbeat finds it a stray, and settles it.
-    assert runtime.holdings() == []
+    # No longer held: the next heartbeat, a full one (unsure), finds it a stray, and settles it.
+    assert runtime.holdings() == [] and runtime.unsure
     assert f"execution {exec_id} was claimed but its job never reached the handler" in caplog.text
     runtime.forget(lease.token)  # once more, as after a normal run: nothing to do
+
+
+async def test_what_a_losses_only_heartbeat_reads_is_the_locked_runs_and_attempts_claimed_before_it(
+    runtime: Runtime,
+) -> None:
+    """A heartbeat between full checks reads nothing per execution held: the locks of the runs
+    that hold one (``locked_holdings``, kept as each lock is taken and released), and the attempt
+    at an execution it names, only if claimed before the beat was sent (``attempt_of``)."""
+    before = time.monotonic()
+    exec_id = keys.new_execution_id()
+    payload, lease = await leased(runtime, exec_id, "waits")  # parallel_safe=False: takes its lock
+    assert lease.claim is not None
+    runtime.admit(payload, lease.claim, lease.token, lease.sent_at)
+    assert runtime.locked_holdings() == []  # claimed, its lock not taken yet
+    running = asyncio.create_task(runtime.handle(payload, lease.token))
+    await wait_until_async(runtime.locked_holdings, 5, "the tool's lock taken")
+    assert runtime.locked_holdings() == [Holding(exec_id, 1, keys.lock("waits"))]
+    assert runtime.attempt_of(exec_id, claimed_before=time.monotonic()) == 1
+    assert runtime.attempt_of(exec_id, claimed_before=before) is None  # a beat sent before its claim
+    runtime.cancel(exec_id)
+    await asyncio.wait_for(running, 5)
+    assert runtime.locked_holdings() == [] and runtime.attempt_of(exec_id, claimed_before=time.monotonic()) is None
 
 
 async def test_a_cancel_heard_while_the_lease_was_in_flight_is_not_lost(runtime: Runtime) -> None:
