@@ -281,14 +281,21 @@ def lost(worker_id: str, partition: int) -> str:
 
 def beat_named(worker_id: str, partition: int) -> str:
     """Set of the executions a worker named in a heartbeat sent in parts (``store.roster``),
-    for its last part to find the strays against; gone once that part ran (60 s at most)."""
+    for its scan parts to find the strays against; gone once its last part ran (60 s at most)."""
     return f"{_layout.prefixes[partition]}beat:{worker_id}:named"
 
 
 def beat_has(worker_id: str, partition: int) -> str:
-    """Set of the jobs a worker said it has in a heartbeat sent in parts, for its last part to
-    find the orphaned leases against; gone once that part ran (60 s at most)."""
+    """Set of the jobs a worker said it has in a heartbeat sent in parts, for its scan parts to
+    find the orphaned leases against; gone once its last part ran (60 s at most)."""
     return f"{_layout.prefixes[partition]}beat:{worker_id}:has"
+
+
+def beat_scan(worker_id: str, partition: int) -> str:
+    """Hash of where a heartbeat sent in parts has got to in its scans of the worker's running
+    set and leases (``strays``, ``orphans``: a cursor, or ``done``); gone once its last part ran
+    (60 s at most)."""
+    return f"{_layout.prefixes[partition]}beat:{worker_id}:scan"
 
 
 def lock(tool: str) -> str:

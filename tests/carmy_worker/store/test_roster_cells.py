@@ -9,6 +9,7 @@ set of the execution's partition): what a worker killed mid-run leaves behind.
 
 from __future__ import annotations
 
+import collections
 import os
 from collections.abc import AsyncIterator, Iterator
 
@@ -242,12 +243,55 @@ async def test_a_worker_holding_more_than_a_slice_beats_in_parts_with_the_same_f
     assert beat.lost == [lost]
     assert beat.strays == [Stray(stray, 1, "tally")]
     assert beat.orphans == [Orphan(orphan, f"token-{orphan}")]
-    # Five held and five jobs in slices of two: three parts and the last; one script elsewhere.
-    assert r.info("commandstats")["cmdstat_evalsha"]["calls"] == 4 + (PARTITIONS - 1)
-    assert not r.exists(keys.beat_named("w1", big), keys.beat_has("w1", big))
+    # Five held and five jobs in slices of two: three parts, a scan step of the running set and
+    # one of the leases, and the last; one script elsewhere.
+    assert r.info("commandstats")["cmdstat_evalsha"]["calls"] == 6 + (PARTITIONS - 1)
+    assert not r.exists(keys.beat_named("w1", big), keys.beat_has("w1", big), keys.beat_scan("w1", big))
     assert all(r.zscore(keys.workers(p), "w1") is not None for p in keys.partitions())
     # The orphan passed back is released by the next beat's last part, the jobs it has are not.
     await liveness.heartbeat("w1", claims=Claims(held=held, jobs=jobs_had, release=beat.orphans))
+    assert sorted(k.decode() for k in r.hkeys(keys.leases("w1", big))) == sorted(jobs_had)
+
+
+async def test_a_beat_in_parts_scans_in_steps_and_its_last_part_takes_the_steps_left(
+        r: redis.Redis, ar: redis.asyncio.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The strays and orphans of a beat in parts are found a step at a time (no one script reads
+    the whole running set or leases), as many steps as the worker's own count says; a running
+    set and leases grown past that count (strays and orphans by the score) are scanned to their
+    end by the last part. Each is reported once, and the scan's cursors are gone after."""
+    monkeypatch.setattr(roster, "BEAT_SLICE", 2)
+    monkeypatch.setattr(roster, "SCAN_SLICE", 3)
+    big = 2
+    held = [claimed(r, await accepted(ar, big, idempotent=True), "w1") for _ in range(4)]
+    strays = {claimed(r, keys.new_execution_id(big), "w1").execution_id for _ in range(90)}
+    for stray in strays:  # as SUBMIT left them (more than its admission takes in a test)
+        r.hset(keys.execution(stray), "tool", "tally")
+    jobs_had = [h.execution_id for h in held]
+    orphans = {keys.new_execution_id(big) for _ in range(600)}  # past a listpack hash's 512: scanned in steps
+    r.hset(keys.leases("w1", big), mapping={job: f"token-{job}" for job in [*jobs_had, *orphans]})
+    liveness = Liveness(ar, dead_after=DEAD_AFTER)
+    await liveness.heartbeat("w1")  # the script loaded
+    r.config_set("slowlog-max-len", 10_000)
+    r.config_set("slowlog-log-slower-than", 0)  # every command, those the scripts run too
+    r.slowlog_reset()
+    beat = await liveness.heartbeat("w1", claims=Claims(held=held, jobs=jobs_had))
+    scans = [e for e in r.slowlog_get(10_000) if e["command"].split()[0] in (b"SSCAN", b"HSCAN")]
+    r.config_set("slowlog-log-slower-than", 10_000)
+    r.config_set("slowlog-max-len", 128)
+    assert beat.lost == []
+    assert sorted(s.execution_id for s in beat.strays) == sorted(strays)
+    assert {s.attempt for s in beat.strays} == {1} and {s.tool for s in beat.strays} == {"tally"}
+    assert sorted(o.job_id for o in beat.orphans) == sorted(orphans)
+    assert all(o.token == f"token-{o.job_id}" for o in beat.orphans)
+    # Four held and four jobs: two scan parts, each a step of three or so, then the last part's
+    # steps, to the end of 94 members and 604 leases.
+    steps = collections.Counter(e["command"].split()[0] for e in scans)
+    assert steps[b"SSCAN"] > 94 // 6 and steps[b"HSCAN"] > 604 // 6
+    assert not r.exists(keys.beat_named("w1", big), keys.beat_has("w1", big), keys.beat_scan("w1", big))
+    # The orphans passed back are released by the next beat's first scan part.
+    beat = await liveness.heartbeat("w1", claims=Claims(held=[*held, *(Holding(e, 1) for e in strays)],
+                                                         jobs=jobs_had, release=beat.orphans))
+    assert beat.strays == [] and beat.orphans == []
     assert sorted(k.decode() for k in r.hkeys(keys.leases("w1", big))) == sorted(jobs_had)
 
 
