@@ -18,6 +18,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable
 
+import msgspec
 import redis as sync_redis
 from redis.asyncio import Redis
 
@@ -133,9 +134,14 @@ class Presence:
     def _check(self, liveness: SyncLiveness, release: list[Orphan] | None = None) -> Beat:
         """One full heartbeat, and what it says about the executions held (``_heard``)."""
         started = time.monotonic()
-        held = self.runtime.holdings()
-        claims = Claims(held=held, jobs=list(self.leased()), release=release or [])
-        beat = liveness.heartbeat(self.info.worker_id, claims=claims)
+        with self.runtime.watch_admits() as admitted:
+            held = self.runtime.holdings()
+            claims = Claims(held=held, jobs=list(self.leased()), release=release or [])
+            beat = liveness.heartbeat(self.info.worker_id, claims=claims)
+        if admitted:  # taken while the beat was out, so not in its snapshot: not strays, not orphans
+            beat = msgspec.structs.replace(
+                beat, strays=[s for s in beat.strays if s.execution_id not in admitted],
+                orphans=[o for o in beat.orphans if o.job_id not in admitted])
         return self._heard(beat, started, {h.execution_id: h.attempt for h in held}.get)
 
     def _check_losses(self, liveness: SyncLiveness, epochs: list[str]) -> Beat:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -123,6 +124,10 @@ class Runtime:
         # stray's settle that Redis failed); its presence then sends a full heartbeat next, which
         # finds strays, rather than waiting for the next due one (presence.FULL_EVERY).
         self.unsure = False
+        # Sets of what was admitted while a full heartbeat was out (``watch_admits``), one per
+        # beat under way; replaced, never changed in place, so that ``admit`` may read it while
+        # the heartbeat thread swaps it.
+        self._watchers: tuple[set[str], ...] = ()
 
     @property
     def running(self) -> int:
@@ -190,6 +195,21 @@ class Runtime:
         except msgspec.DecodeError:
             return  # handle says so; the heartbeat settles the claim as a stray
         self._admitted[lease] = (self._claimed(job, claim, lease, sent_at), claim.verdict)
+        for admitted in self._watchers:
+            admitted.add(job.execution_id)
+
+    @contextlib.contextmanager
+    def watch_admits(self) -> Iterator[set[str]]:
+        """The executions admitted from now until the block ends (safe from another thread): a
+        full heartbeat, whose snapshot of what the worker holds is taken first, finds these
+        listed as running on the worker and leased to it, but not named. They are neither strays
+        nor orphans."""
+        admitted: set[str] = set()
+        self._watchers = (*self._watchers, admitted)
+        try:
+            yield admitted
+        finally:
+            self._watchers = tuple(w for w in self._watchers if w is not admitted)
 
     def forget(self, lease: str) -> None:
         """arq is done with ``lease``'s job. If it never handed the job to ``handle``, the claim

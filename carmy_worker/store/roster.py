@@ -376,11 +376,10 @@ def _beat_head(worker_id: str, offset_ms: int, dead_ms: int, partition: int) -> 
             jobs.in_progress_key_prefix(partition)]
 
 
-def _heartbeat_call(worker_id: str, offset_ms: int, dead_ms: int, claims: Claims, partition: int) -> list[list[Call]]:
+def _heartbeat_call(worker_id: str, offset_ms: int, dead_ms: int, claims: Claims, partition: int) -> list[Call]:
     """HEARTBEAT's full check in ``partition``, given only the claims of that partition's
-    executions and jobs, in the rounds its calls go out in (see ``_heartbeat_rounds``): one call,
-    or for a worker that holds more there its named parts (``BEAT_SLICE`` of each at most), then
-    its scan steps one by one, then its last part."""
+    executions and jobs, in order: one call, or for a worker that holds more there its named
+    parts (``BEAT_SLICE`` of each at most), its scan steps, then its last part."""
     mine = keys.partition_of
     held = [h for h in claims.held if mine(h.execution_id) == partition]
     has = [job for job in claims.jobs if mine(job) == partition]
@@ -391,7 +390,7 @@ def _heartbeat_call(worker_id: str, offset_ms: int, dead_ms: int, claims: Claims
     head = _beat_head(worker_id, offset_ms, dead_ms, partition)
     last_keys = _beat_keys(worker_id, partition, last=True)
     if len(held) <= BEAT_SLICE and len(has) <= BEAT_SLICE:
-        return [[(last_keys, [*head, "whole", *_held_and_jobs(held, has), *release])]]
+        return [(last_keys, [*head, "whole", *_held_and_jobs(held, has), *release])]
     call_keys = _beat_keys(worker_id, partition, last=False)
     size = max(BEAT_SLICE, 1)  # 0: every beat with something to check in parts (the tests' way to see them)
     parts = max(-(-len(held) // size), -(-len(has) // size))
@@ -400,25 +399,21 @@ def _heartbeat_call(worker_id: str, offset_ms: int, dead_ms: int, claims: Claims
     # As many scan steps as the running set and the leases take if they hold what the worker
     # named (at least one, which releases); the last part takes any step left.
     scans = max(1, -(-len(held) // SCAN_SLICE) + -(-len(has) // SCAN_SLICE))
-    steps = [[(call_keys, [*head, "scan", SCAN_SLICE, *(release if n == 0 else [])])] for n in range(scans)]
-    return [named, *steps, [(last_keys, [*head, "last", 0, 0, SCAN_SLICE])]]
+    steps: list[Call] = [(call_keys, [*head, "scan", SCAN_SLICE, *(release if n == 0 else [])]) for n in range(scans)]
+    return [*named, *steps, (last_keys, [*head, "last", 0, 0, SCAN_SLICE])]
 
 
 def _heartbeat_rounds(worker_id: str, offset_ms: int, dead_ms: int, claims: Claims) -> list[list[Call]]:
     """A full beat's calls over every partition, in rounds: each round's calls go out in one
-    pipeline, once the round before has answered. The first holds every partition's whole call
-    or named parts; each next one a scan step of every partition that has one left; the last
-    their last parts. Redis runs the calls a pipeline brings in one read back to back: the named
-    parts are long (a read or so each), but the scan steps are short, and in one pipeline twenty
-    steps held Redis as long as the one script they replace (25-34 ms at 10,000 executions, PINGs
-    of other clients waiting); as round trips of their own, 0.5 ms each."""
+    pipeline, once the round before has answered, and round n holds the n-th call of each
+    partition (the first: its whole call, or its first part, which reads its epoch). Redis runs
+    the calls a pipeline brings in one read back to back, and a client's pipeline of a beat's
+    parts and scan steps held it as long as one script over all of them (25-34 ms at 10,000
+    executions, PINGs of other clients waiting); one round trip per part lets it serve its other
+    clients between any two."""
     per_partition = [_heartbeat_call(worker_id, offset_ms, dead_ms, claims, p) for p in keys.partitions()]
-    first = [call for calls in per_partition for call in calls[0]]
-    in_parts = [calls for calls in per_partition if len(calls) > 1]
-    steps = [[call for calls in in_parts if n + 1 < len(calls) - 1 for call in calls[n + 1]]
-             for n in range(max((len(calls) - 2 for calls in in_parts), default=0))]
-    lasts = [call for calls in in_parts for call in calls[-1]]
-    return [first, *steps, lasts] if lasts else [first]
+    return [[calls[n] for calls in per_partition if n < len(calls)]
+            for n in range(max(len(calls) for calls in per_partition))]
 
 
 def _losses_calls(worker_id: str, dead_ms: int, epochs: list[str]) -> list[Call]:

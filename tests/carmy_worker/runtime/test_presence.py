@@ -4,8 +4,10 @@ choice of a full check or one of its losses only."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import threading
+from collections.abc import Iterator
 from typing import Any, cast
 
 import pytest
@@ -16,6 +18,7 @@ from carmy_worker import Context, RetryPolicy, Toolbox
 from carmy_worker.runtime.presence import FULL_EVERY, Presence, describe, new_worker_id, pid_of
 from carmy_worker.runtime.runner import Runtime
 from carmy_worker.settings import WorkerSettings
+from carmy_worker.store import keys
 from carmy_worker.store.roster import Beat, Holding, SyncLiveness
 from carmy_worker.wire import WorkerInfo, msgpack_encoder, worker_info_decoder
 from tests.support import RedisServer
@@ -46,9 +49,23 @@ def test_a_worker_id_names_its_process() -> None:
 
 
 class Holds:
-    """A runtime holding nothing, as the heartbeat thread sees it; ``unsure`` as ``Runtime``'s."""
+    """A runtime holding nothing, as the heartbeat thread sees it; ``unsure`` as ``Runtime``'s.
+    ``admit(exec_id)`` is an execution admitted now, which a full beat under way is told of."""
 
     unsure = False
+    _watching: set[str] | None = None
+
+    @contextlib.contextmanager
+    def watch_admits(self) -> Iterator[set[str]]:
+        self._watching = set()
+        try:
+            yield self._watching
+        finally:
+            self._watching = None
+
+    def admit(self, exec_id: str) -> None:
+        if self._watching is not None:
+            self._watching.add(exec_id)
 
     def holdings(self) -> list[Holding]:
         return []
@@ -108,3 +125,67 @@ def test_nine_beats_in_ten_read_only_the_losses_and_any_doubt_sends_a_full_one(
     periodic = ["full", *["losses"] * (FULL_EVERY - 1), "full"]
     assert kinds[:doubt_at + 7] == [*periodic, "losses", "full", "losses", "full", "losses", "full", "losses"]
     assert runtime.unsure is False
+
+
+def test_a_full_beat_takes_what_was_admitted_while_it_was_out_for_neither_a_stray_nor_an_orphan(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A LEASE answered while a full beat is out claims an execution the beat's snapshot did not
+    name: Redis lists it as running on the worker and leased to it, and the beat's scan finds it.
+    It is the worker's, so it neither needs a second full beat to confirm it nor is released.
+    A lease the worker was never told of (a LEASE whose reply was lost) still does: the next beat
+    is full, and releases it."""
+    worker = "w-admits"
+    kinds: list[str] = []
+    done = threading.Event()
+    runtime = Holds()
+    r = sync_redis.Redis.from_url(redis_server.url)
+    admitted, lost = keys.new_execution_id(), keys.new_execution_id()
+    full_check, losses_check = SyncLiveness.heartbeat, SyncLiveness.check_losses
+
+    def listed(exec_id: str, *, running: bool) -> None:
+        partition = keys.partition_of(exec_id)
+        r.hset(keys.leases(worker, partition), exec_id, f"token-{exec_id}")
+        if running:
+            r.hset(keys.execution(exec_id), mapping={"state": "running", "attempt": 1, "worker": worker,
+                                                     "tool": "t"})
+            r.sadd(keys.running(worker, partition), exec_id)
+
+    def heartbeat(self: SyncLiveness, worker_id: str, **kw: Any) -> Beat:
+        kinds.append("full")
+        if len(kinds) == 1:  # claimed and leased by a LEASE answered while this beat is out
+            listed(admitted, running=True)
+            runtime.admit(admitted)
+        if len(kinds) == 3:  # leased by a LEASE whose reply never came
+            listed(lost, running=False)
+        return full_check(self, worker_id, **kw)
+
+    def check_losses(self: SyncLiveness, worker_id: str, **kw: Any) -> Beat:
+        kinds.append("losses")
+        if len(kinds) == 2:  # its run ended; then something makes the next beat a full one
+            partition = keys.partition_of(admitted)
+            r.srem(keys.running(worker, partition), admitted)
+            r.hdel(keys.leases(worker, partition), admitted)
+            runtime.unsure = True
+        if len(kinds) >= 5:
+            done.set()
+        return losses_check(self, worker_id, **kw)
+
+    monkeypatch.setattr(SyncLiveness, "heartbeat", heartbeat)
+    monkeypatch.setattr(SyncLiveness, "check_losses", check_losses)
+    settings = WorkerSettings(redis_url=redis_server.url, heartbeat=0.01)
+    info = WorkerInfo(worker_id=worker, started_ms=0, tools=[], group="g")
+    presence = Presence(redis=redis.asyncio.Redis.from_url(redis_server.url), settings=settings, info=info,
+                        runtime=cast("Runtime", runtime))
+    presence._loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=presence._beat, daemon=True)
+    thread.start()
+    try:
+        assert done.wait(30), kinds
+    finally:
+        presence._stop.set()
+        thread.join(10)
+        presence._loop.close()
+        r.close()
+    assert kinds[:5] == ["full", "losses", "full", "full", "losses"]
+    assert not sync_redis.Redis.from_url(redis_server.url).hexists(keys.leases(worker, keys.partition_of(lost)), lost)

@@ -194,6 +194,27 @@ async def test_what_a_losses_only_heartbeat_reads_is_the_locked_runs_and_attempt
     assert runtime.locked_holdings() == [] and runtime.attempt_of(exec_id, claimed_before=time.monotonic()) is None
 
 
+async def test_a_full_heartbeat_hears_of_the_claims_admitted_while_it_is_out(runtime: Runtime) -> None:
+    """What LEASE claimed while a full heartbeat was out (after its snapshot of what is held) is
+    told to that beat (``watch_admits``), so that it takes none of it for a stray or an orphan;
+    a claim admitted before or after is not."""
+    before, during, after = (keys.new_execution_id() for _ in range(3))
+    leases = {exec_id: await leased(runtime, exec_id, "counted") for exec_id in (before, during, after)}
+
+    def admit(exec_id: str) -> None:
+        payload, lease = leases[exec_id]
+        assert lease.claim is not None
+        runtime.admit(payload, lease.claim, lease.token, lease.sent_at)
+
+    admit(before)
+    with runtime.watch_admits() as admitted, runtime.watch_admits() as also:  # ensure_fresh's and the thread's
+        admit(during)
+    admit(after)
+    assert admitted == also == {during}
+    for payload, lease in leases.values():
+        await runtime.handle(payload, lease.token)
+
+
 async def test_a_cancel_heard_while_the_lease_was_in_flight_is_not_lost(runtime: Runtime) -> None:
     exec_id = keys.new_execution_id()
     payload, lease = await leased(runtime, exec_id, "waits")
