@@ -6,14 +6,15 @@ hub's connection drops, every waiter re-reads its record (``RESYNC``). An event 
 reconnection to explain it (a worker older than this API publishing elsewhere, a follower it
 does not know of) would leave a waiter waiting for ever: so, every ``RECHECK_S`` (jittered, so
 that API processes do not fall into step), this process asks Redis about all the executions it
-waits for (a STATES per chunk of 500 of one partition's, a command each: ``store.reads``) and
+waits for (a STATES per chunk of 100 of one partition's, a command each: ``store.reads``) and
 wakes only the waiters of the ones that ended or that Redis lost (``ENDED`` in their mailbox):
-they read their record as after any other wake-up. Ten thousand idle streams cost twenty round
-trips per tick, not ten thousand pipelines. The chunks are spread over up to half the period
-(``SPREAD``, at most ``MAX_GAP_S`` apart): asked back to back, the twenty chunks of 10,000 held
+they read their record as after any other wake-up. Ten thousand idle streams cost a hundred
+round trips per tick, not ten thousand pipelines. The chunks are spread over up to half the
+period (``SPREAD``, at most ``MAX_GAP_S`` apart): asked back to back, twenty chunks of 500 held
 Redis and this process for some 30 ms every 5 s, and the calls made meanwhile waited behind
-them (bench/README.md, "Heartbeats and rechecks that cost no more than what changes"). Each
-execution is still asked about once a period.
+them (bench/README.md, "Heartbeats and rechecks that cost no more than what changes"); spread,
+each chunk of 500 was still what the slowest calls waited behind ("The full check in steps").
+Each execution is still asked about once a period.
 
 The executions are the hub's (``EventHub.waiting``): every waiter registers there before its
 execution can publish, so the recheck keeps no registry of its own.
