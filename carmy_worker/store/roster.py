@@ -85,8 +85,9 @@ SCAN_SLICE = 1000
 # ``Liveness`` reads it beside the beat.)
 #
 # A worker holding more than ``BEAT_SLICE`` executions (or jobs) in the partition checks them in
-# parts (``_heartbeat_calls``), so that no one script holds Redis for long: a script holds
-# every other client, and one over 10,000 executions took 35-40 ms. Part 'first' marks the
+# parts, each a round trip of its own (``_heartbeat_rounds``), so that no one script, nor one
+# pipeline of them, holds Redis for long: a script holds every other client, and one over 10,000
+# executions took 35-40 ms. Part 'first' marks the
 # worker seen and checks a slice of what it holds, 'more' the next slices; each adds the names
 # it was given to two sets of the beat's own (named, has). Then each part 'scan' takes one step
 # (SSCAN, HSCAN of ``SCAN_SLICE``, from the cursors kept in the beat's scan hash) through the
@@ -155,11 +156,11 @@ local function scan_step(slice, strays, orphans)
     redis.call('HSET', KEYS[9], 'strays', step[1] == '0' and 'done' or step[1])
   elseif at[2] ~= 'done' then
     local step = redis.call('HSCAN', KEYS[5], at[2] or '0', 'COUNT', slice)
-    local fields, pairs = {}, step[2]
-    for k = 1, #pairs, 2 do table.insert(fields, pairs[k]) end
+    local fields, flat = {}, step[2]  -- flat: job, token, job, token...
+    for k = 1, #flat, 2 do table.insert(fields, flat[k]) end
     for _, k in ipairs(absent(KEYS[7], fields)) do
       table.insert(orphans, fields[k])
-      table.insert(orphans, pairs[2 * k])
+      table.insert(orphans, flat[2 * k])
     end
     redis.call('HSET', KEYS[9], 'orphans', step[1] == '0' and 'done' or step[1])
   else
