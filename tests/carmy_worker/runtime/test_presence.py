@@ -77,6 +77,23 @@ class Holds:
         return None
 
 
+def beat_until(done: threading.Event, redis_server: RedisServer, runtime: Holds, worker_id: str) -> bool:
+    """Run ``worker_id``'s heartbeat thread, a beat every 10 ms, until ``done`` (or 30 s: False)."""
+    settings = WorkerSettings(redis_url=redis_server.url, heartbeat=0.01)
+    info = WorkerInfo(worker_id=worker_id, started_ms=0, tools=[], group="g")
+    presence = Presence(redis=redis.asyncio.Redis.from_url(redis_server.url), settings=settings, info=info,
+                        runtime=cast("Runtime", runtime))
+    presence._loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=presence._beat, daemon=True)
+    thread.start()
+    try:
+        return done.wait(30)
+    finally:
+        presence._stop.set()
+        thread.join(10)
+        presence._loop.close()
+
+
 def test_nine_beats_in_ten_read_only_the_losses_and_any_doubt_sends_a_full_one(
     redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -109,19 +126,7 @@ def test_nine_beats_in_ten_read_only_the_losses_and_any_doubt_sends_a_full_one(
 
     monkeypatch.setattr(SyncLiveness, "heartbeat", heartbeat)
     monkeypatch.setattr(SyncLiveness, "check_losses", check_losses)
-    settings = WorkerSettings(redis_url=redis_server.url, heartbeat=0.01)
-    info = WorkerInfo(worker_id="w-cadence", started_ms=0, tools=[], group="g")
-    presence = Presence(redis=redis.asyncio.Redis.from_url(redis_server.url), settings=settings, info=info,
-                        runtime=cast("Runtime", runtime))
-    presence._loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=presence._beat, daemon=True)
-    thread.start()
-    try:
-        assert done.wait(30), kinds
-    finally:
-        presence._stop.set()
-        thread.join(10)
-        presence._loop.close()
+    assert beat_until(done, redis_server, runtime, "w-cadence"), kinds
     periodic = ["full", *["losses"] * (FULL_EVERY - 1), "full"]
     assert kinds[:doubt_at + 7] == [*periodic, "losses", "full", "losses", "full", "losses", "full", "losses"]
     assert runtime.unsure is False
@@ -173,19 +178,9 @@ def test_a_full_beat_takes_what_was_admitted_while_it_was_out_for_neither_a_stra
 
     monkeypatch.setattr(SyncLiveness, "heartbeat", heartbeat)
     monkeypatch.setattr(SyncLiveness, "check_losses", check_losses)
-    settings = WorkerSettings(redis_url=redis_server.url, heartbeat=0.01)
-    info = WorkerInfo(worker_id=worker, started_ms=0, tools=[], group="g")
-    presence = Presence(redis=redis.asyncio.Redis.from_url(redis_server.url), settings=settings, info=info,
-                        runtime=cast("Runtime", runtime))
-    presence._loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=presence._beat, daemon=True)
-    thread.start()
     try:
-        assert done.wait(30), kinds
+        assert beat_until(done, redis_server, runtime, worker), kinds
     finally:
-        presence._stop.set()
-        thread.join(10)
-        presence._loop.close()
         r.close()
     assert kinds[:5] == ["full", "losses", "full", "full", "losses"]
     assert not sync_redis.Redis.from_url(redis_server.url).hexists(keys.leases(worker, keys.partition_of(lost)), lost)
