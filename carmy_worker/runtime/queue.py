@@ -60,7 +60,6 @@ fails loudly when an arq release changes one of them.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 from collections.abc import Awaitable, Callable
@@ -75,7 +74,7 @@ from arq.constants import in_progress_key_prefix, job_key_prefix, retry_key_pref
 from arq.worker import Retry, Worker, func
 from redis.exceptions import RedisError
 
-from carmy_worker.loop import first_done, running_loop
+from carmy_worker.loop import Signal, first_done, running_loop
 from carmy_worker.store import jobs, keys
 from carmy_worker.store.attempts import Claim
 from carmy_worker.store.batch import FollowUp
@@ -277,7 +276,7 @@ class WakeableWorker(Worker):
     fallback; keeps going through Redis outages (arq's own loop exits on the first connection
     error); and tells us when a signal starts its graceful shutdown."""
 
-    _slot_freed: asyncio.Event
+    _slot_freed: Signal
     _ends: dict[str, asyncio.Future[None]]  # job id -> the end of its run here (one at a time)
     # Jobs whose task ended in an error or a cancellation, still listed in ``tasks``: the main loop
     # surfaces their error as arq does. Tasks that end well unlist themselves (``_run_done``), so
@@ -307,7 +306,7 @@ class WakeableWorker(Worker):
         return cast("ArqRedis", _LeasedPool(cast("ArqRedis", self._pool), running))
 
     async def main(self) -> None:
-        self._slot_freed = asyncio.Event()
+        self._slot_freed = Signal()
         self._ends = {}
         self._failed = []
         if self._pool is None:  # pragma: no cover - we always pass a pool
@@ -348,9 +347,11 @@ class WakeableWorker(Worker):
             return None
         free = self.max_jobs - self.job_counter
         if not (self.allow_pick_jobs and free > 0):
-            with contextlib.suppress(TimeoutError):  # not wait_for: it can swallow a cancellation (3.11)
-                async with asyncio.timeout(self.poll_delay_s):
-                    await self._slot_freed.wait()
+            # Not asyncio.timeout (nor wait_for, which can swallow a cancellation in 3.11): its
+            # expiry cancels this task, arq's main, until the wait has ended, and a handoff's reply
+            # read in between took that for a shutdown (``_stopping``), leaving the job it leased
+            # to the heartbeat, seconds later.
+            await first_done(timeout=self.poll_delay_s, signal=self._slot_freed)
             return None
         # A drain that begins meanwhile does not stop this LEASE: what it took is run and drained
         # (``_taking``: the drain waits for it).

@@ -462,6 +462,40 @@ async def test_a_slot_stopped_as_its_settle_goes_out_does_not_run_the_job_it_was
     await client.aclose()
 
 
+async def test_a_full_workers_wait_for_a_slot_never_looks_like_a_shutdown(
+    r: redis.Redis, redis_server: RedisServer,
+) -> None:
+    """A full worker waits for a slot to free up, or for its fallback poll. With an
+    ``asyncio.timeout`` as that poll, each expiry cancelled arq's main task until the wait had
+    ended. A handoff's reply read in that window took it for a shutdown (``_stopping``), and the
+    job its LEASE had claimed waited seconds for the heartbeat to hand it back (the e2e test of a
+    job leased by a worker that died before claiming it, one run in six). Here the loop is looked
+    at between every two of its callbacks while the poll expires a few hundred times."""
+    gate = asyncio.Event()
+
+    async def handler(worker_id: str, payload: bytes, lease: str, then: FollowUp | None) -> None:
+        await gate.wait()
+
+    async with pool_of(redis_server.url, 1, handler, concurrency=1) as pool:
+        worker = pool.workers[0]
+        await until(lambda: blocked(r) == 1, "the worker blocked on the wake list")
+        worker.poll_delay_s = 0.001  # its next wait for a slot expires every millisecond
+        await submit(redis_server.url, keys.new_execution_id(PARTITION))
+        await until(lambda: len(pool.runs) == 1, "the job running: the worker full")
+        loop = asyncio.get_running_loop()
+        end, seen = loop.time() + 0.3, []
+
+        def look() -> None:
+            seen.append(worker._stopping())
+            if loop.time() < end:
+                loop.call_soon(look)
+
+        look()
+        await until(lambda: loop.time() >= end, "the looking done")
+        gate.set()
+        assert len(seen) > 100 and not any(seen), f"{sum(seen)} of {len(seen)} looks saw a shutdown"
+
+
 async def test_a_slots_next_job_starts_while_the_job_before_it_still_ends(
     r: redis.Redis, redis_server: RedisServer,
 ) -> None:
