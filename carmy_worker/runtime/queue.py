@@ -540,7 +540,10 @@ class WakeableWorker(Worker):
         return list(self.tasks)
 
     def _stopping(self) -> bool:
-        """Past its drain: arq has cancelled its main task (and every job listed then)."""
+        """Past its drain: arq has cancelled its main task (and every job listed then). Told by
+        the task's cancellation count, so no routine wait of the main task may time out by
+        cancelling it (``_wait_for_work``: a full worker's wait for a slot); the one that does,
+        a wait for work on a node that stopped answering (``Leases.wait_and_take``), is rare."""
         main = self.main_task
         return main is not None and (main.done() or _cancelling(main))
 

@@ -56,7 +56,7 @@ SCAN_SLICE = 1000
 # Marks the worker seen now in one partition (plus an offset: negative marks it departed) and
 # checks what it holds there, in one of two ways.
 #
-# A full check (parts 'whole', 'first', 'more', 'last': the worker names every execution and job
+# A full check (parts 'whole', 'first', 'more', 'scan', 'last': the worker names every execution and job
 # it holds) compares each execution with its hash, claiming again what a Redis crash made it
 # lose. Returns {whether the worker's info is still there (a Redis that restarted empty lost it;
 # 1 when the info key is not declared: it is partition 0's alone); lost: executions it no longer
@@ -140,6 +140,13 @@ local function release(i, has_job)
     end
   end
 end
+-- Adds e to the strays found: {id, attempt, tool}.
+local function stray(strays, e)
+  local h = redis.call('HMGET', ARGV[4] .. e, 'attempt', 'tool')
+  table.insert(strays, e)
+  table.insert(strays, h[1] or '0')
+  table.insert(strays, h[2] or '')
+end
 -- One step of the scan through the running set (strays), or once that is done through the
 -- leases (orphans); false when both are done.
 local function scan_step(slice, strays, orphans)
@@ -147,12 +154,7 @@ local function scan_step(slice, strays, orphans)
   if at[1] ~= 'done' then
     local step = redis.call('SSCAN', KEYS[3], at[1] or '0', 'COUNT', slice)
     local members = step[2]
-    for _, k in ipairs(absent(KEYS[6], members)) do
-      local h = redis.call('HMGET', ARGV[4] .. members[k], 'attempt', 'tool')
-      table.insert(strays, members[k])
-      table.insert(strays, h[1] or '0')
-      table.insert(strays, h[2] or '')
-    end
+    for _, k in ipairs(absent(KEYS[6], members)) do stray(strays, members[k]) end
     redis.call('HSET', KEYS[9], 'strays', step[1] == '0' and 'done' or step[1])
   elseif at[2] ~= 'done' then
     local step = redis.call('HSCAN', KEYS[5], at[2] or '0', 'COUNT', slice)
@@ -241,12 +243,7 @@ if not whole then
 end
 release(i, function(job) return has[job] end)
 for _, e in ipairs(redis.call('SMEMBERS', KEYS[3])) do
-  if not named[e] then
-    local h = redis.call('HMGET', ARGV[4] .. e, 'attempt', 'tool')
-    table.insert(strays, e)
-    table.insert(strays, h[1] or '0')
-    table.insert(strays, h[2] or '')
-  end
+  if not named[e] then stray(strays, e) end
 end
 local leases = redis.call('HGETALL', KEYS[5])
 for k = 1, #leases, 2 do

@@ -295,6 +295,30 @@ async def test_a_beat_in_parts_scans_in_steps_and_its_last_part_takes_the_steps_
     assert sorted(k.decode() for k in r.hkeys(keys.leases("w1", big))) == sorted(jobs_had)
 
 
+def test_a_beat_in_parts_sends_each_part_in_a_round_trip_of_its_own(
+        r: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Redis runs the commands one read of a client brings back to back: a beat's parts sent in
+    one pipeline held every other client as long as one script over them all. Each pipeline of
+    a beat in parts carries at most one call per partition, in each partition's order (named
+    parts, scan steps, last), and the next goes out once it has answered."""
+    monkeypatch.setattr(roster, "BEAT_SLICE", 2)
+    held = [Holding(keys.new_execution_id(p), 1) for p in keys.partitions() for _ in range(5)]
+    sent: list[list[str]] = []  # each pipeline's parts
+    real = roster.run_each_sync
+
+    def counted(client: redis.Redis, script: object, calls: list[roster.Call], **kw: object) -> object:
+        sent.append([f"{args[6]}@{call_keys[0]}" for call_keys, args in calls])
+        return real(client, script, calls, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(roster, "run_each_sync", counted)
+    SyncLiveness(r, dead_after=DEAD_AFTER).heartbeat("w1", claims=Claims(held=held))
+    # Five held in each partition, by twos: three named parts, a scan step, the last part.
+    assert len(sent) == 5
+    for n, pipeline in enumerate(sent):
+        assert len(pipeline) == PARTITIONS and len({p.split("@")[1] for p in pipeline}) == PARTITIONS
+        assert {p.split("@")[0] for p in pipeline} == {["first", "more", "more", "scan", "last"][n]}
+
+
 async def test_a_redis_that_lost_its_scripts_still_gets_every_beat_and_scan(r: redis.Redis,
                                                                             ar: redis.asyncio.Redis) -> None:
     """A restarted Redis, or a new primary (NOSCRIPT): each partition's call is loaded and run again."""
