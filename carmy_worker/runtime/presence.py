@@ -27,7 +27,7 @@ from carmy_worker.sdk.toolbox import Tool
 from carmy_worker.settings import WorkerSettings
 from carmy_worker.store import keys
 from carmy_worker.store.connect import RedisConnector
-from carmy_worker.store.roster import Beat, Claims, Liveness, Orphan, Stray, SyncLiveness
+from carmy_worker.store.roster import Beat, Claims, Holding, Liveness, Orphan, Stray, SyncLiveness
 from carmy_worker.wire import WorkerInfo, WorkerTool, msgpack_encoder
 
 log = logging.getLogger("carmy.worker")
@@ -142,7 +142,7 @@ class Presence:
             beat = msgspec.structs.replace(
                 beat, strays=[s for s in beat.strays if s.execution_id not in admitted],
                 orphans=[o for o in beat.orphans if o.job_id not in admitted])
-        return self._heard(beat, started, {h.execution_id: h.attempt for h in held}.get)
+        return self._heard(beat, started, _attempts(held))
 
     def _check_losses(self, liveness: SyncLiveness, epochs: list[str]) -> Beat:
         """One heartbeat that checks only what was taken from this worker since the last, exact
@@ -242,3 +242,18 @@ class Presence:
 def _log_failure(future: concurrent.futures.Future[None]) -> None:
     if not future.cancelled() and future.exception() is not None:
         log.error("could not settle a stray execution", exc_info=future.exception())
+
+
+def _attempts(held: list[Holding]) -> Callable[[str], int | None]:
+    """The attempt ``held`` names for an execution, or None. Its index is built on the first
+    question: a beat that lost nothing asks none, and the heartbeat thread, which holds the GIL
+    while it builds one, need not build it over every execution held (the event loop waits)."""
+    index: dict[str, int] | None = None
+
+    def attempt_of(exec_id: str) -> int | None:
+        nonlocal index
+        if index is None:
+            index = {h.execution_id: h.attempt for h in held}
+        return index.get(exec_id)
+
+    return attempt_of
