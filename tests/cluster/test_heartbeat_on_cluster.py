@@ -17,9 +17,9 @@ import redis
 from redis.crc import key_slot
 
 from bench.localcluster import LocalCluster
-from carmy_worker.store import keys
+from carmy_worker.store import keys, roster
 from carmy_worker.store.connect import RedisConnector
-from carmy_worker.store.roster import SyncLiveness
+from carmy_worker.store.roster import Claims, Holding, SyncLiveness
 from tests.cells import partitions
 from tests.support import wait_until
 
@@ -90,6 +90,44 @@ def test_a_beat_lands_in_the_partitions_of_the_primaries_still_up_while_another_
                         seen = node.zscore(keys.workers(p), "w")
                     assert seen is not None and seen >= sent - 1000, f"beat {beat}: partition {p} did not see it"
                 assert took < 2 + 1.5, f"beat {beat} took {took:.1f} s"  # its socket timeout, once
+        finally:
+            victim.resume()
+            client.close()
+
+
+def test_a_beat_in_parts_waits_out_a_hung_primary_once_not_once_a_round(
+        slow_to_fail_over: LocalCluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker that holds more than ``BEAT_SLICE`` executions in a partition beats there in
+    parts, a round trip each. A partition whose primary hangs sends none of its later rounds once
+    its first has failed: the beat gives up within about one socket timeout, not one for each of
+    its rounds (seven here, some 14 s: past ``dead_after`` in every other partition too, whose
+    janitors would then judge a live worker dead), and the partitions whose primaries answer
+    take every one of their rounds, the last included."""
+    cluster = slow_to_fail_over
+    monkeypatch.setattr(roster, "BEAT_SLICE", 2)  # ten held a partition: five named parts, a scan, the last
+    with partitions(16):
+        owners = {p: cluster.owner(key_slot(keys.partition_prefix(p).encode())) for p in keys.partitions()}
+        victim = owners[0]
+        up = [p for p in keys.partitions() if owners[p] is not victim]
+        held = [Holding(keys.new_execution_id(p), 1, None) for p in keys.partitions() for _ in range(10)]
+        client = RedisConnector("redis://localhost/0", tuple(cluster.nodes.split(","))).sync_client(
+            socket_timeout=2, socket_connect_timeout=2)
+        liveness = SyncLiveness(client, dead_after=3.0)
+        liveness.heartbeat("before")  # the client knows the slots
+        victim.pause()
+        try:
+            sent = time.time() * 1000
+            started = time.monotonic()
+            with pytest.raises(redis.RedisError):  # the worker knows its beat fell short
+                liveness.heartbeat("w", claims=Claims(held=held))
+            took = time.monotonic() - started
+            assert took < 2 + 1.5, f"the beat took {took:.1f} s"  # its socket timeout, once
+            for p in up:
+                with owners[p].check_client() as node:
+                    seen = node.zscore(keys.workers(p), "w")
+                    named = node.exists(keys.beat_named("w", p), keys.beat_scan("w", p))
+                assert seen is not None and seen >= sent - 1000, f"partition {p} did not see the beat"
+                assert named == 0, f"partition {p} did not take the beat's last part"
         finally:
             victim.resume()
             client.close()
