@@ -140,16 +140,28 @@ class _Reads:
         self.commands.append(("GET", key))
 
 
+def reload_if_unreached(redis: sync_redis.Redis, replies: Sequence[Any]) -> None:
+    """Reload a blocking cluster client's slot table if a node of ``replies`` could not be
+    reached or timed out (``_reload_slots``)."""
+    if any(isinstance(reply, RedisConnectionError | RedisTimeoutError) for reply in replies):
+        _reload_slots(redis, hung=any(isinstance(reply, RedisTimeoutError) for reply in replies))
+
+
 def run_each_by_node_sync(redis: sync_redis.Redis, script: Script, calls: Sequence[Call],
                           then: Callable[[Any], None] | None = None,
-                          pool: ThreadPoolExecutor | None = None) -> tuple[list[Any], list[Any]]:
+                          pool: ThreadPoolExecutor | None = None, reload: bool = True) -> tuple[list[Any], list[Any]]:
     """``run_each_sync`` on a blocking cluster client, as one pipeline per node, all sent at once
     (a thread each, of ``pool``: a caller that runs this every second keeps one; else a pool for
     this call alone): the calls' replies in order, and the reads' (``then`` may ask for ``GET``s),
     each a reply or the ``RedisError`` its node gave. A node that hangs costs its own calls its
     socket timeout; the other nodes' calls land and answer meanwhile. A call a node refused
     (``NOSCRIPT``, ``MOVED``, ``ASK``, ``TRYAGAIN``: nothing ran) is sent again alone through the
-    client, which loads the script or follows the slot."""
+    client, which loads the script or follows the slot.
+
+    A node unreached reloads the slot table (``reload_if_unreached``), unless ``reload`` is
+    False: a caller that goes on sending, as a beat in rounds does, reloads once it is done.
+    redis-py's reload closes every connection of each node it asks, those in use included (a
+    beat's next round on a node that answers failed with ``EBADF``, in a thread of its own)."""
     cluster: Any = redis  # a LazySyncCluster or redis-py's RedisCluster
     reads = _Reads()
     if then is not None:
@@ -178,8 +190,8 @@ def run_each_by_node_sync(redis: sync_redis.Redis, script: Script, calls: Sequen
             list(own.map(lambda item: send(*item), by_node.values()))
     else:
         list(pool.map(lambda item: send(*item), by_node.values()))
-    if any(isinstance(reply, RedisConnectionError | RedisTimeoutError) for reply in replies):
-        _reload_slots(cluster, hung=any(isinstance(reply, RedisTimeoutError) for reply in replies))
+    if reload:
+        reload_if_unreached(cluster, replies)
     alone = bind_sync(redis, script)
     for i, (call_keys, args) in enumerate(calls):
         if isinstance(replies[i], (NoScriptError, *MOVED)):

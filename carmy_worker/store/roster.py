@@ -27,7 +27,7 @@ from msgspec import Struct
 from redis.asyncio import Redis
 
 from carmy_worker.store import jobs, keys
-from carmy_worker.store.fanout import Call, run_each, run_each_by_node_sync, run_each_sync
+from carmy_worker.store.fanout import Call, reload_if_unreached, run_each, run_each_by_node_sync, run_each_sync
 from carmy_worker.store.lua import ACCEPTED_WORK, NOW
 from carmy_worker.store.scripts import Script, bind, bind_sync, several_nodes
 
@@ -633,12 +633,15 @@ class SyncLiveness:
                 continue
             answered, read = run_each_by_node_sync(self.redis, HEARTBEAT, calls,
                                                    then=_read_locks(claims) if n == 0 else None,
-                                                   pool=self._node_senders())
+                                                   pool=self._node_senders(), reload=False)
             for (call_keys, _), reply in zip(calls, answered, strict=True):
                 if isinstance(reply, Exception):
                     failed.setdefault(call_keys[0], reply)
             replies += answered
             locks += read
+        # The slot table is reloaded once the rounds are done: a reload closes the connections
+        # of the nodes it asks, and would fail the next round's calls in flight on them.
+        reload_if_unreached(self.redis, [*failed.values(), *locks])
         for reply in (*failed.values(), *locks):
             if isinstance(reply, Exception):  # that node's partitions went unbeaten: say so
                 raise reply
