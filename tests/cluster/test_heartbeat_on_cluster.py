@@ -9,14 +9,16 @@ is never failed over meanwhile, so the beat meets it dead every time."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
+from collections.abc import Iterator
 
 import pytest
 import redis
 from redis.crc import key_slot
 
-from bench.localcluster import LocalCluster
+from bench.localcluster import ClusterServer, LocalCluster
 from carmy_worker.store import keys, roster
 from carmy_worker.store.connect import RedisConnector
 from carmy_worker.store.roster import Claims, Holding, SyncLiveness
@@ -59,6 +61,33 @@ def test_a_beat_lands_in_the_partitions_of_the_primaries_still_up(slow_to_fail_o
         client.close()
 
 
+@contextlib.contextmanager
+def beside_a_hung_primary(cluster: LocalCluster) -> Iterator[tuple[SyncLiveness, dict[int, ClusterServer], list[int]]]:
+    """Over 16 partitions, a worker's ``SyncLiveness`` (2 s socket timeout) that knows the slots,
+    while the primary of partition 0 hangs (``SIGSTOP``): the liveness, each partition's primary,
+    and the partitions of the others."""
+    with partitions(16):
+        owners = {p: cluster.owner(key_slot(keys.partition_prefix(p).encode())) for p in keys.partitions()}
+        victim = owners[0]
+        client = RedisConnector("redis://localhost/0", tuple(cluster.nodes.split(","))).sync_client(
+            socket_timeout=2, socket_connect_timeout=2)
+        liveness = SyncLiveness(client, dead_after=3.0)
+        liveness.heartbeat("before")  # the client knows the slots
+        victim.pause()
+        try:
+            yield liveness, owners, [p for p in keys.partitions() if owners[p] is not victim]
+        finally:
+            victim.resume()
+            client.close()
+
+
+def seen_since(owner: ClusterServer, partition: int, sent_ms: float) -> bool:
+    """Whether ``partition``'s roster saw worker ``w`` beat since ``sent_ms`` (a second's grace)."""
+    with owner.check_client() as node:
+        seen = node.zscore(keys.workers(partition), "w")
+    return seen is not None and seen >= sent_ms - 1000
+
+
 def test_a_beat_lands_in_the_partitions_of_the_primaries_still_up_while_another_hangs(
         slow_to_fail_over: LocalCluster) -> None:
     """A primary that hangs (``SIGSTOP``: it answers nothing and resets no connection) rather than
@@ -68,31 +97,16 @@ def test_a_beat_lands_in_the_partitions_of_the_primaries_still_up_while_another_
     redis-py's retries, and a live worker went unseen past ``dead_after``, was judged dead, and
     what it ran was run again elsewhere; the hung node, waking, then contradicted one of those
     answers (``bin/chaos --cluster``'s ``cluster-hang``: a flipped answer)."""
-    cluster = slow_to_fail_over
-    with partitions(16):
-        owners = {p: cluster.owner(key_slot(keys.partition_prefix(p).encode())) for p in keys.partitions()}
-        victim = owners[0]
-        up = [p for p in keys.partitions() if owners[p] is not victim]
-        client = RedisConnector("redis://localhost/0", tuple(cluster.nodes.split(","))).sync_client(
-            socket_timeout=2, socket_connect_timeout=2)
-        liveness = SyncLiveness(client, dead_after=3.0)
-        liveness.heartbeat("before")  # the client knows the slots
-        victim.pause()
-        try:
-            for beat in range(2):
-                sent = time.time() * 1000
-                started = time.monotonic()
-                with pytest.raises(redis.RedisError):  # the worker knows its beat fell short
-                    liveness.heartbeat("w")
-                took = time.monotonic() - started
-                for p in up:
-                    with owners[p].check_client() as node:
-                        seen = node.zscore(keys.workers(p), "w")
-                    assert seen is not None and seen >= sent - 1000, f"beat {beat}: partition {p} did not see it"
-                assert took < 2 + 1.5, f"beat {beat} took {took:.1f} s"  # its socket timeout, once
-        finally:
-            victim.resume()
-            client.close()
+    with beside_a_hung_primary(slow_to_fail_over) as (liveness, owners, up):
+        for beat in range(2):
+            sent = time.time() * 1000
+            started = time.monotonic()
+            with pytest.raises(redis.RedisError):  # the worker knows its beat fell short
+                liveness.heartbeat("w")
+            took = time.monotonic() - started
+            for p in up:
+                assert seen_since(owners[p], p, sent), f"beat {beat}: partition {p} did not see it"
+            assert took < 2 + 1.5, f"beat {beat} took {took:.1f} s"  # its socket timeout, once
 
 
 def test_a_beat_in_parts_waits_out_a_hung_primary_once_not_once_a_round(
@@ -103,34 +117,20 @@ def test_a_beat_in_parts_waits_out_a_hung_primary_once_not_once_a_round(
     its rounds (seven here, some 14 s: past ``dead_after`` in every other partition too, whose
     janitors would then judge a live worker dead), and the partitions whose primaries answer
     take every one of their rounds, the last included."""
-    cluster = slow_to_fail_over
     monkeypatch.setattr(roster, "BEAT_SLICE", 2)  # ten held a partition: five named parts, a scan, the last
-    with partitions(16):
-        owners = {p: cluster.owner(key_slot(keys.partition_prefix(p).encode())) for p in keys.partitions()}
-        victim = owners[0]
-        up = [p for p in keys.partitions() if owners[p] is not victim]
-        held = [Holding(keys.new_execution_id(p), 1, None) for p in keys.partitions() for _ in range(10)]
-        client = RedisConnector("redis://localhost/0", tuple(cluster.nodes.split(","))).sync_client(
-            socket_timeout=2, socket_connect_timeout=2)
-        liveness = SyncLiveness(client, dead_after=3.0)
-        liveness.heartbeat("before")  # the client knows the slots
-        victim.pause()
-        try:
-            sent = time.time() * 1000
-            started = time.monotonic()
-            with pytest.raises(redis.RedisError):  # the worker knows its beat fell short
-                liveness.heartbeat("w", claims=Claims(held=held))
-            took = time.monotonic() - started
-            assert took < 2 + 1.5, f"the beat took {took:.1f} s"  # its socket timeout, once
-            for p in up:
-                with owners[p].check_client() as node:
-                    seen = node.zscore(keys.workers(p), "w")
-                    named = node.exists(keys.beat_named("w", p), keys.beat_scan("w", p))
-                assert seen is not None and seen >= sent - 1000, f"partition {p} did not see the beat"
-                assert named == 0, f"partition {p} did not take the beat's last part"
-        finally:
-            victim.resume()
-            client.close()
+    with beside_a_hung_primary(slow_to_fail_over) as (liveness, owners, up):
+        held = [Holding(keys.new_execution_id(p), 1, "") for p in keys.partitions() for _ in range(10)]
+        sent = time.time() * 1000
+        started = time.monotonic()
+        with pytest.raises(redis.RedisError):  # the worker knows its beat fell short
+            liveness.heartbeat("w", claims=Claims(held=held))
+        took = time.monotonic() - started
+        assert took < 2 + 1.5, f"the beat took {took:.1f} s"  # its socket timeout, once
+        for p in up:
+            assert seen_since(owners[p], p, sent), f"partition {p} did not see the beat"
+            with owners[p].check_client() as node:
+                assert node.exists(keys.beat_named("w", p), keys.beat_scan("w", p)) == 0, \
+                    f"partition {p} did not take the beat's last part"
 
 
 @pytest.mark.timeout(180)  # a failover, then the woken node's settling (mended after 15 s if need be)
