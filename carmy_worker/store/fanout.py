@@ -28,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import redis as sync_redis
+import redis.cluster as sync_cluster
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, RedisError
@@ -109,6 +110,19 @@ def run_each_sync(redis: sync_redis.Redis, script: Script, calls: Sequence[Call]
 _reloading = threading.Lock()  # one slot-table reload in the background at a time
 
 
+def reload_on_connections_of_its_own(cluster: Any) -> None:
+    """A blocking cluster client's slot table loaded again, each seed asked for it on a client
+    made for the asking. redis-py asks each seed on the seed's own client and then disconnects
+    that client's pool, connections in use included; after a first load the seeds are the very
+    nodes the client sends to (redis-py makes them so), whose connections other threads may be
+    reading (a beat's node-sender threads: ``EBADF`` on a node that answered). Copies of the
+    seeds have no client: redis-py makes one to ask each, and disconnects only that."""
+    manager = cluster.nodes_manager
+    manager.startup_nodes = {name: sync_cluster.ClusterNode(node.host, node.port, node.server_type)
+                             for name, node in list(manager.startup_nodes.items())}
+    manager.initialize()
+
+
 def _reload_slots(cluster: Any, *, hung: bool) -> None:
     """Reload the slot table after a node failed: a dead primary's replica may serve its slots
     now. After a node refused (it is down: the others answer a reload at once) before the caller
@@ -117,7 +131,7 @@ def _reload_slots(cluster: Any, *, hung: bool) -> None:
     back by it."""
     def reload() -> None:
         try:
-            cluster.nodes_manager.initialize()
+            reload_on_connections_of_its_own(cluster)
         except Exception as exc:  # no seed answered: the next failure tries again
             log.debug("slot table not reloaded: %s", exc)
         finally:

@@ -19,6 +19,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from bench.localcluster import LocalCluster
 from carmy_worker.store.cluster import SLOTS_TIMEOUT_S, ClusterUnreachable, StoreCluster
 from carmy_worker.store.connect import RedisConnector
+from carmy_worker.store.fanout import reload_on_connections_of_its_own
 from tests.cluster.conftest import cluster_client
 from tests.support import new_tmp
 
@@ -49,6 +50,32 @@ def test_the_synchronous_client_reaches_every_shard(redis_cluster: LocalCluster)
         client.mset_nonatomic({f"sync{i}": i for i in range(100)})
         assert client.mget_nonatomic([f"sync{i}" for i in range(100)]) == [str(i).encode() for i in range(100)]
         assert len({redis_cluster.owner(client.keyslot(f"sync{i}")).port for i in range(100)}) == 3
+
+
+def test_a_reload_of_the_slot_table_leaves_the_connections_in_use_alone(redis_cluster: LocalCluster) -> None:
+    """The heartbeat's node-sender threads read their nodes' connections while a reload of the
+    slot table (after a node failed) runs in a thread of its own. redis-py's reload disconnects
+    the pool of each seed it asks, connections in use included, and the seeds are the nodes the
+    client sends to: a beat's call in flight on a node that answered failed with ``EBADF``."""
+    connector = RedisConnector("redis://localhost/0", tuple(redis_cluster.nodes.split(",")))
+    with connector.sync_cluster_client(socket_timeout=2) as client:
+        client.ping(target_nodes=client.ALL_NODES)
+        pools = [node.redis_connection.connection_pool for node in client.get_nodes()]
+        in_use = [pool.get_connection() for pool in pools]  # as a sender thread holds one
+        sockets = [conn._sock for conn in in_use]
+        try:
+            reload_on_connections_of_its_own(client)
+            reload_on_connections_of_its_own(client)  # the seeds are the client's nodes after a load
+            # Not closed under their reader (a closed one would connect again on the next send).
+            assert [conn._sock for conn in in_use] == sockets and None not in sockets
+            for conn in in_use:
+                conn.send_command("PING")
+                assert conn.read_response() == b"PONG"
+            assert {n.name for n in client.get_nodes()} == {n.name for n in client.nodes_manager.startup_nodes.values()}
+            assert client.get_node_from_key("{a}x").redis_connection.connection_pool in pools  # the nodes kept
+        finally:
+            for pool, conn in zip(pools, in_use, strict=True):
+                pool.release(conn)
 
 
 async def test_a_burst_past_the_connection_bound_waits_its_turn(cluster: StoreCluster) -> None:

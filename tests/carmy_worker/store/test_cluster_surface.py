@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import inspect
 
+import redis.cluster as sync_cluster
 from redis.asyncio.cluster import ClusterNode, ClusterPipeline, NodesManager, RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
 
@@ -31,6 +32,15 @@ STATEMENTS = {
                               "self.slots_cache = tmp_slots"),
 }
 
+# fanout.reload_on_connections_of_its_own gives the synchronous client's reload seeds with no
+# client of their own: it asks each on one it makes (and disconnects only that), and keeps the
+# nodes it already knows, with their connections.
+SYNC_STATEMENTS = {
+    sync_cluster.NodesManager.initialize: ("if startup_node.redis_connection:", "r = self.create_redis_node(",
+                                           "r.connection_pool.disconnect()"),
+    sync_cluster.NodesManager._get_or_create_cluster_node: ("target_node = self.nodes_cache.get(node_name)",),
+}
+
 NODES_MANAGER_ATTRIBUTES = ("startup_nodes", "require_full_coverage", "connection_kwargs", "address_remap",
                             "slots_cache", "nodes_cache")
 CLUSTER_NODE_ATTRIBUTES = ("_free", "_connections", "connection_class", "connection_kwargs", "name", "server_type")
@@ -39,6 +49,13 @@ CLUSTER_NODE_ATTRIBUTES = ("_free", "_connections", "connection_class", "connect
 def test_the_statements_the_overrides_rely_on_are_in_redis_py_s_source() -> None:
     missing = {f.__qualname__: [s for s in lines if s not in inspect.getsource(f)] for f, lines in STATEMENTS.items()}
     assert {name: lines for name, lines in missing.items() if lines} == {}
+
+
+def test_the_statements_the_synchronous_reload_relies_on_are_in_redis_py_s_source() -> None:
+    missing = {f.__qualname__: [s for s in lines if s not in inspect.getsource(f)]
+               for f, lines in SYNC_STATEMENTS.items()}
+    assert {name: lines for name, lines in missing.items() if lines} == {}
+    assert list(inspect.signature(sync_cluster.ClusterNode).parameters)[:3] == ["host", "port", "server_type"]
 
 
 def test_the_overrides_change_only_what_they_mean_to() -> None:
