@@ -173,9 +173,9 @@ def run_each_by_node_sync(redis: sync_redis.Redis, script: Script, calls: Sequen
     client, which loads the script or follows the slot.
 
     A node unreached reloads the slot table (``reload_if_unreached``), unless ``reload`` is
-    False: a caller that goes on sending, as a beat in rounds does, reloads once it is done.
-    redis-py's reload closes every connection of each node it asks, those in use included (a
-    beat's next round on a node that answers failed with ``EBADF``, in a thread of its own)."""
+    False: a caller that goes on sending, as a beat in rounds does, reloads once it is done, so
+    that a reload (made at once after a node refused) does not hold its next rounds back, nor
+    runs beside them."""
     cluster: Any = redis  # a LazySyncCluster or redis-py's RedisCluster
     reads = _Reads()
     if then is not None:

@@ -639,8 +639,8 @@ class SyncLiveness:
                     failed.setdefault(call_keys[0], reply)
             replies += answered
             locks += read
-        # The slot table is reloaded once the rounds are done: a reload closes the connections
-        # of the nodes it asks, and would fail the next round's calls in flight on them.
+        # The slot table is reloaded once the rounds are done, not between two of them (a reload
+        # after a node refused is made at once, and would hold the next round back).
         reload_if_unreached(self.redis, [*failed.values(), *locks])
         for reply in (*failed.values(), *locks):
             if isinstance(reply, Exception):  # that node's partitions went unbeaten: say so
