@@ -42,6 +42,16 @@ VERIFY_EVERY_S = 0.5  # at most this often, ensure_fresh checks in the event loo
 FULL_EVERY = 10
 
 
+def beat_timeout(dead_after: float) -> float:
+    """Seconds the heartbeat thread waits for a node to connect or answer: a third of
+    ``dead_after`` (1 s by default), and no less than half a second. When a primary hangs and its
+    replica is promoted, that partition's janitor gives a worker one ``dead_after`` from its first
+    look at the promoted replica (store.roster); the worker's first beat there waits out the one
+    in flight on the hung node, then ``RETRY_S`` and a reload of the slot table: with a 2 s
+    timeout it came up to 2.5 s after the promotion in ``bin/chaos --cluster`` runs."""
+    return max(0.5, dead_after / 3)
+
+
 def new_worker_id() -> str:
     """``host-pid-suffix``: unique per process start, and readable in logs and the console."""
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
@@ -177,7 +187,8 @@ class Presence:
     def _beat(self) -> None:
         assert self._loop is not None
         loop = self._loop
-        client = self.connector.sync_client(socket_timeout=2, socket_connect_timeout=2)
+        timeout = beat_timeout(self.settings.dead_after)
+        client = self.connector.sync_client(socket_timeout=timeout, socket_connect_timeout=timeout)
         liveness = SyncLiveness(client, dead_after=self.settings.dead_after)
         suspects: set[Stray] = set()
         orphans: list[Orphan] = []

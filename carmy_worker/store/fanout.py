@@ -22,8 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -107,41 +106,21 @@ def run_each_sync(redis: sync_redis.Redis, script: Script, calls: Sequence[Call]
     return _raised(replies[:len(calls)]), _raised(replies[len(calls):])
 
 
-_reloading = threading.Lock()  # one slot-table reload in the background at a time
-
-
-def reload_on_connections_of_its_own(cluster: Any) -> None:
+def reload_on_connections_of_its_own(cluster: Any, last: Collection[str] = ()) -> None:
     """A blocking cluster client's slot table loaded again, each seed asked for it on a client
-    made for the asking. redis-py asks each seed on the seed's own client and then disconnects
-    that client's pool, connections in use included; after a first load the seeds are the very
-    nodes the client sends to (redis-py makes them so), whose connections other threads may be
-    reading (a beat's node-sender threads: ``EBADF`` on a node that answered). Copies of the
-    seeds have no client: redis-py makes one to ask each, and disconnects only that."""
+    made for the asking, and the seeds named in ``last`` (nodes that just failed) asked last.
+    redis-py asks the seeds in turn until one answers, so a hung node asked first would make the
+    reload wait out its timeout before anything else. It asks each seed on the seed's own client
+    and then disconnects that client's pool, connections in use included; after a first load
+    the seeds are the very nodes the client sends to (redis-py makes them so), whose connections
+    other threads may be reading (a beat's node-sender threads: ``EBADF`` on a node that
+    answered). Copies of the seeds have no client: redis-py makes one to ask each, and
+    disconnects only that."""
     manager = cluster.nodes_manager
+    seeds = sorted(manager.startup_nodes.items(), key=lambda seed: seed[0] in last)  # stable
     manager.startup_nodes = {name: sync_cluster.ClusterNode(node.host, node.port, node.server_type)
-                             for name, node in list(manager.startup_nodes.items())}
+                             for name, node in seeds}
     manager.initialize()
-
-
-def _reload_slots(cluster: Any, *, hung: bool) -> None:
-    """Reload the slot table after a node failed: a dead primary's replica may serve its slots
-    now. After a node refused (it is down: the others answer a reload at once) before the caller
-    goes on; after one timed out (it hangs, and may be the seed a reload asks first, waiting out
-    the timeout again) in the background, so that the next calls to the other nodes are not held
-    back by it."""
-    def reload() -> None:
-        try:
-            reload_on_connections_of_its_own(cluster)
-        except Exception as exc:  # no seed answered: the next failure tries again
-            log.debug("slot table not reloaded: %s", exc)
-        finally:
-            if hung:
-                _reloading.release()
-
-    if not hung:
-        reload()
-    elif _reloading.acquire(blocking=False):
-        threading.Thread(target=reload, name="slot-table reload", daemon=True).start()
 
 
 class _Reads:
@@ -154,16 +133,23 @@ class _Reads:
         self.commands.append(("GET", key))
 
 
-def reload_if_unreached(redis: sync_redis.Redis, replies: Sequence[Any]) -> None:
+def reload_if_unreached(redis: sync_redis.Redis, replies: Sequence[Any], nodes: Collection[str] = ()) -> None:
     """Reload a blocking cluster client's slot table if a node of ``replies`` could not be
-    reached or timed out (``_reload_slots``)."""
-    if any(isinstance(reply, RedisConnectionError | RedisTimeoutError) for reply in replies):
-        _reload_slots(redis, hung=any(isinstance(reply, RedisTimeoutError) for reply in replies))
+    reached or timed out: a dead or hung primary's replica may serve its slots now. ``nodes``:
+    the names of the nodes that failed, asked last (``reload_on_connections_of_its_own``), so
+    that the reload costs one round trip to a node that answers, and the caller's next call
+    goes where the slots are now."""
+    if not any(isinstance(reply, RedisConnectionError | RedisTimeoutError) for reply in replies):
+        return
+    try:
+        reload_on_connections_of_its_own(redis, last=nodes)
+    except Exception as exc:  # no seed answered: the next failure tries again
+        log.debug("slot table not reloaded: %s", exc)
 
 
 def run_each_by_node_sync(redis: sync_redis.Redis, script: Script, calls: Sequence[Call],
                           then: Callable[[Any], None] | None = None,
-                          pool: ThreadPoolExecutor | None = None, reload: bool = True) -> tuple[list[Any], list[Any]]:
+                          pool: ThreadPoolExecutor | None = None) -> tuple[list[Any], list[Any]]:
     """``run_each_sync`` on a blocking cluster client, as one pipeline per node, all sent at once
     (a thread each, of ``pool``: a caller that runs this every second keeps one; else a pool for
     this call alone): the calls' replies in order, and the reads' (``then`` may ask for ``GET``s),
@@ -172,10 +158,9 @@ def run_each_by_node_sync(redis: sync_redis.Redis, script: Script, calls: Sequen
     (``NOSCRIPT``, ``MOVED``, ``ASK``, ``TRYAGAIN``: nothing ran) is sent again alone through the
     client, which loads the script or follows the slot.
 
-    A node unreached reloads the slot table (``reload_if_unreached``), unless ``reload`` is
-    False: a caller that goes on sending, as a beat in rounds does, reloads once it is done, so
-    that a reload (made at once after a node refused) does not hold its next rounds back, nor
-    runs beside them."""
+    A node unreached leaves the slot table as it is: the caller reloads it once it is done
+    sending (``reload_if_unreached``), as a beat in rounds does after its last, so that a reload
+    neither holds its next rounds back nor runs beside them."""
     cluster: Any = redis  # a LazySyncCluster or redis-py's RedisCluster
     reads = _Reads()
     if then is not None:
@@ -204,8 +189,6 @@ def run_each_by_node_sync(redis: sync_redis.Redis, script: Script, calls: Sequen
             list(own.map(lambda item: send(*item), by_node.values()))
     else:
         list(pool.map(lambda item: send(*item), by_node.values()))
-    if reload:
-        reload_if_unreached(cluster, replies)
     alone = bind_sync(redis, script)
     for i, (call_keys, args) in enumerate(calls):
         if isinstance(replies[i], (NoScriptError, *MOVED)):

@@ -626,22 +626,25 @@ class SyncLiveness:
         # went unseen everywhere, was judged dead, and what it ran was run again elsewhere.
         # A partition whose call failed sends none of its later rounds (a hung node would make
         # each of them wait out the timeout again).
+        cluster: Any = self.redis
         failed: dict[str, Exception] = {}  # by the partition's first key
+        unreached: set[str] = set()  # the nodes of those partitions
         for n, calls in enumerate(rounds):
             calls = [call for call in calls if call[0][0] not in failed]
             if not calls:
                 continue
             answered, read = run_each_by_node_sync(self.redis, HEARTBEAT, calls,
                                                    then=_read_locks(claims) if n == 0 else None,
-                                                   pool=self._node_senders(), reload=False)
+                                                   pool=self._node_senders())
             for (call_keys, _), reply in zip(calls, answered, strict=True):
-                if isinstance(reply, Exception):
-                    failed.setdefault(call_keys[0], reply)
+                if isinstance(reply, Exception) and call_keys[0] not in failed:
+                    failed[call_keys[0]] = reply
+                    unreached.add(cluster.get_node_from_key(call_keys[0]).name)
             replies += answered
             locks += read
-        # The slot table is reloaded once the rounds are done, not between two of them (a reload
-        # after a node refused is made at once, and would hold the next round back).
-        reload_if_unreached(self.redis, [*failed.values(), *locks])
+        # The slot table is reloaded once the rounds are done, not between two of them, and
+        # before the next beat, which goes where the slots are now (a promoted replica).
+        reload_if_unreached(self.redis, [*failed.values(), *locks], unreached)
         for reply in (*failed.values(), *locks):
             if isinstance(reply, Exception):  # that node's partitions went unbeaten: say so
                 raise reply

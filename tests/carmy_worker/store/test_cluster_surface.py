@@ -34,10 +34,13 @@ STATEMENTS = {
 
 # fanout.reload_on_connections_of_its_own gives the synchronous client's reload seeds with no
 # client of their own: it asks each on one it makes (and disconnects only that), and keeps the
-# nodes it already knows, with their connections.
+# nodes it already knows, with their connections. It asks the seeds in their order, and stops at
+# the first whose table covers every slot: the nodes that just failed go last.
 SYNC_STATEMENTS = {
     sync_cluster.NodesManager.initialize: ("if startup_node.redis_connection:", "r = self.create_redis_node(",
-                                           "r.connection_pool.disconnect()"),
+                                           "r.connection_pool.disconnect()",
+                                           "for startup_node in self.startup_nodes.values():",
+                                           "fully_covered = self.check_slots_coverage(tmp_slots)"),
     sync_cluster.NodesManager._get_or_create_cluster_node: ("target_node = self.nodes_cache.get(node_name)",),
 }
 
