@@ -149,7 +149,8 @@ def reload_if_unreached(redis: sync_redis.Redis, replies: Sequence[Any], nodes: 
 
 def run_each_by_node_sync(redis: sync_redis.Redis, script: Script, calls: Sequence[Call],
                           then: Callable[[Any], None] | None = None,
-                          pool: ThreadPoolExecutor | None = None) -> tuple[list[Any], list[Any]]:
+                          pool: ThreadPoolExecutor | None = None,
+                          unreached: set[str] | None = None) -> tuple[list[Any], list[Any]]:
     """``run_each_sync`` on a blocking cluster client, as one pipeline per node, all sent at once
     (a thread each, of ``pool``: a caller that runs this every second keeps one; else a pool for
     this call alone): the calls' replies in order, and the reads' (``then`` may ask for ``GET``s),
@@ -158,9 +159,10 @@ def run_each_by_node_sync(redis: sync_redis.Redis, script: Script, calls: Sequen
     (``NOSCRIPT``, ``MOVED``, ``ASK``, ``TRYAGAIN``: nothing ran) is sent again alone through the
     client, which loads the script or follows the slot.
 
-    A node unreached leaves the slot table as it is: the caller reloads it once it is done
-    sending (``reload_if_unreached``), as a beat in rounds does after its last, so that a reload
-    neither holds its next rounds back nor runs beside them."""
+    A node unreached leaves the slot table as it is (its name goes into ``unreached``, if
+    given): the caller reloads it once it is done sending (``reload_if_unreached``), as a beat in
+    rounds does after its last, so that a reload neither holds its next rounds back nor runs
+    beside them."""
     cluster: Any = redis  # a LazySyncCluster or redis-py's RedisCluster
     reads = _Reads()
     if then is not None:
@@ -181,6 +183,8 @@ def run_each_by_node_sync(redis: sync_redis.Redis, script: Script, calls: Sequen
                 answered = pipe.execute(raise_on_error=False)
         except RedisError as exc:
             answered = [exc] * len(indices)
+            if unreached is not None:
+                unreached.add(node.name)
         for i, reply in zip(indices, answered, strict=True):
             replies[i] = reply
 

@@ -626,20 +626,18 @@ class SyncLiveness:
         # went unseen everywhere, was judged dead, and what it ran was run again elsewhere.
         # A partition whose call failed sends none of its later rounds (a hung node would make
         # each of them wait out the timeout again).
-        cluster: Any = self.redis
         failed: dict[str, Exception] = {}  # by the partition's first key
-        unreached: set[str] = set()  # the nodes of those partitions
+        unreached: set[str] = set()  # the nodes that failed
         for n, calls in enumerate(rounds):
             calls = [call for call in calls if call[0][0] not in failed]
             if not calls:
                 continue
             answered, read = run_each_by_node_sync(self.redis, HEARTBEAT, calls,
                                                    then=_read_locks(claims) if n == 0 else None,
-                                                   pool=self._node_senders())
+                                                   pool=self._node_senders(), unreached=unreached)
             for (call_keys, _), reply in zip(calls, answered, strict=True):
-                if isinstance(reply, Exception) and call_keys[0] not in failed:
-                    failed[call_keys[0]] = reply
-                    unreached.add(cluster.get_node_from_key(call_keys[0]).name)
+                if isinstance(reply, Exception):
+                    failed.setdefault(call_keys[0], reply)
             replies += answered
             locks += read
         # The slot table is reloaded once the rounds are done, not between two of them, and
