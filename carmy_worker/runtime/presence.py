@@ -126,16 +126,18 @@ class Presence:
     def ensure_fresh(self) -> None:
         """Before a tool's step, in the event loop: if the last heartbeat that got through
         started too long ago for this worker to be sure it was not judged dead (it was stopped,
-        frozen or starved), check now, blocking for one round trip, so that a tool whose
-        execution was given away does not take its next step. Not while Redis is known to be
-        unreachable (nobody can reap anything then), and at most every ``VERIFY_EVERY_S``."""
+        frozen or starved), check now, blocking for one round trip (up to its 1 s timeout on a
+        node that hangs), so that a tool whose execution was given away does not take its next
+        step. Not while Redis is known to be unreachable (nobody can reap anything then), and at
+        most every ``VERIFY_EVERY_S``."""
         now = time.monotonic()
         if now - self.last_beat < self._fresh_s or self.failing or now - self._verified < VERIFY_EVERY_S:
             return
         self._verified = now
         if self._in_loop is None:
             client = self.connector.sync_client(socket_timeout=1, socket_connect_timeout=0.5)
-            self._in_loop = SyncLiveness(client, dead_after=self.settings.dead_after)
+            # Its slot table is reloaded aside: this check runs in the event loop.
+            self._in_loop = SyncLiveness(client, dead_after=self.settings.dead_after, reload_aside=True)
         try:
             self._check(self._in_loop)
         except sync_redis.RedisError as exc:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -29,9 +30,7 @@ from typing import Any
 import redis as sync_redis
 import redis.cluster as sync_cluster
 from redis.asyncio import Redis
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, RedisError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from carmy_worker.store.cluster import MOVED
 from carmy_worker.store.scripts import Script, bind_sync, run
@@ -133,18 +132,42 @@ class _Reads:
         self.commands.append(("GET", key))
 
 
-def reload_if_unreached(redis: sync_redis.Redis, replies: Sequence[Any], nodes: Collection[str] = ()) -> None:
-    """Reload a blocking cluster client's slot table if a node of ``replies`` could not be
-    reached or timed out: a dead or hung primary's replica may serve its slots now. ``nodes``:
-    the names of the nodes that failed, asked last (``reload_on_connections_of_its_own``), so
-    that the reload costs one round trip to a node that answers, and the caller's next call
-    goes where the slots are now."""
-    if not any(isinstance(reply, RedisConnectionError | RedisTimeoutError) for reply in replies):
+def reload_slots(redis: sync_redis.Redis, unreached: Collection[str]) -> None:
+    """Reload a blocking cluster client's slot table if a node could not be reached or timed
+    out: a dead or hung primary's replica may serve its slots now. ``unreached``: the names of the
+    nodes whose calls failed (``run_each_by_node_sync``), asked last
+    (``reload_on_connections_of_its_own``), so that the reload costs one round trip to a node that
+    answers, and the caller's next call goes where the slots are now."""
+    if not unreached:
         return
     try:
-        reload_on_connections_of_its_own(redis, last=nodes)
+        reload_on_connections_of_its_own(redis, last=unreached)
     except Exception as exc:  # no seed answered: the next failure tries again
         log.debug("slot table not reloaded: %s", exc)
+
+
+class ReloadAside:
+    """``reload_slots`` in a thread of its own, one at a time for a client: for a caller that
+    must not wait on it (a check made in a worker's event loop). The nodes that failed are asked
+    last, but seeds that hang and did not fail the call (a replica beside a hung primary, a
+    worker cut off from several nodes) are asked in turn, each for its timeout. The client is
+    used meanwhile, on its table as it was: redis-py swaps a reloaded table in whole."""
+
+    def __init__(self, redis: sync_redis.Redis) -> None:
+        self.redis = redis
+        self._running = threading.Lock()
+
+    def __call__(self, unreached: Collection[str]) -> None:
+        if not unreached or not self._running.acquire(blocking=False):
+            return  # nothing failed, or a reload is under way (a failure after it asks again)
+
+        def reload() -> None:
+            try:
+                reload_slots(self.redis, unreached)
+            finally:
+                self._running.release()
+
+        threading.Thread(target=reload, name="carmy-slot-reload", daemon=True).start()
 
 
 def run_each_by_node_sync(redis: sync_redis.Redis, script: Script, calls: Sequence[Call],
@@ -160,7 +183,7 @@ def run_each_by_node_sync(redis: sync_redis.Redis, script: Script, calls: Sequen
     client, which loads the script or follows the slot.
 
     A node unreached leaves the slot table as it is (its name goes into ``unreached``, if
-    given): the caller reloads it once it is done sending (``reload_if_unreached``), as a beat in
+    given): the caller reloads it once it is done sending (``reload_slots``), as a beat in
     rounds does after its last, so that a reload neither holds its next rounds back nor runs
     beside them."""
     cluster: Any = redis  # a LazySyncCluster or redis-py's RedisCluster

@@ -18,7 +18,8 @@ reassert itself before anyone reaps its executions or answers ``NO_WORKERS`` for
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+import functools
+from collections.abc import Callable, Collection, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -27,7 +28,14 @@ from msgspec import Struct
 from redis.asyncio import Redis
 
 from carmy_worker.store import jobs, keys
-from carmy_worker.store.fanout import Call, reload_if_unreached, run_each, run_each_by_node_sync, run_each_sync
+from carmy_worker.store.fanout import (
+    Call,
+    ReloadAside,
+    reload_slots,
+    run_each,
+    run_each_by_node_sync,
+    run_each_sync,
+)
 from carmy_worker.store.lua import ACCEPTED_WORK, NOW
 from carmy_worker.store.scripts import Script, bind, bind_sync, several_nodes
 
@@ -567,10 +575,16 @@ class Liveness:
 
 
 class SyncLiveness:
-    """The same on a blocking client: for the heartbeat thread and the container health check."""
+    """The same on a blocking client: for the heartbeat thread, ``Presence.ensure_fresh`` and the
+    container health check. On a cluster, after a node failed, the slot table is reloaded before
+    a beat returns (the heartbeat thread's next beat goes where the slots are now) or, with
+    ``reload_aside``, in a thread of its own (``fanout.ReloadAside``: a check made in the event
+    loop must not wait on seeds that hang)."""
 
-    def __init__(self, redis: sync_redis.Redis, *, dead_after: float) -> None:
+    def __init__(self, redis: sync_redis.Redis, *, dead_after: float, reload_aside: bool = False) -> None:
         self.redis = redis
+        self._reload: Callable[[Collection[str]], None] = (
+            ReloadAside(redis) if reload_aside else functools.partial(reload_slots, redis))
         self._register = bind_sync(redis, REGISTER)
         self.dead_ms = int(dead_after * 1000)
         self._senders: ThreadPoolExecutor | None = None  # a cluster's beat: a thread per node, kept
@@ -642,7 +656,7 @@ class SyncLiveness:
             locks += read
         # The slot table is reloaded once the rounds are done, not between two of them, and
         # before the next beat, which goes where the slots are now (a promoted replica).
-        reload_if_unreached(self.redis, [*failed.values(), *locks], unreached)
+        self._reload(unreached)
         for reply in (*failed.values(), *locks):
             if isinstance(reply, Exception):  # that node's partitions went unbeaten: say so
                 raise reply

@@ -13,18 +13,23 @@ import contextlib
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import redis
+import redis.asyncio
 from redis.crc import key_slot
 
 from bench.localcluster import ClusterServer, LocalCluster
-from carmy_worker.runtime.presence import beat_timeout
+from carmy_worker.runtime.presence import Presence, beat_timeout
+from carmy_worker.runtime.runner import Runtime
+from carmy_worker.settings import WorkerSettings
 from carmy_worker.store import keys, roster
 from carmy_worker.store.connect import RedisConnector
 from carmy_worker.store.roster import Claims, Holding, SyncLiveness
+from carmy_worker.wire import WorkerInfo
 from tests.cells import partitions
+from tests.holds import Holds
 
 pytestmark = pytest.mark.slow
 
@@ -193,3 +198,110 @@ def test_the_beat_after_one_that_timed_out_on_a_hung_primary_lands_on_its_promot
             client.close()
             cluster.wake(victim)  # back, as the new primary's replica: the next test's cluster is whole
 
+
+
+# ``Presence.ensure_fresh``'s client: its socket timeout.
+IN_LOOP_TIMEOUT_S = 1.0
+
+
+class Connector(RedisConnector):
+    """A ``RedisConnector`` of ``cluster``'s nodes that keeps the blocking clients it makes."""
+
+    def __init__(self, cluster: LocalCluster) -> None:
+        super().__init__("redis://localhost/0", tuple(cluster.nodes.split(",")))
+        self.made: list[Any] = []
+
+    def sync_client(self, **options: Any) -> Any:
+        client = super().sync_client(**options)
+        self.made.append(client)
+        return client
+
+
+def checks_in_the_loop(cluster: LocalCluster) -> tuple[Presence, Connector]:
+    """Worker ``w``'s ``Presence`` as its event loop's checks use it (``ensure_fresh``), holding
+    nothing, and the connector that makes its client."""
+    connector = Connector(cluster)
+    presence = Presence(redis=redis.asyncio.Redis(), settings=WorkerSettings(dead_after=DEAD_AFTER),  # unused here
+                        info=WorkerInfo(worker_id="w", started_ms=0, tools=[], group="g"),
+                        runtime=cast("Runtime", Holds()), connector=connector)
+    return presence, connector
+
+
+def check_now(presence: Presence) -> float:
+    """``ensure_fresh`` with the last heartbeat long gone (a worker that was paused): the
+    seconds it held the event loop."""
+    presence.last_beat = presence._verified = time.monotonic() - 60
+    started = time.monotonic()
+    presence.ensure_fresh()
+    return time.monotonic() - started
+
+
+def test_a_check_in_the_event_loop_waits_out_one_timeout_beside_hung_seeds_not_one_each(
+        slow_to_fail_over: LocalCluster) -> None:
+    """A worker cut off from two primaries (both hang), one of them its partition's, in a tool's
+    step after a pause: ``ensure_fresh``'s check waits out its timeout on the partition's
+    primary, once, and the reload of the slot table that follows runs aside. In the event loop it
+    would ask the other hung node first (it did not fail the check, so it is not asked last) and
+    hold the loop, and every tool of the worker, for one more timeout, and one more for each
+    such seed."""
+    cluster = slow_to_fail_over
+    with partitions(1):
+        presence, connector = checks_in_the_loop(cluster)
+        owner = cluster.owner(key_slot(keys.partition_prefix(0).encode()))
+        sent = time.time() * 1000
+        check_now(presence)  # the client knows the slots
+        assert seen_since(owner, 0, sent), "the partition did not see the check"
+        (client,) = connector.made
+        seeds = [cluster.server_on(node.port) for node in client.nodes_manager.startup_nodes.values()]
+        other = next(seed for seed in seeds if seed is not owner)  # the seed a reload would ask first
+        owner.pause()
+        other.pause()
+        try:
+            took = check_now(presence)
+            assert took < 2 * IN_LOOP_TIMEOUT_S, f"the check held the event loop {took:.1f} s"
+        finally:
+            owner.resume()
+            other.resume()
+            client.close()
+
+
+@pytest.mark.timeout(180)  # a failover, then the woken node's settling (mended after 15 s if need be)
+def test_a_check_in_the_event_loop_follows_a_failover_once_a_node_timed_out(redis_cluster: LocalCluster) -> None:
+    """A primary hangs and its replica is promoted. ``ensure_fresh``'s check times out on the hung
+    node; the reload it leads to, aside, puts the promoted replica in its slot table, and the
+    next check lands there. A client that never reloaded would send every later check to the
+    hung node, and a worker paused through the failover would take its tools' next steps
+    unchecked."""
+    cluster = redis_cluster
+    with partitions(16):
+        presence, connector = checks_in_the_loop(cluster)
+        check_now(presence)  # the client knows the slots, the hung node's among them
+        (client,) = connector.made
+        first = next(iter(client.nodes_manager.startup_nodes.values()))
+        victim = cluster.server_on(first.port)
+        slots = {p: key_slot(keys.partition_prefix(p).encode()) for p in keys.partitions()}
+        theirs = [p for p in keys.partitions() if cluster.owner(slots[p]) is victim]
+        assert theirs, "the first seed serves a partition"
+        cluster.hang_primary(victim, wake=False)
+        try:
+            took = check_now(presence)  # its table still names the hung node: it times out
+            assert took < 2 * IN_LOOP_TIMEOUT_S, f"the check held the event loop {took:.1f} s"
+
+            def reloaded() -> bool:
+                return all(client.get_node_from_key(keys.partition_prefix(p)).port != victim.port for p in theirs)
+
+            deadline = time.monotonic() + 10
+            while not reloaded():
+                assert time.monotonic() < deadline, "the check's client still sends to the hung node"
+                time.sleep(0.05)
+            for _ in range(40):  # a node not yet back to ok answers CLUSTERDOWN for a moment
+                sent = time.time() * 1000
+                check_now(presence)
+                if all(seen_since(cluster.owner(slots[p]), p, sent) for p in theirs):
+                    break
+                time.sleep(0.05)
+            else:
+                pytest.fail("no check landed on the promoted replica in 2 s")
+        finally:
+            client.close()
+            cluster.wake(victim)  # back, as the new primary's replica: the next test's cluster is whole

@@ -4,10 +4,8 @@ choice of a full check or one of its losses only."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import threading
-from collections.abc import Iterator
 from typing import Any, cast
 
 import pytest
@@ -19,8 +17,9 @@ from carmy_worker.runtime.presence import FULL_EVERY, Presence, describe, new_wo
 from carmy_worker.runtime.runner import Runtime
 from carmy_worker.settings import WorkerSettings
 from carmy_worker.store import keys
-from carmy_worker.store.roster import Beat, Holding, SyncLiveness
+from carmy_worker.store.roster import Beat, SyncLiveness
 from carmy_worker.wire import WorkerInfo, msgpack_encoder, worker_info_decoder
+from tests.holds import Holds
 from tests.support import RedisServer
 
 
@@ -46,35 +45,6 @@ def test_a_worker_id_names_its_process() -> None:
     assert pid_of(new_worker_id()) == os.getpid()
     assert pid_of("build-host-7-42-a1b2c3") == 42  # a host name with dashes
     assert pid_of("w") is None and pid_of("") is None and pid_of("host-x1-a1b2c3") is None
-
-
-class Holds:
-    """A runtime holding nothing, as the heartbeat thread sees it; ``unsure`` as ``Runtime``'s.
-    ``admit(exec_id)`` is an execution admitted now, which a full beat under way is told of."""
-
-    unsure = False
-    _watching: set[str] | None = None
-
-    @contextlib.contextmanager
-    def watch_admits(self) -> Iterator[set[str]]:
-        self._watching = set()
-        try:
-            yield self._watching
-        finally:
-            self._watching = None
-
-    def admit(self, exec_id: str) -> None:
-        if self._watching is not None:
-            self._watching.add(exec_id)
-
-    def holdings(self) -> list[Holding]:
-        return []
-
-    def locked_holdings(self) -> list[Holding]:
-        return []
-
-    def attempt_of(self, exec_id: str, *, claimed_before: float) -> int | None:
-        return None
 
 
 def beat_until(done: threading.Event, redis_server: RedisServer, runtime: Holds, worker_id: str) -> bool:
