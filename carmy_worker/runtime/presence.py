@@ -108,7 +108,10 @@ class Presence:
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._liveness = Liveness(redis, dead_after=settings.dead_after)
-        self._in_loop: SyncLiveness | None = None  # ensure_fresh's client: the thread has its own
+        # ensure_fresh's client (the thread has its own), connected aside at ``register``. Its slot
+        # table is reloaded aside too: its checks run in the event loop.
+        self._in_loop = SyncLiveness(self.connector.sync_client(socket_timeout=1, socket_connect_timeout=0.5),
+                                     dead_after=settings.dead_after, reload_aside=True)
         self.last_beat = time.monotonic()  # when the last heartbeat that got through was sent
         self.failing = False  # the last heartbeat did not get through
         self._verified = 0.0
@@ -122,6 +125,16 @@ class Presence:
         await self.redis.publish(keys.CATALOG_CHANNEL, self.info.worker_id)
         self._thread = threading.Thread(target=self._beat, name="carmy-heartbeat", daemon=True)
         self._thread.start()
+        threading.Thread(target=self.connect_checks, name="carmy-check-connect", daemon=True).start()
+
+    def connect_checks(self) -> None:
+        """Connect ``ensure_fresh``'s client, so that its first check (likely during a fault: a
+        beat stale but not yet failed) does not load a cluster's slot table in the event loop,
+        asking a hung seed first. A failure is left to that check (it connects as it goes)."""
+        try:
+            self._in_loop.connect()
+        except sync_redis.RedisError as exc:
+            log.debug("ensure_fresh's client not connected ahead: %s", exc)
 
     def ensure_fresh(self) -> None:
         """Before a tool's step, in the event loop: if the last heartbeat that got through
@@ -134,10 +147,6 @@ class Presence:
         if now - self.last_beat < self._fresh_s or self.failing or now - self._verified < VERIFY_EVERY_S:
             return
         self._verified = now
-        if self._in_loop is None:
-            client = self.connector.sync_client(socket_timeout=1, socket_connect_timeout=0.5)
-            # Its slot table is reloaded aside: this check runs in the event loop.
-            self._in_loop = SyncLiveness(client, dead_after=self.settings.dead_after, reload_aside=True)
         try:
             self._check(self._in_loop)
         except sync_redis.RedisError as exc:
@@ -250,6 +259,7 @@ class Presence:
             self._thread.join(timeout=5)
         await self._liveness.depart(self.info.worker_id)
         await self.redis.publish(keys.CATALOG_CHANNEL, self.info.worker_id)
+        self._in_loop.redis.close()
 
 
 def _log_failure(future: concurrent.futures.Future[None]) -> None:

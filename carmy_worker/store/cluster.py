@@ -66,6 +66,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import threading
 from collections.abc import AsyncIterator
 from contextvars import ContextVar
 from typing import Any, cast
@@ -416,10 +417,13 @@ class LazySyncCluster:
         self._target = target
         self._options = options
         self._client: redis.cluster.RedisCluster | None = None
+        self._making = threading.Lock()  # one client, when a thread makes it while another asks
 
     def client(self) -> redis.cluster.RedisCluster:
         if self._client is None:
-            self._client = sync_cluster(self._target, **self._options)
+            with self._making:
+                if self._client is None:
+                    self._client = sync_cluster(self._target, **self._options)
         return self._client
 
     def __getattr__(self, name: str) -> Any:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Collection, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, cast
 
 import redis as sync_redis
 from msgspec import Struct
@@ -599,6 +599,16 @@ class SyncLiveness:
 
     def register(self, worker_id: str, info: bytes) -> None:
         self._register(keys=[keys.worker(worker_id)], args=[info])
+
+    def connect(self) -> None:
+        """Connect now rather than on the first beat: a cluster client is made and loads its slot
+        table (the seeds asked in turn, each that hangs for its timeout), a Sentinel client finds
+        its primary. For a caller whose beats must not wait on that (``Presence.ensure_fresh``,
+        in the event loop). Raises ``RedisError`` if nothing answers: the first beat tries again."""
+        if several_nodes(self.redis):
+            cast(Any, self.redis).get_nodes()  # a LazySyncCluster: made, its table loaded
+        else:
+            self.redis.ping()
 
     def heartbeat(self, worker_id: str, *, offset_ms: int = 0, claims: Claims = NOTHING) -> Beat:
         """Mark ``worker_id`` seen now in every partition, and check its ``claims``. On a cluster

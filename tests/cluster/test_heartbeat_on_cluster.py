@@ -9,6 +9,7 @@ is never failed over meanwhile, so the beat meets it dead every time."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import threading
 import time
@@ -29,6 +30,7 @@ from carmy_worker.store.connect import RedisConnector
 from carmy_worker.store.roster import Claims, Holding, SyncLiveness
 from carmy_worker.wire import WorkerInfo
 from tests.cells import partitions
+from tests.cluster.conftest import cluster_client
 from tests.holds import Holds
 
 pytestmark = pytest.mark.slow
@@ -217,11 +219,12 @@ class Connector(RedisConnector):
         return client
 
 
-def checks_in_the_loop(cluster: LocalCluster) -> tuple[Presence, Connector]:
+def checks_in_the_loop(cluster: LocalCluster, store: Any = None) -> tuple[Presence, Connector]:
     """Worker ``w``'s ``Presence`` as its event loop's checks use it (``ensure_fresh``), holding
-    nothing, and the connector that makes its client."""
+    nothing, and the connector that makes its client. ``store``: its asyncio client, for
+    ``register`` (none is used otherwise)."""
     connector = Connector(cluster)
-    presence = Presence(redis=redis.asyncio.Redis(), settings=WorkerSettings(dead_after=DEAD_AFTER),  # unused here
+    presence = Presence(redis=store or redis.asyncio.Redis(), settings=WorkerSettings(dead_after=DEAD_AFTER),
                         info=WorkerInfo(worker_id="w", started_ms=0, tools=[], group="g"),
                         runtime=cast("Runtime", Holds()), connector=connector)
     return presence, connector
@@ -305,3 +308,36 @@ def test_a_check_in_the_event_loop_follows_a_failover_once_a_node_timed_out(redi
         finally:
             client.close()
             cluster.wake(victim)  # back, as the new primary's replica: the next test's cluster is whole
+
+
+async def test_the_first_check_in_the_event_loop_finds_the_slot_table_loaded_at_registration(
+        slow_to_fail_over: LocalCluster) -> None:
+    """``ensure_fresh``'s first check is likely made during a fault (a beat stale but not yet
+    failed: a node hangs). Its client connects when the worker registers, aside, so that check
+    does not load the slot table in the event loop, where the seeds are asked in the order
+    configured: a hung first seed would hold the loop for its timeout, and then the check for
+    its own on the same node."""
+    cluster = slow_to_fail_over
+    with partitions(16):
+        asyncio_client = cluster_client(cluster)
+        presence, connector = checks_in_the_loop(cluster, asyncio_client)
+        (client,) = connector.made
+        first = cluster.servers[0]  # the seed configured first
+        assert any(cluster.owner(key_slot(keys.partition_prefix(p).encode())) is first for p in keys.partitions()), \
+            "the first seed serves a partition"
+        await presence.register()
+        presence._stop.set()  # no heartbeat thread from here: the checks in the loop are the test's
+        assert presence._thread is not None
+        presence._thread.join(5)
+        deadline = time.monotonic() + 10
+        while any(t.name == "carmy-check-connect" for t in threading.enumerate()):
+            assert time.monotonic() < deadline, "ensure_fresh's client did not connect"
+            await asyncio.sleep(0.05)
+        first.pause()
+        try:
+            took = check_now(presence)
+            assert took < 2 * IN_LOOP_TIMEOUT_S, f"the check held the event loop {took:.1f} s"
+        finally:
+            first.resume()
+            client.close()
+            await asyncio_client.aclose()
