@@ -665,7 +665,8 @@ class SyncLiveness:
             replies += answered
             locks += read
         # The slot table is reloaded once the rounds are done, not between two of them, and
-        # before the next beat, which goes where the slots are now (a promoted replica).
+        # before the next beat, which goes where the slots are now (a promoted replica); with
+        # ``reload_aside``, in a thread, and the next check goes there once it is done.
         self._reload(unreached)
         for reply in (*failed.values(), *locks):
             if isinstance(reply, Exception):  # that node's partitions went unbeaten: say so
