@@ -66,11 +66,22 @@ class Run:
     then: FollowUp | None = None  # sent right behind its first SETTLE (the queue's LEASE of the next job)
     cancelled: Signal = field(default_factory=Signal)
     ctx: Context | None = None
-    lock: str = ""  # the key of the tool's lock while this attempt holds it
+    lock: str = ""  # the key of the tool's lock while this attempt holds it (``locked``)
+    # What a heartbeat names for it, made when it changes: a full beat's snapshot of 10,000 held
+    # makes no object per execution while the heartbeat thread holds the GIL (the loop waits).
+    holding: Holding = field(init=False)
     # Set from any thread (the heartbeat's too); the tool sees them before its next step.
     lost: str = ""  # why this attempt no longer holds its execution: its outcome is not recorded
     unlocked: bool = False  # it lost the tool's lock while it ran: it ends uncertain
     loop: asyncio.AbstractEventLoop = field(default_factory=running_loop)
+
+    def __post_init__(self) -> None:
+        self.holding = Holding(self.job.execution_id, self.attempt, self.lock)
+
+    def locked(self, key: str) -> None:
+        """This attempt holds the tool's lock ``key`` ('': no longer)."""
+        self.lock = key
+        self.holding = Holding(self.job.execution_id, self.attempt, key)
 
     @property
     def halted(self) -> bool:
@@ -135,12 +146,12 @@ class Runtime:
 
     def holdings(self) -> list[Holding]:
         """What this worker holds, for its heartbeat to check (safe to call from another thread)."""
-        return [Holding(r.job.execution_id, r.attempt, r.lock) for r in list(self._runs.values())]
+        return [r.holding for r in list(self._runs.values())]
 
     def locked_holdings(self) -> list[Holding]:
         """What this worker holds with a tool lock (safe to call from another thread): as many
         steps as there are, not as executions held."""
-        return [Holding(exec_id, r.attempt, r.lock) for exec_id, r in list(self._locked.items())]
+        return [r.holding for r in list(self._locked.values())]
 
     def attempt_of(self, exec_id: str, *, claimed_before: float) -> int | None:
         """The attempt this worker holds at ``exec_id`` if its claim was sent before
@@ -381,12 +392,12 @@ class Runtime:
             self.lose(job.execution_id, run.attempt, "it went to another attempt while it waited for its lock")
         if acquired != "taken":
             return Outcome(timed_out=True) if acquired == "timed_out" else Outcome(cancelled=True)
-        run.lock = lock.key
+        run.locked(lock.key)
         self._locked[job.execution_id] = run
 
         # Released when the call has really ended: a timed-out sync tool's thread still holds it.
         def release() -> None:
-            run.lock = ""
+            run.locked("")
             if self._locked.get(job.execution_id) is run:
                 del self._locked[job.execution_id]
             task = loop.create_task(lock.release())
