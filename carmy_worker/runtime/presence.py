@@ -142,7 +142,7 @@ class Presence:
         frozen or starved), check now, blocking for one round trip (up to its 1 s timeout on a
         node that hangs), so that a tool whose execution was given away does not take its next
         step. Not while Redis is known to be unreachable (nobody can reap anything then), and at
-        most every ``VERIFY_EVERY_S``."""
+        most every ``VERIFY_EVERY_S``, counted from the end of one that failed."""
         now = time.monotonic()
         if now - self.last_beat < self._fresh_s or self.failing or now - self._verified < VERIFY_EVERY_S:
             return
@@ -151,6 +151,9 @@ class Presence:
             self._check(self._in_loop)
         except sync_redis.RedisError as exc:
             log.warning("could not check this worker's executions after a stale heartbeat: %s", exc)
+            # It may have waited out its timeout on a node that hangs: the loop's next step does
+            # not wait it out again at once (the heartbeat thread says soon that Redis fails).
+            self._verified = time.monotonic()
 
     def _check(self, liveness: SyncLiveness, release: list[Orphan] | None = None) -> Beat:
         """One full heartbeat, and what it says about the executions held (``_heard``)."""
