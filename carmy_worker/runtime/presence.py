@@ -34,6 +34,7 @@ log = logging.getLogger("carmy.worker")
 
 RETRY_S = 0.2  # between heartbeats while Redis does not answer
 VERIFY_EVERY_S = 0.5  # at most this often, ensure_fresh checks in the event loop
+CHECK_TIMEOUT_S = 1.0  # ensure_fresh's check waits this long for a node to answer (half to connect)
 # One heartbeat in this many is a full check of everything the worker holds (store.roster); the
 # others check only what was taken from it, which costs Redis nothing per execution held. A full
 # one also goes first, after a beat that failed or met another Redis (a restart, a failover),
@@ -110,7 +111,8 @@ class Presence:
         self._liveness = Liveness(redis, dead_after=settings.dead_after)
         # ensure_fresh's client (the thread has its own), connected aside at ``register``. Its slot
         # table is reloaded aside too: its checks run in the event loop.
-        self._in_loop = SyncLiveness(self.connector.sync_client(socket_timeout=1, socket_connect_timeout=0.5),
+        client = self.connector.sync_client(socket_timeout=CHECK_TIMEOUT_S, socket_connect_timeout=CHECK_TIMEOUT_S / 2)
+        self._in_loop = SyncLiveness(client,
                                      dead_after=settings.dead_after, reload_aside=True)
         self.last_beat = time.monotonic()  # when the last heartbeat that got through was sent
         self.failing = False  # the last heartbeat did not get through
@@ -139,20 +141,20 @@ class Presence:
     def ensure_fresh(self) -> None:
         """Before a tool's step, in the event loop: if the last heartbeat that got through
         started too long ago for this worker to be sure it was not judged dead (it was stopped,
-        frozen or starved), check now, blocking for one round trip (up to its 1 s timeout on a
-        node that hangs), so that a tool whose execution was given away does not take its next
-        step. Not while Redis is known to be unreachable (nobody can reap anything then), and at
-        most every ``VERIFY_EVERY_S``, counted from the end of one that failed."""
+        frozen or starved), check now, blocking for one round trip (up to ``CHECK_TIMEOUT_S`` on
+        a node that hangs), so that a tool whose execution was given away does not take its next
+        step. Not while Redis is known to be unreachable (nobody can reap anything then), and no
+        sooner than ``VERIFY_EVERY_S`` after the last check ended."""
         now = time.monotonic()
         if now - self.last_beat < self._fresh_s or self.failing or now - self._verified < VERIFY_EVERY_S:
             return
-        self._verified = now
         try:
             self._check(self._in_loop)
         except sync_redis.RedisError as exc:
             log.warning("could not check this worker's executions after a stale heartbeat: %s", exc)
-            # It may have waited out its timeout on a node that hangs: the loop's next step does
-            # not wait it out again at once (the heartbeat thread says soon that Redis fails).
+        finally:
+            # From its end: one that waited out its timeout on a node that hangs is not made
+            # again at the loop's next step (the heartbeat thread says soon that Redis fails).
             self._verified = time.monotonic()
 
     def _check(self, liveness: SyncLiveness, release: list[Orphan] | None = None) -> Beat:

@@ -22,7 +22,7 @@ import redis.asyncio
 from redis.crc import key_slot
 
 from bench.localcluster import ClusterServer, LocalCluster
-from carmy_worker.runtime.presence import VERIFY_EVERY_S, Presence, beat_timeout
+from carmy_worker.runtime.presence import CHECK_TIMEOUT_S, VERIFY_EVERY_S, Presence, beat_timeout
 from carmy_worker.runtime.runner import Runtime
 from carmy_worker.settings import WorkerSettings
 from carmy_worker.store import keys, roster
@@ -202,9 +202,6 @@ def test_the_beat_after_one_that_timed_out_on_a_hung_primary_lands_on_its_promot
 
 
 
-# ``Presence.ensure_fresh``'s client: its socket timeout.
-IN_LOOP_TIMEOUT_S = 1.0
-
 
 class Connector(RedisConnector):
     """A ``RedisConnector`` of ``cluster``'s nodes that keeps the blocking clients it makes."""
@@ -277,7 +274,7 @@ def test_a_check_in_the_event_loop_waits_out_one_timeout_beside_hung_seeds_not_o
         other = next(seed for seed in seeds if seed is not owner)  # the seed a reload would ask first
         try:
             took = check_while_hung(presence, owner, other)
-            assert took < 2 * IN_LOOP_TIMEOUT_S, f"the check held the event loop {took:.1f} s"
+            assert took < 2 * CHECK_TIMEOUT_S, f"the check held the event loop {took:.1f} s"
         finally:
             client.close()
 
@@ -302,7 +299,7 @@ def test_a_check_in_the_event_loop_follows_a_failover_once_a_node_timed_out(redi
         cluster.hang_primary(victim, wake=False)
         try:
             took = check_now(presence)  # its table still names the hung node: it times out
-            assert took < 2 * IN_LOOP_TIMEOUT_S, f"the check held the event loop {took:.1f} s"
+            assert took < 2 * CHECK_TIMEOUT_S, f"the check held the event loop {took:.1f} s"
 
             def reloaded() -> bool:
                 return all(client.get_node_from_key(keys.partition_prefix(p)).port != victim.port for p in theirs)
@@ -349,7 +346,7 @@ async def test_the_first_check_in_the_event_loop_finds_the_slot_table_loaded_at_
             await asyncio.sleep(0.05)
         try:
             took = check_while_hung(presence, first)
-            assert took < 2 * IN_LOOP_TIMEOUT_S, f"the check held the event loop {took:.1f} s"
+            assert took < 2 * CHECK_TIMEOUT_S, f"the check held the event loop {took:.1f} s"
         finally:
             client.close()
             await asyncio_client.aclose()
