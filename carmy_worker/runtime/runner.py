@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -139,6 +140,9 @@ class Runtime:
         # beat under way; replaced, never changed in place, so that ``admit`` may read it while
         # the heartbeat thread swaps it.
         self._watchers: tuple[set[str], ...] = ()
+        # Swaps of it, from two threads at once (the heartbeat's and ensure_fresh's checks'),
+        # one at a time: neither drops the set the other added.
+        self._watching = threading.Lock()
 
     @property
     def running(self) -> int:
@@ -216,11 +220,13 @@ class Runtime:
         listed as running on the worker and leased to it, but not named. They are neither strays
         nor orphans."""
         admitted: set[str] = set()
-        self._watchers = (*self._watchers, admitted)
+        with self._watching:
+            self._watchers = (*self._watchers, admitted)
         try:
             yield admitted
         finally:
-            self._watchers = tuple(w for w in self._watchers if w is not admitted)
+            with self._watching:
+                self._watchers = tuple(w for w in self._watchers if w is not admitted)
 
     def forget(self, lease: str) -> None:
         """arq is done with ``lease``'s job. If it never handed the job to ``handle``, the claim

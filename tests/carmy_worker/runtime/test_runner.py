@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import sys
+import threading
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -213,6 +215,33 @@ async def test_a_full_heartbeat_hears_of_the_claims_admitted_while_it_is_out(run
     assert admitted == also == {during}
     for payload, lease in leases.values():
         await runtime.handle(payload, lease.token)
+
+
+def test_two_beats_watching_admits_at_once_from_two_threads_both_hear_of_them(runtime: Runtime) -> None:
+    """The heartbeat thread's full beats and ``ensure_fresh``'s checks, in a thread of their own,
+    watch what is admitted at the same time: neither may drop the other's watch as it adds or
+    removes its own (a full beat that missed a claim admitted meanwhile would take it for a
+    stray). Threads switched as often as Python allows, to meet the race."""
+    missed = []
+
+    def watch_often() -> None:
+        for _ in range(10_000):
+            with runtime.watch_admits() as admitted:
+                if not any(w is admitted for w in runtime._watchers):
+                    missed.append(admitted)
+
+    switching = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        beats = [threading.Thread(target=watch_often) for _ in range(2)]
+        for beat in beats:
+            beat.start()
+        for beat in beats:
+            beat.join(60)
+    finally:
+        sys.setswitchinterval(switching)
+    assert not missed, f"{len(missed)} watches dropped by the other thread"
+    assert runtime._watchers == ()
 
 
 async def test_a_cancel_heard_while_the_lease_was_in_flight_is_not_lost(runtime: Runtime) -> None:
