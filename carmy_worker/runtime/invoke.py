@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Coroutine, Generator
+from collections.abc import Awaitable, Callable, Coroutine, Generator
 from concurrent.futures import Executor
 from typing import Any
 
@@ -20,6 +20,11 @@ from carmy_worker.store import records
 from carmy_worker.wire import ErrorBody
 
 log = logging.getLogger("carmy.worker")
+
+# Asked before each step of an async tool: True (take it), False (the tool gets CancelledError
+# instead), or an awaitable to wait for first (a check under way), after which it is asked again.
+# Not one already done: the step would ask again at once, and the event loop would not turn.
+MayStep = Callable[[], bool | Awaitable[None]]
 
 # How long an async tool that was cancelled (a cancel, a timeout) may take to stop before its
 # outcome is recorded anyway. Its ``except CancelledError`` and ``finally`` blocks run first, so
@@ -50,9 +55,12 @@ class _Stepwise:
     """Awaits an async tool's coroutine one step at a time, asking ``may_step()`` before each:
     a worker that was paused (stopped, frozen, starved) may have lost the execution meanwhile,
     and its tool must not take another step, not even one already due, before the worker knows.
-    When ``may_step()`` says no, the tool gets ``CancelledError`` instead of its next step."""
+    When ``may_step()`` says no, the tool gets ``CancelledError`` instead of its next step. When
+    it answers with an awaitable (a check with Redis under way), the step waits for it, and
+    ``may_step()`` is asked again: the event loop runs on meanwhile, and the tool takes no step.
+    What stops the tool while it waits (a cancel, a timeout) reaches it as before, unchecked."""
 
-    def __init__(self, coro: Coroutine[Any, Any, Any], may_step: Callable[[], bool]) -> None:
+    def __init__(self, coro: Coroutine[Any, Any, Any], may_step: MayStep) -> None:
         self._coro = coro
         self._may_step = may_step
 
@@ -61,8 +69,20 @@ class _Stepwise:
         value: Any = None
         error: BaseException | None = None
         while True:
-            if error is None and not self._may_step():
-                error = asyncio.CancelledError()
+            if error is None:
+                allowed = self._may_step()
+                while not isinstance(allowed, bool):
+                    try:
+                        yield from allowed.__await__()
+                    except GeneratorExit:
+                        coro.close()
+                        raise
+                    except BaseException as exc:
+                        error = exc
+                        break
+                    allowed = self._may_step()
+                if error is None and not allowed:
+                    error = asyncio.CancelledError()
             try:
                 yielded = coro.send(value) if error is None else coro.throw(error)
             except StopIteration as stop:
@@ -78,7 +98,7 @@ class _Stepwise:
 
 
 async def _contained(fn: Callable[..., Coroutine[Any, Any, Any]], args: tuple[Any, ...],
-                     may_step: Callable[[], bool] | None, ended: asyncio.Future[None]) -> Any:
+                     may_step: MayStep | None, ended: asyncio.Future[None]) -> Any:
     # The tool's coroutine is made here, in its task's first step: a call cancelled before that
     # step leaves no coroutine behind that was never awaited.
     try:
@@ -114,7 +134,7 @@ def decode_input(tool: Tool, arguments: bytes) -> Any:
 async def invoke(
     tool: Tool, ctx: Context, arguments: bytes, *, timeout: float, executor: Executor,
     cancelled: Signal, max_result_bytes: int, on_end: Callable[[], object] | None = None,
-    may_step: Callable[[], bool] | None = None,
+    may_step: MayStep | None = None,
 ) -> Outcome:
     """Run ``tool`` once. Returns when it finished, timed out, or ``cancelled`` was set.
 
@@ -124,7 +144,8 @@ async def invoke(
     ``STOP_GRACE`` seconds. ``on_end`` is called when the call has really ended,
     which for such a thread may be after ``invoke`` returned. A result, or a ``ToolError``'s
     details, over ``max_result_bytes`` of JSON is not recorded (``runtime.results``). An async
-    tool asks ``may_step()`` before each step it takes (``_Stepwise``).
+    tool asks ``may_step()`` before each step it takes, and waits for what it answers if that
+    is an awaitable (``_Stepwise``).
     """
     try:
         value = decode_input(tool, arguments)

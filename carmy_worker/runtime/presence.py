@@ -16,12 +16,14 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 
 import msgspec
 import redis as sync_redis
 from redis.asyncio import Redis
 
+from carmy_worker.loop import running_loop
 from carmy_worker.runtime.runner import Runtime
 from carmy_worker.sdk.toolbox import Tool
 from carmy_worker.settings import WorkerSettings
@@ -33,7 +35,7 @@ from carmy_worker.wire import WorkerInfo, WorkerTool, msgpack_encoder
 log = logging.getLogger("carmy.worker")
 
 RETRY_S = 0.2  # between heartbeats while Redis does not answer
-VERIFY_EVERY_S = 0.5  # at most this often, ensure_fresh checks in the event loop
+VERIFY_EVERY_S = 0.5  # at most this often, ensure_fresh checks before a tool's step
 CHECK_TIMEOUT_S = 1.0  # ensure_fresh's check waits this long for a node to answer (half to connect)
 # One heartbeat in this many is a full check of everything the worker holds (store.roster); the
 # others check only what was taken from it, which costs Redis nothing per execution held. A full
@@ -109,11 +111,15 @@ class Presence:
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._liveness = Liveness(redis, dead_after=settings.dead_after)
-        # ensure_fresh's client (the thread has its own), connected aside at ``register``. Its slot
-        # table is reloaded aside too: its checks run in the event loop.
+        # ensure_fresh's checks run in a thread of their own, one at a time, on a client of their
+        # own (the heartbeat thread has its own), connected there at ``register``. A node that
+        # hangs holds back the next step of every async tool, which must wait for the check's
+        # answer, but not the event loop. The client's slot table is reloaded aside: the steps
+        # need the check's answer, not the reload after it.
         client = self.connector.sync_client(socket_timeout=CHECK_TIMEOUT_S, socket_connect_timeout=CHECK_TIMEOUT_S / 2)
-        self._in_loop = SyncLiveness(client,
-                                     dead_after=settings.dead_after, reload_aside=True)
+        self._checker = SyncLiveness(client, dead_after=settings.dead_after, reload_aside=True)
+        self._check_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="carmy-check")
+        self._checking: asyncio.Future[None] | None = None  # the check under way
         self.last_beat = time.monotonic()  # when the last heartbeat that got through was sent
         self.failing = False  # the last heartbeat did not get through
         self._verified = 0.0
@@ -127,34 +133,51 @@ class Presence:
         await self.redis.publish(keys.CATALOG_CHANNEL, self.info.worker_id)
         self._thread = threading.Thread(target=self._beat, name="carmy-heartbeat", daemon=True)
         self._thread.start()
-        threading.Thread(target=self.connect_checks, name="carmy-check-connect", daemon=True).start()
+        self._check_thread.submit(self.connect_checks)
 
     def connect_checks(self) -> None:
         """Connect ``ensure_fresh``'s client, so that its first check (likely during a fault: a
-        beat stale but not yet failed) does not load a cluster's slot table in the event loop,
-        asking a hung seed first. A failure is left to that check (it connects as it goes)."""
+        beat stale but not yet failed) does not first load a cluster's slot table, asking a hung
+        seed first while every async tool waits. A failure is left to that check (it connects as
+        it goes)."""
         try:
-            self._in_loop.connect()
+            self._checker.connect()
         except sync_redis.RedisError as exc:
             log.debug("ensure_fresh's client not connected ahead: %s", exc)
 
-    def ensure_fresh(self) -> None:
-        """Before a tool's step, in the event loop: if the last heartbeat that got through
-        started too long ago for this worker to be sure it was not judged dead (it was stopped,
-        frozen or starved), check now, blocking for one round trip (up to ``CHECK_TIMEOUT_S`` on
-        a node that hangs), so that a tool whose execution was given away does not take its next
-        step. Not while Redis is known to be unreachable (nobody can reap anything then), and no
-        sooner than ``VERIFY_EVERY_S`` after the last check ended."""
-        now = time.monotonic()
-        if now - self.last_beat < self._fresh_s or self.failing or now - self._verified < VERIFY_EVERY_S:
-            return
+    def ensure_fresh(self) -> Awaitable[None] | None:
+        """Before a tool's step, in the event loop: None if the step may be taken now. If the
+        last heartbeat that got through started too long ago for this worker to be sure it was
+        not judged dead (it was stopped, frozen or starved), a check goes out, in a thread, and
+        the step waits for what this returns: a tool whose execution was given away does not take
+        its next step. The loop runs on meanwhile. One check at a time: a step that asks while
+        one is under way waits for that one (up to ``CHECK_TIMEOUT_S`` on a node that hangs). Not
+        while Redis is known to be unreachable (nobody can reap anything then), and no sooner
+        than ``VERIFY_EVERY_S`` after the last check ended."""
+        checking = self._checking
+        # One that has answered is over, though its waiters may not have woken yet: returned
+        # again, the step would find it done, ask again, and never let the loop turn.
+        if checking is None or checking.done():
+            now = time.monotonic()
+            if now - self.last_beat < self._fresh_s or self.failing or now - self._verified < VERIFY_EVERY_S:
+                return None
+            checking = self._checking = running_loop().run_in_executor(self._check_thread, self._check_now)
+        # A wait of its own for each step: a tool stopped while it waits (a timeout, a cancel)
+        # cancels its wait, not the check the others wait for.
+        return asyncio.shield(checking)
+
+    def _check_now(self) -> None:
+        """``ensure_fresh``'s check, in its thread. What it finds lost is marked before it returns
+        (``Runtime.lose``), so the step that waited for it is refused."""
         try:
-            self._check(self._in_loop)
+            self._check(self._checker)
         except sync_redis.RedisError as exc:
             log.warning("could not check this worker's executions after a stale heartbeat: %s", exc)
+        except Exception:  # the steps go on, as after a check Redis failed
+            log.exception("could not check this worker's executions after a stale heartbeat")
         finally:
             # From its end: one that waited out its timeout on a node that hangs is not made
-            # again at the loop's next step (the heartbeat thread says soon that Redis fails).
+            # again at the next step (the heartbeat thread says soon that Redis fails).
             self._verified = time.monotonic()
 
     def _check(self, liveness: SyncLiveness, release: list[Orphan] | None = None) -> Beat:
@@ -264,7 +287,8 @@ class Presence:
             self._thread.join(timeout=5)
         await self._liveness.depart(self.info.worker_id)
         await self.redis.publish(keys.CATALOG_CHANNEL, self.info.worker_id)
-        self._in_loop.redis.close()
+        self._check_thread.shutdown(wait=False, cancel_futures=True)
+        self._checker.redis.close()
 
 
 def _log_failure(future: concurrent.futures.Future[None]) -> None:

@@ -9,7 +9,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -129,9 +129,10 @@ class Runtime:
         self._verdicts = Verdicts(redis, retention=settings.retention, durability=durability)
         self._locks = ToolLocks(redis, worker_id=worker_id, durability=durability)
         self._progress = Progress(redis)
-        # Called before each step of an async tool: the worker's presence checks there, at
-        # once, whether it still holds its executions if its heartbeat has gone stale.
-        self.before_step: Callable[[], None] = lambda: None
+        # Called before each step of an async tool: if its heartbeat has gone stale, the
+        # worker's presence checks whether it still holds its executions, and the step waits
+        # for the check it returns (one at a time, shared by every step that asks meanwhile).
+        self.before_step: Callable[[], Awaitable[None] | None] = lambda: None
         # Set when this worker may have left a stray behind (a claim let go, an outcome or a
         # stray's settle that Redis failed); its presence then sends a full heartbeat next, which
         # finds strays, rather than waiting for the next due one (presence.FULL_EVERY).
@@ -376,10 +377,11 @@ class Runtime:
     async def _invoke(self, run: Run, tool: Tool, timeout: float) -> Outcome:
         job, ctx, cancelled = run.job, run.ctx, run.cancelled
         assert ctx is not None
-        def may_step() -> bool:
-            if not run.halted:
-                self.before_step()
-            return not run.halted
+        def may_step() -> bool | Awaitable[None]:
+            if run.halted:
+                return False
+            checking = self.before_step()
+            return True if checking is None else checking  # after it, asked again
 
         if not await self._still_holds(run, tool):
             self.lose(job.execution_id, run.attempt, "it went to another attempt before its tool began")

@@ -148,10 +148,11 @@ def reload_slots(redis: sync_redis.Redis, unreached: Collection[str]) -> None:
 
 class ReloadAside:
     """``reload_slots`` in a thread of its own, one at a time for a client: for a caller that
-    must not wait on it (a check made in a worker's event loop). The nodes that failed are asked
-    last, but seeds that hang and did not fail the call (a replica beside a hung primary, a
-    worker cut off from several nodes) are asked in turn, each for its timeout. The client is
-    used meanwhile, on its table as it was: redis-py swaps a reloaded table in whole."""
+    must not wait on it (the check a worker's async tools wait for before their next step). The
+    nodes that failed are asked last, but seeds that hang and did not fail the call (a replica
+    beside a hung primary, a worker cut off from several nodes) are asked in turn, each for its
+    timeout. The client is used meanwhile, on its table as it was: redis-py swaps a reloaded
+    table in whole."""
 
     def __init__(self, redis: sync_redis.Redis) -> None:
         self.redis = redis

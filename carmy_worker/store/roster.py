@@ -578,8 +578,8 @@ class SyncLiveness:
     """The same on a blocking client: for the heartbeat thread, ``Presence.ensure_fresh`` and the
     container health check. On a cluster, after a node failed, the slot table is reloaded before
     a beat returns (the heartbeat thread's next beat goes where the slots are now) or, with
-    ``reload_aside``, in a thread of its own (``fanout.ReloadAside``: a check made in the event
-    loop must not wait on seeds that hang)."""
+    ``reload_aside``, in a thread of its own (``fanout.ReloadAside``: the check every async tool's
+    next step waits for must not wait on seeds that hang)."""
 
     def __init__(self, redis: sync_redis.Redis, *, dead_after: float, reload_aside: bool = False) -> None:
         self.redis = redis
@@ -604,7 +604,8 @@ class SyncLiveness:
         """Connect now rather than on the first beat: a cluster client is made and loads its slot
         table (the seeds asked in turn, each that hangs for its timeout), a Sentinel client finds
         its primary. For a caller whose beats must not wait on that (``Presence.ensure_fresh``,
-        in the event loop). Raises ``RedisError`` if nothing answers: the first beat tries again."""
+        whose check every async tool's next step waits for). Raises ``RedisError`` if nothing
+        answers: the first beat tries again."""
         if several_nodes(self.redis):
             cast(Any, self.redis).get_nodes()  # a LazySyncCluster: made, its table loaded
         else:

@@ -22,7 +22,7 @@ import redis.asyncio
 from redis.crc import key_slot
 
 from bench.localcluster import ClusterServer, LocalCluster
-from carmy_worker.runtime.presence import CHECK_TIMEOUT_S, VERIFY_EVERY_S, Presence, beat_timeout
+from carmy_worker.runtime.presence import CHECK_TIMEOUT_S, Presence, beat_timeout
 from carmy_worker.runtime.runner import Runtime
 from carmy_worker.settings import WorkerSettings
 from carmy_worker.store import keys, roster
@@ -216,9 +216,9 @@ class Connector(RedisConnector):
         return client
 
 
-def checks_in_the_loop(cluster: LocalCluster, store: Any = None) -> tuple[Presence, Connector]:
-    """Worker ``w``'s ``Presence`` as its event loop's checks use it (``ensure_fresh``), holding
-    nothing, and the connector that makes its client. ``store``: its asyncio client, for
+def checks_before_steps(cluster: LocalCluster, store: Any = None) -> tuple[Presence, Connector]:
+    """Worker ``w``'s ``Presence`` as its tools' steps use it (``ensure_fresh``), holding nothing,
+    and the connector that makes its check's client. ``store``: its asyncio client, for
     ``register`` (none is used otherwise)."""
     connector = Connector(cluster)
     presence = Presence(redis=store or redis.asyncio.Redis(), settings=WorkerSettings(dead_after=DEAD_AFTER),
@@ -227,60 +227,76 @@ def checks_in_the_loop(cluster: LocalCluster, store: Any = None) -> tuple[Presen
     return presence, connector
 
 
-def check_now(presence: Presence) -> float:
-    """``ensure_fresh`` with the last heartbeat long gone (a worker that was paused): the
-    seconds it held the event loop."""
+async def check_now(presence: Presence) -> float:
+    """``ensure_fresh`` with the last heartbeat long gone (a worker that was paused): the seconds
+    a tool's next step waited for the check. The event loop runs on meanwhile."""
+    late = [0.0]  # how late the loop ran, at most, while the check was out
+
+    async def tick() -> None:
+        while True:
+            ticked = time.monotonic()
+            await asyncio.sleep(0.01)
+            late[0] = max(late[0], time.monotonic() - ticked - 0.01)
+
+    ticker = asyncio.create_task(tick())
+    await asyncio.sleep(0)  # it ticks from now on
     presence.last_beat = presence._verified = time.monotonic() - 60
     started = time.monotonic()
-    presence.ensure_fresh()
-    return time.monotonic() - started
+    try:
+        checking = presence.ensure_fresh()
+        assert checking is not None, "no check went out"
+        await checking
+        took = time.monotonic() - started
+        await asyncio.sleep(0.05)  # the tick due during the check has come
+    finally:
+        ticker.cancel()
+    assert late[0] < CHECK_TIMEOUT_S / 2, f"the check held the event loop {late[0]:.1f} s"
+    return took
 
 
-def check_while_hung(presence: Presence, *hung: ClusterServer) -> float:
+async def check_while_hung(presence: Presence, *hung: ClusterServer) -> float:
     """``check_now`` while the nodes ``hung`` hang (``SIGSTOP``), and the tool's next step at
     once; they are woken after."""
     for server in hung:
         server.pause()
     try:
-        took = check_now(presence)
+        took = await check_now(presence)
         # The tool's next step, at once: the check that failed is not made again before
         # VERIFY_EVERY_S, counted from its end (it waited out its timeout).
-        started = time.monotonic()
-        presence.ensure_fresh()
-        assert time.monotonic() - started < VERIFY_EVERY_S, "the next step waited out the timeout again"
+        assert presence.ensure_fresh() is None, "the next step waits out the timeout again"
         return took
     finally:
         for server in hung:
             server.resume()
 
 
-def test_a_check_in_the_event_loop_waits_out_one_timeout_beside_hung_seeds_not_one_each(
+async def test_a_check_before_a_step_waits_out_one_timeout_beside_hung_seeds_not_one_each(
         slow_to_fail_over: LocalCluster) -> None:
     """A worker cut off from two primaries (both hang), one of them its partition's, in a tool's
     step after a pause: ``ensure_fresh``'s check waits out its timeout on the partition's
-    primary, once, and the reload of the slot table that follows runs aside. In the event loop it
-    would ask the other hung node first (it did not fail the check, so it is not asked last) and
-    hold the loop, and every tool of the worker, for one more timeout, and one more for each
-    such seed."""
+    primary, once, and the reload of the slot table that follows runs aside. Made before the
+    check answers, it would ask the other hung node first (it did not fail the check, so it is
+    not asked last) and hold the step, and every tool of the worker, for one more timeout, and
+    one more for each such seed."""
     cluster = slow_to_fail_over
     with partitions(1):
-        presence, connector = checks_in_the_loop(cluster)
+        presence, connector = checks_before_steps(cluster)
         owner = cluster.owner(key_slot(keys.partition_prefix(0).encode()))
         sent = time.time() * 1000
-        check_now(presence)  # the client knows the slots
+        await check_now(presence)  # the client knows the slots
         assert seen_since(owner, 0, sent), "the partition did not see the check"
         (client,) = connector.made
         seeds = [cluster.server_on(node.port) for node in client.nodes_manager.startup_nodes.values()]
         other = next(seed for seed in seeds if seed is not owner)  # the seed a reload would ask first
         try:
-            took = check_while_hung(presence, owner, other)
-            assert took < 2 * CHECK_TIMEOUT_S, f"the check held the event loop {took:.1f} s"
+            took = await check_while_hung(presence, owner, other)
+            assert took < 2 * CHECK_TIMEOUT_S, f"the step waited {took:.1f} s"
         finally:
             client.close()
 
 
 @pytest.mark.timeout(180)  # a failover, then the woken node's settling (mended after 15 s if need be)
-def test_a_check_in_the_event_loop_follows_a_failover_once_a_node_timed_out(redis_cluster: LocalCluster) -> None:
+async def test_a_check_before_a_step_follows_a_failover_once_a_node_timed_out(redis_cluster: LocalCluster) -> None:
     """A primary hangs and its replica is promoted. ``ensure_fresh``'s check times out on the hung
     node; the reload it leads to, aside, puts the promoted replica in its slot table, and the
     next check lands there. A client that never reloaded would send every later check to the
@@ -288,8 +304,8 @@ def test_a_check_in_the_event_loop_follows_a_failover_once_a_node_timed_out(redi
     unchecked."""
     cluster = redis_cluster
     with partitions(16):
-        presence, connector = checks_in_the_loop(cluster)
-        check_now(presence)  # the client knows the slots, the hung node's among them
+        presence, connector = checks_before_steps(cluster)
+        await check_now(presence)  # the client knows the slots, the hung node's among them
         (client,) = connector.made
         first = next(iter(client.nodes_manager.startup_nodes.values()))
         victim = cluster.server_on(first.port)
@@ -298,8 +314,8 @@ def test_a_check_in_the_event_loop_follows_a_failover_once_a_node_timed_out(redi
         assert theirs, "the first seed serves a partition"
         cluster.hang_primary(victim, wake=False)
         try:
-            took = check_now(presence)  # its table still names the hung node: it times out
-            assert took < 2 * CHECK_TIMEOUT_S, f"the check held the event loop {took:.1f} s"
+            took = await check_now(presence)  # its table still names the hung node: it times out
+            assert took < 2 * CHECK_TIMEOUT_S, f"the step waited {took:.1f} s"
 
             def reloaded() -> bool:
                 return all(client.get_node_from_key(keys.partition_prefix(p)).port != victim.port for p in theirs)
@@ -307,13 +323,13 @@ def test_a_check_in_the_event_loop_follows_a_failover_once_a_node_timed_out(redi
             deadline = time.monotonic() + 10
             while not reloaded():
                 assert time.monotonic() < deadline, "the check's client still sends to the hung node"
-                time.sleep(0.05)
+                await asyncio.sleep(0.05)
             for _ in range(40):  # a node not yet back to ok answers CLUSTERDOWN for a moment
                 sent = time.time() * 1000
-                check_now(presence)
+                await check_now(presence)
                 if all(seen_since(cluster.owner(slots[p]), p, sent) for p in theirs):
                     break
-                time.sleep(0.05)
+                await asyncio.sleep(0.05)
             else:
                 pytest.fail("no check landed on the promoted replica in 2 s")
         finally:
@@ -321,17 +337,16 @@ def test_a_check_in_the_event_loop_follows_a_failover_once_a_node_timed_out(redi
             cluster.wake(victim)  # back, as the new primary's replica: the next test's cluster is whole
 
 
-async def test_the_first_check_in_the_event_loop_finds_the_slot_table_loaded_at_registration(
+async def test_the_first_check_before_a_step_finds_the_slot_table_loaded_at_registration(
         slow_to_fail_over: LocalCluster) -> None:
     """``ensure_fresh``'s first check is likely made during a fault (a beat stale but not yet
-    failed: a node hangs). Its client connects when the worker registers, aside, so that check
-    does not load the slot table in the event loop, where the seeds are asked in the order
-    configured: a hung first seed would hold the loop for its timeout, and then the check for
-    its own on the same node."""
+    failed: a node hangs). Its client connects when the worker registers, so that check does not
+    load the slot table first, asking the seeds in the order configured: a hung first seed would
+    hold the step for its timeout, and then the check for its own on the same node."""
     cluster = slow_to_fail_over
     with partitions(16):
         asyncio_client = cluster_client(cluster)
-        presence, connector = checks_in_the_loop(cluster, asyncio_client)
+        presence, connector = checks_before_steps(cluster, asyncio_client)
         (client,) = connector.made
         first = cluster.servers[0]  # the seed configured first
         assert any(cluster.owner(key_slot(keys.partition_prefix(p).encode())) is first for p in keys.partitions()), \
@@ -340,13 +355,10 @@ async def test_the_first_check_in_the_event_loop_finds_the_slot_table_loaded_at_
         presence._stop.set()  # no heartbeat thread from here: the checks in the loop are the test's
         assert presence._thread is not None
         presence._thread.join(5)
-        deadline = time.monotonic() + 10
-        while any(t.name == "carmy-check-connect" for t in threading.enumerate()):
-            assert time.monotonic() < deadline, "ensure_fresh's client did not connect"
-            await asyncio.sleep(0.05)
+        await asyncio.wrap_future(presence._check_thread.submit(lambda: None))  # behind the connect
         try:
-            took = check_while_hung(presence, first)
-            assert took < 2 * CHECK_TIMEOUT_S, f"the check held the event loop {took:.1f} s"
+            took = await check_while_hung(presence, first)
+            assert took < 2 * CHECK_TIMEOUT_S, f"the step waited {took:.1f} s"
         finally:
             client.close()
             await asyncio_client.aclose()

@@ -18,6 +18,7 @@ from carmy_worker.loop import Signal
 from carmy_worker.runtime.invoke import STOP_GRACE, Outcome, invoke
 from carmy_worker.sdk.errors import MAY_HAVE_COMMITTED
 from carmy_worker.wire import ErrorBody
+from tests.support import turns_until
 
 tools = Toolbox()
 SECRET = "secret-database-password-hunter2"
@@ -454,6 +455,71 @@ async def test_a_step_refused_is_never_taken_even_if_already_due(executor: Threa
     outcome = await Call("steps", may_step=lambda: next(allowed, False)).run(executor)
     assert outcome == Outcome(cancelled=True)
     assert steps_taken == ["first", "second", "cancelled"]
+
+
+class Checks:
+    """``may_step`` as a worker's presence answers it after a pause: yes at the tool's first ask,
+    a check under way at its second (``checking``, a future the test resolves), then ``after``."""
+
+    def __init__(self, after: bool) -> None:
+        self.checking: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.after = after
+        self.asked: list[list[str]] = []  # the steps taken at each ask
+
+    def __call__(self) -> bool | asyncio.Future[None]:
+        self.asked.append(list(steps_taken))
+        if len(self.asked) == 1:
+            return True
+        return self.checking if len(self.asked) == 2 else self.after
+
+
+async def check_out(checks: Checks, call: Call, executor: ThreadPoolExecutor) -> asyncio.Task[Outcome]:
+    """``call`` run until its tool waits for ``checks``' check, then 50 ms of the loop's turns
+    with the check still out, through which the tool takes no step."""
+    steps_taken.clear()
+    running = asyncio.ensure_future(call.run(executor))
+    await turns_until(lambda: len(checks.asked) == 2, "the check asked for")
+    ticks = 0
+    deadline = time.monotonic() + 0.05
+    while time.monotonic() < deadline:
+        await asyncio.sleep(0)
+        ticks += 1
+    assert steps_taken == ["first"] and not running.done(), "a step was taken while the check was out"
+    assert ticks > 10, "the event loop did not run while the check was out"
+    return running
+
+
+async def test_a_step_waits_for_a_check_under_way_and_is_taken_once_it_answers(executor: ThreadPoolExecutor) -> None:
+    """A worker checking with Redis after a pause: the tool's next step waits for the check,
+    while the event loop runs on, and is taken once the check says the worker still holds its
+    execution (``may_step`` asked again)."""
+    checks = Checks(after=True)
+    running = await check_out(checks, call := Call("steps", may_step=checks), executor)
+    checks.checking.set_result(None)
+    assert await running == Outcome(data=b'{"n":3}')
+    assert checks.asked == [[], ["first"], ["first"], ["first", "second"]]
+    assert not call.ctx.cancelled
+
+
+async def test_a_step_a_check_finds_lost_is_never_taken(executor: ThreadPoolExecutor) -> None:
+    """The check finds the execution given away: the step that waited for it is replaced by
+    CancelledError, and the tool takes no other."""
+    checks = Checks(after=False)
+    running = await check_out(checks, Call("steps", may_step=checks), executor)
+    checks.checking.set_result(None)
+    assert await running == Outcome(cancelled=True)
+    assert steps_taken == ["first", "cancelled"]
+
+
+async def test_a_tool_cancelled_while_it_waits_for_a_check_is_told_at_once(executor: ThreadPoolExecutor) -> None:
+    """Its caller went away while the check was out: the tool gets the cancel then (its cleanup
+    runs, as for any cancel), not once the check answers, and the check is not asked again."""
+    checks = Checks(after=True)
+    call = Call("steps", may_step=checks)
+    running = await check_out(checks, call, executor)
+    call.cancelled.set()
+    assert await asyncio.wait_for(running, 5) == Outcome(cancelled=True)
+    assert steps_taken == ["first", "cancelled"] and len(checks.asked) == 2
 
 
 # --- timeout and cancellation -----------------------------------------------------------------

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+import time
 from typing import Any, cast
 
 import pytest
@@ -20,7 +21,7 @@ from carmy_worker.store import keys
 from carmy_worker.store.roster import Beat, SyncLiveness
 from carmy_worker.wire import WorkerInfo, msgpack_encoder, worker_info_decoder
 from tests.holds import Holds
-from tests.support import RedisServer
+from tests.support import RedisServer, wait_until_async
 
 
 def test_each_tools_retry_policy_is_published() -> None:
@@ -154,3 +155,50 @@ def test_a_full_beat_takes_what_was_admitted_while_it_was_out_for_neither_a_stra
         r.close()
     assert kinds[:5] == ["full", "losses", "full", "full", "losses"]
     assert not sync_redis.Redis.from_url(redis_server.url).hexists(keys.leases(worker, keys.partition_of(lost)), lost)
+
+
+async def test_a_check_that_has_answered_holds_no_step_back_before_its_waiters_woke(redis_server: RedisServer) -> None:
+    """``ensure_fresh``'s check answers in its thread, and its future is done in the event loop
+    a turn before the steps that wait for it wake. A step that asks in that turn may go: handed
+    the done check again, it would find it answered, ask again, and never let the loop turn."""
+    presence = Presence(redis=redis.asyncio.Redis.from_url(redis_server.url),
+                        settings=WorkerSettings(redis_url=redis_server.url),
+                        info=WorkerInfo(worker_id="w", started_ms=0, tools=[], group="g"),
+                        runtime=cast("Runtime", Holds()))
+    try:
+        presence.last_beat = time.monotonic() - 60  # a worker that was paused
+        waited = presence.ensure_fresh()
+        assert waited is not None, "no check went out"
+        presence._check_thread.submit(lambda: None).result(10)  # the check has answered, in its thread
+        await asyncio.sleep(0)  # its future is done now; what waits for it is woken next turn
+        assert presence._checking is not None and presence._checking.done() and not asyncio.ensure_future(waited).done()
+        assert presence.ensure_fresh() is None
+        await waited
+    finally:
+        presence._check_thread.shutdown()
+        presence._checker.redis.close()
+
+
+async def test_the_checks_client_connects_at_registration_and_closes_at_departure(redis_server: RedisServer) -> None:
+    """``ensure_fresh``'s client is connected when the worker registers (on one Redis, a
+    ``PING``), so that its first check need not connect, and closed when the worker departs:
+    a worker that stops leaves no connection of it behind in Redis."""
+    store = redis.asyncio.Redis.from_url(redis_server.url)
+    admin = redis_server.client()
+    presence = Presence(redis=store, settings=WorkerSettings(redis_url=redis_server.url),
+                        info=WorkerInfo(worker_id="w-connects", started_ms=0, tools=[], group="g"),
+                        runtime=cast("Runtime", Holds()))
+
+    def pinged() -> int:  # the clients whose last command was a PING: the check's
+        return sum(c["cmd"] == "ping" for c in admin.client_list())
+
+    try:
+        assert pinged() == 0
+        await presence.register()
+        await asyncio.wrap_future(presence._check_thread.submit(lambda: None))  # behind the connect
+        assert pinged() == 1
+        await presence.deregister()
+        await wait_until_async(lambda: pinged() == 0, 10, "the check's connection closed")
+    finally:
+        admin.close()
+        await store.aclose()

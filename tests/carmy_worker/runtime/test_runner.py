@@ -17,15 +17,17 @@ import pytest
 import redis.asyncio
 
 from carmy_worker import Context, Toolbox
+from carmy_worker.runtime import presence as presence_module
 from carmy_worker.runtime import runner
+from carmy_worker.runtime.presence import Presence
 from carmy_worker.runtime.queue import Lease, Leases
 from carmy_worker.runtime.runner import Runtime
 from carmy_worker.settings import WorkerSettings
 from carmy_worker.store import jobs, keys, records
-from carmy_worker.store.roster import Holding
+from carmy_worker.store.roster import Beat, Holding
 from carmy_worker.store.submit import Submit
 from carmy_worker.store.verdicts import Verdicts
-from carmy_worker.wire import ExecutionJob, msgpack_encoder, record_decoder
+from carmy_worker.wire import ExecutionJob, WorkerInfo, msgpack_encoder, record_decoder
 from tests.support import RedisServer, wait_until_async
 
 tools = Toolbox()
@@ -50,6 +52,23 @@ async def waits(ctx: Context) -> None:
 
 
 CALLS: list[str] = []
+STEPS: dict[str, int] = {}  # by execution: the steps its tool took
+STOPPED: dict[str, float] = {}  # by execution: when its tool got CancelledError
+FINISH: set[str] = set()  # the executions whose tool is to return
+
+
+@tools.tool(effect="none", idempotent=True, parallel_safe=True)
+async def steps_until_told(ctx: Context) -> int:
+    """Takes a step every 10 ms, counted, until told to return."""
+    exec_id = ctx.execution_id
+    try:
+        while exec_id not in FINISH:
+            STEPS[exec_id] = STEPS.get(exec_id, 0) + 1
+            await asyncio.sleep(0.01)
+    except asyncio.CancelledError:
+        STOPPED[exec_id] = time.monotonic()
+        raise
+    return STEPS[exec_id]
 
 
 @tools.tool(effect="none", idempotent=True, parallel_safe=True)
@@ -292,3 +311,69 @@ async def test_an_execution_leaves_no_garbage_cycle(runtime: Runtime) -> None:
         gc.garbage.clear()
         gc.enable()
     assert left == [], sorted(set(left))
+
+
+async def test_after_a_pause_no_tool_steps_until_one_check_answers_and_the_loop_runs_meanwhile(
+    runtime: Runtime, redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A worker whose heartbeat went stale (it was paused) checks with Redis before its tools'
+    next steps: one check, in a thread, which every step that asks meanwhile waits for. Redis
+    answers it late here (``CLIENT PAUSE``). Until it does, no tool takes a step, and the event
+    loop runs on: a tool whose caller went away is stopped then. Once it answers, the tool whose
+    execution was given away during the pause is refused its step and records nothing; the
+    others go on. (A check made in the event loop held the loop, and every tool, until Redis
+    answered.)"""
+    monkeypatch.setattr(presence_module, "CHECK_TIMEOUT_S", 10.0)  # outlasts the pause
+    presence = Presence(redis=runtime.redis, settings=WorkerSettings(redis_url=redis_server.url),
+                        info=WorkerInfo(worker_id=runtime.worker_id, started_ms=0, tools=[], group="g"),
+                        runtime=runtime)
+    runtime.before_step = presence.ensure_fresh
+    answered: list[tuple[float, dict[str, int]]] = []  # when each check's beat answered, and the steps taken then
+    beat = presence._checker.heartbeat
+
+    def counted_beat(*args: Any, **kw: Any) -> Beat:
+        try:
+            return beat(*args, **kw)
+        finally:
+            answered.append((time.monotonic(), dict(STEPS)))
+
+    presence._checker.heartbeat = counted_beat  # type: ignore[method-assign]
+    cancelled, going, given_away = ids = [keys.new_execution_id() for _ in range(3)]
+    running = {}
+    try:
+        for exec_id in ids:
+            payload, lease = await leased(runtime, exec_id, "steps_until_told")
+            assert lease.claim is not None
+            runtime.admit(payload, lease.claim, lease.token, lease.sent_at)
+            running[exec_id] = asyncio.create_task(runtime.handle(payload, lease.token))
+        await wait_until_async(lambda: all(STEPS.get(e, 0) >= 2 for e in ids), 10, "every tool stepping")
+        assert await Verdicts(runtime.redis, retention=600).reap(
+            given_away, "steps_until_told", worker_id=runtime.worker_id, why="its worker stopped") == "requeued"
+        await runtime.redis.execute_command("CLIENT", "PAUSE", 3000, "ALL")  # Redis answers nobody for 3 s
+        presence.last_beat = time.monotonic() - 60  # the worker was paused
+        checking = await wait_until_async(lambda: presence._checking, 10, "a check out")
+        assert isinstance(checking, asyncio.Future)
+        taken = dict(STEPS)
+        runtime.cancel(cancelled)
+        ticks = 0
+        while not checking.done():
+            await asyncio.sleep(0.01)
+            ticks += 1
+        assert ticks > 10, "the event loop did not run while the check was out"
+        assert len(answered) == 1, "the check was made more than once"
+        (when, steps_then), = answered
+        assert steps_then == taken, "a tool took a step while the check was out"
+        assert STOPPED[cancelled] < when, "the cancelled tool waited for the check"
+        await asyncio.wait_for(running[given_away], 10)
+        assert STEPS[given_away] == taken[given_away] and STOPPED[given_away] > when
+        assert await runtime.redis.get(keys.record(given_away)) is None  # its next attempt records
+        await wait_until_async(lambda: STEPS[going] > taken[going], 10, "the tool still held going on")
+        FINISH.add(going)
+        await asyncio.wait_for(asyncio.gather(running[going], running[cancelled]), 10)
+        statuses = [record_decoder.decode(await runtime.redis.get(keys.record(e))).status for e in (going, cancelled)]
+        assert statuses == ["completed", "cancelled"] and len(answered) == 1
+    finally:
+        FINISH.update(ids)
+        await asyncio.wait(running.values(), timeout=10)
+        presence._check_thread.shutdown()
+        presence._checker.redis.close()
