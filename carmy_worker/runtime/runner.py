@@ -129,9 +129,10 @@ class Runtime:
         self._verdicts = Verdicts(redis, retention=settings.retention, durability=durability)
         self._locks = ToolLocks(redis, worker_id=worker_id, durability=durability)
         self._progress = Progress(redis)
-        # Called before each step of an async tool: if its heartbeat has gone stale, the
-        # worker's presence checks whether it still holds its executions, and the step waits
-        # for the check it returns (one at a time, shared by every step that asks meanwhile).
+        # Called before each step of an async tool, and before an outcome is recorded: if its
+        # heartbeat has gone stale, the worker's presence checks whether it still holds its
+        # executions, and the step waits for the check it returns (one at a time, shared by
+        # every step that asks meanwhile).
         self.before_step: Callable[[], Awaitable[None] | None] = lambda: None
         # Set when this worker may have left a stray behind (a claim let go, an outcome or a
         # stray's settle that Redis failed); its presence then sends a full heartbeat next, which
@@ -363,6 +364,11 @@ class Runtime:
             if span is not None:
                 span.end()
         run.run_ms = round((time.perf_counter() - start) * 1000)
+        # A worker that was paused checks before it records, as before a tool's step (a check
+        # may be under way already: the loop runs on meanwhile, and a timeout, a cancel or a
+        # lost lock may have ended the tool first). An attempt it lost records nothing.
+        if (checking := self.before_step()) is not None:
+            await checking
         if run.lost:
             log.warning("execution %s: the outcome of attempt %d is dropped (%s)", job.execution_id, run.attempt,
                         run.lost)

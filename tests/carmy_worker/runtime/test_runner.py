@@ -314,13 +314,14 @@ async def test_an_execution_leaves_no_garbage_cycle(runtime: Runtime) -> None:
 
 
 async def test_after_a_pause_no_tool_steps_until_one_check_answers_and_the_loop_runs_meanwhile(
-    runtime: Runtime, redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch,
+    runtime: Runtime, redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
 ) -> None:
     """A worker whose heartbeat went stale (it was paused) checks with Redis before its tools'
     next steps: one check, in a thread, which every step that asks meanwhile waits for. Redis
     answers it late here (``CLIENT PAUSE``). Until it does, no tool takes a step, and the event
-    loop runs on: a tool whose caller went away is stopped then. Once it answers, the tool whose
-    execution was given away during the pause is refused its step and records nothing; the
+    loop runs on: a tool whose caller went away is stopped then, and its outcome waits for the
+    answer too. Once it answers, the tools whose execution was given away during the pause are
+    refused their step, or, stopped meanwhile, drop their outcome without sending it; the
     others go on. (A check made in the event loop held the loop, and every tool, until Redis
     answered.)"""
     monkeypatch.setattr(presence_module, "CHECK_TIMEOUT_S", 10.0)  # outlasts the pause
@@ -338,7 +339,7 @@ async def test_after_a_pause_no_tool_steps_until_one_check_answers_and_the_loop_
             answered.append((time.monotonic(), dict(STEPS)))
 
     presence._checker.heartbeat = counted_beat  # type: ignore[method-assign]
-    cancelled, going, given_away = ids = [keys.new_execution_id() for _ in range(3)]
+    cancelled, going, given_away, given_away_cancelled = ids = [keys.new_execution_id() for _ in range(4)]
     running = {}
     try:
         for exec_id in ids:
@@ -347,14 +348,16 @@ async def test_after_a_pause_no_tool_steps_until_one_check_answers_and_the_loop_
             runtime.admit(payload, lease.claim, lease.token, lease.sent_at)
             running[exec_id] = asyncio.create_task(runtime.handle(payload, lease.token))
         await wait_until_async(lambda: all(STEPS.get(e, 0) >= 2 for e in ids), 10, "every tool stepping")
-        assert await Verdicts(runtime.redis, retention=600).reap(
-            given_away, "steps_until_told", worker_id=runtime.worker_id, why="its worker stopped") == "requeued"
+        for lost in (given_away, given_away_cancelled):
+            assert await Verdicts(runtime.redis, retention=600).reap(
+                lost, "steps_until_told", worker_id=runtime.worker_id, why="its worker stopped") == "requeued"
         await runtime.redis.execute_command("CLIENT", "PAUSE", 3000, "ALL")  # Redis answers nobody for 3 s
         presence.last_beat = time.monotonic() - 60  # the worker was paused
         checking = await wait_until_async(lambda: presence._checking, 10, "a check out")
         assert isinstance(checking, asyncio.Future)
         taken = dict(STEPS)
         runtime.cancel(cancelled)
+        runtime.cancel(given_away_cancelled)
         ticks = 0
         while not checking.done():
             await asyncio.sleep(0.01)
@@ -363,10 +366,14 @@ async def test_after_a_pause_no_tool_steps_until_one_check_answers_and_the_loop_
         assert len(answered) == 1, "the check was made more than once"
         (when, steps_then), = answered
         assert steps_then == taken, "a tool took a step while the check was out"
-        assert STOPPED[cancelled] < when, "the cancelled tool waited for the check"
-        await asyncio.wait_for(running[given_away], 10)
+        assert STOPPED[cancelled] < when and STOPPED[given_away_cancelled] < when, \
+            "a cancelled tool waited for the check"
+        await asyncio.wait_for(asyncio.gather(running[given_away], running[given_away_cancelled]), 10)
         assert STEPS[given_away] == taken[given_away] and STOPPED[given_away] > when
-        assert await runtime.redis.get(keys.record(given_away)) is None  # its next attempt records
+        for lost in (given_away, given_away_cancelled):
+            assert await runtime.redis.get(keys.record(lost)) is None  # its next attempt records
+            assert f"execution {lost}: the outcome of attempt 1 is dropped" in caplog.text
+        assert "already settled elsewhere" not in caplog.text  # no outcome was sent for either
         await wait_until_async(lambda: STEPS[going] > taken[going], 10, "the tool still held going on")
         FINISH.add(going)
         await asyncio.wait_for(asyncio.gather(running[going], running[cancelled]), 10)
