@@ -287,6 +287,11 @@ class Presence:
             self._thread.join(timeout=5)
         await self._liveness.depart(self.info.worker_id)
         await self.redis.publish(keys.CATALOG_CHANNEL, self.info.worker_id)
+        self.close()
+
+    def close(self) -> None:
+        """Stop the check thread and close its client. ``deregister`` does this last; a
+        ``Presence`` that never registered (in tests) is closed with this alone."""
         self._check_thread.shutdown(wait=False, cancel_futures=True)
         self._checker.redis.close()
 

@@ -175,8 +175,7 @@ async def test_a_check_that_has_answered_holds_no_step_back_before_its_waiters_w
         assert presence.ensure_fresh() is None
         await waited
     finally:
-        presence._check_thread.shutdown()
-        presence._checker.redis.close()
+        presence.close()
 
 
 async def test_the_checks_client_connects_at_registration_and_closes_at_departure(redis_server: RedisServer) -> None:

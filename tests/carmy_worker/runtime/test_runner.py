@@ -382,5 +382,4 @@ async def test_after_a_pause_no_tool_steps_until_one_check_answers_and_the_loop_
     finally:
         FINISH.update(ids)
         await asyncio.wait(running.values(), timeout=10)
-        presence._check_thread.shutdown()
-        presence._checker.redis.close()
+        presence.close()
