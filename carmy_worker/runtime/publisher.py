@@ -43,11 +43,13 @@ class ProgressPublisher:
     partial results wait, the oldest of them is dropped. Drops are counted and logged once, when
     the execution ends. Nothing is started until the first event, so a tool that reports no
     progress costs nothing here. The message of the newest event published is kept as the
-    execution's status (``store.progress``).
+    execution's status (``store.progress``). Events are published as ``attempt``'s: once another
+    attempt holds the execution, Redis drops them (counted and logged the same way).
     """
 
-    def __init__(self, progress: Progress, exec_id: str, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, progress: Progress, exec_id: str, attempt: int, loop: asyncio.AbstractEventLoop) -> None:
         self._exec_id = exec_id
+        self._attempt = attempt
         self._progress = progress
         self._loop = loop
         self._lock = threading.Lock()  # guards everything below: emit runs in the tool's thread
@@ -55,7 +57,7 @@ class ProgressPublisher:
         self._bytes = 0
         self._woken = False  # a wake-up is scheduled or the drain is running
         self._closed = False
-        self._dropped = {"progress": 0, "partial": 0}
+        self._dropped = {"progress": 0, "partial": 0, "lost": 0}
         # Made with the drain's task, at the first event: most tools report none.
         self._ready: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
@@ -118,7 +120,8 @@ class ProgressPublisher:
             ready.clear()
             while (message := self._next()) is not None:
                 try:
-                    await self._progress(self._exec_id, message, _message_of(message))
+                    if not await self._progress(self._exec_id, self._attempt, message, _message_of(message)):
+                        self._dropped["lost"] += 1  # not locked: only this task writes "lost"
                 except Exception as exc:  # progress is best effort; the result is not
                     log.warning("progress event of execution %s lost: %s", self._exec_id, exc)
             if self._closed:
@@ -134,8 +137,11 @@ class ProgressPublisher:
         if self._task is not None and self._ready is not None:
             self._ready.set()
             await self._task
-        progress, partial = self._dropped["progress"], self._dropped["partial"]
+        progress, partial, lost = self._dropped["progress"], self._dropped["partial"], self._dropped["lost"]
         if progress or partial:
             log.warning(
                 "execution %s reported faster than its events could be published: %d progress events "
                 "superseded and %d partial results dropped", self._exec_id, progress, partial)
+        if lost:
+            log.warning("execution %s: %d events dropped: attempt %d no longer holds it",
+                        self._exec_id, lost, self._attempt)

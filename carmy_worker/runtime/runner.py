@@ -128,7 +128,7 @@ class Runtime:
                                   group=group)
         self._verdicts = Verdicts(redis, retention=settings.retention, durability=durability)
         self._locks = ToolLocks(redis, worker_id=worker_id, durability=durability)
-        self._progress = Progress(redis)
+        self._progress = Progress(redis, worker_id=worker_id)
         # Called before each step of an async tool, and before an outcome is recorded: if its
         # heartbeat has gone stale, the worker's presence checks whether it still holds its
         # executions, and the step waits for the check it returns (one at a time, shared by
@@ -334,7 +334,7 @@ class Runtime:
     async def _run(self, run: Run, tool: Tool) -> None:
         job = run.job
         loop = run.loop
-        publisher = ProgressPublisher(self._progress, job.execution_id, loop)
+        publisher = ProgressPublisher(self._progress, job.execution_id, run.attempt, loop)
         agent = AgentContext(
             principal=job.principal, session=job.session, permissions=frozenset(job.permissions), metadata=job.metadata
         )

@@ -7,18 +7,23 @@ from __future__ import annotations
 from redis.asyncio import Redis
 
 from carmy_worker.store import keys
-from carmy_worker.store.lua import ACCEPTED_WORK, EMIT, NOW
+from carmy_worker.store.lua import ACCEPTED_WORK, EMIT, FOLLOWERS, NOW
 from carmy_worker.store.scripts import Script, bind
 
-# Only while it runs: a late event cannot write over a settled execution, nor bring back the
-# hash of one that expired (a key without a TTL). The status is kept even when nobody streams
-# the events: a poll reads it.
-# KEYS: exe; ARGV: events channel, event, status message, '1' if there is a message, exec_id
-PROGRESS = Script("PROGRESS", ACCEPTED_WORK + NOW + EMIT + """
-if ARGV[4] == '1' and redis.call('HGET', KEYS[1], 'state') == 'running' then
-  redis.call('HSET', KEYS[1], 'message', ARGV[3], 'message_at', now)
-end
-emit(KEYS[1], ARGV[5], ARGV[1], ARGV[2], false)
+# Only from the attempt that holds the execution: the current one, not reaped, running on this
+# worker (what HOLDS requires; `running` also means no record yet). An event of an attempt that
+# lost its execution is dropped: a sync tool's thread that goes on reporting after its worker
+# was paused and its execution handed to another attempt, or events still waiting to be
+# published when the worker woke. Published, it would reach the current attempt's followers and
+# replace that attempt's status; after a record, reach nobody. The status is kept even when
+# nobody streams the events: a poll reads it. Returns 1 if published, 0 if dropped.
+# KEYS: exe; ARGV: events channel, event, status message, '1' if there is a message, exec_id,
+#       attempt, worker_id
+PROGRESS = Script("PROGRESS", ACCEPTED_WORK + NOW + EMIT + f"""
+local h = redis.call('HMGET', KEYS[1], 'attempt', 'reaped', 'state', 'worker', {FOLLOWERS})
+if h[1] ~= ARGV[6] or h[2] == ARGV[6] or h[3] ~= 'running' or h[4] ~= ARGV[7] then return 0 end
+if ARGV[4] == '1' then redis.call('HSET', KEYS[1], 'message', ARGV[3], 'message_at', now) end
+emit_to({{h[5], h[6], h[7]}}, ARGV[5], ARGV[1], ARGV[2], false)
 return 1
 """)
 
@@ -27,9 +32,13 @@ class Progress:
     """Publishes executions' events through PROGRESS (one per worker: registering the script
     hashes its text)."""
 
-    def __init__(self, redis: Redis) -> None:
+    def __init__(self, redis: Redis, *, worker_id: str) -> None:
         self._script = bind(redis, PROGRESS)
+        self._worker_id = worker_id
 
-    async def __call__(self, exec_id: str, event: bytes, message: str | None) -> None:
-        await self._script(keys=[keys.execution(exec_id)], args=[
-            keys.events(exec_id), event, message or "", "" if message is None else "1", exec_id])
+    async def __call__(self, exec_id: str, attempt: int, event: bytes, message: str | None) -> bool:
+        """Publish ``event`` of ``attempt`` at ``exec_id`` (and keep ``message`` as its status);
+        False if that attempt no longer holds the execution, and nothing was published."""
+        return bool(await self._script(keys=[keys.execution(exec_id)], args=[
+            keys.events(exec_id), event, message or "", "" if message is None else "1", exec_id,
+            attempt, self._worker_id]))

@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import signal
 import time
+from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import redis
 
 from carmy_worker.store import jobs, keys
+from tests import sse
 from tests.support import Call, Proc, Stack, wait_until
 
 
@@ -107,3 +110,55 @@ def test_paused_worker_stops_its_tool_after_an_uncertain_verdict(fresh_stack: St
     assert lines(fresh_stack, "tally-stop") == 1  # nothing ran it again
     # The caller was told "uncertain"; the paused tool did not go on to its side effect after that.
     assert not (fresh_stack.tmp / "tally-done-stop").exists()
+
+
+def test_a_paused_attempts_late_progress_never_reaches_the_stream_of_the_next(fresh_stack: Stack) -> None:
+    """A sync tool's thread cannot be stopped: when its worker wakes from a pause in which the
+    execution went to another attempt, it goes on reporting. Redis drops those events (PROGRESS
+    publishes only for the attempt that holds the execution), so the caller's stream, once the
+    new attempt has spoken, carries none of the old one's."""
+    worker_a, base = start(fresh_stack)
+    messages: list[str] = []  # the stream's progress messages, in order
+    with httpx.Client(timeout=30) as client, client.stream(
+        "POST", base + "/agent/execute", json={"tool": "report_attempt", "arguments": {"steps": 150}},
+        headers={"accept": "text/event-stream"},
+    ) as r:
+        events = iter_events(r)
+
+        def read_until(message: str) -> None:
+            for name, data in events:
+                if name == "tool.progress":
+                    messages.append(data["message"])
+                    if data["message"] == message:
+                        return
+            raise AssertionError(f"the stream ended before {message!r}: {messages[-3:]}")
+
+        read_until("attempt 1")
+        worker_a.signal(signal.SIGSTOP)
+        fresh_stack.worker()
+        read_until("attempt 2")  # A was found dead; its execution runs again on B
+        worker_a.signal(signal.SIGCONT)  # its thread reports at once, as attempt 1
+        wait_until(lambda: "outcome of attempt 1 is dropped" in worker_a.output())
+        last = ""
+        for last, data in events:
+            if last == "tool.progress":
+                messages.append(data["message"])
+    assert last == "execution.completed" and data["data"] == {"n": 150}
+    after = messages[messages.index("attempt 2"):]
+    assert "attempt 1" not in after, f"attempt 1 reported after attempt 2 took over: {after.count('attempt 1')} times"
+    assert after.count("attempt 2") > 100  # attempt 2's own went out meanwhile
+    # Whether any of attempt 1's late events reached Redis before its worker learnt of the loss
+    # (and closed its publisher) is a race between two of its threads; without the check in
+    # PROGRESS, they leaked into this stream in two runs of three. `test_publisher.py` checks the
+    # refusal itself, and the worker's count of it, without a race.
+
+
+def iter_events(r: httpx.Response) -> Iterator[tuple[str, Any]]:
+    """An SSE response's events as they come, as ``tests.sse.parse`` reads them."""
+    block = ""
+    for line in r.iter_lines():
+        if line:
+            block += line + "\n"
+            continue
+        yield from sse.parse(block)
+        block = ""

@@ -248,6 +248,20 @@ async def tally_idem(ctx: Context, input: TallyInput) -> Count:
     return Count(n=len((OUT / f"tally-idem-{input.name}").read_text().splitlines()))
 
 
+class ReportInput(msgspec.Struct):
+    steps: int = 150
+
+
+@tools.tool(effect="none", idempotent=True, timeout=30)
+def report_attempt(ctx: Context, input: ReportInput) -> Count:
+    """Idempotent, sync: reports progress naming its attempt every 20 ms, ``steps`` times, and
+    never heeds ``ctx.cancelled``: a thread that goes on after its attempt lost the execution."""
+    for i in range(input.steps):
+        ctx.progress(i + 1, total=input.steps, message=f"attempt {ctx.attempt}")
+        time.sleep(0.02)
+    return Count(n=input.steps)
+
+
 class ExclusiveInput(msgspec.Struct):
     seconds: float = 0.2
 

@@ -146,7 +146,7 @@ async def test_accepted_work_carries_on_to_its_record_over_the_limit(
         beat = await liveness.heartbeat("w1", claims=Claims(held=[Holding(ran, 1), Holding(waits, 1)],
                                                             jobs=list(leases)))
         assert beat.lost == []
-        await Progress(ar)(ran, b"event", "half way")
+        assert await Progress(ar, worker_id="w1")(ran, 1, b"event", "half way")
         assert (await Join(ar)(ran, "noop", channel="carmy:api:other", stream=False)).state == "running"
         assert await Verdicts(ar, retention=RETENTION).cancel(goes, "noop") == "cancelled"
         await Janitor(ar, retention=RETENTION, dead_after=3).sweep()
