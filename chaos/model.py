@@ -71,6 +71,8 @@ class Stream(Struct, kw_only=True):
     code: str | None = None  # the error code of a refusal or of the answer
     answered: bool = False  # the tool's answer (not a refusal)
     error: str | None = None  # the transport error
+    attempt: int = 0  # the latest attempt whose progress the stream carried (``named`` reports it)
+    stale: int = 0  # progress events of an earlier attempt than one already carried
 
 
 class Fault(Struct, kw_only=True):

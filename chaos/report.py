@@ -126,12 +126,14 @@ def stream_rows(t: StreamTable) -> list[tuple[str, str, str]]:
     refused = ", ".join(f"{code} {n}" for code, n in t.refused.items()) or "none"
     return [
         ("streams without a request id", f"{t.streams} ({t.ended} ended: {t.answered} answered; refused: {refused}; "
-                                         f"{t.unavailable_recorded} of the STORE_UNAVAILABLE ones recorded after all)",
+                                         f"{t.unavailable_recorded} of the STORE_UNAVAILABLE ones recorded after all; "
+                                         f"{t.retried} carried a later attempt's progress)",
          "info"),
         promise("streams misnamed (execution.completed names another id than execution.started)", t.misnamed),
         promise("streamed answers without a record of the execution named", t.answered_unrecorded),
         promise("streamed answers unlike their records (status, code)", t.unlike),
         promise("streams refused by SUBMIT, yet their execution recorded", t.refused_recorded),
+        promise("streams with an attempt's progress after a later attempt's", t.stale_progress),
     ]
 
 

@@ -14,6 +14,9 @@ Definitions (each a violation):
 * **refused, yet recorded**: the stream ended with a refusal SUBMIT gives (``QUEUE_FULL``,
   ``RATE_LIMITED``, ``NO_WORKERS``, ``STORE_FULL``: nothing created) and the execution it named
   has a record at the end.
+* **stale progress**: the stream carried a ``tool.progress`` event of an attempt after one of a
+  later attempt (``named`` reports its attempt in each; its thread goes on after its worker
+  wakes from a pause, and only the attempt that holds the execution may publish).
 
 Counted as info: streams ended ``STORE_UNAVAILABLE`` (the SUBMIT may have reached Redis and run
 after all: of them, those with a record), and streams cut off before ``execution.completed`` (an
@@ -73,6 +76,10 @@ def read(lines: Iterable[str], stream: Stream) -> None:
             event = line[7:]
         elif line.startswith("data: ") and event == "execution.started":
             stream.started = json.loads(line[6:])["execution_id"]
+        elif line.startswith("data: ") and event == "tool.progress":
+            attempt = int(json.loads(line[6:])["message"])
+            stream.stale += attempt < stream.attempt
+            stream.attempt = max(stream.attempt, attempt)
         elif line.startswith("data: ") and event == "execution.completed":
             body = json.loads(line[6:])
             stream.completed = body.get("execution_id")
@@ -90,20 +97,24 @@ class StreamTable(Struct, kw_only=True):
     answered: int  # of them, with the tool's answer
     refused: dict[str, int]  # the others, by code
     unavailable_recorded: int  # of those ended STORE_UNAVAILABLE, those whose execution has a record
+    retried: int  # streams that carried progress of a second attempt or later
     misnamed: list[str]
     answered_unrecorded: list[str]
     unlike: list[str]
     refused_recorded: list[str]
+    stale_progress: list[str]
 
     def violations(self) -> dict[str, int]:
         found = {"streams misnamed": len(self.misnamed),
                  "streamed answers without a record": len(self.answered_unrecorded),
                  "streamed answers unlike their records": len(self.unlike),
-                 "streams refused by SUBMIT, yet recorded": len(self.refused_recorded)}
+                 "streams refused by SUBMIT, yet recorded": len(self.refused_recorded),
+                 "streams with an attempt's progress after a later attempt's": len(self.stale_progress)}
         return {name: n for name, n in found.items() if n}
 
     def named(self) -> set[str]:
-        return {xid for xids in (self.misnamed, self.answered_unrecorded, self.unlike, self.refused_recorded)
+        return {xid for xids in (self.misnamed, self.answered_unrecorded, self.unlike, self.refused_recorded,
+                                 self.stale_progress)
                 for xid in xids}
 
 
@@ -116,10 +127,12 @@ def reconcile_streams(streams: list[Stream], records: list[RecordSeen]) -> Strea
     return StreamTable(
         streams=len(streams), ended=len(ended), answered=len(answered), refused=dict(sorted(refused.items())),
         unavailable_recorded=sum(s.code == "STORE_UNAVAILABLE" and s.started in by_id for s in ended),
+        retried=sum(s.attempt > 1 for s in streams),
         misnamed=sorted(str(s.started) for s in ended if s.completed != s.started),
         answered_unrecorded=sorted(str(s.started) for s in answered if s.started not in by_id),
         unlike=sorted(str(s.started) for s in answered if s.started in by_id
                       and (by_id[str(s.started)].status, by_id[str(s.started)].error_code) != (s.status, s.code)),
         refused_recorded=sorted(str(s.started) for s in ended
                                 if s.code in SUBMIT_REFUSALS and s.started in by_id),
+        stale_progress=sorted(str(s.started) for s in streams if s.stale),  # cut off or not
     )

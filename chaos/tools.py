@@ -8,7 +8,8 @@ idempotent or not, async or sync (a thread), and one tool that is not ``parallel
 The jobs' tools (``job_put``, ``job_charge``, and ``tick`` on a schedule firing every second)
 write the same lines; a run that fails on purpose writes ``failed`` instead of ``effect``.
 Which attempt of its job a run is, the checker reads from its request id (``chaos.model.attempt_of``).
-``named``, called without a request id (``chaos.streams``), writes none.
+``named``, called without a request id (``chaos.streams``), writes none; it reports its attempt
+as progress instead, from a thread that never stops early.
 """
 
 from __future__ import annotations
@@ -26,6 +27,11 @@ from chaos.model import attempt_of
 tools = Toolbox()
 ledger = Ledger()
 TIMEOUT = 10.0  # seconds, for every tool: far above their work, so a timeout means trouble
+NAMED_STEP_MS = 20
+# How long ``named`` works at a second attempt or later: long enough to be still running when the
+# worker paused mid-first-attempt wakes (a worker-stop lasts 3.9-7.8 s; the rerun begins once
+# the worker is found dead, 3-4 s in), which is when the first attempt's thread goes on reporting.
+NAMED_LATER_MS = 5000
 
 
 class Work(msgspec.Struct):
@@ -175,11 +181,18 @@ async def hook_job(ctx: Context, input: Flaky) -> JobReceipt:
 
 
 @tools.tool(effect="write", idempotent=True, parallel_safe=True, timeout=TIMEOUT)
-async def named(ctx: Context, input: Work) -> Receipt:
+def named(ctx: Context, input: Work) -> Receipt:
     """Called over SSE without a request id (``chaos.streams``): the check is about the id its
     stream names and the record of that id, so it keeps no ledger line (every other tool's line
-    carries the request id the checks group by)."""
-    await asyncio.sleep(input.ms / 1000)
+    carries the request id the checks group by). It works in a thread, in steps of about
+    ``NAMED_STEP_MS``, reporting its attempt as each step's progress message and never heeding
+    ``ctx.cancelled``: a worker paused or cut off mid-work wakes with the thread going on, and its
+    stream must never carry an attempt's progress after a later attempt's."""
+    ms = input.ms if ctx.attempt == 1 else NAMED_LATER_MS
+    steps = max(1, ms // NAMED_STEP_MS)
+    for step in range(steps):
+        ctx.progress(step + 1, total=steps, message=str(ctx.attempt))
+        time.sleep(ms / 1000 / steps)
     return Receipt(pid=os.getpid())
 
 
