@@ -28,6 +28,7 @@ from carmy_worker.store.durable import Durability
 from carmy_worker.store.janitor import DEPARTED_MEMORY_S, Janitor
 from carmy_worker.store.leases import Leases
 from carmy_worker.store.locks import ToolLocks
+from carmy_worker.store.progress import Progress
 from carmy_worker.store.roster import Beat, Claims, Holding, Liveness, Orphan, Stray, SyncLiveness, lock_holder
 from carmy_worker.store.submit import Submission, Submit
 from carmy_worker.store.verdicts import Verdicts
@@ -1032,6 +1033,27 @@ async def test_a_reaped_attempt_can_neither_settle_nor_hold(r: redis.Redis, ar: 
     assert await claim(ar, exec_id, "w2") == ("run", 2)
     assert await settle(ar, exec_id, 2, done_record(exec_id), worker_id="w2") is True
     assert await attempts.holds(exec_id, 2) is False  # settled
+
+
+async def test_the_status_is_the_running_attempts_and_a_rerun_starts_without_the_last_ones(
+    r: redis.Redis, ar: redis.asyncio.Redis,
+) -> None:
+    """What a poll reads as the status of a running execution is the progress message of the
+    attempt that runs it: none at a rerun's claim (its work starts over), and nothing the first
+    attempt sends once it woke late (a sync tool's thread goes on) is published or kept."""
+    exec_id = await running(ar, idempotent=True)
+    exe = keys.execution(exec_id)
+    first, second = Progress(ar, worker_id="w1"), Progress(ar, worker_id="w2")
+    assert await first(exec_id, 1, b"event", "halfway")
+    assert r.hget(exe, "message") == b"halfway"
+    assert (await reap(ar, exec_id, "w1"))[0] == "requeued"
+    assert await claim(ar, exec_id, "w2") == ("run", 2)
+    assert r.hmget(exe, "message", "message_at") == [None, None]
+    assert await first(exec_id, 1, b"event", "done at last") is False
+    assert await second(exec_id, 1, b"event", "not its attempt") is False
+    assert r.hget(exe, "message") is None
+    assert await second(exec_id, 2, b"event", "starting over")
+    assert r.hget(exe, "message") == b"starting over"
 
 
 @pytest.mark.usefixtures("beat_parts")
