@@ -129,11 +129,11 @@ class Runtime:
         self._verdicts = Verdicts(redis, retention=settings.retention, durability=durability)
         self._locks = ToolLocks(redis, worker_id=worker_id, durability=durability)
         self._progress = Progress(redis, worker_id=worker_id)
-        # Called before each step of an async tool, and before an outcome is recorded: if its
-        # heartbeat has gone stale, the worker's presence checks whether it still holds its
-        # executions, and the step waits for the check it returns (one at a time, shared by
-        # every step that asks meanwhile).
-        self.before_step: Callable[[], Awaitable[None] | None] = lambda: None
+        # Called before each step of an async tool, and before an outcome is recorded: None while
+        # the heartbeat is fresh; once it has gone stale, the check the worker's presence makes of
+        # whether it still holds its executions, for the step (or the record) to wait for (one
+        # at a time, shared by every step that asks meanwhile).
+        self.check_if_stale: Callable[[], Awaitable[None] | None] = lambda: None
         # Set when this worker may have left a stray behind (a claim let go, an outcome or a
         # stray's settle that Redis failed); its presence then sends a full heartbeat next, which
         # finds strays, rather than waiting for the next due one (presence.FULL_EVERY).
@@ -367,7 +367,7 @@ class Runtime:
         # A worker that was paused checks before it records, as before a tool's step (a check
         # may be under way already: the loop runs on meanwhile, and a timeout, a cancel or a
         # lost lock may have ended the tool first). An attempt it lost records nothing.
-        if (checking := self.before_step()) is not None:
+        if (checking := self.check_if_stale()) is not None:
             await checking
         if run.lost:
             log.warning("execution %s: the outcome of attempt %d is dropped (%s)", job.execution_id, run.attempt,
@@ -386,7 +386,7 @@ class Runtime:
         def may_step() -> bool | Awaitable[None]:
             if run.halted:
                 return False
-            checking = self.before_step()
+            checking = self.check_if_stale()
             return True if checking is None else checking  # after it, asked again
 
         if not await self._still_holds(run, tool):

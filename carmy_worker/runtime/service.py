@@ -71,7 +71,7 @@ async def serve(tools: list[Tool], settings: WorkerSettings, connector: RedisCon
     presence = Presence(redis=redis, settings=settings, info=info, runtime=runtime, connector=connector)
     janitor = Janitor(upkeep, retention=settings.retention, dead_after=settings.dead_after, durability=durability,
                       audit=settings.audit)
-    runtime.before_step = presence.ensure_fresh
+    runtime.check_if_stale = presence.ensure_fresh
     await version.require(redis)  # before anything runs a script it could not compile
     await partitions.agree(redis, settings.redis_partitions)  # nor looks for executions where they are not
     await presence.register()

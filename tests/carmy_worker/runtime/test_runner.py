@@ -328,7 +328,7 @@ async def test_after_a_pause_no_tool_steps_until_one_check_answers_and_the_loop_
     presence = Presence(redis=runtime.redis, settings=WorkerSettings(redis_url=redis_server.url),
                         info=WorkerInfo(worker_id=runtime.worker_id, started_ms=0, tools=[], group="g"),
                         runtime=runtime)
-    runtime.before_step = presence.ensure_fresh
+    runtime.check_if_stale = presence.ensure_fresh
     answered: list[tuple[float, dict[str, int]]] = []  # when each check's beat answered, and the steps taken then
     beat = presence._checker.heartbeat
 
