@@ -43,8 +43,8 @@ class ProgressPublisher:
     partial results wait, the oldest of them is dropped. Drops are counted and logged once, when
     the execution ends. Nothing is started until the first event, so a tool that reports no
     progress costs nothing here. The message of the newest event published is kept as the
-    execution's status (``store.progress``). Events are published as ``attempt``'s: once another
-    attempt holds the execution, Redis drops them (counted and logged the same way).
+    execution's status (``store.progress``). Events are published as ``attempt``'s: once that
+    attempt no longer holds the execution, Redis drops them (counted and logged the same way).
     """
 
     def __init__(self, progress: Progress, exec_id: str, attempt: int, loop: asyncio.AbstractEventLoop) -> None:
