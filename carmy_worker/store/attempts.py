@@ -71,7 +71,7 @@ local function claim(exe, exec_id, worker_id, running, max_attempts, queue_wait,
   end
   local tool = h[6] or ''
   redis.call('HSET', exe, 'attempt', attempt, 'state', 'running', 'worker', worker_id, 'started_at', int(now))
-  -- A rerun starts its work over: what a poll reads as its status is no longer the last attempt's.
+  -- A rerun starts its work over: its status message (tasks/get, the console) is not the last attempt's.
   if attempt > 1 then redis.call('HDEL', exe, 'message', 'message_at') end
   redis.call('SADD', running, exec_id)
   local f = {{h[7], h[8], h[9]}}

@@ -1038,9 +1038,10 @@ async def test_a_reaped_attempt_can_neither_settle_nor_hold(r: redis.Redis, ar: 
 async def test_the_status_is_the_running_attempts_and_a_rerun_starts_without_the_last_ones(
     r: redis.Redis, ar: redis.asyncio.Redis,
 ) -> None:
-    """What a poll reads as the status of a running execution is the progress message of the
-    attempt that runs it: none at a rerun's claim (its work starts over), and nothing the first
-    attempt sends once it woke late (a sync tool's thread goes on) is published or kept."""
+    """The status message of a running execution (what MCP's ``tasks/get`` and the console show)
+    is the progress message of the attempt that runs it: none at a rerun's claim (its work starts
+    over), and nothing the first attempt sends once it woke late (a sync tool's thread goes on)
+    is published or kept."""
     exec_id = await running(ar, idempotent=True)
     exe = keys.execution(exec_id)
     first, second = Progress(ar, worker_id="w1"), Progress(ar, worker_id="w2")
