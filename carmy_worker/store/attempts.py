@@ -12,7 +12,7 @@ from redis.asyncio import Redis
 from carmy_worker.store import jobs, keys, metrics, staging
 from carmy_worker.store.batch import Batch, FollowUp
 from carmy_worker.store.durable import Durability
-from carmy_worker.store.lua import ACCEPTED_WORK, AUDITED, EMIT, FOLLOWERS, LOSE, LUA_AUDIT, NOW, text
+from carmy_worker.store.lua import ACCEPTED_WORK, AUDITED, EMIT, FOLLOWERS, HELD, HOLDING, LOSE, LUA_AUDIT, NOW, text
 from carmy_worker.store.metrics import LUA_COUNT, LUA_OBSERVE
 from carmy_worker.store.scripts import Script, bind
 from carmy_worker.wire import Record, final_event
@@ -148,14 +148,12 @@ if staged and answer ~= 1 then drop(KEYS[14]) end
 return answer
 """)
 
-# Whether an attempt still holds its execution: current, not reaped, running on this worker, no
-# record yet (what SETTLE and HEARTBEAT require too). With ARGV[3] = '1' (BEGIN), an attempt that
-# holds it also marks that it began the tool, just before it does.
+# Whether an attempt still holds its execution (lua.HELD), and has no record yet. With ARGV[3] =
+# '1' (BEGIN), an attempt that holds it also marks that it began the tool, just before it does.
 # KEYS: exe, record; ARGV: attempt, worker_id, '1' to mark `began`
-HOLDS = Script("HOLDS", ACCEPTED_WORK + """
+HOLDS = Script("HOLDS", ACCEPTED_WORK + HELD + f"""
 if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
-local h = redis.call('HMGET', KEYS[1], 'attempt', 'reaped', 'state', 'worker')
-if h[1] == ARGV[1] and h[2] ~= ARGV[1] and h[3] == 'running' and h[4] == ARGV[2] then
+if held(redis.call('HMGET', KEYS[1], {HOLDING}), ARGV[1], ARGV[2]) then
   if ARGV[3] == '1' then redis.call('HSET', KEYS[1], 'began', ARGV[1]) end
   return 1
 end

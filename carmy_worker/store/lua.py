@@ -36,6 +36,17 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local function int(n) return string.format('%d', n) end
 """
 
+# Lua: whether an attempt still holds its execution, from HOLDING's fields of its hash (read
+# first, in that order): it is the current attempt, not reaped, running (so no record yet: what
+# writes one sets `done`), on this worker. HOLDS and PROGRESS ask it; SETTLE and HEARTBEAT ask the
+# same in reads of their own.
+HOLDING = "'attempt', 'reaped', 'state', 'worker'"
+HELD = """
+local function held(h, attempt, worker_id)
+  return h[1] == attempt and h[2] ~= attempt and h[3] == 'running' and h[4] == worker_id
+end
+"""
+
 # Lua: marks an execution lost by the worker that ran it, in that worker's set of its partition
 # (keys.lost, named in the same slot as the execution: `lost_key` builds it from the execution's
 # hash). Every script that takes a running execution from its worker calls it, in the same script

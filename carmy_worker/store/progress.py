@@ -7,21 +7,22 @@ from __future__ import annotations
 from redis.asyncio import Redis
 
 from carmy_worker.store import keys
-from carmy_worker.store.lua import ACCEPTED_WORK, EMIT, FOLLOWERS, NOW
+from carmy_worker.store.lua import ACCEPTED_WORK, EMIT, FOLLOWERS, HELD, HOLDING, NOW
 from carmy_worker.store.scripts import Script, bind
 
-# Only from the attempt that holds the execution: the current one, not reaped, running on this
-# worker (what HOLDS requires; `running` also means no record yet). An event of an attempt that
-# lost its execution is dropped: a sync tool's thread that goes on reporting after its worker
-# was paused and its execution handed to another attempt, or events still waiting to be
-# published when the worker woke. Published, it would reach the current attempt's followers and
-# replace that attempt's status; after a record, reach nobody. The status is kept even when
-# nobody streams the events: a poll reads it. Returns 1 if published, 0 if dropped.
+# Only from the attempt that holds the execution (lua.HELD: the current one, not reaped, running
+# on this worker; `running` also means no record yet). An event of an attempt that lost its
+# execution is dropped: a sync tool's thread that goes on reporting after its worker was paused
+# and its execution handed to another attempt, or events still waiting to be published when the
+# worker woke. Published, it would reach the current attempt's followers and replace that
+# attempt's status message; after a record, reach nobody. The status message is kept even when
+# nobody streams the events: MCP's tasks/get and the console read it. Returns 1 if published, 0
+# if dropped.
 # KEYS: exe; ARGV: events channel, event, status message, '1' if there is a message, exec_id,
 #       attempt, worker_id
-PROGRESS = Script("PROGRESS", ACCEPTED_WORK + NOW + EMIT + f"""
-local h = redis.call('HMGET', KEYS[1], 'attempt', 'reaped', 'state', 'worker', {FOLLOWERS})
-if h[1] ~= ARGV[6] or h[2] == ARGV[6] or h[3] ~= 'running' or h[4] ~= ARGV[7] then return 0 end
+PROGRESS = Script("PROGRESS", ACCEPTED_WORK + NOW + EMIT + HELD + f"""
+local h = redis.call('HMGET', KEYS[1], {HOLDING}, {FOLLOWERS})
+if not held(h, ARGV[6], ARGV[7]) then return 0 end
 if ARGV[4] == '1' then redis.call('HSET', KEYS[1], 'message', ARGV[3], 'message_at', now) end
 emit_to({{h[5], h[6], h[7]}}, ARGV[5], ARGV[1], ARGV[2], false)
 return 1
