@@ -148,11 +148,11 @@ if staged and answer ~= 1 then drop(KEYS[14]) end
 return answer
 """)
 
-# Whether an attempt still holds its execution (lua.HELD), and has no record yet. With ARGV[3] =
-# '1' (BEGIN), an attempt that holds it also marks that it began the tool, just before it does.
-# KEYS: exe, record; ARGV: attempt, worker_id, '1' to mark `began`
+# Whether an attempt still holds its execution (lua.HELD: so it has no record yet, as every
+# script that writes one sets `done` with it). With ARGV[3] = '1' (BEGIN), an attempt that holds
+# it also marks that it began the tool, just before it does.
+# KEYS: exe; ARGV: attempt, worker_id, '1' to mark `began`
 HOLDS = Script("HOLDS", ACCEPTED_WORK + HELD + f"""
-if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
 if held(redis.call('HMGET', KEYS[1], {HOLDING}), ARGV[1], ARGV[2]) then
   if ARGV[3] == '1' then redis.call('HSET', KEYS[1], 'began', ARGV[1]) end
   return 1
@@ -259,11 +259,9 @@ class Attempts:
 
     async def holds(self, exec_id: str, attempt: int) -> bool:
         """Whether ``attempt`` is still the current, running attempt at ``exec_id``, with no record."""
-        return bool(await self._holds(keys=[keys.execution(exec_id), keys.record(exec_id)],
-                                      args=[attempt, self.worker_id, ""]))
+        return bool(await self._holds(keys=[keys.execution(exec_id)], args=[attempt, self.worker_id, ""]))
 
     async def begin(self, exec_id: str, attempt: int) -> bool:
         """Just before a non-idempotent tool starts: whether ``attempt`` still holds ``exec_id``,
         marked as having begun its tool if so (a later attempt is then uncertain, not a rerun)."""
-        return bool(await self._begin(keys=[keys.execution(exec_id), keys.record(exec_id)],
-                                      args=[attempt, self.worker_id, "1"]))
+        return bool(await self._begin(keys=[keys.execution(exec_id)], args=[attempt, self.worker_id, "1"]))

@@ -68,7 +68,7 @@ class ToolLocks:
         holder = lock_holder(exec_id, attempt)
         if not await self._take(keys=[keys.lock(tool)], args=[holder, lease_ms]):
             return "held"
-        if await self._begin(keys=[keys.execution(exec_id), keys.record(exec_id)], args=[attempt, self.worker_id, "1"]):
+        if await self._begin(keys=[keys.execution(exec_id)], args=[attempt, self.worker_id, "1"]):
             return "taken"
         await self._release(keys=[keys.lock(tool)], args=[holder])
         return "lost"
