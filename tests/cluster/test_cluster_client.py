@@ -10,6 +10,7 @@ import contextlib
 import shutil
 import threading
 from collections.abc import AsyncIterator, Iterator
+from typing import cast
 
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -17,7 +18,8 @@ from redis.exceptions import RedisClusterException
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from bench.localcluster import LocalCluster
-from carmy_worker.store.cluster import SLOTS_TIMEOUT_S, ClusterUnreachable, StoreCluster
+from carmy_worker.store import cluster as cluster_module
+from carmy_worker.store.cluster import SLOTS_TIMEOUT_S, ClusterUnreachable, LazySyncCluster, StoreCluster
 from carmy_worker.store.connect import RedisConnector
 from carmy_worker.store.fanout import reload_on_connections_of_its_own
 from tests.cluster.conftest import cluster_client
@@ -50,6 +52,38 @@ def test_the_synchronous_client_reaches_every_shard(redis_cluster: LocalCluster)
         client.mset_nonatomic({f"sync{i}": i for i in range(100)})
         assert client.mget_nonatomic([f"sync{i}" for i in range(100)]) == [str(i).encode() for i in range(100)]
         assert len({redis_cluster.owner(client.keyslot(f"sync{i}")).port for i in range(100)}) == 3
+
+
+def test_threads_that_ask_a_lazy_client_at_once_share_the_one_it_makes(redis_cluster: LocalCluster,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The heartbeat thread and its node senders ask the lazy client (``LazySyncCluster``) for its
+    first command at once: one client is made, not one per thread with the others' connections
+    left open. The first making is held until a second one starts or half a second passes, so
+    that a second thread asks while it is under way."""
+    made: list[object] = []
+    second = threading.Event()
+    real = cluster_module.sync_cluster
+
+    def making(*args: object, **options: object) -> object:
+        made.append(None)
+        if len(made) == 1:
+            second.wait(0.5)  # a second making would set it at once; with the lock none comes
+        else:
+            second.set()
+        return real(*args, **options)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(cluster_module, "sync_cluster", making)
+    connector = RedisConnector("redis://localhost/0", tuple(redis_cluster.nodes.split(",")))
+    with cast(LazySyncCluster, connector.sync_client(socket_timeout=2)) as lazy:
+        clients: list[object] = []
+        asking = [threading.Thread(target=lambda: clients.append(lazy.client())) for _ in range(4)]
+        for thread in asking:
+            thread.start()
+        for thread in asking:
+            thread.join(timeout=30)
+        assert len(made) == 1
+        assert len(clients) == 4 and len({id(client) for client in clients}) == 1
+        assert lazy.ping() is True
 
 
 def test_a_reload_of_the_slot_table_leaves_the_connections_in_use_alone(redis_cluster: LocalCluster) -> None:
