@@ -1,15 +1,15 @@
-"""``python -m bench.upkeep [--seconds 10] [--streams 0,1000,10000] [--partitions P] [--out DIR]``: what Redis does
-each second, with no call being made, beside N idle SSE streams on one API process (issue 35,
-bench/README.md "Redis's upkeep beside idle streams").
+"""``python -m bench.upkeep [--seconds 15] [--streams 0,1000,10000] [--partitions P] [--out DIR]``: what
+the processes do each second, with no call being made, beside N idle SSE streams on one API
+process (issue 35, bench/README.md "Redis's upkeep beside idle streams").
 
 Starts a private redis-server, one API and one worker with a slot for every stream (as the
 ``cost_idle`` row does), holds N streams of ``bench.tools.idle`` open (``bench.crowd``), and for
-each N prints, over a quiet window: Redis's process CPU per second, each script's calls and µs
-per second from a SLOWLOG that logged every command (so one HEARTBEAT's cost can be read), and
-the longest pauses a PING sent every millisecond met. The ``cost_idle`` row gives what the
-streams do to a call's latency and CPU; this says which of Redis's periodic work grows with them.
-With ``--partitions`` P (``CARMY_REDIS_PARTITIONS``, on the one Redis) the worker's beat is P
-scripts, each over the executions it holds in its partition.
+each N prints, over a quiet window: each process's CPU per second (Redis's, the API's, the
+worker's), each script's calls and µs per second from a SLOWLOG that logged every command (so
+one HEARTBEAT's cost can be read), and the longest pauses a PING sent every millisecond met. The
+``cost_idle`` row gives what the streams do to a call's latency and CPU; this says which periodic
+work grows with them. With ``--partitions`` P (``CARMY_REDIS_PARTITIONS``, on the one Redis) the
+worker's beat is P scripts, each over the executions it holds in its partition.
 """
 
 from __future__ import annotations
@@ -33,11 +33,12 @@ PROBE_S = 5.0  # the PING probe's window
 PAUSE_MS = 5.0  # a PING slower than this is a pause worth listing
 
 
-def idle_cpu_ms_per_s(pid: int, seconds: float) -> float:
-    """``pid``'s CPU over ``seconds`` of waiting, in ms per second."""
-    before, started = cpu_seconds(pid), time.monotonic()
+def idle_cpu_ms_per_s(pids: dict[str, int], seconds: float) -> dict[str, float]:
+    """Each process's CPU over the same ``seconds`` of waiting, in ms per second."""
+    before, started = {name: cpu_seconds(pid) for name, pid in pids.items()}, time.monotonic()
     time.sleep(seconds)
-    return (cpu_seconds(pid) - before) / (time.monotonic() - started) * 1000
+    took = time.monotonic() - started
+    return {name: (cpu_seconds(pid) - before[name]) / took * 1000 for name, pid in pids.items()}
 
 
 def scripts_per_s(client: redis.Redis, seconds: float) -> list[tuple[str, float, float]]:
@@ -66,12 +67,13 @@ def pauses_ms(client: redis.Redis, seconds: float) -> tuple[int, list[float]]:
     return count, slow
 
 
-def report(server: RedisServer, streams: int, seconds: float) -> None:
-    cpu = idle_cpu_ms_per_s(server.proc.pid, seconds)
+def report(server: RedisServer, others: dict[str, int], streams: int, seconds: float) -> None:
+    cpu = idle_cpu_ms_per_s({"Redis": server.proc.pid, **others}, seconds)
     with server.client() as client:
         scripts = scripts_per_s(client, seconds)
         pings, slow = pauses_ms(client, PROBE_S)
-    print(f"\n## {streams:,} streams: Redis CPU {cpu:.1f} ms/s with no call made\n")
+    print(f"\n## {streams:,} streams: CPU with no call made, " +
+          ", ".join(f"{name} {ms:.1f} ms/s" for name, ms in cpu.items()) + "\n")
     print("| command | calls/s | µs/s | µs each |\n|---|--:|--:|--:|")
     for name, calls, usec in scripts:
         if usec >= 10 and not name.startswith("("):
@@ -81,7 +83,9 @@ def report(server: RedisServer, streams: int, seconds: float) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.upkeep", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seconds", type=float, default=10.0, help="each quiet window (default 10)")
+    # 15 s, the API's keep-alive period (ApiSettings.sse_keepalive): a window that long holds
+    # each stream's keep-alive once, whenever the streams were opened.
+    parser.add_argument("--seconds", type=float, default=15.0, help="each quiet window (default 15)")
     parser.add_argument("--streams", default="0,1000,10000", help="the sizes, comma-separated")
     parser.add_argument("--partitions", type=int, default=1, help="CARMY_REDIS_PARTITIONS of the API and worker")
     parser.add_argument("--out", type=Path, default=None, help="where the processes' files go")
@@ -98,12 +102,13 @@ def main(argv: list[str] | None = None) -> int:
             worker = procs.carmy_worker(env={"CARMY_CONCURRENCY": str(max(sizes) + 100), **spread})
             api, base = procs.carmy_api(env={"CARMY_MAX_PENDING": str(max(sizes) * 2 + 100),
                                              "CARMY_QUEUE_TIMEOUT": "900", **spread})
+            others = {"API": api.pid, "worker": worker.pid}
             for streams in sizes:
                 if streams == 0:
-                    report(server, 0, args.seconds)
+                    report(server, others, 0, args.seconds)
                     continue
                 asyncio.run(hold_streams(base, streams, api.pid, worker.pid,
-                                         functools.partial(report, server, streams, args.seconds)))
+                                         functools.partial(report, server, others, streams, args.seconds)))
                 for partition in keys.partitions():  # the streams' executions ended
                     server.wait_settled(keys.pending(partition), timeout=180)
     finally:
