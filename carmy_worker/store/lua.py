@@ -38,8 +38,10 @@ local function int(n) return string.format('%d', n) end
 
 # Lua: whether an attempt still holds its execution, from HOLDING's fields of its hash (read
 # first, in that order): it is the current attempt, not reaped, running (so no record yet: what
-# writes one sets `done`), on this worker. HOLDS and PROGRESS ask it; SETTLE and HEARTBEAT ask the
-# same in reads of their own.
+# writes one sets `done`), on this worker. HOLDS and PROGRESS ask it; HEARTBEAT asks the same in a
+# read of its own (more fields, in another order). SETTLE asks less on purpose: it also writes
+# the verdict of a claim that never ran the tool (cancelled, uncertain, expired), which counts the
+# attempt without marking it `running` on the worker (attempts.CLAIM_ONE).
 HOLDING = "'attempt', 'reaped', 'state', 'worker'"
 HELD = """
 local function held(h, attempt, worker_id)
