@@ -44,19 +44,22 @@ async def ar(sync_redis: redis.Redis, redis_server: RedisServer) -> AsyncIterato
 
 async def test_a_fired_occurrence_is_traced_to_its_execution_and_an_unfired_one_has_no_job(
         ar: redis.asyncio.Redis, sync_redis: redis.Redis) -> None:
-    # Every minute, not every second: the pass below fires every occurrence due by then, and with
-    # a schedule of every second, one that began near a second's end fired a third (CI, once).
+    # Every hour, not every second: the pass below fires every occurrence due by then, so a test
+    # that crossed an occurrence between its two passes would see a third fired (with a schedule
+    # of every second it did, in CI, once). An hour's boundary falls in those milliseconds
+    # almost never; the grace covers the two hours stepped back.
+    hour = 3_600_000
     loop = JobLoop(ar, tools=[TICK], group="g", settings=WorkerSettings(),
-                   schedules=[ScheduleSpec(name="s", cron="0 * * * * *", tool="tick", grace=300)])
+                   schedules=[ScheduleSpec(name="s", cron="0 0 * * * *", tool="tick", grace=3 * hour / 1000)])
     await loop.tick()  # the schedule now waits for its next occurrence
     waited = int(await ar.hget(keys.schedule("s"), "next"))
-    # As if the loops had been away two minutes: the next pass fires those two occurrences.
-    await ar.hset(keys.schedule("s"), "next", waited - 120_000)
-    loop._schedules[0].next_ms = waited - 120_000
+    # As if the loops had been away two hours: the next pass fires those two occurrences.
+    await ar.hset(keys.schedule("s"), "next", waited - 2 * hour)
+    loop._schedules[0].next_ms = waited - 2 * hour
     await loop.tick()  # fired
     await loop.tick()  # promoted: no worker runs them
 
-    seen = read_missed(sync_redis, "s", [waited - 120_000, waited + 3_600_000])
+    seen = read_missed(sync_redis, "s", [waited - 2 * hour, waited + hour])
 
     assert seen.state["fired"] == "2"
     fired, never = seen.occurrences
