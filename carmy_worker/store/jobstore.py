@@ -92,7 +92,9 @@ end
 if ARGV[10] ~= '1' then return {'store_full'} end
 local run_at = now + tonumber(ARGV[5])
 if ARGV[4] ~= '' then run_at = tonumber(ARGV[4]) end
-if run_at - now > tonumber(ARGV[6]) then return {'too_far', tostring(run_at - now)} end
+-- In digits, not tostring's: past 1e14 ms (a run_at in year 9999, a delay_ms of 2^70) Lua's
+-- tostring writes an exponent, which the reply's reader could not take for a count of ms.
+if run_at - now > tonumber(ARGV[6]) then return {'too_far', string.format('%.0f', run_at - now)} end
 local max_open = tonumber(ARGV[7])
 if max_open > 0 then
   local open = redis.call('ZCARD', KEYS[4])
