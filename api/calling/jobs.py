@@ -224,6 +224,11 @@ def _run_at(request: JobRequest) -> int | None:
         raise Rejected(error(
             "INVALID_REQUEST", f"run_at must be an RFC 3339 date-time with an offset, such as "
             f"2026-12-24T18:00:00Z; got {clip(request.run_at)!r}.", details={"field": "run_at"}))
+    try:  # an instant outside the years 1 to 9999 in UTC (0001-01-01T00:00:00+14:00) has no view
+        at.astimezone(datetime.UTC)
+    except OverflowError:
+        raise Rejected(error("INVALID_REQUEST", f"run_at must fall in the years 0001 to 9999 in UTC; got "
+                                                f"{clip(request.run_at)!r}.", details={"field": "run_at"})) from None
     return round(at.timestamp() * 1000)
 
 

@@ -330,8 +330,12 @@ def parse(job_id: str, values: list[bytes | None]) -> JobState | None:
 
 
 def rfc3339(ms: int) -> str:
-    """Unix ms as RFC 3339 in UTC, to the millisecond (``2026-12-02T10:00:00.000Z``)."""
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms // 1000)) + f".{ms % 1000:03d}Z"
+    """Unix ms as RFC 3339 in UTC, to the millisecond (``2026-12-02T10:00:00.000Z``), for the years
+    1 to 9999. The year always has its four digits: ``strftime``'s ``%Y`` writes year 1 as ``1``
+    (a job asked for ``0001-01-01T00:00:00Z`` shows that time)."""
+    t = time.gmtime(ms // 1000)
+    return (f"{t.tm_year:04d}-{t.tm_mon:02d}-{t.tm_mday:02d}T{t.tm_hour:02d}:{t.tm_min:02d}:{t.tm_sec:02d}"
+            f".{ms % 1000:03d}Z")
 
 
 def job_fields(*, tool: str, owner: str, payload: bytes, policy: RetryPolicy, max_attempts: int, idempotent: bool,

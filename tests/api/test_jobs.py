@@ -152,11 +152,22 @@ async def test_run_at_with_an_offset_is_that_instant(client: httpx.AsyncClient) 
     {"run_at": "tomorrow"},
     {"run_at": "2030-01-01T10:00:00Z", "delay_ms": 1000},  # both
     {"delay_ms": -1},
+    {"run_at": "0001-01-01T00:00:00+14:00"},  # in year 0 in UTC
 ])
 async def test_a_malformed_time_is_refused(client: httpx.AsyncClient, when: dict[str, object]) -> None:
     error = refused(await create(client, {"tool": "echo", "arguments": {"text": "x"}, **when}), 400,
                     "INVALID_REQUEST")
     assert error["details"] in ({"field": "run_at"}, {"field": "delay_ms"})
+
+
+async def test_a_time_long_past_is_due_at_once_and_shown_as_asked(client: httpx.AsyncClient) -> None:
+    before = int(time.time() * 1000)
+    r = await create(client, {"tool": "echo", "arguments": {"text": "x"}, "run_at": "0001-01-01T00:00:00Z"})
+    assert r.status_code == 202, r.text
+    assert before <= ms(r.json()["run_at"]) <= int(time.time() * 1000) + 1000  # queued: due now
+    cancelled = (await client.delete(r.headers["location"], headers=AS_ALICE)).json()
+    assert cancelled["run_at"] == "0001-01-01T00:00:00.000Z"  # otherwise: the time asked for, four digits to its year
+    assert ms(cancelled["run_at"]) == ms("0001-01-01T00:00:00+00:00")
 
 
 async def test_past_the_horizon_is_refused(client: httpx.AsyncClient, api_settings: ApiSettings) -> None:
