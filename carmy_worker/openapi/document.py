@@ -6,15 +6,23 @@ Validation is ``openapi-spec-validator``'s (the OpenAPI 3.0 and 3.1 schemas, dup
 is in. References (``$ref``, to this document or to other files next to it) are resolved by
 ``jsonref``, lazily: each stays a proxy that knows where it points, so the schema builder can keep
 a referenced schema once, under ``$defs``, and a recursive one stays finite.
+
+A reference is followed only to where the document came from: from a file, to other files; from a
+URL, to URLs of its scheme, host and port, without redirects. Every document the references reach
+is read once, before validation, and both the validator and ``jsonref`` are served from what was
+read: neither fetches anything itself. Otherwise a document someone else publishes could name
+``file:///run/secrets/…`` or a cloud's metadata address in a ``default`` and have the worker
+publish what it read there in a tool's schema, which every caller of discovery sees.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
-from urllib.parse import urlsplit
+from urllib.parse import urldefrag, urljoin, urlsplit
+from urllib.request import url2pathname
 
 import httpx
 import jsonref
@@ -46,15 +54,16 @@ def _is_url(source: str) -> bool:
     return urlsplit(source).scheme in ("http", "https")
 
 
-def read(source: str) -> Any:
-    """The document at ``source`` (a path, a ``file:`` or an http(s) URL), parsed: JSON, else YAML."""
+def read(source: str, *, redirects: bool = True) -> Any:
+    """The document at ``source`` (a path, a ``file:`` or an http(s) URL), parsed: JSON, else YAML.
+    Without ``redirects``, an answer that redirects is an error."""
     try:
         if _is_url(source):
-            response = httpx.get(source, timeout=FETCH_TIMEOUT, follow_redirects=True)
-            response.raise_for_status()
+            response = httpx.get(source, timeout=FETCH_TIMEOUT, follow_redirects=redirects)
+            response.raise_for_status()  # a redirect not followed too
             text = response.text
         else:
-            text = Path(source.removeprefix("file://")).read_text(encoding="utf-8")
+            text = _path(source).read_text(encoding="utf-8")
     except (OSError, httpx.HTTPError) as exc:
         raise OpenAPIError(f"{source}: cannot be read ({exc})") from exc
     try:
@@ -67,9 +76,88 @@ def read(source: str) -> Any:
         raise OpenAPIError(f"{source}: neither JSON nor YAML ({clip(str(exc))})") from exc
 
 
+def _path(source: str) -> Path:
+    """The file a path or a ``file:`` URI names (a URI's ``%20`` is a space)."""
+    return Path(url2pathname(urlsplit(source).path)) if source.startswith("file:") else Path(source)
+
+
 def base_uri(source: str) -> str:
     """The URI that relative references in the document at ``source`` are resolved against."""
-    return source if _is_url(source) else Path(source.removeprefix("file://")).resolve().as_uri()
+    return source if _is_url(source) else _path(source).resolve().as_uri()
+
+
+def _origin(uri: str) -> tuple[str, str | None, int | None]:
+    """Where ``uri`` is: a URL's scheme, host and port; ``file`` alone for a local file."""
+    parts = urlsplit(uri)
+    if parts.scheme == "file":
+        return ("file", parts.hostname if parts.hostname not in (None, "localhost") else None, None)
+    if parts.scheme in ("http", "https"):
+        try:
+            port = parts.port or (443 if parts.scheme == "https" else 80)
+        except ValueError:  # not a port
+            port = -1
+        return (parts.scheme, parts.hostname, port)
+    return (parts.scheme, uri, None)  # no other scheme is read: it matches no document's origin
+
+
+def _references(node: Any, path: list[Any]) -> Iterator[tuple[list[Any], str]]:
+    """Every ``$ref`` in ``node`` with where it is, as ``jsonref`` finds them: in any object."""
+    if isinstance(node, dict):
+        if isinstance(node.get("$ref"), str):
+            yield path, node["$ref"]
+        for key, value in node.items():
+            yield from _references(value, [*path, key])
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from _references(value, [*path, i])
+
+
+def _reachable(where: str, document: Mapping[str, Any], uri: str) -> dict[str, Any]:
+    """``document`` (read from ``where``, at ``uri``) and every document its references reach, by
+    their URIs: each read once, and only from ``uri``'s origin (the module says why)."""
+    documents: dict[str, Any] = {uri: document}
+    pending = [uri]
+    while pending:
+        at = pending.pop()
+        for path, ref in _references(documents[at], []):
+            target = urldefrag(urljoin(at, ref)).url
+            if target in documents:
+                continue
+            place = _located(document, path) if at == uri else f"in {at}"
+            if _origin(target) != _origin(uri):
+                only = "to other files" if uri.startswith("file:") else "to its own scheme, host and port"
+                raise OpenAPIError(f"{where}: {place}: the reference {clip(ref)!r} leads to {clip(target)}, outside "
+                                   f"the document's origin: references are followed only {only}")
+            try:
+                documents[target] = read(target, redirects=False)
+            except OpenAPIError as exc:
+                raise OpenAPIError(f"{where}: {place}: the reference {clip(ref)!r}: {exc}") from None
+            pending.append(target)
+    return documents
+
+
+class _Served(Mapping[str, Any]):
+    """The validator's handlers by scheme: the same one for every scheme, since one it lacks a
+    handler for it would open with ``urlopen`` (``in`` is true of any: ``[]`` never raises). It
+    answers from the documents already read, and refuses any other."""
+
+    def __init__(self, documents: dict[str, Any]) -> None:
+        self._documents = documents
+
+    def __getitem__(self, scheme: str) -> Any:
+        return self._serve
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
+
+    def _serve(self, uri: str) -> Any:
+        try:
+            return self._documents[urldefrag(uri).url]
+        except KeyError:
+            raise OpenAPIError(f"{uri} is not among the documents read") from None
 
 
 def load(source: str | Path) -> Mapping[str, Any]:
@@ -85,24 +173,24 @@ def load(source: str | Path) -> Mapping[str, Any]:
     if not version.startswith(("3.0.", "3.1.")):
         raise OpenAPIError(f"{where}: OpenAPI {version or '(no openapi field)'} is not supported: 3.0 or 3.1")
     uri = base_uri(where)
+    documents = _reachable(where, document, uri)
     # Imported here: the validator brings pydantic and jsonschema, which only an import needs.
-    from openapi_spec_validator import validate
+    from jsonschema_path import SchemaPath
+    from openapi_spec_validator.shortcuts import get_validator_cls
     from openapi_spec_validator.validation.exceptions import OpenAPIValidationError
 
     try:
-        validate(document, base_uri=uri)
+        # openapi_spec_validator.validate, with handlers that fetch nothing (_Served).
+        checked = SchemaPath.from_dict(document, base_uri=uri, handlers=_Served(documents))
+        get_validator_cls(document)(checked).validate()
     except OpenAPIValidationError as exc:
         said = clip(exc.message.split("\n", 1)[0], 500)
         raise OpenAPIError(f"{where}: {_located(document, list(exc.absolute_path))}: {said}") from exc
     except Exception as exc:  # the validator's own failures: a reference it cannot retrieve, say
         raise OpenAPIError(f"{where}: cannot be validated ({type(exc).__name__}: {clip(str(exc))})") from exc
-    resolved: Mapping[str, Any] = jsonref.replace_refs(document, base_uri=uri, loader=_load_referenced,
+    resolved: Mapping[str, Any] = jsonref.replace_refs(document, base_uri=uri, loader=_Served(documents)._serve,
                                                        lazy_load=True)
     return resolved
-
-
-def _load_referenced(uri: str) -> Any:
-    return read(uri)
 
 
 def _located(document: Mapping[str, Any], path: list[Any]) -> str:

@@ -229,7 +229,9 @@ paths:
     assert tools_of(tmp_path / "api.yaml")["since"].spec.input_schema["properties"]["from"]["default"] == "2024-01-31"
     dangling = operation({"operationId": "getThing", "responses": {"200": {"description": "ok", "content": {
         "application/json": {"schema": {"$ref": "missing.yaml#/Thing"}}}}}})
-    with pytest.raises(ToolDefinitionError, match=r"api.json: cannot be validated \(Unresolvable: missing.yaml#/Thing"):
+    with pytest.raises(ToolDefinitionError, match=r"api.json: operation GET /things \(getThing\), at responses.200"
+                                                  r".content.application/json.schema: the reference "
+                                                  r"'missing.yaml#/Thing': .*missing.yaml: cannot be read"):
         tools_of(write(tmp_path, dangling))
 
 
