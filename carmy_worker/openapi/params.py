@@ -81,10 +81,15 @@ def query_pairs(param: Parameter, value: Any) -> list[tuple[str, str]]:
 
 
 def header_value(param: Parameter, value: Any) -> str:
-    """A header parameter's value; one that would end the header (a line break) is refused."""
+    """A header parameter's value: printable ASCII, spaces and tabs (RFC 9110's field value less
+    its obsolete bytes). A line break would end the header; another control character, or a
+    character outside ASCII (which httpx cannot encode), is refused here as the caller's mistake
+    rather than sent for the upstream to refuse or failing the call as the worker's."""
     text = _flat(param, value)
     if any(c in text for c in "\r\n\0"):
         raise ParameterError(f"the header parameter {param.name!r} cannot contain a line break or NUL")
+    if not all(" " <= c <= "~" or c == "\t" for c in text):
+        raise ParameterError(f"the header parameter {param.name!r} can hold only printable ASCII, spaces and tabs")
     return text
 
 

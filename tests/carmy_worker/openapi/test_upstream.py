@@ -11,6 +11,7 @@ import hashlib
 import json
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -193,3 +194,23 @@ async def test_a_cancellation_aborts_the_upstream_request(api: Upstream, served:
     await canceller
     assert outcome.cancelled
     await wait_until_async(lambda: "6" in api.aborted, timeout=5, what="the upstream saw its caller leave")
+
+
+@pytest.mark.parametrize("value", ["café", "a\x01b", "tab\tand\x7fdel", "line\u2028sep"])
+async def test_a_header_no_request_can_carry_is_the_callers_mistake(api: Upstream, tmp_path: Path,
+                                                                     value: str) -> None:
+    """Not ASCII, or a control character: httpx cannot encode the one, h11 refuses to send the
+    other. Either is the caller's to fix (INVALID_ARGUMENTS), not a broken upstream to retry."""
+    (tmp_path / "api.json").write_text(json.dumps({
+        "openapi": "3.1.0", "info": {"title": "t", "version": "1"}, "paths": {"/items": {"get": {
+            "operationId": "tagged", "parameters": [{"name": "X-Tag", "in": "header", "schema": {"type": "string"}}],
+            "responses": {"200": {"description": "ok", "content": {"application/json": {"schema": {}}}}}}}}}))
+    box = Toolbox()
+    box.openapi(str(tmp_path / "api.json"), base_url=api.url)
+    tagged = next(iter(box))
+    before = len(api.seen)
+    refused = await failure(tagged, {"X-Tag": value})
+    assert (refused.code, refused.category, refused.retryable) == ("INVALID_ARGUMENTS", "validation", False)
+    assert len(api.seen) == before
+    assert await data(tagged, {"X-Tag": "plain, with\ttab"}) == await data(tagged, {})  # sent, and answered
+    assert api.seen[-2].headers["x-tag"] == "plain, with\ttab"
