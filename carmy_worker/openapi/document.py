@@ -32,6 +32,7 @@ from carmy_worker.sdk.errors import clip
 
 METHODS = ("get", "put", "post", "delete", "options", "head", "patch", "trace")
 FETCH_TIMEOUT = 30.0
+MAX_VALUES = 1_000_000  # in a YAML document, its aliases expanded (Box's 1 MiB document has 32,000)
 _SAFE: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's, ten times faster, when built
 
 
@@ -71,9 +72,34 @@ def read(source: str, *, redirects: bool = True) -> Any:
     except ValueError:
         pass
     try:
-        return yaml.load(text, Loader=_Loader)  # a safe loader: libyaml's or the Python one
+        value = yaml.load(text, Loader=_Loader)  # a safe loader: libyaml's or the Python one
     except yaml.YAMLError as exc:
         raise OpenAPIError(f"{source}: neither JSON nor YAML ({clip(str(exc))})") from exc
+    _check_tree(value, source)
+    return value
+
+
+def _check_tree(value: Any, source: str) -> None:
+    """A YAML document's values as JSON's are: a tree, of at most ``MAX_VALUES`` once its aliases
+    are expanded. An alias shares its node, so a few lines can make a structure that contains
+    itself (every walk of it recurses without end) or one of 10^8 values (a walk never ends)."""
+    count = 0
+    inside: set[int] = set()  # the containers on the path to the node at hand
+    stack: list[tuple[Any, bool]] = [(value, False)]
+    while stack:
+        node, leaving = stack.pop()
+        if leaving:
+            inside.discard(id(node))
+            continue
+        count += 1
+        if count > MAX_VALUES:
+            raise OpenAPIError(f"{source}: over {MAX_VALUES:,} values once its YAML aliases are expanded")
+        if isinstance(node, dict | list):
+            if id(node) in inside:
+                raise OpenAPIError(f"{source}: a YAML alias names a node that contains it: the document has no end")
+            inside.add(id(node))
+            stack.append((node, True))
+            stack.extend((child, False) for child in (node.values() if isinstance(node, dict) else node))
 
 
 def _path(source: str) -> Path:

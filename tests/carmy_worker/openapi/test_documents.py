@@ -204,6 +204,22 @@ def test_unreadable_documents(tmp_path: Path) -> None:
         tools_of(tmp_path / "broken.yaml")
 
 
+def test_yaml_aliases_that_never_end_are_refused(tmp_path: Path) -> None:
+    head = 'openapi: 3.1.0\ninfo: {title: t, version: "1"}\npaths: {}\n'
+    (tmp_path / "loop.yaml").write_text(head + "x-loop: &s {type: object, properties: {again: *s}}\n")
+    with pytest.raises(ToolDefinitionError, match=r"loop\.yaml: a YAML alias names a node that contains it"):
+        tools_of(tmp_path / "loop.yaml")
+    # A billion laughs: 10^8 values from ten lines, refused as soon as a million are counted.
+    laughs = "x-0: &l0 [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]\n" + "".join(
+        f"x-{n}: &l{n} [{', '.join([f'*l{n - 1}'] * 10)}]\n" for n in range(1, 8))
+    (tmp_path / "laughs.yaml").write_text(head + laughs)
+    with pytest.raises(ToolDefinitionError, match=r"laughs\.yaml: over 1,000,000 values once its YAML aliases"):
+        tools_of(tmp_path / "laughs.yaml")
+    shared = "x-ok: &ok {type: string}\nx-again: [*ok, *ok]\n"  # an alias that does end is fine
+    (tmp_path / "shared.yaml").write_text(head + shared)
+    assert tools_of(tmp_path / "shared.yaml") == {}
+
+
 def test_references_to_another_file_next_to_it(tmp_path: Path) -> None:
     (tmp_path / "schemas.yaml").write_text(yaml.safe_dump({"Thing": {"type": "object", "properties": {
         "name": {"type": "string"}, "parent": {"$ref": "#/Thing"}}}}))
