@@ -33,6 +33,7 @@ from carmy_worker.sdk.errors import clip
 METHODS = ("get", "put", "post", "delete", "options", "head", "patch", "trace")
 FETCH_TIMEOUT = 30.0
 MAX_VALUES = 1_000_000  # in a YAML document, its aliases expanded (Box's 1 MiB document has 32,000)
+MAX_DEPTH = 200  # levels of objects and arrays (Box's document has 22)
 _SAFE: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's, ten times faster, when built
 
 
@@ -68,27 +69,30 @@ def read(source: str, *, redirects: bool = True) -> Any:
     except (OSError, httpx.HTTPError) as exc:
         raise OpenAPIError(f"{source}: cannot be read ({exc})") from exc
     try:
-        return json.loads(text)
-    except ValueError:
-        pass
-    try:
-        value = yaml.load(text, Loader=_Loader)  # a safe loader: libyaml's or the Python one
-    except yaml.YAMLError as exc:
-        raise OpenAPIError(f"{source}: neither JSON nor YAML ({clip(str(exc))})") from exc
+        try:
+            value = json.loads(text)
+        except ValueError:
+            try:
+                value = yaml.load(text, Loader=_Loader)  # a safe loader: libyaml's or the Python one
+            except yaml.YAMLError as exc:
+                raise OpenAPIError(f"{source}: neither JSON nor YAML ({clip(str(exc))})") from exc
+    except RecursionError:
+        raise OpenAPIError(f"{source}: nested deeper than {MAX_DEPTH} levels") from None
     _check_tree(value, source)
     return value
 
 
 def _check_tree(value: Any, source: str) -> None:
-    """A YAML document's values as JSON's are: a tree, of at most ``MAX_VALUES`` once its aliases
-    are expanded. An alias shares its node, so a few lines can make a structure that contains
-    itself (every walk of it recurses without end) or one of 10^8 values (a walk never ends)."""
+    """A document's values as JSON's are: a tree, at most ``MAX_DEPTH`` deep (the validator and
+    jsonref walk it by recursion) and of at most ``MAX_VALUES`` once YAML's aliases are expanded.
+    An alias shares its node, so a few lines can make a structure that contains itself (every
+    walk of it recurses without end) or one of 10^8 values (a walk never ends)."""
     count = 0
     inside: set[int] = set()  # the containers on the path to the node at hand
-    stack: list[tuple[Any, bool]] = [(value, False)]
+    stack: list[tuple[Any, int]] = [(value, 1)]  # a depth of 0: leaving a container
     while stack:
-        node, leaving = stack.pop()
-        if leaving:
+        node, depth = stack.pop()
+        if depth == 0:
             inside.discard(id(node))
             continue
         count += 1
@@ -97,9 +101,11 @@ def _check_tree(value: Any, source: str) -> None:
         if isinstance(node, dict | list):
             if id(node) in inside:
                 raise OpenAPIError(f"{source}: a YAML alias names a node that contains it: the document has no end")
+            if depth > MAX_DEPTH:
+                raise OpenAPIError(f"{source}: nested deeper than {MAX_DEPTH} levels")
             inside.add(id(node))
-            stack.append((node, True))
-            stack.extend((child, False) for child in (node.values() if isinstance(node, dict) else node))
+            stack.append((node, 0))
+            stack.extend((child, depth + 1) for child in (node.values() if isinstance(node, dict) else node))
 
 
 def _path(source: str) -> Path:
@@ -135,7 +141,7 @@ def _references(node: Any, path: list[Any]) -> Iterator[tuple[list[Any], str]]:
             yield from _references(value, [*path, key])
     elif isinstance(node, list):
         for i, value in enumerate(node):
-            yield from _references(value, [*path, i])
+            yield from _references(value, [*path, i])  # at most MAX_DEPTH deep (_check_tree)
 
 
 def _reachable(where: str, document: Mapping[str, Any], uri: str) -> dict[str, Any]:

@@ -204,7 +204,7 @@ def test_unreadable_documents(tmp_path: Path) -> None:
         tools_of(tmp_path / "broken.yaml")
 
 
-def test_yaml_aliases_that_never_end_are_refused(tmp_path: Path) -> None:
+def test_documents_that_never_end_are_refused(tmp_path: Path) -> None:
     head = 'openapi: 3.1.0\ninfo: {title: t, version: "1"}\npaths: {}\n'
     (tmp_path / "loop.yaml").write_text(head + "x-loop: &s {type: object, properties: {again: *s}}\n")
     with pytest.raises(ToolDefinitionError, match=r"loop\.yaml: a YAML alias names a node that contains it"):
@@ -215,6 +215,11 @@ def test_yaml_aliases_that_never_end_are_refused(tmp_path: Path) -> None:
     (tmp_path / "laughs.yaml").write_text(head + laughs)
     with pytest.raises(ToolDefinitionError, match=r"laughs\.yaml: over 1,000,000 values once its YAML aliases"):
         tools_of(tmp_path / "laughs.yaml")
+    for levels in (250, 100_000):  # the validator and jsonref recurse: a RecursionError, or worse, without the bound
+        deep = {"openapi": "3.1.0", "info": {"title": "t", "version": "1"}, "paths": {}, "x-deep": 0}
+        (tmp_path / "deep.json").write_text(json.dumps(deep).replace("0}", "[" * levels + "]" * levels + "}"))
+        with pytest.raises(ToolDefinitionError, match=r"deep\.json: nested deeper than 200 levels"):
+            tools_of(tmp_path / "deep.json")
     shared = "x-ok: &ok {type: string}\nx-again: [*ok, *ok]\n"  # an alias that does end is fine
     (tmp_path / "shared.yaml").write_text(head + shared)
     assert tools_of(tmp_path / "shared.yaml") == {}
