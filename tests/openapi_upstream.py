@@ -183,11 +183,17 @@ def app(state: Upstream) -> Starlette:
         await record(request)
         return PlainTextResponse("just words")
 
+    async def answer(request: Request) -> Response:
+        """Any body, as JSON: ``?hex=`` its bytes, ``&status=`` the status (200)."""
+        await record(request)
+        return Response(bytes.fromhex(request.query_params["hex"]), media_type="application/json",
+                        status_code=int(request.query_params.get("status", "200")))
+
     return Starlette(routes=[
         Route("/openapi.json", document), Route("/items", items, methods=["GET", "POST"]),
         Route("/items/{itemId}", item, methods=["GET", "PUT", "DELETE"]), Route("/limited", limited),
         Route("/broken", broken, methods=["POST"]), Route("/slow", slow), Route("/whoami", whoami),
-        Route("/moved", moved), Route("/text", text),
+        Route("/moved", moved), Route("/text", text), Route("/answer", answer),
     ])
 
 

@@ -24,6 +24,8 @@ import time
 from email.utils import parsedate_to_datetime
 from typing import Any
 
+import msgspec
+
 from carmy_worker.sdk.errors import MAY_HAVE_COMMITTED, ErrorCode, ToolError, error
 
 MAX_MESSAGE = 500  # characters of the upstream's message
@@ -72,11 +74,24 @@ def _message(body: Any, text: str) -> str:
     return text.strip()
 
 
+def strict_json(data: bytes | str) -> Any:
+    """An upstream's JSON, or ``ValueError``: Python's ``json`` takes ``NaN``, ``Infinity``, numbers
+    out of a float's range and lone surrogates, which no JSON reader need take and a result cannot
+    carry (``NaN`` would reach the caller as ``null``, a surrogate fail as the tool's own fault),
+    and recurses without a bound on nesting. msgspec refuses the first four and bounds the last. A
+    leading byte order mark, which RFC 8259 lets a reader ignore (some servers send one), is."""
+    data = data.removeprefix(b"\xef\xbb\xbf") if isinstance(data, bytes) else data.removeprefix("\ufeff")
+    try:
+        return msgspec.json.decode(data)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+
+
 def _body(text: str) -> Any:
     clipped = _clip(text, MAX_BODY)
     if clipped is text:
         try:
-            return json.loads(text)
+            return strict_json(text)
         except ValueError:
             pass
     return clipped
@@ -85,7 +100,7 @@ def _body(text: str) -> Any:
 def answered(status: int, reason: str, text: str, header_retry_after: str | None, *, method: str) -> ToolError:
     """The error for an upstream's non-2xx answer; ``text`` is its body, credentials already hidden."""
     try:
-        parsed: Any = json.loads(text) if text else None
+        parsed: Any = strict_json(text) if text else None
     except ValueError:
         parsed = None
     said = _clip(_message(parsed, text), MAX_MESSAGE)

@@ -88,8 +88,12 @@ class Upstream:
         if operation.has_body and BODY in arguments:
             content = json.dumps(arguments[BODY], separators=(",", ":"), ensure_ascii=False).encode()
             headers["Content-Type"] = "application/json"
-        return httpx.Request(operation.method, url, params=query, headers=headers, content=content,
-                             extensions={"timeout": self._timeout.as_dict()})
+        try:
+            return httpx.Request(operation.method, url, params=query, headers=headers, content=content,
+                                 extensions={"timeout": self._timeout.as_dict()})
+        except httpx.InvalidURL as exc:  # a part over httpx's 65,536 characters, say
+            raise ToolError("INVALID_ARGUMENTS", f"The arguments cannot be sent: {exc}.", category="validation",
+                            recoverable=True, details={"reason": str(exc)}) from None
 
     async def call(self, operation: Operation, ctx: Context, arguments: dict[str, Any]) -> Any:
         """Send the call's request; its 2xx answer as the result, anything else raised as a ``ToolError``."""
@@ -143,7 +147,7 @@ def _result(response: httpx.Response, body: bytes, text: str) -> Any:
     kind = response.headers.get("content-type", "").split(";", 1)[0].strip().lower()
     if kind == "application/json" or kind.endswith("+json"):
         try:
-            return json.loads(body)
-        except ValueError:
-            raise failures.bad_answer("The upstream API's answer says it is JSON and is not.") from None
+            return failures.strict_json(body)
+        except ValueError as exc:
+            raise failures.bad_answer(f"The upstream API's answer says it is JSON and is not ({exc}).") from None
     return text

@@ -196,21 +196,59 @@ async def test_a_cancellation_aborts_the_upstream_request(api: Upstream, served:
     await wait_until_async(lambda: "6" in api.aborted, timeout=5, what="the upstream saw its caller leave")
 
 
+def one_tool(api: Upstream, tmp_path: Path, route: str, parameters: list[dict[str, Any]]) -> Tool:
+    """The tool of a document of one GET operation at ``route``, served by ``api``."""
+    (tmp_path / "api.json").write_text(json.dumps({
+        "openapi": "3.1.0", "info": {"title": "t", "version": "1"}, "paths": {route: {"get": {
+            "operationId": "one", "parameters": parameters,
+            "responses": {"200": {"description": "ok", "content": {"application/json": {"schema": {}}}}}}}}}))
+    box = Toolbox()
+    box.openapi(str(tmp_path / "api.json"), base_url=api.url)
+    return next(iter(box))
+
+
 @pytest.mark.parametrize("value", ["café", "a\x01b", "tab\tand\x7fdel", "line\u2028sep"])
 async def test_a_header_no_request_can_carry_is_the_callers_mistake(api: Upstream, tmp_path: Path,
                                                                      value: str) -> None:
     """Not ASCII, or a control character: httpx cannot encode the one, h11 refuses to send the
     other. Either is the caller's to fix (INVALID_ARGUMENTS), not a broken upstream to retry."""
-    (tmp_path / "api.json").write_text(json.dumps({
-        "openapi": "3.1.0", "info": {"title": "t", "version": "1"}, "paths": {"/items": {"get": {
-            "operationId": "tagged", "parameters": [{"name": "X-Tag", "in": "header", "schema": {"type": "string"}}],
-            "responses": {"200": {"description": "ok", "content": {"application/json": {"schema": {}}}}}}}}}))
-    box = Toolbox()
-    box.openapi(str(tmp_path / "api.json"), base_url=api.url)
-    tagged = next(iter(box))
+    tagged = one_tool(api, tmp_path, "/items", [{"name": "X-Tag", "in": "header", "schema": {"type": "string"}}])
     before = len(api.seen)
     refused = await failure(tagged, {"X-Tag": value})
     assert (refused.code, refused.category, refused.retryable) == ("INVALID_ARGUMENTS", "validation", False)
     assert len(api.seen) == before
     assert await data(tagged, {"X-Tag": "plain, with\ttab"}) == await data(tagged, {})  # sent, and answered
     assert api.seen[-2].headers["x-tag"] == "plain, with\ttab"
+
+
+@pytest.mark.parametrize(("body", "why"), [
+    (b'{"a": NaN}', "malformed"), (b"[Infinity]", "malformed"), (b"1e400", "out of range"),
+    (b'"\\ud800"', "truncated"), (b"[" * 10_000 + b"]" * 10_000, "nested too deeply"),
+    (b'"caf\xe9"', "UTF-8"),
+])
+async def test_an_answer_that_says_json_and_is_not_is_the_upstreams_error(api: Upstream, tmp_path: Path,
+                                                                         body: bytes, why: str) -> None:
+    """Python's json would take NaN, Infinity, 1e400 (as inf) and a lone surrogate: the caller
+    would get null for the first three, and the tool would fail as its own fault for the last;
+    and a deep nesting raised RecursionError, a TOOL_PANIC."""
+    answer = one_tool(api, tmp_path, "/answer", [{"name": "hex", "in": "query", "schema": {"type": "string"}},
+                                                 {"name": "status", "in": "query", "schema": {"type": "string"}}])
+    error = await failure(answer, {"hex": body.hex()})
+    assert (error.code, error.retryable) == ("UPSTREAM_ERROR", False)
+    assert error.message.startswith("The upstream API's answer says it is JSON and is not (") and why in error.message
+    refused = await failure(answer, {"hex": body.hex(), "status": "422"})  # an error's body: read as well as it can be
+    assert refused.code == "UPSTREAM_REJECTED"
+
+
+async def test_an_answer_with_a_byte_order_mark_is_read(api: Upstream, tmp_path: Path) -> None:
+    answer = one_tool(api, tmp_path, "/answer", [{"name": "hex", "in": "query", "schema": {"type": "string"}}])
+    assert await data(answer, {"hex": (b"\xef\xbb\xbf" + b'{"a": [1, 2.5, "x"]}').hex()}) == {"a": [1, 2.5, "x"]}
+
+
+async def test_a_query_no_url_can_carry_is_the_callers_mistake(api: Upstream, tmp_path: Path) -> None:
+    """httpx refuses a URL part over 65,536 characters: the caller's to fix, not a TOOL_PANIC."""
+    answer = one_tool(api, tmp_path, "/answer", [{"name": "hex", "in": "query", "schema": {"type": "string"}}])
+    before = len(api.seen)
+    refused = await failure(answer, {"hex": "00" * 40_000})
+    assert (refused.code, refused.category, refused.retryable) == ("INVALID_ARGUMENTS", "validation", False)
+    assert len(api.seen) == before
