@@ -4,7 +4,8 @@ behaviour, parameters and JSON Schemas; or the reason it cannot be one (``Skippe
 The input is an object: each path, query and header parameter by its name, and the JSON request
 body under ``body``. Cookie parameters are dropped (an agent's call carries no cookies; an
 operation that requires one is skipped), and so are the header parameters HTTP or the worker
-sets (``Accept``, ``Content-Type``, ``Authorization``, ``Idempotency-Key``) and a parameter the
+sets (``Accept``, ``Content-Type``, ``Authorization``, ``Idempotency-Key``; ``Host``,
+``Content-Length``, ``Transfer-Encoding`` and the hop-by-hop ones) and a parameter the
 configured credentials fill. The output is the JSON success response's schema (``null`` for one
 without a body, a string for a text one).
 """
@@ -28,7 +29,12 @@ log = logging.getLogger("carmy.worker")
 
 BODY = "body"
 _JSON = re.compile(r"^application/([\w.\-]+\+)?json(\s*;.*)?$", re.IGNORECASE)
-_SET_BY_WORKER = frozenset({"accept", "content-type", "authorization", "idempotency-key"})
+# Header parameters a caller does not set: those OpenAPI says to ignore and the worker sets, and
+# HTTP's own, which would steer the request (Host: another site of the server) or frame it
+# (Content-Length, Transfer-Encoding: for whatever stands in front of the upstream).
+_SET_BY_WORKER = frozenset({"accept", "content-type", "authorization", "idempotency-key", "host", "content-length",
+                            "transfer-encoding", "connection", "keep-alive", "te", "trailer", "upgrade", "expect",
+                            "proxy-authorization", "proxy-connection"})
 
 
 class Unservable(Exception):
@@ -147,7 +153,7 @@ def _parameters(item: Mapping[str, Any], operation: Mapping[str, Any], selection
             if spec.get("required") and location == "cookie":
                 raise Unservable(f"it requires the cookie {name!r}, which a tool call cannot carry")
             log.info("openapi: parameter %s %r is not part of the tool's input (%s)", location, name,
-                     "a tool call carries no cookies" if location == "cookie" else "the worker sets it")
+                     "a tool call carries no cookies" if location == "cookie" else "HTTP or the worker sets it")
             continue
         style = str(spec.get("style") or STYLES[location][0])
         if style not in STYLES[location]:

@@ -252,3 +252,17 @@ async def test_a_query_no_url_can_carry_is_the_callers_mistake(api: Upstream, tm
     refused = await failure(answer, {"hex": "00" * 40_000})
     assert (refused.code, refused.category, refused.retryable) == ("INVALID_ARGUMENTS", "validation", False)
     assert len(api.seen) == before
+
+
+async def test_headers_http_or_the_worker_sets_are_not_the_callers(api: Upstream, tmp_path: Path) -> None:
+    """A document may declare them (by mistake, or to steer the request): a caller that could set
+    Host would pick another site of the upstream's server, and one that could set Content-Length or
+    Transfer-Encoding would frame the request for whatever stands in front of it."""
+    taken = ["Host", "Content-Length", "Transfer-Encoding", "Connection", "TE", "Upgrade", "Expect", "Accept",
+             "Content-Type", "Authorization", "Idempotency-Key", "Proxy-Authorization"]
+    tool = one_tool(api, tmp_path, "/answer", [{"name": "hex", "in": "query", "schema": {"type": "string"}}] + [
+        {"name": name, "in": "header", "schema": {"type": "string"}} for name in [*taken, "X-Tag"]])
+    assert set(tool.spec.input_schema["properties"]) == {"hex", "X-Tag"}
+    assert await data(tool, {"hex": b"[1]".hex(), "X-Tag": "t"}) == [1]
+    seen = api.requests("GET", "/answer")[-1]
+    assert seen.headers["host"] == api.url.removeprefix("http://") and seen.headers["x-tag"] == "t"
