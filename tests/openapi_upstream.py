@@ -184,10 +184,13 @@ def app(state: Upstream) -> Starlette:
         return PlainTextResponse("just words")
 
     async def answer(request: Request) -> Response:
-        """Any body, as JSON: ``?hex=`` its bytes, ``&status=`` the status (200)."""
+        """Any body, as JSON: ``?hex=`` its bytes, ``&status=`` the status (200), ``&retry_after=``
+        a ``Retry-After`` header."""
         await record(request)
+        said = request.query_params.get("retry_after")
         return Response(bytes.fromhex(request.query_params["hex"]), media_type="application/json",
-                        status_code=int(request.query_params.get("status", "200")))
+                        status_code=int(request.query_params.get("status", "200")),
+                        headers=None if said is None else {"retry-after": said})
 
     return Starlette(routes=[
         Route("/openapi.json", document), Route("/items", items, methods=["GET", "POST"]),

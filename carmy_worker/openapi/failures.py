@@ -38,7 +38,7 @@ def retry_after(value: str | None, now: float | None = None) -> int | None:
     if not value:
         return None
     text = value.strip()
-    if text.isdigit():
+    if text.isdigit() and text.isascii():  # "²" is a digit to isdigit, and no number to int
         return int(text)
     try:
         when = parsedate_to_datetime(text).timestamp()

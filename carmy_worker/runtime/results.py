@@ -109,13 +109,20 @@ def _category(value: object) -> Category:
     return "internal"
 
 
+# The longest ``retry_after`` recorded (30 days, as CARMY_JOBS_HORIZON's default): one asked for
+# past it is cut to it. A job's retry waits at least that long, so 10^12 s parked it in year
+# 36,488 (its run_at no RFC 3339 date), and one past 2^64 could not be recorded at all.
+MAX_RETRY_AFTER_S = 30 * 86_400
+
+
 def _seconds(value: object) -> int | None:
-    """``retry_after`` as whole seconds (the protocol's), rounded up; None if it is no number."""
+    """``retry_after`` as whole seconds (the protocol's), rounded up and at most
+    ``MAX_RETRY_AFTER_S``; None if it is no number."""
     if isinstance(value, float) and math.isfinite(value):
         value = math.ceil(value)
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         return None
-    return value
+    return min(value, MAX_RETRY_AFTER_S)
 
 
 def _details(value: Any, limit: int, tool: str, exec_id: str) -> Any:

@@ -266,3 +266,13 @@ async def test_headers_http_or_the_worker_sets_are_not_the_callers(api: Upstream
     assert await data(tool, {"hex": b"[1]".hex(), "X-Tag": "t"}) == [1]
     seen = api.requests("GET", "/answer")[-1]
     assert seen.headers["host"] == api.url.removeprefix("http://") and seen.headers["x-tag"] == "t"
+
+
+@pytest.mark.parametrize(("said", "heard"), [("²", None), ("99999999999999999999999", 30 * 86_400), ("12", 12)])
+async def test_a_retry_after_that_is_no_number_or_past_reason(api: Upstream, tmp_path: Path, said: str,
+                                                              heard: int | None) -> None:
+    """"²" is a digit to str.isdigit and no number to int (a TOOL_PANIC); 10^22 s is cut to 30 days."""
+    answer = one_tool(api, tmp_path, "/answer", [
+        {"name": name, "in": "query", "schema": {"type": "string"}} for name in ("hex", "status", "retry_after")])
+    limited = await failure(answer, {"hex": b"{}".hex(), "status": "429", "retry_after": said})
+    assert (limited.code, limited.retry_after) == ("UPSTREAM_RATE_LIMITED", heard)

@@ -700,6 +700,9 @@ async def test_tool_error_fields_of_the_wrong_type_are_made_sendable(executor: T
         suggested_action="? wait")
     for retry_after in (-1, float("nan"), "soon", True):
         assert (await raised(executor, ToolError("E", "m", retry_after=retry_after))).retry_after is None
+    # Past 30 days: cut to them (a job's retry waits that long; past 2^64, no record could hold it).
+    for retry_after in (30 * 86_400 + 1, 10**12, 10**30, 1e300):
+        assert (await raised(executor, ToolError("E", "m", retry_after=retry_after))).retry_after == 30 * 86_400
 
 
 async def test_tool_error_text_is_cut_at_the_limit(executor: ThreadPoolExecutor) -> None:
