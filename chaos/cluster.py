@@ -48,8 +48,10 @@ class Cluster:
     """Redis, ``apis`` API processes and ``workers`` worker processes, on this machine."""
 
     def __init__(self, workdir: Path, *, apis: int, workers: int, fsync: str, env: dict[str, str],
-                 replicas: int = 0, clustered: bool = False, partitions: int = 1) -> None:
+                 replicas: int = 0, clustered: bool = False, partitions: int = 1,
+                 worker_args: list[str] | None = None) -> None:
         self.workdir = workdir
+        self.worker_args = worker_args or []  # after the tools' module (chaos.imported: --openapi)
         self.ledger_dir = workdir / "ledger"
         self.ledger_dir.mkdir(parents=True, exist_ok=True)
         # With replicas: Redis as production runs it, behind Sentinel; ``redis`` is then the
@@ -146,7 +148,8 @@ class Cluster:
         return Proc(name, args, env, self.workdir / f"{name}.log", kind)
 
     def start_worker(self) -> Proc:
-        proc = self._proc("worker", [sys.executable, "-m", "carmy_worker", TOOLS_MODULE], self.env())
+        proc = self._proc("worker", [sys.executable, "-m", "carmy_worker", TOOLS_MODULE, *self.worker_args],
+                          self.env())
         proc.wait_for_log("serving", START_TIMEOUT)
         self.workers.append(proc)
         return proc

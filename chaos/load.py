@@ -1,6 +1,7 @@
 """The load: clients that make calls with fresh request ids, each retried with the same
 request id (and the same arguments) until it has a final answer or the patience runs out; and,
-with shares of their turns, jobs, webhook deliveries and streams without a request id.
+with shares of their turns, jobs, webhook deliveries, streams without a request id and calls of
+an imported tool.
 
 Every call goes over a fresh connection (no keep-alive): a retry after a server died must not
 reuse a connection to it. Retries back off exponentially with jitter and move to the next API
@@ -24,6 +25,7 @@ from chaos.model import Mode, Request
 
 if TYPE_CHECKING:
     from chaos.hookload import HookLoad
+    from chaos.imported import ImportedLoad
     from chaos.jobload import JobLoad
     from chaos.streams import StreamLoad
 
@@ -56,11 +58,13 @@ class Load:
     ``jobs``, a share of the clients' turns creates a job instead of making a call."""
 
     def __init__(self, bases: list[str], clients: int, seed: int, patience: float, run_id: str,
-                 jobs: JobLoad | None = None, hooks: HookLoad | None = None, streams: StreamLoad | None = None) -> None:
+                 jobs: JobLoad | None = None, hooks: HookLoad | None = None, streams: StreamLoad | None = None,
+                 imported: ImportedLoad | None = None) -> None:
         self.bases = bases
         self.jobs = jobs
         self.hooks = hooks
         self.streams = streams
+        self.imported = imported
         self.clients = clients
         self.seed = seed
         self.patience = patience
@@ -124,6 +128,9 @@ class Load:
                 continue
             if self.streams is not None and rng.random() < self.streams.share:
                 self.streams.call(self.client, rng, self.bases[rng.randrange(len(self.bases))])
+                continue
+            if self.imported is not None and rng.random() < self.imported.share:
+                self.imported.call(self.client, rng, self.bases[rng.randrange(len(self.bases))])
                 continue
             request = self._new(rng, "load")
             mode = rng.choices([m for m, _ in MODES], [w for _, w in MODES])[0]

@@ -42,6 +42,7 @@ from chaos.auditcheck import AuditTable
 from chaos.calls import REFUSAL_CODES
 from chaos.facts import Facts
 from chaos.hookcheck import HookTable
+from chaos.imported import ImportedTable
 from chaos.jobcheck import JobTable
 from chaos.model import Answer, Attempt, Fault, LedgerLine, Request
 from chaos.streams import StreamTable
@@ -93,6 +94,7 @@ class Table(Struct, kw_only=True):
     hooks: HookTable | None = None  # chaos.hookcheck's rows, when the load sent webhooks
     audit: AuditTable | None = None  # chaos.auditcheck's rows
     streams: StreamTable | None = None  # chaos.streams' rows, when the load made streams without a request id
+    imported: ImportedTable | None = None  # chaos.imported's rows, when the load called the imported tool
 
     def violations(self) -> dict[str, int]:
         """The broken promises, by row: a run passes when this is empty."""
@@ -105,6 +107,7 @@ class Table(Struct, kw_only=True):
         violated |= self.jobs.violations() if self.jobs else {}
         violated |= self.hooks.violations() if self.hooks else {}
         violated |= self.streams.violations() if self.streams else {}
+        violated |= self.imported.violations() if self.imported else {}
         return violated | (self.audit.violations() if self.audit else {})
 
     def about_records(self) -> set[str]:

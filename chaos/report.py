@@ -8,6 +8,7 @@ import msgspec
 
 from chaos.auditcheck import AuditTable
 from chaos.hookcheck import HookTable
+from chaos.imported import ImportedTable
 from chaos.jobcheck import TOLERANCE_MS, JobTable
 from chaos.model import Event, Job, LedgerLine, Request, Stream, Trail
 from chaos.reconcile import Table, percentile
@@ -60,6 +61,7 @@ def rows(table: Table) -> list[tuple[str, str, str]]:
         *(job_rows(table.jobs) if table.jobs else []),
         *(hook_rows(table.hooks) if table.hooks else []),
         *(stream_rows(table.streams) if table.streams else []),
+        *(imported_rows(table.imported) if table.imported else []),
         *(audit_rows(table.audit) if table.audit else []),
         ("detection time after kill -9, p50 / max",
          f"{_ms(percentile(table.detection, 50))} / {_ms(max(table.detection) if table.detection else None)}"
@@ -134,6 +136,19 @@ def stream_rows(t: StreamTable) -> list[tuple[str, str, str]]:
         promise("streamed answers unlike their records (status, code)", t.unlike),
         promise("streams refused by SUBMIT, yet their execution recorded", t.refused_recorded),
         promise("streams with an attempt's progress after a later attempt's", t.stale_progress),
+    ]
+
+
+def imported_rows(t: ImportedTable) -> list[tuple[str, str, str]]:
+    answered = ", ".join(f"{how} {n}" for how, n in t.answered.items()) or "none"
+    return [
+        ("imported tool's calls (place_order, not idempotent, from an OpenAPI document)",
+         f"{t.requests} ({answered}); the upstream got {t.sent} orders; {t.maybe_sent} answered as failed or "
+         "uncertain had reached it", "info"),
+        promise("imported calls sent to the upstream twice (one request id, two orders)", t.sent_twice),
+        promise("imported calls sent under a key no request had", t.unasked),
+        promise("imported calls completed, yet not sent (or with another order's number)", t.unfounded),
+        promise("imported calls' answers flipped", t.flipped),
     ]
 
 

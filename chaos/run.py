@@ -29,7 +29,7 @@ import msgspec
 
 from bench.processes import ROOT, StartError
 from carmy_worker.store import keys
-from chaos import hookload, jobload, ledger, report, streams
+from chaos import hookload, imported, jobload, ledger, report, streams
 from chaos.auditcheck import reconcile_audit
 from chaos.auditread import read_trail
 from chaos.cluster import Cluster
@@ -37,6 +37,7 @@ from chaos.facts import Facts
 from chaos.faults import Injector, default_kinds, refusal
 from chaos.hookcheck import reconcile_hooks
 from chaos.hookload import HookLoad, Secrets
+from chaos.imported import ImportedLoad, Upstream, reconcile_imported
 from chaos.jobcheck import FINISHED, reconcile_jobs
 from chaos.jobload import JobLoad
 from chaos.load import Load, final_retries
@@ -90,6 +91,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--streams", type=float, default=streams.SHARE, metavar="SHARE",
                    help=f"share of the clients' turns that make one SSE call without a request id (default "
                    f"{streams.SHARE:g}; 0 for none)")
+    p.add_argument("--imported", type=float, default=imported.SHARE, metavar="SHARE",
+                   help=f"share of the clients' turns that call the tool imported from an OpenAPI document (default "
+                   f"{imported.SHARE:g}; 0 for none)")
     p.add_argument("--fsync", choices=["everysec", "always", "no"], default="everysec",
                    help="Redis appendfsync (default everysec, what the README recommends)")
     p.add_argument("--patience", type=float, default=30.0,
@@ -118,8 +122,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         kinds = [] if args.faults == "none" else [k.strip() for k in args.faults.split(",") if k.strip()]
     if (why := refusal(kinds, redis)) is not None:
         p.error(why)
-    if not 0 <= args.jobs <= 1 or not 0 <= args.hooks <= 1 - args.jobs or not 0 <= args.streams <= 1:
-        p.error("--jobs and --hooks are shares of the clients' turns: 0 to 1 together; --streams, of what is left")
+    if not 0 <= args.jobs <= 1 or not 0 <= args.hooks <= 1 - args.jobs or not 0 <= args.streams <= 1 \
+            or not 0 <= args.imported <= 1:
+        p.error("--jobs and --hooks are shares of the clients' turns: 0 to 1 together; --streams and --imported, "
+                "of what is left")
     if args.wait_replicas and redis == "single":
         p.error("--wait-replicas needs replicas: add --sentinel or --cluster")
     if args.workers < 2 and {"worker-kill", "worker-term", "worker-stop"} & set(kinds):
@@ -145,36 +151,40 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="carmy-chaos-"))
     print(f"chaos: seed {args.seed}, {args.duration:g} s, faults {','.join(args.kinds) or 'none'}; "
           f"logs and ledger in {workdir}", file=sys.stderr, flush=True)
-    receiver, secrets = Receiver(args.seed), Secrets()
+    receiver, secrets, upstream = Receiver(args.seed), Secrets(), Upstream()
     receiver.start()  # before anything can fail: ``close`` waits for its loop
+    upstream.start()  # before the workers, which read its document as they start
     env = dict(os.environ) | secrets.env() | receiver.env()
     if args.wait_replicas:
         env["CARMY_REDIS_WAIT_REPLICAS"] = str(args.wait_replicas)
     cluster = Cluster(workdir, apis=args.apis, workers=args.workers, fsync=args.fsync, env=env,
-                      replicas=REPLICAS if args.sentinel else 0, clustered=args.cluster, partitions=args.partitions)
+                      replicas=REPLICAS if args.sentinel else 0, clustered=args.cluster, partitions=args.partitions,
+                      worker_args=upstream.worker_args() if args.imported else [])
     try:
         try:
             cluster.start()
         except (StartError, RuntimeError) as exc:
             print(f"chaos: the cluster did not start: {exc}", file=sys.stderr)
             return 2
-        code = play(args, cluster, receiver, secrets)
+        code = play(args, cluster, receiver, secrets, upstream)
     finally:
         cluster.close()
         receiver.close()
+        upstream.close()
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
     return code
 
 
-def play(args: argparse.Namespace, cluster: Cluster, receiver: Receiver, secrets: Secrets) -> int:
+def play(args: argparse.Namespace, cluster: Cluster, receiver: Receiver, secrets: Secrets, upstream: Upstream) -> int:
     started, at = time.time(), commit()  # the code under test is the one checked out now
     run_id = f"c{uuid.uuid4().hex[:8]}"
     jobs = JobLoad(cluster.bases, args.patience, run_id, share=args.jobs, notify=receiver.url)
     hooks = HookLoad(cluster.bases, args.patience, run_id, secrets, share=args.hooks)
     unnamed = StreamLoad(share=args.streams)
+    orders = ImportedLoad(cluster.bases, args.patience, run_id, share=args.imported)
     load = Load(cluster.bases, args.clients, args.seed, args.patience, run_id=run_id, jobs=jobs, hooks=hooks,
-                streams=unnamed)
+                streams=unnamed, imported=orders)
     jobs.start()
     load.start()
     injector = Injector(cluster, cast(list[FaultKind], args.kinds), args.seed, load.burst, started)
@@ -185,8 +195,9 @@ def play(args: argparse.Namespace, cluster: Cluster, receiver: Receiver, secrets
     print(f"[{time.time() - started:6.1f} s] load stopped; waiting for calls in flight", file=sys.stderr, flush=True)
     load.finish(args.patience + 10)
     time.sleep(QUIET_S)
-    print(f"[{time.time() - started:6.1f} s] final retry of {len(load.requests)} requests", file=sys.stderr, flush=True)
-    final_retries(cluster.bases, list(load.requests), each=min(args.patience, 20.0))
+    calls = list(load.requests) + list(orders.requests)
+    print(f"[{time.time() - started:6.1f} s] final retry of {len(calls)} requests", file=sys.stderr, flush=True)
+    final_retries(cluster.bases, calls, each=min(args.patience, 20.0))
     print(f"[{time.time() - started:6.1f} s] delivering {len(hooks.events)} webhook events again",
           file=sys.stderr, flush=True)
     hooks.finish(each=min(args.patience, 20.0))
@@ -207,12 +218,14 @@ def play(args: argparse.Namespace, cluster: Cluster, receiver: Receiver, secrets
     if missed is not None:
         excused_at_kill(table.jobs, missed, facts)
     table.hooks = reconcile_hooks(hooks.events, lines, HOOK_TOOLS, jobs.jobs, list(receiver.callbacks))
-    table.audit = reconcile_audit(trail, requests, hooks.events, jobs.jobs, lines, facts)
+    table.audit = reconcile_audit(trail, requests + list(orders.requests), hooks.events, jobs.jobs, lines, facts)
     table.streams = reconcile_streams(unnamed.streams, trail.records)
+    if args.imported:
+        table.imported = reconcile_imported(list(orders.requests), list(upstream.orders))
     log_errors = cluster.log_errors()
     title = (f"chaos check at {at}: seed {args.seed}, {args.duration:g} s of load, {args.clients} clients "
              f"({args.jobs:.0%} of turns jobs, {args.hooks:.0%} webhooks, {args.streams:.0%} streams without "
-             "a request id), "
+             f"a request id, {args.imported:.0%} imported calls), "
              f"{args.workers} workers, {args.apis} APIs, appendfsync {args.fsync}"
              + (f", Sentinel with {REPLICAS} replicas, WAIT {args.wait_replicas}" if args.sentinel else "")
              + (f", Redis Cluster (3 primaries, 3 replicas), WAIT {args.wait_replicas}" if args.cluster else "")
@@ -224,7 +237,7 @@ def play(args: argparse.Namespace, cluster: Cluster, receiver: Receiver, secrets
     if args.out:
         run: dict[str, Any] = {"commit": at, "seed": args.seed, "duration": args.duration,
                                "clients": args.clients, "jobs": args.jobs, "hooks": args.hooks,
-                               "streams": args.streams, "workers": args.workers,
+                               "streams": args.streams, "imported": args.imported, "workers": args.workers,
                                "apis": args.apis,
                                "fsync": args.fsync, "faults": args.kinds, "sentinel": args.sentinel,
                                "cluster": args.cluster, "partitions": args.partitions,
