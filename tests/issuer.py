@@ -71,6 +71,7 @@ class Issuer:
     hits: int = 0
     jwks_url: str = ""
     extra: list[dict[str, Any]] = field(default_factory=list)  # more JWKs to publish as they are
+    raw: bytes | None = None  # served instead of the key set, when set
 
     def claims(self, **overrides: Any) -> dict[str, Any]:
         now = int(time.time())
@@ -96,6 +97,8 @@ class Issuer:
         self.hits += 1
         if self.status != 200:
             return Response(status_code=self.status)
+        if self.raw is not None:
+            return Response(self.raw, media_type="application/json")
         return JSONResponse(self.jwks())
 
 

@@ -36,7 +36,9 @@ class KeySet:
     """The signing keys of one JWK Set document, by ``kid``.
 
     Keys that cannot verify signatures are left out: symmetric ones (``oct``), keys for
-    encryption (``use: enc``), and types or curves the JOSE library does not know.
+    encryption (``use: enc``), types or curves the JOSE library does not know, and keys it cannot
+    read at all, however it fails on them (``"alg": [1]`` is a ``TypeError``, not a ``PyJWTError``):
+    one malformed key in an issuer's set must not make every token's check fail.
     """
 
     def __init__(self, jwks: Any) -> None:
@@ -49,7 +51,7 @@ class KeySet:
             kid = jwk.get("kid")
             try:
                 jwt.PyJWK(jwk)
-            except jwt.PyJWTError:
+            except Exception:  # PyJWTError, or whatever else a malformed field makes it raise
                 continue
             self._jwks[kid if isinstance(kid, str) else None] = jwk
         self._prepared: dict[tuple[str | None, str], jwt.PyJWK | None] = {}
@@ -79,7 +81,7 @@ class KeySet:
             return None
         try:  # the key is bound to alg: an RSA key cannot be used as an EC or HMAC one
             return jwt.PyJWK(jwk, algorithm=alg)
-        except jwt.PyJWTError:
+        except Exception:  # as in __init__
             return None
 
 
@@ -156,7 +158,11 @@ class RemoteKeys:
                 body += chunk
                 if len(body) > MAX_JWKS_BYTES:
                     raise ValueError(f"larger than {MAX_JWKS_BYTES} bytes")
-        keys = KeySet(msgspec.json.decode(body))
+        try:
+            document = msgspec.json.decode(body)
+        except RecursionError:
+            raise ValueError("nested too deeply") from None
+        keys = KeySet(document)
         if not keys:
             raise ValueError("no signing key in it")
         return keys

@@ -36,6 +36,25 @@ def test_a_key_serves_its_own_algorithm_only() -> None:
     assert KeySet({"keys": [rsa.jwk()]}).key(None, "RS256") is not None
 
 
+async def test_a_malformed_key_or_set_from_the_issuer_is_left_out_not_a_failure_of_every_check() -> None:
+    """The JOSE library raises a TypeError, not a PyJWTError, for some malformed fields: such a
+    key is left out like any it cannot use, and the set's other keys serve."""
+    good = new_key("good")
+    junk = [{**new_key("listed").jwk(), "alg": [1]}, {"kty": "RSA", "kid": "n", "n": 123, "e": "AQAB"},
+            {"kty": "EC", "kid": "c", "crv": [], "x": "a", "y": "b"}]
+    assert len(KeySet({"keys": [good.jwk(), *junk]})) == 1
+    now = [0.0]
+    with issuing(good) as issuer:
+        issuer.extra = junk
+        keys = RemoteKeys(issuer.jwks_url, max_age=100, min_refresh=10, clock=lambda: now[0])
+        assert await keys.key("good", "RS256") is not None and await keys.key("listed", "RS256") is None
+        # A set nested too deeply to parse is a failed fetch (the cached set stays), not an error.
+        issuer.raw = b'{"keys": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+        now[0] = 200.0
+        assert await keys.key("good", "RS256") is not None
+        assert issuer.hits == 2
+
+
 def test_made_up_kids_are_not_remembered() -> None:
     """A kid comes from the token's unverified header: a set that remembered every one it was
     asked for would grow with each forged token (a key file's set lives as long as the process)."""
