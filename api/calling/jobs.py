@@ -255,6 +255,12 @@ def _notify(notify: NotifyRequest | None, settings: NotifySettings) -> tuple[str
     url = notify.url
     if len(url.encode()) > MAX_NOTIFY_URL:
         raise refuse(f"notify.url must be at most {MAX_NOTIFY_URL} bytes.", "notify.url")
+    # Printable ASCII without spaces, as RFC 3986 writes a URL: a space or a control character
+    # would break the request line, urlsplit drops tabs and line breaks without a word (the URL
+    # called would not be the one given), and anything else belongs percent-encoded.
+    if not all("!" <= c <= "~" for c in url):
+        raise refuse(f"notify.url must be printable ASCII without spaces (percent-encode the rest): {clip(url)!r}.",
+                     "notify.url")
     try:
         parts = urlsplit(url)
         host = (parts.hostname or "").rstrip(".")

@@ -57,6 +57,19 @@ def test_a_host_not_allowed_is_refused_at_creation(api: Api) -> None:
     assert "hooks.example.com" in error["message"] and "CARMY_NOTIFY_HOSTS" in error["message"]
 
 
+@pytest.mark.parametrize("url", ["http://localhost/a b", "http://localhost/a\r\nX-Injected: 1", "http://localhost/\tx",
+                                 "http://localhost/caf\u00e9", "http://localhost/\x00", "http://localhost/\x7f"])
+def test_a_url_no_request_line_can_carry_is_refused_at_creation(api: Api, url: str) -> None:
+    """A space or a control character would break the callback's request line (Python's urlsplit
+    drops tabs and line breaks without a word, so the URL called would not be the one given), and
+    a character outside ASCII belongs percent-encoded."""
+    r = api.client.post(api.base + "/agent/jobs", json={
+        "tool": "stamp", "arguments": {"name": "x"}, "notify": {"url": url}}, headers=AS_ALICE)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["code"] == "INVALID_REQUEST" and error["details"] == {"field": "notify.url"}
+
+
 def test_an_api_without_the_secret_refuses_notify(stack: Stack, hook: Receiver) -> None:
     _, base = stack.api({"CARMY_API_KEYS": KEYS, "CARMY_NOTIFY_HOSTS": "127.0.0.1"})
     r = httpx.post(base + "/agent/jobs", json={"tool": "stamp", "arguments": {"name": "x"},
