@@ -34,6 +34,7 @@ METHODS = ("get", "put", "post", "delete", "options", "head", "patch", "trace")
 FETCH_TIMEOUT = 30.0
 MAX_VALUES = 1_000_000  # in a YAML document, its aliases expanded (Box's 1 MiB document has 32,000)
 MAX_DEPTH = 200  # levels of objects and arrays (Box's document has 22)
+MAX_DOCUMENT_BYTES = 64 * 1024 * 1024  # of one document, file or URL (Box's is 1 MiB, GitHub's some 10)
 _SAFE: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's, ten times faster, when built
 
 
@@ -59,14 +60,23 @@ def _is_url(source: str) -> bool:
 def read(source: str, *, redirects: bool = True) -> Any:
     """The document at ``source`` (a path, a ``file:`` or an http(s) URL), parsed: JSON, else YAML.
     Without ``redirects``, an answer that redirects is an error."""
+    too_large = OpenAPIError(f"{source}: over {MAX_DOCUMENT_BYTES:,} bytes")
     try:
         if _is_url(source):
-            response = httpx.get(source, timeout=FETCH_TIMEOUT, follow_redirects=redirects)
-            response.raise_for_status()  # a redirect not followed too
-            text = response.text
+            with httpx.stream("GET", source, timeout=FETCH_TIMEOUT, follow_redirects=redirects) as response:
+                response.raise_for_status()  # a redirect not followed too
+                data = bytearray()
+                for chunk in response.iter_bytes():  # read no further than the limit
+                    data += chunk
+                    if len(data) > MAX_DOCUMENT_BYTES:
+                        raise too_large
+                text = data.decode(response.encoding or "utf-8")
         else:
-            text = _path(source).read_text(encoding="utf-8")
-    except (OSError, httpx.HTTPError) as exc:
+            path = _path(source)
+            if path.stat().st_size > MAX_DOCUMENT_BYTES:
+                raise too_large
+            text = path.read_text(encoding="utf-8")
+    except (OSError, httpx.HTTPError, UnicodeDecodeError, LookupError) as exc:  # LookupError: a charset unknown
         raise OpenAPIError(f"{source}: cannot be read ({exc})") from exc
     try:
         try:

@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from carmy_worker import Tool, Toolbox, ToolDefinitionError
+from carmy_worker.openapi import document
 from carmy_worker.openapi.operations import Selection, operations
 from tests.openapi_upstream import DOCUMENT
 
@@ -196,9 +197,15 @@ def test_what_is_not_openapi_3(tmp_path: Path, document: Any, problem: str) -> N
         tools_of(write(tmp_path, document))  # type: ignore[arg-type]
 
 
-def test_unreadable_documents(tmp_path: Path) -> None:
+def test_unreadable_documents(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ToolDefinitionError, match="cannot be read"):
         tools_of(tmp_path / "missing.yaml")
+    (tmp_path / "latin.yaml").write_bytes(b"openapi: 3.1.0\ninfo: {title: caf\xe9, version: '1'}\npaths: {}\n")
+    with pytest.raises(ToolDefinitionError, match=r"latin\.yaml: cannot be read \('utf-8' codec"):
+        tools_of(tmp_path / "latin.yaml")
+    monkeypatch.setattr(document, "MAX_DOCUMENT_BYTES", 40)
+    with pytest.raises(ToolDefinitionError, match=r"latin\.yaml: over 40 bytes"):
+        tools_of(tmp_path / "latin.yaml")
     (tmp_path / "broken.yaml").write_text("openapi: [3.0\n")
     with pytest.raises(ToolDefinitionError, match="neither JSON nor YAML"):
         tools_of(tmp_path / "broken.yaml")

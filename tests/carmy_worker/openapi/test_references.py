@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from carmy_worker import Tool, Toolbox, ToolDefinitionError
+from carmy_worker.openapi import document as document_module
 
 SECRET = "TOP-SECRET-VALUE"
 
@@ -150,3 +151,10 @@ def test_a_files_references_are_to_files(tmp_path: Path, elsewhere: Site) -> Non
                                                   "other files"):
         tools_of(folder / "api.json")
     assert elsewhere.asked == []
+
+
+def test_a_document_over_the_limit_is_read_no_further(site: Site, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(document_module, "MAX_DOCUMENT_BYTES", 200)
+    site.pages["/api.json"] = document(description="x" * 1000)
+    with pytest.raises(ToolDefinitionError, match=r"api\.json: over 200 bytes"):
+        tools_of(site.url + "/api.json")
