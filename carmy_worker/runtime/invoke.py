@@ -150,14 +150,13 @@ async def invoke(
     try:
         value = decode_input(tool, arguments)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-        return Outcome(error=error(
+        refused = Outcome(error=error(
             "INVALID_ARGUMENTS", f"The arguments do not match the input schema: {exc}", details={"reason": str(exc)}
         ))
+        return _ended_unstarted(refused, on_end)
     args = (ctx,) if tool.input_decoder is None else (ctx, value)
     if timeout <= 0:
-        if on_end is not None:
-            on_end()
-        return Outcome(timed_out=True)
+        return _ended_unstarted(Outcome(timed_out=True), on_end)
     loop = running_loop()
     ended: asyncio.Future[None] | None = None  # set by an async tool's task as it ends
     if tool.is_async:
@@ -179,6 +178,15 @@ async def invoke(
             await first_done(call, timeout=STOP_GRACE)
         return Outcome(cancelled=True) if cancelled.is_set() else Outcome(timed_out=True)
     return _finish(tool, ctx, call, max_result_bytes)
+
+
+def _ended_unstarted(outcome: Outcome, on_end: Callable[[], object] | None) -> Outcome:
+    """``outcome`` of a call whose tool never started: it has ended, so ``on_end`` is called now.
+    A tool lock taken for it (``on_end`` releases it) would otherwise be renewed for ever, and
+    every later call of the tool time out waiting for it."""
+    if on_end is not None:
+        on_end()
+    return outcome
 
 
 def _finish(tool: Tool, ctx: Context, call: asyncio.Future[Any], limit: int) -> Outcome:

@@ -13,6 +13,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+import msgspec
 import pytest
 import redis.asyncio
 
@@ -51,6 +52,16 @@ async def waits(ctx: Context) -> None:
     await asyncio.sleep(20)
 
 
+class Whole(msgspec.Struct):
+    n: int
+
+
+@tools.tool(effect="none")
+async def takes_a_whole(ctx: Context, input: Whole) -> int:
+    """Returns n, under its lock (not parallel_safe)."""
+    return input.n
+
+
 CALLS: list[str] = []
 STEPS: dict[str, int] = {}  # by execution: the steps its tool took
 STOPPED: dict[str, float] = {}  # by execution: when its tool got CancelledError
@@ -87,9 +98,9 @@ async def runtime(redis_server: RedisServer) -> AsyncIterator[Runtime]:
     await client.aclose()
 
 
-async def queued(rt: Runtime, exec_id: str, tool: str, group: str = "g") -> bytes:
+async def queued(rt: Runtime, exec_id: str, tool: str, group: str = "g", arguments: bytes = b"{}") -> bytes:
     """Submit an execution of ``tool``: the payload of its job."""
-    job = ExecutionJob(execution_id=exec_id, tool=tool, arguments=b"{}")
+    job = ExecutionJob(execution_id=exec_id, tool=tool, arguments=arguments)
     await Submit(rt.redis, retention=600)(job, group=group, idempotent=False, workers_alive=True,
                                           max_pending=10, queue_wait_ms=60_000, admission_ms=60_000)
     return msgpack_encoder.encode(job)
@@ -102,6 +113,22 @@ async def handled(rt: Runtime, tool: str = "fine") -> tuple[str, bytes]:
     raw = await rt.redis.get(keys.record(exec_id))
     assert raw is not None, "the job ended without a record"
     return exec_id, record_decoder.decode(raw).body
+
+
+async def test_arguments_refused_under_the_tools_lock_let_the_lock_go(runtime: Runtime) -> None:
+    """``1.0`` is an integer to JSON Schema (the API lets it through) and not to msgspec: the
+    worker refuses it once it holds the tool's lock, which it then kept renewing for ever, and
+    every later call of the tool timed out waiting for it."""
+    refused = keys.new_execution_id()
+    await runtime.handle(await queued(runtime, refused, "takes_a_whole", arguments=b'{"n": 1.0}'))
+    raw = await runtime.redis.get(keys.record(refused))
+    assert raw is not None and b"INVALID_ARGUMENTS" in record_decoder.decode(raw).body
+    await wait_until_async(lambda: not runtime._releases, 5, "the lock's release sent")
+    assert await runtime.redis.exists(keys.lock("takes_a_whole")) == 0
+    fine_one = keys.new_execution_id()
+    await asyncio.wait_for(runtime.handle(await queued(runtime, fine_one, "takes_a_whole", arguments=b'{"n": 3}')), 5)
+    raw = await runtime.redis.get(keys.record(fine_one))
+    assert raw is not None and msgspec.json.decode(record_decoder.decode(raw).body)["data"] == 3
 
 
 async def test_a_record_that_cannot_be_built_becomes_a_tool_panic(
