@@ -79,24 +79,26 @@ def read(source: str, *, redirects: bool = True) -> Any:
     except (OSError, httpx.HTTPError, UnicodeDecodeError, LookupError) as exc:  # LookupError: a charset unknown
         raise OpenAPIError(f"{source}: cannot be read ({exc})") from exc
     try:
+        aliased = False
         try:
             value = json.loads(text)
         except ValueError:
             try:
-                value = yaml.load(text, Loader=_Loader)  # a safe loader: libyaml's or the Python one
+                value, aliased = yaml.load(text, Loader=_Loader), True  # a safe loader: libyaml's or the Python one
             except yaml.YAMLError as exc:
                 raise OpenAPIError(f"{source}: neither JSON nor YAML ({clip(str(exc))})") from exc
     except RecursionError:
         raise OpenAPIError(f"{source}: nested deeper than {MAX_DEPTH} levels") from None
-    _check_tree(value, source)
+    _check_tree(value, source, most=MAX_VALUES if aliased else None)
     return value
 
 
-def _check_tree(value: Any, source: str) -> None:
+def _check_tree(value: Any, source: str, *, most: int | None) -> None:
     """A document's values as JSON's are: a tree, at most ``MAX_DEPTH`` deep (the validator and
-    jsonref walk it by recursion) and of at most ``MAX_VALUES`` once YAML's aliases are expanded.
-    An alias shares its node, so a few lines can make a structure that contains itself (every
-    walk of it recurses without end) or one of 10^8 values (a walk never ends)."""
+    jsonref walk it by recursion), and of at most ``most`` values (YAML's, its aliases expanded;
+    JSON's are bounded by its bytes). An alias shares its node, so a few lines can make a
+    structure that contains itself (every walk of it recurses without end) or one of 10^8 values
+    (a walk never ends)."""
     count = 0
     inside: set[int] = set()  # the containers on the path to the node at hand
     stack: list[tuple[Any, int]] = [(value, 1)]  # a depth of 0: leaving a container
@@ -106,8 +108,8 @@ def _check_tree(value: Any, source: str) -> None:
             inside.discard(id(node))
             continue
         count += 1
-        if count > MAX_VALUES:
-            raise OpenAPIError(f"{source}: over {MAX_VALUES:,} values once its YAML aliases are expanded")
+        if most is not None and count > most:
+            raise OpenAPIError(f"{source}: over {most:,} values once its YAML aliases are expanded")
         if isinstance(node, dict | list):
             if id(node) in inside:
                 raise OpenAPIError(f"{source}: a YAML alias names a node that contains it: the document has no end")

@@ -232,6 +232,18 @@ def test_documents_that_never_end_are_refused(tmp_path: Path) -> None:
     assert tools_of(tmp_path / "shared.yaml") == {}
 
 
+def test_the_count_of_values_bounds_yaml_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """JSON has no aliases: its values are bounded by its bytes (MAX_DOCUMENT_BYTES), and a large
+    real document (GitHub's has hundreds of thousands) is not refused for their count."""
+    monkeypatch.setattr(document, "MAX_VALUES", 50)
+    many = {"openapi": "3.1.0", "info": {"title": "t", "version": "1"}, "paths": {}, "x-many": list(range(100))}
+    (tmp_path / "many.json").write_text(json.dumps(many))
+    assert tools_of(tmp_path / "many.json") == {}
+    (tmp_path / "many.yaml").write_text(yaml.safe_dump(many))
+    with pytest.raises(ToolDefinitionError, match=r"many\.yaml: over 50 values"):
+        tools_of(tmp_path / "many.yaml")
+
+
 def test_references_to_another_file_next_to_it(tmp_path: Path) -> None:
     (tmp_path / "schemas.yaml").write_text(yaml.safe_dump({"Thing": {"type": "object", "properties": {
         "name": {"type": "string"}, "parent": {"$ref": "#/Thing"}}}}))
