@@ -39,7 +39,7 @@ from urllib.parse import parse_qs, urlsplit
 import httpx
 from msgspec import Struct
 
-from chaos.load import MODES, retry_call
+from chaos.load import pick_mode, retry_call
 from chaos.model import Request
 
 SHARE = 0.05  # of the clients' turns, by default
@@ -154,8 +154,7 @@ class ImportedLoad:
         request = Request(rid=f"{self.run_id}-o{n}", tool=TOOL, args={"ms": rng.randint(*WORK_MS)},
                           first=time.time())
         self.requests.append(request)  # list.append is atomic under the GIL
-        mode = rng.choices([m for m, _ in MODES], [w for _, w in MODES])[0]
-        retry_call(client, self.bases, request, mode, base, request.first + self.patience)
+        retry_call(client, self.bases, request, pick_mode(rng), base, request.first + self.patience)
 
 
 class ImportedTable(Struct, kw_only=True):

@@ -133,12 +133,17 @@ class Load:
                 self.imported.call(self.client, rng, self.bases[rng.randrange(len(self.bases))])
                 continue
             request = self._new(rng, "load")
-            mode = rng.choices([m for m, _ in MODES], [w for _, w in MODES])[0]
+            mode = pick_mode(rng)
             self._call(request, self.bases[rng.randrange(len(self.bases))], mode)
 
     def _call(self, request: Request, base: str, mode: Mode) -> None:
         """Retries ``request`` until a final answer or a final refusal, or the patience is over."""
         retry_call(self.client, self.bases, request, mode, base, request.first + self.patience)
+
+
+def pick_mode(rng: random.Random) -> Mode:
+    """How a call is made, by ``MODES``' shares."""
+    return rng.choices([m for m, _ in MODES], [w for _, w in MODES])[0]
 
 
 def pick_tool(rng: random.Random, kind: Literal["load", "burst"]) -> tuple[str, int]:

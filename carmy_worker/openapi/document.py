@@ -189,7 +189,7 @@ class _Served(Mapping[str, Any]):
         self._documents = documents
 
     def __getitem__(self, scheme: str) -> Any:
-        return self._serve
+        return self.serve
 
     def __iter__(self) -> Iterator[str]:
         return iter(())
@@ -197,7 +197,8 @@ class _Served(Mapping[str, Any]):
     def __len__(self) -> int:
         return 0
 
-    def _serve(self, uri: str) -> Any:
+    def serve(self, uri: str) -> Any:
+        """The document read at ``uri`` (its fragment aside); ``OpenAPIError`` for any other."""
         try:
             return self._documents[urldefrag(uri).url]
         except KeyError:
@@ -232,7 +233,7 @@ def load(source: str | Path) -> Mapping[str, Any]:
         raise OpenAPIError(f"{where}: {_located(document, list(exc.absolute_path))}: {said}") from exc
     except Exception as exc:  # the validator's own failures: a reference it cannot retrieve, say
         raise OpenAPIError(f"{where}: cannot be validated ({type(exc).__name__}: {clip(str(exc))})") from exc
-    resolved: Mapping[str, Any] = jsonref.replace_refs(document, base_uri=uri, loader=_Served(documents)._serve,
+    resolved: Mapping[str, Any] = jsonref.replace_refs(document, base_uri=uri, loader=_Served(documents).serve,
                                                        lazy_load=True)
     return resolved
 
