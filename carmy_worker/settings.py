@@ -122,8 +122,8 @@ class NotifySettings(Struct, frozen=True, kw_only=True):
     ``secret``: ``CARMY_NOTIFY_SECRET``, ``whsec_`` + base64, the Standard Webhooks signing key
     ('' : callbacks are off). ``hosts``: ``CARMY_NOTIFY_HOSTS``, the host names a callback may
     call (``*`` any; none by default). ``allow_private``: ``CARMY_NOTIFY_ALLOW_PRIVATE``, whether
-    loopback, private and link-local addresses may be called. ``window``: ``CARMY_NOTIFY_WINDOW``,
-    seconds a callback is retried for."""
+    addresses that are not globally routable (loopback, private, link-local…) may be called.
+    ``window``: ``CARMY_NOTIFY_WINDOW``, seconds a callback is retried for."""
 
     secret: str = ""
     hosts: tuple[str, ...] = ()

@@ -1,9 +1,11 @@
 """One HTTP POST to a callback's URL, with no server-side request forgery.
 
 * Only a host ``CARMY_NOTIFY_HOSTS`` allows is called.
-* The name is resolved once; if any of its addresses is loopback, private, link-local,
-  unspecified, multicast or reserved (allowed only with ``CARMY_NOTIFY_ALLOW_PRIVATE``), or a
-  cloud metadata address (never allowed), nothing is called.
+* The name is resolved once; if any of its addresses is not globally routable (loopback,
+  private, link-local, unspecified, multicast, reserved, or shared like 100.64.0.0/10: allowed
+  only with ``CARMY_NOTIFY_ALLOW_PRIVATE``), or is a cloud's metadata or credentials address
+  (never allowed), nothing is called. An IPv6 address carrying an IPv4 one (mapped, 6to4,
+  NAT64) is judged by the IPv4 address too.
 * The connection goes to the address that was checked (no second resolution, so no DNS rebinding
   between the check and the connection), with the name in ``Host`` and in TLS's SNI and
   certificate check.
@@ -27,7 +29,14 @@ from carmy_worker.settings import NotifySettings
 TIMEOUT_S = 10.0
 MAX_READ = 4096
 MAX_ERROR = 200  # characters of an error kept in an attempt
-METADATA = frozenset({ipaddress.ip_address("169.254.169.254"), ipaddress.ip_address("fd00:ec2::254")})
+# Where clouds serve an instance's metadata and credentials: AWS, GCP, Azure and most others
+# (169.254.169.254, and AWS's IPv6 fd00:ec2::254), AWS ECS task credentials (169.254.170.2),
+# EKS Pod Identity (169.254.170.23, fd00:ec2::23), Alibaba Cloud (100.100.100.200, a shared
+# address) and Oracle Cloud (192.0.0.192, which Python counts as global).
+METADATA = frozenset(ipaddress.ip_address(a) for a in (
+    "169.254.169.254", "fd00:ec2::254", "169.254.170.2", "169.254.170.23", "fd00:ec2::23",
+    "100.100.100.200", "192.0.0.192"))
+NAT64 = ipaddress.ip_network("64:ff9b::/96")  # RFC 6052's well-known prefix: the last 32 bits are IPv4
 
 
 @dataclass(frozen=True)
@@ -47,8 +56,28 @@ class Answer:
 def refusal(address: str, *, allow_private: bool) -> str | None:
     """Why ``address`` (an IP) may not be called, or None."""
     ip = ipaddress.ip_address(address.split("%", 1)[0])
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
+    for each in _judged(ip):
+        why = _refusal(each, allow_private=allow_private)
+        if why is not None:
+            return why
+    return None
+
+
+def _judged(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:
+    """The addresses ``ip`` is judged by: an IPv6 address that carries an IPv4 one reaches it.
+    A mapped or NAT64 address is only a way of writing the IPv4 one; a 6to4 address is routed
+    as itself and to the IPv4 relay, so both count."""
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return [ip.ipv4_mapped]
+        if ip in NAT64:
+            return [ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)]
+        if ip.sixtofour is not None:
+            return [ip, ip.sixtofour]
+    return [ip]
+
+
+def _refusal(ip: ipaddress.IPv4Address | ipaddress.IPv6Address, *, allow_private: bool) -> str | None:
     if ip in METADATA:
         return "a cloud metadata address"
     if allow_private:
@@ -58,6 +87,8 @@ def refusal(address: str, *, allow_private: bool) -> str | None:
                           ("private", ip.is_private), ("reserved", ip.is_reserved)):
         if refused:
             return f"a {kind} address"
+    if not ip.is_global:
+        return "not a globally routable address"  # 100.64.0.0/10: shared behind a carrier's or a cloud's NAT
     return None
 
 

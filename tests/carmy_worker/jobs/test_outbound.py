@@ -22,6 +22,11 @@ ANY = NotifySettings(secret="whsec_x", hosts=("*",))
     ("169.254.1.1", "link-local"), ("fe80::1", "link-local"), ("0.0.0.0", "unspecified"), ("::", "unspecified"),
     ("224.0.0.1", "multicast"), ("ff02::1", "multicast"),
     ("169.254.169.254", "cloud metadata"), ("fd00:ec2::254", "cloud metadata"),
+    # Shared address space (RFC 6598) is neither private nor global to Python: refused as not global.
+    ("100.64.0.1", "not a globally routable"), ("100.127.255.254", "not a globally routable"),
+    # IPv6 that carries an IPv4 address is judged by it: 6to4 and NAT64 of loopback and private ones.
+    ("2002:7f00:1::", "loopback"), ("2002:a00:1::", "private"), ("64:ff9b::7f00:1", "loopback"),
+    ("64:ff9b::a00:1", "private"),
 ])
 def test_forbidden_addresses(address: str, why: str) -> None:
     found = refusal(address, allow_private=False)
@@ -34,6 +39,23 @@ def test_public_addresses_pass_and_private_ones_when_allowed_but_never_metadata(
     assert refusal("127.0.0.1", allow_private=True) is None
     assert refusal("10.0.0.1", allow_private=True) is None
     assert refusal("169.254.169.254", allow_private=True) == "a cloud metadata address"
+    assert refusal("100.64.0.1", allow_private=True) is None
+    # A public IPv4 address reached through NAT64 or 6to4 is public.
+    assert refusal("64:ff9b::5db8:d822", allow_private=False) is None
+    assert refusal("2002:5db8:d822::1", allow_private=False) is None
+
+
+@pytest.mark.parametrize("address", [
+    "169.254.169.254", "fd00:ec2::254",  # AWS, GCP, Azure and most clouds; AWS over IPv6
+    "169.254.170.2",  # AWS ECS task credentials
+    "169.254.170.23", "fd00:ec2::23",  # EKS Pod Identity
+    "100.100.100.200",  # Alibaba Cloud
+    "192.0.0.192",  # Oracle Cloud, which Python's ipaddress counts as global
+    "::ffff:169.254.169.254", "64:ff9b::a9fe:a9fe", "64:ff9b::6464:64c8",  # the same, written as IPv6
+])
+def test_cloud_metadata_and_credentials_addresses_are_refused_even_when_private_ones_are_allowed(address: str) -> None:
+    for allow_private in (False, True):
+        assert refusal(address, allow_private=allow_private) == "a cloud metadata address"
 
 
 def test_hosts_are_allowed_by_name() -> None:
