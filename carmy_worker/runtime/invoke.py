@@ -131,12 +131,31 @@ def decode_input(tool: Tool, arguments: bytes) -> Any:
     return tool.input_decoder.decode(arguments)
 
 
+class Decoded(Struct, frozen=True):
+    """A call's arguments, decoded for its tool (``decode``) before anything was taken for it."""
+
+    value: Any
+
+
+def decode(tool: Tool, arguments: bytes) -> Decoded | Outcome:
+    """``arguments`` decoded for ``tool``, or the ``INVALID_ARGUMENTS`` outcome that refuses
+    them. A caller decodes before it takes anything for the call (a tool's lock, BEGIN's mark):
+    arguments the tool would never get have nothing to wait for."""
+    try:
+        return Decoded(decode_input(tool, arguments))
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        return Outcome(error=error(
+            "INVALID_ARGUMENTS", f"The arguments do not match the input schema: {exc}", details={"reason": str(exc)}
+        ))
+
+
 async def invoke(
-    tool: Tool, ctx: Context, arguments: bytes, *, timeout: float, executor: Executor,
+    tool: Tool, ctx: Context, arguments: bytes | Decoded, *, timeout: float, executor: Executor,
     cancelled: Signal, max_result_bytes: int, on_end: Callable[[], object] | None = None,
     may_step: MayStep | None = None,
 ) -> Outcome:
-    """Run ``tool`` once. Returns when it finished, timed out, or ``cancelled`` was set.
+    """Run ``tool`` once with ``arguments`` (JSON, or ``Decoded`` already). Returns when it
+    finished, timed out, or ``cancelled`` was set.
 
     A sync tool runs in ``executor``; on timeout or cancellation the caller is answered at once
     and the thread is left to finish on its own (a thread cannot be killed), with
@@ -147,14 +166,10 @@ async def invoke(
     tool asks ``may_step()`` before each step it takes, and waits for what it answers if that
     is an awaitable (``_Stepwise``).
     """
-    try:
-        value = decode_input(tool, arguments)
-    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-        refused = Outcome(error=error(
-            "INVALID_ARGUMENTS", f"The arguments do not match the input schema: {exc}", details={"reason": str(exc)}
-        ))
-        return _ended_unstarted(refused, on_end)
-    args = (ctx,) if tool.input_decoder is None else (ctx, value)
+    decoded = decode(tool, arguments) if isinstance(arguments, bytes) else arguments
+    if isinstance(decoded, Outcome):
+        return _ended_unstarted(decoded, on_end)
+    args = (ctx,) if tool.input_decoder is None else (ctx, decoded.value)
     if timeout <= 0:
         return _ended_unstarted(Outcome(timed_out=True), on_end)
     loop = running_loop()

@@ -20,7 +20,7 @@ from redis.exceptions import RedisError
 
 from carmy_worker.logs import info_line, request_id_hash
 from carmy_worker.loop import Signal, running_loop
-from carmy_worker.runtime.invoke import Outcome, invoke
+from carmy_worker.runtime.invoke import Outcome, decode, invoke
 from carmy_worker.runtime.lock import ToolLock
 from carmy_worker.runtime.publisher import ProgressPublisher
 from carmy_worker.sdk.context import AgentContext, Context
@@ -389,11 +389,16 @@ class Runtime:
             checking = self.check_if_stale()
             return True if checking is None else checking  # after it, asked again
 
+        # Arguments the tool would never get are refused before anything is taken for the call:
+        # BEGIN's mark (a worker dying after it would leave "may have run") or the tool's lock.
+        arguments = decode(tool, job.arguments)
+        if isinstance(arguments, Outcome):
+            return arguments
         if not await self._still_holds(run, tool):
             self.lose(job.execution_id, run.attempt, "it went to another attempt before its tool began")
             return Outcome(cancelled=True)
         if tool.spec.parallel_safe:
-            return await invoke(tool, ctx, job.arguments, timeout=timeout, executor=self._threads,
+            return await invoke(tool, ctx, arguments, timeout=timeout, executor=self._threads,
                                 cancelled=cancelled, max_result_bytes=self.settings.max_result_bytes,
                                 may_step=may_step)
         # One at a time across all workers; the wait counts against the timeout.
@@ -418,7 +423,7 @@ class Runtime:
             self._releases.add(task)
             task.add_done_callback(self._releases.discard)
 
-        return await invoke(tool, ctx, job.arguments, timeout=deadline - loop.time(), executor=self._threads,
+        return await invoke(tool, ctx, arguments, timeout=deadline - loop.time(), executor=self._threads,
                             cancelled=cancelled, max_result_bytes=self.settings.max_result_bytes, on_end=release,
                             may_step=may_step)
 

@@ -62,6 +62,12 @@ async def takes_a_whole(ctx: Context, input: Whole) -> int:
     return input.n
 
 
+@tools.tool(effect="write", parallel_safe=True)
+async def places_a_whole(ctx: Context, input: Whole) -> int:
+    """Returns n; may not run twice (BEGIN marks it begun just before it starts)."""
+    return input.n
+
+
 CALLS: list[str] = []
 STEPS: dict[str, int] = {}  # by execution: the steps its tool took
 STOPPED: dict[str, float] = {}  # by execution: when its tool got CancelledError
@@ -129,6 +135,30 @@ async def test_arguments_refused_under_the_tools_lock_let_the_lock_go(runtime: R
     await asyncio.wait_for(runtime.handle(await queued(runtime, fine_one, "takes_a_whole", arguments=b'{"n": 3}')), 5)
     raw = await runtime.redis.get(keys.record(fine_one))
     assert raw is not None and msgspec.json.decode(record_decoder.decode(raw).body)["data"] == 3
+
+
+async def test_arguments_refused_are_refused_before_the_tools_lock_is_waited_for(runtime: Runtime) -> None:
+    """Another call holds the tool's lock: a call with arguments the tool cannot take is refused
+    at once, not after waiting for the lock as long as its timeout (30 s), and the lock stays the
+    other call's."""
+    await runtime.redis.set(keys.lock("takes_a_whole"), "exec_other 1 w-other", ex=60)
+    refused = keys.new_execution_id()
+    await asyncio.wait_for(runtime.handle(await queued(runtime, refused, "takes_a_whole", arguments=b'{"n": 1.0}')), 5)
+    raw = await runtime.redis.get(keys.record(refused))
+    assert raw is not None and b"INVALID_ARGUMENTS" in record_decoder.decode(raw).body
+    assert await runtime.redis.get(keys.lock("takes_a_whole")) == b"exec_other 1 w-other"
+
+
+async def test_arguments_refused_never_mark_a_tool_that_may_not_run_twice_as_begun(runtime: Runtime) -> None:
+    """BEGIN marks a non-idempotent execution begun just before its tool starts (a later attempt
+    is then uncertain): arguments refused are refused before it, as the tool never starts."""
+    refused, fine_one = keys.new_execution_id(), keys.new_execution_id()
+    await runtime.handle(await queued(runtime, refused, "places_a_whole", arguments=b'{"n": "x"}'))
+    await runtime.handle(await queued(runtime, fine_one, "places_a_whole", arguments=b'{"n": 3}'))
+    raw = await runtime.redis.get(keys.record(refused))
+    assert raw is not None and b"INVALID_ARGUMENTS" in record_decoder.decode(raw).body
+    assert await runtime.redis.hget(keys.execution(refused), "began") is None
+    assert await runtime.redis.hget(keys.execution(fine_one), "began") is not None  # BEGIN's mark, where it ran
 
 
 async def test_a_record_that_cannot_be_built_becomes_a_tool_panic(
