@@ -18,7 +18,8 @@ class SettingsError(ValueError):
     """A setting has a value that cannot be used; the message names it."""
 
 
-def env_int(env: Mapping[str, str], name: str, default: int, *, minimum: int = 1) -> int:
+def env_int(env: Mapping[str, str], name: str, default: int, *, minimum: int = 1,
+            maximum: int | None = None) -> int:
     raw = env.get(name)
     if raw is None or raw == "":
         return default
@@ -28,6 +29,8 @@ def env_int(env: Mapping[str, str], name: str, default: int, *, minimum: int = 1
         raise SettingsError(f"{name} must be an integer, got {raw!r}") from None
     if value < minimum:
         raise SettingsError(f"{name} must be at least {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise SettingsError(f"{name} must be at most {maximum}, got {value}")
     return value
 
 

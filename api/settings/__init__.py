@@ -133,7 +133,8 @@ class ApiSettings(Struct, frozen=True, kw_only=True):
             redis_cluster_nodes=env_cluster_nodes(env),
             redis_partitions=env_partitions(env),
             host=env.get("CARMY_HOST") or "127.0.0.1",
-            port=env_int(env, "CARMY_PORT", 8000, minimum=0),
+            # asyncio takes a port modulo 65536: 70000 would be served on 4464, silently.
+            port=env_int(env, "CARMY_PORT", 8000, minimum=0, maximum=65535),
             server_name=env.get("CARMY_SERVER_NAME") or "carmy",
             server_title=env.get("CARMY_SERVER_TITLE") or "Carmy",
             server_description=env.get("CARMY_SERVER_DESCRIPTION") or DEFAULT_DESCRIPTION,
