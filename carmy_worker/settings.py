@@ -13,6 +13,13 @@ from msgspec import Struct
 
 DEFAULT_REDIS_URL = "redis://localhost:6379/0"
 
+# The longest any duration setting may be, in seconds: a century. Longer is a typo, and past
+# about 2.9e8 years its milliseconds no longer fit Redis's 64-bit integers (1e20 s made every
+# SUBMIT fail).
+MAX_SECONDS = 100 * 365 * 86400
+MAX_TOOL_TIMEOUT = 86400  # as a tool's own ``timeout`` (sdk.definition)
+MAX_CONCURRENCY = 1_000_000  # a worker's slots; its info carries the number as a 64-bit integer
+
 
 class SettingsError(ValueError):
     """A setting has a value that cannot be used; the message names it."""
@@ -34,8 +41,9 @@ def env_int(env: Mapping[str, str], name: str, default: int, *, minimum: int = 1
     return value
 
 
-def env_float(env: Mapping[str, str], name: str, default: float, *, zero_ok: bool = False) -> float:
-    """A positive number of ``name`` (``zero_ok``: or 0, where 0 means "none")."""
+def env_float(env: Mapping[str, str], name: str, default: float, *, zero_ok: bool = False,
+              maximum: float | None = None) -> float:
+    """A positive number of ``name`` (``zero_ok``: or 0, where 0 means "none"), at most ``maximum``."""
     raw = env.get(name)
     if raw is None or raw == "":
         return default
@@ -46,6 +54,8 @@ def env_float(env: Mapping[str, str], name: str, default: float, *, zero_ok: boo
     in_range = value >= 0 if zero_ok else value > 0  # NaN is neither
     if not in_range or value == float("inf"):
         raise SettingsError(f"{name} must be {'0 or ' if zero_ok else ''}a positive number, got {raw!r}")
+    if maximum is not None and value > maximum:
+        raise SettingsError(f"{name} must be at most {maximum:g}, got {raw!r}")
     return value
 
 
@@ -154,7 +164,7 @@ def notify_from_env(env: Mapping[str, str]) -> NotifySettings:
             raise SettingsError("CARMY_NOTIFY_SECRET must be whsec_ followed by at least 16 bytes in base64")
     hosts = tuple(h.strip().lower().rstrip(".") for h in (env.get("CARMY_NOTIFY_HOSTS") or "").split(",") if h.strip())
     return NotifySettings(secret=secret, hosts=hosts, allow_private=env_bool(env, "CARMY_NOTIFY_ALLOW_PRIVATE", False),
-                          window=env_int(env, "CARMY_NOTIFY_WINDOW", 86400))
+                          window=env_int(env, "CARMY_NOTIFY_WINDOW", 86400, maximum=MAX_SECONDS))
 
 
 class AuditSettings(Struct, frozen=True, kw_only=True):
@@ -178,7 +188,8 @@ def audit_from_env(env: Mapping[str, str]) -> AuditSettings:
     elif not (sink.startswith("file:") and sink[5:]):
         raise SettingsError(f"CARMY_AUDIT_SINK must be off, stdout or file:<path>, got {sink!r}")
     return AuditSettings(max_entries=env_int(env, "CARMY_AUDIT_MAX_ENTRIES", 100_000, minimum=100),
-                         retention=env_int(env, "CARMY_AUDIT_RETENTION", 7 * 86400, minimum=60), sink=sink)
+                         retention=env_int(env, "CARMY_AUDIT_RETENTION", 7 * 86400, minimum=60, maximum=MAX_SECONDS),
+                         sink=sink)
 
 
 class WorkerSettings(Struct, frozen=True, kw_only=True):
@@ -214,16 +225,16 @@ class WorkerSettings(Struct, frozen=True, kw_only=True):
             redis_url=env.get("CARMY_REDIS_URL") or DEFAULT_REDIS_URL,
             redis_cluster_nodes=env_cluster_nodes(env),
             redis_partitions=env_partitions(env),
-            concurrency=env_int(env, "CARMY_CONCURRENCY", 16),
-            default_timeout=env_float(env, "CARMY_DEFAULT_TIMEOUT", 30.0),
-            retention=env_int(env, "CARMY_RETENTION", 86400),
+            concurrency=env_int(env, "CARMY_CONCURRENCY", 16, maximum=MAX_CONCURRENCY),
+            default_timeout=env_float(env, "CARMY_DEFAULT_TIMEOUT", 30.0, maximum=MAX_TOOL_TIMEOUT),
+            retention=env_int(env, "CARMY_RETENTION", 86400, maximum=MAX_SECONDS),
             log_format=env_choice(env, "CARMY_LOG_FORMAT", ("json", "text")),
             max_result_bytes=env_int(env, "CARMY_MAX_RESULT_BYTES", 1024 * 1024),
             wait_replicas=env_int(env, "CARMY_REDIS_WAIT_REPLICAS", 0, minimum=0),
-            wait_timeout=env_int(env, "CARMY_REDIS_WAIT_TIMEOUT", 500),
+            wait_timeout=env_int(env, "CARMY_REDIS_WAIT_TIMEOUT", 500, maximum=MAX_SECONDS * 1000),
             tracing=env_tracing(env),
-            jobs_retention=env_int(env, "CARMY_JOBS_RETENTION", 7 * 86400),
-            dead_letter_retention=env_int(env, "CARMY_DEAD_LETTER_RETENTION", 30 * 86400),
+            jobs_retention=env_int(env, "CARMY_JOBS_RETENTION", 7 * 86400, maximum=MAX_SECONDS),
+            dead_letter_retention=env_int(env, "CARMY_DEAD_LETTER_RETENTION", 30 * 86400, maximum=MAX_SECONDS),
             notify=notify_from_env(env),
             audit=audit_from_env(env),
         )

@@ -7,7 +7,7 @@ from urllib.parse import urlsplit
 
 from msgspec import Struct
 
-from carmy_worker.settings import SettingsError, env_float
+from carmy_worker.settings import MAX_SECONDS, SettingsError, env_float
 
 # Asymmetric signatures only: a resource server holding a secret that verifies tokens could also
 # mint them. Never taken from the token: its "alg" must be one of the configured ones.
@@ -74,9 +74,9 @@ def oauth_from_env(env: Mapping[str, str]) -> OAuthSettings | None:
         jwks_url=(env.get("CARMY_OAUTH_JWKS_URL") or "").strip() or None,
         jwks_file=(env.get("CARMY_OAUTH_JWKS_FILE") or "").strip() or None,
         algorithms=algorithms or ASYMMETRIC,
-        leeway=env_float(env, "CARMY_OAUTH_LEEWAY", 30.0, zero_ok=True),
+        leeway=env_float(env, "CARMY_OAUTH_LEEWAY", 30.0, zero_ok=True, maximum=MAX_SECONDS),
         principal_claim=(env.get("CARMY_OAUTH_PRINCIPAL_CLAIM") or "sub").strip(),
         scopes=tuple((env.get("CARMY_OAUTH_SCOPES") or "").split()),
-        jwks_max_age=env_float(env, "CARMY_OAUTH_JWKS_MAX_AGE", 600.0),
-        jwks_min_refresh=env_float(env, "CARMY_OAUTH_JWKS_MIN_REFRESH", 10.0),
+        jwks_max_age=env_float(env, "CARMY_OAUTH_JWKS_MAX_AGE", 600.0, maximum=MAX_SECONDS),
+        jwks_min_refresh=env_float(env, "CARMY_OAUTH_JWKS_MIN_REFRESH", 10.0, maximum=MAX_SECONDS),
     )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from carmy_worker.settings import SettingsError, WorkerSettings
+from carmy_worker.settings import MAX_SECONDS, SettingsError, WorkerSettings
 
 
 def test_max_result_bytes_defaults_to_one_mebibyte() -> None:
@@ -39,3 +39,45 @@ def test_partitions_default_to_sixteen_only_with_a_cluster_node_named(nodes: str
     """A value of CARMY_REDIS_CLUSTER_NODES with no node in it is no cluster (the nodes' parser
     drops its empty items): the default partition count is one Redis's, not a cluster's."""
     assert WorkerSettings.from_env({"CARMY_REDIS_CLUSTER_NODES": nodes}).redis_partitions == partitions
+
+
+# Every duration setting, with the process that reads it (api, worker or both).
+DURATIONS = [
+    ("CARMY_RETENTION", "both"), ("CARMY_JOBS_RETENTION", "both"), ("CARMY_DEAD_LETTER_RETENTION", "both"),
+    ("CARMY_REDIS_WAIT_TIMEOUT", "both"), ("CARMY_QUEUE_TIMEOUT", "api"), ("CARMY_HEADER_TIMEOUT", "api"),
+    ("CARMY_BODY_TIMEOUT", "api"), ("CARMY_MCP_TASK_AFTER", "api"), ("CARMY_JOBS_HORIZON", "api"),
+    ("CARMY_CONSOLE_SESSION", "api"), ("CARMY_NOTIFY_WINDOW", "both"), ("CARMY_AUDIT_RETENTION", "both"),
+]
+
+
+def _read_by(process: str, env: dict[str, str]) -> None:
+    from api.settings import ApiSettings
+
+    if process in ("api", "both"):
+        ApiSettings.from_env(env)
+    if process in ("worker", "both"):
+        WorkerSettings.from_env(env)
+
+
+@pytest.mark.parametrize(("name", "process"), DURATIONS)
+def test_a_duration_past_a_century_is_refused_at_start(name: str, process: str) -> None:
+    """1e20 s was taken, and every SUBMIT then failed (its milliseconds past Redis's integers)."""
+    century = MAX_SECONDS * (1000 if name == "CARMY_REDIS_WAIT_TIMEOUT" else 1)
+    _read_by(process, {name: str(century)})
+    for raw in (str(century + 1), "99999999999999999999", "1e20"):
+        with pytest.raises(SettingsError, match=f"{name} must be (at most|an integer)"):
+            _read_by(process, {name: raw})
+
+
+def test_the_default_timeout_is_at_most_a_tools_own() -> None:
+    """A tool's own ``timeout`` is at most a day: so is the default for those without one."""
+    assert WorkerSettings.from_env({"CARMY_DEFAULT_TIMEOUT": "86400"}).default_timeout == 86400
+    with pytest.raises(SettingsError, match="CARMY_DEFAULT_TIMEOUT must be at most 86400"):
+        WorkerSettings.from_env({"CARMY_DEFAULT_TIMEOUT": "86401"})
+
+
+def test_a_workers_concurrency_is_at_most_a_million() -> None:
+    """Its info carries the number: 1e20 stopped the worker with an OverflowError at start."""
+    assert WorkerSettings.from_env({"CARMY_CONCURRENCY": "1000000"}).concurrency == 1_000_000
+    with pytest.raises(SettingsError, match="CARMY_CONCURRENCY must be at most 1000000"):
+        WorkerSettings.from_env({"CARMY_CONCURRENCY": "99999999999999999999"})
