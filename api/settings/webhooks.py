@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
 from msgspec import Struct
@@ -51,7 +51,7 @@ class StandardWebhooks(Struct, frozen=True, forbid_unknown_fields=True, tag="sta
 
     secret_env: str | None = None
     secret_file: str | None = None
-    tolerance_s: int = 300
+    tolerance_s: Annotated[int, msgspec.Meta(ge=1)] = 300
 
 
 class HeaderSecret(Struct, frozen=True, forbid_unknown_fields=True, tag="header-secret", tag_field="scheme"):

@@ -330,6 +330,27 @@ def test_the_settings_refuse_what_would_fail_later() -> None:
                                                                     "secret_file": "/nonexistent/secret"}}})
 
 
+def test_a_standard_tolerance_is_at_least_a_second_and_no_longer_than_event_ids_are_kept() -> None:
+    """A negative one refused every delivery; one longer than the event ids' record let a
+    delivery replayed after the record expired, and still within the tolerance, run again."""
+    key = "whsec_" + base64.b64encode(b"k" * 24).decode()
+
+    def hook(tolerance: int, mode: str = "call") -> dict[str, str]:
+        verify = {"scheme": "standard-webhooks", "secret_env": "S", "tolerance_s": tolerance}
+        return {"CARMY_WEBHOOKS": json.dumps({"a": {"tool": "t", "verify": verify, "event_id": "webhook-id",
+                                                    "mode": mode}}), "S": key}
+
+    for tolerance in (-5, 0):
+        with pytest.raises(SettingsError, match="tolerance_s"):
+            ApiSettings.from_env(hook(tolerance))
+    with pytest.raises(SettingsError, match=r"tolerance_s \(86401\) is longer than .*CARMY_RETENTION, 86400 s"):
+        ApiSettings.from_env(hook(86401))
+    with pytest.raises(SettingsError, match="CARMY_JOBS_RETENTION, 3600 s"):
+        ApiSettings.from_env({**hook(7200, "job"), "CARMY_JOBS_RETENTION": "3600"})
+    assert ApiSettings.from_env(hook(86400)).webhooks["a"].config.verify.tolerance_s == 86400  # type: ignore[union-attr]
+    assert ApiSettings.from_env({**hook(7200), "CARMY_RETENTION": "7200"}).webhooks["a"]
+
+
 def test_a_secret_may_come_from_a_file(tmp_path: Path) -> None:
     (tmp_path / "secret").write_text(GH_SECRET + "\n")
     webhooks = {"a": {"tool": "t", "verify": {"scheme": "hmac-sha256", "secret_file": str(tmp_path / "secret")}}}
