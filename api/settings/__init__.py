@@ -13,7 +13,7 @@ from msgspec import Struct
 
 from api.settings.oauth import OAuthSettings, oauth_from_env
 from api.settings.quotas import Quotas, quotas_from_env
-from api.settings.webhooks import Webhook, parse_webhooks
+from api.settings.webhooks import StandardWebhooks, Webhook, parse_webhooks
 from carmy_worker.settings import (
     DEFAULT_REDIS_URL,
     MAX_SECONDS,
@@ -177,7 +177,8 @@ class ApiSettings(Struct, frozen=True, kw_only=True):
         for name, hook in settings.webhooks.items():
             # Past its event id's record, a delivery replayed within the tolerance would run again.
             kept = settings.retention if hook.config.mode == "call" else settings.jobs_retention
-            tolerance = getattr(hook.config.verify, "tolerance_s", 0)
+            verify = hook.config.verify
+            tolerance = verify.tolerance_s if isinstance(verify, StandardWebhooks) else 0
             if hook.config.event_id is not None and tolerance > kept:
                 raise SettingsError(
                     f"CARMY_WEBHOOKS[{name!r}]: tolerance_s ({tolerance}) is longer than its event ids are kept "
