@@ -6,9 +6,10 @@
   only with ``CARMY_NOTIFY_ALLOW_PRIVATE``), or is a cloud's metadata or credentials address
   (never allowed), nothing is called. An IPv6 address carrying an IPv4 one (mapped, 6to4,
   NAT64) is judged by the IPv4 address too.
-* The connection goes to the address that was checked (no second resolution, so no DNS rebinding
-  between the check and the connection), with the name in ``Host`` and in TLS's SNI and
-  certificate check.
+* The connection goes to an address that was checked (no second resolution, so no DNS rebinding
+  between the check and the connection): the first that takes one, in the resolver's order, so
+  that an address this host has no route to (an IPv6 one, say) does not fail every attempt. The
+  name goes in ``Host`` and in TLS's SNI and certificate check.
 * No redirect is followed (a 3xx is a failed attempt); the whole exchange has a timeout; at most
   ``MAX_READ`` bytes of the answer are read (its status line is all that counts).
 
@@ -27,6 +28,7 @@ from urllib.parse import SplitResult, urlsplit
 from carmy_worker.settings import NotifySettings
 
 TIMEOUT_S = 10.0
+CONNECT_S = 3.0  # for a connection to an address with others after it: a route that drops packets
 MAX_READ = 4096
 MAX_ERROR = 200  # characters of an error kept in an attempt
 # Where clouds serve an instance's metadata and credentials: AWS, GCP, Azure and most others
@@ -116,18 +118,36 @@ async def post(url: str, body: bytes, headers: dict[str, str], *, settings: Noti
                     return Answer(error=f"{host} resolves to {address}, {why}: refused", final=True)
             if not addresses:
                 return Answer(error=f"{host} does not resolve")
-            return await _exchange(addresses[0], port, parts.scheme == "https", host, parts, body, headers)
+            tls = parts.scheme == "https"
+            reader, writer = await _connect(addresses, port, tls, host)
+            return await _exchange(reader, writer, port, tls, host, parts, body, headers)
     except TimeoutError:
         return Answer(error=f"no answer within {timeout:g} s")
     except (OSError, ssl.SSLError, ValueError) as exc:
         return Answer(error=clip(f"{type(exc).__name__}: {exc}"))
 
 
-async def _exchange(address: str, port: int, tls: bool, host: str, parts: SplitResult, body: bytes,
-                    headers: dict[str, str]) -> Answer:
+async def _connect(addresses: list[str], port: int, tls: bool,
+                   host: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A connection to the first of ``addresses`` (each checked) that takes one. A TLS failure
+    is the server's, not the route's: it is not tried elsewhere."""
     context = ssl.create_default_context() if tls else None
-    reader, writer = await asyncio.open_connection(address, port, ssl=context,
-                                                   server_hostname=host if tls else None)
+    failure: OSError | None = None
+    for i, address in enumerate(addresses):
+        try:
+            async with asyncio.timeout(CONNECT_S if i < len(addresses) - 1 else None):
+                return await asyncio.open_connection(address, port, ssl=context,
+                                                     server_hostname=host if tls else None)
+        except ssl.SSLError:
+            raise
+        except OSError as exc:
+            failure = exc
+    assert failure is not None  # ``addresses`` is never empty
+    raise failure
+
+
+async def _exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, port: int, tls: bool, host: str,
+                    parts: SplitResult, body: bytes, headers: dict[str, str]) -> Answer:
     try:
         target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         default = 443 if tls else 80

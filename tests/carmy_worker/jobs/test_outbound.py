@@ -113,3 +113,58 @@ async def test_a_host_not_allowed_or_not_http_is_final_without_resolving() -> No
     answer = await outbound.post("http://b.example/", b"{}", {}, settings=only)
     assert answer.final and answer.error == "host b.example is not in CARMY_NOTIFY_HOSTS"
     assert (await outbound.post("file:///etc/passwd", b"", {}, settings=ANY)).final
+
+
+async def test_an_address_that_takes_no_connection_is_passed_for_the_next(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A name whose first address this host cannot reach (here ``::1``, where nothing listens;
+    in life an IPv6 address without an IPv6 route) is delivered to through the next one, checked
+    as well: it used to fail every attempt."""
+    got: list[bytes] = []
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        got.append(await reader.readuntil(b"\r\n\r\n"))
+        writer.write(b"HTTP/1.1 204 No Content\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+
+    async def getaddrinfo(self: Any, host: str, port: int, **kw: Any) -> list[Any]:
+        return [(socket.AF_INET6, socket.SOCK_STREAM, 6, "", ("::1", port, 0, 0)),
+                (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", port))]
+
+    monkeypatch.setattr(asyncio.get_running_loop().__class__, "getaddrinfo", getaddrinfo)
+    allowed = NotifySettings(secret="whsec_x", hosts=("*",), allow_private=True)
+    async with server:
+        answer_ = await outbound.post(f"http://two.example:{port}/hook", b"{}", {}, settings=allowed)
+    assert answer_.ok and answer_.status == 204, answer_
+    assert len(got) == 1 and got[0].startswith(b"POST /hook HTTP/1.1\r\nHost: two.example:")
+    # Every address is still checked first: one refused refuses the name, whichever comes first.
+    strict = NotifySettings(secret="whsec_x", hosts=("*",))
+    refused = await outbound.post(f"http://two.example:{port}/hook", b"{}", {}, settings=strict)
+    assert refused.final and "::1" in (refused.error or "") and len(got) == 1
+
+
+async def test_an_address_whose_route_drops_packets_is_given_up_for_the_next(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A connection that never completes (a route dropping packets) is given ``CONNECT_S`` when
+    other addresses follow, not the whole attempt's time."""
+    tried: list[str] = []
+
+    async def open_connection(host: str, port: int, **kw: Any) -> Any:
+        tried.append(host)
+        if host == "2001:db8::1":
+            await asyncio.sleep(60)  # SYNs dropped
+        raise ConnectionRefusedError("test: nothing listens")
+
+    async def getaddrinfo(self: Any, host: str, port: int, **kw: Any) -> list[Any]:
+        return [(socket.AF_INET6, socket.SOCK_STREAM, 6, "", ("2001:db8::1", port, 0, 0)),
+                (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", port))]
+
+    monkeypatch.setattr(asyncio.get_running_loop().__class__, "getaddrinfo", getaddrinfo)
+    monkeypatch.setattr(asyncio, "open_connection", open_connection)
+    monkeypatch.setattr(outbound, "CONNECT_S", 0.05)
+    allowed = NotifySettings(secret="whsec_x", hosts=("*",), allow_private=True)
+    answer = await outbound.post("http://two.example/hook", b"{}", {}, settings=allowed, timeout=30)
+    assert tried == ["2001:db8::1", "127.0.0.1"]
+    assert answer.error is not None and "ConnectionRefusedError" in answer.error and not answer.final
