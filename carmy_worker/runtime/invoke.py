@@ -40,6 +40,9 @@ class Outcome(Struct, kw_only=True):
     error: ErrorBody | None = None
     timed_out: bool = False
     cancelled: bool = False
+    # cancelled with ``cancelled`` never set: the tool raised CancelledError itself, or got it
+    # for a step ``may_step`` refused (the attempt is then lost, and records nothing of this)
+    unasked: bool = False
 
 
 class Escaped(Exception):
@@ -192,7 +195,10 @@ async def invoke(
         if tool.is_async:
             await first_done(call, timeout=STOP_GRACE)
         return Outcome(cancelled=True) if cancelled.is_set() else Outcome(timed_out=True)
-    return _finish(tool, ctx, call, max_result_bytes)
+    outcome = _finish(tool, ctx, call, max_result_bytes)
+    if outcome.cancelled and not cancelled.is_set():
+        outcome.unasked = True
+    return outcome
 
 
 def _ended_unstarted(outcome: Outcome, on_end: Callable[[], object] | None) -> Outcome:
@@ -211,7 +217,8 @@ def _finish(tool: Tool, ctx: Context, call: asyncio.Future[Any], limit: int) -> 
     except ToolError as exc:
         return Outcome(error=results.tool_error(exc, limit=limit, tool=tool.name, exec_id=exec_id))
     except asyncio.CancelledError:
-        # The tool cancelled itself (or swallowed our cancel and re-raised late).
+        # The tool cancelled itself, or something it awaited was cancelled under it (a stop of
+        # ours has not come: it would have been answered before the call was done).
         return Outcome(cancelled=True)
     except BaseException:  # SystemExit from a sync tool's thread, Escaped from an async one: never the worker's end
         log.exception("tool %s raised (execution %s)", tool.name, exec_id)

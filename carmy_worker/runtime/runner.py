@@ -452,8 +452,10 @@ class Runtime:
         if outcome.timed_out:
             return records.timed_out(exec_id, tool.name, timeout, idempotent=tool.spec.idempotent,
                                      duration_ms=duration_ms)
+        # Unasked: the tool's own doing. A step refused would have left the attempt lost or
+        # unlocked, which records no outcome of its own.
         return records.cancelled(exec_id, tool.name, started=True, idempotent=tool.spec.idempotent,
-                                 duration_ms=duration_ms)
+                                 duration_ms=duration_ms, by_itself=outcome.unasked)
 
     async def _record(self, run: Run, record: Record, completed: bytes | None = None) -> bool:
         """Write the record if this attempt still owns the execution; log the execution line.

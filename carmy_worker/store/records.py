@@ -106,11 +106,12 @@ def never_started(exec_id: str, tool: str) -> Record:
 
 
 def cancelled(exec_id: str, tool: str, *, started: bool, idempotent: bool = False,
-              duration_ms: int | None = None) -> Record:
+              duration_ms: int | None = None, by_itself: bool = False) -> Record:
     """Cancelled for its caller, who went away or asked (``DELETE``, ``tasks/cancel``, an MCP
-    cancellation); ``started``: the tool had begun (its effects are unknown unless it is
-    ``idempotent``)."""
+    cancellation), or ``by_itself``: the tool raised ``CancelledError`` with no stop asked of
+    it; ``started``: the tool had begun (its effects are unknown unless it is ``idempotent``)."""
     tail = MAY_HAVE_COMMITTED if started else "It had not started."
-    return failed(exec_id, tool, error(
-        "CANCELLED", f"The execution was cancelled: its caller went away or asked for it to stop. {tail}",
-    ), duration_ms=duration_ms, rerun_safe=idempotent or not started)
+    why = ("the tool raised CancelledError itself, with no stop asked of it" if by_itself
+           else "its caller went away or asked for it to stop")
+    return failed(exec_id, tool, error("CANCELLED", f"The execution was cancelled: {why}. {tail}"),
+                  duration_ms=duration_ms, rerun_safe=idempotent or not started)

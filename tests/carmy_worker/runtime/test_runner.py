@@ -68,6 +68,12 @@ async def places_a_whole(ctx: Context, input: Whole) -> int:
     return input.n
 
 
+@tools.tool(effect="none", idempotent=True, parallel_safe=True)
+async def gives_up(ctx: Context) -> int:
+    """Raises CancelledError, as code does whose awaited task something else cancelled."""
+    raise asyncio.CancelledError
+
+
 CALLS: list[str] = []
 STEPS: dict[str, int] = {}  # by execution: the steps its tool took
 STOPPED: dict[str, float] = {}  # by execution: when its tool got CancelledError
@@ -159,6 +165,14 @@ async def test_arguments_refused_never_mark_a_tool_that_may_not_run_twice_as_beg
     assert raw is not None and b"INVALID_ARGUMENTS" in record_decoder.decode(raw).body
     assert await runtime.redis.hget(keys.execution(refused), "began") is None
     assert await runtime.redis.hget(keys.execution(fine_one), "began") is not None  # BEGIN's mark, where it ran
+
+
+async def test_a_tool_that_cancels_itself_is_not_said_to_be_stopped_by_its_caller(runtime: Runtime) -> None:
+    _, body = await handled(runtime, "gives_up")
+    answer = msgspec.json.decode(body)
+    assert answer["status"] == "cancelled" and answer["error"]["code"] == "CANCELLED"
+    assert "the tool raised CancelledError itself, with no stop asked of it" in answer["error"]["message"]
+    assert "its caller" not in answer["error"]["message"]
 
 
 async def test_a_record_that_cannot_be_built_becomes_a_tool_panic(
