@@ -17,7 +17,7 @@ DEFAULT_REDIS_URL = "redis://localhost:6379/0"
 # about 2.9e8 years its milliseconds no longer fit Redis's 64-bit integers (1e20 s made every
 # SUBMIT fail).
 MAX_SECONDS = 100 * 365 * 86400
-MAX_TOOL_TIMEOUT = 86400  # as a tool's own ``timeout`` (sdk.definition)
+MAX_TOOL_TIMEOUT = 86400  # a tool's own ``timeout`` (sdk.definition), and CARMY_DEFAULT_TIMEOUT
 MAX_CONCURRENCY = 1_000_000  # a worker's slots; its info carries the number as a 64-bit integer
 
 

@@ -176,14 +176,15 @@ class ApiSettings(Struct, frozen=True, kw_only=True):
             raise SettingsError("CARMY_CONSOLE_SECRET must be at least 32 characters")
         for name, hook in settings.webhooks.items():
             # Past its event id's record, a delivery replayed within the tolerance would run again.
-            kept = settings.retention if hook.config.mode == "call" else settings.jobs_retention
             verify = hook.config.verify
-            tolerance = verify.tolerance_s if isinstance(verify, StandardWebhooks) else 0
-            if hook.config.event_id is not None and tolerance > kept:
+            if hook.config.event_id is None or not isinstance(verify, StandardWebhooks):
+                continue
+            kept_by, kept = (("CARMY_RETENTION", settings.retention) if hook.config.mode == "call"
+                             else ("CARMY_JOBS_RETENTION", settings.jobs_retention))
+            if verify.tolerance_s > kept:
                 raise SettingsError(
-                    f"CARMY_WEBHOOKS[{name!r}]: tolerance_s ({tolerance}) is longer than its event ids are kept "
-                    f"({'CARMY_RETENTION' if hook.config.mode == 'call' else 'CARMY_JOBS_RETENTION'}, {kept} s): "
-                    "a delivery replayed after that would run again")
+                    f"CARMY_WEBHOOKS[{name!r}]: tolerance_s ({verify.tolerance_s}) is longer than its event ids "
+                    f"are kept ({kept_by}, {kept} s): a delivery replayed after that would run again")
         keyed = [name for name, hook in settings.webhooks.items() if hook.config.auth == "api-key"]
         if keyed and not settings.authenticates:
             raise SettingsError(f"CARMY_WEBHOOKS[{keyed[0]!r}]: auth \"api-key\" needs CARMY_API_KEYS (or OAuth)")

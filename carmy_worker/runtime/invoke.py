@@ -40,9 +40,6 @@ class Outcome(Struct, kw_only=True):
     error: ErrorBody | None = None
     timed_out: bool = False
     cancelled: bool = False
-    # cancelled with ``cancelled`` never set: the tool raised CancelledError itself, or got it
-    # for a step ``may_step`` refused (the attempt is then lost, and records nothing of this)
-    unasked: bool = False
 
 
 class Escaped(Exception):
@@ -195,10 +192,7 @@ async def invoke(
         if tool.is_async:
             await first_done(call, timeout=STOP_GRACE)
         return Outcome(cancelled=True) if cancelled.is_set() else Outcome(timed_out=True)
-    outcome = _finish(tool, ctx, call, max_result_bytes)
-    if outcome.cancelled and not cancelled.is_set():
-        outcome.unasked = True
-    return outcome
+    return _finish(tool, ctx, call, max_result_bytes)
 
 
 def _ended_unstarted(outcome: Outcome, on_end: Callable[[], object] | None) -> Outcome:

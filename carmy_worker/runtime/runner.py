@@ -376,7 +376,7 @@ class Runtime:
         if run.unlocked:
             record = records.uncertain(job.execution_id, tool.name, "it lost the tool's lock while it ran")
         else:
-            record = self._record_of(job, tool, outcome, timeout, run.run_ms)
+            record = self._record_of(job, tool, outcome, timeout, run.run_ms, asked=run.cancelled.is_set())
         await self._record(run, record, completed_event(job.execution_id, tool.name, run.run_ms,
                                                         outcome.data is not None))
 
@@ -442,7 +442,9 @@ class Runtime:
             return await self._attempts.holds(exec_id, run.attempt)
         return True
 
-    def _record_of(self, job: ExecutionJob, tool: Tool, outcome: Outcome, timeout: float, duration_ms: int) -> Record:
+    def _record_of(self, job: ExecutionJob, tool: Tool, outcome: Outcome, timeout: float, duration_ms: int, *,
+                   asked: bool) -> Record:
+        """``asked``: a stop was asked for (the cancel signal is set)."""
         exec_id = job.execution_id
         if outcome.data is not None:
             return records.completed(exec_id, tool.name, outcome.data, cacheable=records.is_cacheable(tool.spec),
@@ -452,10 +454,11 @@ class Runtime:
         if outcome.timed_out:
             return records.timed_out(exec_id, tool.name, timeout, idempotent=tool.spec.idempotent,
                                      duration_ms=duration_ms)
-        # Unasked: the tool's own doing. A step refused would have left the attempt lost or
-        # unlocked, which records no outcome of its own.
+        # Cancelled unasked is the tool's own CancelledError: every other way to a cancelled
+        # outcome (a refused step, a lock or a hold lost) leaves the attempt lost, which records
+        # nothing, or unlocked, which records EXECUTION_UNCERTAIN instead.
         return records.cancelled(exec_id, tool.name, started=True, idempotent=tool.spec.idempotent,
-                                 duration_ms=duration_ms, by_itself=outcome.unasked)
+                                 duration_ms=duration_ms, by_itself=not asked)
 
     async def _record(self, run: Run, record: Record, completed: bytes | None = None) -> bool:
         """Write the record if this attempt still owns the execution; log the execution line.

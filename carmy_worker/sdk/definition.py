@@ -16,6 +16,7 @@ import msgspec
 
 from carmy_worker.sdk.context import Context
 from carmy_worker.sdk.schema import NO_INPUT_SCHEMA, SchemaError, SchemaOutput, checked_schema, schema_for
+from carmy_worker.settings import MAX_TOOL_TIMEOUT
 from carmy_worker.wire import Confirmation, Effect, RetryPolicy, ToolSpec
 
 NAME = re.compile(r"[A-Za-z0-9_.\-]{1,128}")
@@ -88,8 +89,8 @@ def _common(
     for flag, value in (("idempotent", idempotent), ("parallel_safe", parallel_safe)):
         if not isinstance(value, bool):
             raise fail(f"{flag} must be a bool")
-    if timeout is not None and (not is_number(timeout) or not 0 < timeout <= 86400):
-        raise fail("timeout must be a number of seconds in (0, 86400]")
+    if timeout is not None and (not is_number(timeout) or not 0 < timeout <= MAX_TOOL_TIMEOUT):
+        raise fail(f"timeout must be a number of seconds in (0, {MAX_TOOL_TIMEOUT}]")
     policy = _retry_policy(retry, fail)
     text = description if description is not None else inspect.getdoc(fn)
     if not isinstance(text, str) or not text.strip():

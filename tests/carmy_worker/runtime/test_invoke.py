@@ -433,8 +433,7 @@ async def test_invalid_output(executor: ThreadPoolExecutor, name: str) -> None:
 
 
 async def test_tool_cancelling_itself(executor: ThreadPoolExecutor) -> None:
-    """Told apart from a stop its caller asked for: no one did."""
-    assert await run("gives_up", executor) == Outcome(cancelled=True, unasked=True)
+    assert await run("gives_up", executor) == Outcome(cancelled=True)
 
 
 # --- step by step ----------------------------------------------------------------------------
@@ -454,7 +453,7 @@ async def test_a_step_refused_is_never_taken_even_if_already_due(executor: Threa
     steps_taken.clear()
     allowed = iter([True, True])
     outcome = await Call("steps", may_step=lambda: next(allowed, False)).run(executor)
-    assert outcome == Outcome(cancelled=True, unasked=True)  # refused by may_step, not by a stop
+    assert outcome == Outcome(cancelled=True)
     assert steps_taken == ["first", "second", "cancelled"]
 
 
@@ -508,7 +507,7 @@ async def test_a_step_a_check_finds_lost_is_never_taken(executor: ThreadPoolExec
     checks = Checks(after=False)
     running = await check_out(checks, Call("steps", may_step=checks), executor)
     checks.checking.set_result(None)
-    assert await running == Outcome(cancelled=True, unasked=True)
+    assert await running == Outcome(cancelled=True)
     assert steps_taken == ["first", "cancelled"]
 
 
