@@ -188,10 +188,10 @@ class Executions:
             if record is not None:
                 if message == ENDED:
                     # Settled, and its final event never came, with no reconnection to explain
-                    # it: a worker that publishes only to the execution's own channel (older
-                    # than this API: upgrade workers first) or a follower it does not know of.
-                    log.warning("execution %s: settled without its final event reaching this process "
-                                "(workers older than the API?)", exec_id)
+                    # it: a message lost on its way, or a worker that publishes only to the
+                    # execution's own channel (one older than the per-process channels).
+                    log.warning("execution %s: settled without its final event reaching this process",
+                                exec_id)
                 return record
 
     def _out_of_patience(self, began: float) -> bool:
