@@ -14,9 +14,14 @@ recorded on the job, where its view shows it. A worker without a secret delivers
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import time
+from collections import deque
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from typing import Any
 
 from redis.asyncio import Redis
 
@@ -35,7 +40,14 @@ from carmy_worker.wire import NotifyAttempt, json_encoder
 log = logging.getLogger("carmy.jobs")
 
 POLL_S = 0.2  # the longest the loop sleeps while nothing is due
-AT_ONCE = 20  # callbacks delivered at once by one loop, over every partition
+AT_ONCE = 64  # callbacks one loop holds at once (under way, or waiting for their receiver), over every partition
+PER_RECEIVER = 16  # deliveries under way at once to one receiver (``outbound.endpoint``)
+# A receiver whose oldest delivery under way is older than this, with PER_RECEIVER under way, is
+# slow (or hangs until the timeout): no more of its callbacks wait in this loop's memory, where
+# they would hold the room of every other receiver's; each goes back to Redis, due again in
+# LATER_MS, with no attempt counted.
+SLOW_S = 1.0
+LATER_MS = 5_000
 FIRST_BACKOFF_MS = 1000
 MAX_BACKOFF_MS = 3_600_000
 
@@ -51,8 +63,30 @@ def signed_headers(secret: str, message_id: str, body: bytes, timestamp: int | N
             "webhook-signature": sign(secret, message_id, at, body)}
 
 
+@dataclass
+class _Receiver:
+    """One receiver's share of the loop: its deliveries under way (each with when it began) and
+    the callbacks waiting for one of them to end."""
+
+    under_way: dict[asyncio.Task[None], float] = field(default_factory=dict)
+    waiting: deque[tuple[str, JobState]] = field(default_factory=deque)
+
+    def full(self) -> bool:
+        return len(self.under_way) >= PER_RECEIVER
+
+    def slow(self, now: float) -> bool:
+        return self.full() and now - min(self.under_way.values()) > SLOW_S
+
+
 class CallbackLoop:
-    """Delivers due callbacks until cancelled; Redis errors are logged and retried."""
+    """Delivers due callbacks until cancelled; Redis errors are logged and retried.
+
+    Deliveries run side by side, AT_ONCE at most, and a new one starts as soon as one ends, not
+    once a whole batch has: a receiver that never answers holds PER_RECEIVER of them until the
+    timeout, and the rest go on for everyone else. Callbacks due before others are taken first;
+    those of a full receiver wait their turn in memory, or go back to Redis if it is slow, so
+    that a thousand callbacks to a receiver that hangs do not stand before everyone else's.
+    """
 
     def __init__(self, redis: Redis, settings: NotifySettings) -> None:
         self.settings = settings
@@ -60,26 +94,43 @@ class CallbackLoop:
         self._jobs = JobStore(redis)
         self._turn = 0  # the partition a pass looks in first
         self._reach = Reach("callback loop", log)
+        self._receivers: dict[str, _Receiver] = {}
+        self._held = 0  # callbacks taken and not yet ended: under way or waiting
+        self._tasks: set[asyncio.Task[None]] = set()  # everything started, for the end
+        self._room = asyncio.Event()  # set when a callback taken has ended
 
     async def run(self) -> None:
-        while True:
-            try:
-                delivered = await self.tick()
-                stop_if_cancelled()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                raise_if_cancelled(exc)
-                log.warning("callback loop: %s", exc)
-                delivered, pause = 0, 1.0
-            else:
-                pause = POLL_S
-            if not delivered:
-                await asyncio.sleep(pause)
+        try:
+            while True:
+                try:
+                    taken = await self.tick()
+                    stop_if_cancelled()
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    raise_if_cancelled(exc)
+                    log.warning("callback loop: %s", exc)
+                    taken, pause = 0, 1.0
+                else:
+                    pause = POLL_S
+                if not taken:
+                    self._room.clear()
+                    with contextlib.suppress(TimeoutError):  # until a callback ends, or the pause
+                        async with asyncio.timeout(pause):
+                            await self._room.wait()
+        finally:
+            # Deliveries cut short are not recorded: their lease ends, and a loop tries them again.
+            for task in list(self._tasks):
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
 
     async def tick(self) -> int:
-        """One pass over every partition: the attempts made."""
-        # AT_ONCE over every partition, not a fixed share of it each: at 16 partitions a share
+        """One pass over every partition: the callbacks it took (started, waiting, put back)."""
+        self._put_back_from_slow_receivers()
+        room = AT_ONCE - self._held
+        if room <= 0:
+            return 0
+        # The room over every partition, not a fixed share of it each: at 16 partitions a share
         # (2) held the callbacks of one partition to a tenth of the pace. Each partition is
         # offered what the ones before it left, starting one further each pass, so that a
         # partition with many due does not take the whole batch every time.
@@ -87,28 +138,83 @@ class CallbackLoop:
         count = keys.partition_count()
         first, self._turn = self._turn % count, self._turn + 1
         for partition in ((first + i) % count for i in range(count)):
-            if len(job_ids) >= AT_ONCE:
+            if len(job_ids) >= room:
                 break
             # A partition whose primary is down is left for a while (``store.reach``), not the pass.
             due = await self._reach.run(partition, functools.partial(self._callbacks.look, partition,
-                                                                     at_most=AT_ONCE - len(job_ids)))
+                                                                     at_most=room - len(job_ids)))
             if due is not None:
                 job_ids += due.job_ids
         if not job_ids:
             return 0
         jobs = await self._jobs.read_many(job_ids)
-        async with asyncio.TaskGroup() as group:
-            for job_id, job in zip(job_ids, jobs, strict=True):
-                group.create_task(self._deliver(job_id, job))
+        now = time.monotonic()
+        for job_id, job in zip(job_ids, jobs, strict=True):
+            notify = None if job is None else job.notify
+            if job is None or notify is None or notify.state != "pending":
+                # Its job is gone, or its callback is no longer pending: RECORD forgets or skips it.
+                self._spawn(self._callbacks.record(job_id=job_id, message_id="", outcome="final", delay_ms=0,
+                                                   attempt=b"", window_ms=0))
+                continue
+            name = outbound.endpoint(notify.url)
+            receiver = self._receivers.setdefault(name, _Receiver())
+            if not receiver.full():
+                self._start(name, receiver, job_id, job)
+            elif receiver.slow(now):
+                self._spawn(self._callbacks.later(job_id, notify.message_id, LATER_MS))
+            else:
+                receiver.waiting.append((job_id, job))
+                self._held += 1
         return len(job_ids)
 
-    async def _deliver(self, job_id: str, job: JobState | None) -> None:
-        notify = None if job is None else job.notify
-        if job is None or notify is None or notify.state != "pending":
-            # Its job is gone, or its callback is no longer pending: RECORD forgets or skips it.
-            await self._callbacks.record(job_id=job_id, message_id="", outcome="final", delay_ms=0, attempt=b"",
-                                         window_ms=0)
-            return
+    async def idle(self) -> None:
+        """Waits until every callback taken has ended: delivered or not, and recorded, or put back."""
+        while self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def _start(self, name: str, receiver: _Receiver, job_id: str, job: JobState) -> None:
+        task = self._spawn(self._deliver(job_id, job))
+        receiver.under_way[task] = time.monotonic()
+        self._held += 1
+        task.add_done_callback(functools.partial(self._ended, name, receiver))
+
+    def _ended(self, name: str, receiver: _Receiver, task: asyncio.Task[None]) -> None:
+        del receiver.under_way[task]
+        self._held -= 1
+        if receiver.waiting and not task.cancelled():
+            job_id, job = receiver.waiting.popleft()
+            self._held -= 1
+            self._start(name, receiver, job_id, job)
+        elif not receiver.under_way and not receiver.waiting:
+            self._receivers.pop(name, None)
+        self._room.set()
+
+    def _put_back_from_slow_receivers(self) -> None:
+        now = time.monotonic()
+        for receiver in self._receivers.values():
+            while receiver.waiting and receiver.slow(now):
+                job_id, job = receiver.waiting.popleft()
+                self._held -= 1
+                assert job.notify is not None  # only pending callbacks wait
+                self._spawn(self._callbacks.later(job_id, job.notify.message_id, LATER_MS))
+
+    def _spawn(self, work: Coroutine[Any, Any, object]) -> asyncio.Task[None]:
+        task = asyncio.create_task(self._logged(work))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    @staticmethod
+    async def _logged(work: Coroutine[Any, Any, object]) -> None:
+        try:
+            await work
+        except Exception as exc:  # its lease ends, and a loop takes it again
+            raise_if_cancelled(exc)
+            log.warning("callback loop: %s", exc)
+
+    async def _deliver(self, job_id: str, job: JobState) -> None:
+        notify = job.notify
+        assert notify is not None  # only pending callbacks are delivered
         body = json_encoder.encode(job.view())
         headers = signed_headers(self.settings.secret, notify.message_id, body)
         answer = await outbound.post(notify.url, body, headers, settings=self.settings)

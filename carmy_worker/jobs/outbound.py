@@ -94,6 +94,18 @@ def _refusal(ip: ipaddress.IPv4Address | ipaddress.IPv6Address, *, allow_private
     return None
 
 
+def endpoint(url: str) -> str:
+    """The receiver a callback URL names, ``scheme://host:port``, lowercase: the unit the callback
+    loop shares its deliveries by. A URL that does not parse is its own endpoint."""
+    try:
+        parts = urlsplit(url)
+        host = (parts.hostname or "").rstrip(".")
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        return url
+    return f"{parts.scheme.lower()}://{host}:{port}"
+
+
 def clip(message: str) -> str:
     return message if len(message) <= MAX_ERROR else message[:MAX_ERROR - 1] + "…"
 

@@ -36,9 +36,11 @@ return {due, tostring(now)}
 # operator's retry finishing the job again makes another), the attempt joins the job's latest
 # ARGV[7], then the callback is `delivered`, `undeliverable` (ARGV[3] 'final', or its window of
 # ARGV[6] ms since it became due would be over by the next attempt) or due again in ARGV[4] ms.
+# Outcome 'later' is no attempt: the callback was taken but not tried (its receiver had enough
+# under way), and is due again in ARGV[4] ms, its attempts and window as they were.
 # A callback whose job is gone, or no longer pending, is forgotten.
 # KEYS: job, callbacks due
-# ARGV: job_id, webhook-id, outcome ('delivered', 'retry', 'final'), delay ms, attempt JSON, window ms, keep
+# ARGV: job_id, webhook-id, outcome ('delivered', 'retry', 'final', 'later'), delay ms, attempt JSON, window ms, keep
 RECORD_CALLBACK = Script("CALLBACKS_RECORD", ACCEPTED_WORK + NOW + """
 local h = redis.call('HMGET', KEYS[1], 'notify_id', 'notify_state', 'notify_since', 'notify_log')
 if h[2] ~= 'pending' then
@@ -46,6 +48,10 @@ if h[2] ~= 'pending' then
   return 'gone'
 end
 if h[1] ~= ARGV[2] then return 'stale' end
+if ARGV[3] == 'later' then
+  redis.call('ZADD', KEYS[2], 'XX', now + tonumber(ARGV[4]), ARGV[1])
+  return 'pending'
+end
 local entries = {}
 for e in string.gmatch(h[4] or '', '[^\\n]+') do table.insert(entries, e) end
 table.insert(entries, ARGV[5])
@@ -87,6 +93,12 @@ class Callbacks:
         """LOOK in ``partition``: its callbacks due now, leased to the caller."""
         due, now = await self._look(keys=[keys.callbacks_due(partition)], args=[at_most, lease_ms])
         return DueCallbacks([text(j) for j in due], int(now))
+
+    async def later(self, job_id: str, message_id: str, delay_ms: int) -> str:
+        """RECORD's ``later``: the callback taken but not tried is due again in ``delay_ms``,
+        with no attempt counted; its state as ``record`` says it."""
+        return await self.record(job_id=job_id, message_id=message_id, outcome="later", delay_ms=delay_ms,
+                                 attempt=b"", window_ms=0)
 
     async def record(self, *, job_id: str, message_id: str, outcome: str, delay_ms: int, attempt: bytes,
                      window_ms: int, keep: int = KEEP_ATTEMPTS) -> str:
