@@ -3,7 +3,8 @@
 Every route goes through a ``Guard``: ``page`` for a GET, ``action`` for a POST. A page needs a
 signed-in session when the API authenticates (else a browser is sent to sign in, ``303``, and a
 script gets ``401``); when it does not (``bin/run``'s loopback default), the console is open as
-``/agent/*`` is, and an anonymous session is issued for its CSRF token. An action needs, in this
+``/agent/*`` is, and an anonymous session is issued for its CSRF token. A link from another site
+arrives without the ``SameSite=Strict`` cookie: its page only loads itself again. An action needs, in this
 order: an ``Origin`` that is this server's own (a missing one too is refused: every browser sends
 it with a POST), a valid session, and that session's CSRF token in the form. ``BrowserGuard``
 has already checked ``Host`` (DNS rebinding) and refused any foreign ``Origin`` before this.
@@ -46,6 +47,13 @@ class Refused(Exception):
         self.message = message
 
 
+def followed_from_another_site(request: Request) -> bool:
+    """Whether a person followed a link from another site (a chat, a mail, any page) to here: the
+    browser leaves the ``SameSite=Strict`` cookie home on that one navigation (Fetch Metadata)."""
+    return (request.headers.get("sec-fetch-site") == "cross-site"
+            and request.headers.get("sec-fetch-mode") == "navigate")
+
+
 def wants_page(request: Request) -> bool:
     """Whether a person's browser navigates here (a redirect helps), rather than a script fetching."""
     return request.headers.get("sec-fetch-mode") == "navigate" or "text/html" in request.headers.get("accept", "")
@@ -77,6 +85,11 @@ class Guard:
             try:
                 signer = await self._signer()
                 session = signer.open(request.cookies.get(COOKIE))
+                if session is None and followed_from_another_site(request):
+                    # The page loads itself again, now from the console's own origin, and the cookie
+                    # comes along. Never a new cookie here: it would replace the operator's session
+                    # (any site could sign them out) and send them to sign in again.
+                    return render(request, "arriving.html")
                 if session is not None and signed_in and not self.allowed(session):
                     session = None  # the sign-in form's anonymous session: not signed in yet
                 fresh = None

@@ -44,6 +44,13 @@ class Attacker:
                             "<script>document.forms[0].submit()</script>")
         return self.url(path, host)
 
+    def link_to(self, href: str, host: str = SAME_SITE) -> str:
+        """The URL of a page, reached as ``host``, with one link (``#link``) to ``href``: a chat's or
+        a mail's, say, that a person follows."""
+        path = f"/link-{len(self.pages)}"
+        self.pages[path] = f'<!doctype html><title>An alert</title><a id="link" href="{html.escape(href)}">the job</a>'
+        return self.url(path, host)
+
     def url(self, path: str, host: str = SAME_SITE) -> str:
         return f"http://{host}:{urlsplit(self.base).port}{path}"
 

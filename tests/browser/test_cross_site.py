@@ -9,7 +9,7 @@ import pytest
 from playwright.sync_api import Page, expect
 
 from tests.browser.attacker import CROSS_SITE, SAME_SITE, Attacker
-from tests.browser.pages import SIGN_IN
+from tests.browser.pages import SIGN_IN, sign_in
 from tests.browser.shots import screenshot
 from tests.browser.stack import Console
 
@@ -52,3 +52,28 @@ def test_another_sites_form_cannot_retry_a_dead_letter(console: Console, attacke
     assert response.status == 403
     after = console.job(dead["job_id"])
     assert (after["status"], after["attempts"]) == ("dead_lettered", dead["attempts"])
+
+
+@SITES
+def test_a_link_from_another_site_neither_signs_the_operator_out_nor_asks_them_to_sign_in(
+        console: Console, attacker: Attacker, operator_page: Page, site: str) -> None:
+    """A link to a console page in an alert, a chat or any other site's page: cross-site, the browser
+    leaves the SameSite=Strict cookie home on that navigation, so the console did not know the
+    operator and answered with the sign-in form and a new anonymous cookie, which replaced the
+    operator's session (a GET that signed them out, which any site could make happen)."""
+    page = operator_page
+    page.goto(attacker.link_to(console.url("/console/jobs?status=failed"), site))
+    page.locator("#link").click()
+    expect(page.get_by_role("heading", name="Jobs")).to_be_visible()
+    expect(page).to_have_url(console.url("/console/jobs?status=failed"))
+    expect(page.get_by_role("button", name="Sign out")).to_be_visible()
+    page.goto(console.url("/console/executions"))
+    expect(page).to_have_url(console.url("/console/executions"))  # still signed in afterwards
+
+
+def test_a_link_from_another_site_takes_a_browser_not_signed_in_to_the_sign_in_form(
+        console: Console, attacker: Attacker, page: Page) -> None:
+    page.goto(attacker.link_to(console.url("/console/jobs"), CROSS_SITE))
+    page.locator("#link").click()
+    expect(page).to_have_url(console.url(SIGN_IN))
+    sign_in(page, console)  # its form works: the cookie its token is bound to was set
