@@ -29,6 +29,8 @@ COOKIE = "carmy_console"
 COOKIE_PATH = "/console"
 MAX_COOKIE = 4096  # a browser keeps no more; anything longer is not ours
 SECRET_RECHECK_S = 60.0
+# How much later than the lifetime allows a session may end: the replicas' clocks may differ a little.
+CLOCK_SLACK_S = 60
 
 
 class Session(Struct, frozen=True, forbid_unknown_fields=True):
@@ -55,9 +57,10 @@ def _unb64(text: str) -> bytes:
 class Signer:
     """Seals sessions into cookie values and opens them again, and derives their CSRF tokens."""
 
-    def __init__(self, secret: bytes, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, secret: bytes, clock: Callable[[], float] = time.time, longest: int | None = None) -> None:
         self._secret = secret
         self._clock = clock
+        self._longest = longest  # the lifetime sessions are issued with now (None: any)
 
     def _mac(self, purpose: bytes, message: bytes) -> bytes:
         # A purpose in every MAC: a CSRF token can never pass for a cookie's signature, or back.
@@ -68,7 +71,8 @@ class Signer:
         return f"{_b64(payload)}.{_b64(self._mac(b'session', payload))}"
 
     def open(self, value: str | None) -> Session | None:
-        """The session ``value`` seals, or None if it is missing, forged, tampered with or expired."""
+        """The session ``value`` seals, or None if it is missing, forged, tampered with, expired, or
+        ends later than the lifetime allows."""
         if not value or len(value) > MAX_COOKIE or value.count(".") != 1:
             return None
         payload_text, mac_text = value.split(".")
@@ -82,7 +86,11 @@ class Signer:
             session = _decode(payload)
         except msgspec.DecodeError:
             return None
-        return session if session.expires > self._clock() else None
+        now = self._clock()
+        if self._longest is not None and session.expires > now + self._longest + CLOCK_SLACK_S:
+            # Issued under a longer CARMY_CONSOLE_SESSION, since lowered: it ends with the new setting.
+            return None
+        return session if session.expires > now else None
 
     def csrf(self, session: Session) -> str:
         """The token every form of this session carries: HMAC(secret, "csrf:" + session id)."""
@@ -111,7 +119,8 @@ class Sessions:
         self.secure = settings.console_secure_cookies
         self._redis = redis
         self._clock = clock
-        self._fixed = Signer(settings.console_secret.encode(), clock) if settings.console_secret else None
+        secret = settings.console_secret
+        self._fixed = Signer(secret.encode(), clock, self.lifetime) if secret else None
         self._shared: Signer | None = None
         self._secret = b""
         self._checked = 0.0  # time.monotonic() of the last reading of the shared secret
@@ -133,7 +142,7 @@ class Sessions:
             return known
         self._checked = time.monotonic()
         if known is None or secret != self._secret:
-            self._secret, known = secret, Signer(secret, self._clock)
+            self._secret, known = secret, Signer(secret, self._clock, self.lifetime)
             self._shared = known
         return known
 

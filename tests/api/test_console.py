@@ -210,6 +210,16 @@ async def test_a_tampered_cookie_is_refused(operator: httpx.AsyncClient) -> None
     assert (await operator.get("/console", headers=PAGE)).status_code == 200
 
 
+async def test_a_session_longer_than_the_configured_lifetime_is_refused(browser: httpx.AsyncClient) -> None:
+    """CARMY_CONSOLE_SESSION lowered (from a week to the hour this app has, say) and the API restarted:
+    a session signed in under the old setting ends now, not a week later."""
+    signer = Signer(SECRET.encode())
+    put_cookie(browser, signer.seal(signer.new(principal="olga", signed_in=True, lifetime=7 * 86400)))
+    assert (await browser.get("/console", headers=PAGE)).status_code == 303
+    put_cookie(browser, signer.seal(signer.new(principal="olga", signed_in=True, lifetime=3600)))
+    assert (await browser.get("/console", headers=PAGE)).status_code == 200
+
+
 # -- POSTs: Origin and CSRF ----------------------------------------------------------------------
 
 async def test_a_post_without_its_csrf_token_is_refused(operator: httpx.AsyncClient) -> None:
