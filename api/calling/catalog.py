@@ -75,7 +75,8 @@ class CatalogView:
     catalog: Document
     discovery: Document
     live_workers: int = 0
-    # The recurring jobs the workers declare, by name (the newest worker's definition wins).
+    # The recurring jobs the workers declare, by name (the newest worker's definition; the one in
+    # force, which its state names, may be another worker's: ``api.calling.schedules``).
     schedules: dict[str, ScheduleSpec] = field(default_factory=dict)
     # What the view was built from: every worker on the roster and whether it serves (alive and
     # not draining), newest first; the console's Tools page shows who serves what from it.

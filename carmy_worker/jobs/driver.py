@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import hashlib
 import itertools
 import logging
 import secrets
@@ -44,7 +43,7 @@ from carmy_worker.settings import WorkerSettings
 from carmy_worker.store import jobs, keys, records
 from carmy_worker.store.durable import Durability
 from carmy_worker.store.jobstore import JobState, JobStore, job_fields, rfc3339
-from carmy_worker.store.promotion import DUE_LEASE_MS, Look, Promotion, Promotions
+from carmy_worker.store.promotion import DUE_LEASE_MS, Look, Promotion, Promotions, schedule_digest
 from carmy_worker.store.pubsub import raise_if_cancelled, stop_if_cancelled
 from carmy_worker.store.reach import Reach
 from carmy_worker.wire import (
@@ -68,6 +67,7 @@ LOST_AFTER_MS = 60_000  # an execution promoted this long ago whose hash and rec
 LOST_EVERY_S = 5.0
 PROMOTE_AT_ONCE = 100  # jobs in one PROMOTE
 FAR_BEHIND_MS = 3_600_000  # a schedule this far behind is caught up in a thread, off the event loop
+RECHECK_MS = 1000  # how often a loop looks at a schedule another definition is late to fire
 
 
 @dataclass
@@ -76,6 +76,9 @@ class _Schedule:
     cron: Cron
     digest: str
     next_ms: int | None = None  # the occurrence it waits for, once known
+    # While another definition is in force (a worker of another version or module), late for its
+    # occurrence: not before this (Redis's ms) does the loop look whether it fired, or must be taken over.
+    not_before: int = 0
 
 
 class JobLoop:
@@ -92,7 +95,7 @@ class JobLoop:
         self.room = room if room is not None else max(64, 4 * settings.concurrency)
         self._promotions = Promotions(redis, durability=durability)
         self._jobs = JobStore(redis)
-        self._schedules = [_Schedule(s, Cron.parse(s.cron, s.timezone), _digest(s)) for s in schedules]
+        self._schedules = [_Schedule(s, Cron.parse(s.cron, s.timezone), schedule_digest(s)) for s in schedules]
         self._lost_at = 0.0
         self._wake = asyncio.Event()
         self._turn = 0  # the partition a pass offers the room to first (``_look``)
@@ -329,14 +332,14 @@ class JobLoop:
         soonest: int | None = None
         for s in self._schedules:
             await self._reach.run(keys.schedule_partition(s.spec.name), functools.partial(self._fire_if_due, s, now_ms))
-            if s.next_ms is not None and (soonest is None or s.next_ms < soonest):
-                soonest = s.next_ms
+            if s.next_ms is not None and (soonest is None or max(s.next_ms, s.not_before) < soonest):
+                soonest = max(s.next_ms, s.not_before)
         return soonest
 
     async def _fire_if_due(self, s: _Schedule, now_ms: int) -> None:
         if s.next_ms is None:
             s.next_ms = await self._promotions.ensure_schedule(s.spec.name, s.digest, s.cron.next_after(now_ms))
-        if now_ms >= s.next_ms:
+        if now_ms >= max(s.next_ms, s.not_before):
             await self._fire_one(s, now_ms)
 
     async def _fire_one(self, s: _Schedule, now_ms: int) -> None:
@@ -361,20 +364,38 @@ class JobLoop:
                             retention=self.settings.jobs_retention,
                             dead_retention=self.settings.dead_letter_retention, request_id=None)
         shared = shared[:-2]  # without the empty payload: each occurrence has its own
-        fired, job_ids, moved = await self._promotions.fire(
+        fired = await self._promotions.fire(
             name=spec.name, digest=s.digest, tool=spec.tool, owner=keys.SCHEDULES_OWNER, waited_for=s.next_ms,
             next_ms=firing.next, skipped=firing.skipped, shared=shared, occurrences=occurrences,
             idempotency=idempotency)
-        if fired:
+        if fired.fired:
             s.next_ms = firing.next
             if firing.skipped:
                 log.warning("schedule %s skipped %d occurrences missed by more than %g s", spec.name,
                             firing.skipped, spec.grace)
-            for job_id in job_ids:
+            for job_id in fired.job_ids:
                 info_line(log, "job", {"event": "job", "job_id": job_id, "tool": spec.tool, "status": "queued",
                                        "schedule": spec.name})
+        elif fired.next_ms is not None and fired.digest not in ("", s.digest):
+            await self._defer(s, fired.next_ms, fired.digest, now_ms)
         else:
-            s.next_ms = moved  # None: its state is gone (Redis lost it): made again on the next pass
+            s.next_ms = fired.next_ms  # None: its state is gone (Redis lost it): made again on the next pass
+
+    async def _defer(self, s: _Schedule, next_ms: int, digest: str, now_ms: int) -> None:
+        """Another definition of the schedule is in force (the newest worker's: a rolling deploy,
+        or another module declaring the name): follow it while it fires. Once its occurrence is
+        late past this schedule's grace, no worker of it is left (a deploy rolled back): take the
+        schedule over, from its next occurrence, as a new definition would."""
+        if now_ms - next_ms > s.spec.grace * 1000:
+            first = s.cron.next_after(now_ms)
+            s.next_ms = await self._promotions.ensure_schedule(s.spec.name, s.digest, first,
+                                                               replacing=(digest, next_ms))
+            if s.next_ms == first:
+                log.warning("schedule %s: another definition of it went unfired for %g s; this worker's is "
+                            "in force now", s.spec.name, (now_ms - next_ms) / 1000)
+        else:
+            s.next_ms = next_ms
+        s.not_before = now_ms + RECHECK_MS if s.next_ms <= now_ms else 0
 
 
 def _due(job: JobState) -> int:
@@ -382,12 +403,6 @@ def _due(job: JobState) -> int:
     queued later than that: asked for in the past, or a schedule's occurrence fired within its
     grace), when its retry was due for any other."""
     return job.run_at_ms if job.attempts == 1 else job.due_ms
-
-
-def _digest(spec: ScheduleSpec) -> str:
-    """A schedule's definition: a new one (another cron, tool, arguments or timezone) starts
-    over from its next occurrence rather than from the old one's."""
-    return hashlib.sha256(msgpack_encoder.encode(spec)).hexdigest()[:16]
 
 
 def _log_attempt(job: JobState, exec_id: str, record: Record, decision: Decision, status: str) -> None:

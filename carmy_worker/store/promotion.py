@@ -10,6 +10,7 @@ for every partition in turn.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +23,7 @@ from carmy_worker.store.jobstore import CREATE_JOB, FINISH_JOB
 from carmy_worker.store.lua import ACCEPTED_WORK, NEW_WORK, NOW, text
 from carmy_worker.store.metrics import LUA_OBSERVE
 from carmy_worker.store.scripts import Script, bind
-from carmy_worker.wire import Record, record_decoder
+from carmy_worker.wire import Record, ScheduleSpec, msgpack_encoder, record_decoder
 
 # What a worker's job loop has to do: executions of jobs that have their record (at most
 # ARGV[2]), and jobs due now in the due sets of its tools, as many as its queue has room for
@@ -152,17 +153,19 @@ return status
 """)
 
 # A schedule's state is made (or remade, when its definition changed): the occurrence it waits
-# for. Returns the one it waits for now.
-# KEYS: schedule; ARGV: definition's digest, first occurrence ms
+# for. Returns the one it waits for now. With ARGV[3] and ARGV[4], a take-over: only if the
+# schedule still has that definition and still waits for that occurrence (nobody fired it since).
+# KEYS: schedule; ARGV: definition's digest, first occurrence ms, [the definition and occurrence replaced]
 ENSURE_SCHEDULE = Script("SCHEDULE_ENSURE", ACCEPTED_WORK + """
 local cur = redis.call('HMGET', KEYS[1], 'spec', 'next')
 if cur[1] == ARGV[1] and cur[2] then return cur[2] end
+if ARGV[3] and cur[2] and (cur[1] ~= ARGV[3] or cur[2] ~= ARGV[4]) then return cur[2] end
 redis.call('HSET', KEYS[1], 'spec', ARGV[1], 'next', ARGV[2])
 return ARGV[2]
 """)
 
 # A schedule fires: only if it still waits for the occurrence ARGV[1] under the same definition
-# (whoever gets here first fires; the rest see it moved), it now waits for ARGV[2], counts the
+# (whoever gets here first fires; the rest see it moved, and by which definition), it now waits for ARGV[2], counts the
 # occurrences it skipped, and queues one job for each occurrence fired, under a request id of
 # its own (a job already there for it is left alone).
 # New work: a full Redis refuses it whole (lua.NEW_WORK), and the occurrence is fired once there
@@ -174,7 +177,7 @@ return ARGV[2]
 #       count of the shared fields, the shared fields, then per occurrence: job_id, ms, request id, payload
 FIRE = Script("SCHEDULE_FIRE", NEW_WORK + NOW + CREATE_JOB + """
 local cur = redis.call('HMGET', KEYS[1], 'next', 'spec')
-if cur[1] ~= ARGV[1] or cur[2] ~= ARGV[4] then return {'moved', cur[1] or ''} end
+if cur[1] ~= ARGV[1] or cur[2] ~= ARGV[4] then return {'moved', cur[1] or '', cur[2] or ''} end
 redis.call('HSET', KEYS[1], 'next', ARGV[2])
 local skipped = tonumber(ARGV[3])
 if skipped > 0 then
@@ -245,6 +248,24 @@ class Ended:
     record: Record | None
     began: bool
     started_ms: int | None
+
+
+@dataclass(frozen=True)
+class Fired:
+    """What FIRE did: ``fired`` and the ``job_ids`` it queued; or not, the schedule having moved:
+    the occurrence it waits for (``next_ms``, None if its state is gone) under the definition
+    ``digest`` (another than the caller's, when workers define it differently)."""
+
+    fired: bool
+    job_ids: list[str]
+    next_ms: int | None = None
+    digest: str = ""
+
+
+def schedule_digest(spec: ScheduleSpec) -> str:
+    """A schedule's definition, as its state names it: a new one (another cron, tool, arguments,
+    timezone or grace) starts over from its next occurrence rather than from the old one's."""
+    return hashlib.sha256(msgpack_encoder.encode(spec)).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -372,15 +393,21 @@ class Promotions:
             found = await pipe.execute()
         return [(e, j) for (e, j), n in zip(candidates, found, strict=True) if n == 0]
 
-    async def ensure_schedule(self, name: str, digest: str, first_ms: int) -> int:
-        return int(await self._ensure(keys=[keys.schedule(name)], args=[digest, first_ms]))
+    async def ensure_schedule(self, name: str, digest: str, first_ms: int,
+                              replacing: tuple[str, int] | None = None) -> int:
+        """The occurrence schedule ``name`` waits for, under definition ``digest`` from now on
+        (waiting for ``first_ms`` if it had another, or none). ``replacing``: (definition,
+        occurrence) it takes over from, only if the schedule still waits for that one by that."""
+        args: list[Any] = [digest, first_ms] if replacing is None else [digest, first_ms, *replacing]
+        return int(await self._ensure(keys=[keys.schedule(name)], args=args))
 
     async def fire(self, *, name: str, digest: str, tool: str, owner: str, waited_for: int, next_ms: int,
                    skipped: int, shared: list[Any], occurrences: list[tuple[str, int, str, bytes]],
-                   idempotency: list[str]) -> tuple[bool, list[str], int | None]:
-        """FIRE: (whether this call fired, the jobs it queued, the occurrence the schedule waits
-        for if another fired first). ``occurrences``: (job_id, ms, request id, payload) each,
-        with its ``idempotency`` key, the job ids drawn into the schedule's partition
+                   idempotency: list[str]) -> Fired:
+        """FIRE: whether this call fired and the jobs it queued, or, if the schedule had moved
+        (another fired first, or it has another definition), what it waits for and by which
+        definition. ``occurrences``: (job_id, ms, request id, payload) each, with its
+        ``idempotency`` key, the job ids drawn into the schedule's partition
         (``keys.schedule_partition``)."""
         p = keys.schedule_partition(name)
         redis_keys: list[Any] = [keys.schedule(name), keys.job_due(tool, p), keys.jobs_of(owner, p),
@@ -391,8 +418,8 @@ class Promotions:
             args += [job_id, at, rid, payload]
         answer = await self._fire(keys=redis_keys, args=args)
         if text(answer[0]) == "moved":
-            return False, [], int(answer[1]) if answer[1] else None
-        return True, [text(v) for v in answer[1:]], None
+            return Fired(False, [], int(answer[1]) if answer[1] else None, text(answer[2]) if len(answer) > 2 else "")
+        return Fired(True, [text(v) for v in answer[1:]])
 
     async def schedule_state(self, names: list[str]) -> list[dict[str, str]]:
         """Each schedule's state as its hash holds it (next, last_job, last_at, skipped, fired)."""

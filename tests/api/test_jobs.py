@@ -9,6 +9,7 @@ The catalog comes from a worker's info published by hand, heartbeating once (the
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import re
 import time
@@ -24,6 +25,7 @@ from api.settings import ApiKey, ApiSettings
 from api.settings.quotas import Quotas
 from carmy_worker.store import keys
 from carmy_worker.store.jobstore import rfc3339
+from carmy_worker.store.promotion import schedule_digest
 from carmy_worker.store.quota import Quota
 from carmy_worker.store.roster import SyncLiveness
 from carmy_worker.wire import RetryPolicy, ScheduleSpec, WorkerInfo, WorkerTool, msgpack_encoder
@@ -373,6 +375,31 @@ async def test_schedules_before_and_after_a_worker_took_them_up(client: httpx.As
     r = await client.get("/agent/schedules", headers=AS_ALICE)
     assert r.json() == {"schedules": [{**expected, "next_run_at": rfc3339(next_ms), "last_job_id": job_id,
                                        "last_run_at": rfc3339(last_ms), "skipped": 2, "fired": 5}]}
+
+
+async def test_schedules_say_the_definition_in_force_not_the_newest_workers(
+        client: httpx.AsyncClient, sync: redis.Redis, stack: Stack) -> None:
+    # A worker older than the module's defines "nightly" otherwise, and its definition is the one
+    # the schedule fires by (the newer one's deploy rolled back): the list says what runs.
+    older = ScheduleSpec(name="nightly", cron="0 4 * * *", tool="noop", timezone="UTC", grace=5.0)
+    info = WorkerInfo(worker_id="jobs-test-0", started_ms=int(time.time() * 1000) - 60_000, tools=[],
+                      group="jobs-test-old", schedules=[older])
+    liveness = SyncLiveness(sync, dead_after=3600)
+    liveness.register(info.worker_id, msgpack_encoder.encode(info))
+    liveness.heartbeat(info.worker_id)
+    next_ms = int(time.time() * 1000) + 3_600_000
+    sync.hset(keys.schedule("nightly"), mapping={"spec": schedule_digest(older), "next": next_ms})
+
+    async def listed() -> dict[str, Any]:
+        return (await client.get("/agent/schedules", headers=AS_ALICE)).json()["schedules"][0]
+
+    deadline = time.monotonic() + 10
+    while (entry := await listed())["cron"] != "0 4 * * *" and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)  # the catalog's next refresh lists the older worker
+    assert {k: entry[k] for k in ("cron", "timezone", "tool", "grace_s", "next_run_at")} == {
+        "cron": "0 4 * * *", "timezone": "UTC", "tool": "noop", "grace_s": 5.0, "next_run_at": rfc3339(next_ms)}
+    sync.hset(keys.schedule("nightly"), "spec", schedule_digest(NIGHTLY))  # the newest worker's in force again
+    assert (await listed())["cron"] == NIGHTLY.cron
 
 
 async def test_metrics_count_jobs_by_status(client: httpx.AsyncClient) -> None:

@@ -83,6 +83,33 @@ async def test_occurrences_missed_past_their_grace_are_skipped_and_counted(ar: r
     assert int(state[b"fired"]) <= 3
 
 
+async def test_a_schedule_whose_newer_definition_stopped_is_taken_over_by_the_older(ar: redis.asyncio.Redis,
+                                                                                      sync_redis: redis.Redis) -> None:
+    # A rolling deploy rolled back: a worker with a new definition took the schedule up, then
+    # stopped; the old workers go on. They fired nothing again, polling Redis every 5 ms.
+    old = loop(ar, [ScheduleSpec(name="canary", cron="* * * * * *", tool="tick", grace=1)])
+    await old.tick()
+    await loop(ar, [ScheduleSpec(name="canary", cron="* * * * * *", tool="mirror", grace=1)]).tick()
+    fires = 0
+    fire = old._promotions.fire
+
+    async def counted(**kwargs: Any) -> Any:
+        nonlocal fires
+        fires += 1
+        return await fire(**kwargs)
+
+    old._promotions.fire = counted  # type: ignore[method-assign]
+    task = asyncio.create_task(old.run())
+    every = keys.jobs_all(keys.schedule_partition("canary"))
+    try:
+        await wait_until_async(lambda: any(sync_redis.hget(keys.job(j.decode()), "tool") == b"tick"
+                                           for j in sync_redis.zrange(every, 0, -1)), what="the old definition fired")
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    assert fires < 20  # about once a second while it waited, not at every pass
+
+
 # A quota keeps each principal's jobs in its home partition (without one they spread at random):
 # PRINCIPALS' jobs are then in every partition, whatever the draw.
 HOMED = Quota(pending=1_000)
