@@ -162,6 +162,35 @@ async def test_a_malformed_time_is_refused(client: httpx.AsyncClient, when: dict
     assert error["details"] in ({"field": "run_at"}, {"field": "delay_ms"})
 
 
+@pytest.mark.parametrize(("asked", "shown"), [
+    # Past times, so that they fit any horizon: due at once, and once cancelled shown as asked.
+    ("2020-01-01t10:00:00z", "2020-01-01T10:00:00.000Z"),  # RFC 3339 allows "t" and "z" in lower case
+    ("2016-12-31T23:59:60Z", "2017-01-01T00:00:00.000Z"),  # a leap second: unix time counts the next
+    ("2020-01-01T10:00:00.1234567890123456789Z", "2020-01-01T10:00:00.124Z"),  # any digits, never earlier
+    ("2020-01-01T10:00:00+14:00", "2019-12-31T20:00:00.000Z"),
+    ("2020-01-01T10:00:00-12:00", "2020-01-01T22:00:00.000Z"),
+])
+async def test_every_rfc_3339_form_is_read_as_its_instant(client: httpx.AsyncClient, asked: str, shown: str
+                                                          ) -> None:
+    r = await create(client, {"tool": "echo", "arguments": {"text": "x"}, "run_at": asked})
+    assert r.status_code == 202, r.text
+    cancelled = (await client.delete(r.headers["location"], headers=AS_ALICE)).json()
+    assert cancelled["run_at"] == shown
+
+
+@pytest.mark.parametrize("asked", [
+    "20200101T100000Z",  # ISO 8601's basic format
+    "2020-W01-2T10:00:00Z",  # a week date
+    "2020-01-01T10Z", "2020-01-01T10:00Z",  # no seconds
+    "2020-01-01T10:00:00+0100", "2020-01-01T10:00:00+01", "2020-01-01T10:00:00+01:00:30",
+    "2020-01-01T10:00:00,5Z", "2020-01-01T10:00:00.Z", "2020-01-01T24:00:00Z", "2020-01-01T10:00:00+24:00",
+])
+async def test_iso_8601_forms_that_are_not_rfc_3339_are_refused(client: httpx.AsyncClient, asked: str) -> None:
+    error = refused(await create(client, {"tool": "echo", "arguments": {"text": "x"}, "run_at": asked}), 400,
+                    "INVALID_REQUEST")
+    assert error["details"] == {"field": "run_at"}
+
+
 async def test_a_time_long_past_is_due_at_once_and_shown_as_asked(client: httpx.AsyncClient) -> None:
     before = int(time.time() * 1000)
     r = await create(client, {"tool": "echo", "arguments": {"text": "x"}, "run_at": "0001-01-01T00:00:00Z"})
