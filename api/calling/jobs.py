@@ -105,7 +105,7 @@ class Jobs:
             raise Rejected(store_full())
         if created.kind == "too_far":
             raise Rejected(error(
-                "INVALID_REQUEST", f"The job would be due {created.count // 1000} s from now, past the horizon of "
+                "INVALID_REQUEST", f"The job would be due {-(-created.count // 1000)} s from now, past the horizon of "
                 f"{self.settings.jobs_horizon} s.",
                 details={"field": "run_at" if request.run_at is not None else "delay_ms",
                          "horizon_s": self.settings.jobs_horizon}))

@@ -210,6 +210,10 @@ async def test_past_the_horizon_is_refused(client: httpx.AsyncClient, api_settin
         error = refused(await create(client, {"tool": "echo", "arguments": {"text": "x"}, **when}), 400,
                         "INVALID_REQUEST")
         assert error["details"] == {"field": next(iter(when)), "horizon_s": api_settings.jobs_horizon}
+    # A millisecond past it: the message says a second more than the horizon, not the horizon itself.
+    just_past = refused(await create(client, {"tool": "echo", "arguments": {"text": "x"}, "delay_ms": horizon_ms + 1}),
+                        400, "INVALID_REQUEST")
+    assert f"due {api_settings.jobs_horizon + 1} s from now" in just_past["message"]
     within = await create(client, {"tool": "echo", "arguments": {"text": "x"}, "delay_ms": horizon_ms - 60_000})
     assert within.status_code == 202
 
