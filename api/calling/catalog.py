@@ -42,6 +42,7 @@ from carmy_worker.wire import (
 log = logging.getLogger("carmy.api")
 
 CAPABILITIES = ["tools", "streaming", "idempotency", "async", "mcp", "jobs"]
+MAX_ROOTS = 8  # discovery documents kept per catalog version for roots other than the server's
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,26 @@ class CatalogView:
     # What the view was built from: every worker on the roster and whether it serves (alive and
     # not draining), newest first; the console's Tools page shows who serves what from it.
     workers: tuple[tuple[WorkerInfo, bool], ...] = ()
+    # Discovery's fields, for its links under another root than the server's (``discovery_under``),
+    # and those documents once made, by root: a mounted app is reached under one or two.
+    discovery_fields: DiscoveryDocument | None = None
+    _under: dict[str, Document] = field(default_factory=dict, compare=False, repr=False)
+
+    def discovery_under(self, root: str) -> Document:
+        """Discovery with its links under ``root`` (``api.http.paths``): ``/carmy/agent/tools``
+        for an app mounted at ``/carmy``; the one document made once at the server's root."""
+        if not root or self.discovery_fields is None:
+            return self.discovery
+        found = self._under.get(root)
+        if found is None:
+            d = self.discovery_fields
+            found = Document.of(msgspec.structs.replace(
+                d, tools_url=root + d.tools_url, execute_url=root + d.execute_url, mcp_url=root + d.mcp_url,
+                jobs_url=None if d.jobs_url is None else root + d.jobs_url,
+                webhooks=None if d.webhooks is None else [root + w for w in d.webhooks]))
+            if len(self._under) < MAX_ROOTS:  # roots are the server's to set, but bound the memory anyway
+                self._under[root] = found
+        return found
 
     def get(self, name: str) -> CatalogTool | None:
         return self.tools.get(name)
@@ -165,12 +186,13 @@ def build_view(server_name: str, workers: list[tuple[WorkerInfo, bool]],
                 groups[tool.spec.name].append(info.group)
     names = sorted(specs)
     catalog = Document.of(CatalogDocument(tools=[specs[n].spec for n in names]))
-    discovery = Document.of(DiscoveryDocument(
+    fields = DiscoveryDocument(
         protocol="carmy/1", server=server_name, tools_url="/agent/tools",
         capabilities=[*CAPABILITIES, "webhooks"] if webhook_paths else CAPABILITIES,
         tools_version=catalog.etag.strip('"'), execute_url="/agent/execute", mcp_url="/mcp", jobs_url="/agent/jobs",
         webhooks=list(webhook_paths) or None,
-    ))
+    )
+    discovery = Document.of(fields)
     tools = {}
     for name in names:
         spec = specs[name].spec
@@ -180,7 +202,7 @@ def build_view(server_name: str, workers: list[tuple[WorkerInfo, bool]],
         tools[name] = CatalogTool(spec=spec, timeout=specs[name].timeout, validator=validators[schema_key],
                                   groups=tuple(groups.get(name, ())), title=specs[name].title,
                                   retry=specs[name].retry)
-    return CatalogView(tools=tools, catalog=catalog, discovery=discovery,
+    return CatalogView(tools=tools, catalog=catalog, discovery=discovery, discovery_fields=fields,
                        live_workers=sum(1 for _, live in workers if live),
                        schedules=dict(sorted(schedules.items())), workers=tuple(workers))
 

@@ -9,6 +9,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from api.calling.catalog import Catalog, Document
+from api.http.paths import root
 
 CATALOG_MAX_AGE_S = 60  # how long a client may use the catalog without asking again (MCP's ttlMs too)
 CACHE_CONTROL = f"private, max-age={CATALOG_MAX_AGE_S}"
@@ -41,7 +42,7 @@ Endpoint = Callable[[Request], Awaitable[Response]]
 def endpoints(catalog: Catalog) -> tuple[Endpoint, Endpoint]:
     # async: a plain def would be sent to a thread pool for a dictionary lookup.
     async def discovery(request: Request) -> Response:
-        return serve(catalog.view.discovery, request)
+        return serve(catalog.view.discovery_under(root(request.scope)), request)
 
     async def tools(request: Request) -> Response:
         return serve(catalog.view.catalog, request)

@@ -180,7 +180,7 @@ class ExecuteEndpoint:
         A retry of a finished execution was answered with its result at once (RFC 7240 lets a
         server answer synchronously when it can).
         """
-        await accepted(started.execution_id, started.state)(*asgi)
+        await accepted(started.execution_id, started.state, asgi[0])(*asgi)
         return Answer("accepted", 202, request.tool, started.execution_id, None, request.request_id)
 
     async def _replay(self, request: ExecuteRequest, exec_id: str, record: Record, sse: bool, send: Send) -> Answer:

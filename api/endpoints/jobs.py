@@ -35,6 +35,7 @@ from api.calling.schedules import Schedules
 from api.guards.auth import trusted_context
 from api.guards.body import BodyTooLarge, ClientGone, read_body
 from api.http import bodies
+from api.http.paths import root
 from api.http.responses import NO_STORE, envelope, envelope_error
 from api.settings import ApiSettings
 from carmy_worker.sdk.context import AgentContext
@@ -54,12 +55,14 @@ CANCEL_POLL_S = 0.05
 job_request_decoder = msgspec.json.Decoder(JobRequest)
 
 
-def location(job_id: str) -> str:
-    return f"{JOBS_PATH}/{job_id}"
+def location(job_id: str, scope: Scope) -> str:
+    """Where a job is read, under the app's ``root``."""
+    return f"{root(scope)}{JOBS_PATH}/{job_id}"
 
 
-def job_response(job: JobState, status_code: int = 200, *, located: bool = False) -> Response:
-    headers = {**NO_STORE, "location": location(job.job_id)} if located else NO_STORE
+def job_response(job: JobState, status_code: int = 200, *, located: Scope | None = None) -> Response:
+    """The job's view; ``located``: with its ``Location``, for the request of this scope."""
+    headers = {**NO_STORE, "location": location(job.job_id, located)} if located is not None else NO_STORE
     return Response(json_encoder.encode(job.view()), status_code, headers, media_type="application/json")
 
 
@@ -110,7 +113,7 @@ class JobRoutes:
 
     async def _create(self, request: JobRequest, scope: Scope) -> Response:
         new = await self.jobs.create(request, trusted_context(scope))
-        return job_response(new.job, 202 if new.created else 200, located=True)
+        return job_response(new.job, 202 if new.created else 200, located=scope)
 
     async def get(self, request: Request) -> Response:
         async def work() -> Response:
@@ -125,7 +128,7 @@ class JobRoutes:
             if job.status not in FINISHED:  # it was running: its worker is stopping it
                 job = await self._ended(job, agent)
             if job.status not in FINISHED:
-                response = job_response(job, 202, located=True)
+                response = job_response(job, 202, located=request.scope)
                 response.headers["retry-after"] = "1"
                 return response
             return job_response(job)

@@ -28,6 +28,7 @@ from api.endpoints import relay
 from api.events.hub import HubUnavailable
 from api.events.mailbox import Mailbox
 from api.guards.auth import trusted_context
+from api.http.paths import root
 from api.http.responses import NO_STORE, envelope, envelope_error
 from api.settings import ApiSettings
 from carmy_worker.sdk.errors import store_unavailable
@@ -41,11 +42,12 @@ log = logging.getLogger("carmy.api")
 CANCEL_WAIT_S = 10.0
 
 
-def accepted(exec_id: str, state: str) -> Response:
-    """202 for an execution still in progress, with where and when to look again."""
+def accepted(exec_id: str, state: str, scope: Scope) -> Response:
+    """202 for an execution still in progress, with where (under the app's ``root``) and when to
+    look again."""
     body = json_encoder.encode({"execution_id": exec_id, "status": "running" if state == "running" else "queued"})
-    return Response(body, 202, {**NO_STORE, "location": f"/agent/executions/{exec_id}", "retry-after": "1"},
-                    media_type="application/json")
+    return Response(body, 202, {**NO_STORE, "location": f"{root(scope)}/agent/executions/{exec_id}",
+                                "retry-after": "1"}, media_type="application/json")
 
 
 def not_found() -> Response:
@@ -78,7 +80,7 @@ class ExecutionRoutes:
             return not_found()
         if found.record is not None:
             return relay.RecordResponse(found.record)
-        return accepted(found.execution_id, found.state)
+        return accepted(found.execution_id, found.state, request.scope)
 
     async def delete(self, request: Request) -> Response:
         try:
@@ -96,7 +98,7 @@ class ExecutionRoutes:
         except (RedisError, HubUnavailable):
             return unavailable()
         if record is None:  # the worker did not answer in time; it will record the cancellation
-            return accepted(found.execution_id, "running")
+            return accepted(found.execution_id, "running", request.scope)
         return relay.RecordResponse(record)
 
     async def _wait(self, found: Found, messages: Mailbox) -> Record | None:

@@ -23,6 +23,7 @@ from starlette.types import Receive, Scope, Send
 from api.calling.checks import Rejected
 from api.calling.jobs import Jobs
 from api.endpoints.execute import ExecuteEndpoint
+from api.endpoints.jobs import location
 from api.guards.auth import CONTEXT_SCOPE_KEY, Authenticator, RequireAuth, trusted_context
 from api.guards.body import BodyTooLarge, ClientGone, read_body
 from api.guards.webhooks import verified
@@ -101,7 +102,7 @@ class WebhookEndpoint:
             await envelope_error("INVALID_REQUEST", str(exc), reason=exc.field)(scope, receive, send)
             return "invalid", 400, None
         if hook.config.mode == "job":
-            response = await self._job(request, trusted_context(scope))
+            response = await self._job(request, trusted_context(scope), scope)
             await response(scope, receive, send)
             return "queued", response.status_code, request.request_id
         answer = await self.execute.call(request, (scope, receive, send), via="webhook")
@@ -119,7 +120,7 @@ class WebhookEndpoint:
             raise Invalid(f"The delivery has nothing at {pointer!r}, this webhook's arguments.", "arguments")
         return ExecuteRequest(hook.config.tool, arguments, event_id(hook, scope, document))
 
-    async def _job(self, request: ExecuteRequest, agent: AgentContext) -> Response:
+    async def _job(self, request: ExecuteRequest, agent: AgentContext, scope: Scope) -> Response:
         """``202 {"job_id", "request_id"}`` (``200`` for a redelivery of a job already created)."""
         try:
             new = await self.jobs.create(JobRequest(tool=request.tool, arguments=request.arguments,
@@ -131,7 +132,7 @@ class WebhookEndpoint:
             return envelope(store_unavailable())
         body = {"job_id": new.job.job_id, "request_id": request.request_id}
         return Response(json_encoder.encode(body), 202 if new.created else 200,
-                        {**NO_STORE, "location": f"/agent/jobs/{new.job.job_id}"}, media_type="application/json")
+                        {**NO_STORE, "location": location(new.job.job_id, scope)}, media_type="application/json")
 
 
 def event_id(hook: Webhook, scope: Scope, document: object) -> str | None:

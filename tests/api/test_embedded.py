@@ -74,3 +74,36 @@ async def test_tool_sees_the_host_context(client: httpx.AsyncClient) -> None:
                           headers={"x-host-user": "alice"})
     assert r.json()["data"] == {"principal": "alice", "session": "s-1", "permissions": ["confirm:wipe"],
                                 "request_id": "q1"}
+
+
+async def test_the_links_an_agent_follows_stay_under_the_mount(client: httpx.AsyncClient) -> None:
+    """Discovery's links and every Location name ``/carmy/...``: without the mount's prefix, an
+    agent that follows one reaches the host app (404), not Carmy."""
+    discovery = (await client.get("/carmy/.well-known/agent")).json()
+    assert (discovery["tools_url"], discovery["execute_url"], discovery["mcp_url"], discovery["jobs_url"]) == (
+        "/carmy/agent/tools", "/carmy/agent/execute", "/carmy/mcp", "/carmy/agent/jobs")
+    assert (await client.get(discovery["tools_url"])).status_code == 200
+
+    accepted = await client.post(discovery["execute_url"], json={"tool": "sleepy", "arguments": {"seconds": 0.2}},
+                                 headers={"prefer": "respond-async"})
+    assert accepted.status_code == 202, accepted.text
+    assert accepted.headers["location"] == f"/carmy/agent/executions/{accepted.json()['execution_id']}"
+    assert (await client.get(accepted.headers["location"])).status_code in (200, 202)
+
+    job = await client.post(discovery["jobs_url"], json={"tool": "echo", "arguments": {"text": "a"},
+                                                          "delay_ms": 3_600_000})
+    assert job.status_code == 202, job.text
+    assert job.headers["location"] == f"/carmy/agent/jobs/{job.json()['job_id']}"
+    assert (await client.get(job.headers["location"])).json()["status"] == "queued"
+    assert (await client.delete(job.headers["location"])).json()["status"] == "cancelled"
+
+
+async def test_discovery_at_the_servers_root_is_unchanged(api_settings: ApiSettings) -> None:
+    """The same app served at the root hands out the links it always did."""
+    app = create_app(api_settings)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as plain:
+            discovery = (await plain.get("/.well-known/agent")).json()
+    assert (discovery["tools_url"], discovery["execute_url"], discovery["mcp_url"]) == (
+        "/agent/tools", "/agent/execute", "/mcp")
