@@ -377,6 +377,11 @@ async def test_cancel_by_the_button(client: httpx.AsyncClient, operator: httpx.A
     # A crafted link cannot put its own words on the page.
     crafted = await operator.get(f"/console/jobs/{later}?done=<b>call+us</b>&refused=<i>x</i>", headers=PAGE)
     assert "call us" not in crafted.text and "<i>x</i>" not in crafted.text
+    # Nor a word of its own dressed as a refusal: only the codes an action can be refused with.
+    worded = await operator.get(f"/console/jobs/{later}?refused=ACCOUNT_SUSPENDED_CALL_SUPPORT", headers=PAGE)
+    assert "ACCOUNT_SUSPENDED" not in worded.text and "Refused:" not in worded.text
+    coded = await operator.get(f"/console/jobs/{later}?refused=RATE_LIMITED", headers=PAGE)
+    assert "Refused: <code>RATE_LIMITED</code>" in coded.text
 
 
 async def test_an_open_console_acts_as_an_operator(client: httpx.AsyncClient, stack: Stack) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, get_args
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -25,6 +25,7 @@ from api.console.pages.operator import operator
 from api.console.pages.unreachable import told_if_unreachable
 from api.console.pages.wording import WORDING
 from api.console.render import render
+from carmy_worker.sdk.errors import ErrorCode
 from carmy_worker.store.joblists import Cursor
 from carmy_worker.store.jobstore import JobState
 
@@ -38,6 +39,9 @@ RETRYABLE = frozenset({"failed", "dead_lettered"})  # what Jobs.retry accepts
 CANCELLABLE = frozenset({"queued", "running"})
 # What a button's POST came to (``jobactions.py``), named in the job page's URL: a fixed list, so
 # that a link someone crafts cannot put words of its own on the page.
+# The codes ?refused= may name (an action's refusal, from its redirect): any other word in a
+# crafted link would be shown to the operator as the console's own.
+ERROR_CODES = frozenset(get_args(ErrorCode))
 DONE = {
     "retried": "Retried: the job is queued again, with a fresh budget of attempts.",
     "cancelled": "Cancelled.",
@@ -156,4 +160,4 @@ class JobsPage:
         done = request.query_params.get("done", "")
         refused = request.query_params.get("refused", "")
         return render(request, "job.html", row=JobRow(job, now_ms()), done=DONE.get(done),
-                      refused=refused if refused.isidentifier() and refused.isupper() else None, **WORDING)
+                      refused=refused if refused in ERROR_CODES else None, **WORDING)
