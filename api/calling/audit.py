@@ -6,7 +6,6 @@ then ``INVALID_REQUEST`` with ``details.field`` naming the first filter that is 
 
 from __future__ import annotations
 
-import datetime
 from dataclasses import dataclass
 from typing import Annotated, get_args
 
@@ -14,6 +13,7 @@ import msgspec
 from msgspec import Meta
 from redis.asyncio import Redis
 
+from api.calling import instants
 from api.calling.checks import Rejected
 from api.calling.jobs import Jobs, operator_required
 from carmy_worker.sdk.context import AgentContext
@@ -79,14 +79,14 @@ def instant(value: str | int | None, field: str) -> int | None:
         if not 0 <= value <= MAX_MS:
             raise invalid(field, f"{field} must be Unix milliseconds from 0 to {MAX_MS}.")
         return value
-    try:
-        at = datetime.datetime.fromisoformat(value)
-    except ValueError:
-        at = None
-    if at is None or at.tzinfo is None or "T" not in value.upper():
+    if len(value) > 6 and value[-6] == " ":
+        # A "+01:00" sent in a query without percent-encoding arrives as " 01:00".
+        value = f"{value[:-6]}+{value[-5:]}"
+    at = instants.read_rfc3339(value)
+    if at is None:
         raise invalid(field, f"{field} must be an RFC 3339 date-time with an offset, such as 2026-12-02T10:00:00Z, "
                              f"or Unix milliseconds; got {clip(value)!r}.")
-    return max(0, round(at.timestamp() * 1000))
+    return max(0, at)
 
 
 def invalid(field: str, message: str) -> Rejected:

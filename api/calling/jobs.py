@@ -9,14 +9,13 @@ sees and retries everyone's.
 
 from __future__ import annotations
 
-import datetime
 import hashlib
-import re
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from redis.asyncio import Redis
 
+from api.calling import instants
 from api.calling.calls import Calls
 from api.calling.checks import Rejected, rate_limited
 from api.settings import ApiSettings
@@ -217,47 +216,15 @@ def _run_at(request: JobRequest) -> int | None:
         raise Rejected(error("INVALID_REQUEST", "delay_ms must be 0 or more.", details={"field": "delay_ms"}))
     if request.run_at is None:
         return None
-    at = _rfc3339_ms(request.run_at)
+    at = instants.read_rfc3339(request.run_at)
     if at is None:
         raise Rejected(error(
             "INVALID_REQUEST", f"run_at must be an RFC 3339 date-time with an offset, such as "
             f"2026-12-24T18:00:00Z; got {clip(request.run_at)!r}.", details={"field": "run_at"}))
-    if not _FIRST_MS <= at <= _LAST_MS:  # 0001-01-01T00:00:00+14:00 is in year 0 in UTC: it has no view
+    if not instants.FIRST_MS <= at <= instants.LAST_MS:  # 0001-01-01T00:00:00+14:00 is in year 0 in UTC: it has no view
         raise Rejected(error("INVALID_REQUEST", f"run_at must fall in the years 0001 to 9999 in UTC; got "
                                                 f"{clip(request.run_at)!r}.", details={"field": "run_at"}))
     return at
-
-
-# RFC 3339's date-time (section 5.6), and nothing else of ISO 8601 that Python's fromisoformat
-# also reads (20261224T1800Z, 2026-W52-4T18Z, a time without seconds, +0100): "T" and "Z" in
-# either case, as its section 5.6 allows, a fraction of any length, an offset to 23:59.
-_RFC3339 = re.compile(r"(\d{4})-(\d\d)-(\d\d)[Tt](\d\d):(\d\d):(\d\d)(?:\.(\d+))?(?:[Zz]|([+-])(\d\d):(\d\d))",
-                      re.ASCII)
-_EPOCH = datetime.datetime(1970, 1, 1)
-_FIRST_MS = (datetime.datetime(1, 1, 1) - _EPOCH) // datetime.timedelta(milliseconds=1)
-_LAST_MS = (datetime.datetime(9999, 12, 31, 23, 59, 59, 999_000) - _EPOCH) // datetime.timedelta(milliseconds=1)
-
-
-def _rfc3339_ms(text: str) -> int | None:
-    """``text`` as unix ms, None unless it is an RFC 3339 date-time. A fraction finer than a
-    millisecond rounds up (never due before the time asked); a leap second (``23:59:60Z``,
-    which unix time does not count) is the second after it."""
-    found = _RFC3339.fullmatch(text)
-    if found is None:
-        return None
-    year, month, day, hour, minute, second, fraction, sign, off_h, off_m = found.groups()
-    if off_h is not None and (int(off_h) > 23 or int(off_m) > 59):
-        return None
-    leap = second == "60"
-    try:  # a naive UTC-less wall time: the offset is applied below, so year 1 and 9999 still parse
-        wall = datetime.datetime(int(year), int(month), int(day), int(hour), int(minute), 59 if leap else int(second))
-    except ValueError:  # no such day or time (2026-02-30, 24:00:00)
-        return None
-    offset = 0 if sign is None else (1 if sign == "+" else -1) * (int(off_h) * 60 + int(off_m))
-    ms = (wall - _EPOCH) // datetime.timedelta(milliseconds=1) - offset * 60_000 + (1000 if leap else 0)
-    if fraction:  # read three digits at most: int() refuses a string of thousands
-        ms += int(fraction[:3].ljust(3, "0")) + (1 if fraction[3:].strip("0") else 0)
-    return ms
 
 
 def _max_attempts(request: JobRequest, default: int) -> int:
