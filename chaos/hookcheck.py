@@ -33,6 +33,7 @@ from msgspec import Struct
 from chaos.calls import RETRY_CODES
 from chaos.jobcheck import FINISHED, ran_twice
 from chaos.model import Callback, Event, Job, LedgerLine, attempt_of
+from chaos.receiver import HUNG
 
 UNAUTHORIZED = "WEBHOOK_UNAUTHORIZED"
 
@@ -53,6 +54,7 @@ class HookTable(Struct, kw_only=True):
     notify_jobs: int  # finished jobs that asked for a callback
     callbacks: int  # deliveries the receiver got
     refused: int  # of them, answered 500 on purpose
+    hung: int  # of them, left unanswered past the worker's timeout on purpose
     repeats: int  # deliveries of a callback after its first
     callbacks_lost: list[str]
     callbacks_forged: list[str]
@@ -118,6 +120,7 @@ def reconcile_hooks(events: list[Event], ledger: list[LedgerLine], tools: set[st
                           | {eid for eid in runs if eid not in known}),
         undocumented=[event.eid for event in true if undocumented(event)],
         notify_jobs=0, callbacks=len(callbacks), refused=sum(c.answered >= 500 for c in callbacks),
+        hung=sum(c.answered == HUNG for c in callbacks),
         repeats=len(callbacks) - len({c.webhook_id for c in callbacks}),
         callbacks_lost=[], callbacks_forged=[], unstable_ids=[], not_shown=[])
     check_callbacks(table, jobs, callbacks)

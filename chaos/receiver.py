@@ -1,7 +1,8 @@
 """The callback receiver: an HTTP server on 127.0.0.1, in the chaos process, that the jobs asking
 for a callback name in ``notify``. It verifies every delivery with the ``standardwebhooks``
 library (``CARMY_NOTIFY_SECRET``), records it (``Callback``), and while ``failing`` answers 500
-to a share of them, so that callbacks are retried; otherwise 204.
+to a share of them, and answers another share only after the worker has given up on it (past
+its 10 s timeout: a receiver that hangs), so that callbacks are retried; otherwise 204.
 """
 
 from __future__ import annotations
@@ -16,9 +17,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from standardwebhooks import Webhook, WebhookVerificationError
 
+from carmy_worker.jobs import outbound
 from chaos.model import Callback
 
-FAIL_SHARE = 0.25  # of the deliveries, while the load runs
+FAIL_SHARE = 0.20  # of the deliveries, while the load runs
+HANG_SHARE = 0.05  # of the others, while the load runs
+HANG_S = outbound.TIMEOUT_S + 2.0  # how long a hanging answer holds the worker's delivery: past its timeout
+HUNG = 0  # the status recorded for a delivery answered only once the worker had given up
 
 
 class Receiver:
@@ -63,7 +68,9 @@ class Receiver:
             doc = {}
         doc = doc if isinstance(doc, dict) else {}
         with self._lock:
-            status = 500 if self.failing and self._rng.random() < FAIL_SHARE else 204
+            draw = self._rng.random()
+            status = 204 if not self.failing else 500 if draw < FAIL_SHARE \
+                else HUNG if draw < FAIL_SHARE + HANG_SHARE else 204
             self.callbacks.append(Callback(
                 t=time.time(), webhook_id=headers.get("webhook-id", ""), verified=verified,
                 job_id=doc.get("job_id"), status=doc.get("status"), attempts=doc.get("attempts") or 0,
@@ -77,6 +84,10 @@ class Receiver:
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 status = receiver.record(body, {k.lower(): v for k, v in self.headers.items()})
+                if status == HUNG:
+                    time.sleep(HANG_S)  # the worker gave up meanwhile: its next attempt is another delivery
+                    self.close_connection = True
+                    return
                 self.send_response(status)
                 self.send_header("Content-Length", "0")
                 self.end_headers()

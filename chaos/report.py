@@ -116,7 +116,7 @@ def hook_rows(h: HookTable) -> list[tuple[str, str, str]]:
         promise("forged deliveries run, or answered other than 401", h.forged_ran),
         promise("webhook answers not as documented (401, 5xx but a 503 to retry, other refusals)", h.undocumented),
         ("callbacks", f"{h.callbacks} deliveries for {h.notify_jobs} finished jobs that asked ({h.refused} answered "
-                      f"500 on purpose, {h.repeats} repeats)", "info"),
+                      f"500 and {h.hung} left hanging on purpose, {h.repeats} repeats)", "info"),
         promise("callbacks lost (no verified delivery of the job's final status)", h.callbacks_lost),
         promise("callbacks forged (not verified, or for no such job)", h.callbacks_forged),
         promise("callback ids unstable (two webhook-ids, or not msg_<job>_<status>_<attempts>)", h.unstable_ids),

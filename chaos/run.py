@@ -54,7 +54,7 @@ REPLICAS = 2  # with --sentinel: a failover leaves one, so WAIT still has a repl
 # The schedule's occurrences are checked up to this long before the jobs' last reads: the later
 # ones may not have run yet.
 TICK_MARGIN_S = 2.0
-CALLBACKS_S = 30.0  # the most the end waits for every callback to be delivered and shown so
+CALLBACKS_S = 60.0  # the most the end waits for every callback to be delivered and shown so
 # A cluster's partitions, its default (carmy_worker.settings.env_partitions): spread over its three primaries.
 CLUSTER_PARTITIONS = 16
 
