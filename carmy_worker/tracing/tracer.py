@@ -25,7 +25,9 @@ def exporter(settings: TracingSettings) -> SpanExporter:
     try:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     except ImportError:
-        raise SettingsError("CARMY_TRACING=otlp needs the OTLP exporter: pip install 'carmy[otlp]'") from None
+        raise SettingsError("CARMY_TRACING=otlp needs the OTLP exporter: "
+                            "pip install opentelemetry-exporter-otlp-proto-http "
+                            "(in the checkout: pip install -e '.[otlp]')") from None
     otlp: SpanExporter = OTLPSpanExporter()  # endpoint, headers, timeout: the standard OTEL_EXPORTER_OTLP_* variables
     return otlp
 
