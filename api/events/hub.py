@@ -12,10 +12,13 @@ JOIN's for a call that follows an execution already running): every message ther
 execution's id, and the hub hands it to the mailboxes expecting that id. No per-execution
 SUBSCRIBE, no round trip to wait for.
 
-If the connection drops, every waiting request is told (``RESYNC``) so it re-reads the stored
-record: a lost message costs a read, never an answer. Each request's messages wait in a bounded
-``Mailbox``: one that does not keep up loses old progress events, never the others, and never
-makes the process buffer without end.
+If a channel's subscription drops (its connection, or on a cluster its shard's), every request
+waiting on an execution of its partition is told (``RESYNC``) so it re-reads the stored record,
+and again once the channel is confirmed anew: a lost message costs a read, never an answer.
+Meanwhile new calls of that partition are refused (``HubUnavailable``); the other partitions'
+go on, so that a dead primary of a cluster refuses only the calls it would have served.
+Each request's messages wait in a bounded ``Mailbox``: one that does not keep up loses old
+progress events, never the others, and never makes the process buffer without end.
 """
 
 from __future__ import annotations
@@ -44,15 +47,16 @@ class HubUnavailable(Exception):
 class EventHub:
     def __init__(self, redis: Redis, *, on_broadcast: dict[str, Callable[[bytes], None]] | None = None) -> None:
         self._redis = redis
-        # This process's channels, one per partition, and whether Redis confirmed the
-        # subscription to every one on the current connection: until then an event published
-        # there could be lost unnoticed.
+        # This process's channels, one per partition, and those Redis has not confirmed the
+        # subscription to on their current connection: until then an event published there
+        # could be lost unnoticed, so no call of that partition is taken.
         process = uuid.uuid4().hex
         self.channels = tuple(keys.api_channel(process, p) for p in keys.partitions())
         self._names = {channel.encode(): channel for channel in self.channels}
+        self._partition = {channel: p for p, channel in enumerate(self.channels)}
         self._unconfirmed = set(self.channels)
-        self._confirmed = asyncio.Event()
-        self._resync_due = False  # a reconnection: re-read once the process channel is confirmed
+        self._confirmed = asyncio.Event()  # every channel confirmed
+        self._lost: set[str] = set()  # dropped, not confirmed since: their waiters re-read once they are
         self._expected: dict[str, set[Mailbox]] = {}
         # Process-wide channels (catalog changes) and their handlers: always subscribed.
         self._broadcast = dict(on_broadcast or {})
@@ -92,7 +96,7 @@ class EventHub:
         return self.channels[keys.partition_of(exec_id)]
 
     def _register(self, exec_id: str) -> Mailbox:
-        if not self._confirmed.is_set():
+        if self._unconfirmed and self.channel_for(exec_id) in self._unconfirmed:
             raise HubUnavailable("not connected")
         queue = Mailbox()
         self._expected.setdefault(exec_id, set()).add(queue)
@@ -108,22 +112,25 @@ class EventHub:
     async def _read_forever(self) -> None:
         # On a cluster, a connection per shard, the broadcasts on one of them (store.shardpubsub).
         await listen(self._redis, lambda: self.channels, self._dispatch, name="event hub",
-                     broadcast=lambda: list(self._broadcast), on_connect=self._connected, on_drop=self._dropped)
+                     broadcast=lambda: list(self._broadcast), on_drop=self._dropped)
 
-    def _connected(self, after_drop: bool) -> None:
-        # Subscribed, not yet confirmed: the waiters re-read once Redis confirms (_dispatch),
-        # since events published until then are lost too.
-        self._resync_due = after_drop
-
-    def _dropped(self) -> None:
+    def _dropped(self, channels: Collection[str]) -> None:
+        own = {self._partition[c] for c in channels if c in self._partition}
+        if not own:
+            return  # a broadcast channel alone
+        lost = {self.channels[p] for p in own}
         self._confirmed.clear()
-        self._unconfirmed = set(self.channels)
-        self._resync()  # whatever was in flight may be lost
+        self._unconfirmed |= lost
+        self._lost |= lost
+        self._resync(own)  # whatever was in flight there may be lost
 
-    def _resync(self) -> None:
-        for queues in self._expected.values():
-            for queue in queues:
-                queue.put_nowait(RESYNC)
+    def _resync(self, partitions: Collection[int]) -> None:
+        """Tells every request waiting on an execution of ``partitions`` to re-read its record."""
+        every = len(partitions) == len(self.channels)
+        for exec_id, queues in self._expected.items():
+            if every or keys.partition_of(exec_id) in partitions:
+                for queue in queues:
+                    queue.put_nowait(RESYNC)
 
     def _dispatch(self, message: Message) -> None:
         kind, raw = message["type"], message["channel"]
@@ -138,12 +145,11 @@ class EventHub:
                 handler(message["data"])
         elif kind == "subscribe" and own is not None:
             self._unconfirmed.discard(own)
-            if self._unconfirmed:
-                return
-            self._confirmed.set()
-            if self._resync_due:  # events published before this confirmation were lost
-                self._resync_due = False
-                self._resync()
+            if own in self._lost:  # events published before this confirmation were lost
+                self._lost.discard(own)
+                self._resync((self._partition[own],))
+            if not self._unconfirmed:
+                self._confirmed.set()
 
 
 class Expectation:

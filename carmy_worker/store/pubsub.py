@@ -63,7 +63,7 @@ async def listen_forever(
     *,
     name: str,
     on_connect: Callable[[bool], None] | None = None,
-    on_drop: Callable[[], None] | None = None,
+    on_drop: Callable[[Collection[str]], None] | None = None,
     max_backoff: float = 1.0,
     sharded: Callable[[], Collection[str]] = tuple,
 ) -> None:
@@ -73,17 +73,18 @@ async def listen_forever(
 
     When the connection drops, it reconnects with a backoff (0.1 s doubling up to
     ``max_backoff``) and subscribes again to what ``channels()`` says then. ``on_connect(after_drop)``
-    runs once subscribed (``after_drop``: this is a reconnection); ``on_drop``
-    runs whenever a connection ends, since messages published meanwhile are lost.
+    runs once subscribed (``after_drop``: this is a reconnection); ``on_drop(channels)``
+    runs whenever a connection ends, naming every channel, since messages published meanwhile
+    are lost.
     """
     delay, lost = 0.1, False
     while True:
         pubsub = redis.pubsub()
+        plain, shards = list(channels()), list(sharded())
         try:
-            plain = channels()
             if plain:
                 await pubsub.subscribe(*plain)
-            for channel in sharded():  # one a command: each may be in a slot of its own
+            for channel in shards:  # one a command: each may be in a slot of its own
                 await pubsub.execute_command("SSUBSCRIBE", channel)
             if lost:
                 log.info("%s: connection restored", name)
@@ -112,6 +113,6 @@ async def listen_forever(
             delay = min(delay * 2, max_backoff)
         finally:
             if on_drop is not None:
-                on_drop()
+                on_drop([*plain, *shards])
             with contextlib.suppress(Exception):
                 await pubsub.aclose()

@@ -10,14 +10,16 @@ one connection per primary that owns one of its channels, and ``SSUBSCRIBE`` the
 per slot (a command's channels must share one). Plain channels (``SUBSCRIBE``) are delivered by
 every node of a cluster: they ride on one of those connections.
 
-When the cluster changes under it, it subscribes again, everywhere, to what ``channels()`` says
-then: a connection lost (the node died or was killed), a ``MOVED`` reply (the slot is
-elsewhere), or an ``sunsubscribe`` the node sent by itself (its slot migrated away, or it was
-demoted). Before each new attempt it reloads the slot table (``CLUSTER SLOTS`` from the nodes
-it knows), with a backoff (0.1 s doubling up to ``max_backoff``) while that fails: during a
-failover, until a replica is promoted (``cluster-node-timeout`` + about 1 s). As with
-``listen_forever``, messages published while it resubscribes are lost: ``on_drop`` says when
-that window opens and ``on_connect(after_drop=True)`` when it closes.
+Each connection stands alone. When one ends (its node died or was killed, a ``MOVED`` reply: the
+slot is elsewhere, or an ``sunsubscribe`` the node sent by itself: its slot migrated away, or it
+was demoted), only the channels it carried are subscribed again, where the slot table then places
+them; the other shards' subscriptions go on, so that a dead primary costs the listener its own
+channels, not every partition's. Before each new attempt it reloads the slot table (``CLUSTER
+SLOTS`` from the nodes it knows), with a backoff (0.1 s doubling up to ``max_backoff``) while
+that fails: during a failover, until a replica is promoted (``cluster-node-timeout`` + about
+1 s). As with ``listen_forever``, messages published while a channel is subscribed again are
+lost: ``on_drop(channels)`` says which, and when that window opens; their confirmations, when
+it closes.
 """
 
 from __future__ import annotations
@@ -48,62 +50,44 @@ class ShardMoved(RedisConnectionError):
     """A node ended a subscription by itself (``sunsubscribe``): its slot is served elsewhere."""
 
 
-class ShardSet:
-    """One subscribed connection per primary owning one of the channels, opened by
-    ``subscribe`` and read by ``run`` until one of them fails; ``aclose`` closes them all.
+def _by_node(cluster: StoreCluster, channels: Collection[str],
+             broadcast: Collection[str]) -> list[tuple[ClusterNode, dict[int, list[str]], list[str]]]:
+    """``channels`` by the primary of their slot, per the slot table now, each node's by slot (a
+    command's channels must share one); the ``broadcast`` ones with the first node (or a random
+    primary's when there are no others): a plain ``PUBLISH`` reaches every node of a cluster."""
+    by_node: dict[str, tuple[ClusterNode, dict[int, list[str]], list[str]]] = {}
+    for channel in channels:
+        slot = cluster.keyslot(channel)
+        node = cluster.nodes_manager.get_node_from_slot(slot)
+        by_node.setdefault(node.name, (node, {}, []))[1].setdefault(slot, []).append(channel)
+    if broadcast:
+        if not by_node:
+            node = cluster.get_random_node()
+            by_node[node.name] = (node, {}, [])
+        next(iter(by_node.values()))[2].extend(broadcast)
+    return list(by_node.values())
 
-    The connections are the cluster client's kind (its password, TLS and parser, which turns
-    a ``MOVED`` reply into ``MovedError``) but not from its pools, and have no read timeout: a
-    quiet channel is not a dead one."""
 
-    def __init__(self, cluster: StoreCluster) -> None:
-        self.cluster = cluster
-        self.connections: dict[str, AbstractConnection] = {}  # by node name (host:port)
-
-    async def subscribe(self, channels: Collection[str], broadcast: Collection[str] = ()) -> None:
-        """``SSUBSCRIBE`` to every channel on the primary of its slot, per the slot table now,
-        and ``SUBSCRIBE`` to the ``broadcast`` ones on one of those connections (or on a random
-        primary's when there are none): a plain ``PUBLISH`` reaches every node of a cluster.
-        The confirmations come to ``run``'s ``on_message`` (or a ``MOVED`` to its failure)."""
-        async with self.cluster.turn():  # the slot table's first load takes a node's connection
-            await self.cluster.initialize()
-        by_node: dict[str, tuple[ClusterNode, dict[int, list[str]]]] = {}
-        for channel in channels:
-            slot = self.cluster.keyslot(channel)
-            node = self.cluster.nodes_manager.get_node_from_slot(slot)
-            by_node.setdefault(node.name, (node, {}))[1].setdefault(slot, []).append(channel)
-        if broadcast and not by_node:
-            node = self.cluster.get_random_node()
-            by_node[node.name] = (node, {})
-        for name, (node, slots) in by_node.items():
-            connection = node.connection_class(**{**node.connection_kwargs, "socket_timeout": None})
-            self.connections[name] = connection
-            await connection.connect()
-            for names in slots.values():
-                await connection.send_command("SSUBSCRIBE", *names)
-            if broadcast:
-                await connection.send_command("SUBSCRIBE", *broadcast)
-                broadcast = ()
-
-    async def run(self, on_message: Callable[[Message], None]) -> None:
-        """Hand every reply of every connection to ``on_message`` until one fails: that error is
-        raised (the first, if several), the others' reads cancelled."""
-        try:
-            async with asyncio.TaskGroup() as group:
-                for node, connection in self.connections.items():
-                    group.create_task(_read(node, connection, on_message))
-                # Wait in the body, where the group's cancellation lands when a read fails: on
-                # Python 3.11, a read that fails while __aexit__ waits leaves this task's
-                # cancelling() count raised, and every loop here would take that for a shutdown.
-                await asyncio.Event().wait()
-        except BaseExceptionGroup as failed:
-            raise _first(failed) from None
-
-    async def aclose(self) -> None:
-        for connection in self.connections.values():
-            with contextlib.suppress(Exception):
-                await connection.disconnect()
-        self.connections.clear()
+async def _serve(node: ClusterNode, slots: dict[int, list[str]], broadcast: list[str],
+                 on_message: Callable[[Message], None], on_connect: Callable[[bool], None] | None,
+                 after_drop: bool) -> None:
+    """One connection to ``node``: ``SSUBSCRIBE`` per slot, ``SUBSCRIBE`` to ``broadcast``, and
+    every reply to ``on_message`` until it fails (raised). The connection is the cluster client's
+    kind (its password, TLS and parser, which turns a ``MOVED`` reply into ``MovedError``) but
+    not from its pools, and has no read timeout: a quiet channel is not a dead one."""
+    connection = node.connection_class(**{**node.connection_kwargs, "socket_timeout": None})
+    try:
+        await connection.connect()
+        for names in slots.values():
+            await connection.send_command("SSUBSCRIBE", *names)
+        if broadcast:
+            await connection.send_command("SUBSCRIBE", *broadcast)
+        if on_connect is not None:
+            on_connect(after_drop)
+        await _read(node.name, connection, on_message)
+    finally:
+        with contextlib.suppress(Exception):
+            await connection.disconnect()
 
 
 async def _read(node: str, connection: AbstractConnection, on_message: Callable[[Message], None]) -> None:
@@ -119,13 +103,6 @@ def _message(reply: list[Any]) -> Message:
     ``subscribe`` or ``unsubscribe`` (channel, count)."""
     kind = KINDS.get(reply[0], reply[0].decode() if isinstance(reply[0], bytes) else reply[0])
     return {"type": kind, "pattern": None, "channel": reply[1], "data": reply[2]}
-
-
-def _first(group: BaseExceptionGroup[BaseException]) -> BaseException:
-    error: BaseException = group
-    while isinstance(error, BaseExceptionGroup):
-        error = error.exceptions[0]
-    return error
 
 
 async def refresh(cluster: StoreCluster) -> None:
@@ -144,7 +121,7 @@ async def listen(
     name: str,
     broadcast: Callable[[], Collection[str]] = tuple,
     on_connect: Callable[[bool], None] | None = None,
-    on_drop: Callable[[], None] | None = None,
+    on_drop: Callable[[Collection[str]], None] | None = None,
     max_backoff: float = 1.0,
 ) -> None:
     """Subscribe to the sharded channels ``sharded()`` and the plain ones ``broadcast()`` of
@@ -166,40 +143,65 @@ async def listen_sharded_forever(
     *,
     name: str,
     on_connect: Callable[[bool], None] | None = None,
-    on_drop: Callable[[], None] | None = None,
+    on_drop: Callable[[Collection[str]], None] | None = None,
     max_backoff: float = 1.0,
     broadcast: Callable[[], Collection[str]] = tuple,
 ) -> None:
     """``SSUBSCRIBE`` to ``channels()``, each on its shard, and ``SUBSCRIBE`` to ``broadcast()``
     on one node, and hand every message (subscribe confirmations included, typed as
     ``listen_forever`` types them) to ``on_message``, until cancelled. ``on_connect(after_drop)``
-    runs once the subscriptions are sent; ``on_drop`` whenever they end. ``cluster`` is used for
-    its slot table (rebuilt here after each failure) and its connection options; it may be
-    shared (``StoreCluster`` keeps the connections of its nodes when its table is rebuilt)."""
+    runs once a connection's subscriptions are sent; ``on_drop(channels)`` whenever one ends,
+    naming the channels it carried. ``cluster`` is used for its slot table (rebuilt here after
+    each failure) and its connection options; it may be shared (``StoreCluster`` keeps the
+    connections of its nodes when its table is rebuilt)."""
+    serving: dict[asyncio.Task[None], tuple[list[str], list[str]]] = {}  # each connection's channels
+    waiting, plain = list(channels()), list(broadcast())  # not subscribed now
     delay, lost = 0.1, False
-    while True:
-        stop_if_cancelled()  # a refresh below may have swallowed it
-        shards = ShardSet(cluster)
-        try:
-            await shards.subscribe(channels(), broadcast())
-            if lost:
-                log.info("%s: subscriptions restored", name)
-            if on_connect is not None:
-                on_connect(lost)
-            delay, lost = 0.1, False
-            await shards.run(on_message)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # a shard lost, moved or not there yet
-            raise_if_cancelled(exc)
-            if not lost:
-                log.warning("%s: a shard's subscription ended (%s); resubscribing", name, exc)
+    loop = asyncio.get_running_loop()
+    try:
+        while True:
+            stop_if_cancelled()  # a refresh below may have swallowed it
+            if waiting or plain:
+                try:
+                    if lost:
+                        await refresh(cluster)
+                    else:
+                        async with cluster.turn():  # the slot table's first load takes a node's connection
+                            await cluster.initialize()
+                    groups = _by_node(cluster, waiting, plain)
+                except Exception as exc:  # no node answers yet
+                    raise_if_cancelled(exc)
+                    if not lost:
+                        log.warning("%s: no slot table (%s); trying again", name, exc)
+                    lost = True
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, max_backoff)
+                    continue
+                for node, slots, its_plain in groups:
+                    sharded = [c for names in slots.values() for c in names]
+                    task = asyncio.create_task(_serve(node, slots, its_plain, on_message, on_connect, lost))
+                    serving[task] = (sharded, its_plain)
+                waiting, plain = [], []
+            if not serving:  # no channel at all
+                await asyncio.Event().wait()
+            since = loop.time()
+            ended, _ = await asyncio.wait(serving, return_when=asyncio.FIRST_COMPLETED)
+            if loop.time() - since > 5 * max_backoff:  # they had been up a while: a new episode
+                delay = 0.1
+            for task in ended:
+                sharded, its_plain = serving.pop(task)
+                log.warning("%s: a shard's subscription ended (%s); subscribing its %d channels again",
+                            name, task.exception(), len(sharded) + len(its_plain))
+                waiting += sharded
+                plain += its_plain
+                if on_drop is not None:
+                    on_drop([*sharded, *its_plain])
             lost = True
             await asyncio.sleep(delay)
             delay = min(delay * 2, max_backoff)
-            with contextlib.suppress(Exception):
-                await refresh(cluster)
-        finally:
-            if on_drop is not None:
-                on_drop()
-            await shards.aclose()
+    finally:
+        for task in serving:
+            task.cancel()
+        await asyncio.gather(*serving, return_exceptions=True)
+        if on_drop is not None and serving:
+            on_drop([c for sharded, its_plain in serving.values() for c in (*sharded, *its_plain)])

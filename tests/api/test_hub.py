@@ -10,6 +10,7 @@ import redis.asyncio
 
 from api.events.hub import RESYNC, EventHub, HubUnavailable
 from carmy_worker.store import keys
+from tests.cells import partitions
 from tests.support import RedisServer, new_tmp, wait_until_async
 
 
@@ -45,3 +46,26 @@ async def test_a_dropped_connection_resyncs_waiters_and_refuses_new_calls_until_
         await listener.aclose()
         server.stop()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+async def test_a_channel_dropped_alone_refuses_and_resyncs_its_partition_only() -> None:
+    """On a cluster each shard's subscription ends on its own (``store.shardpubsub``): a dead
+    primary's channel refuses the calls of its partition and tells their waiters to re-read,
+    while the other partitions' calls go on untouched."""
+    with partitions(4):
+        hub = EventHub(redis.asyncio.Redis())  # never started: the test plays the listener's part
+        ids = {p: keys.new_execution_id(p) for p in keys.partitions()}
+        for channel in hub.channels:  # every channel confirmed
+            hub._dispatch({"type": "subscribe", "pattern": None, "channel": channel.encode(), "data": 1})
+        with hub.expect(ids[1]) as lost, hub.expect(ids[2]) as kept:
+            hub._dropped([hub.channels[1], "catalog"])
+            assert await lost.get(timeout=0) == RESYNC and await kept.get(timeout=0) is None
+            with pytest.raises(HubUnavailable), hub.expect(keys.new_execution_id(1)):
+                pass
+            with hub.expect(keys.new_execution_id(2)):  # another partition: taken
+                pass
+            hub._dispatch({"type": "subscribe", "pattern": None, "channel": hub.channels[1].encode(), "data": 1})
+            # Events published before the confirmation were lost: its waiters are told again.
+            assert await lost.get(timeout=0) == RESYNC and await kept.get(timeout=0) is None
+            with hub.expect(keys.new_execution_id(1)):
+                pass

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection
 
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -27,6 +27,7 @@ class Ear:
         self.cluster = cluster
         self.heard: list[tuple[str, bytes]] = []
         self.drops = 0
+        self.dropped: list[list[str]] = []  # the channels of each connection that ended
         self.connects: list[bool] = []
         self.task = asyncio.create_task(listen_sharded_forever(
             cluster, lambda: CHANNELS, self.on_message, name="test", on_connect=self.connects.append,
@@ -36,8 +37,9 @@ class Ear:
         if message["type"] == "message":
             self.heard.append((message["channel"].decode(), message["data"]))
 
-    def on_drop(self) -> None:
+    def on_drop(self, channels: Collection[str]) -> None:
         self.drops += 1
+        self.dropped.append(sorted(channels))
 
     async def hears(self, channel: str, data: bytes, timeout: float = 30.0) -> None:
         """Publishes ``data`` on ``channel`` until the listener has heard it (a publication made
@@ -67,10 +69,12 @@ async def ear(redis_cluster: LocalCluster) -> AsyncIterator[Ear]:
 
 
 async def test_each_channel_is_heard_from_its_own_shard(ear: Ear, redis_cluster: LocalCluster) -> None:
-    await wait_until_async(lambda: ear.connects == [False])
+    # A connection per primary owning a channel, each subscribed once.
+    shards = {redis_cluster.owner(ear.cluster.keyslot(c)).port for c in CHANNELS}
+    await wait_until_async(lambda: len(ear.connects) == len(shards))
+    assert not any(ear.connects)
     for channel in CHANNELS:
         await ear.hears(channel, b"hello")
-    shards = {redis_cluster.owner(ear.cluster.keyslot(c)).port for c in CHANNELS}
     assert len(shards) > 1
     # A message on one shard reaches no other: exactly one copy of each.
     assert sorted(ear.heard) == sorted((c, b"hello") for c in CHANNELS)
@@ -85,6 +89,8 @@ async def test_a_channel_is_heard_again_after_its_slot_moves(ear: Ear, redis_clu
     await asyncio.to_thread(redis_cluster.move_slot, slot, target)
     await ear.hears(channel, b"after")
     assert ear.drops >= 1 and ear.connects[-1] is True  # it resubscribed, and said so
+    # Only the connection that carried the moved slot's channel ended: the others went on.
+    assert all(channel in dropped for dropped in ear.dropped)
 
 
 @pytest.mark.slow
@@ -93,8 +99,11 @@ async def test_a_channel_is_heard_again_after_its_primary_is_killed(ear: Ear, re
     await ear.hears(channel, b"before")
     victim = redis_cluster.owner(ear.cluster.keyslot(channel))
     index = redis_cluster.primaries().index(victim)
+    its_own = {c for c in CHANNELS if redis_cluster.owner(ear.cluster.keyslot(c)) is victim}
     await asyncio.to_thread(redis_cluster.kill_primary, index)
     await ear.hears(channel, b"after")
+    # Only the dead primary's channels were dropped and subscribed again: the others went on.
+    assert ear.dropped and all(set(dropped) <= its_own for dropped in ear.dropped)
     for other in CHANNELS:
         await ear.hears(other, b"everywhere")
     await asyncio.to_thread(redis_cluster.restart, victim)
