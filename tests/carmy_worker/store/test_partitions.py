@@ -4,6 +4,10 @@ start against a store that recorded another."""
 
 from __future__ import annotations
 
+import asyncio
+import os
+import subprocess
+import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
 
@@ -17,7 +21,7 @@ from api.settings import ApiSettings
 from carmy_worker.settings import SettingsError, WorkerSettings
 from carmy_worker.store import jobs, keys, partitions
 from tests import cells
-from tests.support import RedisServer, app_settings
+from tests.support import ROOT, RedisServer, app_settings
 
 
 @pytest.fixture
@@ -116,3 +120,19 @@ async def test_an_api_configured_with_another_count_does_not_start(ar: redis.asy
     with pytest.raises(partitions.PartitionsDisagree, match=f"is {here} here but {here + 3} in Redis"):
         async with app.router.lifespan_context(app):
             pass
+
+
+async def test_python_m_api_with_another_count_says_why_in_a_line(ar: redis.asyncio.Redis,
+                                                                   redis_server: RedisServer) -> None:
+    """As the worker does: the message alone, status 2, no traceback of the app's start-up."""
+    here = keys.partition_count()
+    await partitions.agree(ar, here + 3)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CARMY_")}
+    env.update({"CARMY_REDIS_URL": redis_server.url, "CARMY_REDIS_PARTITIONS": str(here), "CARMY_PORT": "0"})
+    started = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "api"], env=env, cwd=ROOT,
+                                      capture_output=True, text=True, timeout=60)
+    assert started.returncode == 2
+    assert started.stderr.strip().splitlines() == [
+        f"api: CARMY_REDIS_PARTITIONS is {here} here but {here + 3} in Redis ({keys.PARTITIONS}, written by the "
+        f"first process of this deployment): set it to {here + 3} on every API and worker (changing it needs an "
+        "empty Redis: executions are found by their partition)"]
