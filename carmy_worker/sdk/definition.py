@@ -62,6 +62,7 @@ class _Common(NamedTuple):
     name: str
     description: str
     retry: RetryPolicy
+    confirmation: str  # "required" for a destructive tool, whatever was declared: it always needs one
 
 
 def _common(
@@ -95,7 +96,7 @@ def _common(
     text = description if description is not None else inspect.getdoc(fn)
     if not isinstance(text, str) or not text.strip():
         raise fail("a description is required (a docstring or description=...): agents choose tools by it")
-    return _Common(tool_name, text.strip(), policy), fail
+    return _Common(tool_name, text.strip(), policy, "required" if effect == "destructive" else confirmation), fail
 
 
 def build(
@@ -126,7 +127,7 @@ def build(
 
     spec = ToolSpec(
         name=common.name, description=common.description, input_schema=input_schema, output_schema=output_schema,
-        effect=effect, idempotent=idempotent, parallel_safe=parallel_safe, confirmation=confirmation,
+        effect=effect, idempotent=idempotent, parallel_safe=parallel_safe, confirmation=common.confirmation,
     )
     return Tool(
         spec=spec, fn=fn, is_async=inspect.iscoroutinefunction(fn), timeout=timeout, title=title,
@@ -153,7 +154,7 @@ def build_schema_tool(
         raise fail('the input schema must be an object schema ("type": "object" at its root)')
     spec = ToolSpec(
         name=common.name, description=common.description, input_schema=input_schema, output_schema=output_schema,
-        effect=effect, idempotent=idempotent, parallel_safe=parallel_safe, confirmation=confirmation,
+        effect=effect, idempotent=idempotent, parallel_safe=parallel_safe, confirmation=common.confirmation,
     )
     return Tool(
         spec=spec, fn=fn, is_async=inspect.iscoroutinefunction(fn), timeout=timeout, title=title,

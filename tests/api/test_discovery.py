@@ -73,7 +73,8 @@ async def test_catalog_document(client: httpx.AsyncClient) -> None:
         assert tool["input_schema"]["type"] == "object"
         assert "$ref" not in tool["input_schema"]
     wipe = next(t for t in tools if t["name"] == "wipe")
-    assert (wipe["effect"], wipe["confirmation"], wipe["parallel_safe"]) == ("destructive", "none", False)
+    # Declared without confirmation="required", but destructive: it needs one all the same.
+    assert (wipe["effect"], wipe["confirmation"], wipe["parallel_safe"]) == ("destructive", "required", False)
     assert next(t for t in tools if t["name"] == "publish")["confirmation"] == "required"
 
 

@@ -147,7 +147,8 @@ async def test_tools_list(url: str, mode: str) -> None:
     assert wipe.annotations is not None
     assert wipe.annotations.model_dump(by_alias=True, exclude_none=True) == {
         "readOnlyHint": False, "destructiveHint": True, "idempotentHint": True, "openWorldHint": False}
-    assert wipe.meta == {"carmy/effect": "destructive", "carmy/confirmation": "none", "carmy/parallel_safe": False}
+    # A destructive tool always needs confirmation: its catalog says so, whatever it declared.
+    assert wipe.meta == {"carmy/effect": "destructive", "carmy/confirmation": "required", "carmy/parallel_safe": False}
 
     echo = tools["echo"]
     assert echo.description == "Echo the text."
