@@ -62,7 +62,7 @@ class _Common(NamedTuple):
     name: str
     description: str
     retry: RetryPolicy
-    confirmation: str  # "required" for a destructive tool, whatever was declared: it always needs one
+    confirmation: Confirmation  # "required" for a destructive tool, whatever was declared: it always needs one
 
 
 def _common(
