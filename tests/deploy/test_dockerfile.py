@@ -154,3 +154,10 @@ def test_every_installed_package_is_in_the_build_context(ignore_patterns: list[s
             assert not ignored(str(source.relative_to(ROOT)), ignore_patterns), source
     assert not ignored("pyproject.toml", ignore_patterns)
     assert not ignored("README.md", ignore_patterns)
+
+
+def test_a_tool_module_of_ones_own_needs_its_own_line(ignore_patterns: list[str]) -> None:
+    """README, "Run it": ``COPY mytools.py /app/`` finds the module only once ``!mytools.py`` lets
+    it into the build context."""
+    assert ignored("mytools.py", ignore_patterns)
+    assert not ignored("mytools.py", [*ignore_patterns, "!mytools.py"])
