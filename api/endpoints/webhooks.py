@@ -26,7 +26,7 @@ from api.endpoints.execute import ExecuteEndpoint
 from api.endpoints.jobs import location
 from api.guards.auth import CONTEXT_SCOPE_KEY, Authenticator, RequireAuth, trusted_context
 from api.guards.body import BodyTooLarge, ClientGone, read_body
-from api.guards.webhooks import verified
+from api.guards.webhooks import refusal
 from api.http.fields import fields
 from api.http.pointer import MISSING, resolve
 from api.http.responses import NO_STORE, envelope, envelope_error
@@ -92,9 +92,9 @@ class WebhookEndpoint:
             return "invalid", 413, None
         except ClientGone:
             return "disconnected", 499, None
-        if not verified(hook, fields(scope), body):
-            await envelope_error("WEBHOOK_UNAUTHORIZED", "The delivery's signature does not verify with this "
-                                 "webhook's secret.")(scope, receive, send)
+        why = refusal(hook, fields(scope), body)
+        if why is not None:
+            await envelope_error("WEBHOOK_UNAUTHORIZED", why)(scope, receive, send)
             return "unverified", 401, None
         try:
             request = self._request(hook, scope, body)

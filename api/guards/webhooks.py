@@ -17,24 +17,38 @@ import hmac
 import time
 from collections.abc import Mapping
 
-from api.settings.webhooks import HeaderSecret, HmacSha256, Secret, StandardWebhooks, Webhook
+from api.settings.webhooks import HeaderSecret, HmacSha256, Secret, Webhook
 from carmy_worker import signatures
 
 HEX_PREFIX = b"sha256="
 
 
-def verified(webhook: Webhook, headers: Mapping[bytes, bytes], body: bytes, now: float | None = None) -> bool:
-    """Whether ``body``, with these (lower-case) header fields, is signed by ``webhook``'s secret."""
+UNSIGNED = "The delivery's signature does not verify with this webhook's secret."
+
+
+def refusal(webhook: Webhook, headers: Mapping[bytes, bytes], body: bytes, now: float | None = None) -> str | None:
+    """Why ``body``, with these (lower-case) header fields, is not taken as signed by
+    ``webhook``'s secret (the message its sender is answered with), or None if it is. A
+    Standard Webhooks delivery signed right but at a time past the tolerance is told so: a
+    sender whose clock is off, or a replay, is not the same mistake as a wrong secret."""
     scheme, secret = webhook.config.verify, webhook.secret
     if scheme == "none":
-        return True
+        return None
     if secret is None:  # pragma: no cover - settings read every scheme's secret at start
-        return False
+        return UNSIGNED
     if isinstance(scheme, HmacSha256):
-        return hmac_sha256(secret, headers.get(scheme.header.lower().encode()), body)
+        return None if hmac_sha256(secret, headers.get(scheme.header.lower().encode()), body) else UNSIGNED
     if isinstance(scheme, HeaderSecret):
-        return header_secret(secret, headers.get(scheme.header.lower().encode()))
-    return standard(scheme, secret, headers, body, time.time() if now is None else now)
+        return None if header_secret(secret, headers.get(scheme.header.lower().encode())) else UNSIGNED
+    at = time.time() if now is None else now
+    if not standard(secret, headers, body):
+        return UNSIGNED
+    off = at - int(headers[b"webhook-timestamp"])
+    if abs(off) > scheme.tolerance_s:
+        return (f"The delivery's webhook-timestamp is {abs(off):.0f} s {'behind' if off > 0 else 'ahead of'} this "
+                f"server's clock, past the webhook's tolerance of {scheme.tolerance_s} s: a replay, or a sender "
+                "whose clock is off.")
+    return None
 
 
 def hmac_sha256(secret: Secret, presented: bytes | None, body: bytes) -> bool:
@@ -52,16 +66,15 @@ def header_secret(secret: Secret, presented: bytes | None) -> bool:
     return hmac.compare_digest(hashlib.sha256(presented.strip()).digest(), hashlib.sha256(secret.value).digest())
 
 
-def standard(scheme: StandardWebhooks, secret: Secret, headers: Mapping[bytes, bytes], body: bytes,
-             now: float) -> bool:
+def standard(secret: Secret, headers: Mapping[bytes, bytes], body: bytes) -> bool:
     """Standard Webhooks: ``v1`` HMAC-SHA256 of ``{id}.{timestamp}.{body}``, base64, any of the
-    space-separated signatures; the timestamp (unix seconds) within the tolerance of ``now``."""
+    space-separated signatures, over a timestamp of unix seconds (``refusal`` checks that it is
+    within the tolerance of ``now``: a signature made with the secret comes first, so that the
+    answer tells only the secret's holder about the clock)."""
     msg_id = headers.get(b"webhook-id")
     timestamp = headers.get(b"webhook-timestamp")
     signed = headers.get(b"webhook-signature")
     if not msg_id or not timestamp or not signed or not timestamp.isdigit():
-        return False
-    if abs(now - int(timestamp)) > scheme.tolerance_s:
         return False
     expected = signatures.digest(secret.value, msg_id, timestamp, body)
     found = False

@@ -163,8 +163,16 @@ async def test_a_tampered_body_under_a_valid_signature_is_refused(client: httpx.
 async def test_a_standard_webhooks_delivery_outside_the_tolerance_is_refused(
         client: httpx.AsyncClient, stack: Stack) -> None:
     body = delivery("sw", "stale")
-    for at in (time.time() - 310, time.time() + 310):  # signed right, at a time too far from now
-        assert unauthorized(await client.post("/agent/webhooks/sw", content=body, headers=standard(body, at=at)))
+    for at, side in ((time.time() - 310, "behind"), (time.time() + 310, "ahead of")):  # signed right, too far from now
+        r = await client.post("/agent/webhooks/sw", content=body, headers=standard(body, at=at))
+        assert unauthorized(r)
+        # Told why: a clock off or a replay is not a wrong secret.
+        message = r.json()["error"]["message"]
+        assert f"s {side} this server's clock, past the webhook's tolerance of 300 s" in message, message
+    # A signature that does not verify says only that, however stale: the clock is told to the secret's holder alone.
+    forged = {**standard(body, at=time.time() - 310), "webhook-signature": "v1,AAAA"}
+    r = await client.post("/agent/webhooks/sw", content=body, headers=forged)
+    assert unauthorized(r) and "signature does not verify" in r.json()["error"]["message"]
     assert runs(stack, "stale") == []
     r = await client.post("/agent/webhooks/sw", content=body, headers=standard(body, at=time.time() - 200))
     assert r.status_code == 200, r.text
