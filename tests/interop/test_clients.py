@@ -74,7 +74,7 @@ def test_tools_list(agent: Agent, url: str) -> None:
     assert tools["wipe"]["annotations"] == {
         "readOnlyHint": False, "destructiveHint": True, "idempotentHint": True, "openWorldHint": False}
     assert tools["wipe"]["_meta"] == {
-        "carmy/effect": "destructive", "carmy/confirmation": "none", "carmy/parallel_safe": False}
+        "carmy/effect": "destructive", "carmy/confirmation": "required", "carmy/parallel_safe": False}
     echo = tools["echo"]
     assert echo["description"] == "Echo the text."
     assert echo["annotations"] == {
