@@ -50,6 +50,10 @@ class ShardMoved(RedisConnectionError):
     """A node ended a subscription by itself (``sunsubscribe``): its slot is served elsewhere."""
 
 
+class NotSubscribed(RedisConnectionError):
+    """A connection that failed before its subscriptions were sent: nothing was dropped."""
+
+
 def _by_node(cluster: StoreCluster, channels: Collection[str],
              broadcast: Collection[str]) -> list[tuple[ClusterNode, dict[int, list[str]], list[str]]]:
     """``channels`` by the primary of their slot, per the slot table now, each node's by slot (a
@@ -77,11 +81,15 @@ async def _serve(node: ClusterNode, slots: dict[int, list[str]], broadcast: list
     not from its pools, and has no read timeout: a quiet channel is not a dead one."""
     connection = node.connection_class(**{**node.connection_kwargs, "socket_timeout": None})
     try:
-        await connection.connect()
-        for names in slots.values():
-            await connection.send_command("SSUBSCRIBE", *names)
-        if broadcast:
-            await connection.send_command("SUBSCRIBE", *broadcast)
+        try:
+            await connection.connect()
+            for names in slots.values():
+                await connection.send_command("SSUBSCRIBE", *names)
+            if broadcast:
+                await connection.send_command("SUBSCRIBE", *broadcast)
+        except Exception as exc:  # a node dead, or not there yet
+            raise_if_cancelled(exc)
+            raise NotSubscribed(f"{node.name}: {exc}") from exc
         if on_connect is not None:
             on_connect(after_drop)
         await _read(node.name, connection, on_message)
@@ -150,8 +158,9 @@ async def listen_sharded_forever(
     """``SSUBSCRIBE`` to ``channels()``, each on its shard, and ``SUBSCRIBE`` to ``broadcast()``
     on one node, and hand every message (subscribe confirmations included, typed as
     ``listen_forever`` types them) to ``on_message``, until cancelled. ``on_connect(after_drop)``
-    runs once a connection's subscriptions are sent; ``on_drop(channels)`` whenever one ends,
-    naming the channels it carried. ``cluster`` is used for its slot table (rebuilt here after
+    runs once a connection's subscriptions are sent; ``on_drop(channels)`` whenever such a
+    connection ends, naming the channels it carried (one that failed before it subscribed drops
+    nothing, and is retried quietly). ``cluster`` is used for its slot table (rebuilt here after
     each failure) and its connection options; it may be shared (``StoreCluster`` keeps the
     connections of its nodes when its table is rebuilt)."""
     serving: dict[asyncio.Task[None], tuple[list[str], list[str]]] = {}  # each connection's channels
@@ -190,10 +199,15 @@ async def listen_sharded_forever(
                 delay = 0.1
             for task in ended:
                 sharded, its_plain = serving.pop(task)
-                log.warning("%s: a shard's subscription ended (%s); subscribing its %d channels again",
-                            name, task.exception(), len(sharded) + len(its_plain))
                 waiting += sharded
                 plain += its_plain
+                if isinstance(task.exception(), NotSubscribed):
+                    # Its channels were down already: said once, at the first attempt of an episode.
+                    if delay == 0.1:
+                        log.warning("%s: cannot subscribe (%s); trying again", name, task.exception())
+                    continue
+                log.warning("%s: a shard's subscription ended (%s); subscribing its %d channels again",
+                            name, task.exception(), len(sharded) + len(its_plain))
                 if on_drop is not None:
                     on_drop([*sharded, *its_plain])
             lost = True
