@@ -94,8 +94,7 @@ class CallbackLoop:
         self._jobs = JobStore(redis)
         self._turn = 0  # the partition a pass looks in first
         self._reach = Reach("callback loop", log)
-        self._receivers: dict[str, _Receiver] = {}
-        self._held = 0  # callbacks taken and not yet ended: under way or waiting
+        self._receivers: dict[str, _Receiver] = {}  # those with callbacks under way or waiting
         self._tasks: set[asyncio.Task[None]] = set()  # everything started, for the end
         self._room = asyncio.Event()  # set when a callback taken has ended
 
@@ -127,7 +126,7 @@ class CallbackLoop:
     async def tick(self) -> int:
         """One pass over every partition: the callbacks it took (started, waiting, put back)."""
         self._put_back_from_slow_receivers()
-        room = AT_ONCE - self._held
+        room = AT_ONCE - sum(len(r.under_way) + len(r.waiting) for r in self._receivers.values())
         if room <= 0:
             return 0
         # The room over every partition, not a fixed share of it each: at 16 partitions a share
@@ -164,7 +163,6 @@ class CallbackLoop:
                 self._spawn(self._callbacks.later(job_id, notify.message_id, LATER_MS))
             else:
                 receiver.waiting.append((job_id, job))
-                self._held += 1
         return len(job_ids)
 
     async def idle(self) -> None:
@@ -175,15 +173,12 @@ class CallbackLoop:
     def _start(self, name: str, receiver: _Receiver, job_id: str, job: JobState) -> None:
         task = self._spawn(self._deliver(job_id, job))
         receiver.under_way[task] = time.monotonic()
-        self._held += 1
         task.add_done_callback(functools.partial(self._ended, name, receiver))
 
     def _ended(self, name: str, receiver: _Receiver, task: asyncio.Task[None]) -> None:
         del receiver.under_way[task]
-        self._held -= 1
         if receiver.waiting and not task.cancelled():
             job_id, job = receiver.waiting.popleft()
-            self._held -= 1
             self._start(name, receiver, job_id, job)
         elif not receiver.under_way and not receiver.waiting:
             self._receivers.pop(name, None)
@@ -194,7 +189,6 @@ class CallbackLoop:
         for receiver in self._receivers.values():
             while receiver.waiting and receiver.slow(now):
                 job_id, job = receiver.waiting.popleft()
-                self._held -= 1
                 assert job.notify is not None  # only pending callbacks wait
                 self._spawn(self._callbacks.later(job_id, job.notify.message_id, LATER_MS))
 
