@@ -99,11 +99,15 @@ def endpoint(url: str) -> str:
     loop shares its deliveries by. A URL that does not parse is its own endpoint."""
     try:
         parts = urlsplit(url)
-        host = (parts.hostname or "").rstrip(".")
-        port = parts.port or (443 if parts.scheme == "https" else 80)
+        host, port = _host_port(parts)
     except ValueError:
         return url
     return f"{parts.scheme.lower()}://{host}:{port}"
+
+
+def _host_port(parts: SplitResult) -> tuple[str, int]:
+    """The host a URL names (without a root's dot) and its port, the scheme's when none is said."""
+    return (parts.hostname or "").rstrip("."), parts.port or (443 if parts.scheme == "https" else 80)
 
 
 def clip(message: str) -> str:
@@ -114,12 +118,14 @@ async def post(url: str, body: bytes, headers: dict[str, str], *, settings: Noti
                timeout: float = TIMEOUT_S) -> Answer:
     """POST ``body`` to ``url`` under the rules above."""
     parts = urlsplit(url)
-    host = (parts.hostname or "").rstrip(".")
+    try:
+        host, port = _host_port(parts)
+    except ValueError:  # a port that is no number, or out of range
+        host = ""
     if parts.scheme not in ("http", "https") or not host:
         return Answer(error="not an http(s) URL", final=True)
     if not settings.allows_host(host):
         return Answer(error=f"host {host} is not in CARMY_NOTIFY_HOSTS", final=True)
-    port = parts.port or (443 if parts.scheme == "https" else 80)
     try:
         async with asyncio.timeout(timeout):
             infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
