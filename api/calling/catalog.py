@@ -74,7 +74,8 @@ class CatalogTool:
 class CatalogView:
     tools: dict[str, CatalogTool]
     catalog: Document
-    discovery: Document
+    discovery: Document  # made once from ``discovery_fields``: at the server's root, every request's
+    discovery_fields: DiscoveryDocument  # for the links under another root (``discovery_under``)
     live_workers: int = 0
     # The recurring jobs the workers declare, by name (the newest worker's definition; the one in
     # force, which its state names, may be another worker's: ``api.calling.schedules``).
@@ -82,15 +83,13 @@ class CatalogView:
     # What the view was built from: every worker on the roster and whether it serves (alive and
     # not draining), newest first; the console's Tools page shows who serves what from it.
     workers: tuple[tuple[WorkerInfo, bool], ...] = ()
-    # Discovery's fields, for its links under another root than the server's (``discovery_under``),
-    # and those documents once made, by root: a mounted app is reached under one or two.
-    discovery_fields: DiscoveryDocument | None = None
+    # Discovery under other roots, once made, by root: a mounted app is reached under one or two.
     _under: dict[str, Document] = field(default_factory=dict, compare=False, repr=False)
 
     def discovery_under(self, root: str) -> Document:
         """Discovery with its links under ``root`` (``api.http.paths``): ``/carmy/agent/tools``
         for an app mounted at ``/carmy``; the one document made once at the server's root."""
-        if not root or self.discovery_fields is None:
+        if not root:
             return self.discovery
         found = self._under.get(root)
         if found is None:
