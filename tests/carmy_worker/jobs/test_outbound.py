@@ -113,6 +113,11 @@ async def test_a_host_not_allowed_or_not_http_is_final_without_resolving() -> No
     answer = await outbound.post("http://b.example/", b"{}", {}, settings=only)
     assert answer.final and answer.error == "host b.example is not in CARMY_NOTIFY_HOSTS"
     assert (await outbound.post("file:///etc/passwd", b"", {}, settings=ANY)).final
+    # A port that is no port: refused as final, like a URL that is not http(s), not raised.
+    for url in ("http://a.example:99999/", "http://a.example:x/"):
+        answer = await outbound.post(url, b"{}", {}, settings=only)
+        assert answer.final and answer.error == "not an http(s) URL"
+        assert outbound.endpoint(url) == url  # its own receiver
 
 
 async def test_an_address_that_takes_no_connection_is_passed_for_the_next(monkeypatch: pytest.MonkeyPatch) -> None:
