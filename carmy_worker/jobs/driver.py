@@ -75,6 +75,9 @@ class _Schedule:
     spec: ScheduleSpec
     cron: Cron
     digest: str
+    # How long its state is kept past the occurrence it waits for: its grace, then the worker's
+    # CARMY_JOBS_RETENTION (store.promotion's SCHEDULE_KEEP), as long as its finished jobs are.
+    kept_ms: int
     next_ms: int | None = None  # the occurrence it waits for, once known
     # While another definition is in force (a worker of another version or module), late for its
     # occurrence: not before this (Redis's ms) does the loop look whether it fired, or must be taken over.
@@ -95,7 +98,8 @@ class JobLoop:
         self.room = room if room is not None else max(64, 4 * settings.concurrency)
         self._promotions = Promotions(redis, durability=durability)
         self._jobs = JobStore(redis)
-        self._schedules = [_Schedule(s, Cron.parse(s.cron, s.timezone), schedule_digest(s)) for s in schedules]
+        self._schedules = [_Schedule(s, Cron.parse(s.cron, s.timezone), schedule_digest(s),
+                                     int(s.grace * 1000) + settings.jobs_retention * 1000) for s in schedules]
         self._lost_at = 0.0
         self._wake = asyncio.Event()
         self._turn = 0  # the partition a pass offers the room to first (``_look``)
@@ -338,7 +342,8 @@ class JobLoop:
 
     async def _fire_if_due(self, s: _Schedule, now_ms: int) -> None:
         if s.next_ms is None:
-            s.next_ms = await self._promotions.ensure_schedule(s.spec.name, s.digest, s.cron.next_after(now_ms))
+            s.next_ms = await self._promotions.ensure_schedule(s.spec.name, s.digest, s.cron.next_after(now_ms),
+                                                               kept_ms=s.kept_ms)
         if now_ms >= max(s.next_ms, s.not_before):
             await self._fire_one(s, now_ms)
 
@@ -366,7 +371,7 @@ class JobLoop:
         shared = shared[:-2]  # without the empty payload: each occurrence has its own
         fired = await self._promotions.fire(
             name=spec.name, digest=s.digest, tool=spec.tool, owner=keys.SCHEDULES_OWNER, waited_for=s.next_ms,
-            next_ms=firing.next, skipped=firing.skipped, shared=shared, occurrences=occurrences,
+            next_ms=firing.next, kept_ms=s.kept_ms, skipped=firing.skipped, shared=shared, occurrences=occurrences,
             idempotency=idempotency)
         if fired.fired:
             s.next_ms = firing.next
@@ -388,7 +393,7 @@ class JobLoop:
         schedule over, from its next occurrence, as a new definition would."""
         if now_ms - next_ms > s.spec.grace * 1000:
             first = s.cron.next_after(now_ms)
-            s.next_ms = await self._promotions.ensure_schedule(s.spec.name, s.digest, first,
+            s.next_ms = await self._promotions.ensure_schedule(s.spec.name, s.digest, first, kept_ms=s.kept_ms,
                                                                replacing=(digest, next_ms))
             if s.next_ms == first:
                 log.warning("schedule %s: another definition of it went unfired for %g s; this worker's is "

@@ -466,5 +466,6 @@ def schedule_idempotency(name: str, request_id: str) -> str:
 
 def schedule(name: str) -> str:
     """Hash of one recurring schedule's state: the occurrence it waits for, its last job, and
-    how many occurrences it skipped."""
+    how many occurrences it fired and skipped. It expires its grace and the worker's
+    CARMY_JOBS_RETENTION past that occurrence (each fire sets it again: store.promotion)."""
     return f"{_layout.prefixes[schedule_partition(name)]}schedule:{name}"

@@ -152,15 +152,34 @@ end
 return status
 """)
 
+# Lua: how long a schedule's state is kept: ``kept_ms`` (the worker passes the schedule's grace and
+# its CARMY_JOBS_RETENTION) past the occurrence it waits for, or past now if that one is gone.
+# Every write of ``next`` sets it, so a schedule whose workers fire it never loses its state (a
+# yearly one's is kept past next year's occurrence), while the state of one nobody declares any
+# more (a deploy removed or renamed it) goes that long after the occurrence it last waited for.
+SCHEDULE_KEEP = """
+local function keep_schedule(key, next_ms, kept_ms)
+  redis.call('PEXPIREAT', key, int(math.max(now, tonumber(next_ms)) + tonumber(kept_ms)))
+end
+"""
+
 # A schedule's state is made (or remade, when its definition changed): the occurrence it waits
-# for. Returns the one it waits for now. With ARGV[3] and ARGV[4], a take-over: only if the
+# for. Returns the one it waits for now. With ARGV[4] and ARGV[5], a take-over: only if the
 # schedule still has that definition and still waits for that occurrence (nobody fired it since).
-# KEYS: schedule; ARGV: definition's digest, first occurrence ms, [the definition and occurrence replaced]
-ENSURE_SCHEDULE = Script("SCHEDULE_ENSURE", ACCEPTED_WORK + """
+# Whenever the state is left under the caller's definition, it is kept ARGV[3] ms past the
+# occurrence it waits for (past now, if that occurrence is gone: its workers were down), as FIRE
+# keeps it: the state of a schedule nobody declares any more goes by itself (``SCHEDULE_KEEP``).
+# KEYS: schedule; ARGV: definition's digest, first occurrence ms, kept ms,
+#       [the definition and occurrence replaced]
+ENSURE_SCHEDULE = Script("SCHEDULE_ENSURE", ACCEPTED_WORK + NOW + SCHEDULE_KEEP + """
 local cur = redis.call('HMGET', KEYS[1], 'spec', 'next')
-if cur[1] == ARGV[1] and cur[2] then return cur[2] end
-if ARGV[3] and cur[2] and (cur[1] ~= ARGV[3] or cur[2] ~= ARGV[4]) then return cur[2] end
+if cur[1] == ARGV[1] and cur[2] then
+  keep_schedule(KEYS[1], cur[2], ARGV[3])
+  return cur[2]
+end
+if ARGV[4] and cur[2] and (cur[1] ~= ARGV[4] or cur[2] ~= ARGV[5]) then return cur[2] end
 redis.call('HSET', KEYS[1], 'spec', ARGV[1], 'next', ARGV[2])
+keep_schedule(KEYS[1], ARGV[2], ARGV[3])
 return ARGV[2]
 """)
 
@@ -171,29 +190,31 @@ return ARGV[2]
 # New work: a full Redis refuses it whole (lua.NEW_WORK), and the occurrence is fired once there
 # is room, or skipped once past its grace.
 # Every key in the schedule's partition (keys.schedule_partition), its jobs' ids drawn there.
+# The state is kept ARGV[7] ms past the occurrence it now waits for (``SCHEDULE_KEEP``).
 # KEYS: schedule, due set, owner's jobs, owner's open jobs, every job, job counts,
 #       then per occurrence: job, idempotency
-# ARGV: occurrence waited for, next, skipped, definition's digest, tool, schedule name,
+# ARGV: occurrence waited for, next, skipped, definition's digest, tool, schedule name, kept ms,
 #       count of the shared fields, the shared fields, then per occurrence: job_id, ms, request id, payload
-FIRE = Script("SCHEDULE_FIRE", NEW_WORK + NOW + CREATE_JOB + """
+FIRE = Script("SCHEDULE_FIRE", NEW_WORK + NOW + CREATE_JOB + SCHEDULE_KEEP + """
 local cur = redis.call('HMGET', KEYS[1], 'next', 'spec')
 if cur[1] ~= ARGV[1] or cur[2] ~= ARGV[4] then return {'moved', cur[1] or '', cur[2] or ''} end
 redis.call('HSET', KEYS[1], 'next', ARGV[2])
+keep_schedule(KEYS[1], ARGV[2], ARGV[7])
 local skipped = tonumber(ARGV[3])
 if skipped > 0 then
   redis.call('HINCRBY', KEYS[1], 'skipped', skipped)
   count_job(KEYS[6], ARGV[5], 'skipped', skipped)
 end
-local shared = tonumber(ARGV[7])
+local shared = tonumber(ARGV[8])
 local fired = {'fired'}
-local first = 8 + shared
+local first = 9 + shared
 for i = 0, (#ARGV - first + 1) / 4 - 1 do
   local at_i = first + 4 * i
   local job_id, at, rid, payload = ARGV[at_i], ARGV[at_i + 1], ARGV[at_i + 2], ARGV[at_i + 3]
   local job, idem = KEYS[7 + 2 * i], KEYS[8 + 2 * i]
   if redis.call('SET', idem, job_id .. ' schedule', 'NX') then
     local fields = {}
-    for j = 8, 7 + shared do table.insert(fields, ARGV[j]) end
+    for j = 9, 8 + shared do table.insert(fields, ARGV[j]) end
     for _, v in ipairs({'request_id', rid, 'payload', payload, 'schedule', ARGV[6], 'idem_key', idem}) do
       table.insert(fields, v)
     end
@@ -393,26 +414,29 @@ class Promotions:
             found = await pipe.execute()
         return [(e, j) for (e, j), n in zip(candidates, found, strict=True) if n == 0]
 
-    async def ensure_schedule(self, name: str, digest: str, first_ms: int,
+    async def ensure_schedule(self, name: str, digest: str, first_ms: int, *, kept_ms: int,
                               replacing: tuple[str, int] | None = None) -> int:
         """The occurrence schedule ``name`` waits for, under definition ``digest`` from now on
-        (waiting for ``first_ms`` if it had another, or none). ``replacing``: (definition,
-        occurrence) it takes over from, only if the schedule still waits for that one by that."""
-        args: list[Any] = [digest, first_ms] if replacing is None else [digest, first_ms, *replacing]
+        (waiting for ``first_ms`` if it had another, or none), its state kept ``kept_ms`` past
+        that occurrence (or now, if later). ``replacing``: (definition, occurrence) it takes over
+        from, only if the schedule still waits for that one by that."""
+        args: list[Any] = [digest, first_ms, kept_ms]
+        if replacing is not None:
+            args += replacing
         return int(await self._ensure(keys=[keys.schedule(name)], args=args))
 
     async def fire(self, *, name: str, digest: str, tool: str, owner: str, waited_for: int, next_ms: int,
-                   skipped: int, shared: list[Any], occurrences: list[tuple[str, int, str, bytes]],
+                   kept_ms: int, skipped: int, shared: list[Any], occurrences: list[tuple[str, int, str, bytes]],
                    idempotency: list[str]) -> Fired:
-        """FIRE: whether this call fired and the jobs it queued, or, if the schedule had moved
-        (another fired first, or it has another definition), what it waits for and by which
-        definition. ``occurrences``: (job_id, ms, request id, payload) each, with its
-        ``idempotency`` key, the job ids drawn into the schedule's partition
-        (``keys.schedule_partition``)."""
+        """FIRE: whether this call fired and the jobs it queued (the state then waits for
+        ``next_ms``, kept ``kept_ms`` past it), or, if the schedule had moved (another fired
+        first, or it has another definition), what it waits for and by which definition.
+        ``occurrences``: (job_id, ms, request id, payload) each, with its ``idempotency`` key,
+        the job ids drawn into the schedule's partition (``keys.schedule_partition``)."""
         p = keys.schedule_partition(name)
         redis_keys: list[Any] = [keys.schedule(name), keys.job_due(tool, p), keys.jobs_of(owner, p),
                                  keys.jobs_open(owner, p), keys.jobs_all(p), metrics.jobs(p)]
-        args: list[Any] = [waited_for, next_ms, skipped, digest, tool, name, len(shared), *shared]
+        args: list[Any] = [waited_for, next_ms, skipped, digest, tool, name, kept_ms, len(shared), *shared]
         for (job_id, at, rid, payload), idem in zip(occurrences, idempotency, strict=True):
             redis_keys += [keys.job(job_id), idem]
             args += [job_id, at, rid, payload]
