@@ -1,7 +1,8 @@
 """The recurring jobs the workers declare (``CatalogView.schedules``), each with its state in
 Redis (``Promotions.schedule_state``): the occurrence it waits for, its last job, and how many
 occurrences it fired and skipped. A schedule no worker has taken up yet has no state: its
-times are null and its counts 0.
+times are null and its counts 0. Only the schedules live workers declare are listed: the state
+of one no worker declares any more is nobody's, and expires (store.promotion's SCHEDULE_KEEP).
 
 Workers may define a schedule differently (a rolling deploy, two modules declaring one name):
 each is listed with the definition it is fired by, the one its state names, which need not be

@@ -405,6 +405,9 @@ async def test_schedules_before_and_after_a_worker_took_them_up(client: httpx.As
     job_id = keys.new_job_id()
     sync.hset(keys.schedule("nightly"), mapping={"spec": "d", "next": next_ms, "last_job": job_id,
                                                   "last_at": last_ms, "skipped": 2, "fired": 5})
+    # A schedule no live worker declares any more is not listed, whatever state it left (that
+    # state expires by itself: tests/carmy_worker/jobs/test_schedule_expiry.py).
+    sync.hset(keys.schedule("retired"), mapping={"spec": "d", "next": next_ms, "fired": 3})
     r = await client.get("/agent/schedules", headers=AS_ALICE)
     assert r.json() == {"schedules": [{**expected, "next_run_at": rfc3339(next_ms), "last_job_id": job_id,
                                        "last_run_at": rfc3339(last_ms), "skipped": 2, "fired": 5}]}
