@@ -20,6 +20,7 @@ from carmy_worker.store.submit import Submission
 from carmy_worker.wire import ErrorBody
 
 MAX_ID_BYTES = 256
+MAX_REASON = 4 * ECHO_LIMIT  # a reason whose quoted names are cut; any longer is cut as a whole
 
 
 class Rejected(Exception):
@@ -93,7 +94,12 @@ def _reason(problem: jsonschema_rs.ValidationError) -> str:
     if found and len(before) + len(after) <= ECHO_LIMIT:
         cut = msgspec.json.encode(clip(value)).decode() if isinstance(value, str) else clip(quoted)
         return before + cut + after
-    return clip(message)  # a long key, or a value quoted otherwise
+    if isinstance(value, dict):  # an unexpected name: cut the name, not what is said of it
+        for name in [k for k in value if len(k) > ECHO_LIMIT and k in message]:
+            message = message.replace(name, clip(name))
+        if len(message) <= MAX_REASON:
+            return message
+    return clip(message)  # a value quoted otherwise
 
 
 def refusal(sub: Submission, name: str) -> ErrorBody:

@@ -86,6 +86,24 @@ async def test_invalid_request(client: httpx.AsyncClient, raw: bytes, reason_par
     assert reason_part.lower() in body["error"]["details"]["reason"].lower()
 
 
+@pytest.mark.parametrize(("path", "extra", "where"), [
+    ("/agent/execute", {}, ""),
+    ("/agent/jobs", {}, ""),
+    ("/agent/jobs", {"notify": {"url": "https://hooks.example/"}}, " - at `$.notify`"),
+], ids=["execute", "job", "job's notify"])
+async def test_a_long_unknown_field_is_cut_to_its_own_length(client: httpx.AsyncClient, path: str,
+                                                             extra: dict[str, Any], where: str) -> None:
+    # protocol.md, "What an error repeats of the request": 256 characters of the name, then its
+    # own length, and the message still ends as msgspec ends it.
+    name = "y" * 400
+    body: dict[str, Any] = {"tool": "noop", **extra}
+    (body["notify"] if extra else body)[name] = 1
+    r = await client.post(path, json=body)
+    assert r.status_code == 400
+    assert r.json()["error"]["details"]["reason"] == \
+        f"Object contains unknown field `{'y' * 256}…(cut, 400 characters)`{where}"
+
+
 JSON = {"content-type": "application/json"}
 
 
