@@ -76,6 +76,19 @@ async def test_fingerprint_ignores_key_order_and_white_space(client: httpx.Async
     assert b.content == a.content
 
 
+async def test_a_repeated_name_counts_once_with_its_last_value(client: httpx.AsyncClient) -> None:
+    # protocol.md, section 4: the tool's input, the answer and the fingerprint all see "b".
+    request_id = rid()
+    json = {"content-type": "application/json"}
+    a = await client.post("/agent/execute", headers=json, content=(
+        '{"tool":"echo","arguments":{"text":"a","text":"b"},"request_id":"' + request_id + '"}'))
+    assert a.status_code == 200 and a.json()["data"] == {"text": "b"}
+    b = await client.post("/agent/execute", json={"tool": "echo", "arguments": {"text": "b"}, "request_id": request_id})
+    assert b.content == a.content
+    c = await client.post("/agent/execute", json={"tool": "echo", "arguments": {"text": "a"}, "request_id": request_id})
+    assert c.json()["error"]["code"] == "IDEMPOTENCY_CONFLICT"
+
+
 @pytest.mark.parametrize("other", [
     {"tool": "echo", "arguments": {"text": "y"}},
     {"tool": "echo_sync", "arguments": {"text": "x"}},
