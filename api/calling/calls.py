@@ -17,7 +17,7 @@ from api.calling.executions import Executions
 from api.events.hub import EventHub
 from api.events.mailbox import Mailbox
 from carmy_worker.sdk.context import AgentContext
-from carmy_worker.sdk.errors import clip, error, store_full
+from carmy_worker.sdk.errors import clip, error, store_full, store_unavailable
 from carmy_worker.store import keys
 from carmy_worker.wire import Record, canonical_json_encoder
 
@@ -58,6 +58,8 @@ class Calls:
         """The call to run, or ``Rejected`` with the reason (nothing is recorded for it). The
         checks run in the order of ``api.calling.checks``: tool, policy, request id, arguments."""
         tool = self.catalog.view.get(name)
+        if tool is None and not self.catalog.known:  # no Redis since the start: no tool is known to be missing
+            raise Rejected(store_unavailable("The execution store cannot be reached: the catalog is not read yet."))
         if tool is None:
             raise Rejected(error("TOOL_NOT_FOUND", f"No tool named {clip(name)!r}.",
                                  suggested_action="list the tools (GET /agent/tools or tools/list)"))

@@ -247,6 +247,12 @@ class Catalog:
         """Whether the last refresh reached Redis."""
         return self._ok
 
+    @property
+    def known(self) -> bool:
+        """Whether the view was ever built from Redis: until then, its emptiness says that Redis
+        has not been read, not that no worker serves a tool."""
+        return self._serving is not None
+
     def notify(self, _: bytes = b"") -> None:
         """A worker came or went: refresh now."""
         self._changed.set()

@@ -239,7 +239,7 @@ class McpServer:
         name, modern = params.name, _modern(ctx)
         if reserved(name):  # the API's own tool, whatever a worker publishes: no execution, never a task
             return await self.system.call(name, params.arguments, agent)
-        if self.catalog.view.get(name) is None:
+        if self.catalog.view.get(name) is None and self.catalog.known:
             # A protocol error in MCP (the model cannot fix it by changing arguments), where
             # carmy/1 answers 404 TOOL_NOT_FOUND.
             raise MCPError(INVALID_PARAMS, f"Unknown tool: {clip(name)}")

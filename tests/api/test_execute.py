@@ -9,8 +9,11 @@ from typing import Any
 import httpx
 import pytest
 
+from api.app import create_app
+from tests.api.test_mcp import call_error
+from tests.conftest import asgi_client
 from tests.sse import parse as parse_sse
-from tests.support import Stack
+from tests.support import Stack, app_settings
 
 MIB = 1_048_576
 
@@ -380,3 +383,19 @@ async def test_recoverable_codes(client: httpx.AsyncClient, body: dict[str, Any]
 async def test_unrecoverable_codes(client: httpx.AsyncClient, body: dict[str, Any], code: str) -> None:
     err = (await execute(client, body)).json()["error"]
     assert (err["code"], err["recoverable"], err["retryable"]) == (code, False, False)
+
+
+async def test_before_redis_is_first_read_a_call_is_store_unavailable_not_tool_not_found() -> None:
+    # An API that starts while Redis is out of reach has an empty catalog because it has not read
+    # one: its calls are the retryable STORE_UNAVAILABLE (protocol.md, section 4), never the
+    # unrecoverable TOOL_NOT_FOUND, whichever door they come in by.
+    async with asgi_client(create_app(app_settings())) as client:  # nothing listens at its Redis
+        for path in ("/agent/execute", "/agent/jobs"):
+            r = await client.post(path, json={"tool": "noop"})
+            assert r.status_code == 503 and r.headers["retry-after"] == "1"
+            assert r.json()["error"]["code"] == "STORE_UNAVAILABLE"
+        mcp = await client.post("/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                                              "params": {"name": "noop", "arguments": {}}},
+                                headers={"accept": "application/json, text/event-stream",
+                                         "mcp-protocol-version": "2025-11-25"})
+        assert call_error(mcp)["code"] == "STORE_UNAVAILABLE"
