@@ -44,8 +44,8 @@ log = logging.getLogger("carmy.api")
 
 
 def wants_sse(scope: Scope) -> bool:
-    accept = fields(scope).get(b"accept")
-    return accept is not None and b"text/event-stream" in accept
+    accept = fields(scope).get(b"accept")  # media types are case-insensitive (RFC 9110, 8.3.1)
+    return accept is not None and b"text/event-stream" in accept.lower()
 
 
 def prefers_async(scope: Scope) -> bool:

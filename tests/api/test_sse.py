@@ -44,6 +44,14 @@ async def test_event_order_and_payloads(client: httpx.AsyncClient, tool: str) ->
                      "_agent": {"cacheable": True, "next_actions": []}, "replayed": False}
 
 
+@pytest.mark.parametrize("accept", ["application/json, text/event-stream", "Text/Event-Stream"])
+async def test_any_accept_that_names_the_stream_gets_it(client: httpx.AsyncClient, accept: str) -> None:
+    r = await client.post("/agent/execute", json={"tool": "noop"}, headers={"accept": accept})
+    assert r.headers["content-type"] == "text/event-stream; charset=utf-8"
+    assert [n for n, _ in parse(r.text)] == ["execution.started", "tool.started", "tool.completed",
+                                             "execution.completed"]
+
+
 async def test_failure_over_sse(client: httpx.AsyncClient) -> None:
     r = await client.post("/agent/execute", json={"tool": "refuse"}, headers=SSE)
     events = parse(r.text)
