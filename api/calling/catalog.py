@@ -26,6 +26,7 @@ import msgspec
 from redis.asyncio import Redis
 
 from api.calling.schemas import InputSchema
+from carmy_worker.failures import Failures
 from carmy_worker.store.pubsub import raise_if_cancelled, stop_if_cancelled
 from carmy_worker.store.roster import Liveness, worker_infos
 from carmy_worker.wire import (
@@ -235,6 +236,7 @@ class Catalog:
     _validators: dict[bytes, InputSchema | None] = field(default_factory=dict)
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
     _ok: bool = False
+    _failures: Failures = field(default_factory=lambda: Failures("catalog refresh", log))
     _unserved: dict[str, str] | None = None  # as last logged; None: not known yet
 
     def __post_init__(self) -> None:
@@ -264,12 +266,12 @@ class Catalog:
                 await self.refresh()
                 stop_if_cancelled()
                 self._ok = True
+                self._failures.worked()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 raise_if_cancelled(exc)
-                if self._ok:
-                    log.warning("catalog refresh failed: %s", exc)
+                self._failures.failed(exc)
                 self._ok = False
             # asyncio.timeout, not wait_for: on Python 3.11, wait_for swallows a cancellation that
             # comes as the event is set, and the loop would go on past the app's shutdown.

@@ -26,6 +26,7 @@ from typing import Any
 from redis.asyncio import Redis
 
 from carmy_worker import signatures
+from carmy_worker.failures import Failures
 from carmy_worker.jobs import outbound
 from carmy_worker.jobs.policy import backoff_ms
 from carmy_worker.logs import info_line
@@ -94,6 +95,7 @@ class CallbackLoop:
         self._jobs = JobStore(redis)
         self._turn = 0  # the partition a pass looks in first
         self._reach = Reach("callback loop", log)
+        self._failures = Failures("callback loop", log)
         self._receivers: dict[str, _Receiver] = {}  # those with callbacks under way or waiting
         self._tasks: set[asyncio.Task[None]] = set()  # everything started, for the end
         self._room = asyncio.Event()  # set when a callback taken has ended
@@ -108,9 +110,10 @@ class CallbackLoop:
                     raise
                 except Exception as exc:
                     raise_if_cancelled(exc)
-                    log.warning("callback loop: %s", exc)
+                    self._failures.failed(exc)
                     taken, pause = 0, 1.0
                 else:
+                    self._failures.worked()
                     pause = POLL_S
                 if not taken:
                     self._room.clear()

@@ -36,6 +36,7 @@ import msgspec
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
+from carmy_worker.failures import Failures
 from carmy_worker.jobs.cron import Cron, due
 from carmy_worker.jobs.policy import Decision, decide
 from carmy_worker.logs import info_line
@@ -112,6 +113,7 @@ class JobLoop:
         self._looks = itertools.count(1)
         self._read: dict[int, int] = {}
         self._reach = Reach("job loop", log)
+        self._failures = Failures("job loop", log)
 
     async def run(self) -> None:
         """Until cancelled; Redis errors are logged and retried."""
@@ -123,8 +125,10 @@ class JobLoop:
                 raise
             except Exception as exc:
                 raise_if_cancelled(exc)
-                log.warning("job loop: %s", exc)
+                self._failures.failed(exc)
                 pause = 1.0
+            else:
+                self._failures.worked()
             if pause > 0:
                 await asyncio.sleep(pause)
 

@@ -11,6 +11,7 @@ import logging
 from msgspec import Struct
 from redis.asyncio import Redis
 
+from carmy_worker.failures import Failures
 from carmy_worker.settings import AuditSettings
 from carmy_worker.store import jobs, keys
 from carmy_worker.store.audit import AuditTrail
@@ -107,6 +108,7 @@ class Janitor:
         # The audit trail's bounds, kept by every janitor (store.audit: its scripts never trim).
         self._audit = AuditTrail(redis)
         self._audit_bounds = audit or AuditSettings()
+        self._failures = Failures("janitor sweep", log)
 
     async def run(self, interval: float = 1.0) -> None:
         """Sweep every ``interval`` seconds until cancelled; Redis errors are retried."""
@@ -118,7 +120,9 @@ class Janitor:
                 raise
             except Exception as exc:
                 raise_if_cancelled(exc)
-                log.debug("janitor sweep failed: %s", exc)
+                self._failures.failed(exc)
+            else:
+                self._failures.worked()
             await asyncio.sleep(interval)
 
     async def scan(self) -> Scan:
