@@ -11,6 +11,7 @@ import socket
 import time
 
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 
 from carmy_worker import collector
 from carmy_worker.jobs.callbacks import CallbackLoop
@@ -83,7 +84,13 @@ async def serve(tools: list[Tool], settings: WorkerSettings, connector: RedisCon
     if settings.notify.enabled:  # a worker without the secret leaves callbacks to those that have it
         background.append(asyncio.create_task(CallbackLoop(upkeep, settings.notify).run()))
 
+    stopped = False
+
     async def on_shutdown(_: object) -> None:
+        nonlocal stopped
+        if stopped:  # once, whether arq's close called it or the stop below did
+            return
+        stopped = True
         for task in background:
             task.cancel()
         await asyncio.gather(*background, return_exceptions=True)
@@ -114,6 +121,13 @@ async def serve(tools: list[Tool], settings: WorkerSettings, connector: RedisCon
         with contextlib.suppress(asyncio.CancelledError):
             await worker.async_run()
     finally:
-        await worker.close()
+        try:
+            await worker.close()
+        except (RedisError, OSError) as exc:
+            # arq's close deletes its status line (unused by Carmy; it expires by itself) before
+            # it calls on_shutdown: with Redis out of reach it stopped there, with a traceback, and
+            # left the tools' shared resources open and the last traces unexported.
+            log.warning("stopping without Redis: %s", exc)
+            await on_shutdown(None)
         if tracing is not None:
             tracing.shutdown()

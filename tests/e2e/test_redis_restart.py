@@ -79,3 +79,16 @@ def test_redis_restart(durable_stack: tuple[RedisServer, Stack]) -> None:
     told = [line for line in worker.output().splitlines() if '"message": "job loop: ' in line]
     assert len(told) == 2, told
     assert '"level": "warning"' in told[0] and "working again" in told[1]
+
+
+def test_a_worker_stopped_while_redis_is_down_still_stops_cleanly() -> None:
+    """arq's close deletes its status line first: with Redis gone it raised there, and the worker
+    exited with a traceback, its tools' shared resources never closed."""
+    with private_stack() as (server, stack):
+        worker = stack.worker("tests.toolsets.closing")
+        server.kill()
+        wait_until(lambda: "heartbeat failed" in worker.output())  # it knows Redis is gone
+        assert worker.stop(timeout=60) == 0
+        assert (stack.tmp / "closed").read_text() == "closed\n"
+        assert "Traceback" not in worker.output()
+        assert "stopping without Redis" in worker.output()
