@@ -140,7 +140,9 @@ def is_json(content_type: str | None) -> bool:
     if content_type is None:
         return False
     media = content_type.split(";", 1)[0].strip().lower()
-    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
+    # A structured syntax suffix needs a subtype before it (RFC 6838, 4.2.8): not "application/+json".
+    return media == "application/json" or (media.startswith("application/") and media.endswith("+json")
+                                           and len(media) > len("application/+json"))
 
 
 class RequireJson:
@@ -153,7 +155,8 @@ class RequireJson:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         content_type = header(scope, b"content-type")
         if scope["method"] == "POST" and not is_json(content_type):
-            sent = "no Content-Type" if content_type is None else f"Content-Type {clip(content_type)}"
+            sent = (f"Content-Type {clip(content_type)}" if content_type and content_type.strip()
+                    else "no Content-Type" if content_type is None else "an empty Content-Type")
             response = envelope_error("UNSUPPORTED_MEDIA_TYPE", "The body must be JSON: Content-Type: "
                                       "application/json.", reason=sent, headers={"accept": "application/json"})
             return await response(scope, receive, send)

@@ -73,3 +73,27 @@ def test_host_values_are_read_strictly() -> None:
     assert split_host("[::1]x") is None
     assert split_host("") is None
 
+
+
+@pytest.mark.parametrize(("content_type", "reason"), [
+    (None, "no Content-Type"),
+    ("", "an empty Content-Type"),
+    ("  ", "an empty Content-Type"),
+    ("application/+json", "Content-Type application/+json"),  # a suffix needs a subtype before it
+    ("text/plain", "Content-Type text/plain"),
+])
+async def test_a_body_not_declared_json_is_refused_saying_what_was_sent(
+        stack: Stack, content_type: str | None, reason: str) -> None:
+    headers = {} if content_type is None else {"content-type": content_type}
+    async with app_client(app_settings(stack.redis_url)) as client:
+        r = await client.post("/agent/execute", content=b'{"tool": "noop"}', headers=headers)
+    assert r.status_code == 415
+    assert r.json()["error"]["details"]["reason"] == reason
+
+
+@pytest.mark.parametrize("content_type", ["application/json", "Application/JSON; charset=utf-8",
+                                          "application/vnd.carmy+json", "application/problem+json"])
+async def test_json_and_its_suffixed_types_pass(stack: Stack, content_type: str) -> None:
+    async with app_client(app_settings(stack.redis_url)) as client:
+        r = await client.post("/agent/execute", content=b'{"tool": 1}', headers={"content-type": content_type})
+    assert r.status_code == 400  # read, and refused for what it says
