@@ -15,11 +15,21 @@ slot is elsewhere, or an ``sunsubscribe`` the node sent by itself: its slot migr
 was demoted), only the channels it carried are subscribed again, where the slot table then places
 them; the other shards' subscriptions go on, so that a dead primary costs the listener its own
 channels, not every partition's. Before each new attempt it reloads the slot table (``CLUSTER
-SLOTS`` from the nodes it knows), with a backoff (0.1 s doubling up to ``max_backoff``) while
-that fails: during a failover, until a replica is promoted (``cluster-node-timeout`` + about
-1 s). As with ``listen_forever``, messages published while a channel is subscribed again are
-lost: ``on_drop(channels)`` says which, and when that window opens; their confirmations, when
-it closes.
+SLOTS`` from the nodes it knows, those whose connections just ended asked last), with a backoff
+(0.1 s doubling up to ``max_backoff``) while that fails: during a failover, until a replica is
+promoted (``cluster-node-timeout`` + about 1 s). As with ``listen_forever``, messages published
+while a channel is subscribed again are lost: ``on_drop(channels)`` says which, and when that
+window opens; their confirmations, when it closes.
+
+A primary that hangs (a stopped process, a partition without a reset) ends none of its
+connections, and they have no reply timeout: the cluster promotes its replica, and the
+publications of its slots go there, unheard. So, while its connections are up, the listener
+asks the slot table every ``WATCH_EVERY_S`` (one ``CLUSTER SLOTS`` on a connection of its own,
+bounded by ``SLOTS_TIMEOUT_S``, a node that does not answer left for another:
+``store.slotwatch``) and ends each connection whose node the table no longer names for one of
+its slots, as one that dropped (``on_drop``, once, then subscribed again where the table places
+them). A hung primary's channels are heard from its promoted replica within about a second of
+the promotion, the node still hung.
 """
 
 from __future__ import annotations
@@ -37,8 +47,13 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from carmy_worker.store.cluster import StoreCluster
 from carmy_worker.store.pubsub import Message, listen_forever, raise_if_cancelled, stop_if_cancelled
+from carmy_worker.store.slotwatch import SlotTable, SlotWatch
 
 log = logging.getLogger("carmy.pubsub")
+
+# How often a listener whose connections are all up asks the slot table (``store.slotwatch``)
+# whether their nodes still serve their channels' slots: a primary that hangs ends none of them.
+WATCH_EVERY_S = 1.0
 
 # The kinds of a sharded subscription's replies, as ``listen_forever`` names the plain ones (so
 # that one ``on_message`` serves both).
@@ -54,48 +69,92 @@ class NotSubscribed(RedisConnectionError):
     """A connection that failed before its subscriptions were sent: nothing was dropped."""
 
 
-def _by_node(cluster: StoreCluster, channels: Collection[str],
-             broadcast: Collection[str]) -> list[tuple[ClusterNode, dict[int, list[str]], list[str]]]:
-    """``channels`` by the primary of their slot, per the slot table now, each node's by slot (a
-    command's channels must share one); the ``broadcast`` ones with the first node (or a random
-    primary's when there are no others): a plain ``PUBLISH`` reaches every node of a cluster."""
-    by_node: dict[str, tuple[ClusterNode, dict[int, list[str]], list[str]]] = {}
+class Shard:
+    """One connection of a listener: its node, its sharded channels by slot (a command's channels
+    must share one), the plain ones riding on it, and whether their subscriptions were sent."""
+
+    __slots__ = ("broadcast", "node", "slots", "subscribed")
+
+    def __init__(self, node: ClusterNode) -> None:
+        self.node = node
+        self.slots: dict[int, list[str]] = {}
+        self.broadcast: list[str] = []
+        self.subscribed = False
+
+    @property
+    def sharded(self) -> list[str]:
+        return [c for names in self.slots.values() for c in names]
+
+    @property
+    def channels(self) -> list[str]:
+        return [*self.sharded, *self.broadcast]
+
+    def moved(self, table: SlotTable) -> bool:
+        """Whether ``table`` names another primary for one of its slots (a slot it names none for
+        is left to the node, which says so itself if it stopped serving it)."""
+        return any(table.owner(slot) not in (None, self.node.name) for slot in self.slots)
+
+
+def _by_node(cluster: StoreCluster, channels: Collection[str], broadcast: Collection[str]) -> list[Shard]:
+    """``channels`` by the primary of their slot, per the slot table now; the ``broadcast`` ones
+    with the first node (or a random primary's when there are no others): a plain ``PUBLISH``
+    reaches every node of a cluster."""
+    by_node: dict[str, Shard] = {}
     for channel in channels:
         slot = cluster.keyslot(channel)
         node = cluster.nodes_manager.get_node_from_slot(slot)
-        by_node.setdefault(node.name, (node, {}, []))[1].setdefault(slot, []).append(channel)
+        by_node.setdefault(node.name, Shard(node)).slots.setdefault(slot, []).append(channel)
     if broadcast:
         if not by_node:
             node = cluster.get_random_node()
-            by_node[node.name] = (node, {}, [])
-        next(iter(by_node.values()))[2].extend(broadcast)
+            by_node[node.name] = Shard(node)
+        next(iter(by_node.values())).broadcast.extend(broadcast)
     return list(by_node.values())
 
 
-async def _serve(node: ClusterNode, slots: dict[int, list[str]], broadcast: list[str],
-                 on_message: Callable[[Message], None], on_connect: Callable[[bool], None] | None,
+async def _serve(shard: Shard, on_message: Callable[[Message], None], on_connect: Callable[[bool], None] | None,
                  after_drop: bool) -> None:
-    """One connection to ``node``: ``SSUBSCRIBE`` per slot, ``SUBSCRIBE`` to ``broadcast``, and
-    every reply to ``on_message`` until it fails (raised). The connection is the cluster client's
-    kind (its password, TLS and parser, which turns a ``MOVED`` reply into ``MovedError``) but
-    not from its pools, and has no read timeout: a quiet channel is not a dead one."""
+    """One connection to ``shard``'s node: ``SSUBSCRIBE`` per slot, ``SUBSCRIBE`` to its
+    broadcast channels, and every reply to ``on_message`` until it fails (raised). The connection
+    is the cluster client's kind (its password, TLS and parser, which turns a ``MOVED`` reply into
+    ``MovedError``) but not from its pools, and has no read timeout: a quiet channel is not a dead
+    one."""
+    node = shard.node
     connection = node.connection_class(**{**node.connection_kwargs, "socket_timeout": None})
     try:
         try:
             await connection.connect()
-            for names in slots.values():
+            for names in shard.slots.values():
                 await connection.send_command("SSUBSCRIBE", *names)
-            if broadcast:
-                await connection.send_command("SUBSCRIBE", *broadcast)
+            if shard.broadcast:
+                await connection.send_command("SUBSCRIBE", *shard.broadcast)
         except Exception as exc:  # a node dead, or not there yet
             raise_if_cancelled(exc)
             raise NotSubscribed(f"{node.name}: {exc}") from exc
+        shard.subscribed = True
         if on_connect is not None:
             on_connect(after_drop)
         await _read(node.name, connection, on_message)
     finally:
         with contextlib.suppress(Exception):
             await connection.disconnect()
+
+
+async def _ended(serving: dict[asyncio.Task[None], Shard], watch: SlotWatch) -> set[asyncio.Task[None]]:
+    """The connections that end: by themselves (their node lost, ``MOVED``, its ``sunsubscribe``),
+    or ended here once the slot table (asked every ``WATCH_EVERY_S`` meanwhile) names another
+    primary for one of their slots: a primary that hangs ends none of them until it wakes."""
+    while True:
+        ended, _ = await asyncio.wait(serving, timeout=WATCH_EVERY_S, return_when=asyncio.FIRST_COMPLETED)
+        if ended:
+            return ended
+        table = await watch.table()
+        moved = {task for task, shard in serving.items() if table is not None and shard.moved(table)}
+        if moved:
+            for task in moved:
+                task.cancel()  # none if it ended meanwhile: it is seen ended, once
+            await asyncio.wait(moved)
+            return moved | {task for task in serving if task.done()}
 
 
 async def _read(node: str, connection: AbstractConnection, on_message: Callable[[Message], None]) -> None:
@@ -113,12 +172,16 @@ def _message(reply: list[Any]) -> Message:
     return {"type": kind, "pattern": None, "channel": reply[1], "data": reply[2]}
 
 
-async def refresh(cluster: StoreCluster) -> None:
+async def refresh(cluster: StoreCluster, last: Collection[str] = ()) -> None:
     """Reload the slot table from the nodes the client knows, in a turn of the client's (it
-    takes a connection of a node)."""
+    takes a connection of a node). redis-py asks them in turn, each for up to
+    ``SLOTS_TIMEOUT_S``: the nodes named in ``last`` (whose connections just ended: one may hang)
+    are asked last."""
     async with cluster.turn():
+        manager = cluster.nodes_manager
+        manager.startup_nodes = dict(sorted(manager.startup_nodes.items(), key=lambda seed: seed[0] in last))
         await cluster.initialize()
-        await cluster.nodes_manager.initialize()
+        await manager.initialize()
 
 
 async def listen(
@@ -160,12 +223,15 @@ async def listen_sharded_forever(
     ``listen_forever`` types them) to ``on_message``, until cancelled. ``on_connect(after_drop)``
     runs once a connection's subscriptions are sent; ``on_drop(channels)`` whenever such a
     connection ends, naming the channels it carried (one that failed before it subscribed drops
-    nothing, and is retried quietly). ``cluster`` is used for its slot table (rebuilt here after
-    each failure) and its connection options; it may be shared (``StoreCluster`` keeps the
-    connections of its nodes when its table is rebuilt)."""
-    serving: dict[asyncio.Task[None], tuple[list[str], list[str]]] = {}  # each connection's channels
+    nothing, and is retried quietly), or is ended here because the slot table names another
+    primary for one of them (the module's docstring: a primary that hangs). ``cluster`` is used
+    for its slot table (rebuilt here after each failure) and its connection options; it may be
+    shared (``StoreCluster`` keeps the connections of its nodes when its table is rebuilt)."""
+    serving: dict[asyncio.Task[None], Shard] = {}  # each connection's share
     waiting, plain = list(channels()), list(broadcast())  # not subscribed now
     delay, lost = 0.1, False
+    left: set[str] = set()  # the nodes whose connections ended last
+    watch = SlotWatch(cluster)
     loop = asyncio.get_running_loop()
     try:
         while True:
@@ -173,11 +239,11 @@ async def listen_sharded_forever(
             if waiting or plain:
                 try:
                     if lost:
-                        await refresh(cluster)
+                        await refresh(cluster, last=left)
                     else:
                         async with cluster.turn():  # the slot table's first load takes a node's connection
                             await cluster.initialize()
-                    groups = _by_node(cluster, waiting, plain)
+                    shards = _by_node(cluster, waiting, plain)
                 except Exception as exc:  # no node answers yet
                     raise_if_cancelled(exc)
                     if not lost:
@@ -186,30 +252,31 @@ async def listen_sharded_forever(
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, max_backoff)
                     continue
-                for node, slots, its_plain in groups:
-                    sharded = [c for names in slots.values() for c in names]
-                    task = asyncio.create_task(_serve(node, slots, its_plain, on_message, on_connect, lost))
-                    serving[task] = (sharded, its_plain)
+                for shard in shards:
+                    serving[asyncio.create_task(_serve(shard, on_message, on_connect, lost))] = shard
                 waiting, plain = [], []
             if not serving:  # no channel at all
                 await asyncio.Event().wait()
             since = loop.time()
-            ended, _ = await asyncio.wait(serving, return_when=asyncio.FIRST_COMPLETED)
+            ended = await _ended(serving, watch)
             if loop.time() - since > 5 * max_backoff:  # they had been up a while: a new episode
                 delay = 0.1
+            left = set()
             for task in ended:
-                sharded, its_plain = serving.pop(task)
-                waiting += sharded
-                plain += its_plain
-                if isinstance(task.exception(), NotSubscribed):
+                shard = serving.pop(task)
+                waiting += shard.sharded
+                plain += shard.broadcast
+                left.add(shard.node.name)
+                why = "its node no longer serves their slots" if task.cancelled() else task.exception()
+                if not shard.subscribed:
                     # Its channels were down already: said once, at the first attempt of an episode.
                     if delay == 0.1:
-                        log.warning("%s: cannot subscribe (%s); trying again", name, task.exception())
+                        log.warning("%s: cannot subscribe (%s); trying again", name, why)
                     continue
                 log.warning("%s: a shard's subscription ended (%s); subscribing its %d channels again",
-                            name, task.exception(), len(sharded) + len(its_plain))
+                            name, why, len(shard.channels))
                 if on_drop is not None:
-                    on_drop([*sharded, *its_plain])
+                    on_drop(shard.channels)
             lost = True
             await asyncio.sleep(delay)
             delay = min(delay * 2, max_backoff)
@@ -217,5 +284,6 @@ async def listen_sharded_forever(
         for task in serving:
             task.cancel()
         await asyncio.gather(*serving, return_exceptions=True)
+        await watch.close()
         if on_drop is not None and serving:
-            on_drop([c for sharded, its_plain in serving.values() for c in (*sharded, *its_plain)])
+            on_drop([c for shard in serving.values() for c in shard.channels])

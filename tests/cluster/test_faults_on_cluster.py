@@ -70,12 +70,16 @@ def check_calls(load: Load, stack: ClusterStack, base: str, settled: float) -> N
     assert all(proc.alive() for proc in stack.procs)  # nobody was restarted
 
 
+def streams_its_progress(base: str) -> bool:
+    r = httpx.post(base + "/agent/execute", json={"tool": "progress", "arguments": {"n": 2}},
+                   headers={"accept": "text/event-stream"}, timeout=30)
+    return r.text.count("event: tool.progress") == 3 and "event: execution.completed" in r.text
+
+
 def listeners_follow(stack: ClusterStack, base: str) -> None:
     """The API's hub and the worker's cancel listener subscribe where the slot is now: a streamed
     call gets its progress, and a running call is cancelled."""
-    r = httpx.post(base + "/agent/execute", json={"tool": "progress", "arguments": {"n": 2}},
-                   headers={"accept": "text/event-stream"}, timeout=30)
-    assert r.text.count("event: tool.progress") == 3 and "event: execution.completed" in r.text
+    assert streams_its_progress(base)
     tag = uuid.uuid4().hex[:8]
     r = httpx.post(base + "/agent/execute", json={"tool": "linger", "arguments": {"seconds": 20, "tag": tag}},
                    headers={"prefer": "respond-async"}, timeout=30)
@@ -152,6 +156,24 @@ def test_an_outcome_sent_to_a_primary_that_hangs_reaches_the_caller_from_its_pro
     # replica; whatever it ran went when it became one: the caller reads the record as before.
     assert httpx.get(f"{base}/agent/executions/{exec_id}", timeout=5).json() == polled.json()
     assert marked(fresh_cluster_stack.tmp / f"linger-start-{tag}").count("\n") == 1  # it ran once
+
+
+def test_the_listeners_leave_a_primary_that_hangs_for_its_promoted_replica(
+        redis_cluster: LocalCluster, fresh_cluster_stack: ClusterStack, base: str) -> None:
+    """The store's primary hangs (stopped: it answers nothing and resets no connection) and stays
+    hung: once its replica is promoted, the API's hub and the worker's cancel listener subscribe
+    there, and a streamed call gets its progress and a running call is cancelled while the old
+    primary is still stopped. They used to stay subscribed on the stopped node (a subscribed
+    connection has no reply timeout), where nothing published on the promoted replica reached
+    them until it woke."""
+    victim = redis_cluster.owner(STORE_SLOT)
+    try:
+        redis_cluster.hang_primary(victim, wake=False)  # returns once the replica serves the slot
+        wait_until(lambda: streams_its_progress(base), timeout=30,
+                   what="a streamed call's progress, from the promoted replica")
+        listeners_follow(fresh_cluster_stack, base)
+    finally:
+        redis_cluster.wake(victim)  # back, as the new primary's replica: the next test's cluster is whole
 
 
 def test_calls_meeting_a_primary_that_says_the_cluster_is_down_are_refused_retryably_until_it_is_mended(

@@ -1,16 +1,18 @@
 """Sharded pub/sub: a listener hears each channel on its shard, and hears it again after the
-channel's slot moves to another primary and after that primary is killed and replaced."""
+channel's slot moves to another primary, after that primary is killed and replaced, and after it
+hangs and is replaced (still hung)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Collection
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from bench.localcluster import LocalCluster
+from bench.localcluster import ClusterServer, LocalCluster
 from carmy_worker.store.cluster import StoreCluster
 from carmy_worker.store.pubsub import Message
 from carmy_worker.store.shardpubsub import listen_sharded_forever
@@ -18,6 +20,9 @@ from tests.cluster.conftest import cluster_client
 from tests.support import wait_until_async
 
 CHANNELS = ["{c:0}events", "{c:1}events", "{c:2}events", "{c:3}events"]
+# How soon a hung primary's channels are heard from its promoted replica: well under the API
+# hub's recheck (a re-read about every 5 s), which alone answered its partitions' calls meanwhile.
+PROMPTLY_S = 3.0
 
 
 class Ear:
@@ -41,14 +46,19 @@ class Ear:
         self.drops += 1
         self.dropped.append(sorted(channels))
 
-    async def hears(self, channel: str, data: bytes, timeout: float = 30.0) -> None:
-        """Publishes ``data`` on ``channel`` until the listener has heard it (a publication made
-        while it resubscribes is lost, as documented)."""
+    async def hears(self, channel: str, data: bytes, timeout: float = 30.0,
+                    publish: Callable[[str, bytes], Awaitable[object]] | None = None) -> None:
+        """Publishes ``data`` on ``channel`` (through the cluster client, or ``publish``) until
+        the listener has heard it (a publication made while it resubscribes is lost, as
+        documented)."""
         async def heard() -> bool:
             # Just after a failover, the client's first call may still find the dead primary:
             # a connection error (the documented, retryable kind), then it reloads the slots.
             with contextlib.suppress(RedisConnectionError):
-                await self.cluster.execute_command("SPUBLISH", channel, data)
+                if publish is None:
+                    await self.cluster.execute_command("SPUBLISH", channel, data)
+                else:
+                    await publish(channel, data)
             await asyncio.sleep(0.05)
             return (channel, data) in self.heard
 
@@ -110,6 +120,42 @@ async def test_a_channel_is_heard_again_after_its_primary_is_killed(ear: Ear, re
     for other in CHANNELS:
         await ear.hears(other, b"everywhere")
     await asyncio.to_thread(redis_cluster.restart, victim)
+
+
+def replica_of(cluster: LocalCluster, primary: ClusterServer) -> ClusterServer:
+    its_id = primary.node_id()
+    return cluster.server_on(next(n.port for n in cluster.topology() if n.primary_id == its_id))
+
+
+def on(server: ClusterServer) -> Callable[[str, bytes], Awaitable[object]]:
+    """``SPUBLISH`` on ``server`` itself."""
+    def publish(channel: str, data: bytes) -> object:
+        with server.check_client() as client:
+            return client.execute_command("SPUBLISH", channel, data)
+    return lambda channel, data: asyncio.to_thread(publish, channel, data)
+
+
+@pytest.mark.slow
+async def test_a_channel_is_heard_from_the_promoted_replica_while_its_primary_still_hangs(
+        ear: Ear, redis_cluster: LocalCluster) -> None:
+    """A primary that hangs (stopped: it answers nothing and resets no connection) ends none of
+    its subscribers' connections, and a subscribed connection has no reply timeout (a quiet
+    channel is not a dead one). Once its replica is promoted, the listener leaves it, says which
+    channels it dropped, and hears them from the replica, the old primary still stopped: it used
+    to hear nothing on them until that node woke."""
+    channel = CHANNELS[1]
+    await ear.hears(channel, b"before")
+    victim = redis_cluster.owner(ear.cluster.keyslot(channel))
+    its_own = sorted(c for c in CHANNELS if redis_cluster.owner(ear.cluster.keyslot(c)) is victim)
+    heir = replica_of(redis_cluster, victim)
+    try:
+        promoted = await asyncio.to_thread(redis_cluster.hang_primary, victim, wake=False)
+        await ear.hears(channel, b"after", timeout=promoted + PROMPTLY_S - time.time(), publish=on(heir))
+        # Its channels dropped once each (the API's hub has their waiters re-read), the others not.
+        assert sorted(c for dropped in ear.dropped for c in dropped) == its_own, ear.dropped
+        assert ear.connects[-1] is True
+    finally:
+        await asyncio.to_thread(redis_cluster.wake, victim)  # the next test's cluster is whole
 
 
 async def test_a_plain_channel_rides_on_one_shard_and_hears_a_publish_sent_to_any_node(

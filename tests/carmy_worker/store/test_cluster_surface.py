@@ -27,9 +27,11 @@ STATEMENTS = {
                                   "await connection.send_packed_command(connection.pack_command(*args), False)",
                                   "self._free.append(connection)"),
     ClusterNode.execute_pipeline: ("connection = self.acquire_connection()", "self._free.append(connection)"),
-    # StoreNodes.set_nodes keeps the nodes it knows when the table is rebuilt.
+    # StoreNodes.set_nodes keeps the nodes it knows when the table is rebuilt; shardpubsub.refresh
+    # orders the seeds, asked in turn, so that the nodes whose connections just ended go last.
     NodesManager.initialize: ("self.set_nodes(self.nodes_cache, tmp_nodes_cache, remove_old=True)",
-                              "self.slots_cache = tmp_slots"),
+                              "self.slots_cache = tmp_slots",
+                              "for startup_node in self.startup_nodes.values():"),
 }
 
 # fanout.reload_on_connections_of_its_own gives the synchronous client's reload seeds with no
@@ -45,7 +47,7 @@ SYNC_STATEMENTS = {
 }
 
 NODES_MANAGER_ATTRIBUTES = ("startup_nodes", "require_full_coverage", "connection_kwargs", "address_remap",
-                            "slots_cache", "nodes_cache")
+                            "slots_cache", "nodes_cache", "remap_host_port")
 CLUSTER_NODE_ATTRIBUTES = ("_free", "_connections", "connection_class", "connection_kwargs", "name", "server_type")
 
 
