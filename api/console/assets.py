@@ -46,11 +46,12 @@ def static_url(name: str) -> str:
     return f"{STATIC_PATH}/{name}?v={assets()[name].version}"
 
 
-async def serve(request: Request) -> Response:
-    """``GET /console/static/{name}``: public (the sign-in page needs its stylesheet), cached for long."""
+def serve(request: Request) -> Response | None:
+    """``GET /console/static/{name}``: public (the sign-in page needs its stylesheet), cached for long;
+    None when there is no such file."""
     asset = assets().get(request.path_params["name"])
     if asset is None:
-        return Response("Not found", status_code=404, media_type="text/plain")
+        return None
     etag = f'"{asset.version}"'
     headers = {"etag": etag, "cache-control": LONG_CACHE}
     if request.headers.get("if-none-match") == etag:

@@ -18,9 +18,8 @@ from urllib.parse import parse_qsl
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
-from starlette.routing import Route, request_response
+from starlette.routing import Route
 
-from api.console.headers import ConsoleHeaders
 from api.console.render import CSRF_FIELD, render
 from api.console.session import COOKIE, Session, Sessions, Signer
 from api.console.visitor import SCOPE_KEY, Visitor
@@ -73,7 +72,8 @@ async def read_form(request: Request) -> dict[str, str]:
 
 
 class Guard:
-    """Builds the console's routes, each behind its checks and with the console's headers."""
+    """Builds the console's routes, each behind its checks (the console's headers are added to all of
+    them by ``entrance.py``)."""
 
     def __init__(self, sessions: Sessions, *, authenticates: bool) -> None:
         self.sessions = sessions
@@ -105,7 +105,7 @@ class Guard:
                 self.set_session(request, response, signer, fresh)
             return response
 
-        return Route(path, ConsoleHeaders(request_response(endpoint)), methods=["GET"])
+        return Route(path, endpoint, methods=["GET"])
 
     def action(self, path: str, handler: Action, *, signed_in: bool = True) -> Route:
         """``POST path``: its Origin, session and CSRF token checked before ``handler`` gets the form."""
@@ -119,7 +119,7 @@ class Guard:
             except Refused as refused:
                 return refusal(request, refused)
 
-        return Route(path, ConsoleHeaders(request_response(endpoint)), methods=["POST"])
+        return Route(path, endpoint, methods=["POST"])
 
     def allowed(self, session: Session) -> bool:
         """Whether ``session`` may see the console's pages."""

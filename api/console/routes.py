@@ -8,6 +8,7 @@
   Answer with a ``303`` redirect to a page (the browser's back button then never posts again).
 
 Nothing here exists unless ``CARMY_CONSOLE`` is on: ``api/app.py`` adds these routes only then.
+What none of them answers (an unknown path, another method, a fault) ``entrance.py`` answers.
 """
 
 from __future__ import annotations
@@ -15,14 +16,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from redis.asyncio import Redis
-from starlette.routing import BaseRoute, Route, request_response
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
 
 from api.calling.catalog import Catalog
 from api.calling.jobs import Jobs
 from api.calling.schedules import Schedules
 from api.console.assets import STATIC_PATH, serve
+from api.console.entrance import ConsoleEntrance, not_found
 from api.console.guard import SIGN_IN_PATH, Guard
-from api.console.headers import ConsoleHeaders
 from api.console.live import Sampler
 from api.console.pages.execution import ExecutionPage
 from api.console.pages.executions import ExecutionsPage
@@ -50,7 +53,8 @@ class ConsoleServices:
 
 
 def console_routes(services: ConsoleServices) -> list[BaseRoute]:
-    """The console's routes, each behind its guard (``api/console/guard.py``)."""
+    """The app's one route for everything under ``/console`` (``entrance.py``), which routes among
+    the console's routes, each behind its guard (``guard.py``)."""
     settings = services.settings
     guard = Guard(Sessions(settings, services.redis), authenticates=services.auth is not None)
     sign_in = SignIn(guard, services.auth, settings.operator_permission)
@@ -60,8 +64,8 @@ def console_routes(services: ConsoleServices) -> list[BaseRoute]:
     jobs = JobsPage(services.jobs, Schedules(services.redis, services.catalog))
     actions = JobActions(services.jobs)
     overview = OverviewPage(services.sampler)
-    return [
-        Route(STATIC_PATH + "/{name:path}", ConsoleHeaders(request_response(serve)), methods=["GET"]),
+    return [ConsoleEntrance([
+        Route(STATIC_PATH + "/{name:path}", static, methods=["GET"]),
         guard.page(SIGN_IN_PATH, sign_in.form, signed_in=False),
         guard.action(SIGN_IN_PATH, sign_in.sign_in, signed_in=False),
         guard.action("/console/sign-out", sign_in.sign_out, signed_in=False),
@@ -78,4 +82,9 @@ def console_routes(services: ConsoleServices) -> list[BaseRoute]:
         guard.page("/console/jobs/{job_id}/cancel", actions.confirm("cancel")),
         guard.action("/console/jobs/{job_id}/cancel", actions.do("cancel")),
         guard.page("/console/tools", tools.get),
-    ]
+    ])]
+
+
+async def static(request: Request) -> Response:
+    """A static file, or the console's 404 page."""
+    return serve(request) or not_found(request)

@@ -22,13 +22,15 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 
 from api.app import create_app
-from api.console.assets import STATIC_PATH, serve
+from api.console.assets import STATIC_PATH
+from api.console.entrance import ConsoleEntrance
 from api.console.frame import LiveFrame, WorkerRow
 from api.console.framing import DEAD_SHOWN_MS
 from api.console.guard import Guard
 from api.console.live import Sampler
 from api.console.pages.overview import OverviewPage
 from api.console.rates import Step, Window, grown, quantile
+from api.console.routes import static
 from api.console.session import Sessions
 from api.settings import ApiKey
 from carmy_worker.store import jobs, keys, metrics
@@ -325,8 +327,8 @@ def live_server(redis_url: str, rotate: float = 10.0) -> Iterator[tuple[str, Ove
         await client.aclose()
         await sessions.aclose()
 
-    routes = [Route(STATIC_PATH + "/{name:path}", serve),
-              guard.page("/console", page.get), guard.page("/console/live", page.live)]
+    routes = [ConsoleEntrance([Route(STATIC_PATH + "/{name:path}", static),
+                               guard.page("/console", page.get), guard.page("/console/live", page.live)])]
     with serving(Starlette(routes=routes, lifespan=lifespan)) as base:
         yield base, page
 
