@@ -21,7 +21,7 @@ from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from api.console.render import CSRF_FIELD, render
-from api.console.session import COOKIE, Session, Sessions, Signer
+from api.console.session import Session, Sessions, Signer
 from api.console.visitor import SCOPE_KEY, Visitor
 from api.guards.browser import same_origin
 from api.http.fields import header
@@ -84,7 +84,7 @@ class Guard:
         async def endpoint(request: Request) -> Response:
             try:
                 signer = await self._signer()
-                session = signer.open(request.cookies.get(COOKIE))
+                session = signer.open(self.sealed(request))
                 if session is None and followed_from_another_site(request):
                     # The page loads itself again, now from the console's own origin, and the cookie
                     # comes along. Never a new cookie here: it would replace the operator's session
@@ -125,19 +125,24 @@ class Guard:
         """Whether ``session`` may see the console's pages."""
         return session.signed_in or self.open
 
+    def sealed(self, request: Request) -> str | None:
+        """The session cookie's value, by the one name this request's scheme reads it under (over HTTPS a
+        plain ``carmy_console``, which any page of the site may have set, is not even looked at)."""
+        return request.cookies.get(self.sessions.name(https=https(request)))
+
     def set_session(self, request: Request, response: Response, signer: Signer, session: Session) -> None:
         response.headers.append("set-cookie", self.sessions.cookie(signer.seal(session),
-                                                                   https=request.url.scheme == "https"))
+                                                                   https=https(request)))
 
     def clear_session(self, request: Request, response: Response) -> None:
-        response.headers.append("set-cookie", self.sessions.clearing_cookie(https=request.url.scheme == "https"))
+        response.headers.append("set-cookie", self.sessions.clearing_cookie(https=https(request)))
 
     async def _checked(self, request: Request) -> tuple[Signer, Session, dict[str, str]]:
         origin = header(request.scope, b"origin")
         if origin is None or not same_origin(origin, header(request.scope, b"host")):
             raise Refused(403, "This form was not sent from this console's own pages.")
         signer = await self._signer()
-        session = signer.open(request.cookies.get(COOKIE))
+        session = signer.open(self.sealed(request))
         if session is None:
             raise Refused(403, "Your console session has ended. Reload the page and try again.")
         form = await read_form(request)
@@ -158,6 +163,10 @@ class Guard:
             return RedirectResponse(SIGN_IN_PATH, status_code=303)
         return JSONResponse({"error": {"code": "UNAUTHENTICATED", "message": f"Sign in at {SIGN_IN_PATH}."}},
                             status_code=401)
+
+
+def https(request: Request) -> bool:
+    return request.url.scheme == "https"
 
 
 def refusal(request: Request, refused: Refused) -> Response:

@@ -25,8 +25,13 @@ from redis.asyncio import Redis
 from api.settings import ApiSettings
 from carmy_worker.store.consolesecret import shared_secret
 
-COOKIE = "carmy_console"
+COOKIE = "carmy_console"  # over plain HTTP: a console on loopback
 COOKIE_PATH = "/console"
+# Whenever the cookie is Secure. A browser takes a cookie of this name only with Secure, Path=/
+# and no Domain, from an https page: a sibling subdomain's page or a plain-HTTP one (another port
+# of this host, say) cannot set one that shadows it. Path=/ is the price: /agent/* gets it too,
+# and never reads it (a cookie authenticates nothing there).
+SECURE_COOKIE = "__Host-carmy_console"
 MAX_COOKIE = 4096  # a browser keeps no more; anything longer is not ours
 SECRET_RECHECK_S = 60.0
 # How much later than the lifetime allows a session may end: the replicas' clocks may differ a little.
@@ -146,12 +151,20 @@ class Sessions:
             self._shared = known
         return known
 
+    def name(self, *, https: bool) -> str:
+        """The cookie's name for a request over ``https`` (or not): the only one read from it."""
+        return SECURE_COOKIE if https or self.secure else COOKIE
+
     def cookie(self, value: str, *, https: bool) -> str:
-        """A ``Set-Cookie`` value. ``SameSite=Strict``: no other site's page or link brings it along;
-        ``Path=/console``: ``/agent/*`` never sees it; ``Secure`` over HTTPS, or when a proxy ends TLS."""
-        secure = "; Secure" if https or self.secure else ""
-        return f"{COOKIE}={value}; Path={COOKIE_PATH}; Max-Age={self.lifetime}; HttpOnly; SameSite=Strict{secure}"
+        """A ``Set-Cookie`` value. ``SameSite=Strict``: no other site's page or link brings it along.
+        Over HTTPS (or when a proxy ends TLS) ``__Host-carmy_console``, ``Secure``, ``Path=/`` (see
+        ``SECURE_COOKIE``); else ``carmy_console``, ``Path=/console``: ``/agent/*`` never sees it."""
+        return self._cookie(value, f"Max-Age={self.lifetime}", https=https)
 
     def clearing_cookie(self, *, https: bool) -> str:
-        secure = "; Secure" if https or self.secure else ""
-        return f"{COOKIE}=; Path={COOKIE_PATH}; Max-Age=0; HttpOnly; SameSite=Strict{secure}"
+        return self._cookie("", "Max-Age=0", https=https)
+
+    def _cookie(self, value: str, max_age: str, *, https: bool) -> str:
+        if self.name(https=https) == SECURE_COOKIE:
+            return f"{SECURE_COOKIE}={value}; Path=/; {max_age}; HttpOnly; SameSite=Strict; Secure"
+        return f"{COOKIE}={value}; Path={COOKIE_PATH}; {max_age}; HttpOnly; SameSite=Strict"

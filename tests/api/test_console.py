@@ -23,7 +23,7 @@ from api.calling.catalog import Catalog, CatalogView, build_view
 from api.console import session as console_session
 from api.console.pages.tools import ToolsPage
 from api.console.render import environment
-from api.console.session import COOKIE, Session, Sessions, Signer
+from api.console.session import COOKIE, SECURE_COOKIE, Session, Sessions, Signer
 from api.guards.oauth import OAuthSettings
 from api.settings import ApiKey, ApiSettings
 from carmy_worker.store import keys
@@ -36,6 +36,7 @@ OPERATOR_KEY = "operator-key-0123456789"
 AGENT_KEY = "agent-key-0123456789abc"
 SECRET = "s" * 40
 ORIGIN = {"origin": "http://localhost"}  # the ASGI client's own (its Host is localhost)
+HTTPS_ORIGIN = {"origin": "https://localhost"}
 PAGE = {"accept": "text/html,application/xhtml+xml"}  # what a browser's navigation asks for
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
        "form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
@@ -121,12 +122,66 @@ async def test_an_operator_signs_in_and_gets_a_strict_cookie(browser: httpx.Asyn
         assert "Signed in as <strong>olga</strong>" in page.text
 
 
-async def test_the_cookie_is_secure_over_https(client: httpx.AsyncClient, asgi_app: object) -> None:
+def host_cookie(response: httpx.Response) -> str:
+    cookies = [v for k, v in response.headers.multi_items() if k == "set-cookie"]
+    assert len(cookies) == 1 and cookies[0].startswith(SECURE_COOKIE + "="), response.headers
+    return cookies[0]
+
+
+@pytest.fixture
+async def https_operator(client: httpx.AsyncClient, asgi_app: object) -> AsyncIterator[httpx.AsyncClient]:
+    """A client of the console over HTTPS, signed in as the operator."""
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=asgi_app),  # type: ignore[arg-type]
                                  base_url="https://localhost") as c:
-        signed = await sign_in(c, OPERATOR_KEY, headers={"origin": "https://localhost"})
+        signed = await sign_in(c, OPERATOR_KEY, headers=HTTPS_ORIGIN)
         assert signed.status_code == 303
-        assert "; Secure" in set_cookie(signed)
+        assert host_cookie(signed) == f"{SECURE_COOKIE}={c.cookies[SECURE_COOKIE]}; Path=/; Max-Age=3600; HttpOnly; " \
+                                      "SameSite=Strict; Secure"
+        yield c
+
+
+async def test_over_https_the_cookie_is_a_host_cookie(https_operator: httpx.AsyncClient) -> None:
+    """__Host-: Secure, Path=/ and no Domain, or a browser refuses it; and no page of another port
+    over plain HTTP, nor of a sibling subdomain, can set one that shadows it."""
+    assert COOKIE not in https_operator.cookies
+    page = await https_operator.get("/console", headers=PAGE)
+    assert "Signed in as <strong>olga</strong>" in page.text
+    out = await https_operator.post("/console/sign-out", data={"csrf": csrf_of(page.text)}, headers=HTTPS_ORIGIN)
+    assert out.status_code == 303
+    assert host_cookie(out) == f"{SECURE_COOKIE}=; Path=/; Max-Age=0; HttpOnly; SameSite=Strict; Secure"
+
+
+async def test_behind_a_proxy_that_ends_tls_the_cookie_is_a_host_cookie(stack: Stack) -> None:
+    settings = app_settings(stack.redis_url, console=True, console_secret=SECRET, console_secure_cookies=True)
+    async with asgi_client(create_app(settings)) as c:
+        page = await c.get("/console", headers=PAGE)  # open: an anonymous session, over plain HTTP
+        cookie = host_cookie(page)
+        assert cookie.endswith("; Path=/; Max-Age=3600; HttpOnly; SameSite=Strict; Secure")
+        # The browser sends it back (it sees https); httpx's jar would not, over http.
+        c.cookies.clear()
+        sent = {**ORIGIN, "cookie": cookie.split(";")[0]}
+        assert (await c.post("/console/sign-out", data={"csrf": csrf_of(page.text)}, headers=sent)).status_code == 303
+
+
+async def test_over_https_a_tossed_plain_cookie_is_not_read(https_operator: httpx.AsyncClient) -> None:
+    """A page of the same site (another port over HTTP, a sibling subdomain) may set ``carmy_console``
+    with a longer Path, which the browser sends first: over HTTPS the console reads only the
+    ``__Host-`` cookie, so a tossed one neither signs the operator out nor in as someone else."""
+    mallory = forged(Session(sid="m", principal="mallory", signed_in=True, expires=2**40))
+    for path in ("/console/tools", "/console"):
+        https_operator.cookies.set(COOKIE, mallory, domain="localhost.local", path=path)
+        page = await https_operator.get("/console/tools", headers=PAGE)
+        assert "Signed in as <strong>olga</strong>" in page.text
+    https_operator.cookies.delete(SECURE_COOKIE)
+    assert (await https_operator.get("/console/tools", headers=PAGE)).status_code == 303  # not mallory's
+
+
+async def test_over_plain_http_a_host_cookie_is_not_read(browser: httpx.AsyncClient) -> None:
+    """Each scheme reads its one name: a ``__Host-`` cookie is no session over plain HTTP (the
+    setting that would make it one is off)."""
+    browser.cookies.set(SECURE_COOKIE, forged(Session(sid="x", principal="olga", signed_in=True, expires=2**40)),
+                        domain="localhost.local", path="/")
+    assert (await browser.get("/console", headers=PAGE)).status_code == 303
 
 
 async def test_a_key_without_the_operator_permission_is_refused(browser: httpx.AsyncClient) -> None:
