@@ -20,6 +20,7 @@ from api.calling.catalog import Catalog
 from api.calling.executions import Executions
 from api.calling.jobs import Jobs
 from api.calling.schedules import Schedules
+from api.console.entrance import refused_by_browser_guard
 from api.console.live import Sampler
 from api.console.routes import ConsoleServices, console_routes
 from api.endpoints.audit import AUDIT_PATH, AuditRoutes
@@ -183,7 +184,8 @@ def create_app(settings: ApiSettings | None = None) -> Starlette:
         ],
         # Innermost, the guard: the CORS layer answers an allowed origin's preflight before it,
         # and its refusals carry the security and CORS headers like any other answer.
-        middleware=[*middleware(settings), Middleware(BrowserGuard, settings)],
+        middleware=[*middleware(settings), Middleware(BrowserGuard, settings,
+                                                      refused_by_browser_guard if settings.console else None)],
         lifespan=lifespan,
     )
 

@@ -6,6 +6,7 @@ Starlette's own answers are text without those headers (``404 Not Found``, ``405
 Allowed``) or, for a fault, its server error (``500``, text too). Here an unknown path is the
 console's 404 page, a method its routes do not take a 405 page (with ``Allow``), and an exception
 before the answer started a 500 page that says nothing of the fault: its traceback goes to the log.
+What ``BrowserGuard`` refuses before any route (a foreign ``Host`` or ``Origin``) is a page too.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Match, NoMatchFound, Route, Router
-from starlette.types import Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.console.headers import ConsoleHeaders
 from api.console.render import render
@@ -47,6 +48,14 @@ def not_allowed(request: Request, allow: str) -> Response:
 
 def fault(request: Request) -> Response:
     return render(request, "refused.html", status=500, heading="Something went wrong", message=FAULT)
+
+
+def refused_by_browser_guard(scope: Scope, code: str, message: str) -> ASGIApp | None:
+    """``BrowserGuard``'s refusal (a foreign ``Host`` or ``Origin``) of a request under ``/console``: a
+    page with the console's headers, where ``/agent/*`` gets the JSON envelope (None)."""
+    if not under_console(route_path(scope)):
+        return None
+    return ConsoleHeaders(render(Request(scope), "refused.html", status=403, message=message))
 
 
 class Answers:

@@ -27,8 +27,8 @@ NO_STORE = (b"cache-control", b"no-store")
 
 
 class ConsoleHeaders:
-    """ASGI wrapper of one console route: ``PAGE_HEADERS``, and ``Cache-Control: no-store`` unless
-    the route set its own."""
+    """ASGI wrapper of everything under ``/console`` (``entrance.py``): ``PAGE_HEADERS``, and
+    ``Cache-Control: no-store`` unless the route set its own."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app

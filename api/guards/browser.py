@@ -18,6 +18,7 @@ The MCP specification makes the ``Origin`` check a MUST for Streamable HTTP serv
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -25,7 +26,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from api.http.fields import header
 from api.http.responses import envelope_error
 from api.settings import ApiSettings
-from carmy_worker.sdk.errors import clip
+from carmy_worker.sdk.errors import ErrorCode, clip
 
 PROBES = frozenset({"/health", "/ready"})
 HOSTS_REMEMBERED = 64  # Host values whose verdict BrowserGuard keeps
@@ -66,11 +67,17 @@ class HostPattern:
         return self.host is not None and self.host[0] == name and self.host[1] in (None, port)
 
 
+# How a refusal is told at a request's path: given the scope, the error code and the message, an
+# answer, or None for the JSON envelope (the console's pages tell theirs as a page: api/app.py).
+Refusal = Callable[[Scope, ErrorCode, str], ASGIApp | None]
+
+
 class BrowserGuard:
     """ASGI middleware: ``403 HOST_NOT_ALLOWED`` / ``403 ORIGIN_NOT_ALLOWED`` (see the module)."""
 
-    def __init__(self, app: ASGIApp, settings: ApiSettings) -> None:
+    def __init__(self, app: ASGIApp, settings: ApiSettings, refusal: Refusal | None = None) -> None:
         self.app = app
+        self.refusal = refusal
         self.hosts = [HostPattern(entry) for entry in settings.hosts_allowed()]
         self.any_host = any(p.any for p in self.hosts)
         self.origins = {origin.rstrip("/") for origin in settings.cors_origins}
@@ -83,14 +90,16 @@ class BrowserGuard:
         host = header(scope, b"host")
         origin = header(scope, b"origin")
         if not self.any_host and host is not None and not self.host_allowed(host):
-            response = envelope_error("HOST_NOT_ALLOWED", f"This server does not answer to the host "
-                                      f"{clip(host)!r}: it is not in CARMY_ALLOWED_HOSTS.")
-            return await response(scope, receive, send)
+            return await self.refuse(scope, "HOST_NOT_ALLOWED", f"This server does not answer to the host "
+                                     f"{clip(host)!r}: it is not in CARMY_ALLOWED_HOSTS.")(scope, receive, send)
         if origin is not None and not self.origin_allowed(origin, host):
-            response = envelope_error("ORIGIN_NOT_ALLOWED", f"Requests from {clip(origin)!r} are not allowed: "
-                                      "only the server's own origin and CARMY_CORS_ORIGINS are.")
-            return await response(scope, receive, send)
+            return await self.refuse(scope, "ORIGIN_NOT_ALLOWED", f"Requests from {clip(origin)!r} are not allowed: "
+                                     "only the server's own origin and CARMY_CORS_ORIGINS are.")(scope, receive, send)
         await self.app(scope, receive, send)
+
+    def refuse(self, scope: Scope, code: ErrorCode, message: str) -> ASGIApp:
+        told = self.refusal(scope, code, message) if self.refusal is not None else None
+        return told if told is not None else envelope_error(code, message)
 
     def host_allowed(self, host: str) -> bool:
         # Every request asks, with one of a handful of values: the answer is remembered, for

@@ -1,7 +1,7 @@
 """Every answer under ``/console`` is one of the console's pages with the console's headers
 (``api/console/entrance.py``): an unknown path, an unknown or malformed id, a method not allowed,
-a fault in a page or in the guard, Redis out of reach. Never Starlette's bare text, never a
-traceback.
+a fault in a page or in the guard, Redis out of reach, a foreign Host or Origin. Never
+Starlette's bare text, never the API's JSON, never a traceback.
 """
 
 from __future__ import annotations
@@ -152,6 +152,23 @@ async def test_redis_out_of_reach_is_a_503_page() -> None:
     async with asgi_client(create_app(app_settings(NO_REDIS, console=True, console_secret="s" * 40))) as c:
         for path in ("/console/jobs", f"/console/executions/{UNKNOWN_EXEC}"):
             assert_console_page(await c.get(path, headers=PAGE), 503)
+
+
+@pytest.mark.parametrize(("method", "headers", "says"), [
+    ("GET", {"host": "rebound.example"}, "not in CARMY_ALLOWED_HOSTS"),
+    ("POST", {"origin": "https://evil.example"}, "Requests from &#39;https://evil.example&#39; are not allowed"),
+    ("GET", {"origin": "https://evil.example"}, "are not allowed"),
+])
+async def test_a_foreign_host_or_origin_is_a_403_page(operator: httpx.AsyncClient, method: str,
+                                                      headers: dict[str, str], says: str) -> None:
+    """Refused by BrowserGuard before any route: a page too, where /agent/* gets the JSON envelope."""
+    answer = await operator.request(method, "/console/sign-out" if method == "POST" else "/console/jobs",
+                                    headers={**PAGE, **headers})
+    assert_console_page(answer, 403)
+    assert says in answer.text
+    agent = await operator.request(method, "/agent/jobs", headers=headers)
+    assert agent.status_code == 403
+    assert agent.json()["error"]["code"] in ("HOST_NOT_ALLOWED", "ORIGIN_NOT_ALLOWED")
 
 
 async def test_outside_the_console_starlettes_answers_are_kept(client: httpx.AsyncClient) -> None:
