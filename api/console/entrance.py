@@ -22,18 +22,17 @@ from starlette.routing import BaseRoute, Match, NoMatchFound, Route, Router
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.console.headers import ConsoleHeaders
-from api.console.render import render
+from api.console.render import HOME, render
 from api.guards.browser import route_path
 
 log = logging.getLogger("carmy.api")
 
-PREFIX = "/console"
 FAULT = ("Something went wrong in the console while answering this. It is logged on the server; "
          "try again in a moment.")
 
 
 def under_console(path: str) -> bool:
-    return path == PREFIX or path.startswith(PREFIX + "/")
+    return path == HOME or path.startswith(HOME + "/")
 
 
 def not_found(request: Request) -> Response:

@@ -20,11 +20,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from api.console.render import CSRF_FIELD, render
+from api.console.render import CSRF_FIELD, home, render
 from api.console.session import Session, Sessions, Signer
 from api.console.visitor import SCOPE_KEY, Visitor
 from api.guards.browser import same_origin
 from api.http.fields import header
+from api.http.paths import root
 
 log = logging.getLogger("carmy.api")
 
@@ -131,11 +132,11 @@ class Guard:
         return request.cookies.get(self.sessions.name(https=https(request)))
 
     def set_session(self, request: Request, response: Response, signer: Signer, session: Session) -> None:
-        response.headers.append("set-cookie", self.sessions.cookie(signer.seal(session),
-                                                                   https=https(request)))
+        response.headers.append("set-cookie", self.sessions.cookie(signer.seal(session), https=https(request),
+                                                                   path=home(request)))
 
     def clear_session(self, request: Request, response: Response) -> None:
-        response.headers.append("set-cookie", self.sessions.clearing_cookie(https=https(request)))
+        response.headers.append("set-cookie", self.sessions.clearing_cookie(https=https(request), path=home(request)))
 
     async def _checked(self, request: Request) -> tuple[Signer, Session, dict[str, str]]:
         origin = header(request.scope, b"origin")
@@ -159,9 +160,10 @@ class Guard:
             raise Refused(503, "The console cannot reach Redis right now. Try again in a moment.") from exc
 
     def _send_to_sign_in(self, request: Request) -> Response:
+        sign_in = root(request.scope) + SIGN_IN_PATH
         if wants_page(request):
-            return RedirectResponse(SIGN_IN_PATH, status_code=303)
-        return JSONResponse({"error": {"code": "UNAUTHENTICATED", "message": f"Sign in at {SIGN_IN_PATH}."}},
+            return RedirectResponse(sign_in, status_code=303)
+        return JSONResponse({"error": {"code": "UNAUTHENTICATED", "message": f"Sign in at {sign_in}."}},
                             status_code=401)
 
 

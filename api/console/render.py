@@ -3,7 +3,9 @@
 
 A page template extends ``base.html`` and fills ``title`` and ``content`` (and ``scripts``, with
 ``<script src>`` only: the policy refuses inline code). ``render`` gives every template the
-visitor, its CSRF token (``{{ csrf_field() }}`` in every form), the nav and ``static(name)``.
+visitor, its CSRF token (``{{ csrf_field() }}`` in every form), the nav, ``static(name)`` and
+``home``, the console's path as the browser sees it (a link is ``{{ home }}/jobs``, never
+``/console/jobs``: the app may be mounted under a prefix).
 """
 
 from __future__ import annotations
@@ -20,9 +22,14 @@ from starlette.responses import HTMLResponse
 
 from api.console.assets import static_url
 from api.console.visitor import visitor
+from api.guards.browser import route_path
+from api.http.paths import root
 
 TEMPLATES_DIR = Path(__file__).parent / "templates"
 CSRF_FIELD = "csrf"  # the name of every form's hidden token field
+
+
+HOME = "/console"
 
 
 @dataclass(frozen=True)
@@ -31,12 +38,12 @@ class NavItem:
     href: str
 
 
-# The console's sections, in the order the nav shows them.
+# The console's sections, in the order the nav shows them (their paths inside the app).
 NAV = (
-    NavItem("Overview", "/console"),
-    NavItem("Executions", "/console/executions"),
-    NavItem("Jobs", "/console/jobs"),
-    NavItem("Tools", "/console/tools"),
+    NavItem("Overview", HOME),
+    NavItem("Executions", HOME + "/executions"),
+    NavItem("Jobs", HOME + "/jobs"),
+    NavItem("Tools", HOME + "/tools"),
 )
 
 environment = jinja2.Environment(
@@ -47,12 +54,19 @@ environment = jinja2.Environment(
     lstrip_blocks=True,
     auto_reload=False,
 )
-environment.globals["static"] = static_url
+environment.globals["static"] = static_url  # a fragment's (render gives a page the mount's prefix too)
 
 
 def current(path: str, href: str) -> bool:
     """Whether the nav's ``href`` is the section ``path`` is in."""
-    return path == href if href == "/console" else path == href or path.startswith(href + "/")
+    return path == href if href == HOME else path == href or path.startswith(href + "/")
+
+
+def home(request: Request) -> str:
+    """The console's URL path as the browser sees it: ``/console`` under the prefix the app is
+    served from (``root_path``: ``/carmy/console`` under ``Mount("/carmy", ...)``). Every link,
+    form, redirect and script source of the console starts with it."""
+    return root(request.scope) + HOME
 
 
 def fragment(template: str, **context: Any) -> Markup:
@@ -66,11 +80,14 @@ def render(request: Request, template: str, *, status: int = 200, headers: Mappi
     """``template`` rendered for this request's visitor, as an HTML response."""
     seen = visitor(request)
     csrf = seen.csrf if seen is not None else ""
+    prefix, path = root(request.scope), route_path(request.scope)
     page = environment.get_template(template).render(
         visitor=seen,
         csrf=csrf,
         csrf_field=lambda: Markup('<input type="hidden" name="{}" value="{}">').format(CSRF_FIELD, csrf),
-        nav=[(item, current(request.url.path, item.href)) for item in NAV],
+        nav=[(NavItem(item.label, prefix + item.href), current(path, item.href)) for item in NAV],
+        home=prefix + HOME,
+        static=lambda name: prefix + static_url(name),
         **context,
     )
     return HTMLResponse(page, status_code=status, headers=headers)

@@ -26,7 +26,6 @@ from api.settings import ApiSettings
 from carmy_worker.store.consolesecret import shared_secret
 
 COOKIE = "carmy_console"  # over plain HTTP: a console on loopback
-COOKIE_PATH = "/console"
 # Whenever the cookie is Secure. A browser takes a cookie of this name only with Secure, Path=/
 # and no Domain, from an https page: a sibling subdomain's page or a plain-HTTP one (another port
 # of this host, say) cannot set one that shadows it. Path=/ is the price: /agent/* gets it too,
@@ -155,16 +154,17 @@ class Sessions:
         """The cookie's name for a request over ``https`` (or not): the only one read from it."""
         return SECURE_COOKIE if https or self.secure else COOKIE
 
-    def cookie(self, value: str, *, https: bool) -> str:
+    def cookie(self, value: str, *, https: bool, path: str) -> str:
         """A ``Set-Cookie`` value. ``SameSite=Strict``: no other site's page or link brings it along.
         Over HTTPS (or when a proxy ends TLS) ``__Host-carmy_console``, ``Secure``, ``Path=/`` (see
-        ``SECURE_COOKIE``); else ``carmy_console``, ``Path=/console``: ``/agent/*`` never sees it."""
-        return self._cookie(value, f"Max-Age={self.lifetime}", https=https)
+        ``SECURE_COOKIE``); else ``carmy_console`` at the console's ``path`` (``/console``, under the
+        mount's prefix): ``/agent/*`` never sees it."""
+        return self._cookie(value, f"Max-Age={self.lifetime}", https=https, path=path)
 
-    def clearing_cookie(self, *, https: bool) -> str:
-        return self._cookie("", "Max-Age=0", https=https)
+    def clearing_cookie(self, *, https: bool, path: str) -> str:
+        return self._cookie("", "Max-Age=0", https=https, path=path)
 
-    def _cookie(self, value: str, max_age: str, *, https: bool) -> str:
+    def _cookie(self, value: str, max_age: str, *, https: bool, path: str) -> str:
         if self.name(https=https) == SECURE_COOKIE:
             return f"{SECURE_COOKIE}={value}; Path=/; {max_age}; HttpOnly; SameSite=Strict; Secure"
-        return f"{COOKIE}={value}; Path={COOKIE_PATH}; {max_age}; HttpOnly; SameSite=Strict"
+        return f"{COOKIE}={value}; Path={path}; {max_age}; HttpOnly; SameSite=Strict"

@@ -382,7 +382,7 @@ def test_the_tools_page_stays_fast_with_1000_tools_on_100_workers() -> None:
 
 def render_page(template: str, **context: object) -> str:
     return environment.get_template(template).render(visitor=None, csrf="", csrf_field=lambda: "", nav=[],
-                                                     **context)
+                                                     home="/console", **context)
 
 
 # -- open: no authentication -----------------------------------------------------------------------

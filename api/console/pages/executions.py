@@ -44,7 +44,7 @@ class Query:
     def filtered(self) -> bool:
         return any((self.tool, self.status, self.principal))
 
-    def link(self, path: str = "/console/executions", **changes: str | None) -> str:
+    def link(self, path: str, **changes: str | None) -> str:
         """This query's URL at ``path``, with ``changes``."""
         fields = {k: v for k, v in vars(replace(self, **changes)).items() if v}
         return path + ("?" + urlencode(fields) if fields else "")

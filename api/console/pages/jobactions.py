@@ -24,7 +24,7 @@ from api.console.pages.jobs import JobRow, now_ms
 from api.console.pages.operator import operator
 from api.console.pages.unreachable import told_if_unreachable
 from api.console.pages.wording import WORDING
-from api.console.render import render
+from api.console.render import home, render
 from carmy_worker.store.jobstore import FINISHED
 
 Kind = Literal["retry", "cancel"]
@@ -71,7 +71,7 @@ class JobActions:
                                   message="No job has this id, or it has expired.")
                 query = {"done": "not_retryable"} if refused.error.code == "JOB_NOT_RETRYABLE" \
                     else {"refused": refused.error.code}
-                return RedirectResponse(f"/console/jobs/{job_id}?{urlencode(query)}", status_code=303)
-            return RedirectResponse(f"/console/jobs/{job_id}?done={done}", status_code=303)
+                return RedirectResponse(f"{home(request)}/jobs/{job_id}?{urlencode(query)}", status_code=303)
+            return RedirectResponse(f"{home(request)}/jobs/{job_id}?done={done}", status_code=303)
 
         return post

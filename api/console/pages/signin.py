@@ -13,15 +13,15 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from api.console.guard import SIGN_IN_PATH, Form, Guard
-from api.console.render import render
+from api.console.render import home, render
 from api.guards.auth import Authenticator
 from api.guards.oauth.tokens import Refusal
+from api.http.paths import root
 from carmy_worker.sdk.context import AgentContext
 
 log = logging.getLogger("carmy.api")
 
 MAX_TOKEN = 8192  # longer than any API key or JWT this server accepts
-HOME = "/console"
 
 
 class SignIn:
@@ -34,12 +34,12 @@ class SignIn:
 
     async def form(self, request: Request) -> Response:
         if self.auth is None:  # nothing to sign in with: the console is open (see guard.py)
-            return RedirectResponse(HOME, status_code=303)
+            return RedirectResponse(home(request), status_code=303)
         return self._form(request)
 
     async def sign_in(self, request: Request, form: Form) -> Response:
         if self.auth is None:
-            return RedirectResponse(HOME, status_code=303)
+            return RedirectResponse(home(request), status_code=303)
         token = form.get("token", "").strip()
         found = None
         if token and len(token) <= MAX_TOKEN and token.isprintable():
@@ -59,12 +59,13 @@ class SignIn:
         session = signer.new(principal=found.principal or "operator", signed_in=True,
                              lifetime=self.guard.sessions.lifetime)
         log.info("console: %s signed in", session.principal)
-        response = RedirectResponse(HOME, status_code=303)
+        response = RedirectResponse(home(request), status_code=303)
         self.guard.set_session(request, response, signer, session)
         return response
 
     async def sign_out(self, request: Request, form: Form) -> Response:
-        response = RedirectResponse(SIGN_IN_PATH if self.auth is not None else HOME, status_code=303)
+        response = RedirectResponse(root(request.scope) + SIGN_IN_PATH if self.auth is not None else home(request),
+                                    status_code=303)
         self.guard.clear_session(request, response)
         return response
 
