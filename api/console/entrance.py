@@ -94,7 +94,7 @@ class Answers:
             elif isinstance(exc, HTTPException) and exc.status_code == 404:
                 response = not_found(request)
             else:
-                log.exception("console: %s %s failed", request.method, request.url.path)
+                log.exception("console: %s %r failed", request.method, request.url.path)  # %r: no newline of theirs
                 response = fault(request)
             await response(scope, receive, send)
 

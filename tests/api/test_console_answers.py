@@ -123,7 +123,7 @@ async def test_a_fault_in_a_page_is_a_500_page_and_its_traceback_is_logged(
     assert "Something went wrong" in answer.text
     assert "internal-detail-7c1e" not in answer.text
     assert "Signed in as <strong>olga</strong>" in answer.text  # the nav, to go elsewhere
-    [logged] = [r for r in caplog.records if "GET /console/jobs failed" in r.getMessage()]
+    [logged] = [r for r in caplog.records if "GET '/console/jobs' failed" in r.getMessage()]
     assert logged.exc_info is not None and "internal-detail-7c1e" in str(logged.exc_info[1])
     monkeypatch.undo()
     assert (await operator.get("/console/jobs", headers=PAGE)).status_code == 200

@@ -103,6 +103,11 @@ async def test_a_button_and_signing_out_come_back_under_the_mount(client: httpx.
     done = await operator.post(f"{PREFIX}/jobs/{job}/cancel", data={"csrf": csrf_of(confirm.text)}, headers=ORIGIN)
     assert done.status_code == 303
     assert done.headers["location"] == f"{PREFIX}/jobs/{job}?done=cancelled"
+    # Another site's form, to the same button: refused on a page of the console under the mount.
+    refused = await operator.post(f"{PREFIX}/jobs/{job}/retry", data={"csrf": csrf_of(confirm.text)},
+                                  headers={"origin": "https://evil.example"})
+    assert refused.status_code == 403
+    assert links(refused.text) and all(url.startswith(PREFIX) for url in links(refused.text))
     out = await operator.post(PREFIX + "/sign-out", data={"csrf": csrf_of(confirm.text)}, headers=ORIGIN)
     assert out.status_code == 303
     assert out.headers["location"] == PREFIX + "/sign-in"
