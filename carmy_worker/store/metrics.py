@@ -28,10 +28,6 @@ def histogram(name: str, partition: int) -> str:
     return f"{partition_prefix(partition)}m:{name}"
 
 
-EXECUTIONS = executions(0)
-HISTOGRAMS = {"run": histogram("run", 0), "queue_wait": histogram("queue_wait", 0)}
-
-
 def jobs(partition: int) -> str:
     """The jobs of ``partition`` (store.jobstore) counted by tool and status, one field each:
     the jobs that reached the status (queued counts creations and retries; ``skipped`` counts
@@ -48,7 +44,7 @@ SEP = "\x1f"  # between label values in a field name: it cannot occur in a tool 
 
 
 def label(record: Record) -> str:
-    """The field of ``EXECUTIONS`` that counts this record."""
+    """The field of ``executions`` that counts this record."""
     return SEP.join((record.tool, record.status, record.error_code or ""))
 
 
