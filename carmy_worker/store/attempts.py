@@ -38,7 +38,7 @@ end
 # between its LEASE and the tool (a LEASE sent behind a BLPOP even runs while its worker is
 # stopped), and its executions must then go to another worker, not end uncertain. What begins a
 # non-idempotent tool is BEGIN, just before it; for a parallel_safe=False one, taking its lock.
-# LEASE (runtime.queue) claims each job it leases with it, in the same round trip; CLAIM claims
+# LEASE (store.leases) claims each job it leases with it, in the same round trip; CLAIM claims
 # one. `exe` is the execution's hash: every key it names is of the execution's partition (LEASE
 # builds it from its partition's prefix, which it is given: a queue holds its partition's only).
 CLAIM_ONE = NOW + LUA_OBSERVE + EMIT + LOSE + STARTED + f"""

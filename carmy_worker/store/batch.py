@@ -153,8 +153,8 @@ class Batch:
         # to: the caller's own reply, added last, goes out first, and a PUBLISH of its scripts
         # (a final event its API waits for) after it, a write and a wake-up later. A PING ahead
         # of each write gives this connection a reply before the scripts run, and their events
-        # go out first (a worker's SETTLE: bench/README.md, "Issue 14, the order of Redis's
-        # replies").
+        # go out first (a worker's SETTLE: bench/README.md, "Issue 14, the last part", its
+        # "Redis's order of replies").
         self.reply_last = reply_last
         self._waiting: list[_Call] = []  # called during this turn
         self._unsent: list[_Call] = []  # sent at the end of their turn, waiting for a connection

@@ -36,8 +36,8 @@ async def agree(redis: Redis, count: int) -> None:
     """Record ``count`` if no process did, else ``PartitionsDisagree`` unless it is the same.
 
     Read first: a Redis over its ``maxmemory`` refuses any SET, even one that would write
-    nothing, and a worker must start then to serve the work already accepted (README, "A full
-    Redis"). Recorded with ``SET NX GET`` (Redis 7), so two first processes cannot both win; a
+    nothing, and a worker must start then to serve the work already accepted (docs/architecture.md,
+    "A full Redis"). Recorded with ``SET NX GET`` (Redis 7), so two first processes cannot both win; a
     full Redis that has no count yet is told so in the log, and the next process records it."""
     recorded = await redis.get(keys.PARTITIONS)
     if recorded is None:

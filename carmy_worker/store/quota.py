@@ -48,7 +48,7 @@ NO_QUOTA = Quota()
 
 # The quota's part of SUBMIT: `quota_refusal` checks both limits and writes nothing; `quota_charge`
 # takes the slot and the token once everything else admitted the call. The pending set has the
-# global one's scores (admission deadlines) and loses a member exactly when `carmy:pending` does:
+# global one's scores (admission deadlines) and loses a member exactly when the partition's (keys.pending) does:
 # SETTLE and `impose` remove it (the execution's hash names the set in `quota`), and both are
 # pruned of the deadlines past. Arguments: the pending set and bucket keys, the pending limit,
 # the interval and tolerance (µs, interval 0: no rate), now in ms and µs.

@@ -361,9 +361,9 @@ NOTHING = Claims()
 
 
 # The most held executions (and, apart, jobs) one HEARTBEAT checks: past it a partition's beat
-# is sent in parts (see the script), a round trip each. About 0.4 ms of Redis's time each, on
-# the machines above: a call of another client waits behind one at most that long (at 500, 2-3
-# ms: beside 10,000 held executions every call during a full beat took 3-6 ms).
+# is sent in parts (see the script), a round trip each. About 0.4 ms of Redis's time each
+# (bench/README.md, "The full check in steps"): a call of another client waits behind one at most
+# that long (at 500, 2-3 ms: beside 10,000 held executions every call during a full beat took 3-6 ms).
 BEAT_SLICE = 100
 # A cluster's beat goes to this many nodes at once at most (one thread each, kept by SyncLiveness).
 MAX_NODE_SENDERS = 32
