@@ -20,7 +20,7 @@ partition holding at most its ``keys.share`` of the limit. Lists over partitions
 ``store.joblists``'.
 
 This module is the API's side, and what both sides share: CREATE (also run by a schedule's
-FIRE), reads, lists, CANCEL and an operator's RETRY.
+FIRE), reads, lists, CANCEL, and an operator's RETRY and PURGE.
 """
 
 from __future__ import annotations
@@ -481,7 +481,7 @@ class JobStore:
 
     async def purge(self, job: JobState) -> str:
         """An operator's purge of a finished job: ``purged``, or the status that keeps it (``gone``
-        if it no longer exists)."""
+        if it no longer exists, ``notifying`` while its callback is still being delivered)."""
         p = keys.partition_of(job.job_id)
         return text(await self._purge(keys=[keys.job(job.job_id), keys.jobs_of(job.owner, p),
                                             job.idem_key or keys.job(job.job_id), keys.jobs_all(p), keys.jobs_dead(p),

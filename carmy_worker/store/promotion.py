@@ -446,7 +446,7 @@ class Promotions:
         return Fired(True, [text(v) for v in answer[1:]])
 
     async def schedule_state(self, names: list[str]) -> list[dict[str, str]]:
-        """Each schedule's state as its hash holds it (next, last_job, last_at, skipped, fired)."""
+        """Each schedule's state as its hash holds it (spec, next, last_job, last_at, skipped, fired)."""
         async with self.redis.pipeline(transaction=False) as pipe:
             for name in names:
                 pipe.hgetall(keys.schedule(name))

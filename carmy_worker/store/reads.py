@@ -80,7 +80,7 @@ class Reads:
         return state.decode(), None
 
     async def ended(self, some: list[str]) -> list[str]:
-        """Those of ``some`` (one partition's, at most a few hundred: ``chunks``) that have ended
+        """Those of ``some`` (one partition's, at most ``ENDED_CHUNK``: ``chunks``) that have ended
         (their record is written: SETTLE and the scripts that impose one set ``state`` to done in
         the same script) or that Redis lost: the ones whose record is worth reading. One ``HGET``
         each, in one STATES: one partition's, so that on a cluster it goes to that slot's node."""

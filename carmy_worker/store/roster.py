@@ -104,7 +104,7 @@ SCAN_SLICE = 1000
 # HKEYS) held Redis 12 ms. Part 'last' takes whatever steps are left (the worker sends as many
 # scans as its own count says are needed; a running set grown since needs more), releases, and
 # drops the beat's keys. A scan may return a member twice (a set rehashed between steps): the
-# worker counts each once. Part 'whole' does all of it in one script, with Lua tables, as before.
+# worker counts each once. Part 'whole' does all of it in one script, with Lua tables.
 # KEYS: watch, workers zset, running set, queued zset, leases hash, named set, has set, losses set,
 #       scan hash[, worker info]
 # ARGV: worker_id, offset ms, dead ms, execution prefix, record prefix, in-progress prefix, part,
@@ -531,7 +531,8 @@ def _departed(worker_id: str) -> Callable[[Any], None]:
 class Liveness:
     """HEARTBEAT and WORKERS (and a worker's REGISTER and DRAIN) on an asyncio client, for workers
     judged dead after ``dead_after`` s. A worker beats, drains and departs in every partition at
-    once (``store.fanout``: one pipeline); its info is partition 0's, and so is the roster the
+    once (``store.fanout``: one pipeline; a full beat of many executions, one per round of its
+    parts: ``_heartbeat_rounds``); its info is partition 0's, and so is the roster the
     catalog reads."""
 
     def __init__(self, redis: Redis, *, dead_after: float) -> None:

@@ -82,7 +82,8 @@ return 1
 # worker was told; cancelled: it had not started, and now has its CANCELLED record.
 CancelOutcome = Literal["settled", "gone", "signalled", "cancelled"]
 # settled: nothing left to do; moved: another worker or attempt has it now; requeued: an
-# idempotent execution goes back to the queue; uncertain: settled EXECUTION_UNCERTAIN.
+# execution that may run again (idempotent, or its tool never began) goes back to the queue;
+# uncertain: settled EXECUTION_UNCERTAIN.
 ReapOutcome = Literal["settled", "moved", "requeued", "uncertain"]
 
 
