@@ -83,7 +83,8 @@ class Presence:
     """Registers a worker, keeps its heartbeat, and deregisters it on a clean stop.
 
     A worker is present in every partition (``store.roster``): each heartbeat beats in all of
-    them at once (one pipeline), and so do its drain and its departure.
+    them at once (one pipeline; a full check of many executions, one per round of its parts),
+    and so do its drain and its departure.
 
     Each heartbeat also checks what the worker's runtime holds. An execution the worker lost
     (the janitor reaped it while the worker was paused or cut off from Redis) is stopped at

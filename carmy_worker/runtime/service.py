@@ -1,5 +1,5 @@
-"""One worker process: presence, janitor, cancel listener and the arq loop, started and
-stopped together."""
+"""One worker process: presence, janitor, cancel listener, job loop, callback loop (when
+callbacks are configured) and the arq loop, started and stopped together."""
 
 from __future__ import annotations
 
