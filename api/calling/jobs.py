@@ -1,10 +1,10 @@
 """The API's side of jobs, whichever door a request came in by (``/agent/jobs`` or MCP's
 ``carmy_job``): create one after the checks a call passes, read, list, cancel, and an
-operator's retry. Refusals are data (``Rejected``, with the error the caller gets).
+operator's retry and purge. Refusals are data (``Rejected``, with the error the caller gets).
 
 A job is its creator's: anyone else gets the same ``JOB_NOT_FOUND`` as for an id that never
 existed, unless it holds the operator's permission (``ApiSettings.operator_permission``), which
-sees and retries everyone's.
+sees, retries and purges everyone's.
 """
 
 from __future__ import annotations

@@ -64,7 +64,7 @@ def decode_envelope(body: bytes) -> ExecuteRequest | str:
 class Answer:
     """What one execute request was answered with: for the request log and the metrics."""
 
-    outcome: str  # completed, failed, refused, replayed, joined, disconnected, invalid
+    outcome: str  # completed, failed, refused, replayed, joined, accepted, disconnected, invalid
     status_code: int
     tool: str | None = None
     execution_id: str | None = None
