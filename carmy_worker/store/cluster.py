@@ -301,6 +301,12 @@ class StoreCluster(RedisCluster):
         """The node serving ``key``'s slot, per the slot table now (loaded: ``initialize``)."""
         return self.nodes_manager.get_node_from_slot(self.keyslot(key))
 
+    async def load_script_for(self, key: str | bytes, source: str) -> None:
+        """``SCRIPT LOAD`` on the primary of ``key``'s slot alone, where a call with that key runs
+        it. redis-py's ``script_load`` goes to every primary: one that is down (until its replica
+        is promoted) would keep the script from every other one."""
+        await self.execute_command("SCRIPT LOAD", source, target_nodes=self.primary_for(key))
+
     async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
         async with self.turn():
             return await super().execute_command(*args, **kwargs)

@@ -56,8 +56,9 @@ async def run_durable_on_node(cluster: StoreCluster, script: Script, keys: list[
     """``script`` then ``WAIT`` on one connection of its slot's primary, in one round trip. A
     refusal (``MOVED``, ``ASK``, ``TRYAGAIN``, ``CLUSTERDOWN``: the slot is elsewhere or moving,
     nothing ran) reloads the slot table and sends both again, ``CLUSTER_RETRIES`` times; a
-    ``NOSCRIPT`` loads the script on every primary first. A connection error is the caller's:
-    the script may have run."""
+    ``NOSCRIPT`` loads the script on that primary first (``StoreCluster.load_script_for``: not
+    on every primary, one of which may be down). A connection error is the caller's: the script
+    may have run."""
     for _ in range(CLUSTER_RETRIES):
         async with held_connection(cluster, keys[0]) as conn:
             await conn.send_packed_command(conn.pack_commands([
@@ -68,7 +69,7 @@ async def run_durable_on_node(cluster: StoreCluster, script: Script, keys: list[
                 reply = exc
             acked = await conn.read_response()
         if isinstance(reply, NoScriptError):
-            await cluster.script_load(script.source)
+            await cluster.load_script_for(keys[0], script.source)
         elif isinstance(reply, REDIRECTED):
             cluster.reload_slots()
             await asyncio.sleep(REFUSED_PAUSE_S)

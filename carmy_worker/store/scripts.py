@@ -139,12 +139,11 @@ async def _run(redis: Redis, script: Script, keys: list[Any], args: list[Any], d
 
 async def load(redis: Redis, script: Script, keys: list[Any]) -> None:
     """Load ``script`` where a call with ``keys`` runs it (its ``EVALSHA`` was answered
-    ``NOSCRIPT``): on one Redis, there; on a cluster, on the primary of the keys' slot alone.
-    redis-py's ``SCRIPT LOAD`` goes to every primary, so a primary that is down (until its
-    replica is promoted) would keep the script from every other one: a worker's first PROMOTE on
-    a node then failed in every partition of the cluster, not only in the dead primary's."""
+    ``NOSCRIPT``): on one Redis, there; on a cluster, on the primary of the keys' slot alone
+    (``StoreCluster.load_script_for``): loaded on every primary, a worker's first PROMOTE on a
+    node failed in every partition of the cluster while one primary was down, not only in its."""
     if isinstance(redis, StoreCluster) and keys:
-        await redis.execute_command("SCRIPT LOAD", script.source, target_nodes=redis.primary_for(keys[0]))
+        await redis.load_script_for(keys[0], script.source)
     else:
         await redis.script_load(script.source)
 

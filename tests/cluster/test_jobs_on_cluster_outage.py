@@ -24,12 +24,14 @@ from carmy_worker.runtime import queue
 from carmy_worker.settings import NotifySettings, WorkerSettings
 from carmy_worker.store import jobs, keys, records
 from carmy_worker.store.connect import RedisConnector
+from carmy_worker.store.durable import Durability
 from carmy_worker.store.janitor import Janitor
 from carmy_worker.store.jobstore import JobStore, job_fields
 from carmy_worker.store.leases import Leases
 from carmy_worker.store.promotion import Look
 from carmy_worker.store.quota import Quota
 from carmy_worker.store.roster import Liveness
+from carmy_worker.store.scripts import Script, bind
 from carmy_worker.store.submit import Submit
 from carmy_worker.store.wakeups import wait_on_every_partition
 from carmy_worker.wire import ExecutionJob, RetryPolicy, ScheduleSpec, msgpack_encoder
@@ -303,3 +305,27 @@ def test_the_callback_loop_delivers_in_the_partitions_of_the_primaries_still_up(
 
         attempted, left = asyncio.run(scenario())
     assert (attempted, left) == (len(up), 0)
+
+
+def test_a_script_that_waits_for_replicas_loads_on_its_own_primary_while_another_is_dead(
+        slow_to_fail_over: LocalCluster) -> None:
+    """With CARMY_REDIS_WAIT_REPLICAS, a script's first run on a live primary (answered NOSCRIPT)
+    loaded it on every primary, so it failed on the dead one: the partitions still up refused
+    every script their primaries had not run yet, for as long as another primary was down."""
+    cluster = slow_to_fail_over
+    script = Script("TEST_DURABLE_FIRST_RUN", "return redis.call('INCR', KEYS[1])")
+    with partitions(16):
+        _, victim, up = partition_owners(cluster)
+
+        async def scenario() -> list[int]:
+            client = RedisConnector("redis://localhost/0", tuple(cluster.nodes.split(","))).client(
+                socket_timeout=2, socket_connect_timeout=2)
+            durable = bind(client, script, durability=Durability(replicas=1, timeout_ms=200))
+            try:
+                await client.initialize()  # the client knows the slots
+                victim.kill()
+                return [await durable([keys.partition_prefix(p) + "first-run"], []) for p in up]
+            finally:
+                await client.aclose()
+
+        assert asyncio.run(scenario()) == [1] * len(up)
