@@ -129,8 +129,10 @@ class Presence:
 
     async def register(self) -> None:
         self._loop = asyncio.get_running_loop()
-        await self._liveness.register(self.info.worker_id, msgpack_encoder.encode(self.info))
+        # A beat first: the worker is in the roster before its info is written, so one killed
+        # between the two leaves no info the janitor cannot find (it forgets both, an hour on).
         await self._liveness.heartbeat(self.info.worker_id)
+        await self._liveness.register(self.info.worker_id, msgpack_encoder.encode(self.info))
         await self.redis.publish(keys.CATALOG_CHANNEL, self.info.worker_id)
         self._thread = threading.Thread(target=self._beat, name="carmy-heartbeat", daemon=True)
         self._thread.start()

@@ -101,8 +101,10 @@ class Scan(Struct):
 
 class Janitor:
     def __init__(self, redis: Redis, *, retention: int, dead_after: float,
-                 durability: Durability | None = None, audit: AuditSettings | None = None) -> None:
+                 durability: Durability | None = None, audit: AuditSettings | None = None,
+                 memory: float = DEPARTED_MEMORY_S) -> None:
         self.dead_after_ms = int(dead_after * 1000)
+        self.memory_ms = int(memory * 1000)  # departed workers are forgotten after it
         self._redis = redis
         self._verdicts = Verdicts(redis, retention=retention, durability=durability)
         # The audit trail's bounds, kept by every janitor (store.audit: its scripts never trim).
@@ -143,7 +145,7 @@ class Janitor:
 
     def _scan_call(self, partition: int) -> Call:
         return ([keys.watch(partition), keys.workers(partition), keys.queued(partition), keys.draining(partition)],
-                [self.dead_after_ms, DEPARTED_MEMORY_S * 1000, keys.running("", partition),
+                [self.dead_after_ms, self.memory_ms, keys.running("", partition),
                  keys.execution_prefix(partition), keys.worker("") if partition == 0 else "",
                  keys.leases("", partition), jobs.in_progress_key_prefix(partition)])
 

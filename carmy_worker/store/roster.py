@@ -277,6 +277,8 @@ return {cutoff(now, tonumber(ARGV[1])), redis.call('ZRANGE', KEYS[2], 0, -1, 'WI
 # work it serves: a worker that starts, or restarts, while Redis is full must still come up and
 # serve the work already queued. (Each is announced on the catalog channel after it: PUBLISH is
 # never refused for memory.)
+# A worker writes its info after its first heartbeat (runtime.presence): whenever the info is there,
+# the worker is in partition 0's roster, and the janitor forgets both an hour after it departed.
 # KEYS: the worker's info key; ARGV: its WorkerInfo (msgpack)
 REGISTER = Script("REGISTER", ACCEPTED_WORK + "redis.call('SET', KEYS[1], ARGV[1]) return 1")
 # KEYS: the draining set; ARGV: worker_id

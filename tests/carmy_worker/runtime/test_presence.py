@@ -18,7 +18,8 @@ from carmy_worker.runtime.presence import FULL_EVERY, Presence, describe, new_wo
 from carmy_worker.runtime.runner import Runtime
 from carmy_worker.settings import WorkerSettings
 from carmy_worker.store import keys
-from carmy_worker.store.roster import Beat, SyncLiveness
+from carmy_worker.store.janitor import Janitor
+from carmy_worker.store.roster import Beat, Liveness, SyncLiveness
 from carmy_worker.wire import WorkerInfo, msgpack_encoder, worker_info_decoder
 from tests.holds import Holds
 from tests.support import RedisServer, wait_until_async
@@ -199,5 +200,41 @@ async def test_the_checks_client_connects_at_registration_and_closes_at_departur
         await presence.deregister()
         await wait_until_async(lambda: pinged() == 0, 10, "the check's connection closed")
     finally:
+        admin.close()
+        await store.aclose()
+
+
+class Killed(Exception):
+    """The worker's process, killed where this is raised."""
+
+
+async def test_a_worker_killed_right_after_writing_its_info_is_forgotten_with_it(
+        redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker's info is written once the worker is in the roster: killed right after (before
+    any other beat), it is a departed worker to the janitor, which forgets its info with it (an
+    hour on: a janitor that forgets at once here). Written first, the info of a worker killed
+    before its first beat was in no roster, and no janitor ever deleted it."""
+    admin = redis_server.client()
+    admin.flushall()
+    store = redis.asyncio.Redis.from_url(redis_server.url)
+    register = Liveness.register
+
+    async def killed(self: Liveness, worker_id: str, info: bytes) -> None:
+        await register(self, worker_id, info)
+        raise Killed
+
+    monkeypatch.setattr(Liveness, "register", killed)
+    presence = Presence(redis=store, settings=WorkerSettings(redis_url=redis_server.url),
+                        info=WorkerInfo(worker_id="w-killed", started_ms=0, tools=[], group="g"),
+                        runtime=cast("Runtime", Holds()))
+    try:
+        with pytest.raises(Killed):
+            await presence.register()
+        assert admin.exists(keys.worker("w-killed"))
+        await Janitor(store, retention=600, dead_after=3.0, memory=0).sweep()
+        assert not admin.exists(keys.worker("w-killed"))
+        assert admin.zscore(keys.workers(0), "w-killed") is None
+    finally:
+        presence.close()
         admin.close()
         await store.aclose()
