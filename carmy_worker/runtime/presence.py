@@ -111,14 +111,14 @@ class Presence:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._liveness = Liveness(redis, dead_after=settings.dead_after)
+        self._liveness = Liveness(redis, dead_after=settings.dead_after, group=info.group)
         # ensure_fresh's checks run in a thread of their own, one at a time, on a client of their
         # own (the heartbeat thread has its own), connected there at ``register``. A node that
         # hangs holds back the next step of every async tool, which must wait for the check's
         # answer, but not the event loop. The client's slot table is reloaded aside: the steps
         # need the check's answer, not the reload after it.
         client = self.connector.sync_client(socket_timeout=CHECK_TIMEOUT_S, socket_connect_timeout=CHECK_TIMEOUT_S / 2)
-        self._checker = SyncLiveness(client, dead_after=settings.dead_after, reload_aside=True)
+        self._checker = SyncLiveness(client, dead_after=settings.dead_after, reload_aside=True, group=info.group)
         self._check_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="carmy-check")
         self._checking: asyncio.Future[None] | None = None  # the check under way
         self.last_beat = time.monotonic()  # when the last heartbeat that got through was sent
@@ -130,7 +130,9 @@ class Presence:
     async def register(self) -> None:
         self._loop = asyncio.get_running_loop()
         # A beat first: the worker is in the roster before its info is written, so one killed
-        # between the two leaves no info the janitor cannot find (it forgets both, an hour on).
+        # between the two leaves no info the janitor cannot find (it forgets both, an hour on);
+        # and its group is marked in every partition (store.groups) before the info, from which
+        # any other process learns the group, can route a call to its queues.
         await self._liveness.heartbeat(self.info.worker_id)
         await self._liveness.register(self.info.worker_id, msgpack_encoder.encode(self.info))
         await self.redis.publish(keys.CATALOG_CHANNEL, self.info.worker_id)
@@ -231,7 +233,7 @@ class Presence:
         loop = self._loop
         timeout = beat_timeout(self.settings.dead_after)
         client = self.connector.sync_client(socket_timeout=timeout, socket_connect_timeout=timeout)
-        liveness = SyncLiveness(client, dead_after=self.settings.dead_after)
+        liveness = SyncLiveness(client, dead_after=self.settings.dead_after, group=self.info.group)
         suspects: set[Stray] = set()
         orphans: list[Orphan] = []
         epochs: list[str] = []  # each partition's Redis at the last full beat

@@ -2,8 +2,9 @@
 
 Keys (``keys``, ``jobs``), the Lua scripts that make every transition atomic, each behind one
 typed wrapper (``submit``: SUBMIT; ``attempts``: CLAIM, SETTLE; ``verdicts``: CANCEL, REAP,
-EXPIRE_UNSTARTED; ``roster``: HEARTBEAT, WORKERS; ``janitor``: JANITOR_SCAN; ``progress``:
-PROGRESS, which keeps a running execution's newest progress message; ``follow``: JOIN), the
+EXPIRE_UNSTARTED; ``roster``: HEARTBEAT, WORKERS; ``janitor``: JANITOR_SCAN; ``groups``:
+FORGET_GROUP; ``progress``: PROGRESS, which keeps a running execution's newest progress message;
+``follow``: JOIN), the
 one helper every script publishes an execution's events through (``lua.EMIT``), the final
 ``records``, the ``metrics`` the scripts keep, and the resubscribing ``pubsub`` loop.
 

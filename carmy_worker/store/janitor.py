@@ -17,6 +17,7 @@ from carmy_worker.store import jobs, keys
 from carmy_worker.store.audit import AuditTrail
 from carmy_worker.store.durable import Durability
 from carmy_worker.store.fanout import Call, run_each_reaching
+from carmy_worker.store.groups import GONE, Groups
 from carmy_worker.store.lua import ACCEPTED_WORK, NOW
 from carmy_worker.store.pubsub import raise_if_cancelled, stop_if_cancelled
 from carmy_worker.store.roster import CUTOFF
@@ -26,18 +27,20 @@ from carmy_worker.store.verdicts import Verdicts
 log = logging.getLogger("carmy.janitor")
 
 # Tools of a worker that left are still listed (as NO_WORKERS) this long, so a restart or a
-# crash does not turn calls into TOOL_NOT_FOUND.
+# crash does not turn calls into TOOL_NOT_FOUND. A group no worker has served for as long is gone
+# (store.groups).
 DEPARTED_MEMORY_S = 3600
 
 # What the janitor has to look at in one partition: its executions claimed by workers dead by
 # its roster (REAP decides each), its executions that were never started in time. Jobs a dead
 # worker leased there but never claimed go back to the queue here and now. Forgets workers that
 # departed more than `memory` ms ago (their info too, in partition 0, the info's: ARGV[5] is ''
-# elsewhere). Every key is the partition's: declared, or named from its prefixes, in its slot.
-# KEYS: watch, workers zset, queued zset, draining set
+# elsewhere), and names the groups no worker has marked for as long (store.groups). Every key is
+# the partition's: declared, or named from its prefixes, in its slot.
+# KEYS: watch, workers zset, queued zset, draining set, groups zset
 # ARGV: dead after ms, memory ms, running prefix, execution prefix, worker info prefix or '',
 #       leases prefix, in-progress prefix
-JANITOR_SCAN = Script("JANITOR_SCAN", ACCEPTED_WORK + NOW + CUTOFF + jobs.DUE_AGAIN + """
+JANITOR_SCAN = Script("JANITOR_SCAN", ACCEPTED_WORK + NOW + CUTOFF + jobs.DUE_AGAIN + GONE + """
 local dead_before = cutoff(now, tonumber(ARGV[1]))
 local held, released = {}, {}
 for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', '(' .. dead_before)) do
@@ -74,7 +77,7 @@ for _, e in ipairs(redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now, 'LIMIT', 0,
   table.insert(late, e)
   table.insert(late, redis.call('HGET', ARGV[4] .. e, 'tool') or '')
 end
-return {held, late, released}
+return {held, late, released, gone(KEYS[5], tonumber(ARGV[2]))}
 """)
 
 
@@ -93,10 +96,19 @@ class Late(Struct):
     tool: str
 
 
+class Gone(Struct):
+    """A group no worker has served in a partition for the janitor's memory, as of its ``mark``."""
+
+    group: str
+    partition: int
+    mark: bytes
+
+
 class Scan(Struct):
     held: list[Held]
     late: list[Late]
     released: list[str]  # jobs a dead worker leased and never claimed, back in the queue
+    gone: list[Gone] = []
 
 
 class Janitor:
@@ -104,9 +116,10 @@ class Janitor:
                  durability: Durability | None = None, audit: AuditSettings | None = None,
                  memory: float = DEPARTED_MEMORY_S) -> None:
         self.dead_after_ms = int(dead_after * 1000)
-        self.memory_ms = int(memory * 1000)  # departed workers are forgotten after it
+        self.memory_ms = int(memory * 1000)  # departed workers and gone groups are forgotten after it
         self._redis = redis
         self._verdicts = Verdicts(redis, retention=retention, durability=durability)
+        self._groups = Groups(redis, memory_ms=self.memory_ms)
         # The audit trail's bounds, kept by every janitor (store.audit: its scripts never trim).
         self._audit = AuditTrail(redis)
         self._audit_bounds = audit or AuditSettings()
@@ -134,17 +147,21 @@ class Janitor:
         # A cluster's pipeline fails as a whole when one of its primaries is down: then each
         # partition alone, so that those of the primaries that are up are still swept.
         calls = [self._scan_call(p) for p in keys.partitions()]
-        replies = [r for r in await run_each_reaching(self._redis, JANITOR_SCAN, calls) if not isinstance(r, Exception)]
-        held = [v.decode() for reply in replies for v in reply[0]]
-        late = [v.decode() for reply in replies for v in reply[1]]
+        answered = zip(keys.partitions(), await run_each_reaching(self._redis, JANITOR_SCAN, calls), strict=True)
+        replies = {p: reply for p, reply in answered if not isinstance(reply, Exception)}
+        held = [v.decode() for reply in replies.values() for v in reply[0]]
+        late = [v.decode() for reply in replies.values() for v in reply[1]]
         return Scan(
             held=[Held(*held[i:i + 3]) for i in range(0, len(held), 3)],
             late=[Late(*late[i:i + 2]) for i in range(0, len(late), 2)],
-            released=[job.decode() for reply in replies for job in reply[2]],
+            released=[job.decode() for reply in replies.values() for job in reply[2]],
+            gone=[Gone(reply[3][i].decode(), p, reply[3][i + 1]) for p, reply in replies.items()
+                  for i in range(0, len(reply[3]), 2)],
         )
 
     def _scan_call(self, partition: int) -> Call:
-        return ([keys.watch(partition), keys.workers(partition), keys.queued(partition), keys.draining(partition)],
+        return ([keys.watch(partition), keys.workers(partition), keys.queued(partition), keys.draining(partition),
+                 keys.groups(partition)],
                 [self.dead_after_ms, self.memory_ms, keys.running("", partition),
                  keys.execution_prefix(partition), keys.worker("") if partition == 0 else "",
                  keys.leases("", partition), jobs.in_progress_key_prefix(partition)])
@@ -164,4 +181,8 @@ class Janitor:
                 log.warning("execution %s never started before its deadline", late.execution_id)
                 acted += 1
         await self._audit.trim(max_entries=self._audit_bounds.max_entries, retention_s=self._audit_bounds.retention)
+        for gone in found.gone:
+            if await self._groups.forget(gone.group, gone.partition, gone.mark):
+                log.info("group %s: no worker serves it, its queue in partition %d is forgotten", gone.group,
+                         gone.partition)
         return acted

@@ -119,6 +119,13 @@ def draining(partition: int) -> str:
     return _layout.prefixes[partition] + "draining"
 
 
+def groups(partition: int) -> str:
+    """Zset of the worker groups whose queues ``partition`` may hold: group -> when a worker of it
+    last beat there (ms); for a gone group whose queue still holds what could run, a mark that has
+    the janitor look at it again a minute on (``store.groups``)."""
+    return _layout.prefixes[partition] + "groups"
+
+
 def watch(partition: int) -> str:
     """Hash: when ``partition``'s slot was last seen in use, and since when without a gap."""
     return _layout.prefixes[partition] + "watch"

@@ -77,7 +77,7 @@ SCAN_SLICE = 1000
 #
 # The epoch is the serving Redis's run id and replication id (INFO): either changes when Redis
 # restarts or another node is promoted, which are the only ways a write it acknowledged can be
-# lost (the project requires `noeviction`). Part 'losses' (ARGV[8]: the epoch of the worker's last
+# lost (the project requires `noeviction`). Part 'losses' (ARGV[9]: the epoch of the worker's last
 # full check there) checks only what was taken from the worker since: every script that takes a
 # running execution from its worker marks it in the worker's set of losses in the same script
 # (lua.LOSE), so while the epoch is the same, that set holds every loss, and the beat reads it
@@ -105,20 +105,23 @@ SCAN_SLICE = 1000
 # scans as its own count says are needed; a running set grown since needs more), releases, and
 # drops the beat's keys. A scan may return a member twice (a set rehashed between steps): the
 # worker counts each once. Part 'whole' does all of it in one script, with Lua tables.
+# The parts that mark the worker seen also mark its group (ARGV[7], '' for none) seen in the
+# partition's groups, which the janitor forgets an hour after the last of its workers
+# (store.groups): a group's queues are known there before any call can be queued to it.
 # KEYS: watch, workers zset, running set, queued zset, leases hash, named set, has set, losses set,
-#       scan hash[, worker info]
-# ARGV: worker_id, offset ms, dead ms, execution prefix, record prefix, in-progress prefix, part,
+#       scan hash, groups zset[, worker info]
+# ARGV: worker_id, offset ms, dead ms, execution prefix, record prefix, in-progress prefix, group, part,
 #       then for 'losses' the epoch known; for 'scan' the slice, then (job, token) pairs to
 #       release; for the others n, then n × (exec_id, attempt), m, then m job ids it has, then
 #       for 'whole' (job, token) pairs to release, for 'last' the slice
 HEARTBEAT = Script("HEARTBEAT", ACCEPTED_WORK + NOW + CUTOFF + jobs.DUE_AGAIN + """
-local part = ARGV[7]
+local part = ARGV[8]
 local whole = part == 'whole'
 local function add_all(key, items)
   for s = 1, #items, 1000 do redis.call('SADD', key, unpack(items, s, math.min(s + 999, #items))) end
 end
 local function registered()
-  if KEYS[10] then return redis.call('EXISTS', KEYS[10]) end
+  if KEYS[11] then return redis.call('EXISTS', KEYS[11]) end
   return 1
 end
 -- Of items, those not in the set at key (by their index), in calls of 1,000 at most.
@@ -183,11 +186,12 @@ local epoch = ''
 if whole or part == 'first' or part == 'losses' then
   cutoff(now, tonumber(ARGV[3]))
   redis.call('ZADD', KEYS[2], now + tonumber(ARGV[2]), ARGV[1])
+  if ARGV[7] ~= '' then redis.call('ZADD', KEYS[10], 'GT', now + tonumber(ARGV[2]), ARGV[7]) end
   local info = redis.call('INFO', 'server', 'replication')
   epoch = (string.match(info, 'run_id:(%x+)') or '') .. '/' .. (string.match(info, 'master_replid:(%x+)') or '')
 end
 if part == 'losses' then
-  if epoch ~= ARGV[8] then return {registered(), {}, {}, {}, epoch} end
+  if epoch ~= ARGV[9] then return {registered(), {}, {}, {}, epoch} end
   local found = {}
   local ids = redis.call('SMEMBERS', KEYS[8])
   if #ids > 0 then redis.call('DEL', KEYS[8]) end
@@ -199,16 +203,16 @@ if part == 'losses' then
   return {registered(), found, {}, {}, epoch}
 end
 if part == 'scan' then
-  release(9, function(job) return redis.call('SISMEMBER', KEYS[7], job) == 1 end)
+  release(10, function(job) return redis.call('SISMEMBER', KEYS[7], job) == 1 end)
   local strays, orphans = {}, {}
-  scan_step(ARGV[8], strays, orphans)
+  scan_step(ARGV[9], strays, orphans)
   return {1, {}, strays, orphans, ''}
 end
 if whole or part == 'first' then redis.call('DEL', KEYS[8]) end
 if part == 'first' then redis.call('UNLINK', KEYS[6], KEYS[7], KEYS[9]) end  -- what a beat cut short left
 local lost, named, has, names = {}, {}, {}, {}
-local i = 9
-for _ = 1, tonumber(ARGV[8]) do
+local i = 10
+for _ = 1, tonumber(ARGV[9]) do
   local e, attempt = ARGV[i], ARGV[i + 1]
   i = i + 2
   if whole then named[e] = true else table.insert(names, e) end
@@ -377,22 +381,22 @@ def _beat_keys(worker_id: str, partition: int, *, last: bool) -> list[str]:
     call_keys = [keys.watch(partition), keys.workers(partition), keys.running(worker_id, partition),
                  keys.queued(partition), keys.leases(worker_id, partition),
                  keys.beat_named(worker_id, partition), keys.beat_has(worker_id, partition),
-                 keys.lost(worker_id, partition), keys.beat_scan(worker_id, partition)]
+                 keys.lost(worker_id, partition), keys.beat_scan(worker_id, partition), keys.groups(partition)]
     return [*call_keys, keys.worker(worker_id)] if last and partition == 0 else call_keys
 
 
-def _beat_head(worker_id: str, offset_ms: int, dead_ms: int, partition: int) -> list[str | int]:
+def _beat_head(worker_id: str, offset_ms: int, dead_ms: int, partition: int, group: str) -> list[str | int]:
     return [worker_id, offset_ms, dead_ms, keys.execution_prefix(partition), keys.record_prefix(partition),
-            jobs.in_progress_key_prefix(partition)]
+            jobs.in_progress_key_prefix(partition), group]
 
 
 def _heartbeat_call(worker_id: str, offset_ms: int, dead_ms: int, held: list[Holding], has: list[str],
-                    release: list[str | int], partition: int) -> Iterator[Call]:
+                    release: list[str | int], partition: int, group: str) -> Iterator[Call]:
     """HEARTBEAT's full check in ``partition``, given only that partition's executions held,
     jobs and orphans to release, in order: one call, or for a worker that holds more there its
     named parts (``BEAT_SLICE`` of each at most), its scan steps, then its last part. Each call
     is made when it is asked for (see ``_heartbeat_rounds``)."""
-    head = _beat_head(worker_id, offset_ms, dead_ms, partition)
+    head = _beat_head(worker_id, offset_ms, dead_ms, partition, group)
     last_keys = _beat_keys(worker_id, partition, last=True)
     if len(held) <= BEAT_SLICE and len(has) <= BEAT_SLICE:
         yield last_keys, [*head, "whole", *_held_and_jobs(held, has), *release]
@@ -409,7 +413,8 @@ def _heartbeat_call(worker_id: str, offset_ms: int, dead_ms: int, held: list[Hol
     yield last_keys, [*head, "last", 0, 0, SCAN_SLICE]
 
 
-def _heartbeat_rounds(worker_id: str, offset_ms: int, dead_ms: int, claims: Claims) -> Iterator[list[Call]]:
+def _heartbeat_rounds(worker_id: str, offset_ms: int, dead_ms: int, claims: Claims,
+                      group: str) -> Iterator[list[Call]]:
     """A full beat's calls over every partition, in rounds: each round's calls go out in one
     pipeline, once the round before has answered, and round n holds the n-th call of each
     partition (the first: its whole call, or its first part, which reads its epoch). Redis runs
@@ -439,7 +444,8 @@ def _heartbeat_rounds(worker_id: str, offset_ms: int, dead_ms: int, claims: Clai
             has[mine(job)].append(job)
         for orphan in claims.release:
             release[mine(orphan.job_id)] += [orphan.job_id, orphan.token]
-    pending = [_heartbeat_call(worker_id, offset_ms, dead_ms, held[p], has[p], release[p], p) for p in partitions]
+    pending = [_heartbeat_call(worker_id, offset_ms, dead_ms, held[p], has[p], release[p], p, group)
+               for p in partitions]
     while pending:
         calls = [(call, partition) for partition in pending if (call := next(partition, None)) is not None]
         if not calls:
@@ -448,10 +454,10 @@ def _heartbeat_rounds(worker_id: str, offset_ms: int, dead_ms: int, claims: Clai
         pending = [partition for _, partition in calls]
 
 
-def _losses_calls(worker_id: str, dead_ms: int, epochs: list[str]) -> list[Call]:
+def _losses_calls(worker_id: str, dead_ms: int, epochs: list[str], group: str) -> list[Call]:
     """HEARTBEAT's losses-only check, one call per partition, each with the epoch of the worker's
     last full check there."""
-    return [(_beat_keys(worker_id, p, last=True), [*_beat_head(worker_id, 0, dead_ms, p), "losses", epochs[p]])
+    return [(_beat_keys(worker_id, p, last=True), [*_beat_head(worker_id, 0, dead_ms, p, group), "losses", epochs[p]])
             for p in keys.partitions()]
 
 
@@ -537,11 +543,12 @@ class Liveness:
     parts: ``_heartbeat_rounds``); its info is partition 0's, and so is the roster the
     catalog reads."""
 
-    def __init__(self, redis: Redis, *, dead_after: float) -> None:
+    def __init__(self, redis: Redis, *, dead_after: float, group: str = "") -> None:
         self.redis = redis
         self._workers = bind(redis, WORKERS)
         self._register = bind(redis, REGISTER)
         self.dead_ms = int(dead_after * 1000)
+        self.group = group  # the group of the workers it beats for, marked seen with them ('' for none)
 
     async def register(self, worker_id: str, info: bytes) -> None:
         """Write ``worker_id``'s info (a msgpack ``WorkerInfo``), which the catalog reads."""
@@ -555,7 +562,7 @@ class Liveness:
         """Mark ``worker_id`` seen now (plus ``offset_ms``) in every partition, and check its ``claims``."""
         replies: list[Any] = []
         locks: list[Any] = []
-        for n, calls in enumerate(_heartbeat_rounds(worker_id, offset_ms, self.dead_ms, claims)):
+        for n, calls in enumerate(_heartbeat_rounds(worker_id, offset_ms, self.dead_ms, claims, self.group)):
             answered, read = await run_each(self.redis, HEARTBEAT, calls, then=_read_locks(claims) if n == 0 else None)
             replies += answered
             locks += read
@@ -564,7 +571,8 @@ class Liveness:
     async def depart(self, worker_id: str) -> None:
         """Mark ``worker_id`` departed in every partition (its tools are remembered a while, as
         unavailable), and no longer draining."""
-        (calls,) = _heartbeat_rounds(worker_id, -self.dead_ms - 1, self.dead_ms, NOTHING)  # nothing held: one round
+        # Nothing held: one round. (The group keeps its mark: GT, and another of its workers may beat.)
+        (calls,) = _heartbeat_rounds(worker_id, -self.dead_ms - 1, self.dead_ms, NOTHING, self.group)
         await run_each(self.redis, HEARTBEAT, calls, then=_departed(worker_id))
 
     async def roster(self, partition: int) -> Roster:
@@ -584,12 +592,14 @@ class SyncLiveness:
     ``reload_aside``, in a thread of its own (``fanout.ReloadAside``: the check every async tool's
     next step waits for must not wait on seeds that hang)."""
 
-    def __init__(self, redis: sync_redis.Redis, *, dead_after: float, reload_aside: bool = False) -> None:
+    def __init__(self, redis: sync_redis.Redis, *, dead_after: float, reload_aside: bool = False,
+                 group: str = "") -> None:
         self.redis = redis
         self._reload: Callable[[Collection[str]], None] = (
             ReloadAside(redis) if reload_aside else functools.partial(reload_slots, redis))
         self._register = bind_sync(redis, REGISTER)
         self.dead_ms = int(dead_after * 1000)
+        self.group = group
         self._senders: ThreadPoolExecutor | None = None  # a cluster's beat: a thread per node, kept
 
     def _node_senders(self) -> ThreadPoolExecutor:
@@ -621,7 +631,7 @@ class SyncLiveness:
         failover of one primary would leave every worker unseen for seconds in the partitions
         of the others, which watch all along, and their janitors would reap the executions those
         live workers run (``EXECUTION_UNCERTAIN`` for a non-idempotent tool that began)."""
-        replies, locks = self._send(_heartbeat_rounds(worker_id, offset_ms, self.dead_ms, claims), claims)
+        replies, locks = self._send(_heartbeat_rounds(worker_id, offset_ms, self.dead_ms, claims, self.group), claims)
         return _beat(claims, replies, locks)
 
     def check_losses(self, worker_id: str, *, epochs: list[str], locked: list[Holding],
@@ -633,7 +643,7 @@ class SyncLiveness:
         holdings that hold a tool lock, whose locks are read as a full beat reads them;
         ``attempt_of``: the attempt the worker holds at an execution, or None."""
         claims = Claims(held=locked)
-        replies, locks = self._send([_losses_calls(worker_id, self.dead_ms, epochs)], claims)
+        replies, locks = self._send([_losses_calls(worker_id, self.dead_ms, epochs, self.group)], claims)
         return _losses_beat(worker_id, epochs, claims, replies, locks, attempt_of)
 
     def _send(self, rounds: Iterable[list[Call]], claims: Claims) -> tuple[list[Any], list[Any]]:

@@ -204,6 +204,35 @@ async def test_the_checks_client_connects_at_registration_and_closes_at_departur
         await store.aclose()
 
 
+@pytest.mark.usefixtures("four_partitions")
+async def test_a_workers_group_is_listed_in_every_partition_before_its_info_is_written(
+        redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The info is how any other process learns a worker's group, and routes calls to its queues:
+    by then every partition lists the group, so a queue no worker serves any more is always one
+    the janitor knows of (store/groups.py)."""
+    admin = redis_server.client()
+    admin.flushall()
+    store = redis.asyncio.Redis.from_url(redis_server.url)
+    listed: list[bool] = []
+    register = Liveness.register
+
+    async def written(self: Liveness, worker_id: str, info: bytes) -> None:
+        listed.extend(admin.zscore(keys.groups(p), "g-listed") is not None for p in keys.partitions())
+        await register(self, worker_id, info)
+
+    monkeypatch.setattr(Liveness, "register", written)
+    presence = Presence(redis=store, settings=WorkerSettings(redis_url=redis_server.url),
+                        info=WorkerInfo(worker_id="w-listed", started_ms=0, tools=[], group="g-listed"),
+                        runtime=cast("Runtime", Holds()))
+    try:
+        await presence.register()
+        assert listed == [True] * 4
+        await presence.deregister()
+    finally:
+        admin.close()
+        await store.aclose()
+
+
 class Killed(Exception):
     """The worker's process, killed where this is raised."""
 

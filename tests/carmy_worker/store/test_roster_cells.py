@@ -307,7 +307,7 @@ def test_a_beat_in_parts_sends_each_part_in_a_round_trip_of_its_own(
     real = roster.run_each_sync
 
     def counted(client: redis.Redis, script: object, calls: list[roster.Call], **kw: object) -> object:
-        sent.append([f"{args[6]}@{call_keys[0]}" for call_keys, args in calls])
+        sent.append([f"{args[7]}@{call_keys[0]}" for call_keys, args in calls])
         return real(client, script, calls, **kw)  # type: ignore[arg-type]
 
     monkeypatch.setattr(roster, "run_each_sync", counted)
