@@ -11,13 +11,17 @@ its worker's group there, before the worker is listed as alive, so a group is li
 call can be queued to it. A group no worker has marked for the janitor's memory (an hour, as for
 a departed worker) is gone: the janitor takes out of its queue, a slice at a time, the entries no
 worker could run any more (what a claim would drop: the execution settled, or gone), and once the
-queue is empty, drops the wake list and forgets the group. An entry whose execution could still
-run stays for whichever worker of the group comes back, and the group is looked at again
-``RECHECK_S`` later; one of its workers that comes back marks it again, and nothing more is
-taken out.
+queue is empty, drops the wake list and forgets the group. An execution still queued there (one
+put back when its worker died: REAP) has no worker left to take it after an hour with none: the
+janitor settles it (``Verdicts.expire_abandoned``: ``TIMEOUT``, safe to run again, so a job's
+attempt is tried again on the workers serving its tool now), and the group is looked at again
+``RECHECK_S`` later, when its entry goes; one of its workers that comes back marks it again, and
+nothing more is taken out or settled.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 from redis.asyncio import Redis
 
@@ -44,28 +48,34 @@ end
 # with (-1 otherwise: one of its workers beat since, or another janitor got there first): each
 # entry whose execution is settled or gone is taken out. With the last slice (ARGV[3] not ''), the
 # group is forgotten if its queue is empty now, its wake list with it; else it is marked to be
-# looked at again ARGV[3] ms from now. Returns {entries kept, 1 if the group was forgotten}.
+# looked at again ARGV[3] ms from now. Returns {entries kept, 1 if the group was forgotten, and
+# {execution id, tool, ...} of the kept ones still queued}: the janitor settles those
+# (``Verdicts.expire_abandoned``), and the next look takes them out.
 # KEYS: groups zset, queue, wake list, then the execution hash of each entry
 # ARGV: group, its mark, '' or (last slice) the mark's offset from now, then the entries
 FORGET_GROUP = Script("FORGET_GROUP", ACCEPTED_WORK + NOW + """
-if tonumber(redis.call('ZSCORE', KEYS[1], ARGV[1]) or -1) ~= tonumber(ARGV[2]) then return {-1, 0} end
-local kept = 0
+if tonumber(redis.call('ZSCORE', KEYS[1], ARGV[1]) or -1) ~= tonumber(ARGV[2]) then return {-1, 0, {}} end
+local kept, queued = 0, {}
 for i = 4, #ARGV do
-  local state = redis.call('HGET', KEYS[i], 'state')
-  if state and state ~= 'done' then
+  local h = redis.call('HMGET', KEYS[i], 'state', 'tool')
+  if h[1] and h[1] ~= 'done' then
     kept = kept + 1
+    if h[1] == 'queued' then
+      table.insert(queued, ARGV[i])
+      table.insert(queued, h[2] or '')
+    end
   else
     redis.call('ZREM', KEYS[2], ARGV[i])
   end
 end
-if ARGV[3] == '' then return {kept, 0} end
+if ARGV[3] == '' then return {kept, 0, queued} end
 if redis.call('EXISTS', KEYS[2]) == 0 then
   redis.call('DEL', KEYS[3])
   redis.call('ZREM', KEYS[1], ARGV[1])
-  return {kept, 1}
+  return {kept, 1, queued}
 end
 redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])
-return {kept, 0}
+return {kept, 0, queued}
 """)
 
 
@@ -78,19 +88,30 @@ class Groups:
         # The mark that makes a group gone again RECHECK_S from now.
         self._again_ms = RECHECK_S * 1000 - memory_ms
 
-    async def forget(self, group: str, partition: int, mark: bytes) -> bool:
+    async def forget(self, group: str, partition: int, mark: bytes) -> Forgetting:
         """Take out of ``group``'s queue in ``partition`` what no worker could run, the group found
-        gone with ``mark``; whether the group was forgotten (nothing left that could run)."""
+        gone with ``mark``: whether the group was forgotten (nothing left that could run), and the
+        executions still queued there, (id, tool) each, for the janitor to settle."""
         queue = jobs.queue_name(group, partition)
         fixed = [keys.groups(partition), queue, jobs.wake_list(queue)]
         hashes = keys.execution_prefix(partition)  # a queue holds its partition's executions only
         start = 0
+        stranded: list[tuple[str, str]] = []
         while True:
             entries = [e.decode() for e in await self._redis.zrange(queue, start, start + SLICE - 1)]
             last = len(entries) < SLICE
-            kept, forgotten = await self._forget(
+            kept, forgotten, queued = await self._forget(
                 keys=[*fixed, *(hashes + e for e in entries)],
                 args=[group, mark, self._again_ms if last else "", *entries])
+            stranded += [(queued[i].decode(), queued[i + 1].decode()) for i in range(0, len(queued), 2)]
             if kept < 0 or last:
-                return bool(forgotten)
+                return Forgetting(forgotten=bool(forgotten), stranded=stranded)
             start += kept
+
+
+class Forgetting(NamedTuple):
+    """What ``Groups.forget`` did: whether it forgot the group, and the executions still queued
+    in its queue (id, tool), which no worker will take any more."""
+
+    forgotten: bool
+    stranded: list[tuple[str, str]]

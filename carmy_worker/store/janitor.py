@@ -182,7 +182,13 @@ class Janitor:
                 acted += 1
         await self._audit.trim(max_entries=self._audit_bounds.max_entries, retention_s=self._audit_bounds.retention)
         for gone in found.gone:
-            if await self._groups.forget(gone.group, gone.partition, gone.mark):
+            forgetting = await self._groups.forget(gone.group, gone.partition, gone.mark)
+            if forgetting.forgotten:
                 log.info("group %s: no worker serves it, its queue in partition %d is forgotten", gone.group,
                          gone.partition)
+            for exec_id, tool in forgetting.stranded:
+                if await self._verdicts.expire_abandoned(exec_id, tool):
+                    log.warning("execution %s was queued for group %s, which no worker serves any more: "
+                                "settled TIMEOUT", exec_id, gone.group)
+                    acted += 1
         return acted

@@ -105,6 +105,16 @@ def never_started(exec_id: str, tool: str) -> Record:
     ), rerun_safe=True)
 
 
+def abandoned_in_queue(exec_id: str, tool: str) -> Record:
+    """A queued execution whose workers are all gone (a deploy replaced their tool definitions):
+    nothing will take it from its queue. Only what may run again waits there (REAP settles the
+    rest), so it is safe to run again, under the definitions served now."""
+    return failed(exec_id, tool, error(
+        "TIMEOUT", "The execution waited in the queue for tool definitions that no worker serves any "
+        "more (a deploy replaced them), and did not run again.",
+    ), rerun_safe=True)
+
+
 def cancelled(exec_id: str, tool: str, *, started: bool, idempotent: bool = False,
               duration_ms: int | None = None, by_itself: bool = False) -> Record:
     """Cancelled for its caller, who went away or asked (``DELETE``, ``tasks/cancel``, an MCP

@@ -63,16 +63,18 @@ impose(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[3], ARGV[4], ARGV[5], ARGV[6], A
 return 'uncertain'
 """)
 
-# An accepted execution that no worker started before its start-by instant.
+# An accepted execution that no worker started before its start-by instant; or (ARGV[7] = '1')
+# one still queued in the queue of a group no worker serves any more (store.groups), whatever its
+# start-by: put back in the queue when its worker died (REAP), it has none left to wait for.
 # KEYS: exe, record, pending, queued, jobs' settled executions, audit trail, the partition's counts
-# ARGV: exec_id, record, retention s, events channel, final event, metrics label
+# ARGV: exec_id, record, retention s, events channel, final event, metrics label, '1' if abandoned
 EXPIRE_UNSTARTED = Script("EXPIRE_UNSTARTED", ACCEPTED_WORK + NOW + IMPOSE + """
 local h = redis.call('HMGET', KEYS[1], 'state', 'start_by')
 if h[1] ~= 'queued' or redis.call('EXISTS', KEYS[2]) == 1 then
   redis.call('ZREM', KEYS[4], ARGV[1])
   return 0
 end
-if tonumber(h[2]) > now then return 0 end
+if ARGV[7] ~= '1' and tonumber(h[2]) > now then return 0 end
 redis.call('ZREM', KEYS[4], ARGV[1])
 impose(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], KEYS[5], KEYS[6], KEYS[7])
 return 1
@@ -125,11 +127,19 @@ class Verdicts:
 
     async def expire_unstarted(self, exec_id: str, tool: str) -> bool:
         """Settle ``exec_id`` as never started if it is still queued past its start-by instant."""
-        stored, final, label = _imposed(records.never_started(exec_id, tool))
+        return await self._expire_queued(exec_id, records.never_started(exec_id, tool), abandoned=False)
+
+    async def expire_abandoned(self, exec_id: str, tool: str) -> bool:
+        """Settle ``exec_id`` if it is still queued, whatever its start-by: it waits in the queue of
+        a group no worker serves any more (``store.groups``)."""
+        return await self._expire_queued(exec_id, records.abandoned_in_queue(exec_id, tool), abandoned=True)
+
+    async def _expire_queued(self, exec_id: str, record: Record, *, abandoned: bool) -> bool:
+        stored, final, label = _imposed(record)
         partition = keys.partition_of(exec_id)
         return bool(await self._expire(
             keys=[keys.execution(exec_id), keys.record(exec_id), *_sets(exec_id), metrics.executions(partition)],
-            args=[exec_id, stored, self.retention, keys.events(exec_id), final, label],
+            args=[exec_id, stored, self.retention, keys.events(exec_id), final, label, "1" if abandoned else ""],
         ))
 
 

@@ -1,6 +1,6 @@
 """A group no worker serves any more (store/groups.py): the janitor takes out of its queue, in
-every partition, what no worker could run, then drops its wake list and forgets it; never what a
-worker of the group could still run, nor anything while one of its workers beats.
+every partition, what no worker could run, settles what is still queued there (no worker will take
+it), then drops its wake list and forgets it; nothing while one of its workers beats.
 
 "An hour ago" is a heartbeat's offset, and "a minute on" a janitor that forgets sooner: no test
 waits for either."""
@@ -87,31 +87,35 @@ async def test_a_gone_groups_settled_entries_leave_its_queues_and_its_wake_lists
         assert r.zscore(keys.groups(p), GROUP) is None
 
 
-async def test_an_entry_that_could_still_run_stays_and_the_group_is_looked_at_again_a_minute_on(
+async def test_an_execution_still_queued_in_a_gone_group_is_settled_and_goes_a_minute_on(
         r: redis.Redis, ar: redis.asyncio.Redis) -> None:
-    """Of a gone group's queue, what a claim would drop goes (a settled execution, one whose hash
-    expired); one still queued stays for a worker of the group that comes back, with the wake
-    list. The group is looked at again a minute on, not at every sweep, and forgotten once that
-    one has settled too."""
+    """Of a gone group's queue, what a claim would drop goes at once (a settled execution, one
+    whose hash expired). One still queued (put back when its worker died, REAP: no start-by holds
+    it any more) has no worker left to take it: it is settled TIMEOUT, safe to run again, so that
+    its caller or job is answered rather than left waiting for its retention. Its entry goes when
+    the group is looked at again, a minute on (not at every sweep), and the group with it."""
     await beat(ar, "w-old", LONG_AGO_MS)
-    waiting = {}
+    stranded = {}
     for p in keys.partitions():
-        cancelled, expired, waiting[p] = await queued(ar, p), await queued(ar, p), await queued(ar, p)
+        cancelled, expired, stranded[p] = await queued(ar, p), await queued(ar, p), await queued(ar, p)
         await cancel(ar, cancelled)
         r.delete(keys.execution(expired))  # its retention over: Redis no longer knows it
+        r.zrem(keys.queued(p), stranded[p])  # requeued by REAP: in no start-by set
+        r.hset(keys.execution(stranded[p]), mapping={"attempt": 1, "reaped": 1})
 
     now = redis_now_ms(r)
     await janitor(ar).sweep()
     for p in keys.partitions():
-        assert entries(r, p) == [waiting[p]]
-        assert r.llen(wake(p)) == 3
+        assert error_code(r, stranded[p]) == "TIMEOUT"
+        record = record_decoder.decode(r.get(keys.record(stranded[p])))
+        assert b"no worker serves any more" in record.body
+        assert b'"next_actions":[{"action":"retry"' in record.body  # safe to run again
+        assert entries(r, p) == [stranded[p]]  # settled now; taken out at the next look
         mark = r.zscore(keys.groups(p), GROUP)
         assert mark is not None and now - HOUR_MS + RECHECK_S * 1000 <= mark < now - HOUR_MS + (RECHECK_S + 5) * 1000
 
     await janitor(ar).sweep()  # looked at again only a minute on
-    assert all(entries(r, p) == [waiting[p]] for p in keys.partitions())
-    for exec_id in waiting.values():
-        await cancel(ar, exec_id)
+    assert all(entries(r, p) == [stranded[p]] for p in keys.partitions())
     await janitor(ar, memory=RECHECK_S - 1).sweep()  # a minute on, as far as the marks go
     for p in keys.partitions():
         assert not r.exists(queue(p), wake(p))
@@ -130,7 +134,7 @@ async def test_a_group_whose_worker_beats_again_keeps_what_its_queues_hold(
 
     await beat(ar, "w-back")
     for gone in found.gone:
-        assert not await Groups(ar, memory_ms=HOUR_MS).forget(gone.group, gone.partition, gone.mark)
+        assert await Groups(ar, memory_ms=HOUR_MS).forget(gone.group, gone.partition, gone.mark) == (False, [])
     await janitor(ar).sweep()
     now = redis_now_ms(r)
     for p in keys.partitions():
