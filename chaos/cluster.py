@@ -16,6 +16,7 @@ import re
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import cast
 
@@ -76,6 +77,10 @@ class Cluster:
         self.workers: list[Proc] = []  # serving or paused; a draining one is moved to ``retired``
         self.retired: list[Proc] = []
         self.n_workers = workers
+        # The release of the tools new workers serve (``deploy``; 0: the run's first), and each
+        # worker's: a worker started in place of another (a kill, ``heal``) serves the latest.
+        self.release = 0
+        self.releases: dict[int, int] = {}  # by pid
         self._env = env
         self._count = 0
 
@@ -148,8 +153,10 @@ class Cluster:
         return Proc(name, args, env, self.workdir / f"{name}.log", kind)
 
     def start_worker(self) -> Proc:
+        release = {"CHAOS_RELEASE": str(self.release)} if self.release else {}
         proc = self._proc("worker", [sys.executable, "-m", "carmy_worker", TOOLS_MODULE, *self.worker_args],
-                          self.env())
+                          self.env(release))
+        self.releases[proc.pid] = self.release
         proc.wait_for_log("serving", START_TIMEOUT)
         self.workers.append(proc)
         return proc
@@ -177,6 +184,16 @@ class Cluster:
         proc.signal(signal.SIGTERM)
         self.workers.remove(proc)
         self.retired.append(proc)
+
+    def deploy(self, pick: Callable[[list[Proc]], Proc]) -> tuple[Proc, Proc]:
+        """One step of a rolling deploy of a new release (``put`` described anew: a new group):
+        a worker of it started and serving, then one of an older release, ``pick``ed, drained
+        (SIGTERM), so the fleet keeps its size. (The worker drained, the one started.)"""
+        self.release += 1
+        new = self.start_worker()
+        old = pick([p for p in self.workers if self.releases[p.pid] != self.release])
+        self.terminate_worker(old)
+        return old, new
 
     def kill_api(self, port: int) -> Proc:
         proc = self.api_procs[port]

@@ -16,6 +16,9 @@ its replica's promotion and restarts it as that one's replica; ``cluster-hang`` 
 wakes it; ``slot-migrate`` moves a
 partition's slot, keys and all, to another primary while the load goes on. ``redis-full`` plays
 against any: every server's ``maxmemory`` is set below what it holds for 1–4 s, then lifted.
+So does ``deploy``, a rolling deploy's step: a worker of a new release of the tools (one tool
+described anew, so a new group with queues of its own) started and serving, then a worker of an
+older release drained; workers started after it serve the new release.
 """
 
 from __future__ import annotations
@@ -117,7 +120,7 @@ class Injector:
             "redis-kill": lambda: self.redis_down("redis-kill"), "redis-failover": self.redis_failover,
             "cluster-failover": self.cluster_failover, "cluster-hang": self.cluster_hang,
             "slot-migrate": self.slot_migrate,
-            "redis-full": self.redis_full, "overload": self.overload,
+            "redis-full": self.redis_full, "overload": self.overload, "deploy": self.deploy,
         }
         return method[kind]()
 
@@ -148,6 +151,14 @@ class Injector:
         replacement = self.cluster.start_worker()
         return Fault(kind="worker-term", t=t, t_end=time.time(), target=f"worker {victim.pid}", pid=victim.pid,
                      replacement=replacement.pid)
+
+    def deploy(self) -> Fault:
+        """A rolling deploy's step: a worker of a new release (``put`` described anew, so a group
+        and queues of its own) started and serving, then a worker of an older one drained."""
+        t = time.time()
+        old, new = self.cluster.deploy(self.rng.choice)
+        return Fault(kind="deploy", t=t, t_end=time.time(), target=f"worker {old.pid}", pid=old.pid,
+                     replacement=new.pid, note=f"release {self.cluster.release}")
 
     def api_kill(self) -> Fault:
         port = self.rng.choice(self.cluster.ports)

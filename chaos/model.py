@@ -12,10 +12,11 @@ from msgspec import Struct
 Mode = Literal["json", "sse", "async"]
 LedgerEvent = Literal["started", "effect", "abandoned", "failed"]
 FaultKind = Literal["worker-kill", "worker-stop", "worker-term", "api-kill", "redis-term", "redis-kill",
-                    "redis-failover", "cluster-failover", "cluster-hang", "slot-migrate", "redis-full", "overload"]
+                    "redis-failover", "cluster-failover", "cluster-hang", "slot-migrate", "redis-full", "overload",
+                    "deploy"]
 FAULT_KINDS: tuple[FaultKind, ...] = ("worker-kill", "worker-stop", "worker-term", "api-kill", "redis-term",
                                       "redis-kill", "redis-failover", "cluster-failover", "cluster-hang",
-                                      "slot-migrate", "redis-full", "overload")
+                                      "slot-migrate", "redis-full", "overload", "deploy")
 # The Redis a run has: one server, a Sentinel group (--sentinel) or a Redis Cluster (--cluster).
 RedisKind = Literal["single", "sentinel", "cluster"]
 

@@ -32,6 +32,9 @@ NAMED_STEP_MS = 20
 # worker paused mid-first-attempt wakes (a worker-stop lasts 3.9-7.8 s; the rerun begins once
 # the worker is found dead, 3-4 s in), which is when the first attempt's thread goes on reporting.
 NAMED_LATER_MS = 5000
+# Which release of the tools this worker serves (``chaos.faults``' ``deploy``): each release
+# describes ``put`` in words of its own, so its workers make a group, and queues, of their own.
+RELEASE = os.environ.get("CHAOS_RELEASE", "")
 
 
 class Work(msgspec.Struct):
@@ -89,9 +92,13 @@ def charge_sync(ctx: Context, input: Work) -> Receipt:
     return _sync_work(ctx, "charge_sync", input.ms, careful=True, pad=input.pad)
 
 
-@tools.tool(effect="write", idempotent=True, parallel_safe=True, timeout=TIMEOUT)
+def put_description(release: str) -> str:
+    """``put``'s description in ``release`` ('' for the workers started with the run)."""
+    return "Idempotent (async): may be run again after its worker died." + (f" Release {release}." if release else "")
+
+
+@tools.tool(effect="write", idempotent=True, parallel_safe=True, timeout=TIMEOUT, description=put_description(RELEASE))
 async def put(ctx: Context, input: Work) -> Receipt:
-    """Idempotent (async): may be run again after its worker died."""
     return await _async_work(ctx, "put", input.ms, input.pad)
 
 

@@ -20,7 +20,7 @@ def test_the_default_faults_follow_the_redis_of_the_run() -> None:
     assert not {"redis-term", "redis-kill", "redis-failover"} & set(cluster)
     assert not {"cluster-failover", "slot-migrate"} & (set(single) | set(sentinel))
     assert set(single) | set(sentinel) | set(cluster) == set(FAULT_KINDS)
-    assert {"worker-kill", "redis-full", "overload"} <= set(single) & set(sentinel) & set(cluster)
+    assert {"worker-kill", "redis-full", "overload", "deploy"} <= set(single) & set(sentinel) & set(cluster)
 
 
 def test_faults_the_redis_cannot_take_are_refused_with_the_way_out() -> None:
