@@ -19,8 +19,10 @@ def test_the_default_faults_follow_the_redis_of_the_run() -> None:
     assert {"cluster-failover", "slot-migrate"} <= set(cluster)
     assert not {"redis-term", "redis-kill", "redis-failover"} & set(cluster)
     assert not {"cluster-failover", "slot-migrate"} & (set(single) | set(sentinel))
-    assert set(single) | set(sentinel) | set(cluster) == set(FAULT_KINDS)
-    assert {"worker-kill", "redis-full", "overload", "deploy"} <= set(single) & set(sentinel) & set(cluster)
+    assert set(single) | set(sentinel) | set(cluster) == set(FAULT_KINDS) - {"deploy"}
+    assert {"worker-kill", "redis-full", "overload"} <= set(single) & set(sentinel) & set(cluster)
+    assert "deploy" not in set(single) | set(sentinel) | set(cluster)  # opt-in: played when named
+    assert all(refusal(["deploy", "worker-kill"], redis) is None for redis in ("single", "sentinel", "cluster"))
 
 
 def test_faults_the_redis_cannot_take_are_refused_with_the_way_out() -> None:
