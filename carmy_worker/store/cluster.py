@@ -27,7 +27,11 @@ What redis-py 5.3's ``redis.asyncio.cluster.RedisCluster`` does, and what we cha
   error first closes every node's connections: commands under way on *other* nodes then fail
   with "Connection lost" (seen here under a migration). ``StoreCluster`` keeps the node
   objects it knows (``StoreNodes``) and, inside a command, only marks the table for
-  rebuilding: a shard's trouble stays that shard's.
+  rebuilding: a shard's trouble stays that shard's. A rebuild holds a lock every command waits
+  on, and asks each seed for ``CLUSTER SLOTS``, then the first primary for ``COMMAND``, on
+  connections without the client's reply timeout: the one is bounded (``SLOTS_TIMEOUT_S``), the
+  other asked once per client (``StoreCommands``), so that a hung node holds no command of
+  another node's for long.
 * **Pipelines** are not transactions (``pipeline(transaction=True)`` raises): the commands
   are grouped by node and sent to the nodes at once, each reply in its command's place;
   redirected ones are sent again one by one. redis-py sends the whole pipeline again (less
@@ -67,20 +71,23 @@ import asyncio
 import contextlib
 import inspect
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextvars import ContextVar
 from typing import Any, cast
 
 import redis.cluster
 from msgspec import Struct
+from redis._parsers.commands import AsyncCommandsParser
 from redis.asyncio import Redis
 from redis.asyncio.cluster import ClusterNode, ClusterPipeline, NodesManager, PipelineCommand, RedisCluster
 from redis.asyncio.connection import AbstractConnection, SSLConnection, parse_url
+from redis.cluster import PRIMARY
 from redis.exceptions import (
     AskError,
     ClusterDownError,
     MovedError,
     RedisClusterException,
+    RedisError,
     SlotNotCoveredError,
     TryAgainError,
 )
@@ -93,12 +100,16 @@ REFUSALS = (ClusterDownError, SlotNotCoveredError)
 CLUSTER_RETRIES = 8
 # Tries at connecting to a node (connecting only: nothing was sent yet).
 CONNECT_RETRIES = 2
-# How long a node may take to answer ``CLUSTER SLOTS`` before the next seed is asked. redis-py
-# asks the seeds in turn, each on the client's own connection to it: on a client without a reply
-# timeout (a worker's calls) a hung seed (a stopped process, a partition without a reset) held
-# every reload of the slot table, and every command after it, until it woke. A node answers in
+# How long a node may take to answer ``CLUSTER SLOTS`` before the next seed is asked, or
+# ``COMMAND`` (the commands' key positions, ``StoreCommands``) before the next primary is. redis-py
+# asks these on the client's own connection to a node, holding the lock of the slot table's reload:
+# on a client without a reply timeout (a worker's calls) a hung node (a stopped process, a partition
+# without a reset) held every reload, and every command after it, until it woke. A node answers in
 # well under a millisecond; the reload is rare, so its one timer costs nothing.
 SLOTS_TIMEOUT_S = 1.0
+# What the client asks a node about the cluster rather than the data, each within SLOTS_TIMEOUT_S
+# (``COMMAND GETKEYS``: where a command's keys are, for the few whose table entry does not say).
+_ASKS = frozenset({"CLUSTER SLOTS", "COMMAND", "COMMAND GETKEYS"})
 # What a node answers a command written to it by hand (``held_connection``, a batch's line) when
 # the slot is elsewhere or moving: nothing ran, and it may be sent again (through the client, which
 # follows the redirection, or after reloading the slot table).
@@ -165,13 +176,13 @@ class StoreNode(ClusterNode):
     __slots__ = ()
 
     async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
-        if args[0] == "CLUSTER SLOTS":  # the slot table, asked of one seed after another
-            try:
-                async with asyncio.timeout(SLOTS_TIMEOUT_S):
-                    return await self._execute(*args, **kwargs)
-            except TimeoutError:
-                raise RedisTimeoutError(f"no slot table from {self.name} within {SLOTS_TIMEOUT_S:g} s") from None
-        return await self._execute(*args, **kwargs)
+        if args[0] not in _ASKS:
+            return await self._execute(*args, **kwargs)
+        try:
+            async with asyncio.timeout(SLOTS_TIMEOUT_S):
+                return await self._execute(*args, **kwargs)
+        except TimeoutError:  # the connection is closed: a reply may still come
+            raise RedisTimeoutError(f"no reply to {args[0]} from {self.name} within {SLOTS_TIMEOUT_S:g} s") from None
 
     async def _execute(self, *args: Any, **kwargs: Any) -> Any:
         connection = self.acquire_connection()
@@ -223,6 +234,39 @@ class StoreNodes(NodesManager):
         super().set_nodes(old, new, remove_old)
 
 
+class StoreCommands(AsyncCommandsParser):
+    """redis-py's table of the commands' key positions (``COMMAND``, what routes a command
+    other than a script by its keys), asked once per client rather than at every reload of the
+    slot table: redis-py asked it each time, of the table's first primary, holding the reload's
+    lock, so that on a client without a reply timeout a first primary that hangs held every
+    command of the client, those for the other primaries too, until it woke. The commands are
+    the nodes', not the slots'; a command the table does not know asks again (redis-py's
+    ``get_keys``). The first ask goes to the table's first primary, then to each other in turn,
+    each within ``SLOTS_TIMEOUT_S`` (``StoreNode``)."""
+
+    __slots__ = ("_primaries",)
+
+    def __init__(self, primaries: Callable[[], list[ClusterNode]]) -> None:
+        super().__init__()
+        self._primaries = primaries
+
+    async def initialize(self, node: ClusterNode | None = None) -> None:
+        if node is not None:
+            self.node = node  # where ``COMMAND GETKEYS`` goes
+            if self.commands:  # a reload of the slot table
+                return
+        failed: RedisError | None = None
+        for asked in (self.node, *(n for n in self._primaries() if n is not self.node)):
+            try:
+                commands = await asked.execute_command("COMMAND")
+            except RedisError as exc:  # hung, dead, or no longer a primary: the next one
+                failed = exc
+                continue
+            self.commands = {cmd.lower(): command for cmd, command in commands.items()}
+            return
+        raise failed or RedisClusterException("no primary known to ask for its commands")
+
+
 class StoreCluster(RedisCluster):
     """``RedisCluster`` that sends a command again only where a node refused it (``REFUSALS``,
     and the redirections), and lets ``max_connections`` commands be under way at once, the
@@ -238,6 +282,7 @@ class StoreCluster(RedisCluster):
         seeds = [_ours(node) for node in manager.startup_nodes.values()]
         self.nodes_manager = StoreNodes(seeds, manager.require_full_coverage, manager.connection_kwargs,
                                         address_remap=manager.address_remap, event_dispatcher=self._event_dispatcher)
+        self.commands_parser = StoreCommands(lambda: self.nodes_manager.get_nodes_by_server_type(PRIMARY))
         self.patience = wait  # not ``wait``: that is the WAIT command's method
         self.lines: set[AbstractConnection] = set()  # the batches' connections (``NodePool``)
         self._turns = asyncio.Semaphore(max_connections)

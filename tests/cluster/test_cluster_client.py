@@ -228,3 +228,41 @@ async def test_a_hung_seed_holds_a_reload_of_the_slot_table_for_a_second_not_unt
         await client.aclose()
     assert SLOTS_TIMEOUT_S - 0.05 <= took < SLOTS_TIMEOUT_S + 5
     assert client.primary_for("{c:0}").port != hung.port  # the table came from another seed
+
+
+async def test_a_hung_primary_holds_no_command_for_another_when_the_slot_table_is_loaded(
+        slow_to_fail_over: LocalCluster) -> None:
+    """redis-py asked ``COMMAND`` (where each command's keys are) of the table's first primary at
+    every load of the slot table, holding the load's lock: on a client without a reply timeout (a
+    worker's), a first primary that hangs held every command of the client, those for the other
+    primaries too, until it woke. A client asks it once, of the primaries in turn, each within
+    ``SLOTS_TIMEOUT_S``. (A cluster of the test's own: the hung primary is not failed over.)"""
+    cluster = slow_to_fail_over
+    connector = RedisConnector("redis://localhost/0", tuple(cluster.nodes.split(",")))
+    client = connector.cluster_client(max_connections=8, wait=10.0, socket_connect_timeout=1.0, socket_timeout=None)
+    await client.initialize()
+    first = client.nodes_manager.default_node  # the primary redis-py asks
+    hung = cluster.server_on(first.port)
+    key = next(k for k in (f"elsewhere{i}" for i in range(100)) if client.primary_for(k).port != hung.port)
+    others = [server.address for server in cluster.live() if server is not hung]
+    fresh = RedisConnector("redis://localhost/0", (hung.address, *others)).cluster_client(
+        max_connections=8, wait=10.0, socket_connect_timeout=1.0, socket_timeout=None)
+    loop = asyncio.get_running_loop()
+    hung.pause()
+    try:
+        client.reload_slots()  # as after a failure: the next command loads the table again
+        started = loop.time()
+        async with asyncio.timeout(15):  # the test's bound: it used to wait for the node to wake
+            await client.set(key, "reloaded")
+        reloaded_in = loop.time() - started
+        assert client.nodes_manager.default_node is first  # still the first primary: not asked
+        started = loop.time()
+        async with asyncio.timeout(15):
+            await fresh.set(key, "loaded")  # its first table, the hung node the first seed
+        loaded_in = loop.time() - started
+    finally:
+        hung.resume()
+        await client.aclose()
+        await fresh.aclose()
+    assert reloaded_in < SLOTS_TIMEOUT_S + 3  # the hung node's CLUSTER SLOTS at most
+    assert loaded_in < 2 * SLOTS_TIMEOUT_S + 3  # its CLUSTER SLOTS, then its COMMAND, at most

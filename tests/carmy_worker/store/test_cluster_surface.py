@@ -1,6 +1,6 @@
 """redis-py's private cluster surface, pinned: ``store.cluster`` overrides redis-py's retry
-tuples, replaces its slot table's class and its nodes' methods, and ``store.shardpubsub`` opens
-connections the way a node does. A release that changed one of these would turn a rule off
+tuples, replaces its slot table's class, its table of commands and its nodes' methods, and
+``store.shardpubsub`` opens connections the way a node does. A release that changed one of these would turn a rule off
 quietly (a write sent twice, a node refusing every command); this fails instead, naming it."""
 
 from __future__ import annotations
@@ -8,10 +8,19 @@ from __future__ import annotations
 import inspect
 
 import redis.cluster as sync_cluster
+from redis._parsers.commands import AsyncCommandsParser
 from redis.asyncio.cluster import ClusterNode, ClusterPipeline, NodesManager, RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from carmy_worker.store.cluster import REFUSALS, StoreCluster, StoreNode, StoreNodes, StorePipeline, cluster_target
+from carmy_worker.store.cluster import (
+    REFUSALS,
+    StoreCluster,
+    StoreCommands,
+    StoreNode,
+    StoreNodes,
+    StorePipeline,
+    cluster_target,
+)
 
 # Statements of redis-py's source whose meaning our overrides rely on.
 STATEMENTS = {
@@ -19,6 +28,16 @@ STATEMENTS = {
     RedisCluster.execute_command: ("if retry_attempts > 0 and type(e) in self.__class__.ERRORS_ALLOW_RETRY:",),
     # StoreCluster.aclose, called here mid-command, only marks the table for rebuilding.
     RedisCluster._execute_command: ("await self.aclose()", "return await target_node.execute_command(*args, **kwargs)"),
+    # StoreCommands is the client's table of commands, which every reload of the slot table asks
+    # for (of the table's first primary) while it holds the reload's lock; it asks COMMAND as
+    # redis-py does, of one node; an unknown command asks again, COMMAND GETKEYS of that node.
+    RedisCluster.__init__: ("self.commands_parser = AsyncCommandsParser()",),
+    RedisCluster.initialize: ("async with self._lock:", "await self.commands_parser.initialize(",
+                              "self.nodes_manager.default_node"),
+    AsyncCommandsParser.initialize: ('commands = await self.node.execute_command("COMMAND")',
+                                     "self.commands = {cmd.lower(): command for cmd, command in commands.items()}"),
+    AsyncCommandsParser.get_keys: ("await self.initialize()",),
+    AsyncCommandsParser._get_moveable_keys: ('await self.node.execute_command("COMMAND GETKEYS", *args)',),
     # StorePipeline.ERRORS_ALLOW_RETRY (none): a pipeline is not sent again.
     ClusterPipeline.execute: ("if type(e) in self.__class__.ERRORS_ALLOW_RETRY:",
                               "for _ in range(self._client.cluster_error_retry_attempts):"),
@@ -81,6 +100,8 @@ def test_every_attribute_we_use_exists() -> None:
     assert type(node) is StoreNode
     assert [a for a in CLUSTER_NODE_ATTRIBUTES if not hasattr(node, a)] == []
     assert client._initialize is True  # connects on first use
+    assert isinstance(client.commands_parser, StoreCommands) and client.commands_parser.commands == {}
+    assert list(inspect.signature(AsyncCommandsParser.initialize).parameters) == ["self", "node"]
 
 
 def test_a_cluster_target_takes_no_option_the_client_would_refuse() -> None:
