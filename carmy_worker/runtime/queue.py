@@ -360,7 +360,7 @@ class WakeableWorker(Worker):
         if len(self.queues) == 1:
             return await self.leases.wait_and_take(pool, self.queues[0], timeout=self.poll_delay_s, most=free,
                                                    lease_ms=lease_ms, look_ahead=self.queue_read_limit)
-        known = self.leases.hints.with_work(self.queues, self._turn)
+        known = self.leases.hints.with_work(self.queues, self._turn, self.leases.answering)
         if known is not None:  # work seen due (a round's LEASE that claimed less than it found): take it
             self._turn = (known + 1) % len(self.queues)
             taken = await self.leases.take(self.queues[known], most=free, lease_ms=lease_ms,
@@ -381,11 +381,12 @@ class WakeableWorker(Worker):
 
     def _next_with_work(self) -> int | None:
         """The partition a freed slot's LEASE goes to: the next in turn not known to be empty
-        (``DueHints.maybe_work``), the turn moved past it; None when every one was (the slot
-        then waits on every partition). With one partition, always it."""
+        (``DueHints.maybe_work``) whose last LEASE was answered (``Leases.answering``: a hung
+        primary's would hold this loop up to ``TAKE_TIMEOUT_S``), the turn moved past it; None
+        when there is none (the slot then waits on every partition). With one partition, always it."""
         if len(self.queues) == 1:
             return 0
-        index = self.leases.hints.maybe_work(self.queues, self._turn)
+        index = self.leases.hints.maybe_work(self.queues, self._turn, self.leases.answering)
         if index is not None:
             self._turn = (index + 1) % len(self.queues)
         return index

@@ -32,6 +32,9 @@ What redis-py 5.3's ``redis.asyncio.cluster.RedisCluster`` does, and what we cha
   connections without the client's reply timeout: the one is bounded (``SLOTS_TIMEOUT_S``), the
   other asked once per client (``StoreCommands``), so that a hung node holds no command of
   another node's for long.
+* **A reply timeout for a few commands** of a client that has none (the worker's LEASE outside
+  its waits): ``replies_within``, a bound on each node's exchange that fails as a socket timeout
+  would.
 * **Pipelines** are not transactions (``pipeline(transaction=True)`` raises): the commands
   are grouped by node and sent to the nodes at once, each reply in its command's place;
   redirected ones are sent again one by one. redis-py sends the whole pipeline again (less
@@ -71,7 +74,7 @@ import asyncio
 import contextlib
 import inspect
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextvars import ContextVar
 from typing import Any, cast
 
@@ -164,6 +167,24 @@ class ClusterUnreachable(RedisConnectionError):
 
 
 _holding: ContextVar[bool] = ContextVar("carmy_cluster_turn", default=False)
+# The bound ``replies_within`` puts on each node's exchange in its block (None: none).
+_within: ContextVar[float | None] = ContextVar("carmy_cluster_within", default=None)
+
+
+@contextlib.contextmanager
+def replies_within(seconds: float) -> Iterator[None]:
+    """Each command a node is sent in the block, connecting to it included, is given up after
+    ``seconds`` with redis-py's ``TimeoutError``, as a socket timeout would be (the connection
+    dropped, the slot table reloaded before the next command, the node asked last for it): a
+    bound for a few commands of a client without a reply timeout (a worker's LEASE outside its
+    waits). It bounds each node's own exchange, not the reload of the slot table before it,
+    which is bounded on its own (``SLOTS_TIMEOUT_S``): a cancellation there would make redis-py
+    close every node's connections, those of other commands under way too."""
+    token = _within.set(seconds)
+    try:
+        yield
+    finally:
+        _within.reset(token)
 
 
 class StoreNode(ClusterNode):
@@ -176,13 +197,14 @@ class StoreNode(ClusterNode):
     __slots__ = ()
 
     async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
-        if args[0] not in _ASKS:
+        bound = SLOTS_TIMEOUT_S if args[0] in _ASKS else _within.get()
+        if bound is None:
             return await self._execute(*args, **kwargs)
         try:
-            async with asyncio.timeout(SLOTS_TIMEOUT_S):
+            async with asyncio.timeout(bound):
                 return await self._execute(*args, **kwargs)
         except TimeoutError:  # the connection is closed: a reply may still come
-            raise RedisTimeoutError(f"no reply to {args[0]} from {self.name} within {SLOTS_TIMEOUT_S:g} s") from None
+            raise RedisTimeoutError(f"no reply to {args[0]} from {self.name} within {bound:g} s") from None
 
     async def _execute(self, *args: Any, **kwargs: Any) -> Any:
         connection = self.acquire_connection()

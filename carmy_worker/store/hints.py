@@ -15,7 +15,10 @@ another for more than two passes (``tests/carmy_worker/runtime/test_served.py``)
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+
+# Which queues a LEASE may go to now (``Leases.answering``); the others are passed over.
+Usable = Callable[[str], bool]
 
 
 class DueHints:
@@ -30,22 +33,26 @@ class DueHints:
         """A LEASE of ``queue`` replied that ``due`` jobs there are still due and unleased."""
         self._due[queue] = due
 
-    def with_work(self, queues: Sequence[str], start: int) -> int | None:
-        """The first of ``queues`` from index ``start`` on (round robin) known to have due work."""
+    def with_work(self, queues: Sequence[str], start: int, usable: Usable | None = None) -> int | None:
+        """The first of ``queues`` from index ``start`` on (round robin) known to have due work,
+        of those ``usable`` allows."""
         for step in range(len(queues)):
             index = (start + step) % len(queues)
-            if self._due.get(queues[index], 0) > 0:
+            if self._due.get(queues[index], 0) > 0 and (usable is None or usable(queues[index])):
                 return index
         return None
 
-    def maybe_work(self, queues: Sequence[str], start: int) -> int | None:
-        """The first of ``queues`` from index ``start`` on not known to be empty; those passed over
-        for being empty are not known any more (the next pass looks at them). None: every one was
-        known empty (each is looked at on the next call)."""
+    def maybe_work(self, queues: Sequence[str], start: int, usable: Usable | None = None) -> int | None:
+        """The first of ``queues`` from index ``start`` on not known to be empty, of those
+        ``usable`` allows (the others are passed over as they are); those passed over for being
+        empty are not known any more (the next pass looks at them). None: every one was known
+        empty or not usable (each empty one is looked at on the next call)."""
         for step in range(len(queues)):
             index = (start + step) % len(queues)
             if self._due.get(queues[index]) == 0:
                 del self._due[queues[index]]
+                continue
+            if usable is not None and not usable(queues[index]):
                 continue
             return index
         return None

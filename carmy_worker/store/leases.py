@@ -139,6 +139,14 @@ DEADLINE_TICK_S = 0.25
 # was to end is bounded by its own deadline (``WAIT_GRACE_S``).
 UNBLOCK_TIMEOUT_S = 0.5
 
+# A LEASE sent on its own (``Leases.take``: a freed slot's, or where a reply said work is due, from
+# the worker's main loop) is given up after this long without a reply, connecting to the node
+# included: the worker's client has no reply timeout, and one sent to a primary that hangs held the
+# loop, and every partition's calls with it, until the node woke. A LEASE answers in well under a
+# millisecond; the API gives its SUBMIT as long. One given up may have run: what it leased and
+# claimed nobody here holds, and the heartbeat hands it back, as for any LEASE whose reply was lost.
+TAKE_TIMEOUT_S = 1.0
+
 # How far down the queue a LEASE sent with a SETTLE looks: past a job another worker's lease still
 # holds, but not over the whole backlog (checking each job there is most of a full LEASE's cost).
 HANDOFF_LOOK_AHEAD = 4
@@ -180,7 +188,7 @@ class Leases:
 
     def __init__(self, redis: Redis, worker_id: str, *, durability: Durability | None = None) -> None:
         # It claims: a claim a failover loses resets the attempt count (store.durable).
-        self._lease = bind(redis, LEASE, durability=durability)
+        self._lease = bind(redis, LEASE, durability=durability, within=TAKE_TIMEOUT_S)
         self._finish = bind(redis, FINISH)
         self.worker_id = worker_id
         # Per partition: the worker's leases hash and running set there.
@@ -191,8 +199,9 @@ class Leases:
         self._calls = itertools.count(secrets.randbits(48))
         # Where work was last seen due, from every LEASE's reply: where the next LEASE goes.
         self.hints = DueHints()
-        # The partitions whose waits failed lately (a cluster's primary down): an idle worker's
-        # wait on every partition leaves them out for a while (``store.wakeups``).
+        # The partitions whose LEASEs failed lately (a cluster's primary down or hung): an idle
+        # worker's wait on every partition leaves them out for a while (``store.wakeups``), and
+        # a LEASE outside the waits goes only where the last call answered (``answering``).
         self.reach = Reach("worker", log)
         # The deadlines of its waits (``WAIT_GRACE_S``), on one timer rather than one each: a
         # timer per wait was a few µs of every call at one client.
@@ -203,10 +212,30 @@ class Leases:
     async def take(self, queue: str, *, most: int, lease_ms: int, look_ahead: int) -> list[Lease]:
         """Up to ``most`` due jobs of ``queue``, leased for ``lease_ms``, with their arq job read
         and their execution claimed by this worker; the wake list then holds one token per job
-        still due."""
+        still due. No reply within ``TAKE_TIMEOUT_S`` fails as a lost connection does. Over
+        several partitions a LEASE that fails takes nothing and pauses its partition (``reach``):
+        the others go on; over one, the error is raised."""
+        taken = await self.reach.run(_cell(queue).partition,
+                                     functools.partial(self._take, queue, most, lease_ms, look_ahead))
+        return taken or []
+
+    async def _take(self, queue: str, most: int, lease_ms: int, look_ahead: int) -> list[Lease]:
         keys_, args, prefix = self._call(queue, most, lease_ms, look_ahead)
         sent_at = time.monotonic()
         return self.read(await self._lease(keys=keys_, args=args), queue, prefix, sent_at)
+
+    def answering(self, queue: str) -> bool:
+        """Whether ``queue``'s partition answered the last LEASE sent there (or none failed): a
+        LEASE outside the waits goes only to such a one, since it holds up the worker's loop
+        until it is answered or given up. One that failed is tried again by the waits alone
+        (side by side, each bounded: ``store.wakeups``), until one is answered there."""
+        return not self.reach.any_down or self.reach.answers(_cell(queue).partition)
+
+    def failed(self, queue: str, exc: BaseException) -> None:
+        """A LEASE of ``queue`` sent outside ``take`` and the waits (a SETTLE's) failed: over
+        several partitions, its partition is paused as ``take`` would."""
+        if keys.partition_count() > 1 and isinstance(exc, RedisError | OSError):
+            self.reach.failed(_cell(queue).partition, exc)
 
     async def wait_and_take(self, redis: Redis, queue: str, *, timeout: float, most: int, lease_ms: int,
                             look_ahead: int, blocked: Callable[[int], None] | None = None) -> list[Lease]:
@@ -241,8 +270,8 @@ class Leases:
             except BaseException:
                 await conn.disconnect()  # a reply may be left unread: the next wait connects again
                 raise
-        if reply is None:
-            return await self.take(queue, most=most, lease_ms=lease_ms, look_ahead=look_ahead)
+        if reply is None:  # Redis did not know LEASE (it did not run): sent alone, once loaded
+            return await self._take(queue, most, lease_ms, look_ahead)
         return self.read(reply, queue, prefix, sent_at)
 
     async def _waiting_connection(self, redis: Redis, queue: str) -> AbstractConnection:
@@ -396,6 +425,7 @@ class Handoff(FollowUp):
             # It may have run: the heartbeat finds a lease and a claim nobody holds, as for any
             # LEASE whose reply was lost, and hands them back.
             log.warning("the LEASE sent with a SETTLE failed (%s); the next job waits for the next look", exc)
+            self._leases.failed(self._queue, exc)
             return
         self._on_taken(self._leases.read(reply.result(), self._queue, self._prefix, self._sent_at))
 

@@ -65,6 +65,10 @@ class Reach:
         again = self._down.get(partition)
         return again is None or self._clock() >= again
 
+    def answers(self, partition: int) -> bool:
+        """Whether ``partition`` answered since it last failed (or never failed)."""
+        return partition not in self._down
+
     def partitions(self) -> list[int]:
         """The partitions to try now, in order."""
         return [p for p in keys.partitions() if self.reachable(p)]

@@ -12,7 +12,9 @@ How a call goes out is said once, when it is bound, and nowhere else:
 * alone: ``EVALSHA`` on a connection of the client's pool;
 * with ``durability`` (``CARMY_REDIS_WAIT_REPLICAS`` > 0): ``EVALSHA`` then ``WAIT`` in one round
   trip on one connection (``store.durable``), on a cluster one of the slot's primary;
-* in a ``batch``: written with the other calls of its turn of the event loop (``store.batch``).
+* in a ``batch``: written with the other calls of its turn of the event loop (``store.batch``);
+* alone, ``within`` a bound: each reply, connecting included, within that many seconds on a
+  client without a reply timeout (``replied_within``: the worker's LEASE outside its waits).
 
 Whichever way, a ``NOSCRIPT`` reply (a new primary after a failover, a restarted Redis, a flushed
 script cache: nothing ran) loads the script and runs it once more, in ``run``. The three places
@@ -36,7 +38,7 @@ from redis.cluster import RedisCluster as SyncCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, RedisError
 
-from carmy_worker.store.cluster import LazySyncCluster, StoreCluster
+from carmy_worker.store.cluster import LazySyncCluster, StoreCluster, replies_within
 from carmy_worker.store.durable import run_durable_on_node
 
 if TYPE_CHECKING:
@@ -67,6 +69,21 @@ async def answered_within(seconds: float, what: str = "no reply") -> AsyncIterat
             yield
     except TimeoutError:
         raise hung(what, seconds) from None
+
+
+@contextlib.asynccontextmanager
+async def replied_within(redis: Redis, seconds: float, what: str = "no reply") -> AsyncIterator[None]:
+    """The block's commands on ``redis`` given up after ``seconds``, connecting included, with
+    the error of a lost connection (what was sent may have run): on one Redis the block as a
+    whole (``answered_within``); on a cluster each node's own exchange, as a socket timeout
+    would end it (``cluster.replies_within``), since a cancellation during the reload of the
+    slot table before it would close the connections of every node."""
+    if isinstance(redis, StoreCluster):
+        with replies_within(seconds):
+            yield
+    else:
+        async with answered_within(seconds, what):
+            yield
 
 
 class Script:
@@ -100,15 +117,19 @@ SCRIPTS: dict[str, Script] = {}
 
 
 async def run(redis: Redis, script: Script, keys: list[Any], args: list[Any],
-              durability: Durability | None = None) -> Any:
+              durability: Durability | None = None, within: float | None = None) -> Any:
     """Run ``script`` once: ``EVALSHA``, loading it first if Redis does not know it; with
     ``durability``, ``WAIT`` for its replicas in the same round trip (``store.durable``), both
     replies within ``DURABLE_STALL_S`` plus the ``WAIT``'s own timeout (``ConnectionError``
-    past it: the script may have run)."""
+    past it: the script may have run); else, ``within``: each reply within that many seconds
+    (``replied_within``)."""
     if durability is not None and durability.replicas:
         async with answered_within(DURABLE_STALL_S + durability.timeout_ms / 1000,
                                    f"no reply to {script.name} and its WAIT"):
             return await _run(redis, script, keys, args, durability)
+    if within is not None:
+        async with replied_within(redis, within, f"no reply to {script.name}"):
+            return await _run(redis, script, keys, args, None)
     return await _run(redis, script, keys, args, None)
 
 
@@ -166,14 +187,16 @@ class Runs:
     """``script`` bound to a client and to the way its calls go out; called with its keys and
     arguments, like a redis-py script. Made by ``bind``."""
 
-    __slots__ = ("batch", "durability", "redis", "script")
+    __slots__ = ("batch", "durability", "redis", "script", "within")
 
-    def __init__(self, redis: Redis, script: Script, durability: Durability | None, batch: Batch | None) -> None:
+    def __init__(self, redis: Redis, script: Script, durability: Durability | None, batch: Batch | None,
+                 within: float | None = None) -> None:
         self.redis = redis
         self.script = script
         self.durability = durability if durability is not None and durability.replicas else None
         # Calls that wait for replicas keep their own round trip and WAIT: never batched.
         self.batch = batch if self.durability is None else None
+        self.within = within
 
     async def __call__(self, keys: list[Any], args: list[Any]) -> Any:
         return await self.queue(keys, args)
@@ -187,11 +210,11 @@ class Runs:
             return self.batch.call(self.script, keys, args, sent=sent, before=before)
         if before is not None:
             return self._run_after(before, keys, args)
-        return run(self.redis, self.script, keys, args, self.durability)
+        return run(self.redis, self.script, keys, args, self.durability, self.within)
 
     async def _run_after(self, before: tuple[Any, ...], keys: list[Any], args: list[Any]) -> Any:
         await send_before(self.redis, before)
-        return await run(self.redis, self.script, keys, args, self.durability)
+        return await run(self.redis, self.script, keys, args, self.durability, self.within)
 
     @property
     def batched(self) -> bool:
@@ -221,10 +244,12 @@ async def send_before(redis: Redis, before: tuple[Any, ...]) -> None:
         await redis.execute_command(*before)
 
 
-def bind(redis: Redis, script: Script, *, durability: Durability | None = None, batch: Batch | None = None) -> Runs:
+def bind(redis: Redis, script: Script, *, durability: Durability | None = None, batch: Batch | None = None,
+         within: float | None = None) -> Runs:
     """``script`` run on ``redis``: alone, waiting for ``durability``'s replicas, or in ``batch``
-    (unless it waits for replicas)."""
-    return Runs(redis, script, durability, batch)
+    (unless it waits for replicas); alone and not waiting for replicas, ``within`` bounds each
+    reply (``run``)."""
+    return Runs(redis, script, durability, batch, within)
 
 
 class SyncRuns:

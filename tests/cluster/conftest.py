@@ -9,7 +9,9 @@ one with other bounds).
 
 ``cluster_stack`` starts the real API and worker processes against it (``ClusterStack``), with
 ``CARMY_REDIS_PARTITIONS`` taken from this run's environment (1 without it): the same tests then
-run at any partition count."""
+run at any partition count. ``stack_beside_a_fault`` is one of 16 partitions on
+``slow_to_fail_over``: the partitions of a primary killed or stopped are never served elsewhere,
+and the others spread over the other primaries."""
 
 from __future__ import annotations
 
@@ -135,3 +137,21 @@ def fresh_cluster_stack(redis_cluster: LocalCluster) -> Iterator[ClusterStack]:
     """The same for one test (one that kills processes or nodes)."""
     with cluster_stack_on(redis_cluster) as stack:
         yield stack
+
+
+# The partitions of ``stack_beside_a_fault``: spread over the three primaries (7/5/4 as created).
+PARTITIONS_BESIDE_A_FAULT = 16
+
+
+@pytest.fixture
+def stack_beside_a_fault(slow_to_fail_over: LocalCluster) -> Iterator[ClusterStack]:
+    """A ``ClusterStack`` of ``PARTITIONS_BESIDE_A_FAULT`` partitions on ``slow_to_fail_over``,
+    none started yet."""
+    flush(slow_to_fail_over)
+    tmp = new_tmp()
+    stack = ClusterStack(slow_to_fail_over, tmp, partitions=PARTITIONS_BESIDE_A_FAULT)
+    try:
+        yield stack
+    finally:
+        stack.close()
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -9,9 +9,6 @@ node refused connections, and every new call, whatever its partition, was refuse
 
 from __future__ import annotations
 
-import shutil
-from collections.abc import Iterator
-
 import httpx
 import pytest
 from redis.crc import key_slot
@@ -19,30 +16,18 @@ from redis.crc import key_slot
 from bench.localcluster import LocalCluster
 from carmy_worker.store import keys
 from tests.cells import partitions
-from tests.cluster.conftest import ClusterStack, flush
-from tests.support import new_tmp, wait_until
+from tests.cluster.conftest import PARTITIONS_BESIDE_A_FAULT as PARTITIONS
+from tests.cluster.conftest import ClusterStack
+from tests.support import wait_until
 
 pytestmark = pytest.mark.slow
 
-PARTITIONS = 16
 CALLS = 64
 
 
-@pytest.fixture
-def stack(slow_to_fail_over: LocalCluster) -> Iterator[ClusterStack]:
-    flush(slow_to_fail_over)
-    tmp = new_tmp()
-    stack = ClusterStack(slow_to_fail_over, tmp, partitions=PARTITIONS)
-    try:
-        yield stack
-    finally:
-        stack.close()
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
 def test_the_partitions_of_the_primaries_still_up_answer_while_another_is_dead(
-        slow_to_fail_over: LocalCluster, stack: ClusterStack) -> None:
-    cluster = slow_to_fail_over
+        slow_to_fail_over: LocalCluster, stack_beside_a_fault: ClusterStack) -> None:
+    cluster, stack = slow_to_fail_over, stack_beside_a_fault
     stack.worker()
     _, base = stack.api()
     wait_until(lambda: httpx.get(base + "/ready").status_code == 200, what="API ready")

@@ -26,8 +26,11 @@ from carmy_worker.store.cluster import (
 STATEMENTS = {
     # StoreCluster.ERRORS_ALLOW_RETRY decides what a command is sent again after.
     RedisCluster.execute_command: ("if retry_attempts > 0 and type(e) in self.__class__.ERRORS_ALLOW_RETRY:",),
-    # StoreCluster.aclose, called here mid-command, only marks the table for rebuilding.
-    RedisCluster._execute_command: ("await self.aclose()", "return await target_node.execute_command(*args, **kwargs)"),
+    # StoreCluster.aclose, called here mid-command, only marks the table for rebuilding; a node's
+    # TimeoutError (replies_within's) is a lost connection's: the node asked last for the next table.
+    RedisCluster._execute_command: ("await self.aclose()", "return await target_node.execute_command(*args, **kwargs)",
+                                    "except (ConnectionError, TimeoutError):",
+                                    "self.nodes_manager.startup_nodes.pop(target_node.name, None)"),
     # StoreCommands is the client's table of commands, which every reload of the slot table asks
     # for (of the table's first primary) while it holds the reload's lock; it asks COMMAND as
     # redis-py does, of one node; an unknown command asks again, COMMAND GETKEYS of that node.

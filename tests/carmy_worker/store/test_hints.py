@@ -39,3 +39,17 @@ def test_the_last_count_seen_is_what_counts() -> None:
     hints.seen("q0", 5)
     hints.seen("q0", 0)
     assert hints.with_work(QUEUES, 0) is None and hints.maybe_work(QUEUES, 0) == 1
+
+
+def test_a_queue_not_usable_is_passed_over_as_it_is() -> None:
+    """A partition whose last LEASE failed (``Leases.answering``) gets no LEASE outside the waits:
+    it is passed over, what is known of it kept for when it answers again."""
+    hints = DueHints()
+    hints.seen("q1", 2)
+    hints.seen("q2", 0)
+    hints.seen("q3", 1)
+    usable = lambda queue: queue != "q1"  # noqa: E731
+    assert hints.with_work(QUEUES, 0, usable) == 3
+    assert hints.maybe_work(QUEUES, 1, usable) == 3  # q1 passed over, q2 known empty (now not known)
+    assert hints.maybe_work(QUEUES, 1, lambda queue: False) is None
+    assert hints.with_work(QUEUES, 0) == 1 and hints.maybe_work(QUEUES, 1) == 1  # q1's count kept

@@ -13,6 +13,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 import pytest
+import redis
 import redis.asyncio
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -22,10 +23,12 @@ from carmy_worker.store import batch, jobs, keys, leases, scripts
 from carmy_worker.store.durable import Durability
 from carmy_worker.store.janitor import Janitor
 from carmy_worker.store.leases import WAIT_GRACE_S, Leases
+from carmy_worker.store.roster import Claims, SyncLiveness
 from carmy_worker.store.scripts import Script
 from carmy_worker.store.submit import Submit
+from carmy_worker.store.verdicts import Verdicts
 from carmy_worker.wire import ExecutionJob
-from tests.support import private_redis
+from tests.support import private_redis, wait_until
 
 GROUP = "hung"
 
@@ -57,6 +60,62 @@ async def test_a_wait_on_a_hung_redis_fails_on_its_deadline_and_the_next_takes_w
             taken = await leases.wait_and_take(client, queue, timeout=5, most=1, lease_ms=60_000, look_ahead=10)
             assert [lease.job_id for lease in taken] == [exec_id]
         finally:
+            await client.aclose()
+
+
+async def submitted(client: redis.asyncio.Redis, *, idempotent: bool) -> str:
+    """A new execution of partition 0, queued for ``GROUP``."""
+    exec_id = keys.new_execution_id(0)
+    got = await Submit(client, retention=600)(
+        ExecutionJob(execution_id=exec_id, tool="t", arguments=b"{}"), group=GROUP, idempotent=idempotent,
+        workers_alive=True, max_pending=100, queue_wait_ms=60_000, admission_ms=60_000)
+    assert got.kind == "new"
+    return exec_id
+
+
+async def test_a_lease_given_up_on_a_hung_redis_runs_as_it_wakes_and_is_handed_back_to_run_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A LEASE a worker sends outside its waits (``Leases.take``) is given up after its bound on a
+    Redis that hangs, where it used to wait for Redis to wake. Redis took it in, and runs it as
+    it wakes: a non-idempotent execution is then claimed by, and its job leased to, a worker that
+    does not know it. Its heartbeats hand them back as for any LEASE whose reply was lost (two full
+    beats: the stray reaped, its tool never began, so it is queued again; the orphaned lease
+    released), and the next LEASE runs it: once, as attempt 2."""
+    monkeypatch.setattr(leases, "TAKE_TIMEOUT_S", 0.5)
+    queue = jobs.queue_name(GROUP, 0)
+    with private_redis() as server:
+        client = redis.asyncio.Redis.from_url(server.url)
+        r = redis.Redis.from_url(server.url)
+        given_up, other = Leases(client, "w-given-up"), Leases(client, "w-other")
+        try:
+            assert await given_up.take(queue, most=1, lease_ms=60_000, look_ahead=10) == []  # LEASE loaded
+            exec_id = await submitted(client, idempotent=False)
+            server.pause()
+            started = time.monotonic()
+            try:
+                with pytest.raises(RedisConnectionError, match="no reply to LEASE"):
+                    async with asyncio.timeout(30):  # the test's bound: it used to wait for Redis to wake
+                        await given_up.take(queue, most=1, lease_ms=60_000, look_ahead=10)
+                waited = time.monotonic() - started
+            finally:
+                server.resume()
+            assert 0.5 - 0.05 <= waited < 0.5 + 5
+            wait_until(lambda: r.sismember(keys.running("w-given-up", 0), exec_id), what="the LEASE run as Redis woke")
+            assert r.hexists(keys.leases("w-given-up", 0), exec_id)
+            assert await other.take(queue, most=1, lease_ms=60_000, look_ahead=10) == []  # held by that lease
+            liveness = SyncLiveness(r, dead_after=3.0)
+            first = liveness.heartbeat("w-given-up", claims=Claims())  # the worker holds nothing
+            assert [s.execution_id for s in first.strays] == [exec_id]
+            assert [o.job_id for o in first.orphans] == [exec_id]
+            second = liveness.heartbeat("w-given-up", claims=Claims(release=first.orphans))
+            assert second.strays == first.strays  # confirmed: the worker reaps it (Runtime.reap_stray)
+            assert await Verdicts(client, retention=600).reap(exec_id, "t", worker_id="w-given-up",
+                                                              why="never recorded", attempt=1) == "requeued"
+            [lease] = await other.take(queue, most=1, lease_ms=60_000, look_ahead=10)
+            assert lease.job_id == exec_id and lease.claim is not None
+            assert (lease.claim.verdict, lease.claim.attempt) == ("run", 2)
+        finally:
+            r.close()
             await client.aclose()
 
 

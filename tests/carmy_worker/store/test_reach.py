@@ -46,10 +46,11 @@ async def test_a_failed_partition_is_paused_then_tried_again(caplog: pytest.LogC
         assert await reach.run(2, answered(calls, 2)) is None  # paused: not even tried
         assert calls == [2, 1]
         clock.now += 1.0
+        assert reach.reachable(2) and not reach.answers(2)  # to be tried again; it has not answered yet
         assert await reach.run(2, refused(calls, 2)) is None  # tried again, and down again
         clock.now += 1.0
         assert await reach.run(2, answered(calls, 2)) == "p2"
-        assert not reach.any_down and reach.partitions() == [0, 1, 2, 3]
+        assert not reach.any_down and reach.partitions() == [0, 1, 2, 3] and reach.answers(2)
     assert calls == [2, 1, 2, 2]
     lines = [r.getMessage() for r in caplog.records]
     assert len([m for m in lines if "partition 2 unreachable" in m]) == 1  # once per outage
