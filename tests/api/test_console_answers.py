@@ -15,23 +15,18 @@ import pytest
 from api.app import create_app
 from api.calling.jobs import Jobs
 from api.console.session import Signer
-from api.settings import ApiKey, ApiSettings
+from api.settings import ApiSettings
 from tests.api.test_console import CSP, InlineFinder, sign_in
+from tests.api.test_console_pages import OPERATOR_KEY, PAGE, UNKNOWN_EXEC, UNKNOWN_JOB, console_settings
 from tests.conftest import asgi_client
 from tests.support import Proc, Stack, app_settings
 
-OPERATOR_KEY = "operator-key-0123456789"
-PAGE = {"accept": "text/html,application/xhtml+xml"}
-UNKNOWN_EXEC = "exec_00000000-0000-4000-8000-000000000000"
-UNKNOWN_JOB = "job_00000000-0000-4000-8000-000000000000"
 NO_REDIS = "redis://127.0.0.1:1/0"
 
 
 @pytest.fixture(scope="module")
 def api_settings(stack: Stack) -> ApiSettings:
-    return app_settings(stack.redis_url, console=True, console_secret="s" * 40, api_keys={
-        OPERATOR_KEY: ApiKey(principal="olga", permissions=frozenset({"carmy:operator"})),
-    })
+    return console_settings(stack.redis_url)
 
 
 @pytest.fixture

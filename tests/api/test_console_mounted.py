@@ -12,24 +12,18 @@ import httpx
 import pytest
 from starlette.applications import Starlette
 
-from api.settings import ApiKey, ApiSettings
+from api.settings import ApiSettings
 from tests.api.test_console import csrf_of
+from tests.api.test_console_pages import AGENT_KEY, OPERATOR_KEY, ORIGIN, PAGE, console_settings
 from tests.api.test_embedded import host_app
-from tests.support import Proc, Stack, app_settings
+from tests.support import Proc, Stack
 
-OPERATOR_KEY = "operator-key-0123456789"
-AGENT_KEY = "agent-key-0123456789abc"
-PAGE = {"accept": "text/html,application/xhtml+xml"}
-ORIGIN = {"origin": "http://localhost"}
 PREFIX = "/carmy/console"
 
 
 @pytest.fixture(scope="module")
 def api_settings(stack: Stack) -> ApiSettings:
-    return app_settings(stack.redis_url, console=True, console_secret="s" * 40, api_keys={
-        OPERATOR_KEY: ApiKey(principal="olga", permissions=frozenset({"carmy:operator"})),
-        AGENT_KEY: ApiKey(principal="agent"),
-    })
+    return console_settings(stack.redis_url)
 
 
 @pytest.fixture(scope="module")

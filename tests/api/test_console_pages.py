@@ -38,12 +38,17 @@ UNKNOWN_EXEC = "exec_00000000-0000-4000-8000-000000000000"
 UNKNOWN_JOB = "job_00000000-0000-4000-8000-000000000000"
 
 
-@pytest.fixture(scope="module")
-def api_settings(stack: Stack) -> ApiSettings:
-    return app_settings(stack.redis_url, console=True, console_secret="s" * 40, api_keys={
+def console_settings(redis_url: str) -> ApiSettings:
+    """The console on, an operator's key and an agent's (the console's other tests' too)."""
+    return app_settings(redis_url, console=True, console_secret="s" * 40, api_keys={
         OPERATOR_KEY: ApiKey(principal="olga", permissions=frozenset({"carmy:operator"})),
         AGENT_KEY: ApiKey(principal="agent"),
     })
+
+
+@pytest.fixture(scope="module")
+def api_settings(stack: Stack) -> ApiSettings:
+    return console_settings(stack.redis_url)
 
 
 @pytest.fixture(scope="module")
