@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
+from collections.abc import Callable
 
 import httpx
 import redis
@@ -39,6 +40,17 @@ def the_group_is_gone(r: redis.Redis, group: str) -> bool:
                    or r.zscore(keys.groups(p), group) is not None for p in keys.partitions())
 
 
+async def sweeping_until(janitor: Janitor, done: Callable[[], bool], what: str) -> None:
+    """Sweeps of the test's own janitor until ``done()``: the only worker is paused, then gone, so
+    no janitor of a process of the test's would run (another test's workers, on the same Redis
+    earlier in the session, were what settled the calls when this test relied on them)."""
+    deadline = time.monotonic() + 30
+    while not done():
+        assert time.monotonic() < deadline, f"{what}: not within 30 s"
+        await janitor.sweep()
+        await asyncio.sleep(0.2)
+
+
 async def test_a_deploys_old_group_keeps_its_answers_and_loses_its_queues(
         fresh_stack: Stack, sync_redis: redis.Redis, redis_server: RedisServer) -> None:
     stack, r = fresh_stack, sync_redis
@@ -48,27 +60,23 @@ async def test_a_deploys_old_group_keeps_its_answers_and_loses_its_queues(
     old_group = group_of_the_only_worker(r)
     (worker_id,) = r.zrange(keys.workers(0), 0, -1)
 
-    paused_just_after_a_beat(r, old, worker_id)
-    calls = [Call(base, {"tool": "linger", "arguments": {"seconds": 0.1, "tag": f"late-{n}"}}) for n in range(2)]
-    answers = [call.result() for call in calls]
-    assert [a.status_code for a in answers] == [504, 504], [a.text for a in answers]
-    ids = [a.json()["execution_id"] for a in answers]
-    # Settled by a janitor, and left in the old group's queue for a claim that will not come.
-    for exec_id in ids:
-        assert r.zscore(jobs.queue_name(old_group, keys.partition_of(exec_id)), exec_id) is not None
-
-    old.kill()
-    stack.worker(env={"CARMY_DEFAULT_TIMEOUT": "31"})  # the deploy: a definition changed, a new group
-    wait_until(lambda: r.zcard(keys.groups(0)) == 2, what="the new group listed")
-
     client = redis.asyncio.Redis.from_url(redis_server.url)
     janitor = Janitor(client, retention=86400, dead_after=3.0, memory=MEMORY_S)
-    deadline = time.monotonic() + 30
     try:
-        while not the_group_is_gone(r, old_group):
-            assert time.monotonic() < deadline, "the old group's queues are still there"
-            await janitor.sweep()
-            await asyncio.sleep(0.2)
+        paused_just_after_a_beat(r, old, worker_id)
+        calls = [Call(base, {"tool": "linger", "arguments": {"seconds": 0.1, "tag": f"late-{n}"}}) for n in range(2)]
+        await sweeping_until(janitor, lambda: all(not call.is_alive() for call in calls), "the calls answered")
+        answers = [call.result() for call in calls]
+        assert [a.status_code for a in answers] == [504, 504], [a.text for a in answers]
+        ids = [a.json()["execution_id"] for a in answers]
+        # Settled by the janitor, and left in the old group's queue for a claim that will not come.
+        for exec_id in ids:
+            assert r.zscore(jobs.queue_name(old_group, keys.partition_of(exec_id)), exec_id) is not None
+
+        old.kill()
+        stack.worker(env={"CARMY_DEFAULT_TIMEOUT": "31"})  # the deploy: a definition changed, a new group
+        wait_until(lambda: r.zcard(keys.groups(0)) == 2, what="the new group listed")
+        await sweeping_until(janitor, lambda: the_group_is_gone(r, old_group), "the old group's queues gone")
     finally:
         await client.aclose()
     for exec_id in ids:  # the answers stay, for their retention
