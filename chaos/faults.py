@@ -55,8 +55,8 @@ OPTION: dict[RedisKind, str] = {"single": "no --sentinel nor --cluster", "sentin
 
 # Played only when named (``--faults``): a ``deploy`` whose old release loses its last worker to a
 # ``kill -9`` while it runs an idempotent job's attempt leaves that attempt in the old group's
-# queue, answered once the group is gone, an hour on (store.groups): longer than a run, whose job
-# rows then count the job lost (chaos/README.md, "The deploy fault").
+# queue, answered once its start window (a job's: an hour) has passed again: longer than a run,
+# whose job rows then count the job lost (chaos/README.md, "The deploy fault").
 OPT_IN: frozenset[FaultKind] = frozenset({"deploy"})
 
 

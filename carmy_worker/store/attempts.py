@@ -103,8 +103,8 @@ return {verdict, attempt, waited}
 # (store.jobstore), in the same script, so that no job waits on a record nobody reads; and the
 # execution's audit entry is appended (store.audit), so that none finishes without one.
 # The queued set is not touched: the attempt it presents was claimed, and every claim (CLAIM_ONE,
-# HEARTBEAT's claim again) took the execution out of it in the same script, and nothing puts an
-# execution back (REAP's requeue leaves it out: the janitor's late scan is for never-claimed ones).
+# HEARTBEAT's claim again) took the execution out of it in the same script; what puts one back
+# (REAP's requeue, with a start-by of its own) also ends the attempt, which then writes nothing.
 # One HMGET reads what it decides on and what its audit entry tells (lua.AUDITED, first: `h` is
 # what `audit_from` takes; the entry's `job` and `worker`, h[2] and h[6], are SETTLE's too).
 # A large record is not an argument (store.staging): the worker has written it to the staged

@@ -11,8 +11,9 @@ its worker's group there, before the worker is listed as alive, so a group is li
 call can be queued to it. A group no worker has marked for the janitor's memory (an hour, as for
 a departed worker) is gone: the janitor takes out of its queue, a slice at a time, the entries no
 worker could run any more (what a claim would drop: the execution settled, or gone), and once the
-queue is empty, drops the wake list and forgets the group. An execution still queued there (one
-put back when its worker died: REAP) has no worker left to take it after an hour with none: the
+queue is empty, drops the wake list and forgets the group. An execution still queued there after an
+hour with no worker (one put back when its worker died, REAP, whose start window is longer than
+that, or whose REAP, by an older release, gave it none) has no worker left to take it: the
 janitor settles it (``Verdicts.expire_abandoned``: ``TIMEOUT``, safe to run again, so a job's
 attempt is tried again on the workers serving its tool now), and the group is looked at again
 ``RECHECK_S`` later, when its entry goes; one of its workers that comes back marks it again, and

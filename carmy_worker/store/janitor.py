@@ -74,8 +74,10 @@ for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now - tonumber(
 end
 local late = {}
 for _, e in ipairs(redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now, 'LIMIT', 0, 100)) do
+  local h = redis.call('HMGET', ARGV[4] .. e, 'tool', 'reaped')
   table.insert(late, e)
-  table.insert(late, redis.call('HGET', ARGV[4] .. e, 'tool') or '')
+  table.insert(late, h[1] or '')
+  table.insert(late, h[2] or '')
 end
 return {held, late, released, gone(KEYS[5], tonumber(ARGV[2]))}
 """)
@@ -94,6 +96,7 @@ class Late(Struct):
 
     execution_id: str
     tool: str
+    reaped: str  # the attempt REAP took back when it put the execution back in the queue, or ''
 
 
 class Gone(Struct):
@@ -153,7 +156,7 @@ class Janitor:
         late = [v.decode() for reply in replies.values() for v in reply[1]]
         return Scan(
             held=[Held(*held[i:i + 3]) for i in range(0, len(held), 3)],
-            late=[Late(*late[i:i + 2]) for i in range(0, len(late), 2)],
+            late=[Late(*late[i:i + 3]) for i in range(0, len(late), 3)],
             released=[job.decode() for reply in replies.values() for job in reply[2]],
             gone=[Gone(reply[3][i].decode(), p, reply[3][i + 1]) for p, reply in replies.items()
                   for i in range(0, len(reply[3]), 2)],
@@ -177,8 +180,9 @@ class Janitor:
             log.warning("job %s, leased by a dead worker and never started, is back in the queue", job)
         acted = len(found.held) + len(found.released)
         for late in found.late:
-            if await self._verdicts.expire_unstarted(late.execution_id, late.tool):
-                log.warning("execution %s never started before its deadline", late.execution_id)
+            if await self._verdicts.expire_unstarted(late.execution_id, late.tool, requeued=bool(late.reaped)):
+                log.warning("execution %s never started%s before its deadline", late.execution_id,
+                            " again" if late.reaped else "")
                 acted += 1
         await self._audit.trim(max_entries=self._audit_bounds.max_entries, retention_s=self._audit_bounds.retention)
         for gone in found.gone:

@@ -105,6 +105,15 @@ def never_started(exec_id: str, tool: str) -> Record:
     ), rerun_safe=True)
 
 
+def not_restarted(exec_id: str, tool: str) -> Record:
+    """An execution put back in the queue when its worker stopped (REAP: only one that may run
+    again is) that no worker started again within its start window, counted from then."""
+    return failed(exec_id, tool, error(
+        "TIMEOUT", "The execution's worker stopped before it finished; it was put back in the queue, and no "
+        "worker started it again before its start deadline.",
+    ), rerun_safe=True)
+
+
 def abandoned_in_queue(exec_id: str, tool: str) -> Record:
     """A queued execution whose workers are all gone (a deploy replaced their tool definitions):
     nothing will take it from its queue. Only what may run again waits there (REAP settles the

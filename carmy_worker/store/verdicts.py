@@ -1,6 +1,7 @@
 """Records imposed on an execution by someone other than the attempt that runs it: a caller's
 CANCEL, the janitor's REAP of an execution whose worker died (or a worker giving one back as it
-stops), and EXPIRE_UNSTARTED for one that waited in the queue past its start-by instant."""
+stops), and EXPIRE_UNSTARTED for one that waited in the queue past its start-by instant (SUBMIT's,
+or the one REAP gave it when it put it back)."""
 
 from __future__ import annotations
 
@@ -39,11 +40,16 @@ return 'cancelled'
 # uncertain first, so the re-delivered job finds it settled and never runs the tool a second
 # time (so is one whose job is gone: nothing could run it again).
 # The worker loses it in its set of losses (lua.LOSE), for its heartbeat if it is only paused.
+# One put back waits again as one SUBMIT queued does, for as long as SUBMIT gave it (its start-by
+# less when it was queued, or last put back), from now: back in the queued set with that start-by,
+# so that the janitor settles it (EXPIRE_UNSTARTED) if no worker starts it again in time, as when
+# its group's last worker was the one that died.
 # KEYS: exe, record, pending, running set, arq in-progress key, leases hash, arq job key,
-#       jobs' settled executions, audit trail, the partition's counts, the worker's losses
+#       jobs' settled executions, audit trail, the partition's counts, the worker's losses, queued set
 # ARGV: exec_id, worker_id, record, retention s, events channel, final event, metrics label, attempt or ''
-REAP = Script("REAP", ACCEPTED_WORK + IMPOSE + LOSE + jobs.DUE_AGAIN + """
-local h = redis.call('HMGET', KEYS[1], 'worker', 'state', 'idem', 'wake', 'attempt', 'began')
+REAP = Script("REAP", ACCEPTED_WORK + NOW + IMPOSE + LOSE + jobs.DUE_AGAIN + """
+local h = redis.call('HMGET', KEYS[1], 'worker', 'state', 'idem', 'wake', 'attempt', 'began', 'start_by', 'queued_at',
+                     'requeued_at')
 if ARGV[8] ~= '' and h[5] ~= ARGV[8] then return 'moved' end
 redis.call('SREM', KEYS[4], ARGV[1])
 local token = redis.call('HGET', KEYS[6], ARGV[1])
@@ -56,16 +62,18 @@ if not token or redis.call('GET', KEYS[5]) == token then
   if h[4] then due_again(h[4], ARGV[1]) end
 end
 if (h[3] == '1' or not h[6]) and redis.call('EXISTS', KEYS[7]) == 1 then
-  redis.call('HSET', KEYS[1], 'state', 'queued', 'reaped', h[5])
+  local start_by = int(now + tonumber(h[7] or now) - tonumber(h[9] or h[8] or now))
+  redis.call('HSET', KEYS[1], 'state', 'queued', 'reaped', h[5], 'start_by', start_by, 'requeued_at', int(now))
+  redis.call('ZADD', KEYS[12], start_by, ARGV[1])
   return 'requeued'
 end
 impose(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], KEYS[8], KEYS[9], KEYS[10])
 return 'uncertain'
 """)
 
-# An accepted execution that no worker started before its start-by instant; or (ARGV[7] = '1')
-# one still queued in the queue of a group no worker serves any more (store.groups), whatever its
-# start-by: put back in the queue when its worker died (REAP), it has none left to wait for.
+# An accepted execution that no worker started before its start-by instant (SUBMIT's, PROMOTE's,
+# or REAP's when it put it back); or (ARGV[7] = '1') one still queued in the queue of a group no
+# worker serves any more (store.groups), whatever its start-by: it has no worker left to wait for.
 # KEYS: exe, record, pending, queued, jobs' settled executions, audit trail, the partition's counts
 # ARGV: exec_id, record, retention s, events channel, final event, metrics label, '1' if abandoned
 EXPIRE_UNSTARTED = Script("EXPIRE_UNSTARTED", ACCEPTED_WORK + NOW + IMPOSE + """
@@ -119,15 +127,18 @@ class Verdicts:
             keys=[keys.execution(exec_id), keys.record(exec_id), keys.pending(partition),
                   keys.running(worker_id, partition), jobs.in_progress_key(exec_id),
                   keys.leases(worker_id, partition), jobs.job_key(exec_id), keys.jobs_settled(partition),
-                  keys.audit(partition), metrics.executions(partition), keys.lost(worker_id, partition)],
+                  keys.audit(partition), metrics.executions(partition), keys.lost(worker_id, partition),
+                  keys.queued(partition)],
             args=[exec_id, worker_id, stored, self.retention, keys.events(exec_id), final, label,
                   "" if attempt is None else attempt],
         )
         return cast("ReapOutcome", text(outcome))
 
-    async def expire_unstarted(self, exec_id: str, tool: str) -> bool:
-        """Settle ``exec_id`` as never started if it is still queued past its start-by instant."""
-        return await self._expire_queued(exec_id, records.never_started(exec_id, tool), abandoned=False)
+    async def expire_unstarted(self, exec_id: str, tool: str, *, requeued: bool = False) -> bool:
+        """Settle ``exec_id`` as never started if it is still queued past its start-by instant
+        (``requeued``: as not started again, since REAP put it back and gave it that instant)."""
+        record = records.not_restarted(exec_id, tool) if requeued else records.never_started(exec_id, tool)
+        return await self._expire_queued(exec_id, record, abandoned=False)
 
     async def expire_abandoned(self, exec_id: str, tool: str) -> bool:
         """Settle ``exec_id`` if it is still queued, whatever its start-by: it waits in the queue of

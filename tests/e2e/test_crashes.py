@@ -73,6 +73,34 @@ def test_kill9_mid_idempotent_tool_completes(fresh_stack: Stack) -> None:
     assert lines(stack, "tally-idem-k9i") == 2
 
 
+def test_kill9_mid_idempotent_tool_with_no_worker_left_times_out_within_the_queue_timeout(
+    fresh_stack: Stack, sync_redis: redis.Redis,
+) -> None:
+    """Put back in the queue, the call waits for a worker as long as a new one would, from then:
+    its group's last worker died, so it is answered ``TIMEOUT`` (not an hour on, when the group
+    is gone), and a worker that comes later finds it settled and does not run it again."""
+    stack = fresh_stack
+    worker_a = stack.worker()
+    _, base = stack.api(env={"CARMY_QUEUE_TIMEOUT": "2"})
+    wait_until(lambda: "tally_idem" in httpx.get(base + "/agent/tools").text)
+    call = Call(base, {"tool": "tally_idem", "arguments": {"name": "alone", "seconds": 8}})
+    wait_until(lambda: lines(stack, "tally-idem-alone") == 1)
+    killed_at = time.monotonic()
+    worker_a.kill()
+    r = call.result(timeout=60)
+    assert r.status_code == 504, r.text
+    error = r.json()["error"]
+    assert error["code"] == "TIMEOUT"
+    assert "put back in the queue" in error["message"]
+    # The janitor's REAP (heartbeats: a few seconds), then the queue timeout of 2 s: not the hour
+    # its group has left before it is gone.
+    assert call.finished_at - killed_at < 25
+    exec_id = r.json()["execution_id"]
+    stack.worker()  # serves the same tools: the job, still queued, reaches it and is dropped unrun
+    wait_until(lambda: not sync_redis.exists(jobs.job_key(exec_id)))
+    assert lines(stack, "tally-idem-alone") == 1
+
+
 def settle_while_paused(stack: Stack, tool: str, name: str) -> tuple[httpx.Response, Proc]:
     worker_a, base = start(stack)
     call = Call(base, {"tool": tool, "arguments": {"name": name, "seconds": 2}})

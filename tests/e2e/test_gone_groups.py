@@ -66,7 +66,7 @@ async def test_a_deploys_old_group_keeps_its_answers_and_loses_its_queues(
         calls = [Call(base, {"tool": "linger", "arguments": {"seconds": 0.1, "tag": f"late-{n}"}}) for n in range(2)]
         # The paused worker's BLPOP, sent before the pause, may still take one call (Redis runs the
         # LEASE that goes with it): REAP then puts it back in the old group's queue, where no worker
-        # will take it, and it is answered once the group is gone (MEMORY_S on).
+        # will take it, and it is answered once its queue timeout has passed again, from then.
         await sweeping_until(janitor, lambda: all(not call.is_alive() for call in calls), "the calls answered", 30)
         answers = [call.result() for call in calls]
         assert [a.status_code for a in answers] == [504, 504], [a.text for a in answers]
@@ -78,8 +78,9 @@ async def test_a_deploys_old_group_keeps_its_answers_and_loses_its_queues(
         old.kill()
         stack.worker(env={"CARMY_DEFAULT_TIMEOUT": "31"})  # the deploy: a definition changed, a new group
         wait_until(lambda: r.zcard(keys.groups(0)) == 2, what="the new group listed")
-        # A call put back and answered as above leaves its entry to the group's next look, a
-        # minute on (groups.RECHECK_S).
+        # Every entry is settled by the time the group is gone: its first look takes them all out.
+        # (An execution still queued then would be settled there, and its entry go at the group's
+        # next look, a minute on: groups.RECHECK_S.)
         await sweeping_until(janitor, lambda: the_group_is_gone(r, old_group), "the old group's queues gone",
                              RECHECK_S + 30)
     finally:

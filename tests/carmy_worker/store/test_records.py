@@ -31,6 +31,8 @@ def test_the_panic_of_last_resort_is_an_ordinary_tool_panic() -> None:
     (records.panic(EXEC_ID, "t"), []),
     # Never started, or idempotent: running it again repeats nothing, under a new request_id.
     (records.never_started(EXEC_ID, "t"), RETRY_NEW_ID),
+    (records.not_restarted(EXEC_ID, "t"), RETRY_NEW_ID),
+    (records.abandoned_in_queue(EXEC_ID, "t"), RETRY_NEW_ID),
     (records.cancelled(EXEC_ID, "t", started=False), RETRY_NEW_ID),
     (records.cancelled(EXEC_ID, "t", started=True, idempotent=True), RETRY_NEW_ID),
     (records.timed_out(EXEC_ID, "t", 1, idempotent=True), RETRY_NEW_ID),

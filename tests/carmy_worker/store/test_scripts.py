@@ -596,6 +596,45 @@ async def test_reap_requeues_an_idempotent_execution_of_a_dead_worker(
     assert await claim(ar, exec_id, "w2") == ("run", 2)
 
 
+async def test_reap_gives_a_requeued_execution_its_start_window_again_from_then(
+    r: redis.Redis, ar: redis.asyncio.Redis,
+) -> None:
+    exec_id = await running(ar, idempotent=True)
+    window = 30_000  # as if SUBMIT had been given a queue timeout of 30 s
+    r.hset(keys.execution(exec_id), "start_by", int(state(r, exec_id)["queued_at"]) + window)
+    for attempt, worker in ((1, "w1"), (2, "w2")):
+        if attempt == 2:
+            assert await claim(ar, exec_id, worker) == ("run", 2)
+            assert not in_zset(r, keys.queued(PARTITION), exec_id)  # the claim takes it out again
+        assert (await reap(ar, exec_id, worker))[0] == "requeued"
+        h = state(r, exec_id)
+        # The same window each time, from the requeue: not from the submit, nor growing.
+        assert int(h["start_by"]) == int(h["requeued_at"]) + window
+        assert r.zscore(keys.queued(PARTITION), exec_id) == int(h["start_by"])
+        assert await sweep(ar) == [0]  # not late yet
+        assert not r.exists(keys.record(exec_id))
+
+
+async def test_a_requeued_execution_no_worker_starts_again_in_time_is_settled_timeout(
+    r: redis.Redis, ar: redis.asyncio.Redis, listen: Any,
+) -> None:
+    exec_id = await running(ar, idempotent=True)
+    # A window over as soon as it is put back: the janitor's next sweep finds it late.
+    r.hset(keys.execution(exec_id), "start_by", int(state(r, exec_id)["queued_at"]) - 1)
+    assert (await reap(ar, exec_id, "w1"))[0] == "requeued"
+    events = listen(keys.events(exec_id))
+    assert await sweep(ar) == [1]
+    written = r.get(keys.record(exec_id))
+    assert written == stored(records.not_restarted(exec_id, "tally"))
+    record = record_decoder.decode(written)
+    assert (record.status_code, record.error_code) == (504, "TIMEOUT")
+    assert b"put back in the queue" in record.body
+    assert event_names(events) == ["final"]
+    assert not in_zset(r, keys.queued(PARTITION), exec_id)
+    assert not in_zset(r, keys.pending(PARTITION), exec_id)  # its admission slot is free again
+    assert await claim(ar, exec_id, "w2") == ("settled", 0)  # the job, redelivered, finds the record
+
+
 async def test_reap_settles_a_non_idempotent_execution_uncertain(
     r: redis.Redis, ar: redis.asyncio.Redis, listen: Any,
 ) -> None:
