@@ -16,6 +16,7 @@ from api.app import create_app
 from api.settings import ApiSettings
 from carmy_worker.store import keys
 from tests.cells import four_partitions  # noqa: F401 (a fixture for every test)
+from tests.recordings import Recordings
 from tests.support import RedisServer, Stack, new_tmp, private_redis
 
 # Folders whose every test is marked ``e2e`` (pyproject.toml's markers): whole processes and
@@ -51,6 +52,12 @@ def partition_count_kept() -> Iterator[None]:
 def redis_server() -> Iterator[RedisServer]:
     with private_redis() as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def script_recordings(tmp_path_factory: pytest.TempPathFactory) -> Recordings:
+    """The store's script tests run again under ``tests/slotrecorder.py`` (``tests.recordings``)."""
+    return Recordings(tmp_path_factory.mktemp("recordings"))
 
 
 @pytest.fixture(scope="module")

@@ -3,9 +3,9 @@ partitions and records, for each script the store runs, the hash slots of the ke
 declared (``Script.command``: every way a script goes out builds its command there), as JSON in
 ``CARMY_SLOT_REPORT`` at the end of the session; with ``CARMY_SLOT_CALLS``, also the calls
 themselves (a few of each script, msgpack), to be run again on a cluster
-(``tests/cluster/test_scripts_on_cluster.py``). ``tests/carmy_worker/store/test_slots.py`` runs
-the store's script tests under it: a script whose call spans two slots would be refused by a
-Redis Cluster (CROSSSLOT)."""
+(``tests/cluster/test_scripts_on_cluster.py``). ``tests.recordings`` runs the store's script
+tests under it, for ``tests/carmy_worker/store/test_slots.py`` and that module: a script whose
+call spans two slots would be refused by a Redis Cluster (CROSSSLOT)."""
 
 from __future__ import annotations
 

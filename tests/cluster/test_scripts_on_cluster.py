@@ -1,28 +1,23 @@
 """Every script of the store, run on a real Redis Cluster as the store's own tests call it.
 
 The store's script tests run in a subprocess under ``tests/slotrecorder.py``, which keeps the
-first calls of each script (keys and arguments, as its typed wrapper built them); each call is
-then run again here with ``EVAL`` on the cluster fixture. What a call does to a cluster's
-state does not matter (it is out of its test's context): only whether the cluster refuses it
-for its slots, which it does both for declared keys in two slots and for a key the script names
-inside Lua in another slot than its declared ones, the check the declared keys alone
-(``tests/carmy_worker/store/test_slots.py``) cannot make. A script that fails earlier for
-another reason (its state is not there) may hide such a key: the store's tests drive each
-script through its branches, and several calls of each are run.
+first calls of each script (keys and arguments, as its typed wrapper built them: the session's
+``script_recordings``, ``tests.recordings``); each call is then run again here with ``EVAL`` on
+the cluster fixture. What a call does to a cluster's state does not matter (it is out of its
+test's context): only whether the cluster refuses it for its slots, which it does both for
+declared keys in two slots and for a key the script names inside Lua in another slot than its
+declared ones, the check the declared keys alone (``tests/carmy_worker/store/test_slots.py``)
+cannot make. A script that fails earlier for another reason (its state is not there) may hide
+such a key: the store's tests drive each script through its branches, and several calls of each
+are run.
 """
 
 from __future__ import annotations
 
 import importlib
-import os
 import pkgutil
-import subprocess
-import sys
 from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
 
-import msgspec
 import pytest
 import redis.cluster
 from redis.exceptions import RedisClusterException, ResponseError
@@ -30,27 +25,14 @@ from redis.exceptions import RedisClusterException, ResponseError
 import carmy_worker.store
 from bench.localcluster import LocalCluster
 from carmy_worker.store.scripts import SCRIPTS
-from tests.carmy_worker.store.test_slots import DRIVEN, SPANNING
+from tests.carmy_worker.store.test_slots import SPANNING
+from tests.recordings import RECORDING_TIMEOUT_S, Calls, Recordings
 
-ROOT = Path(__file__).parents[2]
 SLOT_ERRORS = ("same slot", "non local key", "crossslot", "all keys must map", "same key slot")
 
-Calls = dict[str, list[tuple[list[Any], list[Any]]]]
-
-# Each test reruns three test folders in a child process (40-75 s on a loaded machine): over the
-# per-test default of 60 s.
-pytestmark = pytest.mark.timeout(300)
-
-
-def recorded_calls(tmp: Path, partitions: int) -> Calls:
-    calls = tmp / f"calls-{partitions}.msgpack"
-    env = {**os.environ, "CARMY_SLOT_REPORT": str(tmp / f"slots-{partitions}.json"),
-           "CARMY_SLOT_CALLS": str(calls), "CARMY_SLOT_PARTITIONS": str(partitions)}
-    subprocess.run([sys.executable, "-m", "pytest", "-p", "tests.slotrecorder", "-q", "-p", "no:cacheprovider",
-                    "-m", "not e2e and not slow", *DRIVEN], cwd=ROOT, env=env, capture_output=True, timeout=300,
-                   check=False)
-    decoded: Calls = msgspec.msgpack.decode(calls.read_bytes())
-    return decoded
+# The first test here may be the session's first to ask for the recordings, made within its
+# setup: over the per-test default of 60 s.
+pytestmark = pytest.mark.timeout(RECORDING_TIMEOUT_S + 60)
 
 
 @pytest.fixture(scope="module")
@@ -88,14 +70,15 @@ def refused_for_slots(cluster: redis.cluster.RedisCluster, calls: Calls) -> dict
 
 
 def test_every_script_runs_on_a_cluster_with_one_partition(cluster: redis.cluster.RedisCluster,
-                                                          tmp_path: Path) -> None:
-    calls = recorded_calls(tmp_path, 1)
+                                                          script_recordings: Recordings) -> None:
+    calls = script_recordings[1].calls
     assert len(set(calls) & set(every_script())) >= 25  # the store's tests drove most scripts
     assert refused_for_slots(cluster, calls) == {}
 
 
-def test_with_sixteen_partitions_no_script_is_refused(cluster: redis.cluster.RedisCluster, tmp_path: Path) -> None:
-    refused = refused_for_slots(cluster, recorded_calls(tmp_path, 16))
+def test_with_sixteen_partitions_no_script_is_refused(cluster: redis.cluster.RedisCluster,
+                                                      script_recordings: Recordings) -> None:
+    refused = refused_for_slots(cluster, script_recordings[16].calls)
     # Every script runs in one partition, the keys it names inside Lua built from that
     # partition's prefixes (architecture.md, section 3): SPANNING is empty, and so is this.
     assert set(refused) == SPANNING, refused

@@ -10,21 +10,14 @@ assertion of none, so that a failure says which scripts span.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 from carmy_worker.store.scripts import SCRIPTS
+from tests.recordings import RECORDING_TIMEOUT_S, Recordings
 
-ROOT = Path(__file__).parents[3]
-# The store's tests run again in a process of their own (up to 300 s on a busy machine), within
-# the first test's setup.
-pytestmark = pytest.mark.timeout(360)
-DRIVEN = ["tests/carmy_worker/store", "tests/carmy_worker/jobs", "tests/carmy_worker/runtime"]
+# The store's tests run again in processes of their own (tests.recordings), within the first
+# test's setup.
+pytestmark = pytest.mark.timeout(RECORDING_TIMEOUT_S + 60)
 
 # Scripts whose declared keys span slots over 16 partitions: none, now that every key but the
 # few outside the cells (architecture.md, section 3) is in a partition, and every script runs in
@@ -33,17 +26,8 @@ SPANNING: set[str] = set()
 
 
 @pytest.fixture(scope="module")
-def seen(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[list[int]]]:
-    report = tmp_path_factory.mktemp("slots") / "slots.json"
-    env = {**os.environ, "CARMY_SLOT_REPORT": str(report), "CARMY_SLOT_PARTITIONS": "16"}
-    env.pop("CARMY_REDIS_PARTITIONS", None)  # the recorder's 16 partitions, whatever this run's
-    # Their own failures do not matter here (keys named inside Lua from partition 0's prefixes
-    # miss an execution of another partition): only the keys each call declared are looked at.
-    subprocess.run([sys.executable, "-m", "pytest", "-p", "tests.slotrecorder", "-q", "-p", "no:cacheprovider",
-                    "-m", "not e2e and not slow", *DRIVEN], cwd=ROOT, env=env, capture_output=True, timeout=300,
-                   check=False)
-    recorded: dict[str, list[list[int]]] = json.loads(report.read_text())
-    return recorded
+def seen(script_recordings: Recordings) -> dict[str, list[list[int]]]:
+    return script_recordings[16].slots
 
 
 @pytest.mark.slow
