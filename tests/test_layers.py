@@ -93,6 +93,7 @@ def test_only_the_queue_module_imports_arq() -> None:
     assert users == ["carmy_worker.runtime.queue"]
 
 
+@pytest.mark.slow
 def test_the_api_builds_and_serves_routes_with_arq_unimportable() -> None:
     """Not only no direct import: nothing the API loads, however indirectly, pulls arq or the runtime in."""
     script = """

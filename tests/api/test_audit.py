@@ -180,6 +180,7 @@ async def test_without_authentication_nobody_is_an_operator(worker: Proc, stack:
         refusal(await open_client.get("/agent/audit"), 403, "OPERATOR_REQUIRED")
 
 
+@pytest.mark.slow
 async def test_redis_out_of_reach_is_store_unavailable() -> None:
     async with asgi_client(create_app(app_settings(api_keys=KEYS))) as client:  # nothing listens at its Redis
         r = await client.get("/agent/audit", headers=AS_OPS)

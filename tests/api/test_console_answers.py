@@ -135,6 +135,7 @@ async def test_a_fault_in_the_guard_is_a_500_page(operator: httpx.AsyncClient, m
         assert "internal-detail-51ab" not in answer.text
 
 
+@pytest.mark.slow
 async def test_redis_out_of_reach_is_a_503_page() -> None:
     # No console secret: the guard needs Redis for the shared one before any page.
     async with asgi_client(create_app(app_settings(NO_REDIS, console=True))) as c:

@@ -155,6 +155,7 @@ async def ticks_until(sampler: Sampler, test: Callable[[LiveFrame], object], wha
     raise TimeoutError(what)
 
 
+@pytest.mark.slow
 async def test_a_dead_worker_is_shown_dead_then_leaves_the_frame(ar: redis.asyncio.Redis) -> None:
     liveness, sampler = Liveness(ar, dead_after=DEAD_AFTER), Sampler(ar, dead_after=DEAD_AFTER)
     await present(liveness, info("fake-dying"))
@@ -247,6 +248,7 @@ def tool_row(frame: LiveFrame, tool: str) -> Any:
     return next((t for t in frame.tools if t.tool == tool), None)
 
 
+@pytest.mark.slow
 async def test_real_executions_are_counted_per_second(client: httpx.AsyncClient, worker: Proc,
                                                       sampling: Sampler) -> None:
     await wait_until_async(seen(sampling, lambda f: any(w.alive and w.slots for w in f.workers)),
@@ -272,6 +274,7 @@ async def test_real_executions_are_counted_per_second(client: httpx.AsyncClient,
                            what="the failure counted as an error")
 
 
+@pytest.mark.slow
 async def test_a_running_execution_takes_a_slot(client: httpx.AsyncClient, stack: Stack, worker: Proc,
                                                 sampling: Sampler) -> None:
     # The gate holds the execution until a frame has shown it: a tool that only slept could end
@@ -342,6 +345,7 @@ async def events(response: httpx.Response) -> AsyncIterator[tuple[str, bytes]]:
             yield name, line[6:].encode()
 
 
+@pytest.mark.slow
 async def test_the_stream_sends_history_then_a_frame_a_second_and_ends_with_its_client(stack: Stack) -> None:
     with live_server(stack.redis_url) as (base, page):
         await wait_until_async(lambda: page.sampler.seq >= 2, what="two frames sampled")
@@ -362,6 +366,7 @@ async def test_the_stream_sends_history_then_a_frame_a_second_and_ends_with_its_
         wait_until(lambda: page.streams == 0, timeout=10, what="the stream ended with its client")
 
 
+@pytest.mark.slow
 async def test_a_stream_ends_by_itself_so_that_it_never_holds_a_shutdown_up(stack: Stack) -> None:
     with live_server(stack.redis_url, rotate=1.5) as (base, page):
         async with httpx.AsyncClient(timeout=30) as client, client.stream("GET", base + "/console/live") as response:
@@ -370,6 +375,7 @@ async def test_a_stream_ends_by_itself_so_that_it_never_holds_a_shutdown_up(stac
         wait_until(lambda: page.streams == 0, timeout=10, what="the stream ended")
 
 
+@pytest.mark.slow
 async def test_viewers_share_the_sampler_s_one_connection(stack: Stack) -> None:
     with live_server(stack.redis_url) as (base, page):
         async def frames(client: httpx.AsyncClient, n: int) -> list[int]:
@@ -438,6 +444,7 @@ async def test_the_page_shows_the_latest_frame_without_javascript(stack: Stack, 
                 assert (await client.get(src)).status_code == 200, src
 
 
+@pytest.mark.slow
 async def test_the_app_with_the_console_on_shows_a_call_live(stack: Stack, worker: Proc) -> None:
     with serving(create_app(app_settings(stack.redis_url, console=True))) as base:
         async with httpx.AsyncClient(base_url=base, timeout=30) as client:

@@ -400,6 +400,7 @@ async def test_an_open_console_acts_as_an_operator(client: httpx.AsyncClient, st
         assert done.headers["location"] == f"/console/jobs/{dead}?done=retried"
 
 
+@pytest.mark.slow
 async def test_redis_out_of_reach_is_told_on_the_page() -> None:
     async with asgi_client(create_app(app_settings("redis://127.0.0.1:1/0", console=True,
                                                    console_secret="s" * 40))) as c:

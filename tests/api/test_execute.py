@@ -385,6 +385,7 @@ async def test_unrecoverable_codes(client: httpx.AsyncClient, body: dict[str, An
     assert (err["code"], err["recoverable"], err["retryable"]) == (code, False, False)
 
 
+@pytest.mark.slow
 async def test_before_redis_is_first_read_a_call_is_store_unavailable_not_tool_not_found() -> None:
     # An API that starts while Redis is out of reach has an empty catalog because it has not read
     # one: its calls are the retryable STORE_UNAVAILABLE (protocol.md, section 4), never the

@@ -452,6 +452,7 @@ async def test_metrics_count_jobs_by_status(client: httpx.AsyncClient) -> None:
     assert "# TYPE carmy_job_lateness_seconds histogram" in after
 
 
+@pytest.mark.slow
 async def test_redis_out_of_reach_is_store_unavailable() -> None:
     async with asgi_client(create_app(app_settings())) as client:  # nothing listens at its Redis
         for method, url in (("GET", "/agent/jobs"), ("GET", f"/agent/jobs/{keys.new_job_id()}"),

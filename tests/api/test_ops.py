@@ -92,6 +92,7 @@ def four_partitions(own_redis: redis.Redis) -> Iterator[None]:
 
 
 @pytest.mark.usefixtures("four_partitions")
+@pytest.mark.slow
 async def test_metrics_count_the_executions_of_every_partition(own_redis_server: RedisServer) -> None:
     async with app_client(app_settings(own_redis_server.url, redis_partitions=4)) as client:
         ar = redis.asyncio.Redis.from_url(own_redis_server.url)

@@ -123,6 +123,7 @@ async def test_a_waiter_of_an_execution_redis_lost_is_answered_uncertain(ar: red
 
 
 @pytest.mark.parametrize("partitions", [1, 4])
+@pytest.mark.slow
 async def test_a_tick_costs_one_command_a_waiter_in_a_few_round_trips(
         ar: redis.asyncio.Redis, partitions: int) -> None:
     with cells.partitions(partitions):

@@ -77,6 +77,7 @@ async def test_many_tasks_each_get_their_own_deadline() -> None:
     assert await quick == "in time"
 
 
+@pytest.mark.slow
 def test_a_reply_that_came_while_the_process_stood_still_is_read_not_taken_for_none() -> None:
     """The process stands still past a read's deadline (a worker stopped, a frozen VM: here the
     loop held up by a blocking sleep) while its reply arrives. On waking the loop runs its timers

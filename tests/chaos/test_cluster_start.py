@@ -13,6 +13,7 @@ from bench import processes
 from chaos.cluster import Cluster
 
 
+@pytest.mark.slow
 def test_an_api_whose_port_was_taken_while_the_workers_started_starts_on_another(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cluster = Cluster(tmp_path, apis=1, workers=1, fsync="everysec", env=dict(os.environ))

@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from bench.processes import ROOT
 
 GROUP = ("from carmy_worker.runtime.presence import describe, group_of; from carmy_worker.settings import "
@@ -21,6 +23,7 @@ def group(release: str | None) -> str:
     return done.stdout.strip()
 
 
+@pytest.mark.slow
 def test_each_release_is_a_group_of_its_own_and_a_release_again_is_its_group_again() -> None:
     first, second, third = group(None), group("1"), group("2")
     assert len({first, second, third}) == 3

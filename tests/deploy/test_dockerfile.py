@@ -103,6 +103,7 @@ def run_check(command: str, port: int) -> int:
     return subprocess.run(["sh", "-c", command], env=env, capture_output=True, timeout=15).returncode
 
 
+@pytest.mark.slow
 def test_healthcheck_passes_on_a_live_api_and_fails_without_one(dockerfile: list[Instruction], stack: Stack) -> None:
     command = healthcheck_command(dockerfile)
     assert "/health" in command

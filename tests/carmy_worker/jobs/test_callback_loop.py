@@ -89,6 +89,7 @@ async def running(loop: CallbackLoop) -> AsyncIterator[None]:
             await task
 
 
+@pytest.mark.slow
 async def test_a_receiver_that_hangs_holds_no_one_elses_callbacks(ar: redis.asyncio.Redis,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     # The hanging deliveries give up after PATIENCE_S rather than 10 s, so that "before any of
@@ -113,6 +114,7 @@ async def _state(ar: redis.asyncio.Redis, job_id: str, state: str) -> bool:
     return await ar.hget(keys.job(job_id), "notify_state") == state.encode()
 
 
+@pytest.mark.slow
 async def test_a_busy_receiver_gets_all_its_callbacks_in_turn_none_put_off(ar: redis.asyncio.Redis) -> None:
     count = 3 * AT_ONCE
     with receiver() as busy:

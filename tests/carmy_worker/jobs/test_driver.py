@@ -50,6 +50,7 @@ async def scheduled_jobs(ar: redis.asyncio.Redis) -> list[str]:
     return [(await ar.hget(keys.job(i), "request_id")).decode() for i in ids]
 
 
+@pytest.mark.slow
 async def test_three_loops_fire_each_occurrence_of_a_schedule_once(ar: redis.asyncio.Redis,
                                                                    sync_redis: redis.Redis) -> None:
     every_second = ScheduleSpec(name="s", cron="* * * * * *", tool="tick", grace=30)
@@ -83,6 +84,7 @@ async def test_occurrences_missed_past_their_grace_are_skipped_and_counted(ar: r
     assert int(state[b"fired"]) <= 3
 
 
+@pytest.mark.slow
 async def test_a_schedule_whose_newer_definition_stopped_is_taken_over_by_the_older(ar: redis.asyncio.Redis,
                                                                                       sync_redis: redis.Redis) -> None:
     # A rolling deploy rolled back: a worker with a new definition took the schedule up, then

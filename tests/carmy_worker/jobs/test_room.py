@@ -90,6 +90,7 @@ async def all_jobs_run(ar: redis.asyncio.Redis, count: int) -> float:
 
 
 @pytest.mark.usefixtures("partition_count")
+@pytest.mark.slow
 async def test_jobs_run_as_promptly_at_sixteen_partitions_as_at_one(ar: redis.asyncio.Redis) -> None:
     at_one = await all_jobs_run(ar, 1)
     at_sixteen = await all_jobs_run(ar, 16)

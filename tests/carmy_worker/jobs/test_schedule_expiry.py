@@ -53,6 +53,7 @@ def jobs_of(sync_redis: redis.Redis, name: str) -> int:
     return sum(1 for j in every if (sync_redis.hget(keys.job(j), "schedule") or b"").decode() == name)
 
 
+@pytest.mark.slow
 async def test_each_fire_keeps_the_state_past_the_occurrence_it_waits_for(ar: redis.asyncio.Redis,
                                                                           sync_redis: redis.Redis) -> None:
     # Kept 3 s (a grace of 1, a retention of 2) past each occurrence, fired every second: a
@@ -95,6 +96,7 @@ async def test_a_yearly_schedule_is_kept_past_next_years_occurrence(ar: redis.as
     assert sync_redis.pttl(keys.schedule("anniversary")) > YEAR_MS
 
 
+@pytest.mark.slow
 async def test_the_state_of_a_schedule_no_worker_declares_any_more_goes(ar: redis.asyncio.Redis,
                                                                         sync_redis: redis.Redis) -> None:
     # A deploy removed "retired" and kept "kept": the new workers declare only "kept".

@@ -72,6 +72,7 @@ def test_a_bad_document_stops_the_worker_naming_the_operation(tmp_path: Path) ->
         in result.stderr
 
 
+@pytest.mark.slow
 def test_the_command_line_needs_a_module_or_a_document() -> None:
     assert "give a MODULE, or --openapi SPEC --base-url URL, or both" in start().stderr
     assert "--base-url is required with --openapi" in start("--openapi", "x.yaml").stderr

@@ -94,6 +94,7 @@ def test_petstore() -> None:
     assert show.output_schema["required"] == ["id", "name"]  # the root $ref inlined
 
 
+@pytest.mark.slow
 def test_box_platform_a_large_document_with_allof_and_deep_references(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING, "carmy.worker"):
         tools = tools_of(SPECS / "box-platform.json")

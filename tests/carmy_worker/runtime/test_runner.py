@@ -384,6 +384,7 @@ async def test_an_execution_leaves_no_garbage_cycle(runtime: Runtime) -> None:
     assert left == [], sorted(set(left))
 
 
+@pytest.mark.slow
 async def test_after_a_pause_no_tool_steps_until_one_check_answers_and_the_loop_runs_meanwhile(
     runtime: Runtime, redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
 ) -> None:

@@ -217,6 +217,7 @@ async def scripts_per_call(r: redis.Redis, url: str, partitions: int) -> float:
     return ran / calls
 
 
+@pytest.mark.slow
 async def test_a_call_costs_about_as_many_scripts_over_four_partitions_as_over_one(
         r: redis.Redis, redis_server: RedisServer) -> None:
     # SUBMIT and SETTLE, and a share of a LEASE: what a wait on every partition costs (a LEASE

@@ -182,6 +182,7 @@ async def test_a_settle_that_ended_the_lease_leaves_arq_nothing_to_finish(
     await client.aclose()
 
 
+@pytest.mark.slow
 async def test_a_worker_blocked_on_the_wake_list_stops_at_once_on_sigterm(
     r: redis.Redis, redis_server: RedisServer,
 ) -> None:

@@ -375,6 +375,7 @@ async def test_a_connection_whose_oldest_call_stalled_takes_no_new_calls(
 
 
 @pytest.mark.parametrize("connected", [True, False], ids=["on-its-connection", "opening-one"])
+@pytest.mark.slow
 async def test_calls_on_a_hung_redis_fail_as_on_a_cut_connection_once_stalled_and_the_next_go_out_anew(
         connected: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """A Redis that hangs (stopped: it takes in what is written and answers nothing, and nothing

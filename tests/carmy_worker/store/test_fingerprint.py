@@ -7,6 +7,7 @@ import random
 from typing import Any
 
 import msgspec
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -36,6 +37,7 @@ def print_of(tool: str, raw_json: str) -> str:
     return fingerprint(tool, canonical_json_encoder.encode(msgspec.json.decode(raw_json)))
 
 
+@pytest.mark.slow
 @given(arguments, st.randoms(use_true_random=False), st.sampled_from([None, 2, "\t"]))
 def test_same_arguments_in_any_order_and_spacing(args: dict[str, Any], rng: random.Random,
                                                  indent: int | str | None) -> None:
@@ -44,12 +46,14 @@ def test_same_arguments_in_any_order_and_spacing(args: dict[str, Any], rng: rand
     assert print_of("t", a) == print_of("t", b)
 
 
+@pytest.mark.slow
 @given(arguments, arguments)
 def test_different_arguments_differ(a: dict[str, Any], b: dict[str, Any]) -> None:
     same = canonical_json_encoder.encode(a) == canonical_json_encoder.encode(b)
     assert (print_of("t", json.dumps(a)) == print_of("t", json.dumps(b))) == same
 
 
+@pytest.mark.slow
 @given(arguments)
 def test_tool_name_is_part_of_it(args: dict[str, Any]) -> None:
     raw = json.dumps(args)

@@ -33,6 +33,7 @@ from tests.support import private_redis, wait_until
 GROUP = "hung"
 
 
+@pytest.mark.slow
 async def test_a_wait_on_a_hung_redis_fails_on_its_deadline_and_the_next_takes_work_once_it_answers() -> None:
     queue = jobs.queue_name(GROUP, 0)
     with private_redis() as server:
@@ -141,6 +142,7 @@ async def test_the_workers_other_commands_give_up_on_a_hung_redis_after_their_re
 ECHO = Script("TEST_HUNG_ECHO", "return ARGV[1]")
 
 
+@pytest.mark.slow
 async def test_a_call_that_waits_for_replicas_gives_up_on_a_hung_redis_and_the_next_is_answered(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """With ``CARMY_REDIS_WAIT_REPLICAS`` a worker's outcome goes out on its own with its

@@ -122,6 +122,7 @@ async def test_an_api_configured_with_another_count_does_not_start(ar: redis.asy
             pass
 
 
+@pytest.mark.slow
 async def test_python_m_api_with_another_count_says_why_in_a_line(ar: redis.asyncio.Redis,
                                                                    redis_server: RedisServer) -> None:
     """As the worker does: the message alone, status 2, no traceback of the app's start-up."""
