@@ -33,6 +33,14 @@ def partitions(count: int) -> Iterator[int]:
 
 
 @pytest.fixture
+def one_partition() -> Iterator[int]:
+    """Every key named over one partition for the test, whatever the session's count: for a test
+    of what one partition's client does, which over several would go otherwise by design."""
+    with partitions(1) as count:
+        yield count
+
+
+@pytest.fixture
 def four_partitions() -> Iterator[int]:
     """Every key named over four partitions for the test, whatever the session's count."""
     with partitions(4) as count:

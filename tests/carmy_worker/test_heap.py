@@ -14,6 +14,7 @@ from api.serving import server
 from api.settings import ApiSettings
 from carmy_worker import __main__ as worker_main
 from carmy_worker import collector, heap, logs
+from carmy_worker.store import keys
 
 pytestmark = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc only")
 
@@ -93,6 +94,7 @@ def test_the_api_keeps_the_memory_it_frees(serving: list[str], monkeypatch: pyte
             serving.append("served")
 
     monkeypatch.setattr(server, "Server", Unserved)
-    settings = ApiSettings.from_env({})
+    # The session's partition count (create_app names keys over the settings' count).
+    settings = ApiSettings.from_env({"CARMY_REDIS_PARTITIONS": str(keys.partition_count())})
     server.run(create_app(settings), settings)
     assert serving == ["collector", "heap", "served"]

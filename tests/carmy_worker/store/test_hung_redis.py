@@ -28,9 +28,15 @@ from carmy_worker.store.scripts import Script
 from carmy_worker.store.submit import Submit
 from carmy_worker.store.verdicts import Verdicts
 from carmy_worker.wire import ExecutionJob
+from tests.cells import one_partition  # noqa: F401 (a fixture)
 from tests.support import private_redis, wait_until
 
 GROUP = "hung"
+
+# One partition, whatever the session's count: these are one Redis's hang as a client of one
+# partition meets it. Over several, each partition's failure is told and the others go on
+# (``store.reach``) rather than raised: tests/cluster/test_jobs_on_cluster_outage.py.
+pytestmark = pytest.mark.usefixtures("one_partition")
 
 
 @pytest.mark.slow
