@@ -21,7 +21,8 @@ from typing import Any
 
 import msgspec
 
-ROOT = Path(__file__).parents[1]
+from bench.processes import ROOT
+
 # The folders whose tests drive the store's scripts: all of their tests but the e2e ones, the
 # slow included, and but the one that asks for the recordings (they would make their own).
 DRIVEN = ["tests/carmy_worker/store", "tests/carmy_worker/jobs", "tests/carmy_worker/runtime"]
