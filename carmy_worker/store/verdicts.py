@@ -62,7 +62,7 @@ if not token or redis.call('GET', KEYS[5]) == token then
   if h[4] then due_again(h[4], ARGV[1]) end
 end
 if (h[3] == '1' or not h[6]) and redis.call('EXISTS', KEYS[7]) == 1 then
-  local start_by = int(now + tonumber(h[7] or now) - tonumber(h[9] or h[8] or now))
+  local start_by = int(now + tonumber(h[7]) - tonumber(h[9] or h[8]))  -- SUBMIT and PROMOTE write both
   redis.call('HSET', KEYS[1], 'state', 'queued', 'reaped', h[5], 'start_by', start_by, 'requeued_at', int(now))
   redis.call('ZADD', KEYS[12], start_by, ARGV[1])
   return 'requeued'
