@@ -147,7 +147,8 @@ class JobRoutes:
         async def work() -> Response:
             status = request.query_params.get("status")
             limit = request.query_params.get("limit")
-            if limit is not None and not limit.strip().isdigit():
+            # ASCII digits only: str.isdigit() also takes "²", which int() refuses, and "١".
+            if limit is not None and not (limit.strip().isdigit() and limit.isascii()):
                 return envelope_error("INVALID_REQUEST", "limit must be a whole number.", reason=clip(limit))
             page = await self.jobs.page(trusted_context(request.scope), status=status,
                                         limit=DEFAULT_LIMIT if limit is None else int(limit),

@@ -333,6 +333,8 @@ def wait_next_ms(created_at: str) -> None:
 @pytest.mark.parametrize(("params", "field"), [
     ({"status": "done"}, "status"), ({"limit": "0"}, "limit"), ({"limit": "1001"}, "limit"),
     ({"limit": "ten"}, None), ({"limit": "-1"}, None),
+    # Digits to str.isdigit() that int() refuses (a 500) or reads (Arabic-Indic one): ASCII only.
+    ({"limit": "\u00b2"}, None), ({"limit": "\u0661"}, None),
 ])
 async def test_a_bad_status_or_limit_is_refused(client: httpx.AsyncClient, params: dict[str, str],
                                                 field: str | None) -> None:
