@@ -4,7 +4,8 @@ On the handshake versions the SDK answers a body that is not one JSON-RPC messag
 ``-32602`` and pydantic's account of the union it tried. JSON-RPC says ``-32700`` for a body
 that is not JSON and ``-32600`` for one that is not a request, notification or response (a
 batch included: MCP removed them in 2025-06-18), with no internals in the message, which is
-what the 2026-07-28 transport answers too.
+what the 2026-07-28 transport answers too. Checked in every revision, so that what only Python's
+json reads (``NaN``, ``Infinity``, a lone surrogate) is not JSON in 2026-07-28 either.
 """
 
 from __future__ import annotations

@@ -158,25 +158,27 @@ class McpServer:
             # Stateless: no stream of server-initiated messages (GET) and no session to end (DELETE).
             await Response(status_code=405, headers={"allow": "POST"})(scope, receive, send)
             return
+        try:
+            body = await read_body(scope, receive, self.settings.max_body)
+        except BodyTooLarge:
+            await Response("Request body too large", 413)(scope, receive, send)
+            return
+        except ClientGone:
+            return
+        # In every revision: 2026-07-28's transport parses with Python's json, which takes NaN,
+        # Infinity and lone surrogates (a NaN argument would become null; a surrogate fails later).
+        refusal = envelope_error(body)
+        if refusal is not None:
+            await refusal(scope, receive, send)
+            return
+        receive = replaying(body, receive)
         if _handshake_era(scope):
-            try:
-                body = await read_body(scope, receive, self.settings.max_body)
-            except BodyTooLarge:
-                await Response("Request body too large", 413)(scope, receive, send)
-                return
-            except ClientGone:
-                return
-            refusal = envelope_error(body)
-            if refusal is not None:
-                await refusal(scope, receive, send)
-                return
             # Handled here: the SDK would only see a request id it does not know.
             is_cancel, request_id = cancelled_request(body)
             if is_cancel:
                 await self._cancel_call(scope, request_id)
                 await Response(status_code=202)(scope, receive, send)
                 return
-            receive = replaying(body, receive)
             if header(scope, SESSION_HEADER.encode()) is None:
                 send = assigning_session_id(send)
             send = scope[Unanswered.SCOPE_KEY] = Unanswered(send)

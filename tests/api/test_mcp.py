@@ -422,6 +422,21 @@ async def test_not_json(url: str) -> None:
     assert r.json()["error"]["code"] == -32700
 
 
+@pytest.mark.parametrize("version", [None, "2025-11-25", "2026-07-28"])
+@pytest.mark.parametrize("value", [b"NaN", b"Infinity", b'"\\ud800"'])
+async def test_what_only_python_reads_as_json_is_not_json(url: str, version: str | None, value: bytes) -> None:
+    """NaN, Infinity and a lone surrogate are not JSON, in arguments as anywhere else: not a
+    call whose NaN became null, nor an internal error (a surrogate cannot be encoded again)."""
+    meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": {}}
+    call = json.dumps(rpc("tools/call", {"name": "echo", "arguments": {"text": "VALUE"},
+                                         **({"_meta": meta} if version == "2026-07-28" else {})}, id=1))
+    headers = {**ACCEPT, "content-type": "application/json", "mcp-method": "tools/call", "mcp-name": "echo"} | (
+        {"mcp-protocol-version": version} if version else {})
+    async with httpx.AsyncClient(timeout=10) as http:
+        r = await http.post(url, content=call.encode().replace(b'"VALUE"', value), headers=headers)
+    assert (r.status_code, r.json()["error"]["code"]) == (400, -32700), r.text
+
+
 @pytest.mark.parametrize("method", ["GET", "DELETE", "PUT"])
 async def test_methods_other_than_post(url: str, method: str) -> None:
     async with httpx.AsyncClient(timeout=10) as http:
