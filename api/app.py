@@ -37,6 +37,7 @@ from api.guards.auth import ApiKeys, Authenticator, RequireAuth
 from api.guards.browser import BrowserGuard, RequireJson
 from api.guards.headers import middleware
 from api.guards.oauth import ProtectedResources, TokenVerifier, key_source
+from api.http.methods import by_method
 from api.mcp import MCP_PATH, McpServer
 from api.settings import ApiSettings
 from carmy_worker.store import keys, partitions
@@ -161,13 +162,14 @@ def create_app(settings: ApiSettings | None = None) -> Starlette:
             Route("/.well-known/agent", discovery, methods=["GET"]),
             Route("/agent/tools", guarded(request_response(tools)), methods=["GET"]),
             Route(EXECUTE_PATH, execute_route, methods=["POST"]),
-            Route("/agent/executions/{execution_id}", guarded(request_response(lookup.get)), methods=["GET"]),
-            Route("/agent/executions/{execution_id}", guarded(request_response(lookup.delete)), methods=["DELETE"]),
+            # A path that takes two methods is one route, so that a 405's Allow names both.
+            by_method("/agent/executions/{execution_id}", {"GET": guarded(request_response(lookup.get)),
+                                                           "DELETE": guarded(request_response(lookup.delete))}),
             Route("/agent/executions/{execution_id}/events", guarded(lookup.events), methods=["GET"]),
-            Route(JOBS_PATH, guarded(RequireJson(job_routes.create)), methods=["POST"]),
-            Route(JOBS_PATH, guarded(request_response(job_routes.list)), methods=["GET"]),
-            Route(JOBS_PATH + "/{job_id}", guarded(request_response(job_routes.get)), methods=["GET"]),
-            Route(JOBS_PATH + "/{job_id}", guarded(request_response(job_routes.delete)), methods=["DELETE"]),
+            by_method(JOBS_PATH, {"POST": guarded(RequireJson(job_routes.create)),
+                                  "GET": guarded(request_response(job_routes.list))}),
+            by_method(JOBS_PATH + "/{job_id}", {"GET": guarded(request_response(job_routes.get)),
+                                                "DELETE": guarded(request_response(job_routes.delete))}),
             # No body, so no RequireJson: a page of another site is refused by its Origin (BrowserGuard).
             Route(JOBS_PATH + "/{job_id}/retry", guarded(request_response(job_routes.retry)), methods=["POST"]),
             Route(JOBS_PATH + "/{job_id}/purge", guarded(request_response(job_routes.purge)), methods=["POST"]),

@@ -343,6 +343,20 @@ async def test_a_bad_status_or_limit_is_refused(client: httpx.AsyncClient, param
         assert error["details"] == {"field": field}
 
 
+@pytest.mark.parametrize(("method", "path", "allow"), [
+    ("PUT", "/agent/jobs", {"GET", "HEAD", "POST"}),
+    ("PATCH", f"/agent/jobs/{keys.new_job_id()}", {"GET", "HEAD", "DELETE"}),
+    ("POST", f"/agent/executions/{keys.new_execution_id()}", {"GET", "HEAD", "DELETE"}),
+    ("GET", f"/agent/jobs/{keys.new_job_id()}/retry", {"POST"}),
+])
+async def test_a_method_not_allowed_names_every_method_of_its_path(client: httpx.AsyncClient, method: str,
+                                                                    path: str, allow: set[str]) -> None:
+    """RFC 9110's Allow lists what the path takes: not only the first of its routes' methods."""
+    r = await client.request(method, path, headers=AS_ALICE)
+    assert r.status_code == 405
+    assert set(r.headers["allow"].split(", ")) == allow
+
+
 async def test_only_an_operator_retries_and_only_a_failed_job(client: httpx.AsyncClient) -> None:
     job = (await create(client, echo("retry"))).json()
     url = f"/agent/jobs/{job['job_id']}/retry"
