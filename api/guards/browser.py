@@ -46,7 +46,7 @@ def split_host(value: str) -> tuple[str, int | None] | None:
         name, port = value, ""
     else:
         name, _, port = value.partition(":")
-    if not name or (port and not port.isdigit()):
+    if not name or (port and not (port.isdigit() and port.isascii())):  # isdigit() alone takes "²", "١"
         return None
     return name.rstrip("."), int(port) if port else None
 

@@ -72,6 +72,16 @@ def test_host_values_are_read_strictly() -> None:
     assert split_host("a:b") is None
     assert split_host("[::1]x") is None
     assert split_host("") is None
+    # Digits to str.isdigit() that int() refuses ("²") or reads ("١"): not a port.
+    assert split_host("a:\u00b2") is None
+    assert split_host("[::1]:\u0661") is None
+
+
+async def test_a_host_whose_port_is_no_ascii_number_is_refused_not_a_fault(stack: Stack) -> None:
+    # A Host is read as Latin-1: b"\xb2" is "²", a digit to str.isdigit() and none to int().
+    async with app_client(app_settings(stack.redis_url)) as client:
+        r = await client.get("/agent/tools", headers={"host": b"localhost:\xb2"})
+    assert (r.status_code, r.json()["error"]["code"]) == (403, "HOST_NOT_ALLOWED")
 
 
 
