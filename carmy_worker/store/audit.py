@@ -97,7 +97,8 @@ class AuditPage(Struct):
 def is_cursor(value: str) -> bool:
     """Whether ``value`` is an entry id (``<ms>-<seq>``), as a page's cursor is."""
     ms, dash, seq = value.partition("-")
-    return bool(dash) and ms.isdigit() and seq.isdigit() and len(ms) <= 15 and len(seq) <= 15
+    # ASCII: str.isdigit() also takes "²", which int() refuses.
+    return bool(dash) and value.isascii() and ms.isdigit() and seq.isdigit() and len(ms) <= 15 and len(seq) <= 15
 
 
 def trail_id(stream_id: bytes | str, partition: int) -> str:

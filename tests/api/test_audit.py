@@ -156,6 +156,8 @@ async def test_since_and_until_bound_the_time_in_ms_or_rfc_3339(client: httpx.As
     ({"since": "20261202T100000Z"}, "since"), ({"until": "2026-12-02T10:00Z"}, "until"),
     ({"since": "2026-W49-3T10:00:00Z"}, "since"), ({"since": "2026-12-02T10:00:00+0100"}, "since"),
     ({"since": "2000", "until": "1000"}, "until"), ({"cursor": "abc"}, "cursor"), ({"cursor": "1-2-3"}, "cursor"),
+    # Digits to str.isdigit() that int() refuses (a 500): a cursor is ASCII digits.
+    ({"cursor": "\u00b2-0"}, "cursor"), ({"cursor": "0-\u00b2"}, "cursor"),
 ])
 async def test_a_bad_parameter_is_refused_naming_it(client: httpx.AsyncClient, params: dict[str, str],
                                                     field: str) -> None:
