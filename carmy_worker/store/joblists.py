@@ -43,7 +43,8 @@ class Cursor:
     def parse(cls, text: str) -> Cursor | None:
         """A cursor a client sent back; None if it is not one."""
         score, _, job_id = text.partition(":")
-        if not score.isdigit() or len(score) > 20 or not keys.is_job_id(job_id):
+        # ASCII digits: str.isdigit() also takes "²", which int() refuses.
+        if not (score.isdigit() and score.isascii()) or len(score) > 20 or not keys.is_job_id(job_id):
             return None
         return cls(int(score), job_id)
 

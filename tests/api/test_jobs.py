@@ -322,6 +322,9 @@ async def test_an_operator_pages_through_everyones_jobs_once_each(client: httpx.
     created = [j["created_at"] for j in seen]
     assert created == sorted(created, reverse=True)  # newest first across the pages
     refused(await client.get("/agent/jobs", params={"cursor": "yesterday"}, headers=AS_OPS), 400, "INVALID_REQUEST")
+    # "²" is a digit to str.isdigit() and none to int(): a cursor's score is ASCII digits.
+    superscript = f"\u00b2:{keys.new_job_id()}"
+    refused(await client.get("/agent/jobs", params={"cursor": superscript}, headers=AS_OPS), 400, "INVALID_REQUEST")
 
 
 def wait_next_ms(created_at: str) -> None:
