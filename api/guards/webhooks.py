@@ -21,6 +21,9 @@ from api.settings.webhooks import HeaderSecret, HmacSha256, Secret, Webhook
 from carmy_worker import signatures
 
 HEX_PREFIX = b"sha256="
+# Unix seconds for 30 million years: a longer webhook-timestamp is no time (past a float's range,
+# or int()'s limit on digits, it would fail the tolerance's arithmetic), as one with a letter is not.
+MAX_TIMESTAMP_DIGITS = 15
 
 
 UNSIGNED = "The delivery's signature does not verify with this webhook's secret."
@@ -74,7 +77,7 @@ def standard(secret: Secret, headers: Mapping[bytes, bytes], body: bytes) -> boo
     msg_id = headers.get(b"webhook-id")
     timestamp = headers.get(b"webhook-timestamp")
     signed = headers.get(b"webhook-signature")
-    if not msg_id or not timestamp or not signed or not timestamp.isdigit():
+    if not msg_id or not signed or not timestamp or not timestamp.isdigit() or len(timestamp) > MAX_TIMESTAMP_DIGITS:
         return False
     expected = signatures.digest(secret.value, msg_id, timestamp, body)
     found = False

@@ -25,6 +25,7 @@ from standardwebhooks import Webhook as StandardSigner
 
 from api.settings import ApiKey, ApiSettings
 from api.settings.webhooks import parse_webhooks
+from carmy_worker import signatures
 from carmy_worker.settings import SettingsError
 from carmy_worker.store.jobstore import FINISHED
 from tests.support import Proc, Stack, app_settings, wait_until_async
@@ -176,6 +177,19 @@ async def test_a_standard_webhooks_delivery_outside_the_tolerance_is_refused(
     assert runs(stack, "stale") == []
     r = await client.post("/agent/webhooks/sw", content=body, headers=standard(body, at=time.time() - 200))
     assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize("digits", [400, 5000])
+async def test_a_standard_timestamp_of_absurd_length_is_refused_not_a_fault(client: httpx.AsyncClient,
+                                                                           digits: int) -> None:
+    """Signed with the secret, but past a float's range (400 digits) or int()'s limit (5000): 401."""
+    body, timestamp = delivery("sw", f"absurd-{digits}"), "9" * digits
+    key = base64.b64decode(SW_SECRET.removeprefix("whsec_"))
+    signed = "v1," + base64.b64encode(signatures.digest(key, b"msg_absurd", timestamp.encode(), body)).decode()
+    r = await client.post("/agent/webhooks/sw", content=body, headers={
+        "webhook-id": "msg_absurd", "webhook-timestamp": timestamp, "webhook-signature": signed,
+        "content-type": "application/json"})
+    assert unauthorized(r)
 
 
 async def test_malformed_standard_signatures_are_refused(client: httpx.AsyncClient) -> None:
