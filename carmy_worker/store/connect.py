@@ -131,7 +131,7 @@ def _host_port(item: str) -> tuple[str, int]:
 
 
 def _port(raw: str) -> int:
-    if not raw.isdigit() or not 0 < int(raw) < 65536:
+    if not (raw.isascii() and raw.isdigit()) or not 0 < int(raw) < 65536:
         raise ValueError(f"not a port: {raw!r}")
     return int(raw)
 

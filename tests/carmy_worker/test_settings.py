@@ -28,7 +28,8 @@ def test_cluster_nodes_are_read_alike_by_the_api_and_the_workers() -> None:
     assert WorkerSettings.from_env({}).redis_cluster_nodes == ApiSettings.from_env({}).redis_cluster_nodes == ()
 
 
-@pytest.mark.parametrize("raw", ["redis-a", "redis-a:", ":7000", "redis-a:70000", "redis-a:port"])
+# "²" is a digit to str.isdigit() and none to int(): refused as a setting, not a traceback.
+@pytest.mark.parametrize("raw", ["redis-a", "redis-a:", ":7000", "redis-a:70000", "redis-a:port", "redis-a:²"])
 def test_a_cluster_node_needs_a_host_and_a_port(raw: str) -> None:
     with pytest.raises(SettingsError, match="CARMY_REDIS_CLUSTER_NODES"):
         WorkerSettings.from_env({"CARMY_REDIS_CLUSTER_NODES": f"10.0.0.1:7000,{raw}"})

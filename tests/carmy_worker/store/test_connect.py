@@ -41,6 +41,7 @@ def test_one_server_urls_are_redis_pys(url: str) -> None:
     ("redis+sentinel://localhost:26379/cache/zero", "database must be a number"),
     ("redis+sentinel:///cache", "no Sentinel host"),
     ("redis+sentinel://localhost:99999/cache", "not a port"),
+    ("redis+sentinel://localhost:²/cache", "not a port"),  # a digit to str.isdigit(), none to int()
     ("redis+sentinel://localhost/cache?master=x", "unknown option"),
 ])
 def test_an_unusable_url_is_refused_naming_the_setting(url: str, why: str) -> None:
