@@ -30,7 +30,7 @@ from carmy_worker.store import keys
 from carmy_worker.wire import ToolSpec, WorkerInfo, WorkerTool
 from tests.conftest import asgi_client
 from tests.issuer import ISSUER, RESOURCE, issuing, new_key
-from tests.support import Proc, Stack, app_settings
+from tests.support import Stack, app_settings
 
 OPERATOR_KEY = "operator-key-0123456789"
 AGENT_KEY = "agent-key-0123456789abc"
@@ -66,8 +66,9 @@ async def sign_in(client: httpx.AsyncClient, token: str, *, headers: dict[str, s
 
 
 @pytest.fixture
-async def operator(worker: Proc, asgi_app: object) -> AsyncIterator[httpx.AsyncClient]:
-    """A client of its own (its own cookies), signed in as the operator."""
+async def operator(client: httpx.AsyncClient, asgi_app: object) -> AsyncIterator[httpx.AsyncClient]:
+    """A client of its own (its own cookies), signed in as the operator (``client`` keeps the
+    module's app running: its catalog, for one, which a test run alone found empty)."""
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=asgi_app),  # type: ignore[arg-type]
                                  base_url="http://localhost") as c:
         signed = await sign_in(c, OPERATOR_KEY)
