@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from collections.abc import Iterator
 
 import pytest
@@ -43,11 +44,13 @@ def partition_count() -> Iterator[None]:
 class Worker:
     """A worker with as many slots as it needs whose every execution takes ``RUN_S``: each round
     it takes what its group's queues hold, runs it, and settles it (its record, its queue entry
-    gone, as a lease ends). It notes the most executions the queues held at once."""
+    gone, as a lease ends). It notes the most executions the queues held at once, together and
+    in any one partition."""
 
     def __init__(self, ar: redis.asyncio.Redis) -> None:
         self.ar = ar
         self.peak = 0
+        self.one_partitions_peak = 0
 
     async def run(self) -> None:
         attempts = Attempts(self.ar, worker_id="w1", retention=60, group=GROUP)
@@ -55,6 +58,7 @@ class Worker:
             queued = [(queue, raw.decode()) for queue in (jobs.queue_name(GROUP, p) for p in keys.partitions())
                       for raw in await self.ar.zrange(queue, 0, -1)]
             self.peak = max(self.peak, len(queued))
+            self.one_partitions_peak = max([self.one_partitions_peak, *Counter(q for q, _ in queued).values()])
             await asyncio.sleep(RUN_S)
             for queue, exec_id in queued:
                 record = records.completed(exec_id, "mirror", b'{"ok":true}', cacheable=False, duration_ms=1)
@@ -62,9 +66,10 @@ class Worker:
                 await self.ar.zrem(queue, exec_id)
 
 
-async def all_jobs_run(ar: redis.asyncio.Redis, count: int) -> float:
-    """Over ``count`` partitions: seconds from JOBS due jobs to all of them succeeded, with one job
-    loop and the worker above; asserts the queues never held more than the room."""
+async def all_jobs_run(ar: redis.asyncio.Redis, count: int) -> int:
+    """Over ``count`` partitions: the most executions one partition's queue held at once, from JOBS
+    due jobs to all of them succeeded, with one job loop and the worker above; asserts the queues
+    never held more than the room."""
     await ar.flushall()
     keys.use_partitions(count)
     principals = [PRINCIPALS[0] if n % 4 else PRINCIPALS[n // 4 % len(PRINCIPALS)] for n in range(JOBS)]
@@ -80,23 +85,22 @@ async def all_jobs_run(ar: redis.asyncio.Redis, count: int) -> float:
             if time.monotonic() - began > 60:
                 raise TimeoutError(f"{JOBS} jobs over {count} partitions not all run within 60 s")
             await asyncio.sleep(0.02)
-        took = time.monotonic() - began
     finally:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
     assert worker.peak <= ROOM  # one loop: its group's queues together never hold more than its room
-    return took
+    return worker.one_partitions_peak
 
 
 @pytest.mark.usefixtures("partition_count")
 @pytest.mark.slow
 async def test_jobs_run_as_promptly_at_sixteen_partitions_as_at_one(ar: redis.asyncio.Redis) -> None:
-    at_one = await all_jobs_run(ar, 1)
-    at_sixteen = await all_jobs_run(ar, 16)
+    assert await all_jobs_run(ar, 1) > ROOM // 2
     # At a fixed share of ROOM / 16 per partition the jobs of the busy partition went one per
-    # round: over ten times as long. Generous for a shared machine, far short of that.
-    assert at_sixteen < 2 * at_one + 1.0, (at_one, at_sixteen)
+    # round (over ten times as long, as a time taken showed, but a busy machine's time says little):
+    # once the others' are done, the whole room is the busy partition's.
+    assert await all_jobs_run(ar, 16) > ROOM // 2
 
 
 @pytest.mark.usefixtures("partition_count")
