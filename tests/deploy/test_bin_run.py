@@ -1,13 +1,16 @@
 """``bin/run``, the one command that runs Carmy without Docker, as a person runs it: a worker
 killed while it serves is started again (as compose's ``restart: unless-stopped`` does), so the
 README's faults can be tried on it; a worker that cannot start stops everything with its status
-instead of starting again forever; SIGTERM stops every process it started."""
+instead of starting again forever; SIGTERM stops every process it started, and Ctrl-C too, its
+private Redis last, so that the workers' drained executions are recorded and answered."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,8 +24,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 
 def children(run: subprocess.Popen[bytes], role: str) -> list[int]:
-    """The pids of ``bin/run``'s processes running ``role`` (``carmy_worker`` or ``api``)."""
-    found = subprocess.run(["pgrep", "-P", str(run.pid), "-f", f"python -m {role}"], capture_output=True, text=True)
+    """The pids of ``bin/run``'s processes running ``role`` (``carmy_worker``, ``api`` or ``redis-server``)."""
+    pattern = role if role == "redis-server" else f"python -m {role}"
+    found = subprocess.run(["pgrep", "-P", str(run.pid), "-f", pattern], capture_output=True, text=True)
     return [int(pid) for pid in found.stdout.split()]
 
 
@@ -78,6 +82,52 @@ def test_a_worker_that_cannot_start_stops_everything(stack: Stack) -> None:
     assert "stopped" in run.stderr and "stopping everything" in run.stderr
     assert "starting another" not in run.stderr
     assert time.monotonic() - began < 120
+
+
+def test_ctrl_c_lets_a_running_call_finish_and_be_answered_before_its_private_redis_stops(
+        stack: Stack, tmp_path: Path) -> None:
+    # bin/run with its own Redis, from a launcher of its own so that the data (var/redis) is this test's.
+    root = tmp_path / "checkout"
+    (root / "bin").mkdir(parents=True)
+    for name in ("run", "lib.sh"):
+        shutil.copy2(ROOT / "bin" / name, root / "bin" / name)
+    for name in ("api", "carmy_worker", "examples", "tests", "pyproject.toml"):
+        (root / name).symlink_to(ROOT / name)
+    (root / ".venv").mkdir()
+    for name in ("bin", "lib", "pyvenv.cfg"):  # the checkout's virtualenv, as is: nothing is installed
+        (root / ".venv" / name).symlink_to(ROOT / ".venv" / name)
+    (root / ".venv" / ".installed-base").touch()
+    port = free_port()
+    env = stack.env({"CARMY_PORT": str(port), "CARMY_REDIS_PORT": str(free_port()), "CARMY_WORKERS": "1",
+                     "CARMY_TOOLS": "tests.toolsets.basic"})
+    del env["CARMY_REDIS_URL"]
+    base = f"http://127.0.0.1:{port}"
+    with open(stack.tmp / "bin-run-own-redis.log", "wb") as log:
+        # A session of its own, as a terminal gives the command it runs: Ctrl-C signals its group.
+        run = subprocess.Popen([str(root / "bin" / "run")], cwd=root, env=env, stdout=log,
+                               stderr=subprocess.STDOUT, start_new_session=True)
+        redis: list[int] = []
+        try:
+            wait_until(lambda: ready(base), 60)
+            redis = children(run, "redis-server")
+            answer: list[httpx.Response] = []
+            call = threading.Thread(target=lambda: answer.append(httpx.post(
+                f"{base}/agent/execute", json={"tool": "linger", "arguments": {"seconds": 2, "tag": "ctrl-c"}},
+                timeout=60)))
+            call.start()
+            wait_until(lambda: (stack.tmp / "linger-start-ctrl-c").exists(), 30)
+            os.killpg(run.pid, signal.SIGINT)  # what Ctrl-C in the terminal sends
+            call.join(60)
+            assert answer and answer[0].status_code == 200, answer and answer[0].text
+            assert answer[0].json()["status"] == "completed"
+            assert run.wait(timeout=60) == 130
+        finally:
+            if run.poll() is None:
+                os.killpg(run.pid, signal.SIGKILL)
+                run.wait()
+            for pid in redis:  # in a process group of its own: the group's SIGKILL above misses it
+                if _alive(pid):
+                    os.kill(pid, signal.SIGKILL)
 
 
 def _echo(base: str) -> int:
