@@ -229,13 +229,61 @@ def load(source: str | Path) -> Mapping[str, Any]:
         checked = SchemaPath.from_dict(document, base_uri=uri, handlers=_Served(documents))
         get_validator_cls(document)(checked).validate()
     except OpenAPIValidationError as exc:
-        said = clip(exc.message.split("\n", 1)[0], 500)
-        raise OpenAPIError(f"{where}: {_located(document, list(exc.absolute_path))}: {said}") from exc
+        path, said = _refined(document, exc)
+        said = clip(said.split("\n", 1)[0], 500)
+        raise OpenAPIError(f"{where}: {_located(document, path)}: {said}") from exc
     except Exception as exc:  # the validator's own failures: a reference it cannot retrieve, say
         raise OpenAPIError(f"{where}: cannot be validated ({type(exc).__name__}: {clip(str(exc))})") from exc
     resolved: Mapping[str, Any] = jsonref.replace_refs(document, base_uri=uri, loader=_Served(documents).serve,
                                                        lazy_load=True)
     return resolved
+
+
+_CHOICES = ("oneOf", "anyOf")
+
+
+def _refined(document: Mapping[str, Any], exc: Any) -> tuple[list[Any], str]:
+    """Where the document is wrong and why, as ``exc`` (a schema error) says, or more exactly.
+
+    The OpenAPI 3.0 schema lets most objects be either themselves or a Reference (a ``oneOf``),
+    and the validator's Rust backend keeps no alternative's errors: a response without its
+    ``description`` was only "not valid under any of the schemas listed in the 'oneOf' keyword".
+    An object without ``$ref`` is no Reference, so its problem is what the other alternative finds:
+    looked for again here, with the jsonschema package (only once the document has failed), as
+    long as one alternative is left, and kept when it names something more precise."""
+    path, said = list(exc.absolute_path), str(exc.message)
+    root, where = exc.schema, list(exc.schema_path)
+    if not (isinstance(root, dict) and where and where[-1] in _CHOICES):
+        return path, said
+    try:
+        choice, instance = root, document
+        for part in where:
+            choice = choice[part]
+        for step in path:
+            instance = instance[step] if isinstance(instance, list) or step in instance else instance[str(step)]
+    except (KeyError, IndexError, TypeError):
+        return path, said
+    import jsonschema
+    from jsonschema.exceptions import best_match
+
+    schema = {key: root[key] for key in ("$schema", "definitions", "$defs") if key in root} | {where[-1]: choice}
+    error = next(iter(jsonschema.validators.validator_for(root)(schema).iter_errors(instance)), None)
+    while error is not None and error.validator in _CHOICES and _no_ref(error.instance):
+        alternatives: dict[Any, list[Any]] = {}
+        for sub in error.context or ():
+            alternatives.setdefault(sub.relative_schema_path[0], []).append(sub)
+        left = [errors for errors in alternatives.values() if not any(
+            e.validator == "required" and "$ref" in e.validator_value and not e.path for e in errors)]
+        if len(left) != 1:
+            break
+        error = best_match(left[0])
+    if error is None or error.validator in _CHOICES:
+        return path, said
+    return path + list(error.absolute_path), str(error.message)
+
+
+def _no_ref(instance: Any) -> bool:
+    return isinstance(instance, dict) and "$ref" not in instance
 
 
 def _located(document: Mapping[str, Any], path: list[Any]) -> str:

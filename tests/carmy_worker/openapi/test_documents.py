@@ -188,6 +188,27 @@ def test_an_invalid_document_is_refused_naming_the_operation(tmp_path: Path) -> 
         tools_of(write(tmp_path, twice))
 
 
+@pytest.mark.parametrize(("version", "said"), [("3.0.3", "'description' is a required property"),
+                                               ("3.1.0", '"description" is a required property')])
+def test_a_mistake_inside_an_object_that_could_be_a_reference_is_named(tmp_path: Path, version: str, said: str) -> None:
+    # The README's example: 3.0's schema makes a response "a Response or a Reference" (a oneOf); the
+    # validator alone said only that it was neither.
+    bad = operation({"operationId": "listPets", "responses": {"200": {"content": {}}}}, route="/pets")
+    bad["openapi"] = version
+    with pytest.raises(ToolDefinitionError) as refused:
+        tools_of(write(tmp_path, bad))
+    where = f"openapi: {tmp_path / 'api.json'}: operation GET /pets (listPets)"
+    assert str(refused.value) == f"{where}, at responses.200: {said}"
+    deeper = operation({"operationId": "listThings",
+                        "parameters": [{"name": "n", "in": "query", "schema": {"type": "integer", "minimum": "x"}}]})
+    with pytest.raises(ToolDefinitionError, match=r"at parameters\[0\]\.schema\.minimum: 'x' is not of type 'number'$"):
+        tools_of(write(tmp_path, deeper))
+    # A $ref that is wrong is told as before: the object meant to be a Reference.
+    wrong_ref = operation({"operationId": "listThings", "responses": {"200": {"$ref": 42}}})
+    with pytest.raises(ToolDefinitionError, match=r"at responses\.200: \{\"\$ref\":42\} is not valid under any of"):
+        tools_of(write(tmp_path, wrong_ref))
+
+
 @pytest.mark.parametrize(("document", "problem"), [
     ({"swagger": "2.0", "info": {"title": "t", "version": "1"}, "paths": {}}, "Swagger 2.0 is not supported"),
     ({"openapi": "4.0.0"}, "OpenAPI 4.0.0 is not supported: 3.0 or 3.1"),
