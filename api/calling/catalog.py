@@ -178,7 +178,9 @@ def build_view(server_name: str, workers: list[tuple[WorkerInfo, bool]],
     schedules: dict[str, ScheduleSpec] = {}
     workers = sorted(workers, key=lambda w: w[0].started_ms, reverse=True)
     for info, live in workers:
-        for schedule in info.schedules:
+        # Unlike its tools (NO_WORKERS for an hour, not TOOL_NOT_FOUND), a dead worker's schedules
+        # are nobody's: no one fires them, and GET /agent/schedules lists the live workers' only.
+        for schedule in info.schedules if live else ():
             schedules.setdefault(schedule.name, schedule)
         for tool in info.tools:
             specs.setdefault(tool.spec.name, tool)

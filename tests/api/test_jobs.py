@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import msgspec
 import pytest
 import redis
 
@@ -434,6 +435,33 @@ async def test_schedules_before_and_after_a_worker_took_them_up(client: httpx.As
     r = await client.get("/agent/schedules", headers=AS_ALICE)
     assert r.json() == {"schedules": [{**expected, "next_run_at": rfc3339(next_ms), "last_job_id": job_id,
                                        "last_run_at": rfc3339(last_ms), "skipped": 2, "fired": 5}]}
+
+
+async def test_a_schedule_only_dead_workers_declare_is_not_listed(stack: Stack, sync: redis.Redis) -> None:
+    # A worker that stopped (or died) 10 s ago: its tool stays in the catalog for an hour (calls
+    # get NO_WORKERS), but nobody fires its schedule any more.
+    bygone = ScheduleSpec(name="bygone", cron="0 5 * * *", tool="bygone_echo", timezone="UTC", grace=5.0)
+    spec = msgspec.structs.replace(next(t for t in basic.tools if t.name == "echo").spec, name="bygone_echo")
+    info = WorkerInfo(worker_id="jobs-test-bygone", started_ms=int(time.time() * 1000) - 60_000,
+                      tools=[WorkerTool(spec=spec, timeout=30.0)], group="jobs-test-bygone", schedules=[bygone])
+    liveness = SyncLiveness(sync, dead_after=3)
+    liveness.register(info.worker_id, msgpack_encoder.encode(info))
+    liveness.heartbeat(info.worker_id, offset_ms=-10_000)
+    try:
+        async with asgi_client(create_app(app_settings(stack.redis_url, api_keys=API_KEYS, dead_after=3.0))) as client:
+            deadline = time.monotonic() + 10
+            while "bygone_echo" not in (await client.get("/agent/tools", headers=AS_ALICE)).text:
+                assert time.monotonic() < deadline, "the dead worker's tool never reached the catalog"
+                await asyncio.sleep(0.05)
+            called = await client.post("/agent/execute", json={"tool": "bygone_echo", "arguments": {"text": "x"}},
+                                       headers=AS_ALICE)
+            assert (called.status_code, called.json()["error"]["code"]) == (503, "NO_WORKERS")
+            listed = (await client.get("/agent/schedules", headers=AS_OPS)).json()["schedules"]
+            assert "bygone" not in [s["name"] for s in listed]
+    finally:  # the module's app (dead_after an hour) would list it
+        for partition in keys.partitions():
+            sync.zrem(keys.workers(partition), info.worker_id)
+        sync.delete(keys.worker(info.worker_id))
 
 
 async def test_schedules_say_the_definition_in_force_not_the_newest_workers(
