@@ -17,6 +17,9 @@ from tests.sse import parse
 from tests.support import Stack, app_settings, wait_until_async
 
 SSE = {"accept": "text/event-stream"}
+# The module's worker for every test, those with an app of their own too: a test run first in
+# its process (alone, or so under -n 4) found none up.
+pytestmark = pytest.mark.usefixtures("worker")
 ALICE = "alice-token-0123456789"
 BOB = "bob-token-0123456789ab"
 
