@@ -11,7 +11,9 @@ import socket
 import time
 
 from redis.asyncio import Redis
-from redis.exceptions import RedisError
+from redis.exceptions import AuthenticationError, ClusterDownError, RedisClusterException, RedisError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from carmy_worker import collector
 from carmy_worker.jobs.callbacks import CallbackLoop
@@ -21,7 +23,7 @@ from carmy_worker.runtime.presence import Presence, describe, group_of, new_work
 from carmy_worker.runtime.runner import Runtime
 from carmy_worker.sdk import lifecycle
 from carmy_worker.sdk.toolbox import Tool
-from carmy_worker.settings import WorkerSettings
+from carmy_worker.settings import SettingsError, WorkerSettings
 from carmy_worker.store import jobs, keys, partitions, version
 from carmy_worker.store.connect import RedisConnector
 from carmy_worker.store.durable import Durability
@@ -32,6 +34,36 @@ from carmy_worker.tracing import start as start_tracing
 from carmy_worker.wire import ScheduleSpec, WorkerInfo
 
 log = logging.getLogger("carmy.worker")
+
+# What a Redis that is not there yet answers: nothing (refused, a timeout), LOADING (a restart
+# reading its append-only file: BusyLoadingError is a ConnectionError), a cluster not formed yet.
+NOT_YET = (RedisConnectionError, RedisTimeoutError, OSError, RedisClusterException, ClusterDownError)
+START_BACKOFF_S = 2.0  # the longest wait between two tries to start
+
+
+async def start_once_reachable(redis: Redis, presence: Presence, partition_count: int) -> None:
+    """Redis's version checked, the partition count agreed and this worker registered, once
+    Redis answers: a worker may start before its Redis (an orchestrator starts them in any
+    order; Redis restarts, or loads its append-only file), and it waits for it, as a running
+    worker rides out an outage, rather than stopping with a traceback. Credentials Redis refuses
+    are a setting to fix, not a wait (``SettingsError``)."""
+    backoff = 0.0
+    while True:
+        try:
+            await version.require(redis)  # before anything runs a script it could not compile
+            await partitions.agree(redis, partition_count)  # nor looks for executions where they are not
+            await presence.register()
+        except AuthenticationError as exc:
+            raise SettingsError(f"CARMY_REDIS_URL: Redis refused the credentials ({exc})") from None
+        except NOT_YET as exc:
+            if not backoff:
+                log.warning("Redis unreachable at start (%s); retrying", exc)
+            backoff = min(backoff * 2 or 0.1, START_BACKOFF_S)
+            await asyncio.sleep(backoff)
+            continue
+        if backoff:
+            log.info("Redis reachable: starting")
+        return
 
 
 async def listen_for_cancels(redis: Redis, runtime: Runtime) -> None:
@@ -73,9 +105,7 @@ async def serve(tools: list[Tool], settings: WorkerSettings, connector: RedisCon
     janitor = Janitor(upkeep, retention=settings.retention, dead_after=settings.dead_after, durability=durability,
                       audit=settings.audit)
     runtime.check_if_stale = presence.ensure_fresh
-    await version.require(redis)  # before anything runs a script it could not compile
-    await partitions.agree(redis, settings.redis_partitions)  # nor looks for executions where they are not
-    await presence.register()
+    await start_once_reachable(redis, presence, settings.redis_partitions)
     jobs_loop = JobLoop(upkeep, tools=described, group=info.group, settings=settings,
                         schedules=info.schedules, durability=durability)
     job_loop = asyncio.create_task(jobs_loop.run())
