@@ -39,6 +39,7 @@ from api.guards.headers import middleware
 from api.guards.oauth import ProtectedResources, TokenVerifier, key_source
 from api.http.methods import by_method
 from api.mcp import MCP_PATH, McpServer
+from api.serving.stopping import at_grace_end
 from api.settings import ApiSettings
 from carmy_worker.store import keys, partitions
 from carmy_worker.store.connect import RedisConnector
@@ -118,6 +119,8 @@ def create_app(settings: ApiSettings | None = None) -> Starlette:
         except (RedisError, OSError, TimeoutError):
             pass
         await hub.start()
+        # At the end of a stop's grace, the calls still waiting answer SERVER_STOPPING.
+        forget_hub = at_grace_end(hub.stop_waiting)
         tasks = [asyncio.create_task(catalog.run()), asyncio.create_task(janitor.run()),
                  asyncio.create_task(memory.run()), asyncio.create_task(executions.recheck.run())]
         if sink is not None:
@@ -131,6 +134,7 @@ def create_app(settings: ApiSettings | None = None) -> Starlette:
             async with mcp.lifespan():
                 yield
         finally:
+            forget_hub()
             execute.log_lines.run()  # the last requests' log lines
             for task in tasks:
                 task.cancel()

@@ -12,13 +12,13 @@ from redis.exceptions import RedisError
 
 from api.calling.catalog import CatalogTool
 from api.events.hub import RESYNC
-from api.events.mailbox import ENDED, Mailbox
+from api.events.mailbox import ENDED, STOPPING, Mailbox
 from api.events.recheck import RECHECK_S, Recheck
 from api.serving.departure import Departed
 from api.settings import ApiSettings
 from carmy_worker.loop import Signal, running_loop
 from carmy_worker.sdk.context import AgentContext
-from carmy_worker.sdk.errors import store_unavailable
+from carmy_worker.sdk.errors import server_stopping, store_unavailable
 from carmy_worker.store import records
 from carmy_worker.store.audit import AuditTrail
 from carmy_worker.store.durable import Durability
@@ -164,6 +164,8 @@ class Executions:
                 if on_idle is not None:
                     await on_idle()
                 continue
+            if message == STOPPING:
+                return records.refused(exec_id, tool, server_stopping(exec_id))  # not stored: it goes on
             if message not in (RESYNC, ENDED):
                 event = event_decoder.decode(message)
                 if event.name != "final":

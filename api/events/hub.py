@@ -31,7 +31,7 @@ from collections.abc import Callable, Collection, Mapping
 from redis.asyncio import Redis
 
 from api.events.mailbox import RESYNC as RESYNC
-from api.events.mailbox import Mailbox
+from api.events.mailbox import STOPPING, Mailbox
 from carmy_worker.store import keys
 from carmy_worker.store.pubsub import Message
 from carmy_worker.store.shardpubsub import listen
@@ -123,6 +123,13 @@ class EventHub:
         self._unconfirmed |= lost
         self._lost |= lost
         self._resync(own)  # whatever was in flight there may be lost
+
+    def stop_waiting(self) -> None:
+        """Tells every request waiting on an execution to answer now, without its outcome: this
+        process's grace to stop is ending (``api.serving.stopping``)."""
+        for queues in self._expected.values():
+            for queue in queues:
+                queue.put_nowait(STOPPING)
 
     def _resync(self, partitions: Collection[int]) -> None:
         """Tells every request waiting on an execution of ``partitions`` to re-read its record."""

@@ -4,8 +4,8 @@ API buffer without end.
 
 Only ``tool.progress`` events are ever dropped. Once more than ``MAX_PROGRESS`` of them, or
 ``MAX_PROGRESS_BYTES``, are waiting, the oldest waiting one goes: the newest progress is kept,
-in order. ``tool.started``, ``tool.completed``, ``final``, ``RESYNC`` and ``ENDED`` are always kept (an
-execution has a handful). The relay reads ``take_dropped()`` to tell its client what it missed.
+in order. ``tool.started``, ``tool.completed``, ``final``, ``RESYNC``, ``ENDED`` and ``STOPPING`` are
+always kept (an execution has a handful). The relay reads ``take_dropped()`` to tell its client what it missed.
 """
 
 from __future__ import annotations
@@ -25,6 +25,9 @@ RESYNC = b""  # "re-read the record": put into every mailbox after the hub recon
 # "Its record is there": put by the process's recheck (api.events.recheck) into the mailbox of
 # an execution found ended without its final event. No event is one zero byte (msgpack of 0).
 ENDED = b"\x00"
+# "Answer now, without the outcome": put into every mailbox as this process's grace to stop ends
+# (api.serving.stopping). No event is the byte 1 either (msgpack of 1).
+STOPPING = b"\x01"
 
 # The final event of a record too large to carry (wire.final_event): its reader GETs the record.
 _FINAL_WITHOUT_RECORD = msgpack_encoder.encode(Event("final", b""))

@@ -31,13 +31,13 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 from api.serving import departure
 from api.serving.halfclose import ResetProbe
 from api.serving.onewrite import OneWriteCycle
+from api.serving.stopping import ANSWER_BEFORE_S, GRACEFUL_SHUTDOWN, grace_ends
 from api.settings import ApiSettings
 from carmy_worker import collector, heap
 from carmy_worker.sdk.errors import error
 from carmy_worker.wire import EnvelopeError, json_encoder
 
 KEEP_ALIVE = 5  # seconds an idle keep-alive connection is kept (uvicorn's own timer)
-GRACEFUL_SHUTDOWN = 30  # seconds open requests and SSE streams get on SIGTERM, then they are cancelled
 BACKLOG = 2048  # pending connections the kernel queues for accept() (capped by net.core.somaxconn)
 
 
@@ -307,11 +307,21 @@ def config(app: ASGIApp, settings: ApiSettings) -> uvicorn.Config:
 
 class Server(uvicorn.Server):
     """uvicorn's server, with the garbage collector set for a serving process
-    (``carmy_worker.collector``): what start-up built is frozen once the app has started."""
+    (``carmy_worker.collector``): what start-up built is frozen once the app has started. On
+    SIGTERM, what still waits for an execution's outcome answers before the grace ends."""
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
         collector.freeze_start_up()
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        # The requests still waiting for an outcome answer before uvicorn cancels them at the end
+        # of GRACEFUL_SHUTDOWN (api.serving.stopping); those that end sooner let it stop sooner.
+        timer = asyncio.get_running_loop().call_later(GRACEFUL_SHUTDOWN - ANSWER_BEFORE_S, grace_ends)
+        try:
+            await super().shutdown(sockets)
+        finally:
+            timer.cancel()
 
 
 def run(app: ASGIApp, settings: ApiSettings) -> None:

@@ -67,6 +67,7 @@ ErrorCode = Literal[
     "NO_WORKERS",
     "STORE_UNAVAILABLE",
     "STORE_FULL",
+    "SERVER_STOPPING",
     "JOB_NOT_FOUND",
     "JOB_NOT_RETRYABLE",
     "JOB_NOT_FINISHED",
@@ -108,6 +109,7 @@ CATEGORY: Final[dict[str, Category]] = {
     "NO_WORKERS": "capacity",
     "STORE_UNAVAILABLE": "capacity",
     "STORE_FULL": "capacity",
+    "SERVER_STOPPING": "capacity",
     "JOB_NOT_FOUND": "not_found",
     "JOB_NOT_RETRYABLE": "conflict",
     "JOB_NOT_FINISHED": "conflict",
@@ -125,8 +127,8 @@ CATEGORY: Final[dict[str, Category]] = {
 
 # Codes an agent may simply try again (after ``retry_after`` when given).
 RETRYABLE: Final[frozenset[str]] = frozenset({
-    "QUEUE_FULL", "RATE_LIMITED", "NO_WORKERS", "STORE_UNAVAILABLE", "STORE_FULL", "AUTH_UNAVAILABLE",
-    "UPSTREAM_RATE_LIMITED", "UPSTREAM_UNAVAILABLE",
+    "QUEUE_FULL", "RATE_LIMITED", "NO_WORKERS", "STORE_UNAVAILABLE", "STORE_FULL", "SERVER_STOPPING",
+    "AUTH_UNAVAILABLE", "UPSTREAM_RATE_LIMITED", "UPSTREAM_UNAVAILABLE",
 })
 # Codes an agent can recover from by changing something (its request, or waiting).
 RECOVERABLE: Final[frozenset[str]] = RETRYABLE | {
@@ -195,6 +197,14 @@ def store_full(retry_after: int = 5) -> ErrorBody:
     already accepted): nothing was recorded; the call may be retried once memory frees."""
     return error("STORE_FULL", "The execution store (Redis) is out of memory: new calls are refused until "
                  "memory frees. Nothing was recorded; retry later with the same request_id.", retry_after=retry_after)
+
+
+def server_stopping(exec_id: str) -> ErrorBody:
+    """This API process is stopping and can wait no longer for an execution's outcome (the end of
+    its grace, ``api.serving.stopping``): the execution goes on, and its outcome is read again."""
+    return error("SERVER_STOPPING", "This API process is stopping and could wait no longer for the outcome; the "
+                 "execution goes on. Retry with the same request_id to get its outcome, or GET "
+                 f"/agent/executions/{exec_id}.", retry_after=1)
 
 
 def http_status(err: ErrorBody) -> int:

@@ -41,6 +41,7 @@ TABLE: dict[str, tuple[str, int, bool, bool]] = {
     "NO_WORKERS": ("capacity", 503, True, True),
     "STORE_UNAVAILABLE": ("capacity", 503, True, True),
     "STORE_FULL": ("capacity", 503, True, True),
+    "SERVER_STOPPING": ("capacity", 503, True, True),
     "JOB_NOT_FOUND": ("not_found", 404, False, False),
     "JOB_NOT_RETRYABLE": ("conflict", 409, False, False),
     "JOB_NOT_FINISHED": ("conflict", 409, False, True),
