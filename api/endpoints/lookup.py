@@ -113,6 +113,9 @@ class ExecutionRoutes:
             found = await self._find(scope)
             if found is None:
                 return await not_found()(scope, receive, send)
+            if scope["method"] == "HEAD":  # the stream's head alone: not held until the execution ends
+                await send({"type": "http.response.start", "status": 200, "headers": relay.SSE_HEADERS})
+                return await send({"type": "http.response.body", "body": b""})
             exec_id = found.execution_id
             with self.hub.expect(exec_id) as messages:
                 _, record = (found.state, found.record) if found.record else await self.calls.follow(

@@ -121,6 +121,19 @@ async def test_events_attached_before_and_after_the_end(client: httpx.AsyncClien
     assert events[1][1] == {**live[-1][1], "replayed": True}
 
 
+async def test_a_head_of_the_events_of_a_running_execution_is_answered_at_once(client: httpx.AsyncClient) -> None:
+    """HEAD is GET's head: the stream's, not held until the execution ends (it was, as a GET is)."""
+    r = await start(client, linger(20, "async-head"))
+    await wait_for_status(client, r.headers["location"], "running")
+    head = await client.head(r.headers["location"] + "/events", headers=AS_ALICE)
+    assert head.status_code == 200
+    assert head.headers["content-type"].startswith("text/event-stream") and head.content == b""
+    assert (await client.get(r.headers["location"], headers=AS_ALICE)).json()["status"] == "running"
+    await client.delete(r.headers["location"], headers=AS_ALICE)
+    unknown = await client.head("/agent/executions/exec_00000000-0000-4000-8000-000000000000/events", headers=AS_ALICE)
+    assert unknown.status_code == 404
+
+
 async def test_delete_a_running_execution(client: httpx.AsyncClient, stack: Stack) -> None:
     r = await start(client, linger(20, "async-del"))
     await wait_for_status(client, r.headers["location"], "running")

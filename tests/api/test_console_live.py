@@ -466,3 +466,15 @@ async def test_the_stream_needs_a_session_when_the_api_authenticates(stack: Stac
         answer = await client.get("/console/live", headers={"accept": "text/event-stream"})
         assert answer.status_code == 401  # an EventSource is no navigation: told, not redirected
         assert not answer.headers["content-type"].startswith("text/event-stream")
+
+
+async def test_a_head_of_the_stream_is_its_head_alone(stack: Stack) -> None:
+    """Not held for the stream's minutes, as a GET is (the console's streams end after minutes):
+    the next request on the same connection was answered only once the stream had ended."""
+    with live_server(stack.redis_url, rotate=300) as (base, page):
+        async with httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_connections=1)) as client:
+            head = await client.head(base + "/console/live")
+            assert head.status_code == 200 and head.headers["content-type"].startswith("text/event-stream")
+            assert head.content == b""
+            after = await client.get(base + "/console")  # the same connection, kept alive
+        assert after.status_code == 200 and page.streams == 0

@@ -59,6 +59,9 @@ class LiveStream(Response):
         self.page = page
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["method"] == "HEAD":  # the stream's head alone, not held for the stream's minutes
+            await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+            return await send({"type": "http.response.body", "body": b""})
         sampler, page = self.page.sampler, self.page
         loop = running_loop()
         watching = loop.create_task(until_disconnect(receive))
