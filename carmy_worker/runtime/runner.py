@@ -50,6 +50,7 @@ log = logging.getLogger("carmy.worker")
 EARLY_CANCEL_MEMORY_S = 10.0
 # Recording an outcome is retried through a Redis restart (about a minute with the backoff).
 SETTLE_TRIES = 40
+RELEASE_WAIT_S = 5.0  # how long a stopping worker waits for its tools' lock releases (one command each)
 
 
 @dataclass
@@ -202,6 +203,14 @@ class Runtime:
 
     def close(self) -> None:
         self._threads.shutdown(wait=False, cancel_futures=True)
+
+    async def released(self, timeout: float = RELEASE_WAIT_S) -> None:
+        """Until the tools' locks being released are, ``timeout`` s at most: a worker that stops
+        releases them rather than leave the next caller of a parallel-unsafe tool to wait for
+        their lease, and none is sent once the worker's connections are closed (it opened one
+        again, which nothing closed)."""
+        if self._releases:
+            await asyncio.wait(set(self._releases), timeout=timeout)
 
     def admit(self, payload: bytes, claim: Claim, lease: str, sent_at: float) -> None:
         """LEASE, sent at ``sent_at`` (``time.monotonic``), claimed the execution of ``payload``

@@ -124,6 +124,7 @@ async def serve(tools: list[Tool], settings: WorkerSettings, connector: RedisCon
         for task in background:
             task.cancel()
         await asyncio.gather(*background, return_exceptions=True)
+        await runtime.released()  # the locks of the last tools to end, before the connections close
         with contextlib.suppress(Exception):
             await upkeep.aclose(close_connection_pool=True)
         with contextlib.suppress(Exception):

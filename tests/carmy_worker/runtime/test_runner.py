@@ -106,6 +106,7 @@ async def runtime(redis_server: RedisServer) -> AsyncIterator[Runtime]:
     client = redis.asyncio.Redis.from_url(redis_server.url)
     rt = Runtime(redis=client, tools={t.name: t for t in tools}, settings=WorkerSettings(), worker_id="w-test")
     yield rt
+    await rt.released()  # a cancelled tool's lock release, sent after the test: not on a closed client
     rt.close()
     await client.aclose()
 
