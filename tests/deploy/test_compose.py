@@ -9,6 +9,7 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
+from api.serving.stopping import GRACEFUL_SHUTDOWN
 from api.settings import ApiSettings
 from carmy_worker.__main__ import load_tools
 from carmy_worker.settings import WorkerSettings
@@ -213,6 +214,14 @@ def test_worker_gets_time_to_drain_its_longest_tool(compose: Compose) -> None:
     assert worker.get("stop_signal", "SIGTERM") == "SIGTERM"
     # A margin for the worker to record results and deregister after the last tool ends.
     assert seconds(worker["stop_grace_period"]) >= longest + 5
+
+
+def test_api_gets_its_grace_and_the_time_to_answer_what_still_waits(compose: Compose) -> None:
+    """uvicorn's grace on SIGTERM, at whose end the calls still waiting answer SERVER_STOPPING:
+    a shorter stop_grace_period would kill the API first (Docker's default is 10 s)."""
+    api = compose["services"]["api"]
+    assert api.get("stop_signal", "SIGTERM") == "SIGTERM"
+    assert seconds(api["stop_grace_period"]) > GRACEFUL_SHUTDOWN
 
 
 def test_every_variable_has_a_default() -> None:
