@@ -81,6 +81,7 @@ from carmy_worker.store.batch import FollowUp
 from carmy_worker.store.connect import RedisConnector
 from carmy_worker.store.durable import Durability
 from carmy_worker.store.leases import Handoff, Lease, Leases
+from carmy_worker.store.pubsub import raise_if_cancelled, stop_if_cancelled
 from carmy_worker.store.wakeups import wait_on_every_partition
 
 if TYPE_CHECKING:
@@ -326,12 +327,16 @@ class WakeableWorker(Worker):
                     # (arq's heartbeat too) is not on its path (bench/README.md, "Issue 14, one client").
                     for _ in range(START_TURNS):
                         await asyncio.sleep(0)
+                # A cancellation a call swallowed (Python 3.11's races, redis-py's timeouts) still
+                # stops the loop: it went on waiting for work, and arq's stop waited on it for ever.
+                stop_if_cancelled()
                 await self.heart_beat()
                 if backoff:
                     log.info("queue reachable again")
                 backoff = 0.0
                 taken = await self._wait_for_work()
             except (RedisError, OSError) as exc:
+                raise_if_cancelled(exc)  # a cancellation redis-py turned into its error
                 if not backoff:
                     log.warning("queue unreachable (%s); retrying", exc)
                 backoff = min(backoff * 2 or 0.1, 2.0)
