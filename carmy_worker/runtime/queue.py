@@ -293,6 +293,7 @@ class WakeableWorker(Worker):
     # A LEASE is under way, or what it took is not yet started: from before the wait (or the
     # take) that sends it until ``_start_due`` has listed its jobs in ``tasks``.
     _taking: bool = False
+    _asked: bool = False  # the loop's last wait for work went to Redis (and so was answered, if it returned)
     on_drain: Callable[[], None] | None = None
     admit: Admit | None = None  # told of each claim LEASE made, before run_job runs its job
     forget: Callable[[str], None] | None = None  # told of each lease whose run_job has returned
@@ -331,10 +332,15 @@ class WakeableWorker(Worker):
                 # stops the loop: it went on waiting for work, and arq's stop waited on it for ever.
                 stop_if_cancelled()
                 await self.heart_beat()
-                if backoff:
-                    log.info("queue reachable again")
-                backoff = 0.0
+                self._asked = False
                 taken = await self._wait_for_work()
+                # Reachable again only once Redis answered: a full or draining worker's wait, and
+                # a freed slot's turn, send nothing, and with several partitions neither may the
+                # LEASE before it (none known to have work), so reaching here proves nothing.
+                if self._asked:
+                    if backoff:
+                        log.info("queue reachable again")
+                    backoff = 0.0
             except (RedisError, OSError) as exc:
                 raise_if_cancelled(exc)  # a cancellation redis-py turned into its error
                 if not backoff:
@@ -360,7 +366,7 @@ class WakeableWorker(Worker):
             return None
         # A drain that begins meanwhile does not stop this LEASE: what it took is run and drained
         # (``_taking``: the drain waits for it).
-        self._taking = True
+        self._taking = self._asked = True
         pool, lease_ms = cast("ArqRedis", self._pool), int(self.in_progress_timeout_s * 1000)
         if len(self.queues) == 1:
             return await self.leases.wait_and_take(pool, self.queues[0], timeout=self.poll_delay_s, most=free,
