@@ -6,8 +6,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
+import logging
 import os
 import sys
+import threading
+import time
 from collections.abc import Coroutine
 from typing import Any
 
@@ -18,6 +21,12 @@ from carmy_worker.sdk.toolbox import Tool, Toolbox, ToolDefinitionError
 from carmy_worker.settings import SettingsError, WorkerSettings
 from carmy_worker.store.connect import RedisConnector
 from carmy_worker.wire import ScheduleSpec
+
+log = logging.getLogger("carmy.worker")
+
+# How long a stopped worker waits for threads still running (a timed-out sync tool finishing)
+# before it exits without them.
+THREADS_GRACE_S = 1.0
 
 
 def _toolboxes(module_name: str) -> list[Toolbox]:
@@ -109,5 +118,25 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def leave(code: int) -> int:
+    """``code``, once the threads still running have ended, or, after ``THREADS_GRACE_S``,
+    the process's end with ``code`` without them. A sync tool's thread cannot be stopped: one
+    that never returns (its caller long answered ``TIMEOUT``), or a thread a tool started and
+    never ended, would otherwise hold the process at Python's exit, which joins them, for ever."""
+    deadline = time.monotonic() + THREADS_GRACE_S
+    left = [t for t in threading.enumerate() if t is not threading.current_thread() and not t.daemon]
+    for thread in left:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    left = [t for t in left if t.is_alive()]
+    if not left:
+        return code
+    log.warning("exiting without waiting for %d threads still running (%s): a sync tool that never returned, "
+                "or a thread a tool started", len(left), ", ".join(sorted({t.name for t in left})))
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(leave(main()))

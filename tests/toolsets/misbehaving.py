@@ -292,3 +292,20 @@ class BigInput(msgspec.Struct):
 async def big(ctx: Context, input: BigInput) -> str:
     """Returns ``size`` bytes of text."""
     return "b" * input.size
+
+
+# --- what it leaves running -------------------------------------------------------------------
+
+
+@spec()
+def never_returns_sync(ctx: Context) -> Empty:
+    """Never returns, deaf to ``ctx.cancelled``: its thread outlives its call, and its worker's drain."""
+    threading.Event().wait()
+    return Empty()
+
+
+@spec()
+def leaves_a_thread(ctx: Context) -> Empty:
+    """Starts a thread (not a daemon) that never ends, and returns."""
+    threading.Thread(target=threading.Event().wait, name="left-by-a-tool").start()
+    return Empty()
