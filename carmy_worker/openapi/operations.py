@@ -22,7 +22,7 @@ import jsonref
 
 from carmy_worker.openapi import naming
 from carmy_worker.openapi.params import STYLES, Parameter
-from carmy_worker.openapi.schemas import SchemaBuilder, plain
+from carmy_worker.openapi.schemas import Expansion, SchemaBuilder, Unbounded, plain
 from carmy_worker.wire import Confirmation, Effect
 
 log = logging.getLogger("carmy.worker")
@@ -80,6 +80,7 @@ def operations(document: Mapping[str, Any], selection: Selection) -> tuple[list[
     as ``Skipped``. Raises ``ValueError`` naming the operation for a bad ``x-carmy-effect``,
     and for names in ``only`` or ``effects`` that match no operation."""
     openapi_30 = str(document.get("openapi", "")).startswith("3.0.")
+    expansion = Expansion()  # for the whole document: each tool's schemas copy the values they refer to
     found: list[Operation] = []
     skipped: list[Skipped] = []
     taken: set[str] = set()
@@ -95,13 +96,16 @@ def operations(document: Mapping[str, Any], selection: Selection) -> tuple[list[
             label = naming.label(method.upper(), route, op_id)
             try:
                 found.append(_operation(method.upper(), str(route), item, operation, label, op_id, selection,
-                                        taken, openapi_30))
+                                        taken, openapi_30, expansion))
             except Unservable as why:
                 log.warning("openapi: %s skipped: %s", label, why)
                 skipped.append(Skipped(label, str(why)))
-            except (TypeError, KeyError, AttributeError, jsonref.JsonRefError) as exc:
-                # A shape the validator let through and this module did not foresee, or a
-                # reference into another file that does not resolve: name the operation.
+            except Unbounded as exc:
+                raise ValueError(f"{label}: {exc}") from None
+            except (TypeError, KeyError, AttributeError, RecursionError, jsonref.JsonRefError) as exc:
+                # A shape the validator let through and this module did not foresee, a reference
+                # into another file that does not resolve, or a chain of references to references
+                # longer than jsonref can follow (it recurses, some 300 of them): name the operation.
                 raise ValueError(f"{label}: cannot be read ({type(exc).__name__}: {exc})") from exc
     unknown = sorted({*(selection.only or ()), *(selection.effects or {})} - known)
     if unknown:
@@ -116,20 +120,21 @@ def _methods(item: Any) -> list[str]:
 
 
 def _operation(method: str, route: str, item: Mapping[str, Any], operation: Mapping[str, Any], label: str,
-               op_id: str | None, selection: Selection, taken: set[str], openapi_30: bool) -> Operation:
+               op_id: str | None, selection: Selection, taken: set[str], openapi_30: bool,
+               expansion: Expansion) -> Operation:
     override = next((e for k, e in (selection.effects or {}).items() if k in (op_id, f"{method} {route}")), None)
     try:
         behaviour = naming.behaviour(method, operation.get(naming.EFFECT_EXTENSION), override)
     except ValueError as exc:
         raise ValueError(f"{label}: {exc}") from exc
-    inputs = SchemaBuilder(openapi_30=openapi_30, direction="input")
+    inputs = SchemaBuilder(openapi_30=openapi_30, direction="input", expansion=expansion)
     parameters, properties, required = _parameters(item, operation, selection, inputs)
     has_body = _body(operation, inputs, properties, required)
     input_schema = inputs.rooted({"type": "object", "properties": properties, "required": required,
                                   "additionalProperties": False})
     if not required:
         del input_schema["required"]
-    output_schema = _output(operation, SchemaBuilder(openapi_30=openapi_30, direction="output"))
+    output_schema = _output(operation, SchemaBuilder(openapi_30=openapi_30, direction="output", expansion=expansion))
     name = naming.unique(naming.base_name(method, route, op_id, selection.prefix), taken)
     return Operation(
         name=name, method=method, path=route, label=label, description=naming.description(method, route, operation),

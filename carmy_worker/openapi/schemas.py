@@ -10,6 +10,12 @@ rewritten: ``nullable`` (a ``"null"`` type), boolean ``exclusiveMinimum``/``excl
 (``discriminator``, ``xml``, ``externalDocs``, ``x-`` extensions) are dropped, as are ``$id``
 and ``$schema``, which would change how references resolve. Properties marked ``readOnly`` are
 left out of an input (a server sets them), ``writeOnly`` ones are not required of an output.
+
+References are followed without recursion (each definition is built once its referrer is), so a
+long chain of schemas, each referring to the next, is no deeper to build than one of them. A
+reference inside a value (a ``default``, an ``enum``) is copied out where it stands: those copies
+are bounded (``Expansion``), or a few lines of references to references, ten times each, would
+make a value of 10^9 elements, as YAML's aliases could.
 """
 
 from __future__ import annotations
@@ -29,26 +35,55 @@ _SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
 _SCHEMAS = ("items", "additionalProperties", "not", "contains", "if", "then", "else", "propertyNames",
             "unevaluatedProperties", "unevaluatedItems", "additionalItems")
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.\-]+")
+MAX_EXPANDED = 1_000_000  # values copied out of references inside values, in one document
+MAX_DEPTH = 200  # levels of a value, its references followed (as a document's own, document.MAX_DEPTH)
 
 
-def plain(value: Any) -> Any:
-    """``value`` as plain JSON data, references resolved (for values, not schemas: defaults, enums)."""
+class Unbounded(ValueError):
+    """A value whose references expand past ``MAX_EXPANDED`` values, or nest past ``MAX_DEPTH``
+    levels (one that contains itself never ends)."""
+
+
+class Expansion:
+    """What references inside values may still add, shared by every schema of one document."""
+
+    def __init__(self, most: int = MAX_EXPANDED) -> None:
+        self.most = self.left = most
+
+
+def plain(value: Any, expansion: Expansion | None = None) -> Any:
+    """``value`` as plain JSON data, references resolved (for values, not schemas: defaults,
+    enums); ``Unbounded`` past ``expansion``'s values, or ``MAX_DEPTH`` levels."""
+    return _plain(value, expansion or Expansion(), 0, referenced=False)
+
+
+def _plain(value: Any, expansion: Expansion, depth: int, *, referenced: bool) -> Any:
     if isinstance(value, jsonref.JsonRef):
-        value = value.__subject__
-    if isinstance(value, Mapping):
-        return {str(k): plain(v) for k, v in value.items()}
-    if isinstance(value, Sequence) and not isinstance(value, str | bytes):
-        return [plain(v) for v in value]
+        value, referenced = value.__subject__, True
+    if referenced:
+        expansion.left -= 1
+        if expansion.left < 0:
+            raise Unbounded(f"the references in its values expand to over {expansion.most:,} values")
+    mapping, sequence = isinstance(value, Mapping), isinstance(value, Sequence) and not isinstance(value, str | bytes)
+    if (mapping or sequence) and depth >= MAX_DEPTH:
+        raise Unbounded(f"a value is nested deeper than {MAX_DEPTH} levels, its references followed "
+                        "(or contains itself)")
+    if mapping:
+        return {str(k): _plain(v, expansion, depth + 1, referenced=referenced) for k, v in value.items()}
+    if sequence:
+        return [_plain(v, expansion, depth + 1, referenced=referenced) for v in value]
     return value
 
 
 class SchemaBuilder:
     """Builds the schemas of one tool's input or output, collecting the definitions they use."""
 
-    def __init__(self, *, openapi_30: bool, direction: Direction) -> None:
+    def __init__(self, *, openapi_30: bool, direction: Direction, expansion: Expansion | None = None) -> None:
         self._openapi_30 = openapi_30
         self._direction = direction
+        self._expansion = expansion or Expansion()
         self._names: dict[str, str] = {}  # a reference's URI -> its name under $defs
+        self._unbuilt: list[tuple[str, jsonref.JsonRef]] = []  # definitions named, to build
         self.defs: dict[str, Any] = {}
 
     def build(self, node: Any) -> Any:
@@ -70,7 +105,7 @@ class SchemaBuilder:
             elif key in _SCHEMAS:
                 schema[key] = ([self.build(v) for v in value] if isinstance(value, list) else self.build(value))
             else:
-                schema[key] = plain(value)
+                schema[key] = plain(value, self._expansion)
         self._directed(schema)
         return self._openapi_30_keywords(node, schema) if self._openapi_30 else schema
 
@@ -82,6 +117,7 @@ class SchemaBuilder:
 
     def rooted(self, schema: dict[str, Any]) -> dict[str, Any]:
         """``schema`` with the definitions collected so far; a root ``$ref`` is inlined."""
+        self._build_definitions()
         ref = schema.get("$ref", "") if set(schema) == {"$ref"} else ""
         defs = dict(self.defs)
         if ref.startswith("#/$defs/"):
@@ -97,13 +133,20 @@ class SchemaBuilder:
         name = self._names.get(uri)
         if name is None:
             name = self._names[uri] = self._new_name(uri)
-            self.defs[name] = {}  # taken before building it: a recursive schema refers back here
-            self.defs[name] = self.build(node.__subject__)
+            self.defs[name] = {}  # taken now, in the order first referred to; built by rooted()
+            self._unbuilt.append((name, node))
         siblings = {k: v for k, v in node.__reference__.items() if k != "$ref"}
         ref = {"$ref": f"#/$defs/{name}"}
         if not siblings:
             return ref
         return {**ref, **{k: v for k, v in self.build(siblings).items() if k != "$ref"}}
+
+    def _build_definitions(self) -> None:
+        """Build each definition referred to, and those they refer to, in turn: a chain of
+        references is followed in a loop, not by recursion, however long it is."""
+        while self._unbuilt:
+            name, node = self._unbuilt.pop(0)
+            self.defs[name] = self.build(node.__subject__)
 
     def _new_name(self, uri: str) -> str:
         document, fragment = urldefrag(uri)

@@ -254,6 +254,51 @@ def test_documents_that_never_end_are_refused(tmp_path: Path) -> None:
     assert tools_of(tmp_path / "shared.yaml") == {}
 
 
+def test_a_long_chain_of_schemas_is_served(tmp_path: Path) -> None:
+    """400 schemas, each a property of the one before: the document is valid and shallow, and
+    building it followed each reference by recursion, a RecursionError out of the worker's start."""
+    schemas: dict[str, Any] = {f"S{i}": {"type": "object", "properties": {"next": {
+        "$ref": f"#/components/schemas/S{i + 1}"}}} for i in range(400)}
+    schemas["S400"] = {"type": "string"}
+    chain = operation({"operationId": "getChain", "responses": {"200": {"description": "ok", "content": {
+        "application/json": {"schema": {"$ref": "#/components/schemas/S0"}}}}}}) | {"components": {"schemas": schemas}}
+    tool = tools_of(write(tmp_path, chain))["getChain"]
+    check_published(tool, reference=False)
+    assert len(tool.spec.output_schema["$defs"]) == 400  # S1…S400: S0 is the root
+    # References to references, 400 of them: jsonref follows those by recursion; named, not a crash.
+    schemas = {f"S{i}": {"$ref": f"#/components/schemas/S{i + 1}"} for i in range(400)} | {"S400": {"type": "string"}}
+    with pytest.raises(ToolDefinitionError,
+                       match=r"openapi: GET /things \(getChain\): cannot be read \(RecursionError"):
+        tools_of(write(tmp_path, chain | {"components": {"schemas": schemas}}))
+
+
+@pytest.mark.parametrize("levels", [6, 12])
+def test_references_inside_values_that_never_end_are_refused(tmp_path: Path, levels: int) -> None:
+    """A billion laughs made of references: a default referring to a list of ten references to
+    the next list, and so on. Copied into the tool's schema, 12 levels are 10^12 values: the
+    worker's start never ended. Refused as soon as a million are copied."""
+    laughs: dict[str, Any] = {f"L{n}": [{"$ref": f"#/components/x-laughs/L{n + 1}"}] * 10 for n in range(levels)}
+    laughs[f"L{levels}"] = "lol"
+    document = operation({"operationId": "laugh", "parameters": [{"name": "q", "in": "query", "schema": {
+        "type": "array", "default": {"$ref": "#/components/x-laughs/L0"}}}]}) | {"components": {"x-laughs": laughs}}
+    with pytest.raises(ToolDefinitionError, match=r"openapi: GET /things \(laugh\): the references in its values "
+                                                  r"expand to over 1,000,000 values"):
+        tools_of(write(tmp_path, document))
+    laughs = {"L0": [{"$ref": "#/components/x-laughs/L1"}] * 3, "L1": [1, 2]}  # one that ends is copied
+    document["components"]["x-laughs"] = laughs
+    query = tools_of(write(tmp_path, document))["laugh"].spec.input_schema["properties"]["q"]
+    assert query["default"] == [[1, 2]] * 3
+
+
+def test_a_value_that_contains_itself_is_refused(tmp_path: Path) -> None:
+    """Past the validator (a default is not checked), a list whose element refers to the list."""
+    document = operation({"operationId": "loop", "parameters": [{"name": "q", "in": "query", "schema": {
+        "default": {"$ref": "#/components/x-loop"}}}]}) | {"components": {"x-loop": [{"$ref": "#/components/x-loop"}]}}
+    with pytest.raises(ToolDefinitionError, match=r"openapi: GET /things \(loop\): a value is nested deeper than "
+                                                  r"200 levels"):
+        tools_of(write(tmp_path, document))
+
+
 def test_the_count_of_values_bounds_yaml_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """JSON has no aliases: its values are bounded by its bytes (MAX_DOCUMENT_BYTES), and a large
     real document (GitHub's has hundreds of thousands) is not refused for their count."""
