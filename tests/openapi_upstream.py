@@ -185,10 +185,11 @@ def app(state: Upstream) -> Starlette:
 
     async def answer(request: Request) -> Response:
         """Any body, as JSON: ``?hex=`` its bytes, ``&status=`` the status (200), ``&retry_after=``
-        a ``Retry-After`` header."""
+        a ``Retry-After`` header, ``&type=`` another ``Content-Type``."""
         await record(request)
         said = request.query_params.get("retry_after")
-        return Response(bytes.fromhex(request.query_params["hex"]), media_type="application/json",
+        return Response(bytes.fromhex(request.query_params["hex"]),
+                        media_type=request.query_params.get("type", "application/json"),
                         status_code=int(request.query_params.get("status", "200")),
                         headers=None if said is None else {"retry-after": said})
 

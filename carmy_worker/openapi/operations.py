@@ -29,6 +29,7 @@ log = logging.getLogger("carmy.worker")
 
 BODY = "body"
 _JSON = re.compile(r"^application/([\w.\-]+\+)?json(\s*;.*)?$", re.IGNORECASE)
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # an HTTP field name (RFC 9110, 5.1)
 # Header parameters a caller does not set: those OpenAPI says to ignore and the worker sets, and
 # HTTP's own, which would steer the request (Host: another site of the server) or frame it
 # (Content-Length, Transfer-Encoding: for whatever stands in front of the upstream).
@@ -160,6 +161,8 @@ def _parameters(item: Mapping[str, Any], operation: Mapping[str, Any], selection
             log.info("openapi: parameter %s %r is not part of the tool's input (%s)", location, name,
                      "a tool call carries no cookies" if location == "cookie" else "HTTP or the worker sets it")
             continue
+        if location == "header" and not _TOKEN.fullmatch(name):
+            raise Unservable(f"its header parameter {name!r} is not a name an HTTP header can have")
         style = str(spec.get("style") or STYLES[location][0])
         if style not in STYLES[location]:
             raise Unservable(f"the {location} parameter {name!r} has the style {style!r}, which is not supported")

@@ -115,7 +115,7 @@ class Upstream:
             await response.aclose()
         if body is None:
             raise failures.bad_answer(f"The upstream API's answer is over {MAX_ANSWER:,} bytes.")
-        text = self._hide_text(body.decode(response.encoding or "utf-8", errors="replace"))
+        text = self._hide_text(_text(response, body))
         if not 200 <= response.status_code < 300:
             raise failures.answered(response.status_code, response.reason_phrase, text,
                                     response.headers.get("retry-after"), method=operation.method)
@@ -138,6 +138,16 @@ async def _read(response: httpx.Response) -> bytes | None:
             return None
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+def _text(response: httpx.Response, body: bytes) -> str:
+    """The answer's body as text, in its charset; as UTF-8 when that charset is one Python knows
+    only as a codec of bytes to bytes or text to text (``base64``, ``rot13``), which httpx takes
+    for an encoding (``codecs.lookup`` finds it) and ``bytes.decode`` refuses (``LookupError``)."""
+    try:
+        return body.decode(response.encoding or "utf-8", errors="replace")
+    except LookupError:
+        return body.decode("utf-8", errors="replace")
 
 
 def _result(response: httpx.Response, body: bytes, text: str) -> Any:

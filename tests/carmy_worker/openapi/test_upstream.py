@@ -276,3 +276,35 @@ async def test_a_retry_after_that_is_no_number_or_past_reason(api: Upstream, tmp
         {"name": name, "in": "query", "schema": {"type": "string"}} for name in ("hex", "status", "retry_after")])
     limited = await failure(answer, {"hex": b"{}".hex(), "status": "429", "retry_after": said})
     assert (limited.code, limited.retry_after) == ("UPSTREAM_RATE_LIMITED", heard)
+
+
+@pytest.mark.parametrize("charset", ["rot13", "base64", "hex"])
+@pytest.mark.parametrize("status", ["200", "500"])
+async def test_a_charset_that_is_no_text_encoding_is_read_as_utf8(api: Upstream, tmp_path: Path, charset: str,
+                                                                  status: str) -> None:
+    """Python knows these codecs, so httpx takes them for the answer's encoding, and decoding
+    bytes with them raises LookupError: the call was a TOOL_PANIC, the worker's fault, whatever
+    the upstream said."""
+    answer = one_tool(api, tmp_path, "/answer", [
+        {"name": name, "in": "query", "schema": {"type": "string"}} for name in ("hex", "status", "type")])
+    said = {"hex": b"caf\xc3\xa9".hex(), "status": status, "type": f"text/plain; charset={charset}"}
+    if status == "200":
+        assert await data(answer, said) == "caf\u00e9"
+    else:
+        failed = await failure(answer, said)
+        assert (failed.code, failed.message) == ("UPSTREAM_UNAVAILABLE", "The upstream API answered 500 Internal "
+                                                 "Server Error: caf\u00e9")
+
+
+@pytest.mark.parametrize("name", ["X-Caf\u00e9", "X Tag", "X-Tag:", "X-(Tag)", ""])
+async def test_a_header_parameter_no_header_can_be_named_is_not_served(api: Upstream, tmp_path: Path,
+                                                                       name: str) -> None:
+    """A document's header parameter whose name is no HTTP field name (RFC 9110's token): httpx
+    cannot encode one outside ASCII (every call a TOOL_PANIC), and h11 refuses to send the others
+    (every call UPSTREAM_UNAVAILABLE, retryable, for a request that was never sent). The
+    operation is skipped at start, as any other it cannot serve."""
+    (tmp_path / "api.json").write_text(json.dumps({
+        "openapi": "3.1.0", "info": {"title": "t", "version": "1"}, "paths": {"/answer": {"get": {
+            "operationId": "one", "parameters": [{"name": name, "in": "header", "schema": {"type": "string"}}],
+            "responses": {"200": {"description": "ok", "content": {"application/json": {"schema": {}}}}}}}}}))
+    assert list(Toolbox().openapi(str(tmp_path / "api.json"), base_url=api.url)) == []
