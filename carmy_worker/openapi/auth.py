@@ -1,12 +1,13 @@
 """The upstream's credentials, read from the environment once, when the tools are registered.
 
 A secret is named by its variable, never written in code or on a command line (where ``ps``
-would show it), and never appears in a repr, a log line or an error sent to an agent.
+would show it), and never appears in a repr, a log line, or an answer or error sent to an agent.
 """
 
 from __future__ import annotations
 
 import base64
+import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -42,9 +43,11 @@ class Auth:
         return {self.name: self._value} if self.where == "query" else {}
 
     def hide(self, text: str) -> str:
-        """``text`` with the secrets blanked out: for the upstream's error bodies, which may echo them."""
+        """``text`` with the secrets blanked out, as they are and as a JSON string writes them:
+        for the upstream's answers, which may echo them."""
         for secret in (self._value, *self._secrets):
-            text = text.replace(secret, "[secret]")
+            for form in dict.fromkeys((secret, json.dumps(secret, ensure_ascii=False)[1:-1])):
+                text = text.replace(form, "[secret]")
         return text
 
 

@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
+import msgspec
 
 from carmy_worker.openapi import failures, params
 from carmy_worker.openapi.auth import Auth
@@ -119,7 +120,7 @@ class Upstream:
         if not 200 <= response.status_code < 300:
             raise failures.answered(response.status_code, response.reason_phrase, text,
                                     response.headers.get("retry-after"), method=operation.method)
-        return _result(response, body, text)
+        return _result(response, body, text, self.auth)
 
     def _hide(self, exc: Exception) -> str:
         return self._hide_text(str(exc) or type(exc).__name__)
@@ -150,14 +151,20 @@ def _text(response: httpx.Response, body: bytes) -> str:
         return body.decode("utf-8", errors="replace")
 
 
-def _result(response: httpx.Response, body: bytes, text: str) -> Any:
-    """A 2xx answer as the tool's result: its JSON, its text, or None when it has no body."""
+def _result(response: httpx.Response, body: bytes, text: str, auth: Auth | None) -> Any:
+    """A 2xx answer as the tool's result: its JSON, its text, or None when it has no body. The
+    credentials are blanked out of it (``text`` is already): an API may echo them (a ``next``
+    link that repeats the request's URL, its API key included), and the result reaches every
+    caller of the tool."""
     if not body.strip():
         return None
     kind = response.headers.get("content-type", "").split(";", 1)[0].strip().lower()
     if kind == "application/json" or kind.endswith("+json"):
         try:
-            return failures.strict_json(body)
+            value = failures.strict_json(body)
+            # Hidden in the JSON as msgspec writes it (escaping only quotes, backslashes and
+            # control characters), then read again: every string, keys included, however deep.
+            return value if auth is None else failures.strict_json(auth.hide(msgspec.json.encode(value).decode()))
         except ValueError as exc:
             raise failures.bad_answer(f"The upstream API's answer says it is JSON and is not ({exc}).") from None
     return text

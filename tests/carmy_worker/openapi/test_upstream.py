@@ -308,3 +308,21 @@ async def test_a_header_parameter_no_header_can_be_named_is_not_served(api: Upst
             "operationId": "one", "parameters": [{"name": name, "in": "header", "schema": {"type": "string"}}],
             "responses": {"200": {"description": "ok", "content": {"application/json": {"schema": {}}}}}}}}}))
     assert list(Toolbox().openapi(str(tmp_path / "api.json"), base_url=api.url)) == []
+
+
+@pytest.mark.parametrize("key", ["k-123", 'k"1\\2'])
+async def test_credentials_an_answer_echoes_are_not_passed_on(api: Upstream, tmp_path: Path, key: str) -> None:
+    """A paginated API often repeats the request's URL in its answer, API key and all (a ``next``
+    link): the worker's key reached every caller of the tool, though an error body, or a text
+    answer, that echoed it was blanked out."""
+    (tmp_path / "api.json").write_text(json.dumps({
+        "openapi": "3.1.0", "info": {"title": "t", "version": "1"}, "paths": {"/answer": {"get": {
+            "operationId": "one", "parameters": [{"name": "hex", "in": "query", "schema": {"type": "string"}}],
+            "responses": {"200": {"description": "ok", "content": {"application/json": {"schema": {}}}}}}}}}))
+    box = Toolbox()
+    box.openapi(str(tmp_path / "api.json"), base_url=api.url,
+                auth=api_key_query("api_key", environ={"CARMY_OPENAPI_API_KEY": key}))
+    echo = {"items": [1], "next": f"{api.url}/answer?page=2&api_key={key}", "key": {key: key}}
+    got = await data(next(iter(box)), {"hex": json.dumps(echo).encode().hex()})
+    assert key not in json.dumps(got) and json.dumps(key)[1:-1] not in json.dumps(got)
+    assert got == {"items": [1], "next": f"{api.url}/answer?page=2&api_key=[secret]", "key": {"[secret]": "[secret]"}}
