@@ -21,7 +21,7 @@ from typing import Any
 import jsonref
 
 from carmy_worker.openapi import naming
-from carmy_worker.openapi.params import STYLES, Parameter
+from carmy_worker.openapi.params import STYLES, Parameter, dot_segments
 from carmy_worker.openapi.schemas import Expansion, SchemaBuilder, Unbounded, plain
 from carmy_worker.wire import Confirmation, Effect
 
@@ -123,6 +123,8 @@ def _methods(item: Any) -> list[str]:
 def _operation(method: str, route: str, item: Mapping[str, Any], operation: Mapping[str, Any], label: str,
                op_id: str | None, selection: Selection, taken: set[str], openapi_30: bool,
                expansion: Expansion) -> Operation:
+    if dot_segments(route):  # every call would leave the base URL's path, and be refused
+        raise Unservable("its path has a '.' or '..' segment (percent-encoded or not), which leaves the base URL")
     override = next((e for k, e in (selection.effects or {}).items() if k in (op_id, f"{method} {route}")), None)
     try:
         behaviour = naming.behaviour(method, operation.get(naming.EFFECT_EXTENSION), override)

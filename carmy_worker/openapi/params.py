@@ -12,7 +12,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 import httpx
 
@@ -103,7 +103,10 @@ def path_segment(param: Parameter, value: Any) -> str:
 
 def url(base: httpx.URL, template: str, segments: Mapping[str, str]) -> httpx.URL:
     """``base`` followed by ``template`` with its ``{name}`` replaced by encoded ``segments``,
-    checked to be on ``base``'s origin and under its path."""
+    checked to be on ``base``'s origin and under its path. A template's ``%2e%2e`` is ``..`` to a
+    server that decodes before it resolves dot segments (RFC 3986 lets it): refused as ``..`` is."""
+    if dot_segments(template):
+        raise ParameterError(f"the path {template!r} has a '.' or '..' segment, which leaves the base URL")
     path = template
     for name, segment in segments.items():
         path = path.replace("{" + name + "}", segment)
@@ -114,3 +117,8 @@ def url(base: httpx.URL, template: str, segments: Mapping[str, str]) -> httpx.UR
             target.raw_path == base_path or target.raw_path.startswith(base_path + b"/")):
         raise ParameterError(f"the path {template!r} with these parameters leaves the base URL")
     return target
+
+
+def dot_segments(template: str) -> bool:
+    """Whether the path ``template`` has a segment that is ``.`` or ``..``, percent-encoded or not."""
+    return any(unquote(part) in (".", "..") for part in template.split("/"))

@@ -299,6 +299,13 @@ def test_a_value_that_contains_itself_is_refused(tmp_path: Path) -> None:
         tools_of(write(tmp_path, document))
 
 
+def test_an_operation_whose_path_leaves_the_base_url_is_not_served(tmp_path: Path) -> None:
+    """Every call of it would leave the base URL's path (``%2e%2e`` is ``..`` to many servers) and be refused."""
+    for route in ("/things/%2e%2e/admin", "/things/../admin"):
+        assert tools_of(write(tmp_path, operation({"operationId": "up"}, route=route))) == {}
+    assert list(tools_of(write(tmp_path, operation({"operationId": "up"}, route="/things/..x")))) == ["up"]
+
+
 def test_the_count_of_values_bounds_yaml_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """JSON has no aliases: its values are bounded by its bytes (MAX_DOCUMENT_BYTES), and a large
     real document (GitHub's has hundreds of thousands) is not refused for their count."""

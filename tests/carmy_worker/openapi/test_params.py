@@ -45,9 +45,12 @@ def test_segments_that_would_move_up_or_vanish_are_refused(value: str) -> None:
         at(value)
 
 
-def test_a_template_that_leaves_the_base_is_refused() -> None:
+@pytest.mark.parametrize("template", ["/../../elsewhere", "/%2e%2e/elsewhere", "/%2E./elsewhere", "/items/%2e"])
+def test_a_template_that_leaves_the_base_is_refused(template: str) -> None:
+    """A server that decodes ``%2e`` before resolving dot segments (RFC 3986, 6.2.2.2) reads
+    ``/v1/%2e%2e/elsewhere`` as ``/elsewhere``: out of the base URL's path."""
     with pytest.raises(ParameterError, match="leaves the base URL"):
-        url(BASE, "/../../elsewhere", {})
+        url(BASE, template, {})
 
 
 @pytest.mark.parametrize(("style", "explode", "value", "pairs"), [
