@@ -6,6 +6,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Coroutine, Generator
 from concurrent.futures import Executor
+from contextvars import ContextVar
 from typing import Any
 
 import msgspec
@@ -31,6 +32,9 @@ MayStep = Callable[[], bool | Awaitable[None]]
 # whoever is answered may count on them having run; one that ignores the cancellation, or
 # cleans up slowly, delays its answer by this much at most.
 STOP_GRACE = 1.0
+
+# True in an async tool's task, and so in every task it starts (a task copies its creator's context).
+_IN_TOOL: ContextVar[bool] = ContextVar("carmy_in_tool", default=False)
 
 
 class Outcome(Struct, kw_only=True):
@@ -97,10 +101,34 @@ class _Stepwise:
                 error = exc
 
 
+def contain_tool_tasks(loop: asyncio.AbstractEventLoop) -> None:
+    """Have ``loop`` contain the tasks async tools start (``asyncio.gather``, ``wait_for``, their
+    own ``create_task``) as it contains the tools: a ``BaseException`` one raises (``sys.exit``
+    in a helper) reaches whoever awaits the task as ``Escaped``; asyncio would re-raise it out of
+    the event loop, ending the worker and every execution it runs. One nobody awaits is logged
+    by asyncio ("Task exception was never retrieved")."""
+    loop.set_task_factory(_task)
+
+
+def _task(loop: asyncio.AbstractEventLoop, coro: Any, /, **kwargs: Any) -> asyncio.Task[Any]:
+    """The loop's task factory (``context=`` among ``kwargs``), called in the creator's context."""
+    return asyncio.Task(_escaping(coro) if _IN_TOOL.get() else coro, loop=loop, **kwargs)
+
+
+async def _escaping(coro: Coroutine[Any, Any, Any]) -> Any:
+    try:
+        return await coro
+    except (asyncio.CancelledError, Exception):
+        raise
+    except BaseException as exc:
+        raise Escaped(type(exc).__name__) from exc
+
+
 async def _contained(fn: Callable[..., Coroutine[Any, Any, Any]], args: tuple[Any, ...],
                      may_step: MayStep | None, ended: asyncio.Future[None]) -> Any:
     # The tool's coroutine is made here, in its task's first step: a call cancelled before that
     # step leaves no coroutine behind that was never awaited.
+    _IN_TOOL.set(True)  # in this task's own context: for the tasks the tool starts
     try:
         call = fn(*args)
         return await (call if may_step is None else _Stepwise(call, may_step))

@@ -19,6 +19,7 @@ from carmy_worker import collector
 from carmy_worker.jobs.callbacks import CallbackLoop
 from carmy_worker.jobs.driver import JobLoop
 from carmy_worker.runtime import queue
+from carmy_worker.runtime.invoke import contain_tool_tasks
 from carmy_worker.runtime.presence import Presence, describe, group_of, new_worker_id
 from carmy_worker.runtime.runner import Runtime
 from carmy_worker.sdk import lifecycle
@@ -84,6 +85,7 @@ async def serve(tools: list[Tool], settings: WorkerSettings, connector: RedisCon
     ``schedules``: the recurring jobs this worker fires (with every other worker that declares
     them: each occurrence is fired once)."""
     connector = connector or RedisConnector(settings.redis_url, settings.redis_cluster_nodes)
+    contain_tool_tasks(asyncio.get_running_loop())
     keys.use_partitions(settings.redis_partitions)  # before any key is named
     redis = queue.connect(connector)
     # The loops that run beside the calls (jobs, janitor, callbacks) give up on a hung Redis after

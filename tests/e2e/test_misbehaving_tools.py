@@ -69,6 +69,8 @@ CASES = [
     Case("generator_exit", 500, "TOOL_PANIC"),
     Case("system_exit", 500, "TOOL_PANIC"),
     Case("base_exception", 500, "TOOL_PANIC"),
+    Case("exit_in_a_helper", 500, "TOOL_PANIC"),  # from a task of the tool's: it ended the worker
+    Case("interrupt_in_gather", 500, "TOOL_PANIC"),
     Case("keyboard_interrupt_sync", 500, "TOOL_PANIC"),
     Case("stop_iteration_sync", 500, "TOOL_PANIC"),
     # What it returns.

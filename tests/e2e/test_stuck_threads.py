@@ -11,7 +11,7 @@ import uuid
 
 import httpx
 
-from tests.support import Stack, wait_until
+from tests.support import Call, Stack, wait_until
 from tests.toolsets.misbehaving import TIMEOUT
 
 MODULE = "tests.toolsets.misbehaving"
@@ -35,3 +35,16 @@ def test_a_worker_stops_whatever_threads_its_tools_left_running(stack: Stack) ->
     assert worker.popen.wait(15) == 0, worker.output()[-2000:]
     assert time.monotonic() - start < 5  # nothing ran: the drain has nothing to wait for
     assert "exiting without waiting for 2 threads still running" in worker.output()
+
+
+def test_a_task_a_tool_left_behind_cannot_end_the_worker(stack: Stack) -> None:
+    """asyncio re-raises a task's SystemExit out of the event loop: a tool's stray task that
+    called sys.exit ended its worker, and every execution running there ended uncertain."""
+    worker = stack.worker(MODULE)
+    _, base = stack.api()
+    wait_until(lambda: "leaves_a_task_that_exits" in httpx.get(base + "/agent/tools").text)
+    running = Call(base, {"tool": "ticks", "arguments": {"n": 10, "every": 0.1}})  # another caller's, 1 s long
+    assert call(base, "leaves_a_task_that_exits").status_code == 200
+    wait_until(lambda: "Task exception was never retrieved" in worker.output(), what="the stray's exit logged")
+    assert running.result().json()["data"] == {"n": 10}
+    assert call(base, "ok").json()["data"] == {"n": 1} and worker.alive()

@@ -154,6 +154,28 @@ async def base_exception(ctx: Context) -> Empty:
 
 
 @spec()
+async def exit_in_a_helper(ctx: Context) -> Empty:
+    """sys.exit in a helper awaited through asyncio.wait_for, which runs it as a task of its own."""
+
+    async def helper() -> None:
+        raise SystemExit(SECRET)
+
+    await asyncio.wait_for(helper(), TIMEOUT)
+    return Empty()
+
+
+@spec()
+async def interrupt_in_gather(ctx: Context) -> Empty:
+    """KeyboardInterrupt in one of asyncio.gather's tasks."""
+
+    async def helper() -> None:
+        raise KeyboardInterrupt(SECRET)
+
+    await asyncio.gather(asyncio.sleep(0), helper())
+    return Empty()
+
+
+@spec()
 def keyboard_interrupt_sync(ctx: Context) -> Empty:
     """KeyboardInterrupt from a thread."""
     raise KeyboardInterrupt(SECRET)
@@ -308,4 +330,21 @@ def never_returns_sync(ctx: Context) -> Empty:
 def leaves_a_thread(ctx: Context) -> Empty:
     """Starts a thread (not a daemon) that never ends, and returns."""
     threading.Thread(target=threading.Event().wait, name="left-by-a-tool").start()
+    return Empty()
+
+
+_strays: set[asyncio.Task[None]] = set()
+
+
+@spec()
+async def leaves_a_task_that_exits(ctx: Context) -> Empty:
+    """Starts a task that calls sys.exit a moment after the tool returned."""
+
+    async def later() -> None:
+        await asyncio.sleep(0.2)
+        raise SystemExit(3)
+
+    task = asyncio.get_running_loop().create_task(later())
+    _strays.add(task)
+    task.add_done_callback(_strays.discard)
     return Empty()
