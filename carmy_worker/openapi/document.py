@@ -18,6 +18,7 @@ publish what it read there in a tool's schema, which every caller of discovery s
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
@@ -31,7 +32,7 @@ import yaml
 from carmy_worker.sdk.errors import clip
 
 METHODS = ("get", "put", "post", "delete", "options", "head", "patch", "trace")
-FETCH_TIMEOUT = 30.0
+FETCH_TIMEOUT = 30.0  # seconds for a document's whole answer (httpx's is for each read)
 MAX_VALUES = 1_000_000  # in a YAML document, its aliases expanded (Box's 1 MiB document has 32,000)
 MAX_DEPTH = 200  # levels of objects and arrays (Box's document has 22)
 MAX_DOCUMENT_BYTES = 64 * 1024 * 1024  # of one document, file or URL (Box's is 1 MiB, GitHub's some 10)
@@ -63,13 +64,16 @@ def read(source: str, *, redirects: bool = True) -> Any:
     too_large = OpenAPIError(f"{source}: over {MAX_DOCUMENT_BYTES:,} bytes")
     try:
         if _is_url(source):
+            deadline = time.monotonic() + FETCH_TIMEOUT
             with httpx.stream("GET", source, timeout=FETCH_TIMEOUT, follow_redirects=redirects) as response:
                 response.raise_for_status()  # a redirect not followed too
                 data = bytearray()
-                for chunk in response.iter_bytes():  # read no further than the limit
+                for chunk in response.iter_bytes():  # read no further than the limit, nor the deadline
                     data += chunk
                     if len(data) > MAX_DOCUMENT_BYTES:
                         raise too_large
+                    if time.monotonic() > deadline:  # a byte now and then kept each read in time
+                        raise OpenAPIError(f"{source}: not read within {FETCH_TIMEOUT:g} s")
                 text = data.decode(response.encoding or "utf-8")
         else:
             path = _path(source)

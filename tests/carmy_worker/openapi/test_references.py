@@ -7,8 +7,10 @@ Documents are served here by a small HTTP server on 127.0.0.1 that counts every 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -24,7 +26,7 @@ SECRET = "TOP-SECRET-VALUE"
 
 class Site:
     """An HTTP server on 127.0.0.1: ``pages`` by path (a dict is sent as JSON, a string redirects
-    there), and every path asked for, in ``asked``."""
+    there, a number drips a byte every that many seconds, for ever), and every path asked for, in ``asked``."""
 
     def __init__(self) -> None:
         self.pages: dict[str, Any] = {}
@@ -39,6 +41,15 @@ class Site:
                     self.send_response(302)
                     self.send_header("location", page)
                     self.end_headers()
+                    return
+                if isinstance(page, float):
+                    self.send_response(200)
+                    self.end_headers()
+                    with contextlib.suppress(OSError):  # until the reader leaves
+                        while True:
+                            self.wfile.write(b" ")
+                            self.wfile.flush()
+                            time.sleep(page)
                     return
                 body = json.dumps(page).encode()
                 self.send_response(200 if page is not None else 404)
@@ -151,6 +162,16 @@ def test_a_files_references_are_to_files(tmp_path: Path, elsewhere: Site) -> Non
                                                   "other files"):
         tools_of(folder / "api.json")
     assert elsewhere.asked == []
+
+
+def test_a_document_read_a_byte_at_a_time_is_given_up_on(site: Site, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each byte came within httpx's read timeout, so the worker's start waited for ever."""
+    monkeypatch.setattr(document_module, "FETCH_TIMEOUT", 1.0)
+    site.pages["/api.json"] = 0.1
+    start = time.monotonic()
+    with pytest.raises(ToolDefinitionError, match=r"api\.json: not read within 1 s"):
+        tools_of(site.url + "/api.json")
+    assert time.monotonic() - start < 3
 
 
 def test_a_document_over_the_limit_is_read_no_further(site: Site, monkeypatch: pytest.MonkeyPatch) -> None:
