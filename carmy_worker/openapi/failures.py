@@ -30,6 +30,7 @@ from carmy_worker.sdk.errors import MAY_HAVE_COMMITTED, ErrorCode, ToolError, er
 
 MAX_MESSAGE = 500  # characters of the upstream's message
 MAX_BODY = 2000  # characters of the upstream's body in details
+SAFE = ("GET", "HEAD", "OPTIONS")  # methods that change nothing: a failure of theirs committed nothing
 _MESSAGE_FIELDS = ("message", "error_description", "detail", "title", "error", "errors", "description")
 
 
@@ -112,7 +113,7 @@ def answered(status: int, reason: str, text: str, header_retry_after: str | None
                          suggested_action="Wait retry_after seconds, then call again with a new request_id.",
                          details=details)
     if status >= 500:
-        return unavailable(f"{heard} {MAY_HAVE_COMMITTED}" if method not in ("GET", "HEAD", "OPTIONS") else heard,
+        return unavailable(f"{heard} {MAY_HAVE_COMMITTED}" if method not in SAFE else heard,
                            details=details, retry_after=wait)
     if status == 404:
         return _raised("UPSTREAM_NOT_FOUND", heard, details=details,

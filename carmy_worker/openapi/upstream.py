@@ -23,7 +23,7 @@ from carmy_worker.openapi.auth import Auth
 from carmy_worker.openapi.client import shared
 from carmy_worker.openapi.operations import BODY, Operation
 from carmy_worker.sdk.context import Context
-from carmy_worker.sdk.errors import ToolError
+from carmy_worker.sdk.errors import MAY_HAVE_COMMITTED, ToolError
 
 MAX_ANSWER = 16 * 1024 * 1024  # bytes of an answer read; the result limit is smaller still
 USER_AGENT = "carmy-openapi"
@@ -112,6 +112,12 @@ class Upstream:
             ) from None
         try:
             body = await _read(response)
+        except httpx.DecodingError as exc:  # a Content-Encoding its body is not in
+            raise failures.bad_answer(f"The upstream API's answer cannot be decoded: {self._hide(exc)}.") from None
+        except httpx.TransportError as exc:  # cut short, or not HTTP's framing (a chunk header)
+            said = f"The upstream API's answer broke off: {self._hide(exc)}. The request reached it."
+            raise failures.unavailable(said if operation.method in failures.SAFE else f"{said} {MAY_HAVE_COMMITTED}") \
+                from None
         finally:
             await response.aclose()
         if body is None:

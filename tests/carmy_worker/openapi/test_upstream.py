@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import hashlib
 import json
+import socket
+import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -326,3 +329,47 @@ async def test_credentials_an_answer_echoes_are_not_passed_on(api: Upstream, tmp
     got = await data(next(iter(box)), {"hex": json.dumps(echo).encode().hex()})
     assert key not in json.dumps(got) and json.dumps(key)[1:-1] not in json.dumps(got)
     assert got == {"items": [1], "next": f"{api.url}/answer?page=2&api_key=[secret]", "key": {"[secret]": "[secret]"}}
+
+
+BROKEN = {
+    "cut short": b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{\"a\":",
+    "not chunked": b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\nZZ\r\n",
+    "not gzip": b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-encoding: gzip\r\n"
+                b"content-length: 7\r\n\r\n{\"a\":1}",
+}
+
+
+@pytest.fixture
+def broken_server(request: pytest.FixtureRequest) -> Iterator[str]:
+    """A server that answers every request with ``BROKEN[request.param]``, then hangs up."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def answer() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                connection, _ = listener.accept()
+                with connection:
+                    connection.recv(65536)
+                    connection.sendall(BROKEN[request.param])
+
+    threading.Thread(target=answer, daemon=True).start()
+    yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    listener.close()
+
+
+@pytest.mark.parametrize(("broken_server", "code"), [("cut short", "UPSTREAM_UNAVAILABLE"),
+                                                     ("not chunked", "UPSTREAM_UNAVAILABLE"),
+                                                     ("not gzip", "UPSTREAM_ERROR")], indirect=["broken_server"])
+async def test_an_answer_that_breaks_off_or_cannot_be_decoded_is_the_upstreams_error(
+        broken_server: str, tmp_path: Path, code: str) -> None:
+    """Only sending the request was guarded: httpx's errors while reading the body (its framing,
+    its Content-Encoding) were a TOOL_PANIC, the worker's fault."""
+    (tmp_path / "api.json").write_text(json.dumps({
+        "openapi": "3.1.0", "info": {"title": "t", "version": "1"}, "paths": {"/x": {"post": {
+            "operationId": "x", "responses": {"200": {"description": "ok", "content": {"application/json": {}}}}}}}}))
+    tool = next(iter(Toolbox().openapi(str(tmp_path / "api.json"), base_url=broken_server)))
+    failed = await failure(tool, {})
+    assert failed.code == code
+    if code == "UPSTREAM_UNAVAILABLE":  # a POST that reached the upstream may have acted
+        assert failed.retryable and failed.message.endswith("The request reached it. External effects of the "
+                                                            "tool may have committed.")
