@@ -84,7 +84,8 @@ class Upstream:
                             recoverable=True, details={"reason": str(exc)}) from None
         if self.auth is not None:
             headers.update(self.auth.headers())
-            query += list(self.auth.params().items())
+            # The credential's own: a caller's object exploded into the query may name it too.
+            query = [pair for pair in query if pair[0] not in self.auth.params()] + list(self.auth.params().items())
         content = None
         if operation.has_body and BODY in arguments:
             content = json.dumps(arguments[BODY], separators=(",", ":"), ensure_ascii=False).encode()

@@ -373,3 +373,18 @@ async def test_an_answer_that_breaks_off_or_cannot_be_decoded_is_the_upstreams_e
     if code == "UPSTREAM_UNAVAILABLE":  # a POST that reached the upstream may have acted
         assert failed.retryable and failed.message.endswith("The request reached it. External effects of the "
                                                             "tool may have committed.")
+
+
+async def test_a_caller_cannot_send_the_credentials_query_parameter(api: Upstream, tmp_path: Path) -> None:
+    """An object exploded into the query (OpenAPI's default for one) makes a parameter of each of
+    its keys: a key named as the worker's API key sent the caller's key first, which many servers
+    read, and the worker's second."""
+    (tmp_path / "api.json").write_text(json.dumps({
+        "openapi": "3.1.0", "info": {"title": "t", "version": "1"}, "paths": {"/text": {"get": {
+            "operationId": "search", "parameters": [{"name": "filter", "in": "query", "schema": {"type": "object"}}],
+            "responses": {"200": {"description": "ok", "content": {"text/plain": {}}}}}}}}))
+    box = Toolbox()
+    box.openapi(str(tmp_path / "api.json"), base_url=api.url,
+                auth=api_key_query("api_key", environ={"CARMY_OPENAPI_API_KEY": "k-123"}))
+    await data(next(iter(box)), {"filter": {"api_key": "the-callers", "color": "red"}})
+    assert api.seen[-1].query == [("color", "red"), ("api_key", "k-123")]
