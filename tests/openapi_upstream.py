@@ -104,6 +104,7 @@ class Upstream:
     seen: list[Seen] = field(default_factory=list)
     aborted: list[str] = field(default_factory=list)  # /slow requests whose caller went away first
     items: dict[str, dict[str, Any]] = field(default_factory=dict)
+    created: int = 0  # items ever created: an id is never given twice, even after a delete
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def requests(self, method: str, path: str) -> list[Seen]:
@@ -131,7 +132,8 @@ def app(state: Upstream) -> Starlette:
         item = json.loads(body)
         if (item.get("price") or 0) < 0:
             return JSONResponse({"detail": "price must not be negative"}, status_code=422)
-        item["id"] = f"item-{len(state.items) + 1}"
+        state.created += 1
+        item["id"] = f"item-{state.created}"
         state.items[item["id"]] = item
         return JSONResponse(item, status_code=201)
 
