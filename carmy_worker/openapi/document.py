@@ -148,6 +148,16 @@ def _origin(uri: str) -> tuple[str, str | None, int | None]:
     return (parts.scheme, uri, None)  # no other scheme is read: it matches no document's origin
 
 
+def _in_folder(target: str, uri: str) -> bool:
+    """Whether ``target`` is in the folder of the file document at ``uri`` or below it (links
+    followed); true of any URL. A document someone else wrote, saved here, cannot publish the
+    worker's other files (``/proc/self/environ``, a mounted secret) in a tool's schema, and a
+    document split into files (``paths/``, ``components/``) sits in one folder."""
+    if not uri.startswith("file:"):
+        return True
+    return _path(target).resolve().is_relative_to(_path(uri).resolve().parent)
+
+
 def _references(node: Any, path: list[Any]) -> Iterator[tuple[list[Any], str]]:
     """Every ``$ref`` in ``node`` with where it is, as ``jsonref`` finds them: in any object."""
     if isinstance(node, dict):
@@ -176,6 +186,10 @@ def _reachable(where: str, document: Mapping[str, Any], uri: str) -> dict[str, A
                 only = "to other files" if uri.startswith("file:") else "to its own scheme, host and port"
                 raise OpenAPIError(f"{where}: {place}: the reference {clip(ref)!r} leads to {clip(target)}, outside "
                                    f"the document's origin: references are followed only {only}")
+            if not _in_folder(target, uri):
+                raise OpenAPIError(f"{where}: {place}: the reference {clip(ref)!r} leads to {clip(target)}, outside "
+                                   "the document's folder: a file's references are followed only to the files in "
+                                   "its folder and the folders below it")
             try:
                 documents[target] = read(target, redirects=False)
             except OpenAPIError as exc:

@@ -164,6 +164,25 @@ def test_a_files_references_are_to_files(tmp_path: Path, elsewhere: Site) -> Non
     assert elsewhere.asked == []
 
 
+def test_a_files_references_stay_in_its_folder(tmp_path: Path) -> None:
+    """A document someone else wrote, saved and loaded as a file, referred to any file the worker
+    could read (``/proc/self/environ``: its secrets), published in the tool's schema."""
+    folder = tmp_path / "api"
+    (folder / "components").mkdir(parents=True)
+    (tmp_path / "secret.json").write_text(json.dumps({"Word": "the worker's secret"}))
+    (folder / "components" / "words.json").write_text(json.dumps({"Word": {"$ref": "../shared.json#/Word"}}))
+    (folder / "shared.json").write_text(json.dumps({"Word": "mouse"}))
+    # Below the document's folder, and up again within it: a split document's layout.
+    (folder / "api.json").write_text(json.dumps(document(default_ref="components/words.json#/Word")))
+    assert tools_of(folder / "api.json")["listItems"].spec.input_schema["properties"]["q"]["default"] == "mouse"
+    (folder / "link.json").symlink_to(tmp_path / "secret.json")
+    for ref in ("../secret.json#/Word", (tmp_path / "secret.json").as_uri() + "#/Word", "link.json#/Word"):
+        (folder / "api.json").write_text(json.dumps(document(default_ref=ref)))
+        with pytest.raises(ToolDefinitionError, match="outside the document's folder") as raised:
+            tools_of(folder / "api.json")
+        assert "the worker's secret" not in str(raised.value)
+
+
 def test_a_document_read_a_byte_at_a_time_is_given_up_on(site: Site, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each byte came within httpx's read timeout, so the worker's start waited for ever."""
     monkeypatch.setattr(document_module, "FETCH_TIMEOUT", 1.0)
@@ -171,7 +190,7 @@ def test_a_document_read_a_byte_at_a_time_is_given_up_on(site: Site, monkeypatch
     start = time.monotonic()
     with pytest.raises(ToolDefinitionError, match=r"api\.json: not read within 1 s"):
         tools_of(site.url + "/api.json")
-    assert time.monotonic() - start < 3
+    assert time.monotonic() - start < 15  # a byte every 0.1 s for ever: without the deadline, never
 
 
 def test_a_document_over_the_limit_is_read_no_further(site: Site, monkeypatch: pytest.MonkeyPatch) -> None:
