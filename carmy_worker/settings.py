@@ -11,6 +11,8 @@ from typing import Literal
 
 from msgspec import Struct
 
+from carmy_worker.wire import is_digits
+
 DEFAULT_REDIS_URL = "redis://localhost:6379/0"
 
 # The longest any duration setting may be, in seconds: a century. Longer is a typo, and past
@@ -88,7 +90,7 @@ def env_cluster_nodes(env: Mapping[str, str]) -> tuple[str, ...]:
     nodes = tuple(item.strip() for item in raw.split(",") if item.strip())
     for node in nodes:
         host, _, port = node.rpartition(":")
-        if not host.strip("[]") or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
+        if not host.strip("[]") or not is_digits(port) or not 0 < int(port) < 65536:
             raise SettingsError(f"CARMY_REDIS_CLUSTER_NODES must be host:port,host:port,..., got {node!r}")
     return nodes
 

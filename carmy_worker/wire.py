@@ -436,3 +436,9 @@ record_decoder = msgspec.msgpack.Decoder(Record)
 event_decoder = msgspec.msgpack.Decoder(Event)
 worker_info_decoder = msgspec.msgpack.Decoder(WorkerInfo)
 request_decoder = msgspec.json.Decoder(ExecuteRequest)
+
+
+def is_digits(text: str) -> bool:
+    """Whether ``text`` is one or more ASCII digits: ``str.isdigit()`` alone also takes "²", which
+    ``int()`` refuses, and "١", which it reads (query values, header fields, settings, cursors)."""
+    return text.isascii() and text.isdigit()

@@ -19,7 +19,7 @@ from api.calling.jobs import Jobs, operator_required
 from carmy_worker.sdk.context import AgentContext
 from carmy_worker.sdk.errors import clip, error
 from carmy_worker.store.audit import AuditFilter, AuditTrail, is_cursor
-from carmy_worker.wire import AuditEntries, Status
+from carmy_worker.wire import AuditEntries, Status, is_digits
 
 DEFAULT_LIMIT = 50
 MAX_LIMIT = 500
@@ -73,7 +73,7 @@ def instant(value: str | int | None, field: str) -> int | None:
     """Unix ms of ``value``: Unix ms already (as a number or its digits), or RFC 3339 with an offset."""
     if value is None:
         return None
-    if isinstance(value, str) and value.isdigit() and value.isascii():
+    if isinstance(value, str) and is_digits(value):
         value = int(value)
     if isinstance(value, int):
         if not 0 <= value <= MAX_MS:

@@ -17,6 +17,7 @@ from api.calling.audit import DEFAULT_LIMIT, Audit, AuditQuery, invalid
 from api.endpoints.jobs import answer, json_response
 from api.guards.auth import trusted_context
 from carmy_worker.sdk.errors import clip
+from carmy_worker.wire import is_digits
 
 AUDIT_PATH = "/agent/audit"
 
@@ -42,7 +43,7 @@ def query_of(request: Request) -> AuditQuery:
         return params.get(name, "").strip() or None
 
     limit = given("limit")
-    if limit is not None and not (limit.isdigit() and limit.isascii()):
+    if limit is not None and not is_digits(limit):
         raise invalid("limit", f"limit must be a whole number; got {clip(limit)!r}.")
     return AuditQuery(tool=given("tool"), principal=given("principal"),
                       status=given("status"),  # type: ignore[arg-type]  # reading() refuses another, naming it

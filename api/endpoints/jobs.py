@@ -41,7 +41,7 @@ from api.settings import ApiSettings
 from carmy_worker.sdk.context import AgentContext
 from carmy_worker.sdk.errors import clip, store_unavailable
 from carmy_worker.store.jobstore import FINISHED, JobState
-from carmy_worker.wire import JobRequest, json_encoder
+from carmy_worker.wire import JobRequest, is_digits, json_encoder
 
 log = logging.getLogger("carmy.api")
 
@@ -147,8 +147,7 @@ class JobRoutes:
         async def work() -> Response:
             status = request.query_params.get("status")
             limit = request.query_params.get("limit")
-            # ASCII digits only: str.isdigit() also takes "²", which int() refuses, and "١".
-            if limit is not None and not (limit.strip().isdigit() and limit.isascii()):
+            if limit is not None and not is_digits(limit.strip()):
                 return envelope_error("INVALID_REQUEST", "limit must be a whole number.", reason=clip(limit))
             page = await self.jobs.page(trusted_context(request.scope), status=status,
                                         limit=DEFAULT_LIMIT if limit is None else int(limit),

@@ -27,6 +27,7 @@ from api.http.fields import header
 from api.http.responses import envelope_error
 from api.settings import ApiSettings
 from carmy_worker.sdk.errors import ErrorCode, clip
+from carmy_worker.wire import is_digits
 
 PROBES = frozenset({"/health", "/ready"})
 HOSTS_REMEMBERED = 64  # Host values whose verdict BrowserGuard keeps
@@ -46,7 +47,7 @@ def split_host(value: str) -> tuple[str, int | None] | None:
         name, port = value, ""
     else:
         name, _, port = value.partition(":")
-    if not name or (port and not (port.isdigit() and port.isascii())):  # isdigit() alone takes "²", "١"
+    if not name or (port and not is_digits(port)):
         return None
     return name.rstrip("."), int(port) if port else None
 

@@ -27,6 +27,7 @@ from typing import Any
 import msgspec
 
 from carmy_worker.sdk.errors import MAY_HAVE_COMMITTED, ErrorCode, ToolError, error
+from carmy_worker.wire import is_digits
 
 MAX_MESSAGE = 500  # characters of the upstream's message
 MAX_BODY = 2000  # characters of the upstream's body in details
@@ -39,7 +40,7 @@ def retry_after(value: str | None, now: float | None = None) -> int | None:
     if not value:
         return None
     text = value.strip()
-    if text.isdigit() and text.isascii():  # "²" is a digit to isdigit, and no number to int
+    if is_digits(text):
         return int(text)
     try:
         when = parsedate_to_datetime(text).timestamp()

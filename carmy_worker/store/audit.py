@@ -40,7 +40,7 @@ from carmy_worker.store.fanout import run_each_reaching
 from carmy_worker.store.jobstore import rfc3339
 from carmy_worker.store.lua import ACCEPTED_WORK, LUA_AUDIT, NOW
 from carmy_worker.store.scripts import Script, bind
-from carmy_worker.wire import AuditEntry, Record
+from carmy_worker.wire import AuditEntry, Record, is_digits
 
 # A finished execution answered again to a retry (its request id seen before).
 # KEYS: audit stream, exe; ARGV: exec_id, metrics label of its record, run ms or '', the retry's door
@@ -97,8 +97,7 @@ class AuditPage(Struct):
 def is_cursor(value: str) -> bool:
     """Whether ``value`` is an entry id (``<ms>-<seq>``), as a page's cursor is."""
     ms, dash, seq = value.partition("-")
-    # ASCII: str.isdigit() also takes "²", which int() refuses.
-    return bool(dash) and value.isascii() and ms.isdigit() and seq.isdigit() and len(ms) <= 15 and len(seq) <= 15
+    return bool(dash) and is_digits(ms) and is_digits(seq) and len(ms) <= 15 and len(seq) <= 15
 
 
 def trail_id(stream_id: bytes | str, partition: int) -> str:

@@ -51,6 +51,7 @@ from carmy_worker.store.cluster import (
 )
 from carmy_worker.store.packing import packed_by_hiredis
 from carmy_worker.store.pool import StorePool
+from carmy_worker.wire import is_digits
 
 SENTINEL_SCHEME = "redis+sentinel"
 SENTINEL_PORT = 26379
@@ -131,7 +132,7 @@ def _host_port(item: str) -> tuple[str, int]:
 
 
 def _port(raw: str) -> int:
-    if not (raw.isascii() and raw.isdigit()) or not 0 < int(raw) < 65536:
+    if not is_digits(raw) or not 0 < int(raw) < 65536:
         raise ValueError(f"not a port: {raw!r}")
     return int(raw)
 

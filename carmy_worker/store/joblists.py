@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from redis.asyncio import Redis
 
 from carmy_worker.store import keys
+from carmy_worker.wire import is_digits
 
 if TYPE_CHECKING:
     from carmy_worker.store.jobstore import JobState
@@ -43,8 +44,7 @@ class Cursor:
     def parse(cls, text: str) -> Cursor | None:
         """A cursor a client sent back; None if it is not one."""
         score, _, job_id = text.partition(":")
-        # ASCII digits: str.isdigit() also takes "²", which int() refuses.
-        if not (score.isdigit() and score.isascii()) or len(score) > 20 or not keys.is_job_id(job_id):
+        if not is_digits(score) or len(score) > 20 or not keys.is_job_id(job_id):
             return None
         return cls(int(score), job_id)
 
